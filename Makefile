@@ -1,0 +1,31 @@
+# trainops: `make demo` runs the whole pipeline on the embedded default; `make test` runs the suite.
+# Both create the environment first if it is missing (Python 3.11, pip, .venv in the checkout).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.trainops-installed
+
+.PHONY: demo test venv clean-demo clean
+
+demo: $(STAMP)
+	$(PY) -m trainops demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+venv: $(STAMP)
+
+# Reinstall when the dependency set changes. The constraints file pins the tested set
+# (torch==2.13.0 resolves to the CPU wheel on these machines, never a multi-GB CUDA build).
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[airflow,trainer,dev]'
+	touch $(STAMP)
+
+# Forget demo state (Airflow DB, storage, local jobs) but keep the venv.
+clean-demo:
+	rm -rf .airflow .trainops
+
+clean: clean-demo
+	rm -rf $(VENV)

@@ -1,0 +1,15 @@
+"""The five trainops operators. Each returns a JSON-serializable dict in XCom (see docs/operators.md)."""
+
+from trainops.operators.evaluate import EvaluateModelOperator
+from trainops.operators.gate import EvaluationGateOperator
+from trainops.operators.promote import PromoteModelOperator
+from trainops.operators.stage import StageDatasetOperator
+from trainops.operators.train import FSDPTrainingOperator
+
+__all__ = [
+    "StageDatasetOperator",
+    "FSDPTrainingOperator",
+    "EvaluateModelOperator",
+    "EvaluationGateOperator",
+    "PromoteModelOperator",
+]

@@ -1,0 +1,112 @@
+"""EvaluateModelOperator: eval loss of the candidate and of production, on the same split."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import BaseOperator
+
+from trainops.operators import _jobs
+
+
+class EvaluateModelOperator(BaseOperator):
+    """Run ``python -m trainer evaluate`` as a job on the cluster backend and defer until done.
+
+    It evaluates the candidate (the training run's export) and, when the model already has a
+    production version, that version too, on the candidate's eval split: losses on
+    different splits cannot be compared. Results go to ``<run_uri>/eval/metrics.json``.
+
+    :param training: the FSDPTrainingOperator result. (templated)
+    :param model_name: the model whose production pointer is compared against. (templated)
+    :param cluster: ``local`` or ``kubernetes``; where the evaluation job runs.
+    :param poll_interval: seconds between job state polls in the triggerer.
+    :param storage_root: ``file://`` or ``s3://`` root (templated; default: the embedded root).
+    :param aws_conn_id: Airflow connection for ``s3://`` storage.
+
+    Returns ``{"metrics_uri", "run_uri", "model_name", "candidate", "production",
+    "production_version"}``; ``candidate`` and ``production`` hold ``eval_loss``,
+    ``perplexity``, ``tokens`` and ``slices``; ``production`` is None on the first run.
+    """
+
+    template_fields = ("training", "model_name", "storage_root")
+    ui_color = "#d9e8f4"
+
+    def __init__(self, *, training: Any, model_name: str, cluster: str = "local",
+                 image: str = "trainops-trainer:latest", namespace: str = "default",
+                 poll_interval: float = 5.0, job_timeout: float | None = None,
+                 storage_root: str | None = None, aws_conn_id: str | None = "aws_default",
+                 kubernetes_conn_id: str | None = "kubernetes_default", **kwargs):
+        super().__init__(**kwargs)
+        self.training, self.model_name, self.cluster = training, model_name, cluster
+        self.image, self.namespace = image, namespace
+        self.poll_interval, self.job_timeout = poll_interval, job_timeout
+        self.storage_root, self.aws_conn_id = storage_root, aws_conn_id
+        self.kubernetes_conn_id = kubernetes_conn_id
+
+    def _storage(self):
+        from trainops.settings import resolve_storage_root
+        from trainops.storage_conn import storage_for
+
+        root = resolve_storage_root(self.storage_root)
+        return root, storage_for(root, self.aws_conn_id)
+
+    def execute(self, context):
+        from trainer.contract import RunLayout, trainer_argv
+        from trainops.cluster import get_cluster
+        from trainops.cluster.spec import JobSpec
+        from trainops.promotion import read_production
+        from trainops.storage_conn import job_env_for
+        from trainops.triggers.job import JobTrigger
+
+        for key in ("run_uri", "config_uri", "export_uri"):
+            if not isinstance(self.training, dict) or not self.training.get(key):
+                raise ValueError(f"training must be an FSDPTrainingOperator result with {key!r}, "
+                                 f"got {self.training!r}")
+        root, store = self._storage()
+        layout = RunLayout(self.training["run_uri"])
+        production = read_production(store, root, self.model_name)
+        overrides = {"eval.model_uri": self.training["export_uri"], "eval.output_uri": layout.eval_metrics}
+        if production:
+            overrides["eval.baseline_uri"] = production["uri"]
+            self.log.info("production is %s v%s: evaluating it on the same split",
+                          self.model_name, production["version"])
+        else:
+            self.log.info("%s has no production version yet: evaluating the candidate only", self.model_name)
+        identity = _jobs.task_identity(context)
+        spec = JobSpec(
+            name=_jobs.job_name("eval", identity, 1),
+            args=trainer_argv("evaluate", self.training["config_uri"], overrides), nodes=1,
+            distributed=False, image=self.image, namespace=self.namespace,
+            env=job_env_for(root, self.aws_conn_id), labels=_jobs.job_labels(identity),
+            capacity="on-demand")
+        handle = get_cluster(self.cluster).launch(spec)
+        self.log.info("evaluation job %s launched", handle["job_id"])
+        self.defer(trigger=JobTrigger(handle=handle, poll_interval=self.poll_interval,
+                                      timeout=self.job_timeout),
+                   method_name="execute_complete",
+                   kwargs={"production_version": production["version"] if production else None})
+
+    def execute_complete(self, context, event: dict | None = None, production_version=None):
+        from trainer.contract import RunLayout
+        from trainops.cluster import get_cluster
+
+        event = _jobs.check_event(event)
+        cluster = get_cluster(self.cluster)
+        if event["status"] != "finished" or event["state"]["phase"] != "succeeded":
+            if event["status"] != "finished":
+                cluster.delete(event["handle"])
+            tail = cluster.logs_tail(event["handle"], lines=20)
+            raise RuntimeError(f"evaluation job {event['handle']['job_id']} did not succeed "
+                               f"({event.get('message') or event['state'].get('reason') or event['state']['phase']}).\n"
+                               f"Last log lines:\n{tail}")
+        _, store = self._storage()
+        layout = RunLayout(self.training["run_uri"])
+        metrics = store.get_json(layout.eval_metrics)
+        result = {"metrics_uri": layout.eval_metrics, "run_uri": layout.run_uri,
+                  "model_name": self.model_name, "candidate": metrics["candidate"],
+                  "production": metrics.get("baseline"), "production_version": production_version}
+        line = f"candidate eval_loss {metrics['candidate']['eval_loss']:.4f}"
+        if result["production"]:
+            line += f"; production v{production_version} eval_loss {result['production']['eval_loss']:.4f}"
+        self.log.info(line)
+        return result

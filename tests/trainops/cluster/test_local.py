@@ -1,0 +1,123 @@
+"""The local backend with real detached processes (plain Python nodes, no torch)."""
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from trainops.cluster.local import LocalCluster
+from trainops.cluster.local_supervisor import gang_phase, max_step_of_attempt
+from trainops.cluster.spec import JobSpec
+
+NODE_FAILS = ("import os, sys, time\n"
+              "if os.environ['TRAINOPS_NODE_INDEX'] == '1': sys.exit(3)\n"
+              "time.sleep(60)\n")
+
+# A stand-in trainer: logs steps to metrics.jsonl; on SIGTERM writes a marker and exits 0.
+STEPPER = ("import json, os, signal, sys, time\n"
+           "out = sys.argv[1]\n"
+           "def stop(*_):\n"
+           "    open(out + '.sigterm-' + os.environ['TRAINOPS_NODE_INDEX'], 'w').close(); sys.exit(0)\n"
+           "signal.signal(signal.SIGTERM, stop)\n"
+           "for step in range(1, 400):\n"
+           "    if os.environ['TRAINOPS_NODE_INDEX'] == '0':\n"
+           "        with open(out, 'a') as f: f.write(json.dumps({'step': step, 'attempt': 1}) + '\\n')\n"
+           "    time.sleep(0.05)\n")
+
+
+def wait_final(cluster, handle, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = cluster.status(handle)
+        if state["phase"] in ("succeeded", "failed", "lost"):
+            return state
+        time.sleep(0.1)
+    raise AssertionError(f"job still {state['phase']} after {timeout}s")
+
+
+def job(name, code, nodes=1, **kw):
+    return JobSpec(name=name, args=["python", "-c", code, *kw.pop("argv", [])], nodes=nodes,
+                   distributed=False, **kw)
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    return LocalCluster(tmp_path / "state")
+
+
+def test_gang_phase_decisions():
+    assert gang_phase([None, None]) == "running"
+    assert gang_phase([0, None]) == "running"  # torchrun's exit barrier: wait for the rest
+    assert gang_phase([0, 0]) == "succeeded"
+    assert gang_phase([None, 1]) == "teardown"
+    assert gang_phase([-15, 1]) == "failed"
+
+
+def test_max_step_of_attempt_ignores_other_attempts_and_garbage():
+    text = '{"step": 9, "attempt": 1}\n{"step": 4, "attempt": 2}\nnot json\n{"step": 5, "attempt": 2}\n'
+    assert max_step_of_attempt(text, 2) == 5 and max_step_of_attempt(text, 3) == 0
+
+
+def test_success_logs_and_labels(cluster):
+    handle = cluster.launch(job("ok-job", "print('hello from node', flush=True)", nodes=2,
+                                labels={"trainops/run": "r1"}))
+    state = wait_final(cluster, handle)
+    assert state["phase"] == "succeeded"
+    assert [n["exit_code"] for n in state["nodes"]] == [0, 0]
+    assert "[node-0] hello from node" in cluster.logs_tail(handle)
+    assert cluster.find({"trainops/run": "r1"}) == []  # finished jobs are not reattached
+
+
+def test_one_failed_node_tears_down_the_gang(cluster):
+    started = time.monotonic()
+    handle = cluster.launch(job("gang", NODE_FAILS, nodes=2, termination_grace_seconds=5))
+    state = wait_final(cluster, handle)
+    assert state["phase"] == "failed"
+    assert state["nodes"][1]["exit_code"] == 3
+    assert state["nodes"][0]["exit_code"] == -signal.SIGTERM
+    assert "node 1 exited non-zero" in state["reason"]
+    assert time.monotonic() - started < 20  # not the 60 s node 0 would have slept
+
+
+def test_injected_preemption_signals_one_node(cluster, tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    handle = cluster.launch(job("chaos", STEPPER, nodes=2, argv=[str(metrics)]),
+                            chaos={"node": 1, "at_step": 5, "attempt": 1,
+                                   "metrics_uri": f"file://{metrics}"})
+    state = wait_final(cluster, handle)
+    assert (tmp_path / "metrics.jsonl.sigterm-1").exists()
+    assert not (tmp_path / "metrics.jsonl.sigterm-0").exists()
+    assert state["disruptions"][0]["node"] == 1
+    assert state["disruptions"][0]["reason"] == "SpotInterruption"
+    # node 1 stopped at or after step 5, long before the 400 steps node 0 would log
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert 5 <= max(steps) < 399 or state["nodes"][0]["exit_code"] == 0
+
+
+def test_delete_cancels_and_find_reattaches(cluster):
+    handle = cluster.launch(job("sleepy", "import time; time.sleep(60)", labels={"trainops/run": "r2"}))
+    deadline = time.monotonic() + 10
+    while cluster.status(handle)["phase"] != "running" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [h["job_id"] for h in cluster.find({"trainops/run": "r2"})] == [handle["job_id"]]
+    cluster.delete(handle)
+    state = wait_final(cluster, handle)
+    assert state["phase"] == "failed" and state["reason"] == "cancelled"
+
+
+def test_supervisor_that_vanished_is_lost(cluster):
+    handle = cluster.launch(job("doomed", "import time; time.sleep(60)"))
+    deadline = time.monotonic() + 10
+    while cluster.status(handle)["phase"] != "running" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pid = int(open(os.path.join(handle["job_dir"], "supervisor.pid")).read())
+    os.kill(pid, signal.SIGKILL)
+    state = wait_final(cluster, handle)
+    assert state["phase"] == "lost" and "supervisor" in state["reason"]
+    for node in state["nodes"]:  # clean up the orphaned node
+        try:
+            os.killpg(node["pid"], signal.SIGKILL)
+        except ProcessLookupError:
+            pass

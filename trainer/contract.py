@@ -1,0 +1,237 @@
+"""The run contract: the whole coupling between the Airflow side and the trainer.
+
+Standard library only. Both halves import this module: the plugin to build
+command lines, layouts and to read attempt records; the trainer to honour them.
+
+1. Command line: ``python -m trainer {train,evaluate,export} --config URI [k=v ...]``,
+   under torchrun for ``train``. Always an argument list, never a shell string.
+2. Environment set by the launcher (torchrun's own, plus the names below).
+3. Storage layout under a root URI (``file://`` or ``s3://``).
+4. Attempt records: ``attempts/<n>.json``, the trainer's own account of attempt n.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+CONTRACT_VERSION = 1
+TRAINER_COMMANDS = ("train", "evaluate", "export")
+
+# --- 2. environment -------------------------------------------------------------
+ENV_S3_ENDPOINT = "AWS_ENDPOINT_URL_S3"
+ENV_REGION = "AWS_REGION"
+ENV_ATTEMPT = "TRAINOPS_ATTEMPT"  # attempt number (1-based) set by the launcher
+ENV_CACHE_DIR = "TRAINOPS_CACHE_DIR"  # node-local scratch: downloaded shards, checkpoint staging
+
+
+# --- 1. command line ------------------------------------------------------------
+def trainer_argv(command: str, config_uri: str, overrides: dict | None = None,
+                 python: str = "python") -> list[str]:
+    """``python -m trainer COMMAND --config URI k=v ...`` as an argument list."""
+    if command not in TRAINER_COMMANDS:
+        raise ValueError(f"unknown trainer command {command!r}; expected one of {TRAINER_COMMANDS}")
+    argv = [python, "-m", "trainer", command, "--config", config_uri]
+    for key, value in (overrides or {}).items():
+        argv.append(f"{key}={_override_value(value)}")
+    return argv
+
+
+def _override_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    return str(value)
+
+
+def torchrun_argv(trainer_args: list[str], *, nnodes: int, nproc_per_node: int,
+                  rdzv_endpoint: str, rdzv_id: str, node_rank: int | None = None,
+                  shutdown_timeout_s: int = 30, is_host: bool | None = None) -> list[str]:
+    """Wrap ``python -m trainer ...`` (as from :func:`trainer_argv`) in torchrun.
+
+    Rendezvous is c10d at ``rdzv_endpoint``. ``shutdown_timeout_s`` is how long torchrun
+    waits for its workers after SIGTERM before SIGKILL: it must fit inside the pod's
+    grace period, and it is the emergency checkpoint's budget.
+    """
+    if trainer_args[1:3] != ["-m", "trainer"]:
+        raise ValueError(f"expected 'python -m trainer ...', got {trainer_args[:3]}")
+    argv = [
+        trainer_args[0], "-m", "torch.distributed.run",
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={rdzv_endpoint}",
+        f"--rdzv-id={rdzv_id}",
+        f"--shutdown-timeout={shutdown_timeout_s}",
+        "--max-restarts=0",  # recovery is a whole-gang relaunch owned by the operator
+    ]
+    if node_rank is not None:
+        argv.append(f"--node-rank={node_rank}")
+    if is_host is not None:
+        argv.append(f"--rdzv-conf=is_host={1 if is_host else 0}")
+    argv += ["-m", "trainer", *trainer_args[3:]]
+    return argv
+
+
+# --- 3. layout ------------------------------------------------------------------
+_UNSAFE = re.compile(r"[^A-Za-z0-9._=-]")
+
+
+def safe_segment(value: str) -> str:
+    """A path segment for ids such as Airflow run ids (``manual__2026-01-01T00:00:00+00:00``).
+
+    Every character outside ``[A-Za-z0-9._=-]`` becomes ``_``, so the same run id maps to
+    the same prefix on ``file://`` and ``s3://``.
+    """
+    if not value:
+        raise ValueError("a layout segment must not be empty")
+    return _UNSAFE.sub("_", value)
+
+
+def join(root: str, *parts: str) -> str:
+    """Join URI segments with single slashes (``file:///a/`` + ``b`` -> ``file:///a/b``)."""
+    out = root.rstrip("/")
+    for part in parts:
+        part = str(part).strip("/")
+        if part:
+            out = f"{out}/{part}"
+    return out
+
+
+def dataset_prefix(root: str, name: str, version: str) -> str:
+    return join(root, "datasets", safe_segment(name), safe_segment(version))
+
+
+def model_prefix(root: str, name: str) -> str:
+    return join(root, "models", safe_segment(name))
+
+
+def model_version_prefix(root: str, name: str, version: int) -> str:
+    return join(model_prefix(root, name), "versions", str(int(version)))
+
+
+def production_pointer(root: str, name: str) -> str:
+    return join(model_prefix(root, name), "production.json")
+
+
+def run_prefix(root: str, dag_id: str, run_id: str, task_id: str,
+               map_index: int | None = None) -> str:
+    """``<root>/runs/<dag_id>/<run_id>/<task_id>[.<map_index>]``."""
+    task = task_id if map_index is None or map_index < 0 else f"{task_id}.{map_index}"
+    return join(root, "runs", safe_segment(dag_id), safe_segment(run_id), safe_segment(task))
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """Where everything of one training run lives, under its run prefix."""
+
+    run_uri: str
+
+    @property
+    def config(self) -> str:
+        return join(self.run_uri, "config.yaml")
+
+    @property
+    def job(self) -> str:
+        return join(self.run_uri, "job.json")
+
+    @property
+    def attempts(self) -> str:
+        return join(self.run_uri, "attempts")
+
+    def attempt(self, n: int) -> str:
+        return join(self.attempts, f"{int(n)}.json")
+
+    @property
+    def checkpoints(self) -> str:
+        return join(self.run_uri, "checkpoints")
+
+    def checkpoint(self, step: int) -> str:
+        return join(self.checkpoints, f"step_{int(step):08d}")
+
+    def committed_marker(self, step: int) -> str:
+        return join(self.checkpoint(step), "_COMMITTED")
+
+    @property
+    def latest(self) -> str:
+        return join(self.checkpoints, "latest.json")
+
+    @property
+    def metrics(self) -> str:
+        return join(self.run_uri, "metrics.jsonl")
+
+    @property
+    def export(self) -> str:
+        return join(self.run_uri, "export")
+
+    @property
+    def eval_metrics(self) -> str:
+        return join(self.run_uri, "eval", "metrics.json")
+
+    @property
+    def eval_gate(self) -> str:
+        return join(self.run_uri, "eval", "gate.json")
+
+
+_STEP_DIR = re.compile(r"step_(\d+)$")
+
+
+def checkpoint_step_of(uri: str) -> int | None:
+    """The step number of a ``checkpoints/step_<N>`` prefix, or None."""
+    m = _STEP_DIR.search(uri.rstrip("/"))
+    return int(m.group(1)) if m else None
+
+
+# --- 4. attempt records ---------------------------------------------------------
+ATTEMPT_FORMAT = "trainops.attempt/v1"
+OUTCOMES = ("completed", "preempted", "failed")
+
+
+def attempt_record(*, attempt: int, outcome: str, last_step: int,
+                   checkpoint_step: int | None, world_size: int,
+                   resumed_from_step: int | None = None, signal: str | None = None,
+                   hint: str | None = None, error: str | None = None,
+                   started_at: str | None = None, ended_at: str | None = None) -> dict:
+    """The trainer's account of one attempt.
+
+    ``last_step`` is the number of optimizer steps completed when the attempt ended;
+    ``checkpoint_step`` the newest committed checkpoint at that time. ``steps_lost`` is the
+    difference: the steps the next attempt must replay.
+    """
+    if outcome not in OUTCOMES:
+        raise ValueError(f"unknown attempt outcome {outcome!r}; expected one of {OUTCOMES}")
+    lost = last_step - (checkpoint_step or 0)
+    return {
+        "format": ATTEMPT_FORMAT,
+        "attempt": int(attempt),
+        "outcome": outcome,
+        "last_step": int(last_step),
+        "checkpoint_step": checkpoint_step,
+        "steps_lost": max(0, int(lost)),
+        "resumed_from_step": resumed_from_step,
+        "world_size": int(world_size),
+        "signal": signal,
+        "hint": hint,
+        "error": error,
+        "started_at": started_at,
+        "ended_at": ended_at,
+    }
+
+
+def parse_attempt_record(data: dict) -> dict:
+    """Check an attempt record read from storage; raise ValueError naming what is wrong."""
+    if not isinstance(data, dict) or data.get("format") != ATTEMPT_FORMAT:
+        raise ValueError(f"not a {ATTEMPT_FORMAT} record: {str(data)[:200]}")
+    if data.get("outcome") not in OUTCOMES:
+        raise ValueError(f"attempt record has unknown outcome {data.get('outcome')!r}")
+    for key in ("attempt", "last_step", "steps_lost", "world_size"):
+        if not isinstance(data.get(key), int):
+            raise ValueError(f"attempt record field {key!r} must be an integer, got {data.get(key)!r}")
+    return data
+
+
+# --- dataset manifest -----------------------------------------------------------
+MANIFEST_FORMAT = "trainops.dataset/v1"
+MANIFEST_NAME = "manifest.json"
+SPLITS = ("train", "eval")
