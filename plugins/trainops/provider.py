@@ -1,6 +1,8 @@
 """Provider metadata, published through the ``apache_airflow_provider`` entry point.
 
-trainops invents no connection type: it uses Airflow's ``aws`` and ``kubernetes`` ones.
+trainops invents no connection type: it uses Airflow's ``aws`` and ``kubernetes`` ones. The
+plugin is published by the ``airflow.plugins`` entry point only: listing it here as well would
+register it twice.
 """
 
 from __future__ import annotations
@@ -26,5 +28,4 @@ def get_provider_info() -> dict:
         "triggers": [{"integration-name": "trainops", "python-modules": ["trainops.triggers.job"]}],
         "integrations": [{"integration-name": "trainops", "external-doc-url":
                           "https://example.invalid/trainops", "tags": ["software"]}],
-        "plugins": [{"name": "trainops", "plugin-class": "trainops.plugin.TrainopsPlugin"}],
     }

@@ -1,0 +1,39 @@
+"""The plugins folder loads the way Airflow loads it, without import errors or shadowing."""
+
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_plugins_folder_scan_imports_only_the_plugin_file():
+    from airflow._shared.plugins_manager.plugins_manager import _load_plugins_from_plugin_directory
+
+    before = set(sys.modules)
+    _, errors = _load_plugins_from_plugin_directory(
+        plugins_folder=str(REPO / "plugins"), ignore_file_syntax="glob")
+    assert errors == {}
+    new_top_level = {m for m in set(sys.modules) - before if "." not in m}
+    # .airflowignore keeps trainops/cluster/local.py etc. from becoming top-level modules
+    assert "trainops_plugin" in new_top_level
+    assert not new_top_level & {"local", "spec", "job", "train", "stage", "kubernetes_backend"}
+
+
+def test_airflow_registers_trainops_once_without_import_errors():
+    from airflow import plugins_manager
+
+    plugins, errors = plugins_manager._get_plugins()
+    assert [p.name for p in plugins].count("trainops") == 1
+    assert errors == {}
+
+
+def test_provider_info_is_valid_against_airflow_schema():
+    import json
+
+    import jsonschema
+    import airflow
+
+    from trainops.provider import get_provider_info
+
+    schema = json.loads((Path(airflow.__file__).parent / "provider_info.schema.json").read_text())
+    jsonschema.validate(get_provider_info(), schema)

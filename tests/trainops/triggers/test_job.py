@@ -1,0 +1,50 @@
+"""JobTrigger: serializes to (classpath, kwargs) and reports a finished job once."""
+
+import asyncio
+
+from trainops.cluster.local import LocalCluster
+from trainops.cluster.spec import JobSpec
+from trainops.triggers.job import JobTrigger
+
+
+def first_event(trigger):
+    async def take():
+        async for event in trigger.run():
+            return event.payload
+    return asyncio.run(asyncio.wait_for(take(), timeout=30))
+
+
+def test_serialize_round_trip():
+    handle = {"cluster": "local", "job_id": "j", "job_dir": "/tmp/j", "labels": {}}
+    trigger = JobTrigger(handle=handle, poll_interval=0.5, timeout=60, started_at=123.0)
+    path, kwargs = trigger.serialize()
+    assert path == "trainops.triggers.job.JobTrigger"
+    assert JobTrigger(**kwargs).serialize() == (path, kwargs)
+
+
+def test_reports_finished_job_with_its_state(tmp_path):
+    cluster = LocalCluster(tmp_path)
+    handle = cluster.launch(JobSpec(name="quick", args=["python", "-c", "pass"], distributed=False))
+    event = first_event(JobTrigger(handle=handle, poll_interval=0.1,
+                                   cluster_options={"state_dir": str(tmp_path)}))
+    assert event["status"] == "finished"
+    assert event["state"]["phase"] == "succeeded"
+    assert event["handle"]["job_id"] == handle["job_id"]
+
+
+def test_reports_timeout_as_event_and_leaves_the_job_alone(tmp_path):
+    cluster = LocalCluster(tmp_path)
+    handle = cluster.launch(JobSpec(name="slow", args=["python", "-c", "import time; time.sleep(30)"],
+                                    distributed=False))
+    try:
+        event = first_event(JobTrigger(handle=handle, poll_interval=0.1, timeout=0.5,
+                                       cluster_options={"state_dir": str(tmp_path)}))
+        assert event["status"] == "timeout" and "still" in event["message"]
+        assert cluster.status(handle)["phase"] in ("pending", "running")  # the operator decides
+    finally:
+        cluster.delete(handle)
+
+
+def test_backend_errors_become_error_events():
+    event = first_event(JobTrigger(handle={"cluster": "nowhere", "job_id": "x"}, poll_interval=0.1))
+    assert event["status"] == "error" and "unknown cluster 'nowhere'" in event["message"]
