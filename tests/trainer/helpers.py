@@ -1,0 +1,118 @@
+"""Helpers for the trainer tests: a small, learnable byte-token dataset and trainer launch lines."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+EOS = 256
+SOURCES = ("news", "wiki", "forum")
+SUBJECTS = ("the cat", "a dog", "the old man", "my sister", "the robot", "our teacher")
+VERBS = ("eats", "sees", "likes", "paints", "finds", "carries")
+OBJECTS = ("an apple", "the moon", "a red box", "some bread", "the river", "a small boat")
+
+
+def sentences(count: int, seed: int) -> list[tuple[str, str]]:
+    """(source, text) records from a few templates: repetitive enough to learn in seconds."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        source = rng.choice(SOURCES)
+        words = [f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)}." for _ in range(rng.randint(1, 3))]
+        out.append((source, f"[{source}] " + " ".join(words)))
+    return out
+
+
+def encode(text: str) -> list[int]:
+    return list(text.encode("utf-8")) + [EOS]
+
+
+def write_shards(root: Path, split: str, tokens: np.ndarray, shard_tokens: int) -> list[dict]:
+    (root / split).mkdir(parents=True, exist_ok=True)
+    shards = []
+    for number, start in enumerate(range(0, len(tokens), shard_tokens)):
+        chunk = tokens[start:start + shard_tokens].astype("<u2")
+        rel = f"{split}/{number:05d}.bin"
+        (root / rel).write_bytes(chunk.tobytes())
+        shards.append({"path": rel, "tokens": int(len(chunk)), "sha256": hashlib.sha256(chunk.tobytes()).hexdigest()})
+    return shards
+
+
+def write_dataset(root: Path, *, train_records: int = 1500, eval_records: int = 120,
+                  shard_tokens: int = 20000, seed: int = 0) -> str:
+    """A staged dataset version folder (manifest, shards, eval index); returns its file:// URI."""
+    root.mkdir(parents=True, exist_ok=True)
+    train = [t for r in sentences(train_records, seed) for t in encode(r[1])]
+    eval_rows = sentences(eval_records, seed + 1)
+    eval_tokens, index = [], []
+    for number, (source, text) in enumerate(eval_rows):
+        start = len(eval_tokens)
+        eval_tokens += encode(text)
+        index.append({"id": f"e{number}", "source": source, "start": start, "end": len(eval_tokens)})
+    (root / "eval").mkdir(parents=True, exist_ok=True)
+    (root / "eval" / "index.jsonl").write_text("".join(json.dumps(r) + "\n" for r in index))
+    manifest = {
+        "format": "trainops.dataset/v1", "name": "demo", "version": "test",
+        "tokenizer": {"kind": "byte", "vocab_size": 257, "eos_id": EOS},
+        "token_dtype": "uint16",
+        "splits": {
+            "train": {"tokens": len(train), "shards": write_shards(root, "train", np.array(train), shard_tokens)},
+            "eval": {"tokens": len(eval_tokens), "shards": write_shards(root, "eval", np.array(eval_tokens), shard_tokens)},
+        },
+        "eval_index": {"path": "eval/index.jsonl", "records": len(index), "slice_columns": ["source"]},
+        "rows": {"total": train_records + eval_records, "train": train_records, "eval": eval_records},
+    }
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return root.as_uri()
+
+
+def write_config(path: Path, **values) -> Path:
+    """A YAML config file holding ``values`` (sections as nested dicts)."""
+    path.write_text(yaml.safe_dump(values, sort_keys=False))
+    return path
+
+
+# --- running the trainer ------------------------------------------------------------------
+REPO = Path(__file__).resolve().parents[2]
+
+# Small enough to finish in seconds on 2 CPU cores, long enough (~0.1 s a step) for a
+# signal sent after step 13 to land well before step 40.
+TRAIN_KEYS = {
+    "seed": 7, "precision": "bf16",
+    "model": {"preset": "tiny"},
+    "train": {"max_steps": 40, "micro_batch_size": 4, "grad_accum_steps": 2, "seq_len": 32,
+              "lr": 3.0e-3, "warmup_steps": 5, "log_every": 10},
+    "checkpoint": {"every_steps": 10, "keep": 2},
+    "metrics": {"flush_every": 1},
+}
+
+
+def trainer_env(cache: Path, attempt: int | None = None) -> dict:
+    """The environment a launcher gives the trainer: this checkout importable, a cache, an attempt."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINOPS_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["TRAINOPS_CACHE_DIR"] = str(cache)
+    env["OMP_NUM_THREADS"] = "1"
+    if attempt is not None:
+        env["TRAINOPS_ATTEMPT"] = str(attempt)
+    return env
+
+
+def torchrun_argv(config: Path, *overrides: str, nproc: int = 2) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "-m", "trainer", "train", "--config", str(config), *overrides]
+
+
+def run_config(tmp_path: Path, dataset_uri: str, name: str, **extra) -> tuple[Path, str]:
+    """A config file for a fresh run folder; returns (config path, run_uri)."""
+    run_dir = tmp_path / name
+    values = {"run_uri": run_dir.as_uri(), "data_uri": dataset_uri, **TRAIN_KEYS, **extra}
+    return write_config(tmp_path / f"{name}.yaml", **values), run_dir.as_uri()
+

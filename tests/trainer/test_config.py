@@ -1,0 +1,108 @@
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from trainer.config import Config, ConfigError, dump_yaml, load_config, resolved_eval_uris
+
+from tests.trainer.helpers import REPO, write_config
+
+MINIMAL = {
+    "run_uri": "file:///runs/r1", "data_uri": "file:///datasets/demo/v1", "seed": 3, "precision": "fp32",
+    "model": {"preset": "tiny"},
+    "train": {"max_steps": 7, "micro_batch_size": 2, "grad_accum_steps": 3, "seq_len": 16, "lr": 0.01},
+    "checkpoint": {"every_steps": 5, "keep": 1},
+}
+
+
+def test_minimal_file_is_complete_and_keeps_defaults(tmp_path):
+    config = load_config(str(write_config(tmp_path / "c.yaml", **MINIMAL)))
+    assert (config.seed, config.precision, config.train.grad_accum_steps, config.checkpoint.keep) == (3, "fp32", 3, 1)
+    assert (config.resume, config.train.warmup_steps, config.metrics.flush_every, config.eval.batch_size) == ("auto", 10, 10, 8)
+    assert config.model.vocab_size == 0 and config.model.builder is None
+
+
+def test_precedence_defaults_then_file_then_overrides(tmp_path):
+    path = write_config(tmp_path / "c.yaml", **MINIMAL)
+    config = load_config(str(path), ["train.lr=3e-4", "seed=11", "train.log_every=2"])
+    assert config.train.lr == pytest.approx(3e-4)  # "3e-4" is a string to YAML 1.1, still a number here
+    assert config.seed == 11 and config.train.log_every == 2
+    assert config.train.max_steps == 7  # from the file
+    assert config.train.min_lr_ratio == 0.1  # default
+
+
+def test_config_file_read_through_storage_uri(tmp_path):
+    path = write_config(tmp_path / "c.yaml", **MINIMAL)
+    assert load_config(path.as_uri()).train.seq_len == 16
+
+
+def test_dump_yaml_round_trips(tmp_path):
+    config = load_config(None, ["run_uri=file:///r", "data_uri=file:///d", "train.lr=0.5", "eval.max_batches=3"])
+    path = tmp_path / "resolved.yaml"
+    path.write_text(dump_yaml(config))
+    assert load_config(str(path)) == config
+    assert yaml.safe_load(dump_yaml(config))["train"]["lr"] == 0.5
+
+
+def test_eval_uris_default_to_the_run_layout():
+    config = load_config(None, ["run_uri=file:///r", "data_uri=file:///d"])
+    assert resolved_eval_uris(config) == ("file:///r/export", "file:///r/eval/metrics.json")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.lr=fast", "train.lr: expected a number, got 'fast'"),
+    ("train.lrr=1", "unknown key 'train.lrr' (did you mean 'train.lr'?)"),
+    ("trian.lr=1", "unknown key 'trian.lr' (did you mean 'train.lr'?)"),
+    ("train.max_steps=2.5", "train.max_steps: expected an integer, got 2.5"),
+    ("train.max_steps=0", "train.max_steps: expected a positive number, got 0"),
+    ("precision=fp8", "precision: expected one of bf16, fp16, fp32, got 'fp8'"),
+    ("model.preset=huge", "model.preset: expected one of tiny, small, 1b, 7b, got 'huge'"),
+    ("train=3", "train: expected a mapping of train.* keys, got 3"),
+    ("seed", "override 'seed' must look like key=value, e.g. train.lr=0.001"),
+])
+def test_bad_values_name_key_value_and_expectation(override, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["run_uri=file:///r", "data_uri=file:///d", override])
+    assert str(info.value) == message
+
+
+def test_unknown_key_in_file_is_reported(tmp_path):
+    path = write_config(tmp_path / "c.yaml", **{**MINIMAL, "checkpoint": {"evry_steps": 5}})
+    with pytest.raises(ConfigError, match=r"unknown key 'checkpoint.evry_steps' \(did you mean 'checkpoint.every_steps'\?\)"):
+        load_config(str(path))
+
+
+def test_required_keys_and_user_builders():
+    with pytest.raises(ConfigError, match="^data_uri: required"):
+        load_config(None, ["run_uri=file:///r"])
+    with pytest.raises(ConfigError, match="^model.builder: user model builders are not supported yet, got 'pkg.mod:build'"):
+        load_config(None, ["run_uri=file:///r", "data_uri=file:///d", "model.builder=pkg.mod:build"])
+
+
+def test_cli_exits_2_with_one_line_before_importing_torch(tmp_path):
+    path = write_config(tmp_path / "c.yaml", **MINIMAL)
+    code = ("import sys; from trainer.cli import main; rc = main(sys.argv[1:]); "
+            "print('torch imported' if 'torch' in sys.modules else 'torch not imported'); sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code, "train", "--config", str(path), "train.lrr=0.1"],
+                          capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 2
+    assert proc.stderr == "error: unknown key 'train.lrr' (did you mean 'train.lr'?)\n"
+    assert proc.stdout.strip() == "torch not imported"
+
+
+def test_cli_help_lists_commands_and_keys():
+    proc = subprocess.run([sys.executable, "-m", "trainer", "--help"], capture_output=True, text=True,
+                          cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0
+    for word in ("train", "evaluate", "export", "checkpoint.every_steps"):
+        assert word in proc.stdout
+
+
+def test_config_dataclass_defaults_match_the_spec():
+    config = Config()
+    assert (config.seed, config.precision, config.resume) == (1234, "bf16", "auto")
+    t = config.train
+    assert (t.max_steps, t.micro_batch_size, t.grad_accum_steps, t.seq_len, t.lr, t.warmup_steps) == (100, 8, 1, 64, 3e-3, 10)
+    assert (t.min_lr_ratio, t.weight_decay, t.grad_clip, t.log_every) == (0.1, 0.1, 1.0, 1)
+    assert (config.checkpoint.every_steps, config.checkpoint.keep, config.metrics.flush_every) == (25, 2, 10)

@@ -1,0 +1,91 @@
+import numpy as np
+import pytest
+import torch
+
+from trainer import data
+from trainer.storage import open_storage
+
+
+def test_sample_order_is_a_permutation_fixed_by_seed_and_epoch():
+    a = data.sample_order(100, seed=5, epoch=0)
+    assert sorted(a.tolist()) == list(range(100))
+    assert torch.equal(a, data.sample_order(100, seed=5, epoch=0))
+    assert not torch.equal(a, data.sample_order(100, seed=5, epoch=1))
+    assert not torch.equal(a, data.sample_order(100, seed=6, epoch=0))
+
+
+def test_cursor_crosses_epochs():
+    order = data.SampleOrder(num_samples=10, seed=1)
+    first = [order.sample_id(p) for p in range(10)]
+    second = [order.sample_id(p) for p in range(10, 20)]
+    assert sorted(first) == sorted(second) == list(range(10))
+    assert first == data.sample_order(10, 1, 0).tolist() and second == data.sample_order(10, 1, 1).tolist()
+    assert order.sample_id(3) == first[3]  # going back to an earlier epoch recomputes it
+
+
+def test_num_samples_windows_fit_the_stream():
+    assert data.num_samples(total_tokens=65, seq_len=32) == 2  # [0, 33) and [32, 65)
+    assert data.num_samples(total_tokens=64, seq_len=32) == 1
+    assert data.num_samples(total_tokens=10, seq_len=32) == 0
+
+
+@pytest.mark.parametrize("world_size, micro, accum", [(1, 4, 1), (2, 4, 2), (4, 2, 3)])
+def test_rank_slices_partition_the_global_batch(world_size, micro, accum):
+    cursor = 1000
+    seen = [p for step_micro in range(accum) for rank in range(world_size)
+            for p in data.micro_batch_positions(cursor, step_micro, micro, world_size, rank)]
+    global_batch = data.global_batch_size(micro, accum, world_size)
+    assert sorted(seen) == list(range(cursor, cursor + global_batch))
+    # each rank's slice of a micro-batch is contiguous
+    assert list(data.micro_batch_positions(cursor, 1, micro, world_size, 0)) == \
+        list(range(cursor + micro * world_size, cursor + micro * world_size + micro))
+
+
+def test_same_global_batch_on_another_world_size():
+    # Two ranks x accum 2 and one rank x accum 4 consume the same positions per step.
+    two = {p for m in range(2) for r in range(2) for p in data.micro_batch_positions(40, m, 3, 2, r)}
+    one = {p for m in range(4) for p in data.micro_batch_positions(40, m, 3, 1, 0)}
+    assert two == one
+
+
+def test_token_stream_reads_across_shards(tmp_path):
+    paths = []
+    for i, chunk in enumerate([np.arange(0, 5), np.arange(5, 12), np.arange(12, 13)]):
+        path = tmp_path / f"{i}.bin"
+        path.write_bytes(chunk.astype("<u2").tobytes())
+        paths.append(path)
+    stream = data.TokenStream(paths, "uint16")
+    assert len(stream) == 13
+    assert stream.read(3, 13).tolist() == list(range(3, 13))
+    assert stream.read(5, 5).tolist() == []
+    with pytest.raises(IndexError, match=r"token range \[10, 14\) is outside a stream of 13 tokens"):
+        stream.read(10, 14)
+
+
+def test_batches_from_a_staged_dataset(dataset_uri):
+    storage = open_storage(dataset_uri)
+    manifest = data.read_manifest(storage, dataset_uri)
+    stream = data.open_split(storage, dataset_uri, manifest, "train")
+    assert len(stream) == manifest["splits"]["train"]["tokens"]
+    batches = data.TrainBatches(stream, seq_len=16, seed=3, micro_batch_size=4, world_size=2, rank=1)
+    inputs, targets = batches.micro_batch(cursor=8, micro_step=0)
+    assert inputs.shape == targets.shape == (4, 16)
+    assert torch.equal(inputs[:, 1:], targets[:, :-1])  # targets are inputs shifted by one
+    sample = batches.order.sample_id(8 + 4)  # rank 1 starts after rank 0's 4 samples
+    assert inputs[0].tolist() == stream.read(sample * 16, sample * 16 + 16).tolist()
+
+
+def test_shard_checksum_mismatch_is_an_error(tmp_path):
+    from tests.trainer.helpers import write_dataset
+
+    uri = write_dataset(tmp_path / "ds", train_records=20, eval_records=5)
+    (tmp_path / "ds" / "train" / "00000.bin").write_bytes(b"\x00\x01" * 10)
+    storage = open_storage(uri)
+    with pytest.raises(data.DataError, match="train/00000.bin has sha256 .*, the manifest says .*; re-stage the dataset"):
+        data.fetch_split(storage, uri, data.read_manifest(storage, uri), "train")
+
+
+def test_not_a_manifest_is_named(tmp_path):
+    (tmp_path / "manifest.json").write_text('{"format": "other"}')
+    with pytest.raises(data.DataError, match="is not a trainops.dataset/v1 manifest"):
+        data.read_manifest(open_storage(tmp_path.as_uri()), tmp_path.as_uri())

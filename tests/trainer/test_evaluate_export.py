@@ -1,0 +1,93 @@
+"""``trainer evaluate`` and ``trainer export`` on the shared trained run (single process, in-process CLI)."""
+
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from trainer.cli import main
+from trainer.evaluate import eval_windows, slice_summaries, token_owners
+from trainer.export import write_export
+from trainer.model import Transformer
+from trainer.presets import PRESETS
+from trainer.storage import open_storage
+
+from tests.trainer.helpers import run_config
+
+
+def test_eval_windows_predict_every_token_once():
+    windows = eval_windows(10, 4)
+    assert windows == [(0, 5), (4, 9), (8, 10)]
+    predicted = [t for a, b in windows for t in range(a + 1, b)]
+    assert predicted == list(range(1, 10))
+
+
+def test_slices_follow_record_spans():
+    records = [{"source": "a", "start": 0, "end": 3}, {"source": "b", "start": 3, "end": 6}]
+    owners = token_owners(records, 7)
+    assert owners.tolist() == [0, 0, 0, 1, 1, 1, -1]
+    losses = np.array([np.nan, 1.0, 3.0, 2.0, 4.0, 6.0, 9.0])
+    slices = slice_summaries(losses, owners, records, ["source"])["source"]
+    assert slices["a"] == {"eval_loss": 2.0, "perplexity": pytest.approx(math.exp(2.0)), "tokens": 2}
+    assert (slices["b"]["eval_loss"], slices["b"]["tokens"]) == (4.0, 3)
+
+
+@pytest.mark.slow
+def test_trained_model_beats_untrained_baseline(reference_run, tmp_path):
+    untrained_uri = (tmp_path / "untrained").as_uri()
+    torch.manual_seed(0)
+    args = PRESETS["tiny"].with_vocab(257)
+    write_export(open_storage(untrained_uri), untrained_uri, Transformer(args).state_dict(), args, step=0,
+                 data_uri="", run_uri="", precision="fp32")
+    output = tmp_path / "eval.json"
+    assert main(["evaluate", "--config", str(reference_run["config"]), f"eval.baseline_uri={untrained_uri}",
+                 f"eval.output_uri={output.as_uri()}"]) == 0
+
+    report = json.loads(output.read_text())
+    manifest = json.loads(open_storage(report["data_uri"]).get(report["data_uri"] + "/manifest.json"))
+    eval_tokens = manifest["splits"]["eval"]["tokens"]
+    candidate, baseline = report["candidate"], report["baseline"]
+    assert (report["format"], report["split"]) == ("trainops.eval/v1", "eval")
+    assert candidate["model_uri"] == reference_run["run_uri"] + "/export" and baseline["model_uri"] == untrained_uri
+    assert math.isfinite(candidate["eval_loss"]) and candidate["eval_loss"] < baseline["eval_loss"] - 1.0
+    assert baseline["eval_loss"] == pytest.approx(math.log(257), abs=0.2)  # near-uniform guesses
+    assert candidate["perplexity"] == pytest.approx(math.exp(candidate["eval_loss"]))
+    assert candidate["tokens"] == baseline["tokens"] == eval_tokens - 1
+    by_source = candidate["slices"]["source"]
+    assert set(by_source) == {"news", "wiki", "forum"}
+    assert sum(s["tokens"] for s in by_source.values()) == candidate["tokens"]
+    weighted = sum(s["eval_loss"] * s["tokens"] for s in by_source.values()) / candidate["tokens"]
+    assert weighted == pytest.approx(candidate["eval_loss"])
+    assert set(baseline["slices"]["source"]) == set(by_source)
+
+
+@pytest.mark.slow
+def test_evaluate_defaults_to_the_run_export_and_eval_folder(reference_run):
+    assert main(["evaluate", "--config", str(reference_run["config"]), "eval.max_batches=2",
+                 "eval.batch_size=4"]) == 0
+    report = json.loads((reference_run["run_dir"] / "eval" / "metrics.json").read_text())
+    assert report["baseline"] is None
+    assert report["candidate"]["tokens"] == 2 * 4 * 32  # two full batches of 4 windows of seq_len 32
+
+
+@pytest.mark.slow
+def test_export_cli_rebuilds_the_same_weights_from_the_checkpoint(reference_run, tmp_path, dataset_uri):
+    config, _ = run_config(tmp_path, dataset_uri, "copy")
+    shutil.copytree(reference_run["run_dir"] / "checkpoints", tmp_path / "copy" / "checkpoints")
+    assert main(["export", "--config", str(config)]) == 0
+    exported = tmp_path / "copy" / "export"
+    assert (exported / "model.safetensors").read_bytes() == \
+        (reference_run["run_dir"] / "export" / "model.safetensors").read_bytes()
+    info = json.loads((exported / "export.json").read_text())
+    assert (info["step"], info["precision"], info["param_count"]) == (40, "bf16", 139_712)
+    assert json.loads((exported / "model_config.json").read_text()) == \
+        json.loads((reference_run["run_dir"] / "export" / "model_config.json").read_text())
+
+
+def test_export_without_checkpoints_says_so(tmp_path, dataset_uri):
+    config, run_uri = run_config(tmp_path, dataset_uri, "empty")
+    with pytest.raises(RuntimeError, match=f"no committed checkpoint under {run_uri}/checkpoints; run `trainer train` first"):
+        main(["export", "--config", str(config)])

@@ -1,0 +1,207 @@
+"""The trainer under torchrun: 2 CPU ranks, uninterrupted, preempted (SIGTERM) and killed (SIGKILL)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.trainer.helpers import REPO, run_config, torchrun_argv, trainer_env
+from trainer.metrics import latest_by_step, parse_jsonl
+
+pytestmark = pytest.mark.slow
+
+MAX_STEPS = 40
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def metrics_of(run_dir: Path) -> dict[int, dict]:
+    path = run_dir / "metrics.jsonl"
+    return latest_by_step(parse_jsonl(path.read_text())) if path.exists() else {}
+
+
+def committed_steps(run_dir: Path) -> list[int]:
+    folder = run_dir / "checkpoints"
+    return sorted(int(p.name[5:]) for p in folder.glob("step_*") if (p / "_COMMITTED").exists()) if folder.exists() else []
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for status in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = status.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(status.parent.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_until(condition, proc: subprocess.Popen | None, log: Path, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc is None or proc.poll() is None, f"trainer exited early ({proc.returncode}):\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"timed out waiting:\n{log.read_text()[-3000:]}"
+        time.sleep(0.02)
+
+
+def launch(config: Path, tmp: Path, attempt: int, log_name: str, **popen) -> tuple[subprocess.Popen, Path]:
+    log = tmp / log_name
+    with open(log, "w") as out:
+        proc = subprocess.Popen(torchrun_argv(config), env=trainer_env(tmp / "cache", attempt), stdout=out,
+                                stderr=subprocess.STDOUT, **popen)
+    return proc, log
+
+
+def relaunch_to_completion(config: Path, tmp: Path, attempt: int) -> str:
+    proc = subprocess.run(torchrun_argv(config), env=trainer_env(tmp / "cache", attempt), capture_output=True,
+                          text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_uninterrupted_run(reference_run):
+    run = reference_run["run_dir"]
+    record = read_json(run / "attempts" / "1.json")
+    assert (record["outcome"], record["last_step"], record["checkpoint_step"], record["steps_lost"]) == \
+        ("completed", MAX_STEPS, MAX_STEPS, 0)
+    assert (record["world_size"], record["resumed_from_step"]) == (2, None)
+
+    metrics = metrics_of(run)
+    assert sorted(metrics) == list(range(1, MAX_STEPS + 1))
+    assert metrics[MAX_STEPS]["loss"] < metrics[1]["loss"] - 2.0  # it learned the templates
+    assert re.search(r"^step 40/40 loss \d+\.\d{3} lr \d\.\de-\d\d tok/s [\d,]+ elapsed \d+s eta 0s$",
+                     reference_run["stdout"], re.M)
+
+    assert committed_steps(run) == [30, 40]  # checkpoint.keep=2
+    assert read_json(run / "checkpoints" / "latest.json")["step"] == MAX_STEPS
+    info = read_json(run / "export" / "export.json")
+    assert (info["step"], info["param_count"], info["precision"]) == (MAX_STEPS, 139_712, "bf16")
+    assert read_json(run / "export" / "model_config.json")["vocab_size"] == 257
+    assert (run / "export" / "model.safetensors").stat().st_size > 139_712 * 4
+
+
+def test_sigterm_saves_then_relaunch_ends_identical(tmp_path, dataset_uri, reference_run):
+    config, _ = run_config(tmp_path, dataset_uri, "run")
+    run = tmp_path / "run"
+    proc, log = launch(config, tmp_path, 1, "attempt1.log")
+    try:
+        wait_until(lambda: max(metrics_of(run), default=0) >= 13, proc, log)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    first = read_json(run / "attempts" / "1.json")
+    assert (first["outcome"], first["signal"], first["steps_lost"]) == ("preempted", "SIGTERM", 0), log.read_text()[-2000:]
+    assert first["checkpoint_step"] == first["last_step"]
+    assert 13 <= first["last_step"] < MAX_STEPS
+    assert first["last_step"] in committed_steps(run)
+
+    relaunch_to_completion(config, tmp_path, attempt=2)
+    second = read_json(run / "attempts" / "2.json")
+    assert (second["outcome"], second["resumed_from_step"], second["last_step"]) == \
+        ("completed", first["last_step"], MAX_STEPS)
+    assert (run / "export" / "model.safetensors").read_bytes() == \
+        (reference_run["run_dir"] / "export" / "model.safetensors").read_bytes()
+    metrics = metrics_of(run)
+    assert sorted(metrics) == list(range(1, MAX_STEPS + 1))
+    assert {metrics[s]["attempt"] for s in range(first["last_step"] + 1, MAX_STEPS + 1)} == {2}
+
+
+def test_sigkill_relaunch_resumes_from_last_commit_and_ends_identical(tmp_path, dataset_uri, reference_run):
+    config, _ = run_config(tmp_path, dataset_uri, "run")
+    run = tmp_path / "run"
+    proc, log = launch(config, tmp_path, 1, "attempt1.log", start_new_session=True)
+    try:
+        wait_until(lambda: bool(committed_steps(run)) and max(metrics_of(run), default=0) >= 23, proc, log)
+        workers = children_of(proc.pid)
+        assert len(workers) == 2
+        # torchrun's group only: its workers sit in sessions of their own and must die with it.
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        wait_until(lambda: not any(alive(w) for w in workers), proc=None, log=log, timeout=10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert not (run / "attempts" / "1.json").exists()
+    newest_commit = committed_steps(run)[-1]
+    assert newest_commit < MAX_STEPS
+
+    relaunch_to_completion(config, tmp_path, attempt=2)
+    second = read_json(run / "attempts" / "2.json")
+    assert (second["outcome"], second["resumed_from_step"]) == ("completed", newest_commit)
+    assert (run / "export" / "model.safetensors").read_bytes() == \
+        (reference_run["run_dir"] / "export" / "model.safetensors").read_bytes()
+
+
+def test_non_finite_loss_fails_with_a_hint_and_keeps_the_last_checkpoint(tmp_path, dataset_uri):
+    config, _ = run_config(tmp_path, dataset_uri, "run")
+    run = tmp_path / "run"
+    # A single process (no torchrun); an absurd LR blows the weights up after the first step.
+    proc = subprocess.run([sys.executable, "-m", "trainer", "train", "--config", str(config), "train.lr=1e30",
+                           "train.warmup_steps=0", "train.grad_clip=1e30", "checkpoint.every_steps=1"],
+                          env=trainer_env(tmp_path / "cache", attempt=1), capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+    assert proc.returncode == 1
+    record = read_json(run / "attempts" / "1.json")
+    step = record["last_step"]
+    assert record["outcome"] == "failed" and record["error"].startswith("NonFiniteLoss")
+    assert record["hint"] == f"loss became NaN at step {step}: lower train.lr (e.g. halve it)"
+    assert record["checkpoint_step"] == step - 1 == committed_steps(run)[-1]
+    assert proc.stderr.strip().splitlines()[-1] == \
+        f"trainer: failed at step {step}: loss became NaN at step {step}: lower train.lr (e.g. halve it)"
+
+
+def test_resume_on_another_world_size_continues_the_same_batches(tmp_path, dataset_uri, reference_run):
+    # The 2-rank run's step-30 checkpoint, resumed by one process with twice the accumulation:
+    # the same global batch, so the same samples, on a resharded model and optimizer.
+    config, _ = run_config(tmp_path, dataset_uri, "run")
+    run = tmp_path / "run"
+    shutil.copytree(reference_run["run_dir"] / "checkpoints", run / "checkpoints")
+    shutil.rmtree(run / "checkpoints" / "step_00000040")  # latest.json still says 40: a stale pointer
+    proc = subprocess.run([sys.executable, "-m", "trainer", "train", "--config", str(config),
+                           "train.grad_accum_steps=4"], env=trainer_env(tmp_path / "cache", attempt=2),
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "checkpoint: picked step 30" in proc.stdout
+    record = read_json(run / "attempts" / "2.json")
+    assert (record["outcome"], record["resumed_from_step"], record["world_size"]) == ("completed", 30, 1)
+    reference = metrics_of(reference_run["run_dir"])
+    resumed = metrics_of(run)
+    assert sorted(resumed) == list(range(31, MAX_STEPS + 1))
+    for step in (31, MAX_STEPS):  # not bitwise (other reduction order), but the same trajectory
+        assert resumed[step]["loss"] == pytest.approx(reference[step]["loss"], abs=0.02)
+
+
+@pytest.mark.gpu
+def test_single_process_bf16_training_on_cuda(tmp_path, dataset_uri):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    config, _ = run_config(tmp_path, dataset_uri, "run", precision="bf16")
+    proc = subprocess.run([sys.executable, "-m", "trainer", "train", "--config", str(config), "train.max_steps=20"],
+                          env=trainer_env(tmp_path / "cache", attempt=1), capture_output=True, text=True,
+                          timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    metrics = metrics_of(tmp_path / "run")
+    assert read_json(tmp_path / "run" / "attempts" / "1.json")["outcome"] == "completed"
+    assert metrics[20]["loss"] < metrics[1]["loss"] - 1.0

@@ -1,0 +1,81 @@
+"""The trainer's own account of an attempt (``attempts/<n>.json``, see trainer.contract)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+from dataclasses import dataclass
+
+from trainer.contract import ENV_ATTEMPT, RunLayout, attempt_record
+from trainer.storage import PreconditionFailed
+
+_ATTEMPT_FILE = re.compile(r"/(\d+)\.json$")
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def next_attempt_number(existing_uris: list[str]) -> int:
+    """One more than the highest ``attempts/<n>.json`` already written (1 for none)."""
+    numbers = [int(m.group(1)) for uri in existing_uris if (m := _ATTEMPT_FILE.search(uri))]
+    return max(numbers, default=0) + 1
+
+
+def attempt_number(storage, layout: RunLayout) -> int:
+    """``$TRAINOPS_ATTEMPT`` as set by the launcher, else the next free number."""
+    value = os.environ.get(ENV_ATTEMPT)
+    if value:
+        try:
+            number = int(value)
+        except ValueError:
+            number = 0
+        if number < 1:
+            raise ValueError(f"{ENV_ATTEMPT}={value!r} is not a positive integer; the launcher must set 1, 2, ...")
+        return number
+    return next_attempt_number(storage.list(layout.attempts))
+
+
+class NonFiniteLoss(RuntimeError):
+    def __init__(self, step: int, loss: float):
+        super().__init__(f"loss is {loss} at step {step}")
+        self.step = step
+
+
+def failure_hint(exc: BaseException) -> str | None:
+    """What the user should change, for failures we recognise."""
+    if isinstance(exc, NonFiniteLoss):
+        return f"loss became NaN at step {exc.step}: lower train.lr (e.g. halve it)"
+    text = f"{type(exc).__name__}: {exc}".lower()
+    if isinstance(exc, MemoryError) or "out of memory" in text or "outofmemory" in text:
+        return "reduce train.micro_batch_size or enable activation checkpointing (train.activation_checkpointing=true)"
+    return None
+
+
+@dataclass
+class Attempt:
+    """What the record needs, filled in as the attempt goes."""
+
+    storage: object
+    layout: RunLayout
+    number: int
+    world_size: int
+    started_at: str
+    resumed_from_step: int | None = None
+    last_step: int = 0
+    checkpoint_step: int | None = None
+
+    def write(self, outcome: str, *, signal: str | None = None, hint: str | None = None,
+              error: str | None = None, exclusive: bool = False) -> dict:
+        record = attempt_record(
+            attempt=self.number, outcome=outcome, last_step=self.last_step,
+            checkpoint_step=self.checkpoint_step, world_size=self.world_size,
+            resumed_from_step=self.resumed_from_step, signal=signal, hint=hint, error=error,
+            started_at=self.started_at, ended_at=now_iso())
+        try:
+            # exclusive: several failing ranks may race to report; the first one wins.
+            self.storage.put_json(self.layout.attempt(self.number), record, if_none_match=exclusive)
+        except PreconditionFailed:
+            pass
+        return record

@@ -1,0 +1,60 @@
+"""``python -m trainer {train,evaluate,export} --config PATH_OR_URI [dotted.key=value ...]``.
+
+The config is loaded and checked before torch is imported, so a typo costs a second,
+not a process group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from trainer.config import ConfigError, all_keys, load_config
+
+EPILOG = """\
+overrides: dotted keys, values parsed as YAML, e.g. train.lr=1e-3 checkpoint.every_steps=50
+keys: """ + ", ".join(all_keys()) + """
+
+train runs under torchrun (python -m torch.distributed.run ... -m trainer train ...) or as
+a single process; evaluate and export run as a single process. Outcomes are written to
+<run_uri>/attempts/<n>.json."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m trainer", description="Train, evaluate and export trainops models.",
+                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    helps = {"train": "train (and resume) a model; checkpoints, metrics, export and an attempt record",
+             "evaluate": "evaluate exported model(s) on the dataset's eval split",
+             "export": "write <run_uri>/export from the newest committed checkpoint"}
+    for name, text in helps.items():
+        sub = commands.add_parser(name, help=text, description=text, epilog=EPILOG,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+        sub.add_argument("--config", required=True, metavar="PATH_OR_URI",
+                         help="YAML config: a local path or a storage URI (file://, s3://)")
+        sub.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="[trainer] %(message)s", stream=sys.stdout)
+    if args.command == "train":
+        from trainer.train import run_train
+
+        return run_train(config)
+    if args.command == "evaluate":
+        from trainer.evaluate import run_evaluate
+
+        run_evaluate(config)
+        return 0
+    from trainer.export import export_from_checkpoint
+
+    export_from_checkpoint(config)
+    return 0

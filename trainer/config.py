@@ -1,0 +1,255 @@
+"""The trainer's configuration: dataclasses, loaded as defaults < YAML file < overrides.
+
+Light on purpose (yaml and the standard library only): the CLI validates a config and
+exits before torch is imported, and the Airflow side may resolve configs too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+
+import yaml
+
+from trainer.presets import PRESETS
+
+
+class ConfigError(ValueError):
+    """A config value is missing, unknown or of the wrong type; the message names the key."""
+
+
+@dataclass
+class ModelConfig:
+    preset: str = "tiny"
+    builder: str | None = None  # "module:function" for user models (not supported yet)
+    vocab_size: int = 0  # 0: the dataset manifest's tokenizer vocab_size
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 100
+    micro_batch_size: int = 8
+    grad_accum_steps: int = 1
+    seq_len: int = 64
+    lr: float = 3e-3
+    warmup_steps: int = 10
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    log_every: int = 1
+    activation_checkpointing: bool = False
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = 25
+    keep: int = 2
+
+
+@dataclass
+class MetricsConfig:
+    flush_every: int = 10
+
+
+@dataclass
+class EvalConfig:
+    model_uri: str = ""  # "": <run_uri>/export
+    baseline_uri: str = ""  # "": no baseline
+    output_uri: str = ""  # "": <run_uri>/eval/metrics.json
+    batch_size: int = 8
+    max_batches: int = 0  # 0: the whole eval split
+
+
+@dataclass
+class Config:
+    run_uri: str = ""
+    data_uri: str = ""
+    seed: int = 1234
+    precision: str = "bf16"
+    resume: str = "auto"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+CHOICES = {
+    "precision": ("bf16", "fp16", "fp32"),
+    "resume": ("auto", "never"),
+    "model.preset": tuple(PRESETS),
+}
+REQUIRED = ("run_uri", "data_uri")
+POSITIVE = ("train.max_steps", "train.micro_batch_size", "train.grad_accum_steps", "train.seq_len",
+            "train.log_every", "checkpoint.every_steps", "checkpoint.keep", "metrics.flush_every",
+            "eval.batch_size")
+NON_NEGATIVE = ("seed", "model.vocab_size", "train.warmup_steps", "train.lr", "train.weight_decay",
+                "train.grad_clip", "eval.max_batches")
+
+# PyYAML follows YAML 1.1, where "3e-3" (no dot) is a string, not a float; people write it anyway.
+_NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+
+def _hint(cls: type, name: str):
+    return typing.get_type_hints(cls)[name]
+
+
+def all_keys() -> list[str]:
+    """Every dotted key a config accepts."""
+    keys = []
+    for f in dataclasses.fields(Config):
+        hint = _hint(Config, f.name)
+        if dataclasses.is_dataclass(hint):
+            keys += [f"{f.name}.{sub.name}" for sub in dataclasses.fields(hint)]
+        else:
+            keys.append(f.name)
+    return keys
+
+
+def _unknown(key: str) -> ConfigError:
+    close = difflib.get_close_matches(key, all_keys(), n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else f"; known keys: {', '.join(all_keys())}"
+    return ConfigError(f"unknown key {key!r}{hint}")
+
+
+def _coerce(key: str, value, hint):
+    """``value`` as the type ``hint`` wants, or a ConfigError naming key, value and type."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint):
+        if value is None:
+            return None
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str) and _NUMBER.match(value.strip()):
+            return float(value)
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    raise TypeError(f"config field {key} has an unsupported type {hint!r}")
+
+
+def _apply(config: Config, data: dict, source: str) -> None:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping of config keys, got {data!r}")
+    for name, value in data.items():
+        name = str(name)
+        if name not in {f.name for f in dataclasses.fields(Config)}:
+            # Name the whole dotted key the user wrote, so the suggestion can be a dotted key.
+            raise _unknown(f"{name}.{next(iter(value))}" if isinstance(value, dict) and value else name)
+        hint = _hint(Config, name)
+        if dataclasses.is_dataclass(hint):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{name}: expected a mapping of {name}.* keys, got {value!r}")
+            section = getattr(config, name)
+            for sub, subvalue in value.items():
+                key = f"{name}.{sub}"
+                if str(sub) not in {f.name for f in dataclasses.fields(hint)}:
+                    raise _unknown(key)
+                setattr(section, str(sub), _coerce(key, subvalue, _hint(hint, str(sub))))
+        else:
+            setattr(config, name, _coerce(name, value, hint))
+
+
+def get_key(config: Config, key: str):
+    obj = config
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def validate(config: Config) -> Config:
+    for key in REQUIRED:
+        if not get_key(config, key):
+            raise ConfigError(f"{key}: required; set it in the config file or pass {key}=URI")
+    for key, allowed in CHOICES.items():
+        value = get_key(config, key)
+        if value not in allowed:
+            raise ConfigError(f"{key}: expected one of {', '.join(allowed)}, got {value!r}")
+    for key in POSITIVE:
+        if get_key(config, key) <= 0:
+            raise ConfigError(f"{key}: expected a positive number, got {get_key(config, key)!r}")
+    for key in NON_NEGATIVE:
+        if get_key(config, key) < 0:
+            raise ConfigError(f"{key}: expected zero or more, got {get_key(config, key)!r}")
+    if not 0.0 <= config.train.min_lr_ratio <= 1.0:
+        raise ConfigError(f"train.min_lr_ratio: expected a number between 0 and 1, got {config.train.min_lr_ratio!r}")
+    if config.model.builder:
+        raise ConfigError(f"model.builder: user model builders are not supported yet, got "
+                          f"{config.model.builder!r}; unset it and pick model.preset from {', '.join(PRESETS)}")
+    return config
+
+
+def parse_override(text: str) -> dict:
+    """``a.b=value`` as ``{"a": {"b": value}}``, the value parsed as YAML."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"override {text!r} must look like key=value, e.g. train.lr=0.001")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{key}: cannot parse {raw!r} as a value ({str(exc).splitlines()[0]})") from None
+    parts = key.split(".")
+    if len(parts) > 2:
+        raise _unknown(key)
+    return {parts[0]: {parts[1]: value}} if len(parts) == 2 else {key: value}
+
+
+def read_text(path_or_uri: str) -> str:
+    if "://" in path_or_uri:
+        from trainer.storage import NotFound, open_storage
+
+        try:
+            return open_storage(path_or_uri).get(path_or_uri).decode("utf-8")
+        except NotFound:
+            raise ConfigError(f"config file {path_or_uri!r} does not exist; check --config") from None
+    try:
+        with open(path_or_uri, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path_or_uri!r} does not exist; check --config") from None
+
+
+def load_config(path_or_uri: str | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Defaults, then the YAML file (local path or storage URI; None for none), then overrides."""
+    config = Config()
+    if path_or_uri:
+        try:
+            data = yaml.safe_load(read_text(path_or_uri))
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path_or_uri!r} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        _apply(config, data or {}, path_or_uri)
+    for text in overrides:
+        _apply(config, parse_override(text), text)
+    return validate(config)
+
+
+def dump_yaml(config: Config) -> str:
+    """The resolved config as YAML; :func:`load_config` reads it back to an equal Config."""
+    return yaml.safe_dump(config.to_dict(), sort_keys=False)
+
+
+def resolved_eval_uris(config: Config) -> tuple[str, str]:
+    """(model_uri, output_uri) with the run-relative defaults filled in."""
+    from trainer.contract import RunLayout
+
+    layout = RunLayout(config.run_uri)
+    return config.eval.model_uri or layout.export, config.eval.output_uri or layout.eval_metrics

@@ -1,0 +1,183 @@
+"""Dataset access: the manifest, shard download into the node cache, token windows, sample order.
+
+A training sample ``i`` is the window of ``seq_len + 1`` tokens starting at ``i * seq_len``
+of the split's concatenated token stream. The cursor is a global sample index (samples
+consumed so far, across epochs); each epoch visits every sample once, in a permutation
+drawn from a private generator seeded by (seed, epoch). Everything below the I/O helpers
+is plain arithmetic, so resume on any world size replays the same global batches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from trainer.contract import ENV_CACHE_DIR, MANIFEST_FORMAT, MANIFEST_NAME, join
+
+
+class DataError(ValueError):
+    """The dataset does not match what the trainer needs."""
+
+
+def cache_dir() -> Path:
+    """Node-local scratch: ``$TRAINOPS_CACHE_DIR`` or a folder under the system temp dir."""
+    path = Path(os.environ.get(ENV_CACHE_DIR) or os.path.join(tempfile.gettempdir(), "trainops-cache"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+# --- manifest and shards (I/O) ---------------------------------------------------
+def read_manifest(storage, data_uri: str) -> dict:
+    uri = join(data_uri, MANIFEST_NAME)
+    manifest = storage.get_json(uri)
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        raise DataError(f"{uri} is not a {MANIFEST_FORMAT} manifest; point data_uri at a staged dataset version")
+    return manifest
+
+
+def split_info(manifest: dict, split: str, data_uri: str) -> dict:
+    info = manifest.get("splits", {}).get(split)
+    if not info or not info.get("shards"):
+        raise DataError(f"dataset {data_uri} has no {split!r} split; stage it with a non-empty {split} split")
+    return info
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fetch_split(storage, data_uri: str, manifest: dict, split: str) -> list[Path]:
+    """Download the split's shards into the cache (content-addressed by sha256, verified)."""
+    folder = cache_dir() / "shards"
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for shard in split_info(manifest, split, data_uri)["shards"]:
+        sha = shard["sha256"]
+        path = folder / f"{sha}.bin"
+        if not path.exists():
+            # Ranks on one node may race here: each downloads to its own temp name, then renames.
+            tmp = folder / f".{sha}.{os.getpid()}.part"
+            uri = join(data_uri, shard["path"])
+            storage.download_file(uri, tmp)
+            got = _sha256(tmp)
+            if got != sha:
+                tmp.unlink(missing_ok=True)
+                raise DataError(f"shard {uri} has sha256 {got}, the manifest says {sha}; re-stage the dataset")
+            os.replace(tmp, path)
+        paths.append(path)
+    return paths
+
+
+def read_eval_index(storage, data_uri: str, manifest: dict) -> tuple[list[dict], list[str]]:
+    """The eval records (id, slice columns, start, end) and the slice column names."""
+    index = manifest.get("eval_index")
+    if not index:
+        return [], []
+    text = storage.get(join(data_uri, index["path"])).decode("utf-8")
+    records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    return records, list(index.get("slice_columns", []))
+
+
+# --- token stream -----------------------------------------------------------------
+class TokenStream:
+    """The concatenation of memory-mapped shards, read by global token offsets."""
+
+    def __init__(self, paths: list[Path], dtype: str):
+        self.shards = [np.memmap(p, dtype=np.dtype(dtype).newbyteorder("<"), mode="r") for p in paths]
+        self.offsets = np.cumsum([0] + [len(s) for s in self.shards])
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Tokens ``[start, stop)`` as int64, across shard boundaries."""
+        if not 0 <= start <= stop <= len(self):
+            raise IndexError(f"token range [{start}, {stop}) is outside a stream of {len(self)} tokens")
+        parts = []
+        first = int(np.searchsorted(self.offsets, start, side="right")) - 1
+        for i in range(first, len(self.shards)):
+            lo, hi = max(start, self.offsets[i]), min(stop, self.offsets[i + 1])
+            if lo >= hi:
+                break
+            parts.append(self.shards[i][lo - self.offsets[i]:hi - self.offsets[i]])
+        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
+
+
+def open_split(storage, data_uri: str, manifest: dict, split: str) -> TokenStream:
+    return TokenStream(fetch_split(storage, data_uri, manifest, split), manifest.get("token_dtype", "uint16"))
+
+
+# --- sample arithmetic (pure) -------------------------------------------------------
+def num_samples(total_tokens: int, seq_len: int) -> int:
+    """How many windows of ``seq_len + 1`` tokens start at multiples of ``seq_len``."""
+    return max(0, (total_tokens - 1) // seq_len)
+
+
+def sample_order(n: int, seed: int, epoch: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(n, generator=generator)
+
+
+def micro_batch_positions(cursor: int, micro_step: int, micro_batch_size: int, world_size: int,
+                          rank: int) -> range:
+    """Global sample positions that ``rank`` trains on in ``micro_step`` of the step starting at ``cursor``.
+
+    Each micro-batch spans ``micro_batch_size * world_size`` consecutive positions; every rank
+    takes its contiguous slice, so the ranks together consume the global batch exactly once.
+    """
+    start = cursor + (micro_step * world_size + rank) * micro_batch_size
+    return range(start, start + micro_batch_size)
+
+
+def global_batch_size(micro_batch_size: int, grad_accum_steps: int, world_size: int) -> int:
+    return micro_batch_size * grad_accum_steps * world_size
+
+
+@dataclass
+class SampleOrder:
+    """Maps a global position (the cursor's unit) to a sample id, one permutation per epoch."""
+
+    num_samples: int
+    seed: int
+    _epoch: int = -1
+    _perm: torch.Tensor | None = None
+
+    def sample_id(self, position: int) -> int:
+        epoch, offset = divmod(position, self.num_samples)
+        if epoch != self._epoch:
+            self._epoch, self._perm = epoch, sample_order(self.num_samples, self.seed, epoch)
+        return int(self._perm[offset])
+
+
+class TrainBatches:
+    """Micro-batches of (input, target) token tensors for one rank."""
+
+    def __init__(self, stream: TokenStream, seq_len: int, seed: int, micro_batch_size: int,
+                 world_size: int, rank: int):
+        self.stream, self.seq_len = stream, seq_len
+        n = num_samples(len(stream), seq_len)
+        if n < micro_batch_size * world_size:
+            raise DataError(f"the train split has {len(stream)} tokens, only {n} samples of train.seq_len="
+                            f"{seq_len}; lower train.seq_len or train.micro_batch_size, or stage more data")
+        self.order = SampleOrder(n, seed)
+        self.micro_batch_size, self.world_size, self.rank = micro_batch_size, world_size, rank
+
+    def window(self, sample_id: int) -> np.ndarray:
+        start = sample_id * self.seq_len
+        return self.stream.read(start, start + self.seq_len + 1)
+
+    def micro_batch(self, cursor: int, micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = micro_batch_positions(cursor, micro_step, self.micro_batch_size, self.world_size, self.rank)
+        windows = torch.from_numpy(np.stack([self.window(self.order.sample_id(p)) for p in positions]))
+        return windows[:, :-1], windows[:, 1:]

@@ -1,0 +1,35 @@
+"""AdamW with decoupled weight decay on matrices only, and the warmup + cosine LR schedule."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def lr_multiplier(step: int, *, warmup_steps: int, max_steps: int, min_lr_ratio: float) -> float:
+    """Factor on the peak LR for optimizer step ``step`` (0-based).
+
+    Linear warmup to 1 over ``warmup_steps`` steps, then a cosine down to ``min_lr_ratio``
+    at ``max_steps``.
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    decay_steps = max(1, max_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / decay_steps)
+    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    # Norm gains (1-D) are not decayed: shrinking them towards 0 only fights the normalization.
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def build_scheduler(optimizer, *, warmup_steps: int, max_steps: int, min_lr_ratio: float):
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda step: lr_multiplier(step, warmup_steps=warmup_steps, max_steps=max_steps, min_lr_ratio=min_lr_ratio))

@@ -1,0 +1,133 @@
+"""Process group setup and FSDP2 sharding, applied to a plain model from outside.
+
+Under torchrun the environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) says who
+we are; without it the trainer runs as a world of one, so ``python -m trainer train``
+works on a laptop too.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+PARAM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def die_with_launcher() -> None:
+    """Under torchrun, make the kernel SIGKILL this worker when the torchrun agent dies.
+
+    torchrun starts every worker in its own session, so killing torchrun's process group
+    (as a node loss or a local launcher's hard kill does) would otherwise leave orphaned
+    workers training on, racing the next attempt for the same checkpoints.
+    """
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    launcher = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if launcher == 1 or os.getppid() != launcher:  # it died before the request took effect
+        os._exit(1)
+
+
+def init_distributed() -> DistEnv:
+    """Join torchrun's process group (nccl on CUDA, gloo on CPU), or make a world of one."""
+    die_with_launcher()
+    cuda = torch.cuda.is_available()
+    backend = "nccl" if cuda else "gloo"
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if "RANK" in os.environ:
+        dist.init_process_group(backend, device_id=device if cuda else None)
+    else:
+        # A file store needs no free port: a plain single process must not collide with others.
+        store_path = os.path.join(tempfile.mkdtemp(prefix="trainops-"), "store")
+        dist.init_process_group(backend, store=dist.FileStore(store_path, 1), rank=0, world_size=1)
+    return DistEnv(dist.get_rank(), dist.get_world_size(), local_rank, device)
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def apply_activation_checkpointing(model: nn.Module) -> None:
+    """Recompute each block's activations in backward instead of keeping them."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    for index, block in enumerate(model.layers):
+        model.layers[index] = checkpoint_wrapper(block, preserve_rng_state=False)
+
+
+def apply_fsdp(model: nn.Module, precision: str) -> nn.Module:
+    """Shard each block of ``model.layers``, then the root (embeddings, final norm, output).
+
+    Parameters stay fp32 (the optimizer's master copy); bf16/fp16 are the compute dtype,
+    and gradients are reduced in fp32.
+    """
+    if precision not in PARAM_DTYPES:
+        raise ValueError(f"precision must be one of {sorted(PARAM_DTYPES)}, got {precision!r}")
+    param_dtype = PARAM_DTYPES[precision]
+    policy = (MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+              if param_dtype is not None else MixedPrecisionPolicy())
+    for block in model.layers:
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    return model
+
+
+def grad_scaler(precision: str):
+    """fp16 gradients underflow without loss scaling; bf16 and fp32 need none."""
+    if precision != "fp16":
+        return None
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    return ShardedGradScaler(device="cuda" if torch.cuda.is_available() else "cpu")
+
+
+def barrier() -> None:
+    dist.barrier()
+
+
+def broadcast_object(obj, src: int = 0):
+    """``obj`` from rank ``src`` on every rank."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def gather_objects(obj) -> list | None:
+    """Every rank's ``obj`` on rank 0 (None elsewhere)."""
+    out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
+def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor.tolist()
