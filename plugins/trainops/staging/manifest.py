@@ -1,0 +1,55 @@
+"""The dataset manifest (``trainops.dataset/v1``): built here, read by the trainer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from trainer.contract import MANIFEST_FORMAT, SPLITS
+
+EVAL_INDEX_PATH = "eval/index.jsonl"
+VALIDATION_NAME = "validation.json"
+
+
+def build_manifest(*, name: str, version: str, created_at: str, source_uri: str,
+                   objects: Sequence[dict], tokenizer: dict, token_dtype: str,
+                   splits: dict, split_rule: dict, eval_records: int,
+                   slice_columns: Sequence[str], rows: dict, validation: dict) -> dict:
+    """Assemble the manifest; ``splits`` maps each split to ``{"tokens", "shards"}``.
+
+    Shard paths are relative to the dataset version prefix.
+    """
+    missing = [s for s in SPLITS if s not in splits]
+    if missing:
+        raise ValueError(f"manifest for {name}/{version} lacks splits {missing}")
+    for split in SPLITS:
+        counted = sum(s["tokens"] for s in splits[split]["shards"])
+        if counted != splits[split]["tokens"]:
+            raise ValueError(
+                f"split {split!r} claims {splits[split]['tokens']} tokens "
+                f"but its shards hold {counted}"
+            )
+    if rows["train"] + rows["eval"] != rows["total"]:
+        raise ValueError(f"row counts do not add up: {rows}")
+    return {
+        "format": MANIFEST_FORMAT,
+        "name": name,
+        "version": version,
+        "created_at": created_at,
+        "source": {"uri": source_uri, "objects": [dict(o) for o in objects]},
+        "tokenizer": dict(tokenizer),
+        "token_dtype": token_dtype,
+        "splits": {s: {"tokens": int(splits[s]["tokens"]),
+                       "shards": [dict(x) for x in splits[s]["shards"]]} for s in SPLITS},
+        "split_rule": dict(split_rule),
+        "eval_index": {"path": EVAL_INDEX_PATH, "records": int(eval_records),
+                       "slice_columns": list(slice_columns)},
+        "rows": {"total": int(rows["total"]), "train": int(rows["train"]),
+                 "eval": int(rows["eval"])},
+        "validation": validation,
+    }
+
+
+def shard_paths(manifest: dict) -> list[str]:
+    """Every file a manifest names, relative to the version prefix."""
+    paths = [s["path"] for split in SPLITS for s in manifest["splits"][split]["shards"]]
+    return paths + [manifest["eval_index"]["path"]]

@@ -1,0 +1,116 @@
+"""Byte-level tokenizer, the id-hash split rule, and packing into fixed-size shards.
+
+A record's tokens are the UTF-8 bytes of its text followed by EOS. Each split is one
+token stream cut into shards of ``shard_tokens`` little-endian uint16 tokens (the last
+shard may be shorter); records run across shard boundaries, because the trainer reads
+windows from the stream, not records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+TOKENIZER = {"kind": "byte", "vocab_size": 257, "eos_id": 256}
+TOKEN_DTYPE = "uint16"
+DEFAULT_SHARD_TOKENS = 1 << 20
+DEFAULT_EVAL_PERCENT = 10
+
+
+def split_rule(eval_percent: int = DEFAULT_EVAL_PERCENT) -> dict:
+    return {"kind": "id_hash", "hash": "sha256", "eval_percent": int(eval_percent)}
+
+
+def split_of(record_id: str, eval_percent: int = DEFAULT_EVAL_PERCENT) -> str:
+    """``"eval"`` or ``"train"``.
+
+    Depends only on the id, so a record stays on its side across dataset versions.
+    """
+    bucket = int(hashlib.sha256(str(record_id).encode("utf-8")).hexdigest()[:8], 16) % 100
+    return "eval" if bucket < eval_percent else "train"
+
+
+def encode(text: str) -> bytes:
+    """The record's tokens as little-endian uint16 bytes: its UTF-8 bytes, then EOS."""
+    import numpy as np
+
+    raw = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+    tokens = np.empty(len(raw) + 1, dtype="<u2")
+    tokens[:-1] = raw
+    tokens[-1] = TOKENIZER["eos_id"]
+    return tokens.tobytes()
+
+
+def decode(data: bytes) -> list[str]:
+    """Texts of a token stream (inverse of :func:`encode` over concatenated records)."""
+    import numpy as np
+
+    tokens = np.frombuffer(data, dtype="<u2")
+    out, start = [], 0
+    for end in np.flatnonzero(tokens == TOKENIZER["eos_id"]):
+        out.append(tokens[start:end].astype(np.uint8).tobytes().decode("utf-8"))
+        start = int(end) + 1
+    return out
+
+
+class ShardPacker:
+    """Appends records to one split's token stream, writing ``<out_dir>/<split>/NNNNN.bin``."""
+
+    def __init__(self, out_dir: str, split: str, shard_tokens: int = DEFAULT_SHARD_TOKENS):
+        if shard_tokens < 1:
+            raise ValueError(f"shard_tokens must be at least 1, got {shard_tokens}")
+        self.out_dir = out_dir
+        self.split = split
+        self.shard_tokens = int(shard_tokens)
+        self.tokens = 0
+        self.records = 0
+        self.shards: list[dict] = []
+        self._file = None
+        self._hash = None
+        self._in_shard = 0
+
+    def add(self, token_bytes: bytes) -> tuple[int, int]:
+        """Append one record's tokens; return its span ``(start, end)`` in the stream."""
+        start = self.tokens
+        view = memoryview(token_bytes)
+        while view:
+            if self._file is None:
+                self._open()
+            room = (self.shard_tokens - self._in_shard) * 2
+            chunk, view = view[:room], view[room:]
+            self._file.write(chunk)
+            self._hash.update(chunk)
+            self._in_shard += len(chunk) // 2
+            if self._in_shard == self.shard_tokens:
+                self._close_shard()
+        self.tokens += len(token_bytes) // 2
+        self.records += 1
+        return start, self.tokens
+
+    def close(self) -> dict:
+        """Finish the last shard; return ``{"tokens", "shards": [{"path", "tokens", "sha256"}]}``.
+        """
+        if self._file is not None:
+            self._close_shard()
+        return {"tokens": self.tokens, "shards": list(self.shards)}
+
+    def _open(self) -> None:
+        rel = f"{self.split}/{len(self.shards):05d}.bin"
+        os.makedirs(os.path.join(self.out_dir, self.split), exist_ok=True)
+        self._file = open(os.path.join(self.out_dir, rel), "wb")
+        self._hash = hashlib.sha256()
+        self._in_shard = 0
+        self._rel = rel
+
+    def _close_shard(self) -> None:
+        self._file.close()
+        self.shards.append({"path": self._rel, "tokens": self._in_shard,
+                            "sha256": self._hash.hexdigest()})
+        self._file = None
+
+
+def index_line(record_id: str, slices: dict, start: int, end: int) -> str:
+    """One ``eval/index.jsonl`` line: id, slice columns, then the token span (end exclusive)."""
+    return json.dumps({"id": record_id, **slices, "start": start, "end": end},
+                      ensure_ascii=False) + "\n"

@@ -1,0 +1,45 @@
+import pytest
+
+from trainer.contract import MANIFEST_FORMAT
+from trainops.staging.manifest import build_manifest, shard_paths
+from trainops.staging.tokenize import TOKENIZER, split_rule
+
+
+def _args(**changes):
+    args = dict(
+        name="demo", version="3f2a9c0d1b2e", created_at="2026-01-01T00:00:00+00:00",
+        source_uri="file:///raw",
+        objects=[{"uri": "file:///raw/a.parquet", "size": 1, "etag": "e"}],
+        tokenizer=TOKENIZER, token_dtype="uint16",
+        splits={"train": {"tokens": 12, "shards": [
+                    {"path": "train/00000.bin", "tokens": 8, "sha256": "s0"},
+                    {"path": "train/00001.bin", "tokens": 4, "sha256": "s1"}]},
+                "eval": {"tokens": 3, "shards": [
+                    {"path": "eval/00000.bin", "tokens": 3, "sha256": "s2"}]}},
+        split_rule=split_rule(10), eval_records=1, slice_columns=["source"],
+        rows={"total": 4, "train": 3, "eval": 1}, validation={"success": True})
+    args.update(changes)
+    return args
+
+
+def test_manifest_has_the_format_the_trainer_reads():
+    m = build_manifest(**_args())
+    assert m["format"] == MANIFEST_FORMAT
+    assert set(m) == {"format", "name", "version", "created_at", "source", "tokenizer",
+                      "token_dtype", "splits", "split_rule", "eval_index", "rows", "validation"}
+    assert m["tokenizer"] == {"kind": "byte", "vocab_size": 257, "eos_id": 256}
+    assert m["splits"]["train"]["tokens"] == 12
+    assert m["eval_index"] == {"path": "eval/index.jsonl", "records": 1,
+                               "slice_columns": ["source"]}
+    assert m["split_rule"] == {"kind": "id_hash", "hash": "sha256", "eval_percent": 10}
+    assert shard_paths(m) == ["train/00000.bin", "train/00001.bin", "eval/00000.bin",
+                              "eval/index.jsonl"]
+
+
+def test_inconsistent_counts_are_refused():
+    bad = _args()
+    bad["splits"]["train"]["tokens"] = 13
+    with pytest.raises(ValueError, match="split 'train' claims 13 tokens but its shards hold 12"):
+        build_manifest(**bad)
+    with pytest.raises(ValueError, match="row counts do not add up"):
+        build_manifest(**_args(rows={"total": 5, "train": 3, "eval": 1}))
