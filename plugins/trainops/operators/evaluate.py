@@ -79,14 +79,25 @@ class EvaluateModelOperator(BaseOperator):
             distributed=False, image=self.image, namespace=self.namespace,
             env=job_env_for(root, self.aws_conn_id), labels=_jobs.job_labels(identity),
             capacity="on-demand")
+        # What is being compared, stored beside the results: the resumed operator reads it
+        # back (deferral kwargs do not survive every runner) and it is lineage for later.
+        store.put_json(self._request_uri(layout), {
+            "candidate_uri": self.training["export_uri"],
+            "production_uri": production["uri"] if production else None,
+            "production_version": production["version"] if production else None})
         handle = get_cluster(self.cluster).launch(spec)
         self.log.info("evaluation job %s launched", handle["job_id"])
         self.defer(trigger=JobTrigger(handle=handle, poll_interval=self.poll_interval,
                                       timeout=self.job_timeout),
-                   method_name="execute_complete",
-                   kwargs={"production_version": production["version"] if production else None})
+                   method_name="execute_complete")
 
-    def execute_complete(self, context, event: dict | None = None, production_version=None):
+    @staticmethod
+    def _request_uri(layout) -> str:
+        from trainer.contract import join
+
+        return join(layout.run_uri, "eval", "request.json")
+
+    def execute_complete(self, context, event: dict | None = None):
         from trainer.contract import RunLayout
         from trainops.cluster import get_cluster
 
@@ -102,6 +113,7 @@ class EvaluateModelOperator(BaseOperator):
         _, store = self._storage()
         layout = RunLayout(self.training["run_uri"])
         metrics = store.get_json(layout.eval_metrics)
+        production_version = store.get_json(self._request_uri(layout))["production_version"]
         result = {"metrics_uri": layout.eval_metrics, "run_uri": layout.run_uri,
                   "model_name": self.model_name, "candidate": metrics["candidate"],
                   "production": metrics.get("baseline"), "production_version": production_version}

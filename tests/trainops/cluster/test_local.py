@@ -15,11 +15,12 @@ NODE_FAILS = ("import os, sys, time\n"
               "if os.environ['TRAINOPS_NODE_INDEX'] == '1': sys.exit(3)\n"
               "time.sleep(60)\n")
 
-# A stand-in trainer: logs steps to metrics.jsonl; on SIGTERM writes a marker and exits 0.
+# A stand-in for torchrun + trainer: logs steps to metrics.jsonl; on SIGTERM it writes a
+# marker and exits 1, as torchrun does whatever its workers return.
 STEPPER = ("import json, os, signal, sys, time\n"
            "out = sys.argv[1]\n"
            "def stop(*_):\n"
-           "    open(out + '.sigterm-' + os.environ['TRAINOPS_NODE_INDEX'], 'w').close(); sys.exit(0)\n"
+           "    open(out + '.sigterm-' + os.environ['TRAINOPS_NODE_INDEX'], 'w').close(); sys.exit(1)\n"
            "signal.signal(signal.SIGTERM, stop)\n"
            "for step in range(1, 400):\n"
            "    if os.environ['TRAINOPS_NODE_INDEX'] == '0':\n"
@@ -81,19 +82,19 @@ def test_one_failed_node_tears_down_the_gang(cluster):
     assert time.monotonic() - started < 20  # not the 60 s node 0 would have slept
 
 
-def test_injected_preemption_signals_one_node(cluster, tmp_path):
+def test_injected_preemption_signals_one_node_then_the_gang_stops(cluster, tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     handle = cluster.launch(job("chaos", STEPPER, nodes=2, argv=[str(metrics)]),
                             chaos={"node": 1, "at_step": 5, "attempt": 1,
                                    "metrics_uri": f"file://{metrics}"})
     state = wait_final(cluster, handle)
-    assert (tmp_path / "metrics.jsonl.sigterm-1").exists()
-    assert not (tmp_path / "metrics.jsonl.sigterm-0").exists()
-    assert state["disruptions"][0]["node"] == 1
+    assert [d["node"] for d in state["disruptions"]] == [1]
     assert state["disruptions"][0]["reason"] == "SpotInterruption"
-    # node 1 stopped at or after step 5, long before the 400 steps node 0 would log
+    assert state["nodes"][1]["exit_code"] == 1  # the preempted node went first ...
+    assert "node 1 exited non-zero" in state["reason"]  # ... and the gang was torn down
+    assert (tmp_path / "metrics.jsonl.sigterm-0").exists()
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
-    assert 5 <= max(steps) < 399 or state["nodes"][0]["exit_code"] == 0
+    assert 5 <= max(steps) < 100  # stopped soon after step 5, not after all 399
 
 
 def test_delete_cancels_and_find_reattaches(cluster):
