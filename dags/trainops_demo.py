@@ -8,7 +8,7 @@ preemption -> evaluate against production -> gate -> promote. `make demo` runs i
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import DAG, task
+from airflow.sdk import DAG, Param, task
 
 from trainops.operators import (
     EvaluateModelOperator,
@@ -29,17 +29,24 @@ with DAG(
     tags=["trainops", "demo"],
     default_args={"owner": "trainops", "retries": 0},
     doc_md=__doc__,
+    params={
+        "corrupt_data": Param(
+            False, type="boolean", title="Deliver bad data",
+            description="Write demo data with null and duplicate ids and empty texts, to see "
+                        "staging reject it before any training is launched."),
+    },
 ) as dag:
 
     @task
-    def demo_data() -> str:
+    def demo_data(params=None) -> str:
         """Write the deterministic demo dataset (Parquet) under the storage root; return its URI."""
         from trainer.contract import join
         from trainops.settings import resolve_storage_root
         from trainops.staging.demo_data import write_demo_dataset
 
-        uri = join(resolve_storage_root(None), "raw", "demo-text")
-        write_demo_dataset(uri, rows=4000, seed=0)
+        corrupt = bool(params["corrupt_data"])
+        uri = join(resolve_storage_root(None), "raw", "demo-text-corrupt" if corrupt else "demo-text")
+        write_demo_dataset(uri, rows=4000, seed=0, corrupt=corrupt)
         return uri
 
     stage = StageDatasetOperator(

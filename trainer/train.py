@@ -33,9 +33,14 @@ from trainer.storage import open_storage
 
 log = logging.getLogger("trainer.train")
 
+# A preempted worker exits non-zero on purpose: a torchrun agent whose workers all exit 0 waits
+# in its exit barrier (up to 300 s) for the agents of the other nodes, and a preempted node's
+# agent never arrives. Non-zero makes every agent exit at once; the attempt record says why.
+PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM, the shell's convention
+
 
 def run_train(config: Config) -> int:
-    """Train per ``config``; the exit code for the CLI (0 also when preempted)."""
+    """Train per ``config``; the exit code for the CLI (``PREEMPTED_EXIT_CODE`` when preempted)."""
     flag = StopFlag().install()  # first: a SIGTERM during setup must not kill us unsaved
     env = parallel.init_distributed()
     logging.getLogger("trainer").setLevel(logging.INFO if env.is_main else logging.WARNING)
@@ -45,8 +50,8 @@ def run_train(config: Config) -> int:
     try:
         number = parallel.broadcast_object(attempt_number(storage, layout) if env.is_main else None)
         attempt = Attempt(storage, layout, number, env.world_size, started_at=now_iso())
-        _train(config, env, storage, attempt, flag)
-        return 0
+        outcome = _train(config, env, storage, attempt, flag)
+        return PREEMPTED_EXIT_CODE if outcome == "preempted" else 0
     except Exception as exc:
         traceback.print_exc()
         step = attempt.last_step if attempt else 0
@@ -62,7 +67,7 @@ def run_train(config: Config) -> int:
         parallel.shutdown()
 
 
-def _train(config: Config, env: parallel.DistEnv, storage, attempt: Attempt, flag: StopFlag) -> None:
+def _train(config: Config, env: parallel.DistEnv, storage, attempt: Attempt, flag: StopFlag) -> str:
     t = config.train
     manifest = data.read_manifest(storage, config.data_uri)
     args = PRESETS[config.model.preset].with_vocab(config.model.vocab_size or manifest["tokenizer"]["vocab_size"])
@@ -162,7 +167,7 @@ def _train(config: Config, env: parallel.DistEnv, storage, attempt: Attempt, fla
                 attempt.write("preempted", signal=signal_name)
                 log.info("preempted by %s: committed step %d, exiting", signal_name, step)
             parallel.barrier()  # no rank may exit before the record exists
-            return
+            return "preempted"
 
     # The loop saved step max_steps; a relaunch of a finished run only re-exports.
     full_state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -173,3 +178,4 @@ def _train(config: Config, env: parallel.DistEnv, storage, attempt: Attempt, fla
         attempt.write("completed")
         log.info("completed: %d steps, checkpoint and export committed", step)
     parallel.barrier()
+    return "completed"

@@ -1,7 +1,8 @@
 """``python -m trainops``: the operator-side command line.
 
 - ``demo``: run the ``trainops_demo`` DAG with ``dag.test()`` on the embedded default and print
-  a summary (``make demo`` calls this).
+  a summary (``make demo`` calls this). ``--corrupt-data`` delivers bad data instead, to watch
+  staging reject it before anything is trained.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def xcom_results(dag_id: str, run_id: str, task_ids) -> dict:
     return out
 
 
-def run_demo(project_dir: str) -> int:
+def run_demo(project_dir: str, corrupt_data: bool = False) -> int:
     from trainops.devenv import apply_dev_env
 
     env = apply_dev_env(project_dir)
@@ -64,7 +65,7 @@ def run_demo(project_dir: str) -> int:
 
     started = time.monotonic()
     dag = load_dag(env["AIRFLOW__CORE__DAGS_FOLDER"], DEMO_DAG)
-    dagrun = dag.test()
+    dagrun = dag.test(run_conf={"corrupt_data": corrupt_data})
     elapsed = time.monotonic() - started
     root = resolve_storage_root(None)
     results = xcom_results(DEMO_DAG, dagrun.run_id, DEMO_TASKS)
@@ -80,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="run the demo DAG on the embedded default and print a summary")
     demo.add_argument("--project-dir", default=os.getcwd(),
                       help="the checkout (holds dags/, plugins/; .airflow and .trainops go here)")
+    demo.add_argument("--corrupt-data", action="store_true",
+                      help="deliver data that fails its expectations (staging rejects it)")
     args = parser.parse_args(argv)
     if args.command == "demo":
-        return run_demo(args.project_dir)
+        return run_demo(args.project_dir, corrupt_data=args.corrupt_data)
     return 2

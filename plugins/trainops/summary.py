@@ -24,6 +24,9 @@ def render(facts: dict) -> str:
     stage, train = facts.get("stage") or {}, facts.get("train") or {}
     ev, gate, promote = facts.get("evaluate") or {}, facts.get("gate") or {}, facts.get("promote")
     lines = ["", "trainops demo summary", "---------------------"]
+    if not stage:
+        lines.append("dataset          REJECTED by staging (the stage task's log lists the failed "
+                     "expectations); nothing was trained or written")
     if stage:
         how = "reused (unchanged input)" if stage.get("reused") else "staged and validated"
         lines.append(f"dataset          {stage['dataset_name']} version {stage['version']}: "

@@ -49,6 +49,9 @@ def test_demo_twice(demo_env):
     job = store.get_json(layout.job)
     assert [a["classification"] for a in job["attempts"]] == ["preempted", "succeeded"]
     assert job["attempts"][0]["state"]["disruptions"][0]["reason"] == "SpotInterruption"
+    # Every node of the preempted gang stopped by itself: none had to be SIGKILLed after the
+    # grace period (a preemption costs seconds, not the grace period).
+    assert -9 not in [n["exit_code"] for n in job["attempts"][0]["state"]["nodes"]]
     latest = store.get_json(layout.latest)
     assert latest["step"] == 120
     assert store.exists(f"{layout.checkpoint(120)}/_COMMITTED")

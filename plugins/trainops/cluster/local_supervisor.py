@@ -22,6 +22,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from trainops.cluster.spec import JobSpec
+
 POLL_S = 0.2
 CHAOS_POLL_S = 0.5
 
@@ -68,24 +70,23 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def node_argv(spec: dict, node: int, port: int, job_id: str) -> list[str]:
+def node_argv(spec: JobSpec, node: int, port: int, job_id: str) -> list[str]:
+    """What a pod of this node would run, with this host's interpreter as ``python``."""
     from trainer.contract import torchrun_argv
 
-    args = list(spec["args"])
-    args[0] = sys.executable  # the pod's "python" is this host's interpreter
-    if not spec.get("distributed", True):
+    args = [sys.executable, *spec.args[1:]]
+    if not spec.distributed:
         return args
-    grace = int(spec.get("termination_grace_seconds", 60))
     return torchrun_argv(
-        args, nnodes=spec["nodes"], nproc_per_node=max(1, spec.get("gpus_per_node", 0)),
+        args, nnodes=spec.nodes, nproc_per_node=spec.procs_per_node,
         rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id=job_id,
-        shutdown_timeout_s=max(1, grace - min(10, grace // 4)), is_host=(node == 0))
+        shutdown_timeout_s=spec.shutdown_timeout_s, is_host=(node == 0))
 
 
 class Supervisor:
     def __init__(self, job_dir: Path):
         self.dir = job_dir
-        self.spec = json.loads((job_dir / "spec.json").read_text())
+        self.spec = JobSpec.from_dict(json.loads((job_dir / "spec.json").read_text()))
         chaos_file = job_dir / "chaos.json"
         self.chaos = json.loads(chaos_file.read_text()) if chaos_file.exists() else None
         self.procs: list[subprocess.Popen] = []
@@ -103,8 +104,8 @@ class Supervisor:
 
     def start(self) -> None:
         port = _free_port()
-        base_env = {**os.environ, **self.spec.get("env", {}), **self.spec.get("nccl_env", {})}
-        for node in range(self.spec["nodes"]):
+        base_env = {**os.environ, **self.spec.env, **self.spec.nccl_env}
+        for node in range(self.spec.nodes):
             scratch = self.dir / f"node-{node}"
             (scratch / "cache").mkdir(parents=True, exist_ok=True)
             env = {**base_env, "TRAINOPS_CACHE_DIR": str(scratch / "cache"),
@@ -158,7 +159,7 @@ class Supervisor:
             self.save()
 
     def kill_stragglers(self) -> None:
-        grace = float(self.spec.get("termination_grace_seconds", 60))
+        grace = float(self.spec.termination_grace_seconds)
         if self.teardown_at is not None and time.monotonic() - self.teardown_at > grace:
             for proc in self.procs:
                 if proc.poll() is None:
