@@ -25,17 +25,9 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from trainer import commit, parallel
 from trainer.contract import RunLayout, join
 from trainer.data import cache_dir
-from trainer.storage import NotFound
+from trainer.storage import NotFound, sha256_file
 
 log = logging.getLogger("trainer.checkpoint")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _fresh_dir(path: Path) -> Path:
@@ -72,7 +64,7 @@ class Checkpointer:
         files = []
         for path in sorted(staging.iterdir()):
             self.storage.upload_file(path, join(prefix, path.name))
-            files.append({"name": path.name, "size": path.stat().st_size, "sha256": _sha256(path)})
+            files.append({"name": path.name, "size": path.stat().st_size, "sha256": sha256_file(path)})
         gathered = parallel.gather_objects(files)
         if self.rank == 0:
             marker = commit.commit_marker(step=step, files=[f for part in gathered for f in part],
@@ -125,7 +117,7 @@ class Checkpointer:
             uri = join(self.layout.checkpoint(step), entry["name"])
             path = local / entry["name"]
             self.storage.download_file(uri, path)
-            got = _sha256(path)
+            got = sha256_file(path)
             if got != entry["sha256"]:
                 raise RuntimeError(f"checkpoint file {uri} has sha256 {got}, _COMMITTED says {entry['sha256']}; "
                                    f"the checkpoint is corrupt: delete its _COMMITTED to fall back to an older one")

@@ -9,7 +9,6 @@ is plain arithmetic, so resume on any world size replays the same global batches
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
@@ -20,6 +19,7 @@ import numpy as np
 import torch
 
 from trainer.contract import ENV_CACHE_DIR, MANIFEST_FORMAT, MANIFEST_NAME, join
+from trainer.storage import sha256_file
 
 
 class DataError(ValueError):
@@ -49,14 +49,6 @@ def split_info(manifest: dict, split: str, data_uri: str) -> dict:
     return info
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def fetch_split(storage, data_uri: str, manifest: dict, split: str) -> list[Path]:
     """Download the split's shards into the cache (content-addressed by sha256, verified)."""
     folder = cache_dir() / "shards"
@@ -70,7 +62,7 @@ def fetch_split(storage, data_uri: str, manifest: dict, split: str) -> list[Path
             tmp = folder / f".{sha}.{os.getpid()}.part"
             uri = join(data_uri, shard["path"])
             storage.download_file(uri, tmp)
-            got = _sha256(tmp)
+            got = sha256_file(tmp)
             if got != sha:
                 tmp.unlink(missing_ok=True)
                 raise DataError(f"shard {uri} has sha256 {got}, the manifest says {sha}; re-stage the dataset")

@@ -12,7 +12,9 @@ from __future__ import annotations
 import os
 import threading
 
-from trainer.storage_base import NotFound, PreconditionFailed, Storage, StorageError, _unsupported
+from trainer.storage_base import (
+    NotFound, PreconditionFailed, Storage, StorageError, _unsupported, sha256_file,
+)
 from trainer.storage_file import FileStorage, _file_path
 from trainer.storage_s3 import S3Storage
 
@@ -24,6 +26,7 @@ __all__ = [
     "Storage",
     "StorageError",
     "open_storage",
+    "sha256_file",
 ]
 
 

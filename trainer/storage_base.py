@@ -122,3 +122,11 @@ def _write_local(dst: str, chunks: Iterator[bytes]) -> None:
             os.unlink(tmp)
         raise
 
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """sha256 of a local file, read in chunks (checkpoint markers and dataset shards use it)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -13,7 +13,7 @@ import threading
 
 from trainer.storage import Storage, open_storage
 
-__all__ = ["job_env_for", "storage_for"]
+__all__ = ["job_env_for", "root_and_storage", "storage_for"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,15 @@ def storage_for(root_uri: str, aws_conn_id: str | None = "aws_default") -> Stora
         return open_storage(root_uri)
     options = _connection_options(aws_conn_id) or {}
     return open_storage(root_uri, **options)
+
+
+def root_and_storage(storage_root: str | None,
+                     aws_conn_id: str | None = "aws_default") -> tuple[str, Storage]:
+    """An operator's storage: its ``storage_root`` (or the default root) and a client for it."""
+    from trainops.settings import resolve_storage_root
+
+    root = resolve_storage_root(storage_root)
+    return root, storage_for(root, aws_conn_id)
 
 
 def job_env_for(root_uri: str, aws_conn_id: str | None = "aws_default") -> dict[str, str]:

@@ -7,6 +7,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from trainops.operators import _jobs
+from trainops.storage_conn import root_and_storage
 
 
 class EvaluateModelOperator(BaseOperator):
@@ -43,13 +44,6 @@ class EvaluateModelOperator(BaseOperator):
         self.storage_root, self.aws_conn_id = storage_root, aws_conn_id
         self.kubernetes_conn_id = kubernetes_conn_id
 
-    def _storage(self):
-        from trainops.settings import resolve_storage_root
-        from trainops.storage_conn import storage_for
-
-        root = resolve_storage_root(self.storage_root)
-        return root, storage_for(root, self.aws_conn_id)
-
     def execute(self, context):
         from trainer.contract import RunLayout, trainer_argv
         from trainops.cluster import get_cluster
@@ -62,7 +56,7 @@ class EvaluateModelOperator(BaseOperator):
             if not isinstance(self.training, dict) or not self.training.get(key):
                 raise ValueError(f"training must be an FSDPTrainingOperator result with {key!r}, "
                                  f"got {self.training!r}")
-        root, store = self._storage()
+        root, store = root_and_storage(self.storage_root, self.aws_conn_id)
         layout = RunLayout(self.training["run_uri"])
         production = read_production(store, root, self.model_name)
         overrides = {"eval.model_uri": self.training["export_uri"], "eval.output_uri": layout.eval_metrics}
@@ -110,7 +104,7 @@ class EvaluateModelOperator(BaseOperator):
             raise RuntimeError(f"evaluation job {event['handle']['job_id']} did not succeed "
                                f"({event.get('message') or event['state'].get('reason') or event['state']['phase']}).\n"
                                f"Last log lines:\n{tail}")
-        _, store = self._storage()
+        _, store = root_and_storage(self.storage_root, self.aws_conn_id)
         layout = RunLayout(self.training["run_uri"])
         metrics = store.get_json(layout.eval_metrics)
         production_version = store.get_json(self._request_uri(layout))["production_version"]

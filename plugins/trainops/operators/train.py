@@ -8,6 +8,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from trainops.operators import _jobs
+from trainops.storage_conn import root_and_storage
 
 
 class FSDPTrainingOperator(BaseOperator):
@@ -76,13 +77,6 @@ class FSDPTrainingOperator(BaseOperator):
         self.kubernetes_conn_id = kubernetes_conn_id
 
     # -- helpers -----------------------------------------------------------------------
-    def _storage(self):
-        from trainops.settings import resolve_storage_root
-        from trainops.storage_conn import storage_for
-
-        root = resolve_storage_root(self.storage_root)
-        return root, storage_for(root, self.aws_conn_id)
-
     def _cluster(self):
         from trainops.cluster import get_cluster
 
@@ -99,7 +93,7 @@ class FSDPTrainingOperator(BaseOperator):
         from trainer.contract import RunLayout, run_prefix
 
         identity = _jobs.task_identity(context)
-        root, store = self._storage()
+        root, store = root_and_storage(self.storage_root, self.aws_conn_id)
         run_uri = run_prefix(root, identity["dag_id"], identity["run_id"], identity["task_id"],
                              identity["map_index"])
         layout = RunLayout(run_uri)
@@ -173,7 +167,7 @@ class FSDPTrainingOperator(BaseOperator):
 
         event = _jobs.check_event(event)
         identity = _jobs.task_identity(context)
-        root, store = self._storage()
+        root, store = root_and_storage(self.storage_root, self.aws_conn_id)
         layout = RunLayout(run_prefix(root, identity["dag_id"], identity["run_id"],
                                       identity["task_id"], identity["map_index"]))
         job = self._read_job(store, layout)
