@@ -69,6 +69,7 @@ with DAG(
         max_preemptions=2,
         termination_grace_seconds=30,
         poll_interval=1.0,
+        progress_every=5.0,
     )
 
     evaluate = EvaluateModelOperator(

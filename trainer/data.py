@@ -35,8 +35,14 @@ def cache_dir() -> Path:
 
 # --- manifest and shards (I/O) ---------------------------------------------------
 def read_manifest(storage, data_uri: str) -> dict:
+    from trainer.storage import NotFound
+
     uri = join(data_uri, MANIFEST_NAME)
-    manifest = storage.get_json(uri)
+    try:
+        manifest = storage.get_json(uri)
+    except NotFound:
+        raise DataError(f"data_uri {data_uri!r} holds no {MANIFEST_NAME}: point it at a staged "
+                        "dataset version (<root>/datasets/<name>/<version>)") from None
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
         raise DataError(f"{uri} is not a {MANIFEST_FORMAT} manifest; point data_uri at a staged dataset version")
     return manifest

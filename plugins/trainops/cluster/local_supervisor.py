@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -23,6 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from trainops.cluster.spec import JobSpec
+from trainops.metrics import max_step_of_attempt
 
 POLL_S = 0.2
 CHAOS_POLL_S = 0.5
@@ -43,19 +45,6 @@ def gang_phase(exit_codes: list[int | None]) -> str:
     if all(code == 0 for code in exit_codes):
         return "succeeded"
     return "running"
-
-
-def max_step_of_attempt(metrics_text: str, attempt: int) -> int:
-    """Highest step recorded by ``attempt`` in a metrics.jsonl body (0 if none)."""
-    best = 0
-    for line in metrics_text.splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if rec.get("attempt") == attempt and isinstance(rec.get("step"), int):
-            best = max(best, rec["step"])
-    return best
 
 
 def _free_port() -> int:
@@ -193,6 +182,10 @@ class Supervisor:
             time.sleep(POLL_S)
         self.status["phase"] = "failed" if self.cancelled else phase
         self.status["ended_at"] = now_iso()
+        # A pod's ephemeral storage goes with the pod: drop the nodes' scratch (shard cache,
+        # checkpoint staging) so finished attempts keep only their logs and status.
+        for node in range(self.spec.nodes):
+            shutil.rmtree(self.dir / f"node-{node}" / "cache", ignore_errors=True)
         self.save()
         return 0
 

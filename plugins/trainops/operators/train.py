@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from airflow.sdk import BaseOperator
@@ -37,6 +36,7 @@ class FSDPTrainingOperator(BaseOperator):
     :param inject_preemption: local cluster only, for demos and tests: ``{"node": 1,
         "at_step": 40}`` sends SIGTERM to that node's torchrun once attempt 1 reaches the step.
     :param poll_interval: seconds between job state polls in the triggerer.
+    :param progress_every: seconds between progress lines (step, loss, tokens/s) in the task log.
     :param job_timeout: seconds an attempt may run before the task fails and deletes it.
     :param storage_root: ``file://`` or ``s3://`` root (templated; default: the embedded root).
     :param aws_conn_id: Airflow connection for ``s3://`` storage.
@@ -52,6 +52,7 @@ class FSDPTrainingOperator(BaseOperator):
                  fallback_after: int | None = None, image: str = "trainops-trainer:latest",
                  namespace: str = "default", termination_grace_seconds: int = 60,
                  inject_preemption: dict | None = None, poll_interval: float = 5.0,
+                 progress_every: float = 30.0,
                  job_timeout: float | None = None, storage_root: str | None = None,
                  aws_conn_id: str | None = "aws_default",
                  kubernetes_conn_id: str | None = "kubernetes_default", **kwargs):
@@ -73,6 +74,7 @@ class FSDPTrainingOperator(BaseOperator):
         self.termination_grace_seconds = termination_grace_seconds
         self.inject_preemption = inject_preemption
         self.poll_interval, self.job_timeout = poll_interval, job_timeout
+        self.progress_every = progress_every
         self.storage_root, self.aws_conn_id = storage_root, aws_conn_id
         self.kubernetes_conn_id = kubernetes_conn_id
 
@@ -116,7 +118,7 @@ class FSDPTrainingOperator(BaseOperator):
         live = cluster.find(self._labels)
         if live:
             self.log.info("reattaching to live job %s instead of launching a second one", live[0]["job_id"])
-            return self._defer(live[0])
+            return self._defer(live[0], layout.metrics)
         return self._launch(context, store, layout, job, identity)
 
     def _read_job(self, store, layout) -> dict | None:
@@ -151,13 +153,15 @@ class FSDPTrainingOperator(BaseOperator):
         self.log.info("attempt %d: launched %s (%d node(s) x %d process(es), %s capacity)%s",
                       attempt, handle["job_id"], self.nodes, spec.procs_per_node, job["capacity"],
                       f"; will inject a preemption at step {chaos['at_step']}" if chaos else "")
-        return self._defer(handle)
+        return self._defer(handle, layout.metrics)
 
-    def _defer(self, handle: dict):
+    def _defer(self, handle: dict, metrics_uri: str):
         from trainops.triggers.job import JobTrigger
 
         self.defer(trigger=JobTrigger(handle=handle, poll_interval=self.poll_interval,
-                                      timeout=self.job_timeout),
+                                      timeout=self.job_timeout, progress_uri=metrics_uri,
+                                      progress_every=self.progress_every,
+                                      aws_conn_id=self.aws_conn_id),
                    method_name="execute_complete")
 
     # -- after each attempt ------------------------------------------------------------
@@ -227,7 +231,7 @@ class FSDPTrainingOperator(BaseOperator):
             return record["steps_lost"]
         from trainer.storage import NotFound
 
-        from trainops.cluster.local_supervisor import max_step_of_attempt
+        from trainops.metrics import max_step_of_attempt
 
         try:
             last = max_step_of_attempt(store.get(layout.metrics).decode(), attempt)
@@ -243,17 +247,13 @@ class FSDPTrainingOperator(BaseOperator):
     def _result(store, layout, job: dict, record: dict) -> dict:
         from trainer.storage import NotFound
 
-        final_loss = None
+        from trainops.metrics import final_by_step
+
         try:
-            last = {}
-            for line in store.get(layout.metrics).decode().splitlines():
-                if line.strip():
-                    rec = json.loads(line)
-                    last[rec["step"]] = rec  # later attempts overwrite replayed steps
-            if last:
-                final_loss = last[max(last)]["loss"]
+            by_step = final_by_step(store.get(layout.metrics).decode())
         except NotFound:
-            pass
+            by_step = {}
+        final_loss = by_step[max(by_step)]["loss"] if by_step else None
         return {
             "run_uri": layout.run_uri, "config_uri": layout.config, "job_uri": layout.job,
             "export_uri": layout.export, "metrics_uri": layout.metrics,

@@ -22,32 +22,68 @@ class JobTrigger(BaseTrigger):
     :param poll_interval: seconds between polls.
     :param timeout: seconds after which to report ``{"status": "timeout"}`` (None: never).
     :param cluster_options: backend options, e.g. ``{"state_dir": ...}`` for ``local``.
+    :param progress_uri: the run's metrics.jsonl; when set, the latest step of this attempt
+        is logged every ``progress_every`` seconds, so the task log shows training progress.
+    :param aws_conn_id: Airflow connection to read ``progress_uri`` on ``s3://``.
     """
 
     def __init__(self, *, handle: dict, poll_interval: float = 5.0, timeout: float | None = None,
-                 cluster_options: dict | None = None, started_at: float | None = None):
+                 cluster_options: dict | None = None, started_at: float | None = None,
+                 progress_uri: str | None = None, progress_every: float = 30.0,
+                 aws_conn_id: str | None = None):
         super().__init__()
         self.handle = handle
         self.poll_interval = poll_interval
         self.timeout = timeout
         self.cluster_options = cluster_options or {}
         self.started_at = started_at if started_at is not None else time.time()
+        self.progress_uri = progress_uri
+        self.progress_every = progress_every
+        self.aws_conn_id = aws_conn_id
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}", {
             "handle": self.handle, "poll_interval": self.poll_interval, "timeout": self.timeout,
-            "cluster_options": self.cluster_options, "started_at": self.started_at})
+            "cluster_options": self.cluster_options, "started_at": self.started_at,
+            "progress_uri": self.progress_uri, "progress_every": self.progress_every,
+            "aws_conn_id": self.aws_conn_id})
+
+    def _progress_line(self) -> str | None:
+        """This attempt's latest metrics record as one line (blocking: run it in a thread)."""
+        from trainer.storage import NotFound
+        from trainops.metrics import latest_of_attempt
+        from trainops.storage_conn import storage_for
+
+        attempt = int(self.handle.get("labels", {}).get("trainops/attempt", 1))
+        try:
+            text = storage_for(self.progress_uri, self.aws_conn_id).get(self.progress_uri).decode()
+        except NotFound:
+            return None
+        rec = latest_of_attempt(text, attempt)
+        if rec is None:
+            return None
+        rate = f", {rec['tokens_per_s']:,.0f} tok/s" if rec.get("tokens_per_s") else ""
+        return f"attempt {attempt}: step {rec['step']}, loss {rec.get('loss', float('nan')):.4f}{rate}"
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from trainops.cluster import get_cluster
 
         try:
             cluster = get_cluster(self.handle["cluster"], **self.cluster_options)
+            last_phase, last_progress = None, 0.0
             while True:
                 state = await asyncio.to_thread(cluster.status, self.handle)
+                if state["phase"] != last_phase:
+                    self.log.info("job %s is %s", self.handle["job_id"], state["phase"])
+                    last_phase = state["phase"]
                 if state["phase"] in FINAL_PHASES:
                     yield TriggerEvent({"status": "finished", "handle": self.handle, "state": state})
                     return
+                if self.progress_uri and time.monotonic() - last_progress >= self.progress_every:
+                    last_progress = time.monotonic()
+                    line = await asyncio.to_thread(self._progress_line)
+                    if line:
+                        self.log.info("%s", line)
                 if self.timeout is not None and time.time() - self.started_at > self.timeout:
                     yield TriggerEvent({"status": "timeout", "handle": self.handle, "state": state,
                                         "message": f"job {self.handle['job_id']} still {state['phase']} after {self.timeout:.0f}s"})

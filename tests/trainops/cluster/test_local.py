@@ -4,11 +4,12 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
 from trainops.cluster.local import LocalCluster
-from trainops.cluster.local_supervisor import gang_phase, max_step_of_attempt
+from trainops.cluster.local_supervisor import gang_phase
 from trainops.cluster.spec import JobSpec
 
 NODE_FAILS = ("import os, sys, time\n"
@@ -56,11 +57,6 @@ def test_gang_phase_decisions():
     assert gang_phase([-15, 1]) == "failed"
 
 
-def test_max_step_of_attempt_ignores_other_attempts_and_garbage():
-    text = '{"step": 9, "attempt": 1}\n{"step": 4, "attempt": 2}\nnot json\n{"step": 5, "attempt": 2}\n'
-    assert max_step_of_attempt(text, 2) == 5 and max_step_of_attempt(text, 3) == 0
-
-
 def test_success_logs_and_labels(cluster):
     handle = cluster.launch(job("ok-job", "print('hello from node', flush=True)", nodes=2,
                                 labels={"trainops/run": "r1"}))
@@ -68,6 +64,9 @@ def test_success_logs_and_labels(cluster):
     assert state["phase"] == "succeeded"
     assert [n["exit_code"] for n in state["nodes"]] == [0, 0]
     assert "[node-0] hello from node" in cluster.logs_tail(handle)
+    job_dir = Path(handle["job_dir"])
+    assert not (job_dir / "node-0" / "cache").exists()  # scratch goes, like a pod's
+    assert (job_dir / "node-0.log").exists() and (job_dir / "status.json").exists()
     assert cluster.find({"trainops/run": "r1"}) == []  # finished jobs are not reattached
 
 

@@ -48,3 +48,18 @@ def test_reports_timeout_as_event_and_leaves_the_job_alone(tmp_path):
 def test_backend_errors_become_error_events():
     event = first_event(JobTrigger(handle={"cluster": "nowhere", "job_id": "x"}, poll_interval=0.1))
     assert event["status"] == "error" and "unknown cluster 'nowhere'" in event["message"]
+
+
+def test_logs_training_progress_from_metrics(tmp_path, caplog, capsys):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 7, "loss": 2.5, "tokens_per_s": 1234.0, "attempt": 1}\n'
+                       '{"step": 3, "loss": 9.9, "attempt": 2}\n')
+    cluster = LocalCluster(tmp_path)
+    handle = cluster.launch(JobSpec(name="steps", args=["python", "-c", "import time; time.sleep(1)"],
+                                    distributed=False, labels={"trainops/attempt": "1"}))
+    caplog.set_level("INFO")
+    first_event(JobTrigger(handle=handle, poll_interval=0.1, progress_uri=f"file://{metrics}",
+                           progress_every=0.2, cluster_options={"state_dir": str(tmp_path)}))
+    logged = caplog.text + capsys.readouterr().out
+    assert "attempt 1: step 7, loss 2.5000, 1,234 tok/s" in logged
+    assert "step 3" not in logged  # another attempt's record
