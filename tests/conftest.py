@@ -47,10 +47,33 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _make_moto_conditional_puts_atomic() -> None:
+    """Real S3 checks If-Match / If-None-Match and writes as one atomic step. moto checks,
+    then writes, so two threads of its server can both pass the check. Serialise moto's
+    PutObject (the server runs in this process) so the double behaves like S3; our own
+    code gets no such help."""
+    import threading
+
+    from moto.s3.responses import S3Response
+
+    if getattr(S3Response.put_object, "_trainops_atomic", False):
+        return
+    original, lock = S3Response.put_object, threading.Lock()
+
+    def put_object(self, *args, **kwargs):
+        with lock:
+            return original(self, *args, **kwargs)
+
+    put_object._trainops_atomic = True
+    S3Response.put_object = put_object
+
+
 @pytest.fixture(scope="session")
 def moto_server():
     """An S3 server over real HTTP (moto), shared by the session; yields its endpoint URL."""
     from moto.server import ThreadedMotoServer
+
+    _make_moto_conditional_puts_atomic()
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=_free_port(), verbose=False)
     server.start()
