@@ -40,17 +40,44 @@ def attempt_number(storage, layout: RunLayout) -> int:
 class NonFiniteLoss(RuntimeError):
     def __init__(self, step: int, loss: float):
         super().__init__(f"loss is {loss} at step {step}")
-        self.step = step
+        self.step, self.loss = step, loss
+
+
+OOM_HINT = "reduce train.micro_batch_size (keep train.global_batch_size) or set train.activation_checkpointing=full"
+NON_FINITE_HINT = "lower train.lr (e.g. halve it) or scale it linearly with the global batch (linear scaling rule)"
+NETWORK_HINT = ("check the network and firewall between nodes (rendezvous port and NCCL/gloo ports), "
+                "and NCCL_SOCKET_IFNAME")
+
+# torch.distributed's error types, matched by name: this module must not import torch.
+_DIST_ERRORS = {"DistBackendError", "DistNetworkError", "DistStoreError"}
+_COLLECTIVE_WORDS = ("gloo", "nccl", "c10d", "processgroup", "process group", "collective", "rendezvous",
+                     "tcpstore", "watchdog")
+_NETWORK_WORDS = ("connection reset", "connection closed", "connection refused", "broken pipe", "timed out",
+                  "timeout", "socket", "peer")
+
+
+def classify_failure(exc: BaseException) -> tuple[str, str | None]:
+    """``(kind, hint)`` for a failed attempt: kind is out_of_memory, non_finite_loss, network or error.
+
+    The hint says what the user should try; None when we do not recognise the failure.
+    """
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    text = f"{type(exc).__name__}: {exc}".lower()
+    if isinstance(exc, NonFiniteLoss):
+        return "non_finite_loss", f"loss became {exc.loss} at step {exc.step}: {NON_FINITE_HINT}"
+    if (isinstance(exc, MemoryError) or "OutOfMemoryError" in names or "out of memory" in text
+            or "can't allocate memory" in text):  # the last: PyTorch's CPU allocator
+        return "out_of_memory", f"out of memory: {OOM_HINT}"
+    # A storage read that timed out is not a collective's: require a collective's words (or type).
+    if names & _DIST_ERRORS or "ncclremoteerror" in text or "ncclsystemerror" in text or (
+            any(w in text for w in _COLLECTIVE_WORDS) and any(w in text for w in _NETWORK_WORDS)):
+        return "network", f"a collective between ranks failed or timed out: {NETWORK_HINT}"
+    return "error", None
 
 
 def failure_hint(exc: BaseException) -> str | None:
     """What the user should change, for failures we recognise."""
-    if isinstance(exc, NonFiniteLoss):
-        return f"loss became NaN at step {exc.step}: lower train.lr (e.g. halve it)"
-    text = f"{type(exc).__name__}: {exc}".lower()
-    if isinstance(exc, MemoryError) or "out of memory" in text or "outofmemory" in text:
-        return "reduce train.micro_batch_size or enable activation checkpointing (train.activation_checkpointing=true)"
-    return None
+    return classify_failure(exc)[1]
 
 
 @dataclass

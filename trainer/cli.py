@@ -1,4 +1,5 @@
-"""``python -m trainer {train,evaluate,export} --config PATH_OR_URI [dotted.key=value ...]``.
+"""``python -m trainer {train,evaluate,export} --config PATH_OR_URI [dotted.key=value ...]``;
+``python -m trainer presets`` lists the built-in models with their parameter counts.
 
 The config is loaded and checked before torch is imported, so a typo costs a second,
 not a process group.
@@ -34,11 +35,17 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--config", required=True, metavar="PATH_OR_URI",
                          help="YAML config: a local path or a storage URI (file://, s3://)")
         sub.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
+    commands.add_parser("presets", help="list the built-in model presets and their parameter counts")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "presets":
+        from trainer.presets import preset_table
+
+        print(preset_table())
+        return 0
     try:
         config = load_config(args.config, args.overrides)
     except ConfigError as exc:

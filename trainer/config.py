@@ -25,7 +25,7 @@ class ConfigError(ValueError):
 @dataclass
 class ModelConfig:
     preset: str = "tiny"
-    builder: str | None = None  # "module:function" for user models (not supported yet)
+    builder: str | None = None  # "module:function" for a user model (docs/models.md); overrides preset
     vocab_size: int = 0  # 0: the dataset manifest's tokenizer vocab_size
 
 
@@ -33,6 +33,9 @@ class ModelConfig:
 class TrainConfig:
     max_steps: int = 100
     micro_batch_size: int = 8
+    # 0: micro_batch_size * grad_accum_steps * world_size. Set, it fixes the samples per step on
+    # any world size (accumulation is derived at run time), which makes elastic resume exact.
+    global_batch_size: int = 0
     grad_accum_steps: int = 1
     seq_len: int = 64
     lr: float = 3e-3
@@ -41,7 +44,14 @@ class TrainConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     log_every: int = 1
-    activation_checkpointing: bool = False
+    # none | full (every block) | selective (every second block); true/false mean full/none.
+    activation_checkpointing: str = "none"
+    # true: skip the gradient reduce-scatter on all but the last micro-step of a step. Faster
+    # (one gradient sync per step, not one per micro-step), but every rank holds its unsharded
+    # gradients between micro-steps: more memory, like training without FSDP's gradient sharding.
+    skip_grad_sync_in_accum: bool = False
+    # true: torch.compile each block before sharding (slow first steps while it compiles).
+    compile: bool = False
 
 
 @dataclass
@@ -85,13 +95,16 @@ CHOICES = {
     "precision": ("bf16", "fp16", "fp32"),
     "resume": ("auto", "never"),
     "model.preset": tuple(PRESETS),
+    "train.activation_checkpointing": ("none", "full", "selective"),
 }
+# Values older configs used, read as their new spelling without a warning.
+ALIASES = {"train.activation_checkpointing": {True: "full", False: "none"}}
 REQUIRED = ("run_uri", "data_uri")
 POSITIVE = ("train.max_steps", "train.micro_batch_size", "train.grad_accum_steps", "train.seq_len",
             "train.log_every", "checkpoint.every_steps", "checkpoint.keep", "metrics.flush_every",
             "eval.batch_size")
-NON_NEGATIVE = ("seed", "model.vocab_size", "train.warmup_steps", "train.lr", "train.weight_decay",
-                "train.grad_clip", "eval.max_batches")
+NON_NEGATIVE = ("seed", "model.vocab_size", "train.global_batch_size", "train.warmup_steps", "train.lr",
+                "train.weight_decay", "train.grad_clip", "eval.max_batches")
 
 # PyYAML follows YAML 1.1, where "3e-3" (no dot) is a string, not a float; people write it anyway.
 _NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
@@ -121,6 +134,8 @@ def _unknown(key: str) -> ConfigError:
 
 def _coerce(key: str, value, hint):
     """``value`` as the type ``hint`` wants, or a ConfigError naming key, value and type."""
+    if isinstance(value, bool) and key in ALIASES:
+        value = ALIASES[key][value]
     if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint):
         if value is None:
             return None
@@ -191,10 +206,34 @@ def validate(config: Config) -> Config:
             raise ConfigError(f"{key}: expected zero or more, got {get_key(config, key)!r}")
     if not 0.0 <= config.train.min_lr_ratio <= 1.0:
         raise ConfigError(f"train.min_lr_ratio: expected a number between 0 and 1, got {config.train.min_lr_ratio!r}")
-    if config.model.builder:
-        raise ConfigError(f"model.builder: user model builders are not supported yet, got "
-                          f"{config.model.builder!r}; unset it and pick model.preset from {', '.join(PRESETS)}")
+    if config.model.builder is not None and (not isinstance(config.model.builder, str)
+                                             or config.model.builder.count(":") != 1):
+        raise ConfigError(f"model.builder: expected 'module:function', got {config.model.builder!r}")
     return config
+
+
+def accumulation_steps(train: TrainConfig, world_size: int) -> int:
+    """Micro-steps per optimizer step on ``world_size`` ranks (pure; the operator can check it too).
+
+    ``train.global_batch_size`` 0 keeps ``train.grad_accum_steps``. Set, the accumulation is
+    ``global_batch_size / (micro_batch_size * world_size)``, which must be a whole number.
+    """
+    per_micro_step = train.micro_batch_size * world_size
+    if not train.global_batch_size:
+        return train.grad_accum_steps
+    steps, rest = divmod(train.global_batch_size, per_micro_step)
+    if rest or steps == 0:
+        raise ConfigError(
+            f"train.global_batch_size={train.global_batch_size} is not a multiple of train.micro_batch_size="
+            f"{train.micro_batch_size} x world size {world_size} (= {per_micro_step} samples per micro-step); "
+            f"set train.global_batch_size to a multiple of {per_micro_step} or change train.micro_batch_size")
+    if train.grad_accum_steps != 1 and train.grad_accum_steps != steps:
+        raise ConfigError(
+            f"train.grad_accum_steps={train.grad_accum_steps} disagrees with train.global_batch_size="
+            f"{train.global_batch_size}, which needs {steps} accumulation steps at train.micro_batch_size="
+            f"{train.micro_batch_size} on {world_size} ranks; unset train.grad_accum_steps (the global batch "
+            f"decides it) or set train.global_batch_size=0")
+    return steps
 
 
 def parse_override(text: str) -> dict:

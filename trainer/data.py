@@ -123,6 +123,8 @@ def num_samples(total_tokens: int, seq_len: int) -> int:
 
 
 def sample_order(n: int, seed: int, epoch: int) -> torch.Tensor:
+    # A private generator: the data order never draws from (or disturbs) the global RNG that the
+    # checkpoint saves per rank, so it depends on (seed, epoch) alone, on any world size.
     generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     return torch.randperm(n, generator=generator)
 
@@ -176,6 +178,9 @@ class TrainBatches:
         return self.stream.read(start, start + self.seq_len + 1)
 
     def micro_batch(self, cursor: int, micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # Read here, in the training process, from memory-mapped shards: there are no loader worker
+        # processes, so none can die on (or ignore) the SIGTERM of a preemption, and the cursor
+        # alone says what was read.
         positions = micro_batch_positions(cursor, micro_step, self.micro_batch_size, self.world_size, self.rank)
         windows = torch.from_numpy(np.stack([self.window(self.order.sample_id(p)) for p in positions]))
         return windows[:, :-1], windows[:, 1:]

@@ -1,4 +1,7 @@
-"""``trainer evaluate``: token cross-entropy of exported models on the dataset's eval split.
+"""``trainer evaluate``: token cross-entropy of models on the dataset's eval split.
+
+A model URI is an export folder or a checkpoint: ``<run>/checkpoints/step_<N>`` (committed),
+or ``<run>/checkpoints`` for the newest valid one (``trainer.export.load_model``).
 
 The split is cut into windows of ``seq_len + 1`` tokens that share only their boundary
 token, so every token but the first is predicted exactly once. Each predicted token
@@ -17,7 +20,7 @@ import torch.nn.functional as F
 
 from trainer import data
 from trainer.config import Config, resolved_eval_uris
-from trainer.export import load_export
+from trainer.export import load_model
 from trainer.storage import open_storage
 
 log = logging.getLogger("trainer.evaluate")
@@ -84,7 +87,8 @@ def token_losses(model, stream: data.TokenStream, seq_len: int, batch_size: int,
 
 
 def evaluate_export(model_uri: str, stream, records, columns, config: Config) -> dict:
-    model, _ = load_export(open_storage(model_uri), model_uri)
+    """Evaluate the model at ``model_uri``: an export folder or a checkpoint (``.../checkpoints[/step_<N>]``)."""
+    model, _ = load_model(open_storage(model_uri), model_uri)
     losses = token_losses(model, stream, config.train.seq_len, config.eval.batch_size, config.eval.max_batches)
     owners = token_owners(records, len(stream))
     result = {"model_uri": model_uri, **summary(losses[~np.isnan(losses)]),

@@ -1,4 +1,13 @@
-"""Export: consolidated fp32 weights (safetensors) + the model config, under ``<run_uri>/export``.
+"""Export: consolidated fp32 weights + model config under ``<run_uri>/export``; loading models back.
+
+A built-in preset is exported in the Hugging Face Llama layout, so
+``LlamaForCausalLM.from_pretrained(folder)`` loads it as is:
+
+- ``config.json``: a ``LlamaConfig`` (``trainer.hf.hf_config``);
+- ``model.safetensors``: fp32 tensors under HF names, q/k rows in HF's RoPE order;
+- ``model_config.json``: what rebuilds our model (``ModelArgs`` fields, or a user builder's
+  ``{"builder", "vocab_size", "seq_len"}``); a user model's weights keep its own names;
+- ``export.json``: step, data, run, precision, parameter count, layout.
 
 Written at the end of ``train`` (rank 0, from the gathered full state dict) and by the
 ``export`` command (a single process, from the newest valid checkpoint). Both give the
@@ -14,65 +23,162 @@ import tempfile
 import torch
 from safetensors.torch import load_file, save_file
 
-from trainer.contract import RunLayout, join
+from trainer import hf
+from trainer.contract import RunLayout, checkpoint_step_of, join
 from trainer.data import cache_dir
-from trainer.presets import ModelArgs, param_count
+from trainer.presets import ModelArgs
 
 log = logging.getLogger("trainer.export")
 
 WEIGHTS = "model.safetensors"
+HF_CONFIG = "config.json"
 MODEL_CONFIG = "model_config.json"
 INFO = "export.json"
+DEFAULT_MAX_POSITIONS = 2048  # config.json's max_position_embeddings when the context is unknown
 
 
-def write_export(storage, export_uri: str, state_dict: dict, args: ModelArgs, *, step: int,
-                 data_uri: str, run_uri: str, precision: str) -> dict:
-    tensors = {name: t.detach().to("cpu", torch.float32).contiguous() for name, t in state_dict.items()}
+def _spec_of(model) -> tuple[ModelArgs | None, dict]:
+    """(preset args or None, rebuild spec) for a ``ModelArgs`` or a ``BuiltModel``."""
+    if isinstance(model, ModelArgs):
+        return model, model.to_dict()
+    return model.args, model.spec
+
+
+def write_export(storage, export_uri: str, state_dict: dict, model, *, step: int, data_uri: str,
+                 run_uri: str, precision: str, seq_len: int | None = None) -> dict:
+    """Write the export folder; ``model`` is the preset's ``ModelArgs`` or a ``BuiltModel``.
+
+    ``seq_len`` (the training context) becomes ``max_position_embeddings`` in ``config.json``.
+    """
+    args, spec = _spec_of(model)
+    tensors = {hf.clean_name(name): t.detach().to("cpu", torch.float32) for name, t in state_dict.items()}
+    if args is not None:
+        tensors = hf.to_hf_state_dict(tensors, args)
+    tensors, seen = {name: t.contiguous() for name, t in tensors.items()}, set()
+    for name, t in tensors.items():  # safetensors refuses shared storage (tied weights): copy repeats
+        if t.data_ptr() in seen:
+            tensors[name] = t.clone()
+        seen.add(t.data_ptr())
     info = {"step": int(step), "data_uri": data_uri, "run_uri": run_uri, "precision": precision,
-            "param_count": param_count(args)}
+            "param_count": sum(t.numel() for t in tensors.values()),
+            "layout": "hf-llama" if args is not None else "state-dict",
+            "model": spec.get("builder", "llama")}
     with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
         path = f"{tmp}/{WEIGHTS}"
-        save_file(tensors, path)
+        save_file(tensors, path, metadata={"format": "pt"})
         storage.upload_file(path, join(export_uri, WEIGHTS))
-    storage.put_json(join(export_uri, MODEL_CONFIG), args.to_dict())
+    if args is not None:
+        storage.put_json(join(export_uri, HF_CONFIG), hf.hf_config(args, seq_len or DEFAULT_MAX_POSITIONS))
+    storage.put_json(join(export_uri, MODEL_CONFIG), spec)
     storage.put_json(join(export_uri, INFO), info)
-    log.info("export: step %d, %s parameters, written to %s", step, f"{info['param_count']:,}", export_uri)
+    log.info("export: step %d, %s parameters (%s layout), written to %s", step, f"{info['param_count']:,}",
+             info["layout"], export_uri)
     return info
 
 
 def load_export(storage, export_uri: str):
-    """The model in an export folder, as a plain fp32 ``Transformer`` in eval mode."""
-    from trainer.model import Transformer
+    """``(model, args)`` from an export folder: an fp32 model in eval mode, ``args`` None for a user model.
 
-    args = ModelArgs.from_dict(storage.get_json(join(export_uri, MODEL_CONFIG)))
+    Also reads exports written before the HF layout (our own names) and plain HF Llama folders.
+    """
+    from trainer.builder import build_from_spec, build_preset
+
+    if storage.head(join(export_uri, WEIGHTS)) is None:
+        raise FileNotFoundError(f"{export_uri} holds no {WEIGHTS}; point the model URI at an export folder "
+                                f"(<run_uri>/export), a checkpoint (<run_uri>/checkpoints/step_<N>) or a run's "
+                                f"checkpoints/ prefix (the newest committed one)")
+    if storage.head(join(export_uri, MODEL_CONFIG)) is not None:
+        spec = storage.get_json(join(export_uri, MODEL_CONFIG))
+        built = build_from_spec(spec)
+    else:
+        built = build_preset(hf.args_from_hf_config(storage.get_json(join(export_uri, HF_CONFIG))))
     with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
         path = f"{tmp}/{WEIGHTS}"
         storage.download_file(join(export_uri, WEIGHTS), path)
         tensors = load_file(path)
-    model = Transformer(args)
-    model.load_state_dict(tensors)
-    return model.eval(), args
+    if built.args is not None and "model.embed_tokens.weight" in tensors:
+        tensors = hf.from_hf_state_dict(tensors, built.args)
+    built.model.load_state_dict(tensors)
+    return built.model.eval(), built.args
+
+
+def _checkpointer(storage, run_uri: str):
+    from trainer.checkpoint import Checkpointer
+
+    return Checkpointer(storage, run_uri, rank=0, world_size=1, keep=1)
+
+
+def _checked_marker(storage, layout: RunLayout, step: int) -> dict:
+    """The ``_COMMITTED`` marker of one named checkpoint, or an error saying why it is not trusted."""
+    from trainer import commit
+    from trainer.storage import NotFound
+
+    try:
+        marker = storage.get_json(layout.committed_marker(step))
+    except (NotFound, ValueError):
+        marker = None
+    sizes = {}
+    for entry in marker.get("files", []) if isinstance(marker, dict) else []:
+        head = storage.head(join(layout.checkpoint(step), entry["name"]))
+        sizes[entry["name"]] = head["size"] if head else None
+    problem = commit.marker_problem(marker, sizes, step)
+    if problem:
+        raise RuntimeError(f"checkpoint {layout.checkpoint(step)} cannot be used: {problem}; "
+                           f"pick a committed one or the run's checkpoints/ prefix (the newest valid one)")
+    return marker
+
+
+def load_checkpoint_model(storage, checkpoint_uri: str):
+    """``(BuiltModel, step, marker)`` from ``.../checkpoints/step_<N>`` or ``.../checkpoints`` (newest valid).
+
+    A single process reads the DCP shards of every rank into one unsharded fp32 model.
+    """
+    from trainer.builder import build_from_spec
+    from trainer.checkpoint import load_model_weights
+
+    uri = checkpoint_uri.rstrip("/")
+    if uri.endswith("/checkpoints"):
+        layout = RunLayout(uri[:-len("/checkpoints")])
+        step, marker = _checkpointer(storage, layout.run_uri).find_latest()
+        if step is None:
+            raise RuntimeError(f"no committed checkpoint under {layout.checkpoints}; "
+                               f"run `trainer train` first or check the URI")
+    else:
+        step = checkpoint_step_of(uri)
+        layout = RunLayout(uri.rsplit("/", 2)[0])
+        marker = _checked_marker(storage, layout, step)
+    built = build_from_spec(marker["model"])
+    local = _checkpointer(storage, layout.run_uri).download(step, marker)
+    try:
+        load_model_weights(local, built.model)
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+    return built, step, marker
+
+
+def is_checkpoint_uri(uri: str) -> bool:
+    """A run's ``checkpoints`` prefix or one ``checkpoints/step_<N>`` folder (else: an export)."""
+    uri = uri.rstrip("/")
+    return uri.endswith("/checkpoints") or (checkpoint_step_of(uri) is not None
+                                            and uri.rsplit("/", 2)[-2] == "checkpoints")
+
+
+def load_model(storage, model_uri: str):
+    """``(model, args)`` in eval mode from an export folder or a checkpoint URI (see ``is_checkpoint_uri``)."""
+    if is_checkpoint_uri(model_uri):
+        built, step, _ = load_checkpoint_model(storage, model_uri)
+        log.info("model: %s from checkpoint step %d", built.describe(), step)
+        return built.model.eval(), built.args
+    return load_export(storage, model_uri)
 
 
 def export_from_checkpoint(config) -> dict:
     """The ``export`` command: newest valid checkpoint of ``config.run_uri`` -> ``<run_uri>/export``."""
-    from trainer.checkpoint import Checkpointer, load_model_weights
-    from trainer.model import Transformer
     from trainer.storage import open_storage
 
     storage = open_storage(config.run_uri)
-    checkpointer = Checkpointer(storage, config.run_uri, rank=0, world_size=1, keep=config.checkpoint.keep)
-    step, marker = checkpointer.find_latest()
-    if step is None:
-        raise RuntimeError(f"no committed checkpoint under {RunLayout(config.run_uri).checkpoints}; "
-                           f"run `trainer train` first or check run_uri")
-    args = ModelArgs.from_dict(marker["model"])
-    model = Transformer(args)
-    local = checkpointer.download(step, marker)
-    try:
-        load_model_weights(local, model)
-    finally:
-        shutil.rmtree(local, ignore_errors=True)
-    return write_export(storage, RunLayout(config.run_uri).export, model.state_dict(), args, step=step,
+    layout = RunLayout(config.run_uri)
+    built, step, marker = load_checkpoint_model(storage, layout.checkpoints)
+    return write_export(storage, layout.export, built.model.state_dict(), built, step=step,
                         data_uri=marker.get("data_uri", config.data_uri), run_uri=config.run_uri,
-                        precision=marker.get("precision", config.precision))
+                        precision=marker.get("precision", config.precision), seq_len=config.train.seq_len)

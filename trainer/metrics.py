@@ -50,9 +50,11 @@ class MetricsLog:
             self.records = []
         self._dirty = False
 
-    def add(self, *, step: int, loss: float, lr: float, tokens_per_s: float, time: float) -> None:
+    def add(self, *, step: int, loss: float, lr: float, tokens_per_s: float, time: float,
+            **extra: float) -> None:
+        """Record one step; ``extra`` holds optional figures such as ``mfu`` and ``peak_mem_gib``."""
         self.records.append({"step": step, "loss": loss, "lr": lr, "tokens_per_s": tokens_per_s,
-                             "attempt": self.attempt, "time": time})
+                             "attempt": self.attempt, "time": time, **extra})
         self._dirty = True
         if step % self.flush_every == 0:
             self.flush()

@@ -26,7 +26,9 @@ def build_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.o
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8)
+    # The fused kernel exists for CUDA only; elsewhere the default (foreach) implementation.
+    fused = all(p.is_cuda for p in decay + no_decay) and bool(decay + no_decay)
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=fused or None)
 
 
 def build_scheduler(optimizer, *, warmup_steps: int, max_steps: int, min_lr_ratio: float):

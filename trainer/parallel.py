@@ -75,16 +75,54 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def apply_activation_checkpointing(model: nn.Module) -> None:
-    """Recompute each block's activations in backward instead of keeping them."""
+def checkpointed_blocks(mode: str, n_layers: int) -> list[int]:
+    """Indices of the blocks whose activations are recomputed: all (full), every second (selective)."""
+    if mode == "full":
+        return list(range(n_layers))
+    if mode == "selective":
+        return list(range(1, n_layers, 2))  # the 2nd, 4th, ...: as torchtitan's layer-selective AC
+    if mode == "none":
+        return []
+    raise ValueError(f"train.activation_checkpointing must be none, full or selective, got {mode!r}")
+
+
+def describe_step_options(activation_checkpointing: str, n_layers: int, compiled: bool, skip_sync: bool) -> str:
+    """One log line: what was applied to the model and the step."""
+    blocks = checkpointed_blocks(activation_checkpointing, n_layers)
+    parts = [f"activation checkpointing {activation_checkpointing}"
+             + (f" (blocks {', '.join(map(str, blocks))} of {n_layers})" if blocks else "")]
+    if compiled:
+        parts.append("torch.compile per block")
+    parts.append("gradient sync on the last micro-step only" if skip_sync else "gradient sync every micro-step")
+    return ", ".join(parts)
+
+
+def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, module)
+
+
+def apply_activation_checkpointing(model: nn.Module, block_names: list[str], mode: str = "full") -> None:
+    """Recompute the chosen blocks' activations in backward instead of keeping them.
+
+    :param block_names: qualified names of the model's blocks (``"layers.0"``, ...), in order.
+    """
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-    for index, block in enumerate(model.layers):
-        model.layers[index] = checkpoint_wrapper(block, preserve_rng_state=False)
+    for index in checkpointed_blocks(mode, len(block_names)):
+        name = block_names[index]
+        _replace(model, name, checkpoint_wrapper(model.get_submodule(name), preserve_rng_state=False))
 
 
-def apply_fsdp(model: nn.Module, precision: str) -> nn.Module:
-    """Shard each block of ``model.layers``, then the root (embeddings, final norm, output).
+def apply_compile(model: nn.Module, block_names: list[str]) -> None:
+    """Compile each block on its own (before sharding, as torchtitan does): blocks repeat, so one
+    compiled graph serves them all, and FSDP's hooks stay outside the graphs."""
+    for name in block_names:
+        model.get_submodule(name).compile()  # in place: state-dict names stay the same
+
+
+def apply_fsdp(model: nn.Module, block_names: list[str], precision: str) -> nn.Module:
+    """Shard each block (by qualified name), then the root (embeddings, final norm, output).
 
     Parameters stay fp32 (the optimizer's master copy); bf16/fp16 are the compute dtype,
     and gradients are reduced in fp32.
@@ -94,10 +132,15 @@ def apply_fsdp(model: nn.Module, precision: str) -> nn.Module:
     param_dtype = PARAM_DTYPES[precision]
     policy = (MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
               if param_dtype is not None else MixedPrecisionPolicy())
-    for block in model.layers:
-        fully_shard(block, mp_policy=policy)
+    for name in block_names:
+        fully_shard(model.get_submodule(name), mp_policy=policy)
     fully_shard(model, mp_policy=policy)
     return model
+
+
+def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
+    """FSDP2: whether the next backward reduce-scatters gradients (False: keep them unsharded)."""
+    model.set_requires_gradient_sync(enabled)
 
 
 def grad_scaler(precision: str):

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from tests.trainer.helpers import run_config, torchrun_argv, trainer_env, write_dataset
+from tests.trainer.helpers import INSTRUMENTED, run_config, torchrun_argv, trainer_env, write_dataset
 
 
 @pytest.fixture(scope="session")
@@ -22,10 +22,16 @@ def _trainer_cache(tmp_path_factory, monkeypatch):
 
 @pytest.fixture(scope="session")
 def reference_run(tmp_path_factory, dataset_uri) -> dict:
-    """One uninterrupted 2-rank torchrun training run, shared by the tests that need a trained model."""
+    """One uninterrupted 2-rank torchrun training run, shared by the tests that need a trained model.
+
+    It records the samples it reads (``samples`` folder, see tests/trainer/instrumented.py).
+    """
     tmp = tmp_path_factory.mktemp("reference")
     config, run_uri = run_config(tmp, dataset_uri, "run")
-    proc = subprocess.run(torchrun_argv(config), env=trainer_env(tmp / "cache", attempt=1),
+    samples = tmp / "samples"
+    samples.mkdir()
+    proc = subprocess.run(torchrun_argv(config, module=INSTRUMENTED),
+                          env=trainer_env(tmp / "cache", attempt=1, samples_dir=str(samples)),
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return {"config": config, "run_uri": run_uri, "run_dir": tmp / "run", "stdout": proc.stdout}
+    return {"config": config, "run_uri": run_uri, "run_dir": tmp / "run", "stdout": proc.stdout, "samples": samples}

@@ -87,14 +87,18 @@ REPO = Path(__file__).resolve().parents[2]
 TRAIN_KEYS = {
     "seed": 7, "precision": "bf16",
     "model": {"preset": "tiny"},
-    "train": {"max_steps": 40, "micro_batch_size": 4, "grad_accum_steps": 2, "seq_len": 32,
+    # 16 samples a step: 2 accumulation steps on 2 ranks, 4 on one (elastic resume).
+    "train": {"max_steps": 40, "micro_batch_size": 4, "global_batch_size": 16, "seq_len": 32,
               "lr": 3.0e-3, "warmup_steps": 5, "log_every": 10},
     "checkpoint": {"every_steps": 10, "keep": 2},
     "metrics": {"flush_every": 1},
 }
 
 
-def trainer_env(cache: Path, attempt: int | None = None) -> dict:
+GLOBAL_BATCH = 16
+
+
+def trainer_env(cache: Path, attempt: int | None = None, **test_env: str) -> dict:
     """The environment a launcher gives the trainer: this checkout importable, a cache, an attempt."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINOPS_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_"))}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -102,12 +106,29 @@ def trainer_env(cache: Path, attempt: int | None = None) -> dict:
     env["OMP_NUM_THREADS"] = "1"
     if attempt is not None:
         env["TRAINOPS_ATTEMPT"] = str(attempt)
+    env.update({f"TRAINOPS_TEST_{k.upper()}": v for k, v in test_env.items()})  # see tests/trainer/instrumented.py
     return env
 
 
-def torchrun_argv(config: Path, *overrides: str, nproc: int = 2) -> list[str]:
+# The trainer's entry point with the test instruments (tests/trainer/instrumented.py).
+INSTRUMENTED = "tests.trainer.instrumented"
+
+
+def torchrun_argv(config: Path, *overrides: str, nproc: int = 2, module: str = "trainer") -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", "trainer", "train", "--config", str(config), *overrides]
+            "-m", module, "train", "--config", str(config), *overrides]
+
+
+def single_process_argv(config: Path, *overrides: str, module: str = "trainer") -> list[str]:
+    return [sys.executable, "-m", module, "train", "--config", str(config), *overrides]
+
+
+def samples_read(folder: Path, attempt: int) -> list[dict]:
+    """Every micro-batch the instrumented trainer read in ``attempt``, all ranks, in cursor order."""
+    records = []
+    for path in sorted(folder.glob(f"samples_a{attempt}_r*.jsonl")):
+        records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return sorted(records, key=lambda r: (r["cursor"], r["micro"], r["positions"][0]))
 
 
 def run_config(tmp_path: Path, dataset_uri: str, name: str, **extra) -> tuple[Path, str]:
@@ -116,3 +137,20 @@ def run_config(tmp_path: Path, dataset_uri: str, name: str, **extra) -> tuple[Pa
     values = {"run_uri": run_dir.as_uri(), "data_uri": dataset_uri, **TRAIN_KEYS, **extra}
     return write_config(tmp_path / f"{name}.yaml", **values), run_dir.as_uri()
 
+
+
+# --- reading what a run left ----------------------------------------------------------------
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def metrics_of(run_dir: Path) -> dict[int, dict]:
+    from trainer.metrics import latest_by_step, parse_jsonl
+
+    path = run_dir / "metrics.jsonl"
+    return latest_by_step(parse_jsonl(path.read_text())) if path.exists() else {}
+
+
+def committed_steps(run_dir: Path) -> list[int]:
+    folder = run_dir / "checkpoints"
+    return sorted(int(p.name[5:]) for p in folder.glob("step_*") if (p / "_COMMITTED").exists()) if folder.exists() else []

@@ -4,7 +4,8 @@ import sys
 import pytest
 import yaml
 
-from trainer.config import Config, ConfigError, dump_yaml, load_config, resolved_eval_uris
+from trainer.config import Config, ConfigError, accumulation_steps, dump_yaml, load_config, resolved_eval_uris
+from trainer.presets import PRESETS
 
 from tests.trainer.helpers import REPO, write_config
 
@@ -57,7 +58,7 @@ def test_eval_uris_default_to_the_run_layout():
     ("train.max_steps=2.5", "train.max_steps: expected an integer, got 2.5"),
     ("train.max_steps=0", "train.max_steps: expected a positive number, got 0"),
     ("precision=fp8", "precision: expected one of bf16, fp16, fp32, got 'fp8'"),
-    ("model.preset=huge", "model.preset: expected one of tiny, small, 1b, 7b, got 'huge'"),
+    ("model.preset=huge", f"model.preset: expected one of {', '.join(PRESETS)}, got 'huge'"),
     ("train=3", "train: expected a mapping of train.* keys, got 3"),
     ("seed", "override 'seed' must look like key=value, e.g. train.lr=0.001"),
 ])
@@ -76,8 +77,10 @@ def test_unknown_key_in_file_is_reported(tmp_path):
 def test_required_keys_and_user_builders():
     with pytest.raises(ConfigError, match="^data_uri: required"):
         load_config(None, ["run_uri=file:///r"])
-    with pytest.raises(ConfigError, match="^model.builder: user model builders are not supported yet, got 'pkg.mod:build'"):
-        load_config(None, ["run_uri=file:///r", "data_uri=file:///d", "model.builder=pkg.mod:build"])
+    with pytest.raises(ConfigError, match="^model.builder: expected 'module:function', got 'pkg.mod.build'"):
+        load_config(None, ["run_uri=file:///r", "data_uri=file:///d", "model.builder=pkg.mod.build"])
+    config = load_config(None, ["run_uri=file:///r", "data_uri=file:///d", "model.builder=pkg.mod:build"])
+    assert config.model.builder == "pkg.mod:build"  # imported when training starts, not here
 
 
 def test_cli_exits_2_with_one_line_before_importing_torch(tmp_path):
@@ -106,3 +109,51 @@ def test_config_dataclass_defaults_match_the_spec():
     assert (t.max_steps, t.micro_batch_size, t.grad_accum_steps, t.seq_len, t.lr, t.warmup_steps) == (100, 8, 1, 64, 3e-3, 10)
     assert (t.min_lr_ratio, t.weight_decay, t.grad_clip, t.log_every) == (0.1, 0.1, 1.0, 1)
     assert (config.checkpoint.every_steps, config.checkpoint.keep, config.metrics.flush_every) == (25, 2, 10)
+
+
+def base(*overrides):
+    return load_config(None, ["run_uri=file:///r", "data_uri=file:///d", *overrides])
+
+
+@pytest.mark.parametrize("value, mode", [("full", "full"), ("selective", "selective"), ("none", "none"),
+                                         ("true", "full"), ("false", "none")])
+def test_activation_checkpointing_modes_and_old_booleans(value, mode):
+    assert base(f"train.activation_checkpointing={value}").train.activation_checkpointing == mode
+
+
+def test_activation_checkpointing_rejects_other_values():
+    with pytest.raises(ConfigError, match="^train.activation_checkpointing: expected one of none, full, selective, "
+                                          "got 'some'$"):
+        base("train.activation_checkpointing=some")
+
+
+def test_new_train_keys_default_to_todays_behaviour():
+    t = Config().train
+    assert (t.global_batch_size, t.activation_checkpointing, t.skip_grad_sync_in_accum, t.compile) == \
+        (0, "none", False, False)
+
+
+@pytest.mark.parametrize("overrides, world_size, steps", [
+    ((), 4, 1),                                                              # 0: grad_accum_steps as given
+    (("train.grad_accum_steps=3",), 2, 3),
+    (("train.global_batch_size=64", "train.micro_batch_size=8"), 2, 4),      # 64 / (8 x 2)
+    (("train.global_batch_size=64", "train.micro_batch_size=8"), 8, 1),
+    (("train.global_batch_size=64", "train.micro_batch_size=8", "train.grad_accum_steps=4"), 2, 4),  # agree
+])
+def test_accumulation_is_derived_from_the_global_batch(overrides, world_size, steps):
+    assert accumulation_steps(base(*overrides).train, world_size) == steps
+
+
+def test_indivisible_global_batch_names_all_three_numbers():
+    with pytest.raises(ConfigError) as info:
+        accumulation_steps(base("train.global_batch_size=60", "train.micro_batch_size=8").train, 2)
+    assert str(info.value) == (
+        "train.global_batch_size=60 is not a multiple of train.micro_batch_size=8 x world size 2 (= 16 samples "
+        "per micro-step); set train.global_batch_size to a multiple of 16 or change train.micro_batch_size")
+
+
+def test_global_batch_and_accumulation_that_disagree_name_both():
+    train = base("train.global_batch_size=64", "train.micro_batch_size=8", "train.grad_accum_steps=2").train
+    with pytest.raises(ConfigError, match=r"^train.grad_accum_steps=2 disagrees with train.global_batch_size=64, "
+                                          r"which needs 4 accumulation steps"):
+        accumulation_steps(train, 2)

@@ -89,3 +89,11 @@ def test_not_a_manifest_is_named(tmp_path):
     (tmp_path / "manifest.json").write_text('{"format": "other"}')
     with pytest.raises(data.DataError, match="is not a trainops.dataset/v1 manifest"):
         data.read_manifest(open_storage(tmp_path.as_uri()), tmp_path.as_uri())
+
+
+def test_sample_order_leaves_the_global_rng_alone():
+    torch.manual_seed(11)
+    state = torch.get_rng_state()
+    data.sample_order(50, seed=5, epoch=2)
+    data.SampleOrder(num_samples=50, seed=5).sample_id(70)
+    assert torch.equal(torch.get_rng_state(), state)

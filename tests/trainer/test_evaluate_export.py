@@ -85,9 +85,50 @@ def test_export_cli_rebuilds_the_same_weights_from_the_checkpoint(reference_run,
     assert (info["step"], info["precision"], info["param_count"]) == (40, "bf16", 139_712)
     assert json.loads((exported / "model_config.json").read_text()) == \
         json.loads((reference_run["run_dir"] / "export" / "model_config.json").read_text())
+    hf_config = json.loads((exported / "config.json").read_text())
+    assert hf_config.pop("max_position_embeddings") == 32  # the run's train.seq_len
+    trained = json.loads((reference_run["run_dir"] / "export" / "config.json").read_text())
+    assert hf_config == {k: v for k, v in trained.items() if k != "max_position_embeddings"}
 
 
 def test_export_without_checkpoints_says_so(tmp_path, dataset_uri):
     config, run_uri = run_config(tmp_path, dataset_uri, "empty")
     with pytest.raises(RuntimeError, match=f"no committed checkpoint under {run_uri}/checkpoints; run `trainer train` first"):
         main(["export", "--config", str(config)])
+
+
+def _evaluate(config, tmp_path, name, *overrides) -> dict:
+    output = tmp_path / f"{name}.json"
+    assert main(["evaluate", "--config", str(config), f"eval.output_uri={output.as_uri()}", "eval.max_batches=4",
+                 *overrides]) == 0
+    return json.loads(output.read_text())
+
+
+@pytest.mark.slow
+def test_a_checkpoint_evaluates_like_the_export_of_the_same_weights(reference_run, tmp_path):
+    run_uri, config = reference_run["run_uri"], reference_run["config"]
+    step_40 = f"{run_uri}/checkpoints/step_00000040"
+    report = _evaluate(config, tmp_path, "step40", f"eval.model_uri={step_40}",
+                       f"eval.baseline_uri={run_uri}/export")
+    candidate, baseline = report["candidate"], report["baseline"]
+    assert candidate["model_uri"] == step_40 and candidate["tokens"] == baseline["tokens"] == 4 * 8 * 32
+    assert candidate["eval_loss"] == pytest.approx(baseline["eval_loss"], abs=1e-6)
+    # The checkpoints/ prefix means the newest valid one (step 40); step 30 holds other weights.
+    newest = _evaluate(config, tmp_path, "newest", f"eval.model_uri={run_uri}/checkpoints/",
+                       f"eval.baseline_uri={run_uri}/checkpoints/step_00000030")
+    assert newest["candidate"]["eval_loss"] == pytest.approx(candidate["eval_loss"], abs=1e-6)
+    assert newest["baseline"]["eval_loss"] != pytest.approx(candidate["eval_loss"], abs=1e-4)
+
+
+@pytest.mark.slow
+def test_an_uncommitted_checkpoint_is_refused_by_name(reference_run, tmp_path, dataset_uri):
+    shutil.copytree(reference_run["run_dir"] / "checkpoints", tmp_path / "copy" / "checkpoints")
+    (tmp_path / "copy" / "checkpoints" / "step_00000040" / "_COMMITTED").unlink()
+    step_40 = (tmp_path / "copy" / "checkpoints" / "step_00000040").as_uri()
+    with pytest.raises(RuntimeError, match=f"checkpoint {step_40} cannot be used: no _COMMITTED marker"):
+        _evaluate(reference_run["config"], tmp_path, "bad", f"eval.model_uri={step_40}")
+    # The prefix falls back to the newest committed checkpoint, step 30.
+    fallback = _evaluate(reference_run["config"], tmp_path, "fallback",
+                         f"eval.model_uri={(tmp_path / 'copy' / 'checkpoints').as_uri()}",
+                         f"eval.baseline_uri={reference_run['run_uri']}/checkpoints/step_00000030")
+    assert fallback["candidate"]["eval_loss"] == pytest.approx(fallback["baseline"]["eval_loss"], abs=1e-6)

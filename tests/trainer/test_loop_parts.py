@@ -4,7 +4,12 @@ import json
 
 import pytest
 
-from trainer.attempts import NonFiniteLoss, attempt_number, failure_hint, next_attempt_number
+import torch
+
+from trainer.attempts import (
+    NETWORK_HINT, NON_FINITE_HINT, OOM_HINT, NonFiniteLoss, attempt_number, classify_failure, failure_hint,
+    next_attempt_number,
+)
 from trainer.contract import RunLayout
 from trainer.metrics import MetricsLog, latest_by_step, parse_jsonl
 from trainer.optim import lr_multiplier
@@ -64,10 +69,44 @@ def test_attempt_number_from_env_or_next_free(tmp_path, monkeypatch):
 
 
 def test_failure_hints():
-    assert failure_hint(NonFiniteLoss(12, float("nan"))) == "loss became NaN at step 12: lower train.lr (e.g. halve it)"
-    oom = RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
-    assert failure_hint(oom).startswith("reduce train.micro_batch_size or enable activation checkpointing")
+    assert failure_hint(NonFiniteLoss(12, float("nan"))) == f"loss became nan at step 12: {NON_FINITE_HINT}"
+    assert NON_FINITE_HINT == \
+        "lower train.lr (e.g. halve it) or scale it linearly with the global batch (linear scaling rule)"
+    assert failure_hint(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")) == f"out of memory: {OOM_HINT}"
+    assert OOM_HINT == \
+        "reduce train.micro_batch_size (keep train.global_batch_size) or set train.activation_checkpointing=full"
+    assert "NCCL_SOCKET_IFNAME" in NETWORK_HINT and "firewall" in NETWORK_HINT
     assert failure_hint(KeyError("x")) is None
+
+
+@pytest.mark.parametrize("exc, kind", [
+    (NonFiniteLoss(3, float("inf")), "non_finite_loss"),
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+                            "79.15 GiB of which 1.19 GiB is free."), "out_of_memory"),
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you "
+                  "tried to allocate 8589934592 bytes. Error code 12 (Cannot allocate memory)"), "out_of_memory"),
+    (MemoryError(), "out_of_memory"),
+    (torch.distributed.DistBackendError(
+        "NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, remote process exited or there "
+        "was a network error, NCCL version 2.21.5\nncclRemoteError: A call failed possibly due to a network error "
+        "or a remote process exiting prematurely."), "network"),
+    (torch.distributed.DistBackendError(
+        "[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE, NumelIn=2, "
+        "NumelOut=2, Timeout(ms)=600000) ran for 600012 milliseconds before timing out."), "network"),
+    (torch.distributed.DistNetworkError("Connection reset by peer"), "network"),
+    (RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+                  "[10.0.0.2]:3456"), "network"),
+    (RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1800000ms "
+                  "for recv operation to complete"), "network"),
+    # a storage timeout is not a collective's, and an unknown bug gets no made-up hint
+    (RuntimeError('Read timeout on endpoint URL: "http://minio:9000/bucket/runs/r1/metrics.jsonl"'), "error"),
+    (ValueError("shapes (4, 8) and (4, 9) do not match"), "error"),
+])
+def test_failures_are_classified_from_their_type_and_message(exc, kind):
+    got, hint = classify_failure(exc)
+    assert got == kind
+    expected = {"non_finite_loss": NON_FINITE_HINT, "out_of_memory": OOM_HINT, "network": NETWORK_HINT}.get(kind)
+    assert (hint is None) if expected is None else hint.endswith(expected)
 
 
 def test_any_rank_signal_stops_all():

@@ -1,0 +1,153 @@
+"""Checkpoint cost for a ~1 GB training state, to file:// and to an S3 endpoint.
+
+- blocking_steps: how long the training loop waits for an async checkpoint (staging only),
+  in units of one training step. Goal: at most 1.
+- emergency_s: SIGTERM to committed emergency checkpoint (``_COMMITTED`` present).
+  Goal: at most 10 s to local disk.
+- dd_write_mb_s: this disk's sequential write bandwidth (the physical limit), beside them.
+
+The state is the ``small`` preset with the dataset's 257-token vocabulary (about 85M
+parameters: fp32 weights plus two AdamW moments, about 1 GB), trained by the real trainer in
+one process on CPU. The S3 endpoint is moto's server over HTTP on this machine.
+
+    .venv/bin/python bench/checkpoint.py [--targets file,s3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import REPO, env, median_interval, write_random_dataset  # noqa: E402
+
+STAGED = re.compile(r"checkpoint: step (\d+) staged in ([0-9.]+)s \(loop blocked\)")
+
+
+def dd_write_mb_s(folder: Path) -> float:
+    out = subprocess.run(["dd", "if=/dev/zero", f"of={folder / 'dd.bin'}", "bs=1M", "count=1024",
+                          "conv=fdatasync"], capture_output=True, text=True, check=True).stderr
+    (folder / "dd.bin").unlink()
+    m = re.search(r"([0-9.]+) s, ", out)
+    return 1024 / float(m.group(1))
+
+
+def config(folder: Path, run_uri: str, data_uri: str, steps: int, every: int) -> Path:
+    path = folder / f"config-{abs(hash(run_uri))}.yaml"
+    path.write_text(json.dumps({
+        "run_uri": run_uri, "data_uri": data_uri, "seed": 1, "precision": "fp32", "resume": "never",
+        "model": {"preset": "small"},
+        "train": {"max_steps": steps, "micro_batch_size": 1, "grad_accum_steps": 1, "seq_len": 64,
+                  "lr": 1e-4, "log_every": 1},
+        "checkpoint": {"every_steps": every, "keep": 2}, "metrics": {"flush_every": 1}}))
+    return path
+
+
+def trainer(cfg: Path, environ: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "trainer", "train", "--config", str(cfg)], env=environ,
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def metrics_times(store, run_uri: str) -> list[float]:
+    records = [json.loads(line) for line in store.get(f"{run_uri}/metrics.jsonl").decode().splitlines()]
+    return [r["time"] for r in sorted(records, key=lambda r: r["step"])]
+
+
+def async_blocking(tmp: Path, store, root: str, data_uri: str, environ: dict) -> dict:
+    run_uri = f"{root}/runs/async"
+    proc = trainer(config(tmp, run_uri, data_uri, steps=9, every=2), environ)
+    out, _ = proc.communicate(timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(out[-3000:])
+    blocked = [float(s) for _, s in STAGED.findall(out)]
+    step_s = median_interval(metrics_times(store, run_uri), skip=1)
+    return {"step_s": step_s, "blocked_s": blocked, "blocking_steps": max(blocked) / step_s}
+
+
+def emergency(tmp: Path, store, root: str, data_uri: str, environ: dict) -> float:
+    from trainer.contract import RunLayout
+    from trainer.storage import NotFound
+
+    run_uri = f"{root}/runs/emergency"
+    layout = RunLayout(run_uri)
+    proc = trainer(config(tmp, run_uri, data_uri, steps=1000, every=10**6), environ)
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:  # wait until it trains, then preempt
+        try:
+            if len(metrics_times(store, run_uri)) >= 3:
+                break
+        except NotFound:
+            pass
+        time.sleep(0.2)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    while time.monotonic() < deadline:
+        committed = [u for u in store.list(layout.checkpoints) if u.endswith("/_COMMITTED")]
+        if committed:
+            elapsed = time.monotonic() - sent
+            break
+        time.sleep(0.05)
+    else:
+        raise RuntimeError("no emergency checkpoint was committed")
+    proc.communicate(timeout=600)
+    return elapsed
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--targets", default="file,s3")
+    a = p.parse_args()
+    from trainer.storage import open_storage
+
+    results = {}
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        data_uri = write_random_dataset(tmp / "data", tokens=200_000)
+        results["dd_write_mb_s"] = dd_write_mb_s(tmp)
+        for target in a.targets.split(","):
+            environ = env(tmp / f"cache-{target}", threads=2)
+            server = None
+            if target == "s3":
+                import boto3
+                from moto.server import ThreadedMotoServer
+
+                server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+                server.start()
+                host, port = server.get_host_and_port()
+                creds = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+                         "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL_S3": f"http://{host}:{port}"}
+                environ.update(creds)
+                os.environ.update(creds)
+                boto3.client("s3", endpoint_url=creds["AWS_ENDPOINT_URL_S3"], region_name="us-east-1",
+                             aws_access_key_id="bench", aws_secret_access_key="bench").create_bucket(Bucket="bench")
+                root = "s3://bench/root"
+            else:
+                root = f"file://{tmp / 'storage'}"
+            store = open_storage(root)
+            try:
+                blocking = async_blocking(tmp, store, root, data_uri, environ)
+                results[target] = {**blocking, "emergency_s": emergency(tmp, store, root, data_uri, environ)}
+            finally:
+                if server is not None:
+                    server.stop()
+            r = results[target]
+            print(f"{target}: step {r['step_s']:.2f}s, async staging blocked {statistics.median(r['blocked_s']):.2f}s "
+                  f"(max {max(r['blocked_s']):.2f}s), emergency {r['emergency_s']:.1f}s", file=sys.stderr, flush=True)
+    print(json.dumps(results, indent=2))
+    print(f"dd_write_mb_s={results['dd_write_mb_s']:.0f}")
+    for target in a.targets.split(","):
+        print(f"{target}_blocking_steps={results[target]['blocking_steps']:.3f}")
+        print(f"{target}_emergency_s={results[target]['emergency_s']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""One optimizer step, in two halves the loop calls in turn: accumulate gradients, apply them.
+
+Kept apart from the loop so that the gradient-correctness check (tests/trainer/grad_probe.py)
+runs exactly the code that trains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+
+from trainer import parallel
+
+
+def forward_backward(model, micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]], accum_steps: int,
+                     scaler=None, skip_grad_sync: bool = False) -> torch.Tensor:
+    """Backward every micro-batch of one step; the step's mean loss on this rank (a 0-d tensor).
+
+    Each micro-batch's loss is divided by ``accum_steps`` and FSDP averages over ranks, so the
+    gradients are those of the mean loss over the global batch. With ``skip_grad_sync`` only the
+    last micro-step reduce-scatters; the earlier ones accumulate unsharded gradients locally.
+    """
+    loss_sum = None
+    for micro, (inputs, targets) in enumerate(micro_batches):
+        if skip_grad_sync:
+            parallel.set_gradient_sync(model, micro == accum_steps - 1)
+        logits = model(inputs)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()) / accum_steps
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+    if skip_grad_sync:
+        parallel.set_gradient_sync(model, True)
+    return loss_sum
+
+
+def unscale(optimizer, scaler) -> None:
+    """fp16: divide the gradients by the loss scale (before clipping or reading them)."""
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+
+
+def apply_gradients(model, optimizer, scheduler, scaler, grad_clip: float) -> None:
+    """Clip, step (the fp16 scaler skips steps with inf/NaN gradients), advance the LR, zero."""
+    unscale(optimizer, scaler)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
