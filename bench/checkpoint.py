@@ -1,7 +1,8 @@
 """Checkpoint cost for a ~1 GB training state, to file:// and to an S3 endpoint.
 
-- blocking_steps: how long the training loop waits for an async checkpoint (staging only),
-  in units of one training step. Goal: at most 1.
+- blocking_steps: how long the training loop waits for an async checkpoint (its staging), in
+  units of one training step. Goal: at most 1. Waits for a previous save still in flight are
+  reported apart (waited_for_previous_s): they mean saves come faster than storage takes them.
 - emergency_s: SIGTERM to committed emergency checkpoint (``_COMMITTED`` present).
   Goal: at most 10 s to local disk.
 - dd_write_mb_s: this disk's sequential write bandwidth (the physical limit), beside them.
@@ -30,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, env, median_interval, write_random_dataset  # noqa: E402
 
-STAGED = re.compile(r"checkpoint: step (\d+) staged in ([0-9.]+)s \(loop blocked\)")
+STAGED = re.compile(r"checkpoint: step (\d+) staged in ([0-9.]+)s \(loop blocked\), after waiting ([0-9.]+)s")
 
 
 def dd_write_mb_s(folder: Path) -> float:
@@ -64,13 +65,19 @@ def metrics_times(store, run_uri: str) -> list[float]:
 
 def async_blocking(tmp: Path, store, root: str, data_uri: str, environ: dict) -> dict:
     run_uri = f"{root}/runs/async"
-    proc = trainer(config(tmp, run_uri, data_uri, steps=9, every=2), environ)
+    proc = trainer(config(tmp, run_uri, data_uri, steps=13, every=4), environ)
     out, _ = proc.communicate(timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(out[-3000:])
-    blocked = [float(s) for _, s in STAGED.findall(out)]
+    saves = STAGED.findall(out)
+    staged = [float(s) for _, s, _ in saves]
+    waited = [float(w) for _, _, w in saves]
     step_s = median_interval(metrics_times(store, run_uri), skip=1)
-    return {"step_s": step_s, "blocked_s": blocked, "blocking_steps": max(blocked) / step_s}
+    # The async checkpoint's own cost to the loop is its staging. A wait for the previous save
+    # is back-pressure (checkpoints requested faster than storage takes them) and is reported
+    # apart: it says checkpoint.every_steps is too small for this storage, not that saving blocks.
+    return {"step_s": step_s, "staged_s": staged, "waited_for_previous_s": waited,
+            "blocking_steps": max(staged) / step_s}
 
 
 def emergency(tmp: Path, store, root: str, data_uri: str, environ: dict) -> float:
@@ -140,8 +147,9 @@ def main() -> None:
                 if server is not None:
                     server.stop()
             r = results[target]
-            print(f"{target}: step {r['step_s']:.2f}s, async staging blocked {statistics.median(r['blocked_s']):.2f}s "
-                  f"(max {max(r['blocked_s']):.2f}s), emergency {r['emergency_s']:.1f}s", file=sys.stderr, flush=True)
+            print(f"{target}: step {r['step_s']:.2f}s, async staging blocked {statistics.median(r['staged_s']):.2f}s "
+                  f"(max {max(r['staged_s']):.2f}s, waits for the previous save {r['waited_for_previous_s']}), "
+                  f"emergency {r['emergency_s']:.1f}s", file=sys.stderr, flush=True)
     print(json.dumps(results, indent=2))
     print(f"dd_write_mb_s={results['dd_write_mb_s']:.0f}")
     for target in a.targets.split(","):

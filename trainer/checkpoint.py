@@ -90,6 +90,7 @@ class Checkpointer:
         """
         started = time.monotonic()
         self.wait()
+        waited = time.monotonic() - started
         staging = _fresh_dir(self.local_root / "save")
         model_sd, optim_sd = get_state_dict(model, optimizer)
         result = dcp.async_save({"model": model_sd, "optim": optim_sd}, storage_writer=dcp.FileSystemWriter(staging),
@@ -98,17 +99,21 @@ class Checkpointer:
         torch.save(extras, staging / f"extra_rank{self.rank}.pt")
         blocked = time.monotonic() - started
         self._error, self._in_flight_step = None, step
-        self._thread = threading.Thread(target=self._finish, args=(step, upload, staging, meta, blocked, started),
+        self._thread = threading.Thread(target=self._finish, args=(step, upload, staging, meta, blocked - waited,
+                                                                   waited, started),
                                         name=f"checkpoint-step-{step}", daemon=True)
         self._thread.start()
         return blocked
 
-    def _finish(self, step: int, upload, staging: Path, meta: dict | None, blocked: float, started: float) -> None:
+    def _finish(self, step: int, upload, staging: Path, meta: dict | None, staged: float, waited: float,
+                started: float) -> None:
         try:
             upload.result()
             self._upload_and_commit(step, staging, meta)
-            log.info("checkpoint: step %d staged in %.2fs (loop blocked), committed in %.1fs",
-                     step, blocked, time.monotonic() - started)
+            # The loop blocked for the staging, plus any wait for the previous save: a wait
+            # means checkpoints come faster than storage takes them (raise checkpoint.every_steps).
+            log.info("checkpoint: step %d staged in %.2fs (loop blocked), after waiting %.2fs for the previous "
+                     "save; committed in %.1fs", step, staged, waited, time.monotonic() - started)
         except BaseException as exc:  # noqa: BLE001 -- handed to the loop by wait()
             self._error = exc
 
@@ -139,8 +144,9 @@ class Checkpointer:
         files, problem = [], None
         try:
             for path in sorted(staging.iterdir()):
-                self.storage.upload_file(path, join(prefix, path.name))
                 files.append({"name": path.name, "size": path.stat().st_size, "sha256": sha256_file(path)})
+                # Handed over: on file:// (same filesystem) renamed into place, not copied.
+                self.storage.upload_file(path, join(prefix, path.name), move=True)
         except Exception as exc:  # every rank must still reach the gather below
             problem = f"rank {self.rank}: {type(exc).__name__}: {exc}"
         gathered = [None] * self.world_size if self.rank == 0 else None

@@ -89,7 +89,13 @@ class Storage:
     def delete_prefix(self, prefix_uri: str) -> int:
         raise NotImplementedError
 
-    def upload_file(self, local_path: str | os.PathLike, uri: str) -> str:
+    def upload_file(self, local_path: str | os.PathLike, uri: str, *, move: bool = False) -> str:
+        """Store a local file at ``uri``; its etag.
+
+        :param move: the caller hands the file over (it is gone afterwards). On ``file://`` and
+            the same filesystem it is then renamed into place instead of copied: a checkpoint's
+            shards are written once, not twice.
+        """
         raise NotImplementedError
 
     def download_file(self, uri: str, local_path: str | os.PathLike) -> None:

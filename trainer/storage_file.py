@@ -4,6 +4,7 @@ atomic with hard links (create-only) and ``flock`` (compare-and-swap)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import re
@@ -223,11 +224,29 @@ class FileStorage(Storage):
                 os.rmdir(dirpath)
         return count
 
-    def upload_file(self, local_path: str | os.PathLike, uri: str) -> str:
+    def upload_file(self, local_path: str | os.PathLike, uri: str, *, move: bool = False) -> str:
         path = _file_path(uri)
+        if move:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = self._tmp_path(path)
+            try:
+                os.rename(local_path, tmp)  # same filesystem: no second copy of the bytes
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise
+            else:
+                with open(tmp, "rb+") as f:
+                    digest = _md5()
+                    for chunk in iter(lambda: f.read(_CHUNK), b""):
+                        digest.update(chunk)
+                    os.fsync(f.fileno())
+                self._commit(tmp, path, False, None, uri)
+                return digest.hexdigest()
         with open(local_path, "rb") as src:
             tmp, etag = self._write_tmp(path, iter(lambda: src.read(_CHUNK), b""))
         self._commit(tmp, path, False, None, uri)
+        if move:
+            os.unlink(local_path)
         return etag
 
     def download_file(self, uri: str, local_path: str | os.PathLike) -> None:

@@ -175,13 +175,17 @@ class S3Storage(Storage):
                 )
         return len(keys)
 
-    def upload_file(self, local_path: str | os.PathLike, uri: str) -> str:
+    def upload_file(self, local_path: str | os.PathLike, uri: str, *, move: bool = False) -> str:
         bucket, key = _split_s3(uri)
         size = os.path.getsize(local_path)
         if size < _PART_SIZE:
             with open(local_path, "rb") as f:
-                return self.put(uri, f.read())
-        return self._multipart(os.fspath(local_path), size, bucket, key, uri)
+                etag = self.put(uri, f.read())
+        else:
+            etag = self._multipart(os.fspath(local_path), size, bucket, key, uri)
+        if move:
+            os.unlink(local_path)  # handed over: free the node's scratch disk
+        return etag
 
     def _multipart(self, local_path: str, size: int, bucket: str, key: str, uri: str) -> str:
         from concurrent.futures import ThreadPoolExecutor

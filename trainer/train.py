@@ -83,12 +83,13 @@ def _train(config: Config, env: parallel.DistEnv, storage, attempt: Attempt, fla
            checkpointer: Checkpointer) -> str:
     t = config.train
     accum = accumulation_steps(t, env.world_size)  # before anything slow: a bad batch fails fast
-    manifest = data.read_manifest(storage, config.data_uri)
+    data_storage = open_storage(config.data_uri)  # the dataset may live on another scheme than the run
+    manifest = data.read_manifest(data_storage, config.data_uri)
     vocab = config.model.vocab_size or manifest["tokenizer"]["vocab_size"]
     if vocab < manifest["tokenizer"]["vocab_size"]:
         raise ValueError(f"model.vocab_size={vocab} is smaller than the dataset's tokenizer "
                          f"({manifest['tokenizer']['vocab_size']}); set model.vocab_size=0 to take the dataset's")
-    stream = data.open_split(storage, config.data_uri, manifest, "train")
+    stream = data.open_split(data_storage, config.data_uri, manifest, "train")
     batches = data.TrainBatches(stream, t.seq_len, config.seed, t.micro_batch_size, env.world_size, env.rank)
     global_batch = data.global_batch_size(t.micro_batch_size, accum, env.world_size)
     log.info("batch: %d samples per step = micro batch %d x %d accumulation steps x %d ranks",

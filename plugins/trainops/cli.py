@@ -3,6 +3,8 @@
 - ``demo``: run the ``trainops_demo`` DAG with ``dag.test()`` on the embedded default and print
   a summary (``make demo`` calls this). ``--corrupt-data`` delivers bad data instead, to watch
   staging reject it before anything is trained.
+- ``render-job SPEC.json``: print the Kubernetes manifests a JobSpec (JSON form) would submit,
+  as multi-document YAML. A dry run: nothing is sent to a cluster.
 """
 
 from __future__ import annotations
@@ -83,7 +85,14 @@ def main(argv: list[str] | None = None) -> int:
                       help="the checkout (holds dags/, plugins/; .airflow and .trainops go here)")
     demo.add_argument("--corrupt-data", action="store_true",
                       help="deliver data that fails its expectations (staging rejects it)")
+    render = sub.add_parser("render-job",
+                            help="print the Kubernetes manifests of a JobSpec (dry run)")
+    render.add_argument("spec", metavar="SPEC.json", help="a JobSpec in its JSON form")
     args = parser.parse_args(argv)
     if args.command == "demo":
         return run_demo(args.project_dir, corrupt_data=args.corrupt_data)
+    if args.command == "render-job":
+        from trainops.render_job import main as render_job
+
+        return render_job(args.spec)
     return 2

@@ -102,7 +102,7 @@ def test_async_save_keeps_the_state_of_its_step_while_training_goes_on(world_of_
         assert ckpt.last_committed == 10
         assert ckpt.wait() and ckpt.last_committed == 20
     assert blocked >= 0.0
-    assert re.search(r"checkpoint: step 10 staged in \d+\.\d\ds \(loop blocked\), committed in \d+\.\ds", caplog.text)
+    assert re.search(r"checkpoint: step 10 staged in \d+\.\d\ds \(loop blocked\), after waiting \d+\.\d\ds for the previous save; committed in \d+\.\ds", caplog.text)
 
     other, other_opt = fresh(1)
     (tmp_path / "run/checkpoints/step_00000020/_COMMITTED").unlink()  # fall back to step 10
@@ -121,7 +121,7 @@ class FailingUploads:
     def __getattr__(self, name):
         return getattr(self.storage, name)
 
-    def upload_file(self, path, uri):
+    def upload_file(self, path, uri, *, move=False):
         raise OSError(f"No space left on device while uploading {uri}")
 
 

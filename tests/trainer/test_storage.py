@@ -261,3 +261,14 @@ def test_secrets_stay_out_of_errors_and_repr(moto_server):
 def test_both_conditions_at_once_is_a_caller_error(root):
     with pytest.raises(ValueError, match="both if_none_match and if_match"):
         open_storage(root).put(f"{root}/x", b"1", if_none_match=True, if_match="abc")
+
+
+def test_upload_with_move_hands_the_file_over(root, tmp_path):
+    store = open_storage(root)
+    local = tmp_path / "shard.bin"
+    local.write_bytes(b"x" * 1000)
+    etag = store.upload_file(local, f"{root}/ckpt/shard.bin", move=True)
+    assert not local.exists()
+    assert store.get(f"{root}/ckpt/shard.bin") == b"x" * 1000
+    assert store.head(f"{root}/ckpt/shard.bin")["etag"] == etag
+    assert store.list(f"{root}/ckpt") == [f"{root}/ckpt/shard.bin"]  # no temp file left behind

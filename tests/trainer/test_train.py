@@ -81,8 +81,9 @@ def test_uninterrupted_run(reference_run):
     assert "batch: 16 samples per step = micro batch 4 x 2 accumulation steps x 2 ranks" in reference_run["stdout"]
     # regular checkpoints are written in the background; the log says what the loop waited for
     for step in (10, 20, 30):
-        assert re.search(rf"^\[trainer\] checkpoint: step {step} staged in \d+\.\d\ds \(loop blocked\), "
-                         rf"committed in \d+\.\ds$", reference_run["stdout"], re.M), step
+        assert re.search(rf"^\[trainer\] checkpoint: step {step} staged in \d+\.\d\ds \(loop blocked\), after "
+                         rf"waiting \d+\.\d\ds for the previous save; committed in \d+\.\ds$",
+                         reference_run["stdout"], re.M), step
     assert committed_steps(run) == [30, 40]  # checkpoint.keep=2
     assert read_json(run / "checkpoints" / "latest.json")["step"] == MAX_STEPS
     info = read_json(run / "export" / "export.json")

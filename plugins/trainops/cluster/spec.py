@@ -2,7 +2,7 @@
 
 Every backend takes the same JobSpec. The local backend uses the fields that mean something on
 one host (args, nodes, gpus_per_node, env, termination_grace_seconds, distributed); the
-Kubernetes backend (issue #4) turns the rest into manifests.
+Kubernetes backend (issue #4, ``k8s_*`` modules) turns the rest into manifests.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ CAPACITIES = ("spot", "on-demand", "spot-then-on-demand")
 SPOT_FLAVOURS = ("karpenter", "eks", "gke", "aks", "auto")
 KINDS = ("pytorchjob", "indexed-job", "trainjob")
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_SCHEDULER = re.compile(r"^(default|volcano|volcano:[a-z0-9][-a-z0-9.]*|kueue:[a-z0-9][-a-z0-9.]*)$")
 
 
 class JobSpecError(ValueError):
@@ -25,13 +27,50 @@ class JobSpecError(ValueError):
 class JobSpec:
     """One training (or evaluation) job: N nodes x G processes running ``args``.
 
-    :param name: DNS-1123 label; the backend adds the attempt number.
-    :param args: the trainer command line, ``python -m trainer ...`` (an argument list).
+    :param name: DNS-1123 label; the operator builds ``train-<8 hex>-a<attempt>``. Kubernetes
+        objects are named after it (see ``k8s_names.k8s_job_name``: shortened with a hash
+        suffix when the pod names Kubernetes derives from it would be too long).
+    :param args: the trainer command line, ``python -m trainer ...`` as an argument list
+        (``trainer.contract.trainer_argv``); never a shell string.
     :param nodes: number of nodes (pods); each runs one torchrun agent.
-    :param gpus_per_node: GPUs per node; 0 means one CPU process per node.
+    :param gpus_per_node: GPUs per node (``nvidia.com/gpu``, requests = limits); 0 means one
+        CPU process per node.
     :param distributed: wrap ``args`` in torchrun (training); False runs it as one plain process.
+    :param image: container image holding the trainer; it runs as uid 10001 (non-root).
+    :param namespace: Kubernetes namespace of the job, its pods and its Service.
+    :param cpu: CPU request per pod (a Kubernetes quantity such as ``"8"`` or ``"500m"``).
+    :param memory: memory request and limit per pod (a quantity such as ``"64Gi"``).
+    :param env: plain environment variables, e.g. the S3 endpoint (``AWS_ENDPOINT_URL_S3``) and
+        region (``AWS_REGION``). Never credentials: the Kubernetes backend rejects names such as
+        ``AWS_SECRET_ACCESS_KEY`` or ``*_TOKEN``; use ``env_from_secrets``.
+    :param env_from_secrets: credentials by Secret reference. Each entry is either a Secret
+        name (every key becomes a variable, ``envFrom.secretRef``) or
+        ``{"env": NAME, "secret": SECRET, "key": KEY}`` (one variable, ``secretKeyRef``).
+    :param service_account: Kubernetes service account of the pods; the way to IRSA (EKS) or
+        workload identity (GKE, AKS) credentials. None: the namespace's default.
+    :param labels: labels on the job and its pods (values are shortened to 63 characters with
+        a hash suffix when longer, see ``k8s_names.label_value``).
+    :param annotations: annotations on the job and its pods.
+    :param node_selector: node labels every pod requires; ANDed into each node affinity term.
+    :param tolerations: extra pod tolerations (Kubernetes form), added to the spot ones.
+    :param affinity: extra pod affinity (Kubernetes form). Its required node selector terms are
+        ANDed with the placement terms; everything else is kept as given.
+    :param capacity: ``spot``, ``on-demand`` or ``spot-then-on-demand`` (starts as spot; the
+        operator switches the JobSpec to on-demand after repeated preemptions).
+    :param spot_flavour: which provider's spot labels to target: ``karpenter``, ``eks``,
+        ``gke``, ``aks`` or ``auto`` (any of them). On-demand excludes the same labels.
+    :param scheduler: ``default``, ``volcano``, ``volcano:<queue>`` (gang scheduling) or
+        ``kueue:<queue>`` (the job is created suspended in that Kueue LocalQueue).
+    :param priority_class: Kubernetes PriorityClass of the pods (and of the Volcano gang).
+    :param shm_size: size of the memory-backed ``/dev/shm`` (NCCL and data loader workers).
     :param termination_grace_seconds: time between SIGTERM and SIGKILL; the trainer's
         emergency-checkpoint budget. torchrun's shutdown timeout is set to fit inside it.
+    :param nccl_env: NCCL tuning variables (``NCCL_*``, ``TORCH_NCCL_*``) passed to every pod.
+    :param kind: ``indexed-job`` (a batch/v1 Indexed Job + headless Service; no operator
+        needed), ``pytorchjob`` (Kubeflow Training Operator v1) or ``trainjob`` (reserved for
+        Kubeflow Trainer v2; not rendered yet).
+    :param cluster_domain: the cluster's DNS domain; the Indexed Job's rendezvous address is
+        ``<job>-0.<service>.<namespace>.svc.<cluster_domain>``.
     """
 
     name: str
@@ -59,6 +98,7 @@ class JobSpec:
     termination_grace_seconds: int = 60
     nccl_env: dict[str, str] = field(default_factory=dict)
     kind: str = "indexed-job"
+    cluster_domain: str = "cluster.local"
 
     def __post_init__(self) -> None:
         validate(self)
@@ -100,12 +140,28 @@ def validate(spec: JobSpec) -> None:
         raise JobSpecError(f"JobSpec spot_flavour {spec.spot_flavour!r} is not one of {SPOT_FLAVOURS}")
     if spec.kind not in KINDS:
         raise JobSpecError(f"JobSpec kind {spec.kind!r} is not one of {KINDS}")
-    if not (spec.scheduler in ("default", "volcano") or spec.scheduler.startswith("kueue:")):
-        raise JobSpecError(
-            f"JobSpec scheduler {spec.scheduler!r}: use 'default', 'volcano' or 'kueue:<queue>'")
+    if not _SCHEDULER.match(spec.scheduler):
+        raise JobSpecError(f"JobSpec scheduler {spec.scheduler!r}: use 'default', 'volcano', "
+                           "'volcano:<queue>' or 'kueue:<queue>' (queue: a DNS-1123 name)")
     if spec.termination_grace_seconds < 1:
         raise JobSpecError(
             f"JobSpec termination_grace_seconds must be >= 1, got {spec.termination_grace_seconds}")
     for key, value in {**spec.env, **spec.nccl_env}.items():
         if not isinstance(value, str):
             raise JobSpecError(f"JobSpec env {key!r} must be a string, got {value!r}")
+    if not _SUBDOMAIN.match(spec.cluster_domain):
+        raise JobSpecError(f"JobSpec cluster_domain {spec.cluster_domain!r} is not a DNS name "
+                           "(the default is 'cluster.local')")
+    for ref in spec.env_from_secrets:
+        _check_secret_ref(ref)
+
+
+def _check_secret_ref(ref) -> None:
+    if isinstance(ref, str) and _SUBDOMAIN.match(ref):
+        return
+    if isinstance(ref, dict) and set(ref) == {"env", "secret", "key"} and all(
+            isinstance(v, str) and v for v in ref.values()) and _SUBDOMAIN.match(ref["secret"]):
+        return
+    raise JobSpecError(
+        f"JobSpec env_from_secrets entry {ref!r}: use a Secret name, or "
+        '{"env": NAME, "secret": SECRET_NAME, "key": KEY} for one key')

@@ -55,23 +55,26 @@ def nest(flat_or_nested: dict | None) -> dict:
     return out
 
 
-def resolve_trainer_config(base: dict) -> str:
-    """Validate a trainer config (defaults < ``base``) and return the resolved YAML.
+def resolve_trainer_config(base: dict, world_size: int) -> str:
+    """Validate a trainer config (defaults < ``base``) for ``world_size`` ranks; the resolved YAML.
 
     Uses the trainer's own schema (``trainer.config``: dataclasses and PyYAML, no torch), so
-    an unknown key or a wrong type fails here, naming the key, before any job is launched.
+    an unknown key, a wrong type or a global batch the ranks cannot split fails here, naming
+    the key, before any job is launched.
     """
     import yaml
 
-    from trainer.config import dump_yaml, load_config
+    from trainer.config import accumulation_steps, dump_yaml, load_config
 
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         yaml.safe_dump(base, f)
         path = f.name
     try:
-        return dump_yaml(load_config(path, []))
+        config = load_config(path, [])
     finally:
         os.unlink(path)
+    accumulation_steps(config.train, world_size)
+    return dump_yaml(config)
 
 
 def check_event(event: dict | None) -> dict:

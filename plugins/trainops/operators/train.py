@@ -105,7 +105,8 @@ class FSDPTrainingOperator(BaseOperator):
                 raise ValueError(f"trainer_config must not set {key!r}: the operator derives it "
                                  "from the run prefix and the dataset")
         base = {"run_uri": run_uri, "data_uri": self._data_uri(), **user}
-        resolved = _jobs.resolve_trainer_config(base)  # bad config fails here, before any launch
+        world_size = self.nodes * max(1, self.gpus_per_node)
+        resolved = _jobs.resolve_trainer_config(base, world_size)  # bad config fails here, before any launch
         store.put(layout.config, resolved.encode())
         self.log.info("trainer config written to %s", layout.config)
 

@@ -78,6 +78,14 @@ def test_bad_config_fails_before_anything_is_launched_or_written(file_root, clus
     assert open_storage(file_root).list(file_root) == []
 
 
+def test_global_batch_the_ranks_cannot_split_fails_before_launch(file_root, cluster, context):
+    op = FSDPTrainingOperator(task_id="train", dataset={"uri": DATA_URI}, storage_root=file_root, nodes=2,
+                              trainer_config={"train": {"micro_batch_size": 4, "global_batch_size": 12}})
+    with pytest.raises(Exception, match=r"train.global_batch_size=12 is not a multiple of .* world size 2"):
+        op.execute(context)
+    assert cluster.launched == []
+
+
 def test_execute_writes_config_launches_attempt_one_and_defers(file_root, cluster, context):
     with pytest.raises(TaskDeferred) as deferred:
         operator(file_root).execute(context)

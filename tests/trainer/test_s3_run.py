@@ -1,0 +1,29 @@
+"""A run whose prefix is on S3 (moto's server over HTTP) while its dataset is on file://."""
+
+import subprocess
+
+import pytest
+
+from tests.trainer.helpers import REPO, run_config, torchrun_argv, trainer_env
+from trainer.contract import RunLayout
+from trainer.storage import open_storage
+
+pytestmark = pytest.mark.slow
+
+
+def test_checkpoints_metrics_records_and_export_go_to_s3(tmp_path, dataset_uri, s3_root):
+    run_uri = f"{s3_root}/runs/r1"
+    config, _ = run_config(tmp_path, dataset_uri, "run", run_uri=run_uri)
+    proc = subprocess.run(torchrun_argv(config, "train.max_steps=8", "checkpoint.every_steps=4"),
+                          env=trainer_env(tmp_path / "cache", attempt=1), capture_output=True, text=True,
+                          timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    store, layout = open_storage(run_uri), RunLayout(run_uri)
+    assert store.get_json(layout.attempt(1))["outcome"] == "completed"
+    for step in (4, 8):
+        marker = store.get_json(f"{layout.checkpoint(step)}/_COMMITTED")
+        for f in marker["files"]:  # every listed file is on S3 with its size
+            assert store.head(f"{layout.checkpoint(step)}/{f['name']}")["size"] == f["size"]
+    assert store.get_json(layout.latest)["step"] == 8
+    assert len(store.get(layout.metrics).decode().splitlines()) == 8
+    assert store.exists(f"{layout.export}/model.safetensors")
