@@ -6,12 +6,14 @@ CLUSTERS = ("local", "kubernetes")
 
 
 def get_cluster(name: str, **options):
-    """The backend called ``name``; options are backend-specific (e.g. ``state_dir``)."""
+    """The backend called ``name``; options are backend-specific: ``state_dir`` for ``local``;
+    ``kubernetes_conn_id``, ``namespace``, ``unschedulable_deadline_s`` for ``kubernetes``."""
     if name == "local":
         from trainops.cluster.local import LocalCluster
 
         return LocalCluster(**options)
     if name == "kubernetes":
-        raise NotImplementedError(
-            "cluster='kubernetes' is not available yet (issue #4); use cluster='local'")
+        from trainops.cluster.k8s_backend import KubernetesCluster
+
+        return KubernetesCluster(**options)
     raise ValueError(f"unknown cluster {name!r}: use one of {CLUSTERS}")

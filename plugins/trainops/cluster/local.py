@@ -94,12 +94,23 @@ class LocalCluster:
         """Terminate the gang (SIGTERM to the supervisor, which tears the nodes down)."""
         import signal
 
+        if self.status(handle)["phase"] in FINAL_PHASES:
+            return  # nothing runs; and a finished supervisor's pid may belong to someone else now
         pid_file = Path(handle["job_dir"]) / "supervisor.pid"
         if pid_file.exists():
             try:
                 os.kill(int(pid_file.read_text()), signal.SIGTERM)
             except ProcessLookupError:
                 pass
+
+    def all_gone(self, handle: dict) -> bool:
+        """True once no process of the job runs: a relaunch must not race a late commit."""
+        state = self.status(handle)
+        if state["phase"] in ("succeeded", "failed"):
+            return True  # the supervisor writes a final phase only after every node exited
+        if state["phase"] == "lost":
+            return not any(_pid_alive(n["pid"]) for n in state.get("nodes", []) if n.get("pid"))
+        return False
 
     def find(self, labels: dict) -> list[dict]:
         """Handles of live (not finished) jobs whose labels include ``labels``."""

@@ -77,6 +77,32 @@ def resolve_trainer_config(base: dict, world_size: int) -> str:
     return dump_yaml(config)
 
 
+def cluster_options(cluster: str, kubernetes_conn_id: str | None, namespace: str) -> dict:
+    """What a backend (in the worker and in the trigger) needs besides its name."""
+    if cluster == "kubernetes":
+        return {"kubernetes_conn_id": kubernetes_conn_id, "namespace": namespace}
+    return {}
+
+
+def retire(cluster, handle: dict, grace_s: float, log) -> None:
+    """Delete an attempt's job and wait until every pod (process) of it is gone.
+
+    The next attempt resumes from the newest committed checkpoint; an old pod still writing
+    its emergency checkpoint must not race it. Polls with a deadline: the grace period plus
+    two minutes for the API server and kubelets.
+    """
+    import time
+
+    cluster.delete(handle)
+    deadline = time.monotonic() + grace_s + 120
+    while not cluster.all_gone(handle):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"job {handle['job_id']} still has pods {grace_s + 120:.0f}s after its deletion; "
+                               "not relaunching over it: check its pods (kubectl get pods -l trainops/job=...)")
+        log.info("waiting for the pods of %s to be gone before relaunching", handle["job_id"])
+        time.sleep(2)
+
+
 def check_event(event: dict | None) -> dict:
     """A trigger event must carry a status and a job handle; anything else is a bug to report."""
     if not isinstance(event, dict) or event.get("status") not in ("finished", "timeout", "error"):

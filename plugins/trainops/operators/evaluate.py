@@ -44,6 +44,9 @@ class EvaluateModelOperator(BaseOperator):
         self.storage_root, self.aws_conn_id = storage_root, aws_conn_id
         self.kubernetes_conn_id = kubernetes_conn_id
 
+    def _cluster_options(self) -> dict:
+        return _jobs.cluster_options(self.cluster, self.kubernetes_conn_id, self.namespace)
+
     def execute(self, context):
         from trainer.contract import RunLayout, trainer_argv
         from trainops.cluster import get_cluster
@@ -79,10 +82,11 @@ class EvaluateModelOperator(BaseOperator):
             "candidate_uri": self.training["export_uri"],
             "production_uri": production["uri"] if production else None,
             "production_version": production["version"] if production else None})
-        handle = get_cluster(self.cluster).launch(spec)
+        handle = get_cluster(self.cluster, **self._cluster_options()).launch(spec)
         self.log.info("evaluation job %s launched", handle["job_id"])
         self.defer(trigger=JobTrigger(handle=handle, poll_interval=self.poll_interval,
-                                      timeout=self.job_timeout),
+                                      timeout=self.job_timeout,
+                                      cluster_options=self._cluster_options()),
                    method_name="execute_complete")
 
     @staticmethod
@@ -96,7 +100,7 @@ class EvaluateModelOperator(BaseOperator):
         from trainops.cluster import get_cluster
 
         event = _jobs.check_event(event)
-        cluster = get_cluster(self.cluster)
+        cluster = get_cluster(self.cluster, **self._cluster_options())
         if event["status"] != "finished" or event["state"]["phase"] != "succeeded":
             if event["status"] != "finished":
                 cluster.delete(event["handle"])

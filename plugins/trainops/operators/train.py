@@ -79,10 +79,13 @@ class FSDPTrainingOperator(BaseOperator):
         self.kubernetes_conn_id = kubernetes_conn_id
 
     # -- helpers -----------------------------------------------------------------------
+    def _cluster_options(self) -> dict:
+        return _jobs.cluster_options(self.cluster, self.kubernetes_conn_id, self.namespace)
+
     def _cluster(self):
         from trainops.cluster import get_cluster
 
-        return get_cluster(self.cluster)
+        return get_cluster(self.cluster, **self._cluster_options())
 
     def _data_uri(self) -> str:
         uri = self.dataset.get("uri") if isinstance(self.dataset, dict) else self.dataset
@@ -162,7 +165,8 @@ class FSDPTrainingOperator(BaseOperator):
         self.defer(trigger=JobTrigger(handle=handle, poll_interval=self.poll_interval,
                                       timeout=self.job_timeout, progress_uri=metrics_uri,
                                       progress_every=self.progress_every,
-                                      aws_conn_id=self.aws_conn_id),
+                                      aws_conn_id=self.aws_conn_id,
+                                      cluster_options=self._cluster_options()),
                    method_name="execute_complete")
 
     # -- after each attempt ------------------------------------------------------------
@@ -204,6 +208,7 @@ class FSDPTrainingOperator(BaseOperator):
         if decision["action"] == "relaunch":
             job["capacity"] = decision["capacity"]
             store.put_json(layout.job, job)
+            _jobs.retire(cluster, event["handle"], self.termination_grace_seconds, self.log)
             return self._launch(context, store, layout, job, identity)
         job["status"] = "succeeded" if decision["action"] == "finish" else "failed"
         store.put_json(layout.job, job)

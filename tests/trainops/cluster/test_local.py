@@ -102,9 +102,12 @@ def test_delete_cancels_and_find_reattaches(cluster):
     while cluster.status(handle)["phase"] != "running" and time.monotonic() < deadline:
         time.sleep(0.05)
     assert [h["job_id"] for h in cluster.find({"trainops/run": "r2"})] == [handle["job_id"]]
+    assert not cluster.all_gone(handle)
     cluster.delete(handle)
     state = wait_final(cluster, handle)
     assert state["phase"] == "failed" and state["reason"] == "cancelled"
+    assert cluster.all_gone(handle)
+    cluster.delete(handle)  # deleting a finished job signals nobody (its pid may be reused)
 
 
 def test_supervisor_that_vanished_is_lost(cluster):

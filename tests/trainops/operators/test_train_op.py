@@ -31,6 +31,9 @@ class FakeCluster:
     def delete(self, handle):
         self.deleted.append(handle["job_id"])
 
+    def all_gone(self, handle):
+        return handle["job_id"] in self.deleted  # gone once deleted, as pods are
+
     def logs_tail(self, handle, lines=30):
         return "[node-0] RuntimeError: CUDA out of memory"
 
@@ -118,6 +121,7 @@ def test_preempted_attempt_is_relaunched_and_recorded(file_root, cluster, contex
     with pytest.raises(TaskDeferred):
         op.execute_complete(context, finished(disruptions=[spot]))
     assert [s.env["TRAINOPS_ATTEMPT"] for s, _ in cluster.launched] == ["1", "2"]
+    assert cluster.deleted == ["j"]  # the old gang was deleted (and gone) before the relaunch
     job = open_storage(file_root).get_json(layout_of(file_root).job)
     assert job["preemptions"] == 1
     assert job["attempts"][0]["classification"] == "preempted"
