@@ -1,7 +1,9 @@
 """JobTrigger: waits in the triggerer until a cluster job finishes, then reports its state.
 
-It only waits and reports; the operator decides what the state means. It never deletes
-anything, so a triggerer restart (which cancels and re-creates triggers) is harmless.
+It only waits and reports; the operator decides what the state means. Its ``cleanup()`` deletes
+nothing, so a triggerer restart (which cancels and re-creates triggers) is harmless; only
+``on_kill()``, which Airflow calls when a user kills the deferred task (mark failed, clear),
+deletes the job and its pods.
 """
 
 from __future__ import annotations
@@ -92,3 +94,11 @@ class JobTrigger(BaseTrigger):
         except Exception as exc:  # reported, not raised: the operator decides and cleans up
             yield TriggerEvent({"status": "error", "handle": self.handle,
                                 "message": f"{type(exc).__name__}: {exc}"})
+
+    async def on_kill(self) -> None:
+        """A user killed the deferred task: delete the job and its pods (never on restarts)."""
+        from trainops.cluster import get_cluster
+
+        cluster = get_cluster(self.handle["cluster"], **self.cluster_options)
+        await asyncio.to_thread(cluster.delete, self.handle)
+        self.log.info("task killed: deleted job %s", self.handle["job_id"])

@@ -174,3 +174,46 @@ def test_inject_preemption_is_local_only():
     with pytest.raises(ValueError, match="only with cluster='local'"):
         FSDPTrainingOperator(task_id="t", dataset=DATA_URI, cluster="kubernetes",
                              inject_preemption={"node": 1, "at_step": 5})
+
+
+def test_preemption_storm_exhausts_the_budget_then_fails(file_root, cluster, context):
+    op = operator(file_root, max_preemptions=2)
+    with pytest.raises(TaskDeferred):
+        op.execute(context)
+    spot = {"node": 0, "reason": "DisruptionTarget", "message": "PreemptionByScheduler"}
+    for n in (1, 2):
+        write_record(file_root, n, "preempted", signal="SIGTERM")
+        with pytest.raises(TaskDeferred):
+            op.execute_complete(context, finished(disruptions=[spot]))
+    write_record(file_root, 3, "preempted", signal="SIGTERM")
+    with pytest.raises(RuntimeError, match="preempted 3 times, over the budget of 2"):
+        op.execute_complete(context, finished(disruptions=[spot]))
+    job = open_storage(file_root).get_json(layout_of(file_root).job)
+    assert (job["preemptions"], job["status"], len(cluster.launched)) == (3, "failed", 3)
+
+
+def test_spot_then_on_demand_falls_back_after_n_preemptions(file_root, cluster, context):
+    op = operator(file_root, capacity="spot-then-on-demand", fallback_after=1, max_preemptions=3)
+    with pytest.raises(TaskDeferred):
+        op.execute(context)
+    write_record(file_root, 1, "preempted", signal="SIGTERM")
+    with pytest.raises(TaskDeferred):
+        op.execute_complete(context, finished())
+    assert [s.capacity for s, _ in cluster.launched] == ["spot-then-on-demand", "on-demand"]
+    job = open_storage(file_root).get_json(layout_of(file_root).job)
+    assert [a["capacity"] for a in job["attempts"]] == ["spot-then-on-demand", "on-demand"]
+
+
+def test_infra_failure_is_retried_then_succeeds(file_root, cluster, context):
+    op = operator(file_root)
+    with pytest.raises(TaskDeferred):
+        op.execute(context)
+    pull = {**finished(), "state": {"phase": "failed", "reason": "ImagePullBackOff", "nodes": [],
+                                     "disruptions": [], "infra_reason": "ImagePullBackOff: image not found"}}
+    with pytest.raises(TaskDeferred):
+        op.execute_complete(context, pull)  # no attempt record: the trainer never started
+    write_record(file_root, 2, "completed", last_step=100, checkpoint_step=100)
+    result = op.execute_complete(context, finished(state_phase="succeeded"))
+    job = open_storage(file_root).get_json(layout_of(file_root).job)
+    assert [a["classification"] for a in job["attempts"]] == ["infra", "succeeded"]
+    assert (result["attempts"], result["preemptions"]) == (2, 0)

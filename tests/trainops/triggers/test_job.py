@@ -1,6 +1,7 @@
 """JobTrigger: serializes to (classpath, kwargs) and reports a finished job once."""
 
 import asyncio
+import time
 
 from trainops.cluster.local import LocalCluster
 from trainops.cluster.spec import JobSpec
@@ -63,3 +64,29 @@ def test_logs_training_progress_from_metrics(tmp_path, caplog, capsys):
     logged = caplog.text + capsys.readouterr().out
     assert "attempt 1: step 7, loss 2.5000, 1,234 tok/s" in logged
     assert "step 3" not in logged  # another attempt's record
+
+
+def test_restart_deletes_nothing_and_kill_deletes_the_job(tmp_path):
+    cluster = LocalCluster(tmp_path)
+    handle = cluster.launch(JobSpec(name="long", args=["python", "-c", "import time; time.sleep(60)"],
+                                    distributed=False))
+    trigger = JobTrigger(handle=handle, poll_interval=0.1, cluster_options={"state_dir": str(tmp_path)})
+
+    async def restart_then_kill():
+        task = asyncio.ensure_future(trigger.run().__anext__())
+        await asyncio.sleep(0.5)  # the trigger is polling; the triggerer now restarts:
+        task.cancel()
+        await trigger.cleanup()
+        alive_after_restart = cluster.status(handle)["phase"] in ("pending", "running")
+        await trigger.on_kill()  # a user marks the task failed
+        return alive_after_restart
+
+    try:
+        assert asyncio.run(restart_then_kill()) is True
+        deadline = time.monotonic() + 20
+        while cluster.status(handle)["phase"] not in ("succeeded", "failed", "lost"):
+            assert time.monotonic() < deadline, "the job survived on_kill"
+            time.sleep(0.1)
+        assert cluster.status(handle)["reason"] == "cancelled"
+    finally:
+        cluster.delete(handle)
