@@ -46,6 +46,15 @@ def classify_attempt(state: dict, record: dict | None) -> dict:
             "reason": f"the job failed without an attempt record (node exit codes {codes}): {state.get('reason') or 'see the node logs'}"}
 
 
+def infra_backoff_s(failures: int, base_s: float = 30.0, cap_s: float = 600.0) -> float:
+    """Seconds to wait before relaunching after the n-th infrastructure failure: 30, 60, 120, ...
+
+    A failing image pull or a full node pool rarely clears at once; relaunching at once only
+    burns the retry budget.
+    """
+    return min(cap_s, base_s * 2 ** max(0, failures - 1))
+
+
 def decide(classification: str, *, preemptions: int, max_preemptions: int,
            infra_failures: int = 0, max_infra_retries: int = 2,
            capacity: str = "spot", fallback_after: int | None = None) -> dict:
@@ -54,7 +63,8 @@ def decide(classification: str, *, preemptions: int, max_preemptions: int,
     :param preemptions: preemptions so far, this one included.
     :param fallback_after: with capacity ``spot-then-on-demand``, move to on-demand after
         this many preemptions.
-    :return: ``{"action", "capacity", "reason"}``; ``capacity`` is for the next attempt.
+    :return: ``{"action", "capacity", "reason"}`` and, for a delayed relaunch, ``delay_s``;
+        ``capacity`` is for the next attempt.
     """
     if classification == SUCCEEDED:
         return {"action": "finish", "capacity": capacity, "reason": "training completed"}
@@ -72,6 +82,8 @@ def decide(classification: str, *, preemptions: int, max_preemptions: int,
         if infra_failures > max_infra_retries:
             return {"action": "fail", "capacity": capacity,
                     "reason": f"{infra_failures} infrastructure failures, over the limit of {max_infra_retries}"}
-        return {"action": "relaunch", "capacity": capacity,
-                "reason": f"infrastructure failure {infra_failures} of at most {max_infra_retries}: relaunching"}
+        delay = infra_backoff_s(infra_failures)
+        return {"action": "relaunch", "capacity": capacity, "delay_s": delay,
+                "reason": f"infrastructure failure {infra_failures} of at most {max_infra_retries}: "
+                          f"relaunching in {delay:.0f}s"}
     return {"action": "fail", "capacity": capacity, "reason": "the trainer failed; relaunching would fail again"}

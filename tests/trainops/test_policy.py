@@ -1,7 +1,7 @@
 """Classification and recovery decisions over recorded job states and attempt records."""
 
 from trainer.contract import attempt_record
-from trainops.policy import classify_attempt, decide
+from trainops.policy import classify_attempt, decide, infra_backoff_s
 
 RUNNING_NODES = [{"index": 0, "exit_code": 0}, {"index": 1, "exit_code": 1}]
 SPOT = {"node": 1, "reason": "SpotInterruption", "message": "SIGTERM to node 1's torchrun at step 50"}
@@ -69,3 +69,9 @@ def test_error_fails_and_success_finishes_and_infra_retries():
     assert decide("succeeded", preemptions=1, max_preemptions=3)["action"] == "finish"
     assert decide("infra", preemptions=0, max_preemptions=3, infra_failures=1)["action"] == "relaunch"
     assert decide("infra", preemptions=0, max_preemptions=3, infra_failures=3, max_infra_retries=2)["action"] == "fail"
+
+
+def test_infra_relaunch_backs_off_exponentially_with_a_cap():
+    assert [infra_backoff_s(n) for n in (1, 2, 3, 10)] == [30, 60, 120, 600]
+    assert decide("infra", preemptions=0, max_preemptions=3, infra_failures=2)["delay_s"] == 60
+    assert "delay_s" not in decide("preempted", preemptions=1, max_preemptions=3)

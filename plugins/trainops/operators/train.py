@@ -209,6 +209,13 @@ class FSDPTrainingOperator(BaseOperator):
             job["capacity"] = decision["capacity"]
             store.put_json(layout.job, job)
             _jobs.retire(cluster, event["handle"], self.termination_grace_seconds, self.log)
+            if decision.get("delay_s"):  # back off in the triggerer, not in a worker slot
+                from datetime import timedelta
+
+                from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
+
+                self.defer(trigger=TimeDeltaTrigger(timedelta(seconds=decision["delay_s"])),
+                           method_name="relaunch_after_backoff")
             return self._launch(context, store, layout, job, identity)
         job["status"] = "succeeded" if decision["action"] == "finish" else "failed"
         store.put_json(layout.job, job)
@@ -217,6 +224,16 @@ class FSDPTrainingOperator(BaseOperator):
             raise RuntimeError(f"training failed on attempt {entry['attempt']}: {verdict['reason']}. "
                                f"{decision['reason']}.\nLast log lines:\n{tail}")
         return self._result(store, layout, job, record)
+
+    def relaunch_after_backoff(self, context, event=None):
+        """The back-off after an infrastructure failure is over: launch the next attempt."""
+        from trainer.contract import RunLayout, run_prefix
+
+        identity = _jobs.task_identity(context)
+        root, store = root_and_storage(self.storage_root, self.aws_conn_id)
+        layout = RunLayout(run_prefix(root, identity["dag_id"], identity["run_id"], identity["task_id"],
+                                      identity["map_index"]))
+        return self._launch(context, store, layout, self._read_job(store, layout), identity)
 
     def _read_record(self, store, layout, attempt: int) -> dict | None:
         from trainer.contract import parse_attempt_record

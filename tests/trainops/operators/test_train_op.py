@@ -6,6 +6,7 @@ are real ones (trainer.contract.attempt_record) in real file:// storage.
 
 from types import SimpleNamespace
 
+import pendulum
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
@@ -210,8 +211,15 @@ def test_infra_failure_is_retried_then_succeeds(file_root, cluster, context):
         op.execute(context)
     pull = {**finished(), "state": {"phase": "failed", "reason": "ImagePullBackOff", "nodes": [],
                                      "disruptions": [], "infra_reason": "ImagePullBackOff: image not found"}}
-    with pytest.raises(TaskDeferred):
+    with pytest.raises(TaskDeferred) as backoff:
         op.execute_complete(context, pull)  # no attempt record: the trainer never started
+    assert backoff.value.method_name == "relaunch_after_backoff"  # waits in the triggerer ...
+    wait = (backoff.value.trigger.serialize()[1]["moment"] - pendulum.now("UTC")).total_seconds()
+    assert 25 < wait <= 30  # the first back-off: 30 s
+    assert len(cluster.launched) == 1
+    with pytest.raises(TaskDeferred):
+        op.relaunch_after_backoff(context, {"status": "success"})  # ... then relaunches
+    assert len(cluster.launched) == 2
     write_record(file_root, 2, "completed", last_step=100, checkpoint_step=100)
     result = op.execute_complete(context, finished(state_phase="succeeded"))
     job = open_storage(file_root).get_json(layout_of(file_root).job)
