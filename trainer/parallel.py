@@ -163,13 +163,6 @@ def broadcast_object(obj, src: int = 0):
     return box[0]
 
 
-def gather_objects(obj) -> list | None:
-    """Every rank's ``obj`` on rank 0 (None elsewhere)."""
-    out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(obj, out, dst=0)
-    return out
-
-
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)

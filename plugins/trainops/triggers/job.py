@@ -58,7 +58,9 @@ class JobTrigger(BaseTrigger):
 
         attempt = int(self.handle.get("labels", {}).get("trainops/attempt", 1))
         try:
-            text = storage_for(self.progress_uri, self.aws_conn_id).get(self.progress_uri).decode()
+            if getattr(self, "_store", None) is None:  # one connection lookup per trigger, not per poll
+                self._store = storage_for(self.progress_uri, self.aws_conn_id)
+            text = self._store.get(self.progress_uri).decode()
         except NotFound:
             return None
         rec = latest_of_attempt(text, attempt)
