@@ -53,3 +53,26 @@ def test_literal_credentials_fail_with_advice(tmp_path):
 def test_missing_file_says_so(tmp_path):
     out = render_job(tmp_path / "nope.json")
     assert out.returncode == 2 and "no such file" in out.stderr
+
+
+def test_prints_the_trainjob():
+    out = render_job(SPECS / "trainjob-spot-kueue.json")
+    assert out.returncode == 0, out.stderr
+    (tj,) = list(yaml.safe_load_all(out.stdout))
+    assert (tj["apiVersion"], tj["kind"]) == ("trainer.kubeflow.org/v1alpha1", "TrainJob")
+    assert tj["spec"]["runtimeRef"]["name"] == "torch-distributed"
+    assert tj["spec"]["trainer"]["numNodes"] == 2 and tj["spec"]["suspend"] is True
+    assert tj["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    (override,) = tj["spec"]["podSpecOverrides"]
+    assert override["nodeSelector"]["karpenter.sh/capacity-type"] == "spot"
+    assert override["containers"][0]["envFrom"] == [{"secretRef": {"name": "wandb-credentials"}}]
+
+
+def test_what_a_trainjob_cannot_carry_fails_with_the_field_named(tmp_path):
+    spec = json.loads((SPECS / "trainjob-spot-kueue.json").read_text())
+    spec["spot_flavour"] = "auto"
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    out = render_job(path)
+    assert out.returncode == 2 and out.stdout == ""
+    assert "spot_flavour 'auto'" in out.stderr and "nodeSelector" in out.stderr

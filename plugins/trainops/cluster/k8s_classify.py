@@ -1,6 +1,6 @@
-"""The cluster's view of one attempt (its Job or PyTorchJob and its pods) -> the backend state
-that ``trainops.policy.classify_attempt`` reads. Pure: plain dicts in (the API's JSON form,
-camelCase), a plain dict out.
+"""The cluster's view of one attempt (its Job, PyTorchJob or TrainJob and its pods) -> the
+backend state that ``trainops.policy.classify_attempt`` reads. Pure: plain dicts in (the API's
+JSON form, camelCase), a plain dict out.
 
 Exit codes are never read as preemption: torchrun exits 1 on SIGTERM whatever its workers
 did. Preemption shows as a pod's ``DisruptionTarget`` condition, a node-shutdown pod reason,
@@ -14,7 +14,7 @@ from datetime import datetime
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 REPLICA_TYPE = "training.kubeflow.org/replica-type"
 REPLICA_INDEX = "training.kubeflow.org/replica-index"
-TRAINER_CONTAINERS = ("pytorch", "trainer")  # PyTorchJob's, then the Indexed Job's
+TRAINER_CONTAINERS = ("pytorch", "trainer", "node")  # PyTorchJob's, Indexed Job's, TrainJob's
 NODE_SHUTDOWN_REASONS = ("Shutdown", "Terminated", "NodeShutdown")  # graceful node shutdown
 IMAGE_PULL_REASONS = ("ImagePullBackOff", "ErrImagePull")
 CONFIG_ERROR_REASONS = ("InvalidImageName", "CreateContainerConfigError", "CreateContainerError")
@@ -41,8 +41,10 @@ def _time(value) -> datetime | None:
 
 
 def node_index(pod: dict) -> int | None:
-    """The gang index of a pod: the Indexed Job's completion index, or the PyTorchJob's
-    replica (Master is 0, Worker i is i + 1)."""
+    """The gang index of a pod: the completion index of an Indexed Job's pod (a TrainJob's
+    pods too: JobSet's ``jobset.sigs.k8s.io/job-index`` numbers the Jobs of a replicated job,
+    always 0 here, not the pods), or the PyTorchJob's replica (Master is 0, Worker i is
+    i + 1)."""
     meta = pod.get("metadata") or {}
     labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
     index = annotations.get(COMPLETION_INDEX, labels.get(COMPLETION_INDEX))
@@ -55,7 +57,7 @@ def node_index(pod: dict) -> int | None:
 
 
 def trainer_container(pod: dict) -> str | None:
-    """The container running torchrun: ``pytorch`` or ``trainer``, else the first one."""
+    """The container running torchrun: ``pytorch``, ``trainer`` or ``node``, else the first."""
     names = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []]
     for name in TRAINER_CONTAINERS:
         if name in names:
@@ -107,7 +109,8 @@ def disruption_of(pod: dict, node: dict, node_names_present: set[str] | None) ->
 
 
 def job_outcome(job: dict) -> tuple[str | None, str | None]:
-    """(``succeeded``/``failed``/``suspended``/None, reason) from a Job or PyTorchJob."""
+    """(``succeeded``/``failed``/``suspended``/None, reason) from a Job, PyTorchJob or
+    TrainJob."""
     if job.get("kind") == "PyTorchJob":
         for ctype, phase in (("Succeeded", "succeeded"), ("Failed", "failed")):
             cond = _true(job, ctype)
@@ -116,12 +119,35 @@ def job_outcome(job: dict) -> tuple[str | None, str | None]:
         if (job.get("spec") or {}).get("runPolicy", {}).get("suspend") or _true(job, "Suspended"):
             return "suspended", None
         return None, None
+    if job.get("kind") == "TrainJob":
+        return _trainjob_outcome(job)
     if _true(job, "Complete"):
         return "succeeded", None
     cond = _true(job, "Failed")
     if cond:
         return "failed", _reason(cond)
     if (job.get("spec") or {}).get("suspend"):
+        return "suspended", None
+    return None, None
+
+
+def _trainjob_outcome(job: dict) -> tuple[str | None, str | None]:
+    """Trainer copies its JobSet's ``Completed`` and ``Failed`` conditions as ``Complete`` and
+    ``Failed``, keeps ``Suspended`` (reason ``Suspended``, or ``Resumed`` with status False),
+    and sets ``Created`` False with reason ``JobsBuildFailed`` when the TrainJob and its
+    runtime cannot make a JobSet: that one never runs, so it is a failure."""
+    cond = _true(job, "Complete")
+    if cond:
+        return "succeeded", _reason(cond)
+    cond = _true(job, "Failed")
+    if cond:
+        return "failed", _reason(cond)
+    for cond in _conditions(job):
+        if cond.get("type") == "Created" and str(cond.get("status")) == "False" \
+                and cond.get("reason") == "JobsBuildFailed":
+            return "failed", (f"{_reason(cond)}: the TrainJob and its runtime make no JobSet "
+                              "(kubectl describe trainjob; the controller's log says why)")
+    if (job.get("spec") or {}).get("suspend") or _true(job, "Suspended"):
         return "suspended", None
     return None, None
 
@@ -145,14 +171,15 @@ def job_state(job: dict | None, pods: list[dict], *, now: datetime,
               unschedulable_deadline_s: float, node_names_present: set[str] | None = None) -> dict:
     """The backend state of one attempt.
 
-    :param job: the Job or PyTorchJob, or None when it no longer exists.
+    :param job: the Job, PyTorchJob or TrainJob, or None when it no longer exists.
     :param pods: the attempt's pods.
     :param now: the current time (aware), for the unschedulable deadline.
     :param unschedulable_deadline_s: how long pods may stay unschedulable before the attempt
         counts as an infrastructure failure (not while Kueue holds the job suspended).
     :param node_names_present: the names of the pods' nodes that still exist; None: unknown.
     :return: ``{"phase", "reason", "nodes", "disruptions"}`` and ``infra_reason`` when the
-        infrastructure, not the program, stopped the attempt.
+        infrastructure, not the program, stopped the attempt; ``unschedulable: True`` (only)
+        when that was pods finding no node past the deadline.
     """
     pods = sorted(pods, key=lambda p: (node_index(p) is None, node_index(p) or 0))
     nodes, disruptions = [], []
@@ -198,7 +225,9 @@ def job_state(job: dict | None, pods: list[dict], *, now: datetime,
                             if c.get("type") == "PodScheduled"), None)
             why = (f"Unschedulable: pod {node['pod']} found no node for {waited:.0f}s "
                    f"(deadline {unschedulable_deadline_s:.0f}s): {message or 'no message'}")
-            return {**state, "phase": "failed", "reason": why, "infra_reason": why}
+            # "unschedulable": the operator falls back from spot to on-demand on it
+            return {**state, "phase": "failed", "reason": why, "infra_reason": why,
+                    "unschedulable": True}
     if any(n["phase"] == "Running" for n in nodes):
         return state
     return {**state, "phase": "pending", "reason": "waiting for pods" if not nodes else None}

@@ -1,4 +1,5 @@
-"""The job kinds: a plain Indexed Job + headless Service, or a Kubeflow PyTorchJob.
+"""The job kinds: a plain Indexed Job + headless Service, a Kubeflow PyTorchJob, or a Kubeflow
+Trainer v2 TrainJob (``k8s_trainjob``).
 
 Recovery is a whole-gang relaunch owned by the operator, so no kind restarts a pod by
 itself: ``restartPolicy: Never`` everywhere, and the Indexed Job fails as a whole on the
@@ -8,7 +9,6 @@ first disruption or non-zero exit.
 from __future__ import annotations
 
 from trainops.cluster import k8s_names, k8s_pod
-from trainops.cluster.spec import JobSpecError
 
 JOB_LABEL = "trainops/job"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -21,7 +21,8 @@ def queue(spec) -> str | None:
     return name or None
 
 
-def _metadata(spec, name: str) -> dict:
+def metadata(spec, name: str) -> dict:
+    """The job object's metadata: the user's labels, ``trainops/job``, the Kueue queue label."""
     labels = {**spec.labels, JOB_LABEL: name}
     if spec.scheduler.startswith("kueue:"):
         labels[KUEUE_QUEUE_LABEL] = queue(spec)
@@ -49,7 +50,7 @@ def indexed_job(spec) -> list[dict]:
     out = []
     if spec.distributed:
         out.append({
-            "apiVersion": "v1", "kind": "Service", "metadata": _metadata(spec, service),
+            "apiVersion": "v1", "kind": "Service", "metadata": metadata(spec, service),
             "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
                      "selector": {JOB_LABEL: job},
                      "ports": [{"name": "rendezvous", "port": k8s_pod.RDZV_PORT,
@@ -74,7 +75,7 @@ def indexed_job(spec) -> list[dict]:
     }
     if spec.scheduler.startswith("kueue:"):
         job_spec["suspend"] = True  # Kueue unsuspends it when the queue admits it
-    out.append({"apiVersion": "batch/v1", "kind": "Job", "metadata": _metadata(spec, job),
+    out.append({"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata(spec, job),
                 "spec": job_spec})
     return out
 
@@ -87,7 +88,7 @@ def volcano_pod_group(spec, job: str) -> dict:
     if spec.priority_class:
         group["priorityClassName"] = spec.priority_class
     return {"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
-            "metadata": _metadata(spec, job), "spec": group}
+            "metadata": metadata(spec, job), "spec": group}
 
 
 def pytorchjob(spec) -> list[dict]:
@@ -117,14 +118,28 @@ def pytorchjob(spec) -> list[dict]:
     if spec.scheduler.startswith("kueue:"):
         run_policy["suspend"] = True
     return [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-             "metadata": _metadata(spec, job),
+             "metadata": metadata(spec, job),
              "spec": {"runPolicy": run_policy, "nprocPerNode": str(spec.procs_per_node),
                       "pytorchReplicaSpecs": replicas}}]
 
 
 def trainjob(spec) -> list[dict]:
-    raise JobSpecError(f"JobSpec kind 'trainjob' is not rendered yet (see docs/kubernetes.md); "
-                       f"use 'pytorchjob' or 'indexed-job' for {spec.name!r}")
+    """A Kubeflow Trainer v2 TrainJob (``k8s_trainjob``)."""
+    from trainops.cluster import k8s_trainjob
+
+    return k8s_trainjob.trainjob(spec)
 
 
 BUILDERS = {"indexed-job": indexed_job, "pytorchjob": pytorchjob, "trainjob": trainjob}
+
+
+def pod_selector(kind: str, job: str) -> dict[str, str]:
+    """The labels that select an attempt's pods, for a job named ``job``
+    (``k8s_names.k8s_job_name``). ``trainops/job`` reaches the pods of an Indexed Job and a
+    PyTorchJob; a TrainJob cannot label its pods, so those are selected by their JobSet's
+    labels (the JobSet is named after the TrainJob)."""
+    if kind == "trainjob":
+        from trainops.cluster import k8s_trainjob
+
+        return k8s_trainjob.pod_selector(job)
+    return {JOB_LABEL: job}

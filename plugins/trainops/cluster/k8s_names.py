@@ -3,7 +3,8 @@ Kubernetes derives from them.
 
 Kubernetes appends to the job's name: an Indexed Job's pods get the hostname
 ``<job>-<index>``; the Kubeflow operator names pods and Services ``<job>-master-0`` and
-``<job>-worker-<i>``. Hostnames, Service names and label values are at most 63 characters,
+``<job>-worker-<i>``; a TrainJob's JobSet (named after it, with a headless Service of that
+name) runs the Job ``<job>-node-0``, whose pods get the hostname ``<job>-node-0-<index>``. Hostnames, Service names and label values are at most 63 characters,
 and Service names must start with a letter. So the Kubernetes name is the JobSpec name when
 everything derived from it fits, else a prefix of it plus a hash of the whole name.
 """

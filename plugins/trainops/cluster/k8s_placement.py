@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import copy
 
+from trainops.cluster.spec import JobSpecError
+
 # Node labels each provider puts on its spot nodes.
 SPOT_EXPRESSIONS = {
     "karpenter": {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["spot"]},
@@ -115,4 +117,54 @@ def tolerations(spec) -> list[dict]:
     for toleration in spec.tolerations:
         if toleration not in out:
             out.append(copy.deepcopy(toleration))
+    return out
+
+
+# Labels that on-demand nodes carry, where the provider sets one. A nodeSelector can only
+# require a value, never exclude one, so this is how on-demand reads without affinity (GKE
+# and AKS label only their spot nodes). Karpenter's ``on-demand`` excludes ``reserved``
+# capacity, which the NotIn affinity above admits.
+ON_DEMAND_LABELS = {"karpenter": ("karpenter.sh/capacity-type", "on-demand"),
+                    "eks": ("eks.amazonaws.com/capacityType", "ON_DEMAND")}
+
+
+def _selector_for(capacity: str, spot_flavour: str, kind: str, what: str = "") -> dict[str, str]:
+    if spot_flavour == "auto":
+        raise JobSpecError(
+            f"JobSpec spot_flavour 'auto' cannot be placed by kind {kind!r}: its pods take only "
+            "a nodeSelector (no affinity), and no node carries every provider's spot label; "
+            f"name the provider: spot_flavour one of {FLAVOURS}")
+    if is_spot(capacity):
+        expression = SPOT_EXPRESSIONS[spot_flavour]
+        return {expression["key"]: expression["values"][0]}
+    if spot_flavour not in ON_DEMAND_LABELS:
+        raise JobSpecError(
+            f"JobSpec capacity {capacity!r}{what} with spot_flavour {spot_flavour!r} cannot be "
+            f"placed by kind {kind!r}: {spot_flavour} labels only its spot nodes, and excluding "
+            "them needs a node affinity, which this kind cannot set; use capacity 'spot', "
+            f"spot_flavour {tuple(ON_DEMAND_LABELS)}, or another kind")
+    key, value = ON_DEMAND_LABELS[spot_flavour]
+    return {key: value}
+
+
+def node_selector(spec, kind: str = "trainjob") -> dict[str, str]:
+    """Placement as a plain ``nodeSelector``, for a kind whose pods take no affinity (a
+    TrainJob's ``podSpecOverrides``): the provider's spot label, or its on-demand label, plus
+    the user's ``node_selector``. Raises JobSpecError naming what a nodeSelector cannot say:
+    ``spot_flavour: auto`` (an OR), on-demand on GKE or AKS (a NotIn), a user ``affinity``, a
+    user selector that contradicts the placement. ``spot-then-on-demand`` is checked for its
+    on-demand fallback too, so the fallback cannot fail later."""
+    if spec.affinity:
+        raise JobSpecError(
+            f"JobSpec affinity cannot be set for kind {kind!r}: its pods take a nodeSelector but "
+            "no affinity; use node_selector, or set the affinity in the runtime's pod template")
+    if spec.capacity == "spot-then-on-demand":
+        _selector_for("on-demand", spec.spot_flavour, kind,
+                      " (the fallback of 'spot-then-on-demand')")
+    out = _selector_for(spec.capacity, spec.spot_flavour, kind)
+    for key, value in sorted(spec.node_selector.items()):
+        if key in out and out[key] != value:
+            raise JobSpecError(f"JobSpec node_selector {key}={value!r} contradicts the "
+                               f"placement's {key}={out[key]!r} (capacity {spec.capacity!r})")
+        out[key] = value
     return out

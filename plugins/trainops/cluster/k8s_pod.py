@@ -58,7 +58,22 @@ def command(spec, job_name: str, rdzv_endpoint: str, is_host: bool | None) -> li
                          shutdown_timeout_s=spec.shutdown_timeout_s, is_host=is_host)
 
 
-def _env(spec) -> list[dict]:
+def static_command(spec) -> list[str]:
+    """The argument list for a runtime that hands torchrun its rendezvous through ``PET_*``
+    variables (Kubeflow Trainer v2 sets ``PET_NNODES``, ``PET_NPROC_PER_NODE``,
+    ``PET_NODE_RANK``, ``PET_MASTER_ADDR`` and ``PET_MASTER_PORT``): torchrun's static
+    rendezvous, so our c10d flags are left out; the shutdown timeout and ``--max-restarts=0``
+    stay. ``args`` unchanged when not distributed."""
+    argv = command(spec, "", "", is_host=None)
+    if not spec.distributed:
+        return argv
+    end = argv.index("-m", 3)  # torchrun's own flags end where ``-m trainer`` starts
+    return [*argv[:3], *(a for a in argv[3:end] if not a.startswith("--rdzv-")), *argv[end:]]
+
+
+def env_vars(spec) -> list[dict]:
+    """The container's ``env``: cache dir, unbuffered output, ``env``, ``nccl_env``, then the
+    single-key Secret references (``valueFrom.secretKeyRef``)."""
     plain = {"TRAINOPS_CACHE_DIR": CACHE_PATH, "PYTHONUNBUFFERED": "1",
              **spec.env, **spec.nccl_env}
     out = [{"name": k, "value": v} for k, v in plain.items()]
@@ -69,27 +84,45 @@ def _env(spec) -> list[dict]:
     return out
 
 
-def container(spec, name: str, argv: list[str], port_name: str = "rendezvous") -> dict:
-    resources = {"requests": {"cpu": spec.cpu, "memory": spec.memory},
-                 "limits": {"memory": spec.memory}}
+def env_from(spec) -> list[dict]:
+    """``envFrom`` for the whole-Secret entries of ``env_from_secrets`` (every key a variable)."""
+    return [{"secretRef": {"name": ref}} for ref in spec.env_from_secrets if isinstance(ref, str)]
+
+
+def resources(spec) -> dict:
+    """Requests cpu, memory (and GPUs); limits memory (and GPUs): GPU requests = limits."""
+    out = {"requests": {"cpu": spec.cpu, "memory": spec.memory},
+           "limits": {"memory": spec.memory}}
     if spec.gpus_per_node > 0:
-        resources["requests"]["nvidia.com/gpu"] = str(spec.gpus_per_node)
-        resources["limits"]["nvidia.com/gpu"] = str(spec.gpus_per_node)
+        out["requests"]["nvidia.com/gpu"] = str(spec.gpus_per_node)
+        out["limits"]["nvidia.com/gpu"] = str(spec.gpus_per_node)
+    return out
+
+
+def volumes(spec) -> list[dict]:
+    """The memory-backed ``/dev/shm`` (``shm_size``) and the node-local cache."""
+    return [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}},
+            {"name": "cache", "emptyDir": {}}]
+
+
+def volume_mounts() -> list[dict]:
+    return [{"name": "dshm", "mountPath": SHM_PATH}, {"name": "cache", "mountPath": CACHE_PATH}]
+
+
+def container(spec, name: str, argv: list[str], port_name: str = "rendezvous") -> dict:
     out = {
         "name": name,
         "image": spec.image,
         "command": argv,
-        "env": _env(spec),
-        "resources": resources,
-        "volumeMounts": [{"name": "dshm", "mountPath": SHM_PATH},
-                         {"name": "cache", "mountPath": CACHE_PATH}],
+        "env": env_vars(spec),
+        "resources": resources(spec),
+        "volumeMounts": volume_mounts(),
         "securityContext": {
             "runAsNonRoot": True, "runAsUser": TRAINER_UID, "runAsGroup": TRAINER_UID,
             "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
             "seccompProfile": {"type": "RuntimeDefault"}},
     }
-    secrets = [{"secretRef": {"name": ref}}
-               for ref in spec.env_from_secrets if isinstance(ref, str)]
+    secrets = env_from(spec)
     if secrets:
         out["envFrom"] = secrets
     if spec.distributed:
@@ -113,10 +146,7 @@ def pod_spec(spec, container_spec: dict, *, subdomain: str | None = None) -> dic
         "restartPolicy": "Never",  # recovery is a whole-gang relaunch by the operator
         "terminationGracePeriodSeconds": spec.termination_grace_seconds,
         "containers": [container_spec],
-        "volumes": [
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}},
-            {"name": "cache", "emptyDir": {}},
-        ],
+        "volumes": volumes(spec),
         "affinity": k8s_placement.affinity(spec),
         "securityContext": {"runAsNonRoot": True, "runAsUser": TRAINER_UID,
                             "runAsGroup": TRAINER_UID, "fsGroup": TRAINER_UID,

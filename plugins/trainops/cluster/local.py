@@ -16,6 +16,7 @@ import uuid
 from collections import deque
 from pathlib import Path
 
+from trainops.cluster.k8s_logs import cap_lines
 from trainops.cluster.spec import JobSpec
 
 FINAL_PHASES = ("succeeded", "failed", "lost")
@@ -137,6 +138,35 @@ class LocalCluster:
                 tail = deque(f, maxlen=lines)
             out += [f"[{log.stem}] {line.rstrip()}" for line in tail]
         return "\n".join(out)
+
+    def log_lines(self, handle: dict, cursor: dict | None, max_lines: int = 200
+                  ) -> tuple[list[str], dict]:
+        """New lines of node 0's log since ``cursor`` (None: start), and the next cursor.
+
+        The cursor is plain JSON, ``{"offset": <bytes of node-0.log read>}``; only whole lines
+        are read (a last line without a newline waits for the next call). Never raises for a
+        job whose log does not exist (yet): returns ``([], cursor)``. At most ``max_lines``
+        lines per call; when more were available, the first returned line says how many were
+        skipped (``(… 1234 earlier lines skipped)``) and the newest follow.
+        """
+        if max_lines < 1:
+            raise ValueError(f"max_lines must be at least 1, not {max_lines}")
+        offset = int((cursor or {}).get("offset") or 0)
+        try:
+            log = open(Path(handle["job_dir"]) / "node-0.log", "rb")
+        except FileNotFoundError:
+            return [], cursor
+        with log:
+            if offset > os.fstat(log.fileno()).st_size:
+                offset = 0  # not the file the cursor was read from
+            log.seek(offset)
+            newest, total = deque(maxlen=max_lines), 0
+            for raw in log:
+                if not raw.endswith(b"\n"):
+                    break
+                offset, total = offset + len(raw), total + 1
+                newest.append(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+        return cap_lines(list(newest), max_lines, total), {"offset": offset}
 
 
 def _env_with_package_path() -> dict[str, str]:

@@ -49,8 +49,10 @@ class JobSpec:
     :param service_account: Kubernetes service account of the pods; the way to IRSA (EKS) or
         workload identity (GKE, AKS) credentials. None: the namespace's default.
     :param labels: labels on the job and its pods (values are shortened to 63 characters with
-        a hash suffix when longer, see ``k8s_names.label_value``).
-    :param annotations: annotations on the job and its pods.
+        a hash suffix when longer, see ``k8s_names.label_value``). ``trainjob``: on the
+        TrainJob and the JobSet Trainer derives from it, not on the pods (its schema has no
+        pod labels).
+    :param annotations: annotations on the job and its pods (``trainjob``: as for labels).
     :param node_selector: node labels every pod requires; ANDed into each node affinity term.
     :param tolerations: extra pod tolerations (Kubernetes form), added to the spot ones.
     :param affinity: extra pod affinity (Kubernetes form). Its required node selector terms are
@@ -61,16 +63,23 @@ class JobSpec:
         ``gke``, ``aks`` or ``auto`` (any of them). On-demand excludes the same labels.
     :param scheduler: ``default``, ``volcano``, ``volcano:<queue>`` (gang scheduling) or
         ``kueue:<queue>`` (the job is created suspended in that Kueue LocalQueue).
+        ``trainjob`` takes ``default`` or ``kueue:<queue>``: gang scheduling belongs in its
+        runtime.
     :param priority_class: Kubernetes PriorityClass of the pods (and of the Volcano gang).
     :param shm_size: size of the memory-backed ``/dev/shm`` (NCCL and data loader workers).
     :param termination_grace_seconds: time between SIGTERM and SIGKILL; the trainer's
         emergency-checkpoint budget. torchrun's shutdown timeout is set to fit inside it.
+        ``trainjob`` cannot set it: the pods get the runtime's grace period, and this field
+        must say what that is (at most 30, Kubernetes' default, with ``torch-distributed``).
     :param nccl_env: NCCL tuning variables (``NCCL_*``, ``TORCH_NCCL_*``) passed to every pod.
     :param kind: ``indexed-job`` (a batch/v1 Indexed Job + headless Service; no operator
-        needed), ``pytorchjob`` (Kubeflow Training Operator v1) or ``trainjob`` (reserved for
-        Kubeflow Trainer v2; not rendered yet).
+        needed), ``pytorchjob`` (Kubeflow Training Operator v1) or ``trainjob`` (Kubeflow
+        Trainer v2, ``k8s_trainjob``: placement by nodeSelector only, and the runtime's pod
+        template supplies grace period, security context and restart policy).
     :param cluster_domain: the cluster's DNS domain; the Indexed Job's rendezvous address is
         ``<job>-0.<service>.<namespace>.svc.<cluster_domain>``.
+    :param runtime: ``trainjob`` only: the ClusterTrainingRuntime the TrainJob names
+        (``runtimeRef``); its ``node`` job and container run the trainer.
     """
 
     name: str
@@ -99,6 +108,7 @@ class JobSpec:
     nccl_env: dict[str, str] = field(default_factory=dict)
     kind: str = "indexed-job"
     cluster_domain: str = "cluster.local"
+    runtime: str = "torch-distributed"
 
     def __post_init__(self) -> None:
         validate(self)
@@ -152,6 +162,9 @@ def validate(spec: JobSpec) -> None:
     if not _SUBDOMAIN.match(spec.cluster_domain):
         raise JobSpecError(f"JobSpec cluster_domain {spec.cluster_domain!r} is not a DNS name "
                            "(the default is 'cluster.local')")
+    if not isinstance(spec.runtime, str) or not _SUBDOMAIN.match(spec.runtime):
+        raise JobSpecError(f"JobSpec runtime {spec.runtime!r} is not a DNS-1123 name (the "
+                           "ClusterTrainingRuntime of a trainjob; default 'torch-distributed')")
     for ref in spec.env_from_secrets:
         _check_secret_ref(ref)
 

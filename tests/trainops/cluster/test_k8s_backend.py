@@ -1,17 +1,11 @@
-"""KubernetesCluster against an in-memory API at the hook boundary (no cluster runs here).
-
-``FakeKubernetes`` stands in for the hook and its three clients. It stores what is created,
-answers with the recorded objects of tests/data/k8s, and returns what the real client does:
-model objects (``V1PodList``) from core/batch, dicts from custom objects, ``ApiException``.
-"""
+"""KubernetesCluster against an in-memory API at the hook boundary (no cluster runs here;
+``fake_k8s.FakeKubernetes`` stands in for the hook and its clients)."""
 
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
-from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from trainops.cluster import get_cluster
@@ -21,115 +15,7 @@ from trainops.cluster.spec import JobSpec
 from trainops.operators import EvaluateModelOperator, FSDPTrainingOperator
 from trainops.policy import PREEMPTED, classify_attempt
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "k8s"
-RECORDED = "train-5f1c2a9e-a1"  # the job the recorded objects belong to, in namespace ml
-LONG_RUN = "scheduled__2026-01-01T00:00:00+00:00-" + "x" * 60
-
-
-def load(name):
-    return json.loads((DATA / f"{name}.json").read_text())
-
-
-def _matches(obj, selector):
-    labels = obj["metadata"].get("labels") or {}
-    return all(labels.get(k) == v for k, v in (p.split("=", 1) for p in selector.split(",") if p))
-
-
-class FakeKubernetes:
-    """The hook (``core_v1_client``, ``batch_v1_client``, ``custom_object_client``,
-    ``get_namespace``) and the clients' methods that the backend calls, in one object."""
-
-    def __init__(self):
-        self.core_v1_client = self.batch_v1_client = self.custom_object_client = self
-        self.objects = {}  # (kind, namespace, name) -> API JSON
-        self.nodes, self.logs, self.calls, self.fail = set(), {}, [], {}
-        self.crds, self._api = {"pytorchjobs", "podgroups"}, ApiClient()
-
-    def get_namespace(self):  # the connection names no namespace
-        return None
-
-    def add(self, *objs):
-        for obj in objs:
-            self.objects[(obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])] = obj
-
-    def _model(self, obj, klass):  # model objects, as the real core and batch clients return
-        return self._api.deserialize(SimpleNamespace(data=json.dumps(obj)), klass)
-
-    def _create(self, kind, namespace, body):
-        self.calls.append(("create", kind, body["metadata"]["name"]))
-        if kind in self.fail:
-            raise ApiException(status=self.fail[kind])
-        self.add({**body, "metadata": {**body["metadata"], "namespace": namespace}})
-
-    def _get(self, kind, namespace, name):
-        if (kind, namespace, name) not in self.objects:
-            raise ApiException(status=404, reason="Not Found")
-        return self.objects[(kind, namespace, name)]
-
-    def _list(self, kind, namespace, selector):
-        return [o for (k, ns, _), o in sorted(self.objects.items())
-                if k == kind and ns == namespace and _matches(o, selector)]
-
-    def _delete(self, kind, namespace, name, **kw):
-        self.calls.append(("delete", kind, name, kw.get("propagation_policy")))
-        self._get(kind, namespace, name)
-        del self.objects[(kind, namespace, name)]
-        for key, obj in list(self.objects.items()):  # the garbage collector takes the pods
-            if key[0] == "Pod" and any(r["name"] == name and r["kind"] == kind
-                                       for r in obj["metadata"].get("ownerReferences", [])):
-                del self.objects[key]
-
-    def _plural(self, plural):
-        if plural not in self.crds:
-            raise ApiException(status=404, reason="Not Found")
-        return {"pytorchjobs": "PyTorchJob", "podgroups": "PodGroup"}[plural]
-
-    def create_namespaced_service(self, namespace, body):
-        self._create("Service", namespace, body)
-
-    def delete_namespaced_service(self, name, namespace):
-        self._delete("Service", namespace, name)
-
-    def list_namespaced_pod(self, namespace, label_selector=""):
-        return self._model({"apiVersion": "v1", "kind": "PodList", "metadata": {},
-                            "items": self._list("Pod", namespace, label_selector)}, "V1PodList")
-
-    def read_node(self, name):
-        if name not in self.nodes:
-            raise ApiException(status=403 if name == "forbidden" else 404)
-        return self._model({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}, "V1Node")
-
-    def read_namespaced_pod_log(self, name, namespace, container=None, tail_lines=None):
-        self.calls.append(("log", name, container, tail_lines))
-        if (name, container) not in self.logs:
-            raise ApiException(status=400, reason="Bad Request")
-        return "\n".join(self.logs[(name, container)].splitlines()[-tail_lines:]) + "\n"
-
-    def create_namespaced_job(self, namespace, body):
-        self._create("Job", namespace, body)
-
-    def read_namespaced_job(self, name, namespace):
-        return self._model(self._get("Job", namespace, name), "V1Job")
-
-    def list_namespaced_job(self, namespace, label_selector=""):
-        return self._model({"apiVersion": "batch/v1", "kind": "JobList", "metadata": {},
-                            "items": self._list("Job", namespace, label_selector)}, "V1JobList")
-
-    def delete_namespaced_job(self, name, namespace, propagation_policy=None):
-        self._delete("Job", namespace, name, propagation_policy=propagation_policy)
-
-    def create_namespaced_custom_object(self, group, version, namespace, plural, body):
-        self._create(self._plural(plural), namespace, body)
-
-    def get_namespaced_custom_object(self, group, version, namespace, plural, name):
-        return self._get(self._plural(plural), namespace, name)
-
-    def list_namespaced_custom_object(self, group, version, namespace, plural, label_selector=""):
-        return {"items": self._list(self._plural(plural), namespace, label_selector)}
-
-    def delete_namespaced_custom_object(self, group, version, namespace, plural, name,
-                                        propagation_policy=None):
-        self._delete(self._plural(plural), namespace, name, propagation_policy=propagation_policy)
+from .fake_k8s import EKS_NODE, GKE_NODE, LONG_RUN, NODE0, RECORDED, T0, FakeKubernetes, load
 
 
 @pytest.fixture
@@ -142,6 +28,14 @@ def spec(**kw):
                       "nodes": 2, "namespace": "ml",
                       "labels": {"trainops/dag": "retrain", "trainops/run": LONG_RUN,
                                  "trainops/attempt": "1"}, **kw})
+
+
+def relaunched_node0(name, phase="Running", created="2026-01-01T11:00:05Z"):
+    """pod-running as a later pod of the same index (a retry or a relaunch)."""
+    pod = load("pod-running")
+    pod["metadata"].update(name=name, creationTimestamp=created)
+    pod["status"]["phase"] = phase
+    return pod
 
 
 def handle_of_recorded(kind="indexed-job"):
@@ -251,7 +145,7 @@ def test_find_reattaches_to_the_live_job_only(api):
 
 def test_logs_tail_reads_each_pods_trainer_container(api):
     api.add(load("job-failed-exitcode"), load("pod-oomkilled"), load("pod-running"))
-    api.logs[(f"{RECORDED}-0-k7q2m", "trainer")] = "".join(f"step {i}\n" for i in range(100))
+    api.write_log(NODE0, *(f"step {i}" for i in range(100)), at=T0)
     out = KubernetesCluster(hook=api).logs_tail(handle_of_recorded(), lines=2)
     assert out.splitlines() == ["[node-0] step 98", "[node-0] step 99",
                                 f"[node-1] (no log for pod {RECORDED}-1-k7q2m: Bad Request)"]
@@ -285,8 +179,10 @@ def test_the_operators_hand_conn_id_and_namespace_to_backend_and_trigger(file_ro
     for op in (train, evaluate):
         with pytest.raises(TaskDeferred) as deferred:
             op.execute({"ti": ti})
-        assert deferred.value.trigger.serialize()[1]["cluster_options"] == options
-    assert seen and all(s == ("kubernetes", options) for s in seen)
+        sent = deferred.value.trigger.serialize()[1]["cluster_options"]
+        assert sent.items() >= options.items()  # (train adds its unschedulable deadline)
+        assert seen[-1] == ("kubernetes", sent)  # the trigger polls the backend that launched
+    assert seen and all(s[0] == "kubernetes" and s[1].items() >= options.items() for s in seen)
     assert sorted((k[0], k[1], k[2][:5]) for k in api.objects) == [
         ("Job", "ml", "eval-"), ("Job", "ml", "train"), ("Service", "ml", "train")]
 
@@ -297,3 +193,212 @@ def test_the_unschedulable_deadline_reads_times_through_the_client_models(api):
     assert late["phase"] == "failed" and "Insufficient nvidia.com/gpu" in late["infra_reason"]
     patient = KubernetesCluster(hook=api, unschedulable_deadline_s=10**9)
     assert patient.status(handle_of_recorded())["phase"] == "pending"
+
+
+# -- node 0's log, a few lines at a time ---------------------------------------------------
+def stream(api, **kw):
+    """A backend whose clock is the fake API server's."""
+    return KubernetesCluster(hook=api, clock=lambda: api.now, **kw)
+
+
+def test_log_lines_reads_node0_then_only_what_is_new(api):
+    api.add(load("job-running"), load("pod-running"), load("pod-oomkilled"))
+    api.write_log(f"{RECORDED}-1-k7q2m", "node 1 says", at=T0)  # not node 0: never returned
+    api.write_log(NODE0, "start", at=T0 + 1)
+    api.write_log(NODE0, "step 1", "step 2", at=T0 + 2, every=0)  # the same timestamp
+    api.now = T0 + 3
+    cluster = stream(api)
+    lines, cursor = cluster.log_lines(handle_of_recorded(), None)
+    assert lines == ["start", "step 1", "step 2"]  # timestamps stripped
+    assert cursor == {"pod": NODE0, "ts": "2026-01-01T10:00:02Z", "n": 2}
+    assert json.loads(json.dumps(cursor)) == cursor  # it travels in a trigger's kwargs
+    assert api.log_reads[-1] == {"pod": NODE0, "tail_lines": 201, "since_seconds": None,
+                                 "limit_bytes": 1 << 20, "timestamps": True}
+
+    api.write_log(NODE0, "step 3", at=T0 + 2)  # a third line of that very nanosecond
+    api.write_log(NODE0, "step 4", at=T0 + 2.5)  # "…:02.5Z" sorts before "…:02Z" as a string
+    api.now = T0 + 9.5
+    lines, cursor = cluster.log_lines(handle_of_recorded(), cursor)
+    assert lines == ["step 3", "step 4"]
+    assert api.log_reads[-1]["since_seconds"] == 9  # ceil(9.5 - 2) + 1: re-reads "step 1"..
+    assert cursor == {"pod": NODE0, "ts": "2026-01-01T10:00:02.5Z", "n": 1}
+    assert cluster.log_lines(handle_of_recorded(), cursor) == ([], cursor)
+
+
+def test_log_lines_caps_a_backlog_with_a_notice_of_what_was_skipped(api):
+    api.add(load("job-running"), load("pod-running"))
+    api.write_log(NODE0, *(f"step {i}" for i in range(250)), at=T0, every=0.01)
+    api.now = T0 + 3
+    cluster = stream(api)
+    lines, cursor = cluster.log_lines(handle_of_recorded(), None)  # the last 201 were read
+    assert lines == ["(… earlier lines skipped)"] + [f"step {i}" for i in range(51, 250)]
+    api.write_log(NODE0, *(f"step {i}" for i in range(250, 550)), at=T0 + 3, every=0.01)
+    api.now = T0 + 7
+    lines, cursor = cluster.log_lines(handle_of_recorded(), cursor, max_lines=100)
+    assert lines == ["(… 201 earlier lines skipped)"] + [f"step {i}" for i in range(451, 550)]
+    assert cluster.log_lines(handle_of_recorded(), cursor, max_lines=100)[0] == []
+
+
+def test_log_lines_byte_cap_never_loses_or_repeats_a_line(api):
+    api.add(load("job-running"), load("pod-running"))
+    api.write_log(NODE0, "start", at=T0)
+    api.now = T0 + 1
+    cluster = stream(api)
+    cluster.log_limit_bytes = 120  # under three lines per read, one of them seen before
+    seen, cursor = cluster.log_lines(handle_of_recorded(), None)
+    api.write_log(NODE0, *(f"step {i:02d} loss 0.{i:02d}" for i in range(40)), at=T0 + 1, every=2)
+    api.now = T0 + 82
+    for _ in range(100):
+        lines, cursor = cluster.log_lines(handle_of_recorded(), cursor)
+        if not lines:
+            break
+        seen += lines
+    assert seen == ["start"] + [f"step {i:02d} loss 0.{i:02d}" for i in range(40)]
+    assert all(r["limit_bytes"] == 120 for r in api.log_reads)
+
+
+def test_log_lines_skips_ahead_when_the_byte_cap_holds_only_seen_lines(api):
+    api.add(load("job-running"), load("pod-running"))
+    api.write_log(NODE0, *(f"burst {i}" for i in range(20)), at=T0, every=0.001)
+    api.now = T0 + 1
+    cluster = stream(api)
+    cluster.log_limit_bytes = 150
+    _, cursor = cluster.log_lines(handle_of_recorded(), None, max_lines=3)
+    api.write_log(NODE0, *(f"after {i}" for i in range(5)), at=T0 + 1, every=0.25)
+    api.now = T0 + 3
+    lines, cursor = cluster.log_lines(handle_of_recorded(), cursor, max_lines=3)
+    # the since read holds only burst lines seen before; the tail (4 lines) reaches none of them
+    assert lines == ["(… earlier lines skipped)", "after 3", "after 4"]
+    assert cursor == {"pod": NODE0, "ts": "2026-01-01T10:00:02Z", "n": 1}
+    assert [r["tail_lines"] for r in api.log_reads] == [4, None, 4]
+
+
+def test_log_lines_follows_node0_to_its_new_pod(api):
+    api.add(load("job-running"), load("pod-running"))
+    api.write_log(NODE0, "old pod", at=T0 + 50)
+    _, cursor = stream(api).log_lines(handle_of_recorded(), None)
+    api.objects[("Pod", "ml", NODE0)]["status"]["phase"] = "Failed"
+    api.add(relaunched_node0(f"{RECORDED}-0-p4x8z"))  # index 0 retried: a newer pod
+    api.write_log(f"{RECORDED}-0-p4x8z", "new pod line 1", "new pod line 2", at=T0 + 40)
+    lines, cursor = stream(api).log_lines(handle_of_recorded(), cursor)
+    assert lines == ["new pod line 1", "new pod line 2"]  # not dropped as older than the cursor
+    assert cursor == {"pod": f"{RECORDED}-0-p4x8z", "ts": "2026-01-01T10:00:40.5Z", "n": 1}
+    assert api.log_reads[-1]["tail_lines"] == 201  # a first read of that pod
+
+
+def test_log_lines_of_a_pod_not_started_or_gone_is_empty_and_keeps_the_cursor(api):
+    cluster, cursor = stream(api), {"pod": NODE0, "ts": "2026-01-01T10:00:02Z", "n": 1}
+    assert cluster.log_lines(handle_of_recorded(), None) == ([], None)  # no pod yet
+    api.add(load("job-running"), load("pod-createcontainerconfigerror"))  # Pending
+    assert cluster.log_lines(handle_of_recorded(), cursor) == ([], cursor)
+    assert api.log_reads == []  # a Pending pod's log is not asked for
+    api.add(load("pod-running"))  # Running, but the API says it is still waiting to start
+    assert cluster.log_lines(handle_of_recorded(), None) == ([], None)
+    api.write_log(NODE0, "hello", at=T0)
+    api.fail[("log", NODE0)] = 404  # deleted between the list and the read
+    assert cluster.log_lines(handle_of_recorded(), cursor) == ([], cursor)
+    api.fail[("log", NODE0)] = 500  # anything else is the caller's to handle
+    with pytest.raises(ApiException):
+        cluster.log_lines(handle_of_recorded(), cursor)
+
+
+def test_log_lines_of_a_finished_pod_keep_its_unterminated_last_line(api):
+    api.add(load("job-complete"), load("pod-succeeded"))
+    api.write_log(NODE0, "final words", at=T0)
+    api.write_log(NODE0, "no newline", at=T0 + 1, newline=False)
+    assert stream(api).log_lines(handle_of_recorded(), None)[0] == ["final words", "no newline"]
+    api.objects[("Pod", "ml", NODE0)]["status"]["phase"] = "Running"  # may still be written
+    assert stream(api).log_lines(handle_of_recorded(), None)[0] == ["final words"]
+
+
+def test_log_reads_bypass_the_clients_bytes_repr(api):
+    api.add(load("job-running"), load("pod-running"))
+    api.write_log(NODE0, '{"step": 1, "loss": "é"}', at=T0)  # JSON and non-ASCII, verbatim
+    assert stream(api).log_lines(handle_of_recorded(), None)[0] == ['{"step": 1, "loss": "é"}']
+    assert stream(api).logs_tail(handle_of_recorded(), lines=1) == '[node-0] {"step": 1, "loss": "é"}'
+
+
+# -- node types for the cost report -----------------------------------------------------
+def test_status_nodes_carry_instance_and_capacity_type(api):
+    api.add(load("node-gke-spot-a2"), load("node-karpenter-spot-p4d"),
+            load("pytorchjob-running"), load("pod-pytorchjob-master-running"),
+            load("pod-pytorchjob-worker-running"))
+    state = KubernetesCluster(hook=api).status(handle_of_recorded("pytorchjob"))
+    assert [(n["index"], n["node_name"], n["instance_type"], n["capacity_type"])
+            for n in state["nodes"]] == [(0, GKE_NODE, "a2-highgpu-8g", "spot"),
+                                         (2, EKS_NODE, "p4d.24xlarge", "spot")]
+
+
+def test_node_labels_are_read_once_but_a_vanished_node_is_seen_at_each_poll(api):
+    api.add(load("node-gke-spot-a2"), load("job-running"), load("pod-running"),
+            load("pod-error-exit1"))  # node 1 failed on a node that is long gone
+    cluster = KubernetesCluster(hook=api)
+    for _ in range(3):
+        state = cluster.status(handle_of_recorded())
+    assert state["phase"] == "running"
+    reads = [c[1] for c in api.calls if c[0] == "read_node"]
+    assert reads.count(GKE_NODE) == 3  # running pod's node: is it still there?
+    node1 = state["nodes"][1]
+    assert node1["node_name"] == GKE_NODE  # pod-error-exit1 ran there too
+    api.nodes.discard(GKE_NODE)  # the spot VM is reclaimed
+    state = cluster.status(handle_of_recorded())
+    assert state["phase"] == "lost"
+    assert state["nodes"][0]["instance_type"] == "a2-highgpu-8g"  # remembered for the report
+
+
+def test_labels_of_a_finished_pods_node_are_read_once(api):
+    api.add(load("node-karpenter-spot-p4d"), load("job-failed-exitcode"))
+    pod = load("pod-error-exit1")
+    pod["spec"]["nodeName"] = EKS_NODE
+    gone = load("pod-succeeded")
+    gone["spec"]["nodeName"] = "ip-10-0-99-99.ec2.internal"  # scaled down since: 404
+    api.add(pod, gone)
+    cluster = KubernetesCluster(hook=api)
+    for _ in range(3):
+        state = cluster.status(handle_of_recorded())
+    assert [c[1] for c in api.calls if c[0] == "read_node"] == [
+        EKS_NODE, "ip-10-0-99-99.ec2.internal"]  # once each, not at every poll
+    assert [(n["instance_type"], n["capacity_type"]) for n in state["nodes"]] == [
+        (None, None), ("p4d.24xlarge", "spot")]
+
+
+def test_node_types_are_none_without_node_rbac_or_a_node(api):
+    pod = load("pod-running")
+    pod["spec"]["nodeName"] = "forbidden"  # read_node answers 403
+    api.add(load("job-running"), pod, load("pod-unschedulable"))  # node 1: not scheduled
+    cluster = KubernetesCluster(hook=api)
+    for _ in range(2):
+        state = cluster.status(handle_of_recorded())
+    assert [(n["instance_type"], n["capacity_type"]) for n in state["nodes"]] == [
+        (None, None), (None, None)]
+    assert [c for c in api.calls if c[0] == "read_node"] == [("read_node", "forbidden")]
+
+
+# -- Kubeflow Trainer v2 TrainJob ----------------------------------------------------------
+def test_trainjob_is_created_read_found_and_deleted_through_the_custom_objects_api(api):
+    api.crds.add("trainjobs")
+    cluster = KubernetesCluster(hook=api, namespace="ml")
+    handle = cluster.launch(spec(kind="trainjob", spot_flavour="karpenter", termination_grace_seconds=30))
+    assert handle["kind"] == "trainjob" and [m["kind"] for m in handle["manifests"]] == ["TrainJob"]
+    assert [c[:2] for c in api.calls] == [("create", "TrainJob")]
+    found = cluster.find({"trainops/dag": "retrain", "trainops/run": LONG_RUN})
+    assert [(h["job_id"], h["kind"]) for h in found] == [(handle["job_id"], "trainjob")]
+    cluster.delete(handle)
+    assert api.calls[-1] == ("delete", "TrainJob", handle["job_id"], "Foreground")
+    assert cluster.find({"trainops/dag": "retrain"}) == []
+
+
+def test_trainjob_pods_are_found_by_their_jobset_labels(api):
+    api.crds.add("trainjobs")
+    api.add(load("trainjob-failed"), load("pod-trainjob-running"), load("pod-trainjob-failed"))
+    handle = {"cluster": "kubernetes", "job_id": RECORDED, "kind": "trainjob", "namespace": "ml",
+              "labels": {}, "manifests": [{"kind": "TrainJob", "name": RECORDED}]}
+    state = KubernetesCluster(hook=api).status(handle)
+    assert state["phase"] == "failed"
+    assert [n["index"] for n in state["nodes"]] == [0, 1]
+    assert not KubernetesCluster(hook=api).all_gone(handle)
+
+
+def test_without_the_trainer_crd_there_are_simply_no_trainjobs(api):
+    assert "trainjobs" not in api.crds  # the fake answers 404, as a cluster without Trainer v2
+    assert KubernetesCluster(hook=api, namespace="ml").find({"trainops/dag": "retrain"}) == []

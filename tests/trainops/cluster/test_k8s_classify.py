@@ -1,4 +1,5 @@
-"""Recorded Job, PyTorchJob and Pod objects -> backend state -> the policy's classification.
+"""Recorded Job, PyTorchJob, TrainJob and Pod objects -> backend state -> the policy's
+classification.
 
 Each row feeds real-world-shaped API objects (tests/data/k8s) to ``job_state`` and then the
 state, with each kind of attempt record, to ``policy.classify_attempt``: what the operator
@@ -79,6 +80,16 @@ ROWS = {
                           "1 Worker replica(s) failed", [], (ERROR, PREEMPTED, ERROR)),
     "pytorchjob-succeeded": ("pytorchjob-succeeded", [], None, "succeeded", None, [],
                              (ERROR, PREEMPTED, ERROR)),
+    "trainjob-succeeded": ("trainjob-succeeded", ["pod-trainjob-succeeded"], None, "succeeded",
+                           "AllJobsCompleted", [], (ERROR, PREEMPTED, ERROR)),
+    "trainjob-failed": ("trainjob-failed", ["pod-trainjob-running", "pod-trainjob-failed"], None,
+                        "failed", "FailedJobs: jobset failed", [], (ERROR, PREEMPTED, ERROR)),
+    "trainjob-failed-disrupted": ("trainjob-failed", ["pod-disruption-preemption-by-scheduler"], None,
+                                  "failed", "FailedJobs", ["PreemptionByScheduler"],
+                                  (PREEMPTED, PREEMPTED, PREEMPTED)),
+    "trainjob-running-node-vanished": ("trainjob-running", ["pod-trainjob-running"], set(), "lost",
+                                       "gke-ml-spot-a100-pool-7c1d9e2b-x2lq", ["NodeLost"],
+                                       (PREEMPTED, PREEMPTED, PREEMPTED)),
 }
 
 
@@ -95,6 +106,19 @@ def test_final_states_and_their_classification(row):
     got = tuple(classify_attempt(state, record(o))["classification"]
                 for o in (None, "preempted", "failed"))
     assert got == verdicts
+
+
+@pytest.mark.parametrize("name", ROWS)
+def test_only_pods_finding_no_node_mark_the_state_unschedulable(name):
+    """The operator falls back from spot to on-demand on ``unschedulable``; no other failure
+    (image pull, disruption, OOM, a failed job) carries it."""
+    job, pods, present, *_ = ROWS[name]
+    state = state_of(job, pods, present)
+    if name == "unschedulable-past-deadline":
+        assert state["unschedulable"] is True and state["phase"] == "failed"
+        assert state["infra_reason"].startswith("Unschedulable: pod ")
+    else:
+        assert "unschedulable" not in state
 
 
 def test_a_completed_record_with_a_complete_job_is_success():
@@ -133,6 +157,7 @@ def test_unschedulable_within_the_deadline_is_still_pending():
     assert (state["phase"], state.get("infra_reason")) == ("pending", None)
     state = state_of("job-running", ["pod-unschedulable"], now=CREATED + timedelta(seconds=901))
     assert state["phase"] == "failed" and "901s (deadline 900s)" in state["infra_reason"]
+    assert state["unschedulable"] is True
 
 
 def test_kueue_suspended_job_is_queued_not_stuck_whatever_the_time():
@@ -168,3 +193,47 @@ def test_the_trainer_container_is_found_next_to_a_sidecar():
     assert trainer_container(pod) == "trainer" and node_index(pod) == 1
     state = state_of("job-failed-exitcode", [pod])
     assert (state["nodes"][0]["exit_code"], state["nodes"][0]["reason"]) == (137, "OOMKilled")
+
+
+def test_trainjob_pods_are_indexed_by_completion_index_in_container_node():
+    second = load("pod-trainjob-running")
+    second["metadata"]["name"] = "train-5f1c2a9e-a1-node-0-1-x7k2m"
+    for meta in (second["metadata"]["labels"], second["metadata"]["annotations"]):
+        meta["batch.kubernetes.io/job-completion-index"] = "1"  # jobset job-index stays 0
+    state = state_of("trainjob-running", [second, "pod-trainjob-running"])
+    assert state["phase"] == "running"
+    assert [(n["index"], n["pod"]) for n in state["nodes"]] == [
+        (0, "train-5f1c2a9e-a1-node-0-0-p4w8z"), (1, "train-5f1c2a9e-a1-node-0-1-x7k2m")]
+    failed = load("pod-trainjob-failed")
+    assert trainer_container(failed) == "node" and node_index(failed) == 1
+    node = state_of("trainjob-failed", [failed])["nodes"][0]
+    assert (node["exit_code"], node["reason"]) == (1, "Error")
+
+
+def test_trainjob_suspended_by_kueue_is_queued_and_resumed_is_not():
+    suspended = load("trainjob-running")
+    suspended["spec"]["suspend"] = True
+    suspended["status"]["conditions"].append({
+        "type": "Suspended", "status": "True", "reason": "Suspended",
+        "message": "TrainJob is suspended", "lastTransitionTime": "2026-01-01T10:00:04Z"})
+    state = state_of(suspended, ["pod-unschedulable"], now=CREATED + timedelta(days=2))
+    assert state["phase"] == "pending" and "Kueue" in state["reason"]
+    resumed = load("trainjob-running")
+    resumed["status"]["conditions"].append({
+        "type": "Suspended", "status": "False", "reason": "Resumed",
+        "message": "TrainJob is resumed", "lastTransitionTime": "2026-01-01T10:00:09Z"})
+    assert state_of(resumed, ["pod-trainjob-running"])["phase"] == "running"
+
+
+def test_trainjob_whose_runtime_cannot_build_a_jobset_fails_at_once():
+    broken = load("trainjob-running")
+    broken["status"] = {"conditions": [{
+        "type": "Created", "status": "False", "reason": "JobsBuildFailed",
+        "message": "Failed to build Jobs", "lastTransitionTime": "2026-01-01T10:00:04Z"}]}
+    state = state_of(broken, [])
+    assert state["phase"] == "failed"
+    assert state["reason"].startswith("JobsBuildFailed: Failed to build Jobs")
+    assert classify_attempt(state, None)["classification"] == ERROR
+    creating = load("trainjob-running")
+    creating["status"]["conditions"][0].update(status="False", reason="JobsCreationFailed")
+    assert state_of(creating, [])["phase"] == "pending"  # the controller retries that one

@@ -1,13 +1,16 @@
 """Every generated manifest against the real schemas, across a matrix of JobSpecs.
 
 Built-in kinds: kubernetes-validate in strict mode (unknown fields fail) for Kubernetes 1.31
-and the newest version it ships. PyTorchJob: the CRD schema in tests/data/crds, plus a walk
-that fails on fields the schema does not define (the CRD does not forbid them), plus the
-controller's rule. PodGroup (Volcano) has no schema here: its fields are checked by hand.
+and the newest version it ships. PyTorchJob and TrainJob: the CRD schema in tests/data/crds,
+plus a walk that fails on fields the schema does not define (the CRDs do not forbid them),
+plus the controllers' rules; the pod-level parts of a TrainJob also go through strict
+kubernetes-validate inside a Pod. PodGroup (Volcano) has no schema here: its fields are
+checked by hand.
 """
 
 import functools
 import itertools
+import json
 from pathlib import Path
 
 import jsonschema
@@ -44,9 +47,42 @@ EXTRAS = [
 ]
 
 
+# What a TrainJob can carry (no affinity, priority class or Volcano: see test_k8s_trainjob).
+TRAINJOB_EXTRAS = [
+    {"termination_grace_seconds": 30},
+    {"env_from_secrets": ["s3-credentials", {"env": "HF_TOKEN", "secret": "hf", "key": "token"}],
+     "service_account": "trainer", "runtime": "trainops-torch", "termination_grace_seconds": 120,
+     "node_selector": {"node.kubernetes.io/instance-type": "p5.48xlarge"},
+     "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}],
+     "labels": {"team": "search", "trainops/run": "manual__2026-01-01T00_00_00_00_00"},
+     "annotations": {"example.com/owner": "ml-platform"}, "shm_size": "64Gi",
+     "nccl_env": {"NCCL_DEBUG": "WARN"},
+     "env": {"AWS_ENDPOINT_URL_S3": "http://minio:9000", "AWS_REGION": "us-east-1"}},
+    {"distributed": False, "termination_grace_seconds": 10},
+]
+
+
+def trainjob_matrix():
+    """Every capacity x placeable flavour x scheduler TrainJob can use x node count."""
+    gpus = itertools.cycle((0, 8, 8))
+    extras = itertools.cycle(range(len(TRAINJOB_EXTRAS)))
+    for capacity, flavour, scheduler, nodes in itertools.product(
+            ("spot", "on-demand", "spot-then-on-demand"), ("karpenter", "eks", "gke", "aks"),
+            ("default", "kueue:team-a"), (1, 2, 4)):
+        if capacity != "spot" and flavour in ("gke", "aks"):
+            continue  # on-demand there needs a NotIn affinity: a JobSpecError, tested apart
+        extra = next(extras)
+        yield pytest.param(dict(
+            name="train-0123abcd-a1", args=ARGS, kind="trainjob", capacity=capacity,
+            scheduler=scheduler, nodes=nodes, gpus_per_node=next(gpus), spot_flavour=flavour,
+            **TRAINJOB_EXTRAS[extra]),
+            id=f"trainjob-{capacity}-{flavour}-{scheduler}-n{nodes}-x{extra}")
+
+
 def matrix():
     """Every kind x capacity x scheduler x node count; the other dimensions rotate through
-    all their values (each value meets every kind and capacity), to keep the run short."""
+    all their values (each value meets every kind and capacity), to keep the run short.
+    TrainJob: ``trainjob_matrix``."""
     flavours = itertools.cycle(("karpenter", "eks", "gke", "aks", "auto"))
     gpus = itertools.cycle((0, 8, 8))
     extras = itertools.cycle(range(len(EXTRAS)))
@@ -61,7 +97,7 @@ def matrix():
             id=f"{kind}-{capacity}-{scheduler}-n{nodes}-x{extra}")
 
 
-SPECS = list(matrix())
+SPECS = [*matrix(), *trainjob_matrix()]
 
 
 @functools.cache
@@ -114,6 +150,44 @@ def check_pod_group(manifest: dict, spec: JobSpec) -> None:
     assert manifest["spec"]["minMember"] == spec.nodes
 
 
+TRAINJOB_CRD = ("trainer.kubeflow.org_trainjobs.yaml", "v1alpha1")
+
+
+def trainjob_pod(manifest: dict) -> dict:
+    """The pod-level parts of a TrainJob as one Pod, for strict kubernetes-validate: the
+    trainer container (image, command, args, env, resources) merged with its override
+    (envFrom, volumeMounts), and the override's volumes, placement and identity."""
+    trainer = manifest["spec"]["trainer"]
+    (override,) = manifest["spec"]["podSpecOverrides"]
+    (container,) = override["containers"]
+    merged = {"image": trainer["image"], "command": trainer["command"], "args": trainer["args"],
+              "env": trainer["env"], "resources": trainer["resourcesPerNode"], **container}
+    pod = {"containers": [merged], "volumes": override["volumes"], "restartPolicy": "Never"}
+    for key in ("nodeSelector", "tolerations", "serviceAccountName"):
+        if key in override:
+            pod[key] = override[key]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "node", "namespace": manifest["metadata"]["namespace"]},
+            "spec": pod}
+
+
+def check_trainjob(manifest: dict, spec: JobSpec) -> None:
+    schema = crd_schema(*TRAINJOB_CRD)
+    crd_validator(*TRAINJOB_CRD).validate(manifest)
+    assert unknown_fields(manifest, schema) == []
+    body = manifest["spec"]
+    assert body["runtimeRef"]["name"] == spec.runtime
+    assert body["trainer"]["numNodes"] == spec.nodes
+    # Trainer's webhook: overrides name the runtime's jobs and containers, never set env on
+    # the node container, and the trainer's env leaves torchrun's PET_* to Trainer
+    for override in body["podSpecOverrides"]:
+        assert override["targetJobs"] == [{"name": "node"}]
+        assert all(c["name"] == "node" and "env" not in c for c in override["containers"])
+    assert not any(e["name"].startswith("PET_") for e in body["trainer"]["env"])
+    for version in VERSIONS:
+        kubernetes_validate.validate(trainjob_pod(manifest), version, strict=True)
+
+
 @pytest.mark.parametrize("fields", SPECS)
 def test_every_manifest_is_valid(fields):
     spec = JobSpec(**fields)
@@ -121,11 +195,15 @@ def test_every_manifest_is_valid(fields):
     kinds = [m["kind"] for m in manifests]
     if spec.kind == "pytorchjob":
         assert kinds == ["PyTorchJob"]
+    elif spec.kind == "trainjob":
+        assert kinds == ["TrainJob"]
     else:
         assert kinds[-1] == "Job" and kinds.count("Service") == 1
     for manifest in manifests:
         if manifest["kind"] == "PyTorchJob":
             check_pytorchjob(manifest)
+        elif manifest["kind"] == "TrainJob":
+            check_trainjob(manifest, spec)
         elif manifest["kind"] == "PodGroup":
             check_pod_group(manifest, spec)
         else:
@@ -148,6 +226,27 @@ def test_strict_validation_catches_a_misspelled_field():
         crd_validator("kubeflow.org_pytorchjobs.yaml", "v1").validate(bad)
     assert unknown_fields(pj, schema) == [
         ".spec.pytorchReplicaSpecs.Master.template.spec.restartPolicyy"]
+    # the pinned TrainJob schema has no affinity or grace period in its pod overrides: were
+    # they rendered, the walk would say so
+    (tj,) = render_manifests(JobSpec(name="train-0123abcd-a1", args=ARGS, kind="trainjob",
+                                     spot_flavour="gke", termination_grace_seconds=30))
+    tj["spec"]["podSpecOverrides"][0]["affinity"] = {"nodeAffinity": {}}
+    tj["spec"]["podSpecOverrides"][0]["terminationGracePeriodSeconds"] = 60
+    assert unknown_fields(tj, crd_schema(*TRAINJOB_CRD)) == [
+        ".spec.podSpecOverrides[0].affinity",
+        ".spec.podSpecOverrides[0].terminationGracePeriodSeconds"]
+    tj["spec"]["trainer"]["numNodes"] = "2"
+    with pytest.raises(jsonschema.ValidationError, match="is not of type 'integer'"):
+        crd_validator(*TRAINJOB_CRD).validate(tj)
+
+
+@pytest.mark.parametrize("name", ["trainjob-running", "trainjob-succeeded", "trainjob-failed"])
+def test_recorded_trainjobs_fit_the_pinned_schema(name):
+    """The recorded objects (tests/data/k8s) are shaped as the pinned CRD says."""
+    obj = json.loads((Path(__file__).resolve().parents[2] / "data" / "k8s" / f"{name}.json")
+                     .read_text())
+    crd_validator(*TRAINJOB_CRD).validate(obj)
+    assert unknown_fields(obj, crd_schema(*TRAINJOB_CRD)) == []
 
 
 def test_pytorchjob_replicas_and_gang():
@@ -193,8 +292,9 @@ def test_indexed_job_gang_semantics_and_rendezvous():
 
 
 def test_kueue_suspends_and_labels_the_job():
-    for kind in ("indexed-job", "pytorchjob"):
-        spec = JobSpec(name="train-0123abcd-a1", args=ARGS, kind=kind, scheduler="kueue:team-a")
+    for kind in ("indexed-job", "pytorchjob", "trainjob"):
+        spec = JobSpec(name="train-0123abcd-a1", args=ARGS, kind=kind, scheduler="kueue:team-a",
+                       spot_flavour="gke", termination_grace_seconds=30)
         job = render_manifests(spec)[-1]
         assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
         suspended = job["spec"].get("suspend") or job["spec"]["runPolicy"].get("suspend")

@@ -13,12 +13,15 @@ DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
-@pytest.mark.parametrize("kind", ["indexed-job", "pytorchjob"])
+@pytest.mark.parametrize("kind", ["indexed-job", "pytorchjob", "trainjob"])
 @pytest.mark.parametrize("nodes", [1, 2, 11, 128])
 def test_operator_names_are_kept_and_long_names_fit(kind, nodes):
-    short = JobSpec(name="train-0123abcd-a12", args=ARGS, kind=kind, nodes=nodes)
+    # trainjob: JobSet names the pods <job>-node-0-<index> (job "node", its Job 0)
+    place = {"spot_flavour": "gke", "termination_grace_seconds": 30}
+    short = JobSpec(name="train-0123abcd-a12", args=ARGS, kind=kind, nodes=nodes, **place)
     assert k8s_names.k8s_job_name(short) == "train-0123abcd-a12"
-    long = JobSpec(name="evaluate-" + "x" * 50 + "-a1", args=ARGS, kind=kind, nodes=nodes)
+    long = JobSpec(name="evaluate-" + "x" * 50 + "-a1", args=ARGS, kind=kind, nodes=nodes,
+                   **place)
     job = k8s_names.k8s_job_name(long)
     assert job != long.name and job.startswith("evaluate-x")
     assert job == k8s_names.k8s_job_name(long)  # deterministic

@@ -115,3 +115,30 @@ def test_spot_tolerations_per_flavour_plus_users():
     assert "tolerations" not in pod_spec(spot_flavour="karpenter")
     assert [t["key"] for t in pod_spec(spot_flavour="aks")["tolerations"]] == [
         "kubernetes.azure.com/scalesetpriority"]
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+@pytest.mark.parametrize("flavour", ["karpenter", "eks", "gke", "aks"])
+def test_node_selector_placement_lands_like_the_affinity(flavour):
+    """Kinds without affinity (TrainJob) place by nodeSelector: same nodes as the affinity
+    wherever a selector can say it; on-demand only where the provider labels those nodes."""
+    from trainops.cluster import k8s_placement
+
+    spot = JobSpec(name="train-0123abcd-a1", args=ARGS, spot_flavour=flavour)
+    selector = k8s_placement.node_selector(spot)
+    for name, labels in {**{f"spot-{f}": n for f, n in SPOT_NODES.items()},
+                         **{f"on-demand-{f}": n for f, n in ON_DEMAND_NODES.items()}}.items():
+        assert selects(selector, labels) == (name == f"spot-{flavour}"), name
+        assert selects(selector, labels) == schedulable(pod_spec(spot_flavour=flavour), labels)
+    on_demand = JobSpec(name="train-0123abcd-a1", args=ARGS, spot_flavour=flavour,
+                        capacity="on-demand")
+    if flavour in ("gke", "aks"):
+        with pytest.raises(ValueError, match=f"spot_flavour '{flavour}'.*needs a node affinity"):
+            k8s_placement.node_selector(on_demand)
+        return
+    selector = k8s_placement.node_selector(on_demand)
+    assert selects(selector, ON_DEMAND_NODES[flavour])
+    assert not any(selects(selector, labels) for labels in SPOT_NODES.values())

@@ -93,3 +93,19 @@ def test_priority_volcano_and_identity():
     assert pod["automountServiceAccountToken"] is False
     (pod,) = pods()
     assert "schedulerName" not in pod and "serviceAccountName" not in pod
+
+
+def test_static_command_leaves_rendezvous_to_the_runtime_and_keeps_the_shutdown_timeout():
+    from trainops.cluster import k8s_pod
+
+    spec = JobSpec(name="train-0123abcd-a1", args=ARGS, nodes=2, gpus_per_node=8,
+                   termination_grace_seconds=40)
+    assert k8s_pod.static_command(spec) == [
+        "python", "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=8",
+        f"--shutdown-timeout={spec.shutdown_timeout_s}", "--max-restarts=0",
+        "-m", "trainer", *ARGS[3:]]
+    # a trainer argument that looks like a torchrun flag is the trainer's, and is kept
+    odd = JobSpec(name="train-0123abcd-a1", args=[*ARGS, "--rdzv-note=x"])
+    assert k8s_pod.static_command(odd)[-1] == "--rdzv-note=x"
+    plain = JobSpec(name="train-0123abcd-a1", args=ARGS, distributed=False)
+    assert k8s_pod.static_command(plain) == ARGS

@@ -64,6 +64,7 @@ def test_success_logs_and_labels(cluster):
     assert state["phase"] == "succeeded"
     assert [n["exit_code"] for n in state["nodes"]] == [0, 0]
     assert "[node-0] hello from node" in cluster.logs_tail(handle)
+    assert cluster.log_lines(handle, None) == (["hello from node"], {"offset": 16})
     job_dir = Path(handle["job_dir"])
     assert not (job_dir / "node-0" / "cache").exists()  # scratch goes, like a pod's
     assert (job_dir / "node-0.log").exists() and (job_dir / "status.json").exists()
@@ -124,3 +125,41 @@ def test_supervisor_that_vanished_is_lost(cluster):
             os.killpg(node["pid"], signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+# -- node 0's log, a few lines at a time (the files as the supervisor writes them) -----------
+def logged(tmp_path, data: bytes, node=0):
+    with open(tmp_path / f"node-{node}.log", "ab") as f:
+        f.write(data)
+    return {"cluster": "local", "job_id": "j", "job_dir": str(tmp_path), "labels": {}}
+
+
+def test_log_lines_returns_only_new_whole_lines(cluster, tmp_path):
+    handle = logged(tmp_path, b"node 1 line\n", node=1)
+    assert cluster.log_lines(handle, None) == ([], None)  # node 0 has not written yet
+    logged(tmp_path, b"start\nstep 1 \xff\r\nstep 2 is half")
+    lines, cursor = cluster.log_lines(handle, None)
+    assert lines == ["start", "step 1 \ufffd"]  # undecodable bytes replaced, CR dropped
+    assert cursor == {"offset": len(b"start\nstep 1 \xff\r\n")}
+    assert json.loads(json.dumps(cursor)) == cursor
+    assert cluster.log_lines(handle, cursor) == ([], cursor)  # the half line waits
+    logged(tmp_path, b" written\nstep 3\n")
+    lines, cursor = cluster.log_lines(handle, cursor)
+    assert lines == ["step 2 is half written", "step 3"]
+    assert cursor == {"offset": (tmp_path / "node-0.log").stat().st_size}
+
+
+def test_log_lines_caps_a_backlog_with_a_notice(cluster, tmp_path):
+    handle = logged(tmp_path, b"".join(b"step %d\n" % i for i in range(1234)))
+    lines, cursor = cluster.log_lines(handle, None, max_lines=5)
+    assert lines == ["(… 1230 earlier lines skipped)", "step 1230", "step 1231", "step 1232",
+                     "step 1233"]
+    logged(tmp_path, b"step 1234\n")
+    assert cluster.log_lines(handle, cursor, max_lines=5) == (
+        ["step 1234"], {"offset": (tmp_path / "node-0.log").stat().st_size})
+    assert cluster.log_lines(handle, None, max_lines=1235)[0][0] == "step 0"
+
+
+def test_log_lines_of_a_job_that_is_gone(cluster, tmp_path):
+    handle = {"cluster": "local", "job_id": "j", "job_dir": str(tmp_path / "gone"), "labels": {}}
+    assert cluster.log_lines(handle, {"offset": 42}) == ([], {"offset": 42})

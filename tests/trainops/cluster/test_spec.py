@@ -35,3 +35,10 @@ def test_shutdown_timeout_fits_inside_grace():
     for grace in (1, 5, 30, 60, 600):
         s = spec(termination_grace_seconds=grace)
         assert 1 <= s.shutdown_timeout_s <= grace
+
+
+def test_runtime_defaults_to_trainers_torch_runtime_and_is_a_dns_name():
+    assert spec().runtime == "torch-distributed"
+    assert spec(runtime="trainops-torch").runtime == "trainops-torch"
+    with pytest.raises(JobSpecError, match="runtime 'torch distributed' is not a DNS-1123 name"):
+        spec(runtime="torch distributed")
