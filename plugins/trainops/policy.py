@@ -55,17 +55,31 @@ def infra_backoff_s(failures: int, base_s: float = 30.0, cap_s: float = 600.0) -
     return min(cap_s, base_s * 2 ** max(0, failures - 1))
 
 
+def is_capacity_fallback(classification: str, state: dict, capacity: str) -> bool:
+    """True when spot capacity never came (pods unschedulable past the deadline) and the
+    job may move to on-demand: that is a fallback, not an infrastructure failure to count."""
+    return classification == INFRA and bool(state.get("unschedulable")) and capacity == "spot-then-on-demand"
+
+
 def decide(classification: str, *, preemptions: int, max_preemptions: int,
            infra_failures: int = 0, max_infra_retries: int = 2,
-           capacity: str = "spot", fallback_after: int | None = None) -> dict:
+           capacity: str = "spot", fallback_after: int | None = None,
+           unschedulable: bool = False) -> dict:
     """What to do after an attempt: ``finish``, ``relaunch`` or ``fail``.
 
     :param preemptions: preemptions so far, this one included.
+    :param infra_failures: infrastructure failures so far, this one included (a capacity
+        fallback is not one, see ``is_capacity_fallback``).
     :param fallback_after: with capacity ``spot-then-on-demand``, move to on-demand after
         this many preemptions.
+    :param unschedulable: the attempt's pods found no node before the deadline; with
+        ``spot-then-on-demand`` the next attempt runs on-demand at once.
     :return: ``{"action", "capacity", "reason"}`` and, for a delayed relaunch, ``delay_s``;
         ``capacity`` is for the next attempt.
     """
+    if is_capacity_fallback(classification, {"unschedulable": unschedulable}, capacity):
+        return {"action": "relaunch", "capacity": "on-demand",
+                "reason": "no spot capacity before the deadline: relaunching on on-demand nodes"}
     if classification == SUCCEEDED:
         return {"action": "finish", "capacity": capacity, "reason": "training completed"}
     if classification == PREEMPTED:

@@ -1,7 +1,7 @@
 """Classification and recovery decisions over recorded job states and attempt records."""
 
 from trainer.contract import attempt_record
-from trainops.policy import classify_attempt, decide, infra_backoff_s
+from trainops.policy import classify_attempt, decide, infra_backoff_s, is_capacity_fallback
 
 RUNNING_NODES = [{"index": 0, "exit_code": 0}, {"index": 1, "exit_code": 1}]
 SPOT = {"node": 1, "reason": "SpotInterruption", "message": "SIGTERM to node 1's torchrun at step 50"}
@@ -75,3 +75,15 @@ def test_infra_relaunch_backs_off_exponentially_with_a_cap():
     assert [infra_backoff_s(n) for n in (1, 2, 3, 10)] == [30, 60, 120, 600]
     assert decide("infra", preemptions=0, max_preemptions=3, infra_failures=2)["delay_s"] == 60
     assert "delay_s" not in decide("preempted", preemptions=1, max_preemptions=3)
+
+
+def test_no_spot_capacity_moves_spot_then_on_demand_to_on_demand_without_back_off():
+    moved = decide("infra", preemptions=0, max_preemptions=3, infra_failures=0, max_infra_retries=0,
+                   capacity="spot-then-on-demand", unschedulable=True)
+    assert (moved["action"], moved["capacity"], moved.get("delay_s")) == ("relaunch", "on-demand", None)
+    stays = decide("infra", preemptions=0, max_preemptions=3, infra_failures=1, max_infra_retries=2,
+                   capacity="spot", unschedulable=True)
+    assert (stays["capacity"], stays["delay_s"]) == ("spot", 30)
+    assert is_capacity_fallback("infra", {"unschedulable": True}, "spot-then-on-demand")
+    assert not is_capacity_fallback("infra", {"unschedulable": True}, "on-demand")
+    assert not is_capacity_fallback("infra", {"infra_reason": "ImagePullBackOff"}, "spot-then-on-demand")

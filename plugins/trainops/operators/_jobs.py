@@ -77,37 +77,116 @@ def resolve_trainer_config(base: dict, world_size: int) -> str:
     return dump_yaml(config)
 
 
-def cluster_options(cluster: str, kubernetes_conn_id: str | None, namespace: str) -> dict:
+def cluster_options(cluster: str, kubernetes_conn_id: str | None, namespace: str,
+                    unschedulable_timeout: float | None = None) -> dict:
     """What a backend (in the worker and in the trigger) needs besides its name."""
     if cluster == "kubernetes":
-        return {"kubernetes_conn_id": kubernetes_conn_id, "namespace": namespace}
+        options = {"kubernetes_conn_id": kubernetes_conn_id, "namespace": namespace}
+        if unschedulable_timeout is not None:
+            options["unschedulable_deadline_s"] = unschedulable_timeout
+        return options
     return {}
 
 
-def retire(cluster, handle: dict, grace_s: float, log) -> None:
-    """Delete an attempt's job and wait until every pod (process) of it is gone.
+# JobSpec fields the operators set themselves, and what to do instead of job_options.
+OPERATOR_OWNED = {
+    "name": "the operator names each attempt's job after the task",
+    "args": "the operator builds the trainer command from trainer_config",
+    "distributed": "the operator decides (training: torchrun; evaluation: one process)",
+    **{f: f"use the operator's {f!r} parameter" for f in (
+        "nodes", "gpus_per_node", "image", "namespace", "capacity", "termination_grace_seconds")},
+}
 
-    The next attempt resumes from the newest committed checkpoint; an old pod still writing
-    its emergency checkpoint must not race it. Polls with a deadline: the grace period plus
-    two minutes for the API server and kubelets.
-    """
-    import time
 
-    cluster.delete(handle)
-    deadline = time.monotonic() + grace_s + 120
-    while not cluster.all_gone(handle):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"job {handle['job_id']} still has pods {grace_s + 120:.0f}s after its deletion; "
-                               "not relaunching over it: check its pods (kubectl get pods -l trainops/job=...)")
-        log.info("waiting for the pods of %s to be gone before relaunching", handle["job_id"])
-        time.sleep(2)
+def check_job_options(options: dict | None) -> dict:
+    """Validate ``job_options`` (extra JobSpec fields for the cluster: kind, scheduler,
+    spot_flavour, cpu, memory, env_from_secrets, service_account, node_selector, ...) at DAG
+    parse time, so a typo fails before anything runs. Returns a copy."""
+    import dataclasses
+
+    from trainops.cluster.spec import JobSpec
+
+    options = dict(options or {})
+    allowed = sorted(f.name for f in dataclasses.fields(JobSpec) if f.name not in OPERATOR_OWNED)
+    for key in options:
+        if key in OPERATOR_OWNED:
+            raise ValueError(f"job_options must not set {key!r}: {OPERATOR_OWNED[key]}")
+        if key not in allowed:
+            raise ValueError(f"job_options has an unknown field {key!r}; known fields: {allowed}")
+    JobSpec(name="check", args=["check"], **options)  # field values (JobSpecError names the bad one)
+    return options
+
+
+def check_renders(cluster: str, **fields) -> None:
+    """On ``cluster='kubernetes'``, render a trial JobSpec with the operator's settings, so what
+    only rendering can refuse (a literal credential in env, a placement or grace period the job
+    kind cannot express) fails when the DAG is parsed, not at launch."""
+    if cluster != "kubernetes":
+        return
+    from trainops.cluster.k8s_render import render_manifests
+    from trainops.cluster.spec import JobSpec
+
+    render_manifests(JobSpec(name="check", args=["python", "-m", "trainer", "check"], **fields))
+
+
+def merge_job_options(options: dict, *, env: dict, labels: dict) -> dict:
+    """``options`` with the operator's env and labels merged in; the operator's win, and a user
+    value that would be overridden is an error rather than silently dropped."""
+    merged = dict(options)
+    for field_name, ours in (("env", env), ("labels", labels)):
+        theirs = dict(options.get(field_name) or {})
+        clash = sorted(k for k in theirs if k in ours and theirs[k] != ours[k])
+        if clash:
+            raise ValueError(f"job_options {field_name} sets {clash}, which the operator sets itself")
+        merged[field_name] = {**theirs, **ours}
+    return merged
+
+
+def default_deferrable() -> bool:
+    """``[trainops] default_deferrable`` (env ``AIRFLOW__TRAINOPS__DEFAULT_DEFERRABLE``), True
+    when unset. Not Airflow's ``[operators] default_deferrable``, which ships False: a training
+    gang runs for hours and must not hold a worker slot unless someone asks for it."""
+    from airflow.configuration import conf
+
+    return conf.getboolean("trainops", "default_deferrable", fallback=True)
+
+
+def wait_here(trigger) -> dict:
+    """Run ``trigger`` in this process until its first event (``deferrable=False``): the same
+    waiting, polling and logging as in the triggerer, holding this worker slot."""
+    import asyncio
+
+    async def first():
+        async for event in trigger.run():
+            return event.payload
+        raise RuntimeError(f"{type(trigger).__name__} ended without an event")
+
+    return asyncio.run(first())
+
+
+def manifests_of(cluster: str, spec) -> list[dict]:
+    """The manifests a Kubernetes attempt submitted (for job.json; no secret values are ever
+    in them, only references); nothing for other backends."""
+    if cluster != "kubernetes":
+        return []
+    from trainops.cluster.k8s_render import render_manifests
+
+    return render_manifests(spec)
+
+
+def node_types(state: dict) -> list[dict]:
+    """Per node of a finished attempt: instance type and capacity type, when the backend knows
+    them (Kubernetes, with permission to read nodes). The raw material of the cost report."""
+    return [{"index": n.get("index"), "node_name": n.get("node_name"),
+             "instance_type": n.get("instance_type"), "capacity_type": n.get("capacity_type")}
+            for n in state.get("nodes") or [] if n.get("instance_type") or n.get("capacity_type")]
 
 
 def check_event(event: dict | None) -> dict:
     """A trigger event must carry a status and a job handle; anything else is a bug to report."""
-    if not isinstance(event, dict) or event.get("status") not in ("finished", "timeout", "error"):
+    if not isinstance(event, dict) or event.get("status") not in ("finished", "timeout", "error", "gone"):
         raise RuntimeError(f"malformed trigger event {event!r}; expected a dict with status "
-                           "'finished', 'timeout' or 'error'")
+                           "'finished', 'gone', 'timeout' or 'error'")
     if not isinstance(event.get("handle"), dict):
         raise RuntimeError(f"trigger event without a job handle: {event!r}")
     return event

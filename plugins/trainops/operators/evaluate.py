@@ -20,6 +20,12 @@ class EvaluateModelOperator(BaseOperator):
     :param training: the FSDPTrainingOperator result. (templated)
     :param model_name: the model whose production pointer is compared against. (templated)
     :param cluster: ``local`` or ``kubernetes``; where the evaluation job runs.
+    :param gpus_per_node: GPUs for the evaluation pod (one process; 0: CPU).
+    :param capacity: ``on-demand`` (default: an evaluation is short, and a preempted one is
+        simply failed) or ``spot``.
+    :param job_options: further ``JobSpec`` fields for the cluster (see FSDPTrainingOperator).
+    :param deferrable: wait in the triggerer (True) or in this worker slot (False). Default:
+        ``[trainops] default_deferrable``, True when unset.
     :param poll_interval: seconds between job state polls in the triggerer.
     :param storage_root: ``file://`` or ``s3://`` root (templated; default: the embedded root).
     :param aws_conn_id: Airflow connection for ``s3://`` storage.
@@ -34,15 +40,24 @@ class EvaluateModelOperator(BaseOperator):
 
     def __init__(self, *, training: Any, model_name: str, cluster: str = "local",
                  image: str = "trainops-trainer:latest", namespace: str = "default",
+                 gpus_per_node: int = 0, capacity: str = "on-demand",
+                 job_options: dict | None = None, deferrable: bool | None = None,
                  poll_interval: float = 5.0, job_timeout: float | None = None,
                  storage_root: str | None = None, aws_conn_id: str | None = "aws_default",
                  kubernetes_conn_id: str | None = "kubernetes_default", **kwargs):
         super().__init__(**kwargs)
+        if capacity not in ("spot", "on-demand"):
+            raise ValueError(f"capacity {capacity!r}: an evaluation runs on 'on-demand' or 'spot'")
+        self.gpus_per_node, self.capacity = gpus_per_node, capacity
+        self.job_options = _jobs.check_job_options(job_options)
+        self.deferrable = _jobs.default_deferrable() if deferrable is None else deferrable
         self.training, self.model_name, self.cluster = training, model_name, cluster
         self.image, self.namespace = image, namespace
         self.poll_interval, self.job_timeout = poll_interval, job_timeout
         self.storage_root, self.aws_conn_id = storage_root, aws_conn_id
         self.kubernetes_conn_id = kubernetes_conn_id
+        _jobs.check_renders(cluster, distributed=False, gpus_per_node=gpus_per_node, image=image,
+                            namespace=namespace, capacity=capacity, **self.job_options)
 
     def _cluster_options(self) -> dict:
         return _jobs.cluster_options(self.cluster, self.kubernetes_conn_id, self.namespace)
@@ -73,9 +88,10 @@ class EvaluateModelOperator(BaseOperator):
         spec = JobSpec(
             name=_jobs.job_name("eval", identity, 1),
             args=trainer_argv("evaluate", self.training["config_uri"], overrides), nodes=1,
-            distributed=False, image=self.image, namespace=self.namespace,
-            env=job_env_for(root, self.aws_conn_id), labels=_jobs.job_labels(identity),
-            capacity="on-demand")
+            gpus_per_node=self.gpus_per_node, distributed=False, image=self.image,
+            namespace=self.namespace, capacity=self.capacity,
+            **_jobs.merge_job_options(self.job_options, env=job_env_for(root, self.aws_conn_id),
+                                      labels=_jobs.job_labels(identity)))
         # What is being compared, stored beside the results: the resumed operator reads it
         # back (deferral kwargs do not survive every runner) and it is lineage for later.
         store.put_json(self._request_uri(layout), {
@@ -84,10 +100,11 @@ class EvaluateModelOperator(BaseOperator):
             "production_version": production["version"] if production else None})
         handle = get_cluster(self.cluster, **self._cluster_options()).launch(spec)
         self.log.info("evaluation job %s launched", handle["job_id"])
-        self.defer(trigger=JobTrigger(handle=handle, poll_interval=self.poll_interval,
-                                      timeout=self.job_timeout,
-                                      cluster_options=self._cluster_options()),
-                   method_name="execute_complete")
+        trigger = JobTrigger(handle=handle, poll_interval=self.poll_interval, timeout=self.job_timeout,
+                             cluster_options=self._cluster_options(), stream_logs=True)
+        if self.deferrable:
+            self.defer(trigger=trigger, method_name="execute_complete")
+        return self.execute_complete(context, _jobs.wait_here(trigger))
 
     @staticmethod
     def _request_uri(layout) -> str:

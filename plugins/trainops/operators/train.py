@@ -31,8 +31,23 @@ class FSDPTrainingOperator(BaseOperator):
     :param cluster: ``local`` (this host; the embedded default) or ``kubernetes``.
     :param capacity: ``spot``, ``on-demand`` or ``spot-then-on-demand``.
     :param max_preemptions: relaunches allowed after preemptions before the task fails.
+    :param max_infra_retries: relaunches allowed after infrastructure failures (image pull,
+        no node found), each after a back-off of 30 s doubling up to 10 min.
     :param fallback_after: with ``spot-then-on-demand``, preemptions before moving to on-demand.
+        The move also happens when spot pods stay unschedulable past ``unschedulable_timeout``.
+    :param unschedulable_timeout: seconds (Kubernetes) pods may wait for a node before the
+        attempt ends as an infrastructure failure, or, with ``spot-then-on-demand``, before
+        the job moves to on-demand. A job that Kueue holds suspended is queued, not waiting.
     :param termination_grace_seconds: SIGTERM-to-SIGKILL time: the emergency checkpoint's budget.
+    :param image: the trainer image (Kubernetes).
+    :param namespace: Kubernetes namespace of the jobs.
+    :param job_options: further ``JobSpec`` fields for the cluster, checked when the DAG is
+        parsed: ``kind``, ``scheduler``, ``spot_flavour``, ``cpu``, ``memory``, ``shm_size``,
+        ``env``, ``env_from_secrets``, ``service_account``, ``labels``, ``annotations``,
+        ``node_selector``, ``tolerations``, ``affinity``, ``priority_class``, ``nccl_env``,
+        ``cluster_domain``, ``runtime`` (see docs/kubernetes.md).
+    :param deferrable: wait in the triggerer (True) or in this worker slot (False). Default:
+        ``[trainops] default_deferrable``, True when unset.
     :param inject_preemption: local cluster only, for demos and tests: ``{"node": 1,
         "at_step": 40}`` sends SIGTERM to that node's torchrun once attempt 1 reaches the step.
     :param poll_interval: seconds between job state polls in the triggerer.
@@ -49,8 +64,10 @@ class FSDPTrainingOperator(BaseOperator):
     def __init__(self, *, dataset: Any, trainer_config: dict | None = None, nodes: int = 1,
                  gpus_per_node: int = 0, cluster: str = "local", capacity: str = "spot",
                  max_preemptions: int = 3, max_infra_retries: int = 2,
-                 fallback_after: int | None = None, image: str = "trainops-trainer:latest",
+                 fallback_after: int | None = None, unschedulable_timeout: float = 900,
+                 image: str = "trainops-trainer:latest",
                  namespace: str = "default", termination_grace_seconds: int = 60,
+                 job_options: dict | None = None, deferrable: bool | None = None,
                  inject_preemption: dict | None = None, poll_interval: float = 5.0,
                  progress_every: float = 30.0,
                  job_timeout: float | None = None, storage_root: str | None = None,
@@ -65,6 +82,11 @@ class FSDPTrainingOperator(BaseOperator):
             raise ValueError("inject_preemption works only with cluster='local' (a demo and test aid)")
         if max_preemptions < 0:
             raise ValueError(f"max_preemptions must be >= 0, got {max_preemptions}")
+        if capacity not in ("spot", "on-demand", "spot-then-on-demand"):
+            raise ValueError(f"capacity {capacity!r} is not one of 'spot', 'on-demand', "
+                             "'spot-then-on-demand'")
+        self.job_options = _jobs.check_job_options(job_options)
+        self.deferrable = _jobs.default_deferrable() if deferrable is None else deferrable
         self.dataset = dataset
         self.trainer_config = trainer_config or {}
         self.nodes, self.gpus_per_node, self.cluster = nodes, gpus_per_node, cluster
@@ -77,10 +99,15 @@ class FSDPTrainingOperator(BaseOperator):
         self.progress_every = progress_every
         self.storage_root, self.aws_conn_id = storage_root, aws_conn_id
         self.kubernetes_conn_id = kubernetes_conn_id
+        self.unschedulable_timeout = unschedulable_timeout
+        _jobs.check_renders(cluster, nodes=nodes, gpus_per_node=gpus_per_node, image=image,
+                            namespace=namespace, capacity=capacity,
+                            termination_grace_seconds=termination_grace_seconds, **self.job_options)
 
     # -- helpers -----------------------------------------------------------------------
     def _cluster_options(self) -> dict:
-        return _jobs.cluster_options(self.cluster, self.kubernetes_conn_id, self.namespace)
+        return _jobs.cluster_options(self.cluster, self.kubernetes_conn_id, self.namespace,
+                                     self.unschedulable_timeout)
 
     def _cluster(self):
         from trainops.cluster import get_cluster
@@ -122,7 +149,7 @@ class FSDPTrainingOperator(BaseOperator):
         live = cluster.find(self._labels)
         if live:
             self.log.info("reattaching to live job %s instead of launching a second one", live[0]["job_id"])
-            return self._defer(live[0], layout.metrics)
+            return self._wait(context, live[0], layout.metrics)
         return self._launch(context, store, layout, job, identity)
 
     def _read_job(self, store, layout) -> dict | None:
@@ -144,37 +171,60 @@ class FSDPTrainingOperator(BaseOperator):
         spec = JobSpec(
             name=_jobs.job_name("train", identity, attempt), args=trainer_argv("train", layout.config),
             nodes=self.nodes, gpus_per_node=self.gpus_per_node, distributed=True, image=self.image,
-            namespace=self.namespace, env=env, labels=labels, capacity=job["capacity"],
-            termination_grace_seconds=self.termination_grace_seconds)
+            namespace=self.namespace, capacity=job["capacity"],
+            termination_grace_seconds=self.termination_grace_seconds,
+            **_jobs.merge_job_options(self.job_options, env=env, labels=labels))
         chaos = None
         if self.inject_preemption and int(self.inject_preemption.get("attempt", 1)) == attempt:
             chaos = {"node": 0, **self.inject_preemption, "attempt": attempt, "metrics_uri": layout.metrics}
-        handle = self._cluster().launch(spec, chaos=chaos) if chaos else self._cluster().launch(spec)
+        cluster = self._cluster()
+        handle = cluster.launch(spec, chaos=chaos) if chaos else cluster.launch(spec)
         job["attempts"].append({"attempt": attempt, "job": handle, "capacity": job["capacity"],
                                 "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
-                                "args": spec.args, "launched_at": _jobs.now_iso()})
+                                "args": spec.args, "spec": spec.to_dict(),
+                                "manifests": _jobs.manifests_of(self.cluster, spec),
+                                "launched_at": _jobs.now_iso()})
         store.put_json(layout.job, job)
         self.log.info("attempt %d: launched %s (%d node(s) x %d process(es), %s capacity)%s",
                       attempt, handle["job_id"], self.nodes, spec.procs_per_node, job["capacity"],
                       f"; will inject a preemption at step {chaos['at_step']}" if chaos else "")
-        return self._defer(handle, layout.metrics)
+        return self._wait(context, handle, layout.metrics)
 
-    def _defer(self, handle: dict, metrics_uri: str):
+    def _wait(self, context, handle: dict, metrics_uri: str):
+        """Wait for the attempt: in the triggerer (deferrable) or here, then decide."""
         from trainops.triggers.job import JobTrigger
 
-        self.defer(trigger=JobTrigger(handle=handle, poll_interval=self.poll_interval,
-                                      timeout=self.job_timeout, progress_uri=metrics_uri,
-                                      progress_every=self.progress_every,
-                                      aws_conn_id=self.aws_conn_id,
-                                      cluster_options=self._cluster_options()),
-                   method_name="execute_complete")
+        trigger = JobTrigger(handle=handle, poll_interval=self.poll_interval,
+                             timeout=self.job_timeout, progress_uri=metrics_uri,
+                             progress_every=self.progress_every, aws_conn_id=self.aws_conn_id,
+                             cluster_options=self._cluster_options(), stream_logs=True)
+        if self.deferrable:
+            self.defer(trigger=trigger, method_name="execute_complete")
+        return self.execute_complete(context, _jobs.wait_here(trigger))
+
+    def _retire(self, context, handle: dict, delay_s: float | None):
+        """Delete the attempt's job; relaunch once every pod of it is gone (and any back-off
+        is over): no old pod may still be writing its emergency checkpoint."""
+        import time
+
+        from trainops.triggers.job import JobGoneTrigger
+
+        self._cluster().delete(handle)
+        trigger = JobGoneTrigger(handle=handle, cluster_options=self._cluster_options(),
+                                 not_before=time.time() + delay_s if delay_s else None,
+                                 deadline_s=self.termination_grace_seconds + 120)
+        if self.deferrable:
+            self.defer(trigger=trigger, method_name="relaunch_when_gone")
+        return self.relaunch_when_gone(context, _jobs.wait_here(trigger))
 
     # -- after each attempt ------------------------------------------------------------
     def execute_complete(self, context, event: dict | None = None):
         from trainer.contract import RunLayout, run_prefix
-        from trainops.policy import PREEMPTED, INFRA, classify_attempt, decide
+        from trainops.policy import INFRA, PREEMPTED, classify_attempt, decide, is_capacity_fallback
 
         event = _jobs.check_event(event)
+        if event["status"] == "gone":
+            raise RuntimeError(f"unexpected trigger event {event!r} for execute_complete")
         identity = _jobs.task_identity(context)
         root, store = root_and_storage(self.storage_root, self.aws_conn_id)
         layout = RunLayout(run_prefix(root, identity["dag_id"], identity["run_id"],
@@ -193,30 +243,24 @@ class FSDPTrainingOperator(BaseOperator):
         state = event["state"]
         record = self._read_record(store, layout, entry["attempt"])
         verdict = classify_attempt(state, record)
+        fallback = is_capacity_fallback(verdict["classification"], state, job["capacity"])
         job["preemptions"] += verdict["classification"] == PREEMPTED
-        job["infra_failures"] += verdict["classification"] == INFRA
+        job["infra_failures"] += verdict["classification"] == INFRA and not fallback
         decision = decide(verdict["classification"], preemptions=job["preemptions"],
                           max_preemptions=self.max_preemptions,
                           infra_failures=job["infra_failures"],
                           max_infra_retries=self.max_infra_retries, capacity=job["capacity"],
-                          fallback_after=self.fallback_after)
+                          fallback_after=self.fallback_after,
+                          unschedulable=bool(state.get("unschedulable")))
         entry.update(ended_at=_jobs.now_iso(), state=state, record=record,
                      steps_lost=self._steps_lost(store, layout, entry["attempt"], record),
-                     decision=decision, **verdict)
+                     node_types=_jobs.node_types(state), decision=decision, **verdict)
         self.log.info("attempt %d: %s (%s); %s", entry["attempt"], verdict["classification"],
                       verdict["reason"], decision["reason"])
         if decision["action"] == "relaunch":
             job["capacity"] = decision["capacity"]
             store.put_json(layout.job, job)
-            _jobs.retire(cluster, event["handle"], self.termination_grace_seconds, self.log)
-            if decision.get("delay_s"):  # back off in the triggerer, not in a worker slot
-                from datetime import timedelta
-
-                from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
-
-                self.defer(trigger=TimeDeltaTrigger(timedelta(seconds=decision["delay_s"])),
-                           method_name="relaunch_after_backoff")
-            return self._launch(context, store, layout, job, identity)
+            return self._retire(context, event["handle"], decision.get("delay_s"))
         job["status"] = "succeeded" if decision["action"] == "finish" else "failed"
         store.put_json(layout.job, job)
         if decision["action"] == "fail":
@@ -225,15 +269,22 @@ class FSDPTrainingOperator(BaseOperator):
                                f"{decision['reason']}.\nLast log lines:\n{tail}")
         return self._result(store, layout, job, record)
 
-    def relaunch_after_backoff(self, context, event=None):
-        """The back-off after an infrastructure failure is over: launch the next attempt."""
+    def relaunch_when_gone(self, context, event=None):
+        """The old attempt's pods are gone (and any back-off is over): launch the next attempt."""
         from trainer.contract import RunLayout, run_prefix
 
+        event = _jobs.check_event(event)
         identity = _jobs.task_identity(context)
         root, store = root_and_storage(self.storage_root, self.aws_conn_id)
         layout = RunLayout(run_prefix(root, identity["dag_id"], identity["run_id"], identity["task_id"],
                                       identity["map_index"]))
-        return self._launch(context, store, layout, self._read_job(store, layout), identity)
+        job = self._read_job(store, layout)
+        if event["status"] != "gone":
+            job["status"] = "failed"
+            store.put_json(layout.job, job)
+            raise RuntimeError(f"not relaunching: {event.get('message') or event['status']}")
+        self._labels = _jobs.job_labels(identity)
+        return self._launch(context, store, layout, job, identity)
 
     def _read_record(self, store, layout, attempt: int) -> dict | None:
         from trainer.contract import parse_attempt_record

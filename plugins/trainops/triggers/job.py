@@ -27,12 +27,15 @@ class JobTrigger(BaseTrigger):
     :param progress_uri: the run's metrics.jsonl; when set, the latest step of this attempt
         is logged every ``progress_every`` seconds, so the task log shows training progress.
     :param aws_conn_id: Airflow connection to read ``progress_uri`` on ``s3://``.
+    :param stream_logs: copy node 0's new log lines (rank 0's output) into the task log at
+        every poll, through the backend's ``log_lines``. After a triggerer restart the stream
+        starts again from the last lines (at most 200), so a few lines may appear twice.
     """
 
     def __init__(self, *, handle: dict, poll_interval: float = 5.0, timeout: float | None = None,
                  cluster_options: dict | None = None, started_at: float | None = None,
                  progress_uri: str | None = None, progress_every: float = 30.0,
-                 aws_conn_id: str | None = None):
+                 aws_conn_id: str | None = None, stream_logs: bool = False):
         super().__init__()
         self.handle = handle
         self.poll_interval = poll_interval
@@ -42,13 +45,15 @@ class JobTrigger(BaseTrigger):
         self.progress_uri = progress_uri
         self.progress_every = progress_every
         self.aws_conn_id = aws_conn_id
+        self.stream_logs = stream_logs
+        self._log_cursor: dict | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}", {
             "handle": self.handle, "poll_interval": self.poll_interval, "timeout": self.timeout,
             "cluster_options": self.cluster_options, "started_at": self.started_at,
             "progress_uri": self.progress_uri, "progress_every": self.progress_every,
-            "aws_conn_id": self.aws_conn_id})
+            "aws_conn_id": self.aws_conn_id, "stream_logs": self.stream_logs})
 
     def _progress_line(self) -> str | None:
         """This attempt's latest metrics record as one line (blocking: run it in a thread)."""
@@ -69,17 +74,32 @@ class JobTrigger(BaseTrigger):
         rate = f", {rec['tokens_per_s']:,.0f} tok/s" if rec.get("tokens_per_s") else ""
         return f"attempt {attempt}: step {rec['step']}, loss {rec.get('loss', float('nan')):.4f}{rate}"
 
+    async def _copy_log_lines(self, cluster) -> None:
+        """Node 0's new log lines into this task's log (best effort: a log hiccup is no failure)."""
+        try:
+            lines, self._log_cursor = await asyncio.to_thread(
+                cluster.log_lines, self.handle, self._log_cursor)
+        except Exception as exc:
+            self.log.warning("could not read node 0's log of %s: %s", self.handle["job_id"], exc)
+            return
+        for line in lines:
+            self.log.info("[node-0] %s", line)
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from trainops.cluster import get_cluster
 
         try:
             cluster = get_cluster(self.handle["cluster"], **self.cluster_options)
+            stream = self.stream_logs and hasattr(cluster, "log_lines")
             last_phase, last_progress = None, 0.0
             while True:
                 state = await asyncio.to_thread(cluster.status, self.handle)
                 if state["phase"] != last_phase:
-                    self.log.info("job %s is %s", self.handle["job_id"], state["phase"])
+                    self.log.info("job %s is %s%s", self.handle["job_id"], state["phase"],
+                                  f" ({state['reason']})" if state.get("reason") else "")
                     last_phase = state["phase"]
+                if stream:
+                    await self._copy_log_lines(cluster)
                 if state["phase"] in FINAL_PHASES:
                     yield TriggerEvent({"status": "finished", "handle": self.handle, "state": state})
                     return
@@ -104,3 +124,63 @@ class JobTrigger(BaseTrigger):
         cluster = get_cluster(self.handle["cluster"], **self.cluster_options)
         await asyncio.to_thread(cluster.delete, self.handle)
         self.log.info("task killed: deleted job %s", self.handle["job_id"])
+
+
+class JobGoneTrigger(BaseTrigger):
+    """Wait until every pod (process) of a deleted attempt is gone, and not before
+    ``not_before`` (an infrastructure back-off), then report ``{"status": "gone"}``.
+
+    The next attempt resumes from the newest committed checkpoint, so it must not start while
+    an old pod may still be writing its emergency checkpoint. Waiting here keeps the wait
+    (the grace period, or a back-off of minutes) out of a worker slot. If pods are still
+    there ``deadline_s`` after ``started_at`` it reports ``{"status": "error"}``, naming them.
+
+    :param handle: the deleted attempt's job handle.
+    :param not_before: epoch seconds before which not to report (None: as soon as gone).
+    :param deadline_s: seconds after ``started_at`` to give up on the pods going away.
+    """
+
+    def __init__(self, *, handle: dict, cluster_options: dict | None = None,
+                 not_before: float | None = None, deadline_s: float = 180.0,
+                 poll_interval: float = 2.0, started_at: float | None = None):
+        super().__init__()
+        self.handle = handle
+        self.cluster_options = cluster_options or {}
+        self.not_before = not_before
+        self.deadline_s = deadline_s
+        self.poll_interval = poll_interval
+        self.started_at = started_at if started_at is not None else time.time()
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{type(self).__module__}.{type(self).__qualname__}", {
+            "handle": self.handle, "cluster_options": self.cluster_options,
+            "not_before": self.not_before, "deadline_s": self.deadline_s,
+            "poll_interval": self.poll_interval, "started_at": self.started_at})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from trainops.cluster import get_cluster
+
+        try:
+            cluster = get_cluster(self.handle["cluster"], **self.cluster_options)
+            gone_logged = False
+            while True:
+                gone = await asyncio.to_thread(cluster.all_gone, self.handle)
+                now = time.time()
+                if gone and (self.not_before is None or now >= self.not_before):
+                    yield TriggerEvent({"status": "gone", "handle": self.handle})
+                    return
+                if gone and not gone_logged:
+                    self.log.info("every pod of %s is gone; relaunching in %.0fs (back-off)",
+                                  self.handle["job_id"], self.not_before - now)
+                    gone_logged = True
+                if not gone and now - self.started_at > self.deadline_s:
+                    yield TriggerEvent({"status": "error", "handle": self.handle, "message": (
+                        f"job {self.handle['job_id']} still has pods {self.deadline_s:.0f}s after its "
+                        "deletion; not relaunching over it: check its pods (kubectl get pods -l "
+                        f"trainops/job={self.handle['job_id']})")})
+                    return
+                wait = self.poll_interval if not gone else min(self.poll_interval * 15, self.not_before - now)
+                await asyncio.sleep(max(0.05, wait))
+        except Exception as exc:
+            yield TriggerEvent({"status": "error", "handle": self.handle,
+                                "message": f"{type(exc).__name__}: {exc}"})

@@ -5,7 +5,7 @@ import time
 
 from trainops.cluster.local import LocalCluster
 from trainops.cluster.spec import JobSpec
-from trainops.triggers.job import JobTrigger
+from trainops.triggers.job import JobGoneTrigger, JobTrigger
 
 
 def first_event(trigger):
@@ -90,3 +90,59 @@ def test_restart_deletes_nothing_and_kill_deletes_the_job(tmp_path):
         assert cluster.status(handle)["reason"] == "cancelled"
     finally:
         cluster.delete(handle)
+
+
+class PodsLinger:
+    """all_gone() is False for the first ``polls`` calls."""
+
+    def __init__(self, polls):
+        self.polls, self.calls = polls, 0
+
+    def all_gone(self, handle):
+        self.calls += 1
+        return self.calls > self.polls
+
+
+def test_gone_trigger_waits_for_the_pods_then_reports(monkeypatch):
+    import trainops.cluster
+
+    fake = PodsLinger(polls=3)
+    monkeypatch.setattr(trainops.cluster, "get_cluster", lambda name, **kw: fake)
+    trigger = JobGoneTrigger(handle={"cluster": "x", "job_id": "train-a1"}, poll_interval=0.01)
+    assert JobGoneTrigger(**trigger.serialize()[1]).serialize() == trigger.serialize()
+    event = first_event(trigger)
+    assert event["status"] == "gone" and fake.calls == 4
+
+
+def test_gone_trigger_keeps_the_back_off(monkeypatch):
+    import trainops.cluster
+
+    monkeypatch.setattr(trainops.cluster, "get_cluster", lambda name, **kw: PodsLinger(polls=0))
+    begin = time.time()
+    event = first_event(JobGoneTrigger(handle={"cluster": "x", "job_id": "j"}, poll_interval=0.01,
+                                       not_before=begin + 0.3))
+    assert event["status"] == "gone" and time.time() >= begin + 0.3
+
+
+def test_gone_trigger_gives_up_on_pods_that_never_go(monkeypatch):
+    import trainops.cluster
+
+    monkeypatch.setattr(trainops.cluster, "get_cluster", lambda name, **kw: PodsLinger(polls=10**9))
+    event = first_event(JobGoneTrigger(handle={"cluster": "x", "job_id": "train-a1"}, poll_interval=0.01,
+                                       deadline_s=0.2))
+    assert event["status"] == "error"
+    assert "train-a1 still has pods 0s after its deletion" in event["message"]
+    assert "kubectl get pods -l trainops/job=train-a1" in event["message"]
+
+
+def test_streams_node0_log_lines_into_the_task_log(tmp_path, caplog, capsys):
+    cluster = LocalCluster(tmp_path)
+    script = "import time\nfor i in range(3):\n    print(f'rank0 line {i}', flush=True); time.sleep(0.2)\n"
+    handle = cluster.launch(JobSpec(name="talk", args=["python", "-c", script], distributed=False))
+    caplog.set_level("INFO")
+    event = first_event(JobTrigger(handle=handle, poll_interval=0.1, stream_logs=True,
+                                   cluster_options={"state_dir": str(tmp_path)}))
+    logged = caplog.text + capsys.readouterr().out
+    assert event["state"]["phase"] == "succeeded"
+    assert [f"[node-0] rank0 line {i}" in logged for i in range(3)] == [True] * 3
+    assert logged.count("[node-0] rank0 line 1") == 1  # each line once
