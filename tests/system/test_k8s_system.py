@@ -60,6 +60,8 @@ def test_a_tiny_cpu_indexed_job_succeeds_and_is_deleted():
         assert [n["exit_code"] for n in state["nodes"]] == [0, 0]
         assert "[node-0] trainops system test ok" in logs
         assert "[node-1] trainops system test ok" in logs
+        lines, _ = cluster.log_lines(handle, None)  # what the trigger streams into the task log
+        assert "trainops system test ok" in lines
         assert cluster.find({"trainops/system-test": run}) == []  # finished: nothing to reattach
     finally:
         cluster.delete(handle)
