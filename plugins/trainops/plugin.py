@@ -1,15 +1,45 @@
 """The Airflow plugin. Registered by the ``airflow.plugins`` entry point when trainops is
-pip-installed, and by ``plugins/trainops_plugin.py`` when it is used from a plugins folder."""
+pip-installed, and by ``plugins/trainops_plugin.py`` when it is used from a plugins folder.
+
+It serves the report app (:mod:`trainops.reports_app`) at ``<base_url>/trainops``. The
+operator extra links (:mod:`trainops.links`) are declared by the operators themselves and
+are deliberately not registered here: see that module for why.
+"""
 
 from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
 
+REPORTS_URL_PREFIX = "/trainops"
+
+
+class _ReportsApp:
+    """ASGI app that builds the report app on its first request.
+
+    Airflow reads ``fastapi_apps`` when it loads plugins, in every process (scheduler,
+    DAG processor, workers), but only the API server serves requests. Building the app on
+    first use keeps FastAPI and Airflow's API security modules out of the other processes.
+    """
+
+    def __init__(self) -> None:
+        self._app = None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if self._app is None:
+            # No await between the check and the assignment: one event loop builds it once.
+            from trainops.reports_app import create_app
+
+            self._app = create_app()
+        await self._app(scope, receive, send)
+
 
 class TrainopsPlugin(AirflowPlugin):
-    """trainops' UI surface. Operator extra links and the report app arrive with issues #5/#6."""
+    """trainops' UI surface: the report app that the operators' extra links open."""
 
     name = "trainops"
+    fastapi_apps = [
+        {"app": _ReportsApp(), "url_prefix": REPORTS_URL_PREFIX, "name": "trainops reports"},
+    ]
 
 
 def registered_by_entry_point() -> bool:

@@ -32,4 +32,8 @@ def test_bad_data_fails_staging_and_launches_nothing(tmp_path, monkeypatch, airf
     assert all(states[t].endswith("upstream_failed") for t in ("train", "evaluate", "gate", "promote"))
     assert store.list(f"{root}/runs") == []
     assert not os.path.exists(tmp_path / "local" / "jobs")
-    assert {uri: store.head(uri)["etag"] for uri in store.list(f"{root}/datasets")} == datasets_before
+    after = {uri: store.head(uri)["etag"] for uri in store.list(f"{root}/datasets")}
+    assert {u: e for u, e in after.items() if u in datasets_before} == datasets_before
+    new = sorted(set(after) - set(datasets_before))  # only the failed validation's report,
+    assert len(new) == 1 and new[0].endswith("/validation.json")  # no manifest: no version
+    assert not [u for u in after if u.startswith(new[0].rsplit("/", 1)[0]) and u.endswith("manifest.json")]

@@ -15,9 +15,25 @@ class SourceNotFound(FileNotFoundError):
     """
 
 
-class DataValidationError(StagingError):
-    """The source failed its expectations; ``summary`` is the validation summary dict."""
+class SourceUnreachable(ConnectionError):
+    """The store holding the source (or the storage root) cannot be reached.
 
-    def __init__(self, message: str, summary: dict):
+    Not a :class:`StagingError`: an endpoint that is down now may be up on the next try.
+    """
+
+
+class DataValidationError(StagingError):
+    """The source failed its expectations; ``summary`` is the validation summary dict.
+
+    ``report_uri`` is where the full report was written (``validation.json`` under the
+    version prefix, with no manifest beside it), or None if it could not be written.
+    """
+
+    def __init__(self, message: str, summary: dict, report_uri: str | None = None):
         super().__init__(message)
         self.summary = summary
+        self.report_uri = report_uri
+
+
+class QuarantineExceeded(DataValidationError):
+    """More rows failed row-level expectations than ``quarantine["max_fraction"]`` allows."""

@@ -6,8 +6,9 @@ expectation are meaningful:
 
 * ``row`` expectations hold for a dataset iff they hold for every row; GX checks them
   batch by batch and their unexpected counts add up;
-* ``dataset`` expectations (uniqueness across the whole dataset, row counts) need
-  every batch at once; staging computes them itself with streaming aggregates.
+* ``dataset`` expectations (uniqueness across the whole dataset, row counts, the share of
+  non-null values) need every batch at once; staging computes them itself with streaming
+  aggregates (uniqueness with hash partitions spilled to local disk, so memory stays flat).
 
 Aggregate expectations such as ``expect_column_mean_to_be_between`` are neither:
 checking them per batch would give a different answer than over the dataset, so
@@ -71,10 +72,13 @@ DATASET_EXPECTATIONS: dict[str, tuple[str, ...]] = {
     "expect_column_values_to_be_unique": ("column",),
     "expect_table_row_count_to_be_between": ("min_value", "max_value"),
     "expect_table_row_count_to_equal": ("value",),
+    "expect_column_proportion_of_non_null_values_to_be_between": (
+        "column", "min_value", "max_value"),
 }
 
 # GX bookkeeping keys that may appear in a serialized suite and carry no meaning here.
 _IGNORED_KWARGS = {"batch_id", "result_format", "catch_exceptions", "include_config"}
+_IGNORED_KEYS = {"meta", "id", "severity", "notes", "description", "rendered_content"}
 
 
 def scope_of(expectation_type: str) -> str:
@@ -104,6 +108,9 @@ def normalize_expectations(expectations: list[dict] | None) -> list[dict]:
         )
     out = []
     for i, item in enumerate(expectations):
+        if isinstance(item, dict) and "type" not in item and "expectation_type" in item:
+            # GX 0.x serialized the type under this name; the meaning is the same.
+            item = {("type" if k == "expectation_type" else k): v for k, v in item.items()}
         if not isinstance(item, dict) or not isinstance(item.get("type"), str):
             raise ValueError(
                 f"expectation #{i} must be a dict with a string 'type', got {item!r}"
@@ -113,7 +120,7 @@ def normalize_expectations(expectations: list[dict] | None) -> list[dict]:
             raise ValueError(
                 f"expectation #{i} ({item['type']}) has kwargs {kwargs!r}: kwargs must be a dict"
             )
-        extra = set(item) - {"type", "kwargs", "meta"}
+        extra = set(item) - {"type", "kwargs"} - _IGNORED_KEYS
         if extra:
             raise ValueError(
                 f"expectation #{i} ({item['type']}) has unknown keys {sorted(extra)}: "
@@ -135,7 +142,7 @@ def _check_dataset_kwargs(i: int, etype: str, kwargs: dict) -> None:
             f"expectation #{i} ({etype}) has unsupported kwargs {sorted(extra)}: "
             f"staging accepts only {list(allowed)} for it"
         )
-    if etype == "expect_column_values_to_be_unique" and not isinstance(kwargs.get("column"), str):
+    if "column" in allowed and not isinstance(kwargs.get("column"), str):
         raise ValueError(f"expectation #{i} ({etype}) needs a string 'column', got {kwargs!r}")
     if etype == "expect_table_row_count_to_equal" and not isinstance(kwargs.get("value"), int):
         raise ValueError(f"expectation #{i} ({etype}) needs an integer 'value', got {kwargs!r}")
@@ -146,6 +153,16 @@ def _check_dataset_kwargs(i: int, etype: str, kwargs: dict) -> None:
         for v in (lo, hi):
             if v is not None and not isinstance(v, int):
                 raise ValueError(f"expectation #{i} ({etype}) bounds must be integers, got {v!r}")
+    if etype == "expect_column_proportion_of_non_null_values_to_be_between":
+        lo, hi = kwargs.get("min_value"), kwargs.get("max_value")
+        if lo is None and hi is None:
+            raise ValueError(f"expectation #{i} ({etype}) needs min_value or max_value, got none")
+        for v in (lo, hi):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                  or not 0 <= v <= 1):
+                raise ValueError(
+                    f"expectation #{i} ({etype}) bounds must be proportions from 0 to 1, got {v!r}"
+                )
 
 
 def columns_of(expectation: dict) -> list[str]:

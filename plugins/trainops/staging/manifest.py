@@ -13,10 +13,12 @@ VALIDATION_NAME = "validation.json"
 def build_manifest(*, name: str, version: str, created_at: str, source_uri: str,
                    objects: Sequence[dict], tokenizer: dict, token_dtype: str,
                    splits: dict, split_rule: dict, eval_records: int,
-                   slice_columns: Sequence[str], rows: dict, validation: dict) -> dict:
+                   slice_columns: Sequence[str], rows: dict, validation: dict,
+                   quarantine: dict | None = None) -> dict:
     """Assemble the manifest; ``splits`` maps each split to ``{"tokens", "shards"}``.
 
-    Shard paths are relative to the dataset version prefix.
+    Shard paths are relative to the dataset version prefix. ``quarantine`` (the rows
+    dropped, by reason, and the sample's path) is recorded only when quarantine was on.
     """
     missing = [s for s in SPLITS if s not in splits]
     if missing:
@@ -30,7 +32,7 @@ def build_manifest(*, name: str, version: str, created_at: str, source_uri: str,
             )
     if rows["train"] + rows["eval"] != rows["total"]:
         raise ValueError(f"row counts do not add up: {rows}")
-    return {
+    manifest = {
         "format": MANIFEST_FORMAT,
         "name": name,
         "version": version,
@@ -47,6 +49,9 @@ def build_manifest(*, name: str, version: str, created_at: str, source_uri: str,
                  "eval": int(rows["eval"])},
         "validation": validation,
     }
+    if quarantine is not None:
+        manifest["quarantine"] = dict(quarantine)
+    return manifest
 
 
 def shard_paths(manifest: dict) -> list[str]:

@@ -8,49 +8,140 @@ from collections.abc import Iterable, Sequence
 
 from trainops.staging.errors import StagingError
 from trainops.staging.manifest import EVAL_INDEX_PATH
-from trainops.staging.tokenize import ShardPacker, encode, index_line, split_of
+from trainops.staging.tokenize import ShardPacker, eval_mask, index_line
+
+SPLITS = ("train", "eval")
 
 
-def pack_batches(batches: Iterable, out_dir: str, *, eval_percent: int, shard_tokens: int,
-                 slice_columns: Sequence[str] = ("source",), id_column: str = "id",
-                 text_column: str = "text") -> dict:
-    """Write ``train/*.bin``, ``eval/*.bin`` and ``eval/index.jsonl`` under ``out_dir``.
+class Packer:
+    """Splits records by a hash of their id and appends their tokens to the split's shards.
 
-    Returns ``{"splits": {split: {"tokens", "shards"}}, "rows": {"total", "train", "eval"},
-    "eval_records": int, "files": [relative paths]}``.
+    Rows it cannot stage (a null id or text, a record longer than a shard) are not packed;
+    :meth:`add` returns them so the caller can quarantine them, and :attr:`problem` keeps
+    the first one as an error message for when there is no quarantine.
     """
-    packers = {s: ShardPacker(out_dir, s, shard_tokens) for s in ("train", "eval")}
-    os.makedirs(os.path.join(out_dir, "eval"), exist_ok=True)
+
+    def __init__(self, out_dir: str, tokenizer, *, eval_percent: int, shard_tokens: int,
+                 slice_columns: Sequence[str] = ("source",), id_column: str = "id",
+                 text_column: str = "text"):
+        self.out_dir = out_dir
+        self.tokenizer = tokenizer
+        self.eval_percent = eval_percent
+        self.shard_tokens = shard_tokens
+        self.slice_columns = list(slice_columns)
+        self.id_column, self.text_column = id_column, text_column
+        self.packers = {s: ShardPacker(out_dir, s, shard_tokens, tokenizer.dtype) for s in SPLITS}
+        os.makedirs(os.path.join(out_dir, "eval"), exist_ok=True)
+        self._index = open(os.path.join(out_dir, EVAL_INDEX_PATH), "w", encoding="utf-8")
+        self.problem: str | None = None
+
+    def add(self, batch, rows) -> dict[int, str]:
+        """Pack one batch (``rows``: the rows' numbers in the source); return the rows it
+        could not pack, ``{row number: reason}``."""
+        import numpy as np
+        import pyarrow.compute as pc
+
+        rows = np.asarray(rows)
+        ids = batch.column(batch.schema.get_field_index(self.id_column))
+        texts = batch.column(batch.schema.get_field_index(self.text_column))
+        skipped: dict[int, str] = {}
+        null = pc.or_(pc.is_null(ids), pc.is_null(texts)).to_numpy(zero_copy_only=False)
+        if null.any():
+            for i in np.flatnonzero(null):
+                column = self.id_column if ids[int(i)].as_py() is None else self.text_column
+                skipped[int(rows[i])] = f"null {column!r}"
+                self._first_problem(
+                    f"row {int(rows[i])} has a null {column!r}, which staging cannot split or "
+                    f"tokenize: add expect_column_values_to_not_be_null for {column!r} to the "
+                    "expectations, quarantine such rows, or clean the data")
+            keep = ~null
+            batch, rows = batch.filter(keep), rows[keep]
+            ids = batch.column(batch.schema.get_field_index(self.id_column))
+            texts = batch.column(batch.schema.get_field_index(self.text_column))
+        if not batch.num_rows:
+            return skipped
+        tokens, lengths = self.tokenizer.encode_batch(texts)
+        ids = [str(v) for v in ids.to_pylist()]
+        too_long = np.flatnonzero(lengths > self.shard_tokens)
+        for i in too_long:
+            skipped[int(rows[i])] = f"{int(lengths[i])} tokens > shard_tokens {self.shard_tokens}"
+            self._first_problem(
+                f"record {ids[i]!r} (row {int(rows[i])}) has {int(lengths[i])} tokens, more than "
+                f"a shard holds (shard_tokens={self.shard_tokens}): raise shard_tokens, cap the "
+                f"text with expect_column_value_lengths_to_be_between, or quarantine such rows")
+        self._pack(batch, ids, tokens, lengths, set(too_long.tolist()))
+        return skipped
+
+    def _pack(self, batch, ids: list[str], tokens, lengths, skip: set[int]) -> None:
+        import numpy as np
+
+        is_eval = eval_mask(ids, self.eval_percent)
+        keep = np.ones(len(ids), dtype=bool)
+        if skip:
+            keep[list(skip)] = False
+        for split, chosen in (("train", keep & ~is_eval), ("eval", keep & is_eval)):
+            if not chosen.any():
+                continue
+            token_mask = np.repeat(chosen, lengths)
+            start, _ = self.packers[split].add(tokens[token_mask].astype(
+                "<u2" if self.tokenizer.dtype == "uint16" else "<u4", copy=False),
+                records=int(chosen.sum()))
+            if split == "eval":
+                self._write_index(batch, ids, lengths, chosen, start)
+
+    def _write_index(self, batch, ids, lengths, chosen, start: int) -> None:
+        import numpy as np
+
+        picked = np.flatnonzero(chosen)
+        ends = start + np.cumsum(lengths[picked])
+        slices = {c: batch.column(batch.schema.get_field_index(c)).take(picked).to_pylist()
+                  for c in self.slice_columns}
+        lines = []
+        for n, i in enumerate(picked):
+            values = {c: _json_value(slices[c][n]) for c in self.slice_columns}
+            end = int(ends[n])
+            lines.append(index_line(ids[i], values, end - int(lengths[i]), end))
+        self._index.write("".join(lines))
+
+    def _first_problem(self, message: str) -> None:
+        if self.problem is None:
+            self.problem = message
+
+    def close(self) -> dict:
+        """Finish the shards; return ``{"splits", "rows": {"total", "train", "eval"},
+        "eval_records", "files"}`` (file paths relative to ``out_dir``)."""
+        self._index.close()
+        splits = {s: p.close() for s, p in self.packers.items()}
+        files = [sh["path"] for s in SPLITS for sh in splits[s]["shards"]]
+        train, evals = self.packers["train"].records, self.packers["eval"].records
+        return {
+            "splits": splits,
+            "rows": {"total": train + evals, "train": train, "eval": evals},
+            "eval_records": evals,
+            "files": [*files, EVAL_INDEX_PATH],
+        }
+
+
+def pack_batches(batches: Iterable, out_dir: str, tokenizer=None, *, eval_percent: int,
+                 shard_tokens: int, slice_columns: Sequence[str] = ("source",),
+                 id_column: str = "id", text_column: str = "text") -> dict:
+    """Pack every batch with a :class:`Packer`; raise StagingError for a row it cannot pack."""
+    import numpy as np
+
+    if tokenizer is None:
+        from trainops.staging.encoders import ByteTokenizer
+
+        tokenizer = ByteTokenizer()
+    packer = Packer(out_dir, tokenizer, eval_percent=eval_percent, shard_tokens=shard_tokens,
+                    slice_columns=slice_columns, id_column=id_column, text_column=text_column)
     row = 0
-    with open(os.path.join(out_dir, EVAL_INDEX_PATH), "w", encoding="utf-8") as index:
-        for batch in batches:
-            ids = batch.column(id_column).to_pylist()
-            texts = batch.column(text_column).to_pylist()
-            slices = {c: batch.column(c).to_pylist() for c in slice_columns}
-            for i, (record_id, text) in enumerate(zip(ids, texts)):
-                if record_id is None or text is None:
-                    column = id_column if record_id is None else text_column
-                    raise StagingError(
-                        f"row {row + i} has a null {column!r}, which staging cannot split or "
-                        f"tokenize: add expect_column_values_to_not_be_null for {column!r} "
-                        "to the expectations or clean the data"
-                    )
-                record_id = str(record_id)
-                split = split_of(record_id, eval_percent)
-                start, end = packers[split].add(encode(str(text)))
-                if split == "eval":
-                    values = {c: _json_value(slices[c][i]) for c in slice_columns}
-                    index.write(index_line(record_id, values, start, end))
-            row += batch.num_rows
-    splits = {s: p.close() for s, p in packers.items()}
-    files = [sh["path"] for s in ("train", "eval") for sh in splits[s]["shards"]]
-    return {
-        "splits": splits,
-        "rows": {"total": row, "train": packers["train"].records,
-                 "eval": packers["eval"].records},
-        "eval_records": packers["eval"].records,
-        "files": [*files, EVAL_INDEX_PATH],
-    }
+    for batch in batches:
+        packer.add(batch, np.arange(row, row + batch.num_rows))
+        row += batch.num_rows
+    result = packer.close()
+    if packer.problem:
+        raise StagingError(packer.problem)
+    return result
 
 
 def _json_value(value):

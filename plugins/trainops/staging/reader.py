@@ -1,23 +1,29 @@
 """Find a source's objects and read them as bounded-size pyarrow record batches.
 
-``source_uri`` is one object (``.parquet``, ``.jsonl``, ``.csv``) or a prefix holding
-such objects (recursively; names starting with ``_`` or ``.``, such as ``_SUCCESS``,
-are skipped). ``file://`` objects are read in place; ``s3://`` objects are downloaded
-to a scratch folder first. Parquet is streamed in row batches; JSONL and CSV files are
-read whole, one file at a time, then cut into batches.
+``source_uri`` is one object (``.parquet``, ``.jsonl``, ``.csv``), a prefix holding such
+objects (recursively; names starting with ``_`` or ``.``, such as ``_SUCCESS``, are
+skipped), or a glob (``s3://b/raw/*.parquet``, ``file:///d/**/*.jsonl``; see :mod:`globs`).
+``file://`` objects are read in place; an ``s3://`` object is downloaded to a scratch
+folder just before it is read and deleted after, so local disk holds one object at a time.
+
+Every format is streamed: Parquet by record batches, JSONL and CSV by blocks of a few MiB,
+so memory holds a batch, never a whole file, however large the file is.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from trainops.staging.errors import SourceNotFound, StagingError
+from trainops.staging.globs import glob_filter, split_glob
 
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl",
            ".csv": "csv"}
 DEFAULT_BATCH_ROWS = 65536
+_BLOCK_BYTES = 4 << 20  # JSONL/CSV read block; type inference looks at the first one
 
 
 @dataclass(frozen=True)
@@ -45,16 +51,20 @@ def format_of(uri: str) -> str | None:
 def list_source_objects(storage, source_uri: str) -> list[SourceObject]:
     """The objects ``source_uri`` names, sorted by URI; raises SourceNotFound if none."""
     source_uri = source_uri.rstrip("/")
-    fmt = format_of(source_uri)
-    head = storage.head(source_uri)
-    if head is not None:
-        if fmt is None:
-            raise StagingError(
-                f"source_uri {source_uri!r} is an object of unsupported format: "
-                f"point it at a {'/'.join(sorted(FORMATS))} object or a folder of them"
-            )
-        return [_object(source_uri, head, fmt)]
-    found = [u for u in storage.list(source_uri) if not _hidden(u, source_uri)]
+    prefix, pattern = split_glob(source_uri)
+    if pattern is None:
+        head = storage.head(source_uri)
+        if head is not None:
+            fmt = format_of(source_uri)
+            if fmt is None:
+                raise StagingError(
+                    f"source_uri {source_uri!r} is an object of unsupported format: "
+                    f"point it at a {'/'.join(sorted(FORMATS))} object or a folder of them"
+                )
+            return [_object(source_uri, head, fmt)]
+    found = [u for u in storage.list(prefix) if not _hidden(u, prefix)]
+    if pattern is not None:
+        found = glob_filter(prefix, pattern, found)
     objects = [u for u in found if format_of(u)]
     if not objects:
         if found:
@@ -62,12 +72,13 @@ def list_source_objects(storage, source_uri: str) -> list[SourceObject]:
                 f"source_uri {source_uri!r} holds {len(found)} objects but none ends in "
                 f"{', '.join(sorted(FORMATS))} (first: {found[0]!r}): point it at your data files"
             )
+        what = "matches no objects" if pattern else "does not exist or is an empty prefix"
         raise SourceNotFound(
-            f"source_uri {source_uri!r} does not exist: point it at a Parquet/JSONL/CSV object "
-            "or a folder of them"
+            f"source_uri {source_uri!r} {what}: point it at a Parquet/JSONL/CSV object, a "
+            "folder of them or a glob such as s3://bucket/raw/*.parquet"
         )
     out = []
-    for uri in objects:
+    for uri in sorted(objects):
         meta = storage.head(uri)
         if meta is None:
             raise SourceNotFound(f"source object {uri!r} vanished while listing {source_uri!r}")
@@ -85,57 +96,140 @@ def _hidden(uri: str, prefix: str) -> bool:
     return any(part.startswith(("_", ".")) for part in rel.split("/"))
 
 
-def local_paths(storage, objects: Sequence[SourceObject], scratch_dir: str) -> list[str]:
-    """A local path per object: the file itself for ``file://``, a download for others."""
-    paths = []
-    for n, obj in enumerate(objects):
-        if obj.uri.startswith("file://"):
-            paths.append(os.path.normpath(obj.uri[len("file://"):]))
-        else:
-            path = os.path.join(scratch_dir, f"source-{n:05d}{os.path.splitext(obj.uri)[1]}")
-            storage.download_file(obj.uri, path)
-            paths.append(path)
-    return paths
-
-
-def column_names(path: str, fmt: str) -> list[str]:
-    """The columns of one local source file (reads only the schema where the format allows)."""
-    if fmt == "parquet":
-        import pyarrow.parquet as pq
-
-        return list(pq.read_schema(path).names)
-    for batch in iter_file_batches(path, fmt, batch_rows=16):
-        return list(batch.schema.names)
-    return []
-
-
-def iter_batches(objects: Sequence[SourceObject], paths: Sequence[str], *,
-                 batch_rows: int = DEFAULT_BATCH_ROWS,
-                 columns: Sequence[str] | None = None) -> Iterator:
-    """Record batches of at most ``batch_rows`` rows over all objects, in order."""
-    for obj, path in zip(objects, paths, strict=True):
-        yield from iter_file_batches(path, obj.format, batch_rows=batch_rows, columns=columns)
-
-
-def iter_file_batches(path: str, fmt: str, *, batch_rows: int = DEFAULT_BATCH_ROWS,
-                      columns: Sequence[str] | None = None) -> Iterator:
-    if fmt == "parquet":
-        import pyarrow.parquet as pq
-
-        with pq.ParquetFile(path) as f:
-            yield from f.iter_batches(batch_size=batch_rows,
-                                      columns=list(columns) if columns else None)
+@contextlib.contextmanager
+def local_copy(storage, obj: SourceObject, scratch_dir: str) -> Iterator[str]:
+    """A local path for ``obj``: the file itself for ``file://``, else a download deleted after."""
+    if obj.uri.startswith("file://"):
+        yield os.path.normpath(obj.uri[len("file://"):])
         return
+    path = os.path.join(scratch_dir, f"source{os.path.splitext(obj.uri)[1]}")
+    storage.download_file(obj.uri, path)
+    try:
+        yield path
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def read_schema(path: str, obj: SourceObject, *, string_columns: Sequence[str] = ()):
+    """The Arrow schema of one local source file (Parquet: the footer; else the first block)."""
+    with _read_errors(obj, path):
+        if obj.format == "parquet":
+            import pyarrow.parquet as pq
+
+            return pq.read_schema(path)
+        return _text_reader(path, obj.format, string_columns).schema
+
+
+def iter_file_batches(path: str, obj: SourceObject, *, batch_rows: int = DEFAULT_BATCH_ROWS,
+                      string_columns: Sequence[str] = ()) -> Iterator:
+    """Record batches of at most ``batch_rows`` rows from one local file.
+
+    ``string_columns`` are read as text where the format has no types (CSV), so an id
+    column of digits stays the same value the JSONL or Parquet form would give.
+    """
+    with _read_errors(obj, path):
+        for batch in _rebatch(_raw_batches(path, obj.format, batch_rows, string_columns),
+                              batch_rows):
+            # Readers pass string bytes through unchecked; bad UTF-8 must stop here, named,
+            # not deep inside validation or tokenization.
+            batch.validate(full=True)
+            yield batch
+
+
+def _raw_batches(path: str, fmt: str, batch_rows: int, string_columns: Sequence[str]):
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        # Buffered page reads: a large row group is not loaded into memory all at once.
+        with pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20) as f:
+            yield from f.iter_batches(batch_size=batch_rows)
+        return
+    yield from _text_reader(path, fmt, string_columns)
+
+
+def _text_reader(path: str, fmt: str, string_columns: Sequence[str]):
+    """A streaming reader of a JSONL or CSV file, one block at a time."""
     if fmt == "jsonl":
         import pyarrow.json as pj
 
-        table = pj.read_json(path)
-    elif fmt == "csv":
-        import pyarrow.csv as pc
+        return pj.open_json(path, read_options=pj.ReadOptions(block_size=_BLOCK_BYTES))
+    if fmt == "csv":
+        import pyarrow as pa
+        import pyarrow.csv as pcsv
 
-        table = pc.read_csv(path)
-    else:
-        raise StagingError(f"cannot read format {fmt!r} of {path!r}: use parquet, jsonl or csv")
-    if columns:
-        table = table.select(list(columns))
-    yield from table.to_batches(max_chunksize=batch_rows)
+        # Each block may infer its own types; text columns must stay text throughout.
+        types = {c: pa.large_string() for c in string_columns}
+        return pcsv.open_csv(path, read_options=pcsv.ReadOptions(block_size=_BLOCK_BYTES),
+                             convert_options=pcsv.ConvertOptions(column_types=types))
+    raise StagingError(f"cannot read format {fmt!r} of {path!r}: use parquet, jsonl or csv")
+
+
+def _rebatch(batches, rows: int):
+    """Cut or join batches to ``rows`` rows each (GX costs per batch, so tiny ones waste time)."""
+    import pyarrow as pa
+
+    pending, have = [], 0
+    for batch in batches:
+        while batch.num_rows:
+            take = min(rows - have, batch.num_rows)
+            pending.append(batch.slice(0, take))
+            have += take
+            batch = batch.slice(take)
+            if have == rows:
+                yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+                pending, have = [], 0
+    if pending:
+        yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+
+
+@contextlib.contextmanager
+def _read_errors(obj: SourceObject, path: str):
+    """Turn a reader's error into one that names the object and says what to do."""
+    import pyarrow as pa
+
+    try:
+        yield
+    except (pa.ArrowException, OSError) as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise SourceNotFound(f"source object {obj.uri!r} vanished while staging") from exc
+        detail = " ".join(str(exc).split())[:300]
+        bad_byte = None if obj.format == "parquet" else _first_invalid_utf8(path)
+        if bad_byte is not None:
+            detail = f"not UTF-8 at byte {bad_byte}"
+            advice = "re-encode the file as UTF-8"
+        elif "utf8" in detail.lower().replace("-", ""):
+            advice = "re-encode the file as UTF-8"
+        elif obj.format == "parquet":
+            advice = ("it is truncated or not Parquet: re-export it, or remove it from the "
+                      "source")
+        elif "changed from" in detail or "conversion" in detail.lower() or "schema" in detail:
+            advice = ("a column changes type within the file: write each column with one type "
+                      "(text as strings, ids as strings or integers)")
+        else:
+            advice = f"fix the file so it is valid {obj.format.upper()}, or remove it"
+        raise StagingError(
+            f"source object {obj.uri!r} cannot be read as {obj.format} ({detail}): {advice}"
+        ) from None
+
+
+def _first_invalid_utf8(path: str) -> int | None:
+    """The offset of the first byte that is not valid UTF-8, or None (reads in chunks)."""
+    import codecs
+
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                try:
+                    decoder.decode(chunk)
+                except UnicodeDecodeError as exc:
+                    return offset + exc.start
+                offset += len(chunk)
+            decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        return offset
+    except OSError:
+        return None
+    return None

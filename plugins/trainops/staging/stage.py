@@ -1,10 +1,19 @@
 """Stage a source into ``<root>/datasets/<name>/<version>/``: validate, pack, commit.
 
+One pass over the source: every record batch is validated by GX, its rows fed to the
+dataset-level aggregates and tokenized into local shards. Memory holds one batch; local
+disk holds the shards, the uniqueness spill and one downloaded source object.
+
 Commit protocol: shards and the eval index go to a temporary prefix
 ``datasets/<name>/_staging-<version>-<uuid>/``, are copied to the version prefix, then
 ``validation.json`` and finally ``manifest.json`` are written, the manifest with
 If-None-Match. A version exists only once its manifest does, so a crash at any point
-leaves nothing a reader would trust. A failed validation writes nothing at all.
+leaves nothing a reader would trust. Data that fails validation leaves only its report
+(``validation.json``, and with quarantine ``quarantine/sample.jsonl``) in the version
+prefix, never a manifest.
+
+This is a plain function over storage clients, so it can run in an Airflow worker (the
+operator) or, for large data, as a CPU job with the same arguments.
 """
 
 from __future__ import annotations
@@ -13,86 +22,82 @@ import logging
 import os
 import tempfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 
 from trainer.contract import MANIFEST_NAME, dataset_prefix, join, safe_segment
 from trainer.storage import NotFound, PreconditionFailed
-from trainops.staging.errors import DataValidationError, StagingError
-from trainops.staging.expectations import normalize_expectations
+from trainops.staging.errors import DataValidationError, QuarantineExceeded, StagingError
 from trainops.staging.manifest import VALIDATION_NAME, build_manifest
-from trainops.staging.pack import pack_batches
-from trainops.staging.reader import (
-    DEFAULT_BATCH_ROWS,
-    column_names,
-    iter_batches,
-    list_source_objects,
-    local_paths,
-)
-from trainops.staging.tokenize import (
-    DEFAULT_EVAL_PERCENT,
-    DEFAULT_SHARD_TOKENS,
-    TOKEN_DTYPE,
-    TOKENIZER,
-    split_rule,
-)
-from trainops.staging.validation import describe_failures, validate_batches
+from trainops.staging.options import check_options, check_quarantine, check_tokenizer
+from trainops.staging.quarantine import SAMPLE_PATH, over_limit
+from trainops.staging.reader import DEFAULT_BATCH_ROWS, list_source_objects
+from trainops.staging.tokenize import DEFAULT_EVAL_PERCENT, DEFAULT_SHARD_TOKENS, split_rule
+from trainops.staging.validation import describe_failures
 from trainops.staging.version import dataset_version, version_inputs
 
+__all__ = ["check_options", "stage_dataset"]
+
 _log = logging.getLogger(__name__)
-_RESERVED_INDEX_KEYS = ("id", "start", "end")
-
-
-def check_options(*, eval_percent: int, shard_tokens: int, slice_columns: Sequence[str]) -> None:
-    """Reject bad staging options before any I/O (cheap; the operator calls it at parse time)."""
-    if isinstance(eval_percent, bool) or not isinstance(eval_percent, int) or not (
-        1 <= eval_percent <= 50
-    ):
-        raise ValueError(f"eval_percent must be an integer from 1 to 50, got {eval_percent!r}")
-    if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or shard_tokens < 1:
-        raise ValueError(f"shard_tokens must be a positive integer, got {shard_tokens!r}")
-    if isinstance(slice_columns, str):
-        raise ValueError(
-            f"slice_columns must be a list of column names, got the string {slice_columns!r}"
-        )
-    for col in slice_columns:
-        if not isinstance(col, str) or col in _RESERVED_INDEX_KEYS:
-            raise ValueError(
-                f"slice column {col!r} is not allowed: use a column name other than "
-                f"{', '.join(_RESERVED_INDEX_KEYS)}"
-            )
 
 
 def stage_dataset(storage, root: str, source_uri: str, name: str, *,
                   source_storage=None,
-                  expectations: list[dict] | None = None,
+                  expectations=None,
                   eval_percent: int = DEFAULT_EVAL_PERCENT,
                   slice_columns: Sequence[str] = ("source",),
                   shard_tokens: int = DEFAULT_SHARD_TOKENS,
                   batch_rows: int = DEFAULT_BATCH_ROWS,
                   id_column: str = "id", text_column: str = "text",
+                  tokenizer: str | dict | None = None,
+                  quarantine: dict | None = None,
+                  open_storage: Callable | None = None,
+                  scratch_dir: str | None = None,
                   log: logging.Logger | None = None) -> dict:
     """Stage ``source_uri`` as dataset ``name`` under ``root``; reuse an identical version.
 
+    :param expectations: the suite: a list, a callable returning one, or the URI of a
+        suite JSON file (see :mod:`trainops.staging.suite`); None for the default suite.
+    :param tokenizer: None for the built-in byte tokenizer, or a Hugging Face
+        ``tokenizer.json`` URI (or ``{"uri", "eos_token"}``).
+    :param quarantine: None (bad rows fail the task) or ``{"max_fraction", "sample_rows"}``.
+    :param open_storage: ``uri -> storage client`` for the suite and tokenizer files.
+    :param scratch_dir: where local shards and spill files go (default: the temp dir).
+
     Returns ``{"dataset_name", "version", "uri", "manifest_uri", "rows", "train_tokens",
-    "eval_tokens", "reused"}``; ``uri`` is the version prefix the trainer reads.
-    Raises :class:`DataValidationError` (nothing written) when the data fails the suite,
-    :class:`StagingError` when it cannot be staged as it is (missing columns, no rows),
-    and :class:`SourceNotFound` when ``source_uri`` names nothing.
+    "eval_tokens", "reused", "validation_uri", "quarantined_rows"}``; ``uri`` is the
+    version prefix the trainer reads. Raises :class:`DataValidationError` (only the report
+    written) when the data fails the suite, :class:`QuarantineExceeded` when too many rows
+    are bad, :class:`StagingError` when it cannot be staged as it is (missing columns,
+    unreadable files, no rows), :class:`SourceNotFound` when ``source_uri`` names nothing
+    and :class:`SourceUnreachable` when its store does not answer.
     """
+    from trainops.staging.encoders import load_tokenizer
+    from trainops.staging.reach import check_reachable
+    from trainops.staging.suite import resolve_suite
+
     log = log or _log
     source_storage = source_storage or storage
+    if open_storage is None:
+        from trainer.storage import open_storage
     slice_columns = list(slice_columns)
     check_options(eval_percent=eval_percent, shard_tokens=shard_tokens,
                   slice_columns=slice_columns)
-    suite = normalize_expectations(expectations)
+    quarantine = check_quarantine(quarantine)
+    tokenizer_spec = check_tokenizer(tokenizer)
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"dataset name {name!r} is empty: give the dataset a name such as 'demo'")
+    check_reachable(source_storage, source_uri)
+    check_reachable(storage, root)
+    suite = resolve_suite(expectations, open_storage=open_storage)
+    tok = load_tokenizer(tokenizer_spec, open_storage)
     rule = split_rule(eval_percent)
 
     objects = list_source_objects(source_storage, source_uri)
     identities = [o.identity() for o in objects]
     version = dataset_version(version_inputs(
-        identities, expectations=suite, tokenizer=TOKENIZER, split_rule=rule,
-        shard_tokens=shard_tokens, slice_columns=slice_columns))
+        identities, expectations=suite, tokenizer=tok.config, split_rule=rule,
+        shard_tokens=shard_tokens, slice_columns=slice_columns, quarantine=quarantine))
     prefix = dataset_prefix(root, name, version)
     manifest_uri = join(prefix, MANIFEST_NAME)
     existing = _read_manifest(storage, manifest_uri)
@@ -100,19 +105,26 @@ def stage_dataset(storage, root: str, source_uri: str, name: str, *,
         log.info("dataset %s version %s already staged at %s; reusing it", name, version, prefix)
         return _result(existing, prefix, manifest_uri, reused=True)
 
-    with tempfile.TemporaryDirectory(prefix="trainops-stage-") as scratch:
-        paths = local_paths(source_storage, objects, scratch)
-        _check_columns(objects, paths, [id_column, text_column, *slice_columns])
-        summary = validate_batches(iter_batches(objects, paths, batch_rows=batch_rows), suite,
-                                   id_column=id_column)
-        if not summary["success"]:
-            raise DataValidationError(describe_failures(source_uri, summary), summary)
+    from trainops.staging.single_pass import run_pass
+
+    with tempfile.TemporaryDirectory(prefix="trainops-stage-", dir=scratch_dir) as scratch:
         out_dir = os.path.join(scratch, "out")
-        packed = pack_batches(
-            iter_batches(objects, paths, batch_rows=batch_rows,
-                         columns=list(dict.fromkeys([id_column, text_column, *slice_columns]))),
-            out_dir, eval_percent=eval_percent, shard_tokens=shard_tokens,
-            slice_columns=slice_columns, id_column=id_column, text_column=text_column)
+        done = run_pass(
+            source_storage, objects, suite, tok, scratch=scratch, out_dir=out_dir,
+            eval_percent=eval_percent, shard_tokens=shard_tokens, slice_columns=slice_columns,
+            batch_rows=batch_rows, id_column=id_column, text_column=text_column,
+            quarantine=quarantine, log=log)
+        summary, packed, qsum = done["summary"], done["packed"], done["quarantine"]
+        sample = os.path.join(out_dir, SAMPLE_PATH) if qsum and qsum["sample"] else None
+        failure = _failure(source_uri, summary, qsum)
+        if failure is not None:
+            error, message = failure
+            summary["success"] = False
+            report = _write_report(storage, prefix, summary, sample, log)
+            raise error(f"{message}. Full report: {report}" if report else message, summary,
+                        report)
+        if done["problem"]:
+            raise StagingError(done["problem"])
         if packed["rows"]["total"] == 0:
             raise StagingError(f"source {source_uri!r} has no rows: point it at non-empty data")
         if packed["splits"]["train"]["tokens"] == 0:
@@ -127,14 +139,47 @@ def stage_dataset(storage, root: str, source_uri: str, name: str, *,
         manifest = build_manifest(
             name=name, version=version,
             created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            source_uri=source_uri, objects=identities, tokenizer=TOKENIZER,
-            token_dtype=TOKEN_DTYPE, splits=packed["splits"], split_rule=rule,
+            source_uri=source_uri, objects=identities, tokenizer=tok.config,
+            token_dtype=tok.dtype, splits=packed["splits"], split_rule=rule,
             eval_records=packed["eval_records"], slice_columns=slice_columns,
-            rows=packed["rows"], validation=summary)
-        committed = _publish(storage, root, name, version, out_dir, packed["files"], manifest,
+            rows=packed["rows"], validation=summary, quarantine=qsum)
+        files = packed["files"] + ([SAMPLE_PATH] if sample else [])
+        committed = _publish(storage, root, name, version, out_dir, files, manifest,
                              summary, log)
     reused = committed is not manifest
     return _result(committed, prefix, manifest_uri, reused=reused)
+
+
+def _failure(source_uri: str, summary: dict, qsum: dict | None) -> tuple[type, str] | None:
+    """``(error class, message)`` when the data may not be staged, else None (pure)."""
+    if not summary["success"]:
+        return DataValidationError, describe_failures(source_uri, summary)
+    if qsum and over_limit(qsum["rows"], qsum["rows_read"], qsum["max_fraction"]):
+        qsum["exceeded"] = True
+        reasons = "; ".join(f"{k}: {v}" for k, v in qsum["by_reason"].items())
+        ids = sorted({i for r in summary.get("results", []) if r.get("quarantined")
+                      for i in r.get("sample_ids", [])})[:5]
+        return QuarantineExceeded, (
+            f"source {source_uri!r} has {qsum['rows']} bad rows of {qsum['rows_read']} read "
+            f"({qsum['rows'] / qsum['rows_read']:.2%}), more than quarantine max_fraction "
+            f"{qsum['max_fraction']} ({qsum['max_fraction']:.2%}) allows, so nothing was "
+            f"staged: {reasons}" + (f" (ids {', '.join(map(repr, ids))})" if ids else "")
+            + "; fix the data or raise max_fraction")
+    return None
+
+
+def _write_report(storage, prefix: str, summary: dict, sample: str | None,
+                  log: logging.Logger) -> str | None:
+    """Keep a failed validation's report where the version would be; no manifest beside it."""
+    uri = join(prefix, VALIDATION_NAME)
+    try:
+        if sample:
+            storage.upload_file(sample, join(prefix, SAMPLE_PATH))
+        storage.put_json(uri, summary)
+    except Exception as exc:  # the validation failure is the news; a lost report is not
+        log.warning("could not write the validation report to %s: %s", uri, exc)
+        return None
+    return uri
 
 
 def _publish(storage, root: str, name: str, version: str, out_dir: str, files: list[str],
@@ -145,7 +190,8 @@ def _publish(storage, root: str, name: str, version: str, out_dir: str, files: l
                    f"_staging-{version}-{uuid.uuid4().hex}")
     try:
         for rel in files:
-            storage.upload_file(os.path.join(out_dir, rel), join(staging, rel))
+            # move: on the same filesystem a rename, not a copy; either way it frees scratch
+            storage.upload_file(os.path.join(out_dir, rel), join(staging, rel), move=True)
         # Copy only once every upload has landed, so the version prefix never holds
         # a mix of this attempt's files and a half-finished upload.
         for rel in files:
@@ -173,17 +219,6 @@ def _read_manifest(storage, uri: str) -> dict | None:
         return None
 
 
-def _check_columns(objects, paths: list[str], required: list[str]) -> None:
-    for obj, path in zip(objects, paths):
-        names = column_names(path, obj.format)
-        missing = [c for c in dict.fromkeys(required) if c not in names]
-        if missing:
-            raise StagingError(
-                f"source object {obj.uri!r} lacks columns {missing} (it has {names}): "
-                "add them to the data or change slice_columns"
-            )
-
-
 def _result(manifest: dict, prefix: str, manifest_uri: str, *, reused: bool) -> dict:
     return {
         "dataset_name": manifest["name"],
@@ -194,4 +229,6 @@ def _result(manifest: dict, prefix: str, manifest_uri: str, *, reused: bool) -> 
         "train_tokens": int(manifest["splits"]["train"]["tokens"]),
         "eval_tokens": int(manifest["splits"]["eval"]["tokens"]),
         "reused": bool(reused),
+        "validation_uri": join(prefix, VALIDATION_NAME),
+        "quarantined_rows": int((manifest.get("quarantine") or {}).get("rows", 0)),
     }

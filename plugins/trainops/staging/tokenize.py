@@ -1,9 +1,10 @@
-"""Byte-level tokenizer, the id-hash split rule, and packing into fixed-size shards.
+"""The byte-level token format, the id-hash split rule, and packing into fixed-size shards.
 
-A record's tokens are the UTF-8 bytes of its text followed by EOS. Each split is one
-token stream cut into shards of ``shard_tokens`` little-endian uint16 tokens (the last
-shard may be shorter); records run across shard boundaries, because the trainer reads
-windows from the stream, not records.
+A record's tokens are its text's tokens followed by EOS (for the built-in byte-level
+tokenizer: the UTF-8 bytes of its text, then 256). Each split is one token stream cut into
+shards of ``shard_tokens`` little-endian tokens of the manifest's ``token_dtype`` (uint16
+when the vocabulary fits, else uint32; the last shard may be shorter). Records run across
+shard boundaries, because the trainer reads windows from the stream, not records.
 """
 
 from __future__ import annotations
@@ -18,6 +19,15 @@ DEFAULT_SHARD_TOKENS = 1 << 20
 DEFAULT_EVAL_PERCENT = 10
 
 
+def token_dtype_for(vocab_size: int) -> str:
+    """The narrowest shard dtype that holds every token id of a vocabulary this size."""
+    if vocab_size <= 1 << 16:
+        return "uint16"
+    if vocab_size <= 1 << 32:
+        return "uint32"
+    raise ValueError(f"a vocabulary of {vocab_size} tokens does not fit in uint32 shards")
+
+
 def split_rule(eval_percent: int = DEFAULT_EVAL_PERCENT) -> dict:
     return {"kind": "id_hash", "hash": "sha256", "eval_percent": int(eval_percent)}
 
@@ -29,6 +39,16 @@ def split_of(record_id: str, eval_percent: int = DEFAULT_EVAL_PERCENT) -> str:
     """
     bucket = int(hashlib.sha256(str(record_id).encode("utf-8")).hexdigest()[:8], 16) % 100
     return "eval" if bucket < eval_percent else "train"
+
+
+def eval_mask(record_ids: list[str], eval_percent: int = DEFAULT_EVAL_PERCENT):
+    """:func:`split_of` for many ids at once: a numpy bool array, True for ``"eval"``."""
+    import numpy as np
+
+    sha = hashlib.sha256
+    # The first 4 digest bytes, big-endian, are the first 8 hex digits as an integer.
+    heads = b"".join([sha(i.encode("utf-8")).digest()[:4] for i in record_ids])
+    return np.frombuffer(heads, dtype=">u4") % 100 < eval_percent
 
 
 def encode(text: str) -> bytes:
@@ -57,12 +77,17 @@ def decode(data: bytes) -> list[str]:
 class ShardPacker:
     """Appends records to one split's token stream, writing ``<out_dir>/<split>/NNNNN.bin``."""
 
-    def __init__(self, out_dir: str, split: str, shard_tokens: int = DEFAULT_SHARD_TOKENS):
+    def __init__(self, out_dir: str, split: str, shard_tokens: int = DEFAULT_SHARD_TOKENS,
+                 dtype: str = TOKEN_DTYPE):
         if shard_tokens < 1:
             raise ValueError(f"shard_tokens must be at least 1, got {shard_tokens}")
+        if dtype not in ("uint16", "uint32"):
+            raise ValueError(f"token dtype must be uint16 or uint32, got {dtype!r}")
         self.out_dir = out_dir
         self.split = split
         self.shard_tokens = int(shard_tokens)
+        self.dtype = dtype
+        self._width = 2 if dtype == "uint16" else 4
         self.tokens = 0
         self.records = 0
         self.shards: list[dict] = []
@@ -70,22 +95,24 @@ class ShardPacker:
         self._hash = None
         self._in_shard = 0
 
-    def add(self, token_bytes: bytes) -> tuple[int, int]:
-        """Append one record's tokens; return its span ``(start, end)`` in the stream."""
+    def add(self, token_bytes: bytes, records: int = 1) -> tuple[int, int]:
+        """Append the tokens of ``records`` records (little-endian bytes of this packer's
+        dtype); return their span ``(start, end)`` in the stream."""
         start = self.tokens
-        view = memoryview(token_bytes)
+        view = memoryview(token_bytes).cast("B")
+        added = len(view) // self._width
         while view:
             if self._file is None:
                 self._open()
-            room = (self.shard_tokens - self._in_shard) * 2
+            room = (self.shard_tokens - self._in_shard) * self._width
             chunk, view = view[:room], view[room:]
             self._file.write(chunk)
             self._hash.update(chunk)
-            self._in_shard += len(chunk) // 2
+            self._in_shard += len(chunk) // self._width
             if self._in_shard == self.shard_tokens:
                 self._close_shard()
-        self.tokens += len(token_bytes) // 2
-        self.records += 1
+        self.tokens += added
+        self.records += records
         return start, self.tokens
 
     def close(self) -> dict:

@@ -1,8 +1,9 @@
 """Content-addressed dataset versions.
 
 The version is a hash of everything that decides the staged bytes: the input objects'
-identities, the suite, the tokenizer, the split rule, the shard size and the slice
-columns of the eval index. The same inputs give the same version (and staging reuses
+identities (ETag, or size and mtime), the suite, the tokenizer (for a Hugging Face one,
+the sha256 of its JSON), the split rule, the shard size, the slice columns of the eval
+index and, when set, the quarantine options. The same inputs give the same version (and staging reuses
 it); changing any of them gives a new one.
 """
 
@@ -16,9 +17,14 @@ VERSION_CHARS = 12
 
 
 def version_inputs(objects: Sequence[dict], *, expectations: list[dict], tokenizer: dict,
-                   split_rule: dict, shard_tokens: int, slice_columns: Sequence[str]) -> dict:
-    """The plain dict the version hashes; ``objects`` are ``SourceObject.identity()`` dicts."""
-    return {
+                   split_rule: dict, shard_tokens: int, slice_columns: Sequence[str],
+                   quarantine: dict | None = None) -> dict:
+    """The plain dict the version hashes; ``objects`` are ``SourceObject.identity()`` dicts.
+
+    ``quarantine`` decides which rows are staged, so it counts when set; without it the
+    inputs (and so the versions staged before quarantine existed) are unchanged.
+    """
+    inputs = {
         "objects": sorted(objects, key=lambda o: o["uri"]),
         "expectations": expectations,
         "tokenizer": tokenizer,
@@ -26,6 +32,9 @@ def version_inputs(objects: Sequence[dict], *, expectations: list[dict], tokeniz
         "shard_tokens": int(shard_tokens),
         "slice_columns": list(slice_columns),
     }
+    if quarantine is not None:
+        inputs["quarantine"] = dict(quarantine)
+    return inputs
 
 
 def dataset_version(inputs: dict) -> str:

@@ -1,12 +1,17 @@
 import json
+import uuid
 
 import pytest
+from airflow.sdk import Asset, AssetAlias
 from airflow.sdk.exceptions import AirflowFailException
 
 from trainer.storage import open_storage
-from trainops.operators.stage import StageDatasetOperator
+from trainops.operators.stage import StageDatasetOperator, dataset_asset
 from trainops.staging.demo_data import write_demo_dataset
 from trainops.staging.errors import SourceNotFound
+
+XCOM_KEYS = {"dataset_name", "version", "uri", "manifest_uri", "rows", "train_tokens",
+             "eval_tokens", "reused", "validation_uri", "quarantined_rows"}
 
 
 def _op(**kwargs):
@@ -16,15 +21,28 @@ def _op(**kwargs):
     return StageDatasetOperator(**args)
 
 
+class _TI:
+    """Records XCom pushes the way the task runner's TaskInstance takes them."""
+
+    def __init__(self):
+        self.pushed = {}
+
+    def xcom_push(self, key, value):
+        self.pushed[key] = value
+
+
 def test_execute_returns_the_documented_xcom(file_root, tmp_path):
     raw = write_demo_dataset(f"file://{tmp_path}/raw", rows=400, seed=9)
     op = _op(source_uri=raw["uri"], storage_root=file_root, shard_tokens=4096)
-    result = op.execute(context={})
+    ti = _TI()
+    result = op.execute(context={"ti": ti})
     assert json.loads(json.dumps(result)) == result
-    assert set(result) == {"dataset_name", "version", "uri", "manifest_uri", "rows",
-                           "train_tokens", "eval_tokens", "reused"}
+    assert set(result) == XCOM_KEYS
     assert result["dataset_name"] == "demo" and result["rows"] == 400
     assert result["uri"] == f"{file_root}/datasets/demo/{result['version']}"
+    assert result["validation_uri"] == f"{result['uri']}/validation.json"
+    assert result["quarantined_rows"] == 0
+    assert ti.pushed == {"trainops_validation_report": result["validation_uri"]}
     manifest = open_storage(file_root).get_json(result["manifest_uri"])
     assert manifest["splits"]["train"]["tokens"] == result["train_tokens"] > 0
     assert result["reused"] is False
@@ -39,11 +57,14 @@ def test_source_on_s3_stages_into_a_file_root(s3_root, file_root):
     assert result["rows"] == 150
 
 
-def test_failed_validation_fails_the_task_without_retry(file_root, tmp_path):
+def test_failed_validation_fails_without_retry_and_points_at_the_report(file_root, tmp_path):
     raw = write_demo_dataset(f"file://{tmp_path}/raw", rows=200, seed=9, corrupt=True)
+    ti = _TI()
     with pytest.raises(AirflowFailException, match="expect_column_values_to_be_unique on 'id'"):
-        _op(source_uri=raw["uri"], storage_root=file_root).execute(context={})
-    assert open_storage(file_root).list(file_root) == []
+        _op(source_uri=raw["uri"], storage_root=file_root).execute(context={"ti": ti})
+    stored = open_storage(file_root).list(file_root)
+    assert len(stored) == 1 and stored[0].endswith("/validation.json")
+    assert ti.pushed == {"trainops_validation_report": stored[0]}
 
 
 def test_missing_source_is_named_and_may_be_retried(file_root, tmp_path):
@@ -57,8 +78,12 @@ def test_missing_source_is_named_and_may_be_retried(file_root, tmp_path):
     ({"eval_percent": 60}, "got 60"),
     ({"expectations": [{"type": "expect_nothing"}]}, "'expect_nothing'"),
     ({"expectations": {"type": "x"}}, "must be a list"),
+    ({"expectations": "suite.json"}, "neither a list nor a file:// or s3:// URI"),
     ({"slice_columns": "source"}, "got the string 'source'"),
     ({"cluster": "slurm"}, "got 'slurm'"),
+    ({"quarantine": {"max_fraction": 1.5}}, "max_fraction must be a number from 0"),
+    ({"quarantine": {"fraction": 0.1}}, r"unknown keys \['fraction'\]"),
+    ({"tokenizer": "tokenizer.json"}, "file:// or s3:// URI of a Hugging Face tokenizer.json"),
 ])
 def test_init_rejects_bad_arguments_without_io(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -67,3 +92,66 @@ def test_init_rejects_bad_arguments_without_io(kwargs, message):
 
 def test_templated_fields():
     assert StageDatasetOperator.template_fields == ("source_uri", "dataset_name", "storage_root")
+
+
+def test_outlets_name_the_dataset_asset_or_an_alias_for_runtime_names():
+    static = _op(dataset_name="demo text", outlets=[Asset("other")])
+    assert static.outlets == [Asset("other"), Asset(name="trainops-dataset-demo_text",
+                                                    uri="trainops://datasets/demo_text")]
+    assert dataset_asset("demo text") == static.outlets[-1]
+    templated = _op(dataset_name="{{ params.name }}")
+    assert templated.outlets == [AssetAlias("trainops-datasets")]
+
+
+def _asset_events(name: str) -> list[dict]:
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.execute(
+            select(AssetEvent.extra).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+            .where(AssetModel.name == name).order_by(AssetEvent.id)).all()
+        return [dict(r[0]) for r in rows]
+
+
+_DAG_FILE = """
+import pendulum
+from airflow.sdk import DAG
+from trainops.operators.stage import StageDatasetOperator
+
+with DAG({dag_id!r}, schedule=None, catchup=False, params={{"name": {runtime!r}}},
+         start_date=pendulum.datetime(2026, 1, 1, tz="UTC")) as dag:
+    StageDatasetOperator(task_id="static", source_uri={raw!r}, dataset_name={static!r},
+                         storage_root={root!r}, aws_conn_id=None)
+    StageDatasetOperator(task_id="runtime", source_uri={raw!r}, dataset_name="{{{{ params.name }}}}",
+                         storage_root={root!r}, aws_conn_id=None)
+"""
+
+
+@pytest.mark.slow
+def test_dag_run_emits_an_asset_event_with_the_version(airflow_db, file_root, tmp_path,
+                                                       monkeypatch):
+    from trainops.cli import load_dag
+
+    raw = write_demo_dataset(f"file://{tmp_path}/raw", rows=200, seed=4, files=1)
+    suffix = uuid.uuid4().hex[:10]  # the metadata DB outlives this test run
+    dag_id, static, runtime = f"stage_assets_{suffix}", f"static-{suffix}", f"runtime-{suffix}"
+    folder = tmp_path / "dags"
+    folder.mkdir()
+    (folder / f"{dag_id}.py").write_text(_DAG_FILE.format(
+        dag_id=dag_id, runtime=runtime, static=static, raw=raw["uri"], root=file_root))
+    # dag.test() runs only DAGs it finds in a configured bundle.
+    monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps([{
+        "name": "stage-assets-test", "kwargs": {"path": str(folder), "refresh_interval": 0},
+        "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle"}]))
+    dagrun = load_dag(str(folder), dag_id).test()
+    assert str(dagrun.state).endswith("success")
+    for name in (static, runtime):
+        events = _asset_events(f"trainops-dataset-{name}")
+        assert len(events) == 1, (name, events)
+        extra = events[0]
+        assert extra["rows"] == 200 and extra["dataset_name"] == name
+        assert extra["uri"] == f"{file_root}/datasets/{name}/{extra['version']}"
+        assert extra["manifest_uri"] == f"{extra['uri']}/manifest.json"
+        assert extra["tokens"] == extra["train_tokens"] + extra["eval_tokens"] > 0

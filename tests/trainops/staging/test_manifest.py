@@ -43,3 +43,11 @@ def test_inconsistent_counts_are_refused():
         build_manifest(**bad)
     with pytest.raises(ValueError, match="row counts do not add up"):
         build_manifest(**_args(rows={"total": 5, "train": 3, "eval": 1}))
+
+
+def test_quarantine_is_recorded_only_when_it_was_on():
+    block = {"rows": 2, "rows_read": 6, "fraction": 0.333333, "max_fraction": 0.5,
+             "by_reason": {"expect_column_values_to_not_be_null(text)": 2},
+             "sample": "quarantine/sample.jsonl", "sample_rows": 2}
+    assert "quarantine" not in build_manifest(**_args())
+    assert build_manifest(**_args(quarantine=block))["quarantine"] == block

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from tests.trainops.staging.helpers import snapshot
+from tests.trainops.staging.helpers import assert_nothing_valid_looking, snapshot
 from trainer.contract import dataset_prefix, join
 from trainer.storage import FileStorage, open_storage
 from trainops.staging.demo_data import demo_rows, write_demo_dataset
@@ -86,7 +86,8 @@ def test_stage_on_s3(s3_root):
     assert again == dict(result, reused=True)
 
 
-def test_bad_data_raises_lists_failures_and_writes_nothing(file_root, raw_uri, tmp_path):
+def test_bad_data_raises_lists_failures_and_keeps_only_the_report(file_root, raw_uri,
+                                                                     tmp_path):
     storage = open_storage(file_root)
     good = write_demo_dataset(raw_uri, rows=300, seed=1)
     stage_dataset(storage, file_root, good["uri"], "demo")
@@ -94,8 +95,14 @@ def test_bad_data_raises_lists_failures_and_writes_nothing(file_root, raw_uri, t
     before = snapshot(storage, file_root)
     with pytest.raises(DataValidationError) as err:
         stage_dataset(storage, file_root, bad["uri"], "demo")
-    assert snapshot(storage, file_root) == before
+    added = assert_nothing_valid_looking(storage, file_root, before)
+    assert added == [err.value.report_uri]
+    assert err.value.report_uri.endswith("/validation.json")
+    report = storage.get_json(err.value.report_uri)
+    assert report["success"] is False and report["rows"] == ROWS
+    assert [r["success"] for r in report["results"]] == [False, False, True, False, True, True]
     message = str(err.value)
+    assert message.endswith(f"Full report: {err.value.report_uri}")
     assert "failed 3 of 6 expectations over 1200 rows, so nothing was staged" in message
     assert "expect_column_values_to_not_be_null on 'id': 2 unexpected (rows 3, 400)" in message
     assert ("expect_column_values_to_be_unique on 'id': 4 unexpected "

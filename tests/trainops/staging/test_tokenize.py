@@ -8,6 +8,7 @@ from trainops.staging.tokenize import (
     ShardPacker,
     decode,
     encode,
+    eval_mask,
     index_line,
     split_of,
     split_rule,
@@ -20,6 +21,8 @@ def test_split_rule_is_the_documented_hash():
         bucket = int(hashlib.sha256(rid.encode()).hexdigest()[:8], 16) % 100
         assert split_of(rid, 10) == ("eval" if bucket < 10 else "train")
     assert split_rule(7) == {"kind": "id_hash", "hash": "sha256", "eval_percent": 7}
+    ids = [f"rec-{i}" for i in range(3000)] + ["ünïcode-id"]
+    assert eval_mask(ids, 10).tolist() == [split_of(i, 10) == "eval" for i in ids]
 
 
 def test_split_is_stable_and_grows_monotonically_with_eval_percent():

@@ -14,8 +14,11 @@ def _good(n=30):
 
 def test_good_data_passes_every_default_expectation():
     summary = validate_batches(record_batches(_good(), batch_rows=7), normalize_expectations(None))
+    results = summary.pop("results")
     assert summary == {"success": True, "evaluated_expectations": 6,
                        "successful_expectations": 6, "failed": [], "rows": 30}
+    assert [(r["expectation"], r["success"]) for r in results] == [
+        (e["type"], True) for e in normalize_expectations(None)]
 
 
 def test_failures_are_listed_with_counts_and_ids_across_batches():

@@ -41,3 +41,11 @@ def test_version_changes_with_everything_that_changes_the_bytes():
     }
     assert v not in variants.values()
     assert len(set(variants.values())) == len(variants)
+
+
+def test_quarantine_options_count_only_when_set():
+    v = _version()
+    assert _version(quarantine=None) == v  # versions staged before quarantine existed stay
+    q1 = _version(quarantine={"max_fraction": 0.01, "sample_rows": 100})
+    q2 = _version(quarantine={"max_fraction": 0.02, "sample_rows": 100})
+    assert len({v, q1, q2}) == 3

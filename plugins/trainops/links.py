@@ -1,0 +1,111 @@
+"""Operator extra links that open a stored report in the report app (``/trainops/report``).
+
+An operator declares the links it offers and pushes, during ``execute``, the storage URI of
+each report under the link's XCom key::
+
+    class StageDatasetOperator(BaseOperator):
+        operator_extra_links = (ValidationReportLink(),)
+
+        def execute(self, context):
+            ...
+            context["ti"].xcom_push(key=VALIDATION_REPORT_KEY, value=validation_json_uri)
+
+XCom keys (value: the report's storage URI, a string):
+
+- ``trainops_validation_report``: ``<root>/datasets/<name>/<version>/validation.json``
+  (StageDatasetOperator), shown as "Validation report";
+- ``trainops_gate_report``: ``<run_uri>/eval/gate.json`` (EvaluationGateOperator),
+  shown as "Gate decision";
+- ``trainops_model_card``: ``<root>/models/<name>/versions/<v>/card.json``
+  (PromoteModelOperator), shown as "Model card".
+
+How Airflow 3 runs these: when a task ends, the task runner calls ``get_link`` of every link
+the operator declares, in the worker, and stores the URL in XCom under the link's own
+``xcom_key`` (``_link_<class name>``; ``finalize`` in ``airflow/sdk/execution_time/
+task_runner.py``). The API server later shows that stored URL; it never imports these classes,
+because a serialized operator keeps only ``{link name: xcom_key}``
+(``_serialize_operator_extra_links`` in ``airflow/serialization/serialized_objects.py``).
+So the links need no plugin registration, and must not get one: a plugin's
+``operator_extra_links`` replace the stored ones and would run ``get_link`` in the API server,
+where the Task SDK's ``XCom`` cannot be read. A task that pushed no URI gets an empty link,
+which the UI shows disabled.
+
+The URL starts with ``[api] base_url`` (``AIRFLOW__API__BASE_URL``), so it works behind a proxy
+that serves Airflow under a path; without it the link is relative to the host (``/trainops/...``).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+from urllib.parse import urlencode
+
+from airflow.sdk import BaseOperatorLink
+
+__all__ = [
+    "GATE_REPORT_KEY",
+    "MODEL_CARD_KEY",
+    "REPORT_PATH",
+    "VALIDATION_REPORT_KEY",
+    "GateDecisionLink",
+    "ModelCardLink",
+    "StoredReportLink",
+    "ValidationReportLink",
+    "report_url",
+]
+
+VALIDATION_REPORT_KEY = "trainops_validation_report"
+GATE_REPORT_KEY = "trainops_gate_report"
+MODEL_CARD_KEY = "trainops_model_card"
+REPORT_PATH = "/trainops/report"
+
+
+def report_url(uri: str, base_url: str | None = None) -> str:
+    """The report app's URL for the stored report ``uri``.
+
+    :param base_url: Airflow's public URL, e.g. ``https://airflow.example.com/airflow``;
+        defaults to ``[api] base_url``.
+    """
+    if base_url is None:
+        from airflow.sdk.configuration import conf
+
+        base_url = conf.get("api", "base_url", fallback="") or ""
+    return f"{base_url.rstrip('/')}{REPORT_PATH}?{urlencode({'uri': uri})}"
+
+
+class StoredReportLink(BaseOperatorLink):
+    """A link to the report whose storage URI the task pushed under :attr:`report_key`.
+
+    Subclasses set ``name`` (the button's label) and ``report_key``.
+    """
+
+    report_key: ClassVar[str]
+
+    def get_link(self, operator, *, ti_key) -> str:
+        # The configured XCom backend, as the task used when it pushed the URI.
+        from airflow.sdk.execution_time.xcom import XCom
+
+        uri = XCom.get_value(ti_key=ti_key, key=self.report_key)
+        if not isinstance(uri, str) or not uri:
+            return ""
+        return report_url(uri)
+
+
+class ValidationReportLink(StoredReportLink):
+    """The dataset validation report (``validation.json``) of a staging task."""
+
+    name = "Validation report"
+    report_key = VALIDATION_REPORT_KEY
+
+
+class GateDecisionLink(StoredReportLink):
+    """The evaluation gate's decision (``eval/gate.json``)."""
+
+    name = "Gate decision"
+    report_key = GATE_REPORT_KEY
+
+
+class ModelCardLink(StoredReportLink):
+    """The promoted model version's lineage card (``card.json``)."""
+
+    name = "Model card"
+    report_key = MODEL_CARD_KEY

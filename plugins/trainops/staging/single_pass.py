@@ -1,0 +1,100 @@
+"""The one pass over a source: read, validate, quarantine, aggregate, pack, batch by batch.
+
+Per batch, in this order: GX checks the row expectations; with quarantine, the rows it
+flags are set aside; the rest are tokenized and packed (rows the packer cannot take, such
+as a record longer than a shard, are set aside too); what is left feeds the dataset-level
+aggregates. Nothing here writes to storage: the caller decides, from the summary, whether
+the local shards are published or only the report is kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from trainops.staging.encoders import ByteTokenizer
+from trainops.staging.pack import Packer
+from trainops.staging.quarantine import SAMPLE_PATH, QuarantineLog
+from trainops.staging.reader import iter_file_batches, local_copy, read_schema
+from trainops.staging.schema import check_schema
+from trainops.staging.uniqueness import partitions_for
+from trainops.staging.validation import DatasetValidator
+
+
+def run_pass(source_storage, objects, suite: list[dict], tokenizer=None, *, scratch: str,
+             out_dir: str, eval_percent: int, shard_tokens: int, slice_columns: list[str],
+             batch_rows: int, id_column: str = "id", text_column: str = "text",
+             quarantine: dict | None = None, log: logging.Logger | None = None) -> dict:
+    """Read every object once; return ``{"summary", "packed", "quarantine", "problem"}``.
+
+    ``summary`` is the validation summary (with a ``quarantine`` block when quarantining),
+    ``packed`` what :meth:`Packer.close` returns, ``problem`` the first row staging could
+    not pack when there is no quarantine to put it in (None otherwise).
+    """
+    import numpy as np
+
+    log = log or logging.getLogger(__name__)
+    tokenizer = tokenizer or ByteTokenizer()
+    string_columns = list(dict.fromkeys([id_column, text_column, *slice_columns]))
+    columns = dict(id_column=id_column, text_column=text_column, slice_columns=slice_columns)
+    empty = [o for o in objects if o.size == 0]
+    if empty:
+        log.info("skipping %d empty objects (no rows), first %s", len(empty), empty[0].uri)
+        objects = [o for o in objects if o.size > 0]
+    # Local files cost nothing to inspect: find a bad schema before reading any rows.
+    for obj in objects:
+        if obj.uri.startswith("file://"):
+            with local_copy(source_storage, obj, scratch) as path:
+                check_schema(obj.uri, read_schema(path, obj, string_columns=string_columns),
+                             **columns)
+    validator = DatasetValidator(
+        suite, id_column=id_column, spill_dir=os.path.join(scratch, "spill"),
+        partitions=partitions_for(sum(o.size for o in objects)),
+        quarantine=quarantine is not None)
+    packer = Packer(out_dir, tokenizer, eval_percent=eval_percent, shard_tokens=shard_tokens,
+                    **columns)
+    qlog = QuarantineLog(quarantine, os.path.join(out_dir, SAMPLE_PATH)) if quarantine else None
+    offset = 0
+    for obj in objects:
+        with local_copy(source_storage, obj, scratch) as path:
+            if not obj.uri.startswith("file://"):
+                check_schema(obj.uri, read_schema(path, obj, string_columns=string_columns),
+                             **columns)
+            start = offset
+            for batch in iter_file_batches(path, obj, batch_rows=batch_rows,
+                                           string_columns=string_columns):
+                n = batch.num_rows
+                rows = np.arange(offset, offset + n)
+                bad = validator.check_rows(batch, offset)
+                kept, kept_rows = _without(batch, rows, bad)
+                skipped = packer.add(kept, kept_rows)
+                if qlog is not None and (bad or skipped):
+                    kept, kept_rows = _without(kept, kept_rows, skipped)
+                    bad.update({r: [why] for r, why in skipped.items()})
+                    mask = _mask(rows, bad)
+                    qlog.add(obj.uri, batch.filter(mask), rows[mask], bad)
+                validator.observe(kept, kept_rows)
+                offset += n
+        log.info("read %s: %d rows", obj.uri, offset - start)
+    summary = validator.summary()
+    packed = packer.close()
+    qsum = None
+    if qlog is not None:
+        qlog.close()
+        qsum = summary["quarantine"] = qlog.summary(validator.rows)
+    return {"summary": summary, "packed": packed, "quarantine": qsum,
+            "problem": packer.problem if qlog is None else None}
+
+
+def _mask(rows, chosen):
+    import numpy as np
+
+    return np.isin(rows, np.fromiter(chosen, dtype=np.int64, count=len(chosen)))
+
+
+def _without(batch, rows, chosen):
+    """The batch and its row numbers without the rows numbered in ``chosen``."""
+    if not chosen:
+        return batch, rows
+    keep = ~_mask(rows, chosen)
+    return batch.filter(keep), rows[keep]

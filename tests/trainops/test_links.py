@@ -1,0 +1,99 @@
+"""Report links: computed by the task runner from the pushed XCom, shown by the API server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from airflow.sdk import DAG, BaseOperator
+from trainops.links import (
+    GATE_REPORT_KEY,
+    VALIDATION_REPORT_KEY,
+    GateDecisionLink,
+    ModelCardLink,
+    ValidationReportLink,
+    report_url,
+)
+
+PROBE_DAG_ID = "trainops_links_probe"
+REPORT_URI = "s3://lake/trainops/datasets/web text/3f9a/validation.json"
+PROBE_DAG_FILE = '''# An Airflow DAG for tests/trainops/test_links.py.
+from tests.trainops.test_links import build_probe_dag
+
+dag = build_probe_dag()
+'''
+
+
+class PushReportsOperator(BaseOperator):
+    """Pushes report URIs the way trainops operators do, and offers all three links."""
+
+    operator_extra_links = (ValidationReportLink(), GateDecisionLink(), ModelCardLink())
+
+    def __init__(self, *, reports: dict, **kwargs):
+        super().__init__(**kwargs)
+        self.reports = reports
+
+    def execute(self, context):
+        for key, uri in self.reports.items():
+            context["ti"].xcom_push(key=key, value=uri)
+
+
+def build_probe_dag():
+    with DAG(PROBE_DAG_ID, schedule=None) as dag:
+        PushReportsOperator(task_id="stage", reports={VALIDATION_REPORT_KEY: REPORT_URI,
+                                                      GATE_REPORT_KEY: ""})
+    return dag
+
+
+@pytest.mark.parametrize(("base_url", "expected"), [
+    ("https://airflow.example.com/team-a/", "https://airflow.example.com/team-a/trainops/report"),
+    ("https://airflow.example.com", "https://airflow.example.com/trainops/report"),
+    ("", "/trainops/report"),
+])
+def test_report_url_keeps_the_proxy_path_and_encodes_the_uri(base_url, expected):
+    url = report_url("s3://b/root/runs/d/manual__2026-01-01T00:00:00+00:00/t/eval/gate.json",
+                     base_url)
+    assert url == (f"{expected}?uri=s3%3A%2F%2Fb%2Froot%2Fruns%2Fd%2F"
+                   "manual__2026-01-01T00%3A00%3A00%2B00%3A00%2Ft%2Feval%2Fgate.json")
+
+
+def test_report_url_reads_airflow_base_url(monkeypatch):
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", "https://proxy.example.com/airflow")
+    assert report_url("file:///r/a.json") == (
+        "https://proxy.example.com/airflow/trainops/report?uri=file%3A%2F%2F%2Fr%2Fa.json")
+
+
+def test_links_follow_the_pushed_xcom_through_airflow(airflow_db, tmp_path, monkeypatch):
+    """dag.test() runs the task runner, which stores each link's URL; the API lists them."""
+    from fastapi.testclient import TestClient
+
+    from airflow.api_fastapi.app import create_app, get_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    (tmp_path / "links_probe.py").write_text(PROBE_DAG_FILE)
+    # dag.test() needs its DAG in a bundle; this one sits in tmp_path, beside the dags folder.
+    monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps([
+        {"name": "trainops-links-test", "kwargs": {"path": str(tmp_path)},
+         "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle"},
+        {"name": "dags-folder", "kwargs": {},
+         "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle"},
+    ]))
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", "https://airflow.example.com/team-a/")
+
+    dagrun = build_probe_dag().test()
+    assert str(dagrun.state).endswith("success")
+
+    client = TestClient(create_app(apps="core"))
+    token = get_auth_manager().generate_jwt(SimpleAuthManagerUser(username="ada", role="viewer"))
+    response = client.get(
+        f"/api/v2/dags/{PROBE_DAG_ID}/dagRuns/{dagrun.run_id}/taskInstances/stage/links",
+        headers={"Authorization": f"Bearer {token}"})
+    assert response.status_code == 200, response.text
+    assert response.json()["extra_links"] == {
+        "Gate decision": None,  # pushed empty: no report, so the UI shows the link disabled
+        "Model card": None,     # not pushed at all
+        "Validation report": "https://airflow.example.com/team-a/trainops/report?uri="
+                             "s3%3A%2F%2Flake%2Ftrainops%2Fdatasets%2Fweb+text%2F3f9a%2F"
+                             "validation.json",
+    }
