@@ -34,6 +34,10 @@ with DAG(
             False, type="boolean", title="Deliver bad data",
             description="Write demo data with null and duplicate ids and empty texts, to see "
                         "staging reject it before any training is launched."),
+        "max_eval_loss": Param(
+            3.5, type="number", minimum=0, title="Gate: highest eval loss",
+            description="The gate rejects a candidate whose eval loss is above this. Set it "
+                        "to 0.5 to watch a model be rejected and promotion skipped."),
     },
 ) as dag:
 
@@ -79,8 +83,8 @@ with DAG(
         task_id="gate",
         evaluation=evaluate.output,
         checks=[
-            {"name": "eval loss under 3.5", "kind": "threshold", "metric": "eval_loss",
-             "op": "<=", "value": 3.5},
+            {"name": "eval loss under max_eval_loss", "kind": "threshold",
+             "metric": "eval_loss", "op": "<=", "value": "{{ params.max_eval_loss }}"},
             # Demo runs retrain on the same data with the same seed, so allow ties.
             {"name": "no regression vs production", "kind": "no_regression",
              "metric": "eval_loss", "tolerance": 0.02},

@@ -5,6 +5,10 @@
   staging reject it before anything is trained.
 - ``render-job SPEC.json``: print the Kubernetes manifests a JobSpec (JSON form) would submit,
   as multi-document YAML. A dry run: nothing is sent to a cluster.
+- ``rollback MODEL VERSION --reason TEXT``: point MODEL's production back at VERSION (one that
+  was production before), recording who (``--by``, default the OS user) and why in the
+  pointer's history. ``--storage-root`` defaults to ``$TRAINOPS_STORAGE_ROOT``; ``s3://``
+  roots use boto3's default credentials and ``AWS_ENDPOINT_URL_S3``.
 """
 
 from __future__ import annotations
@@ -76,6 +80,32 @@ def run_demo(project_dir: str, corrupt_data: bool = False) -> int:
     return 0 if str(dagrun.state) in ("success", "DagRunState.SUCCESS") else 1
 
 
+def run_rollback(model: str, version: int, *, reason: str, by: str | None,
+                 storage_root: str | None) -> int:
+    """``rollback``: print what changed, or the error on stderr (exit status 1)."""
+    import getpass
+
+    from trainops.promotion import PromotionError
+    from trainops.rollback import rollback
+    from trainops.settings import resolve_storage_root
+    from trainops.storage_conn import storage_for
+
+    try:
+        root = resolve_storage_root(storage_root)
+        result = rollback(storage_for(root, None), root, model, version, reason=reason,
+                          by=by or getpass.getuser())
+    except (PromotionError, ValueError) as exc:
+        print(f"rollback failed: {exc}", file=sys.stderr)
+        return 1
+    if result["changed"]:
+        print(f"{model}: production is now v{version} (was v{result['previous_version']}); "
+              f"recorded in {result['production_uri']} as rollback by {result['by']}: "
+              f"{result['reason']}")
+    else:
+        print(f"{model}: v{version} already is production; nothing changed")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainops", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -88,7 +118,17 @@ def main(argv: list[str] | None = None) -> int:
     render = sub.add_parser("render-job",
                             help="print the Kubernetes manifests of a JobSpec (dry run)")
     render.add_argument("spec", metavar="SPEC.json", help="a JobSpec in its JSON form")
+    back = sub.add_parser("rollback", help="point a model's production back at an earlier version")
+    back.add_argument("model", metavar="MODEL", help="the model name, e.g. demo-lm")
+    back.add_argument("version", metavar="VERSION", type=int, help="the version to return to")
+    back.add_argument("--reason", required=True, help="why; kept in the pointer's history")
+    back.add_argument("--by", default=None, help="who asks for it (default: the OS user)")
+    back.add_argument("--storage-root", default=None,
+                      help="file:///abs/path or s3://bucket/prefix (default: $TRAINOPS_STORAGE_ROOT)")
     args = parser.parse_args(argv)
+    if args.command == "rollback":
+        return run_rollback(args.model, args.version, reason=args.reason, by=args.by,
+                            storage_root=args.storage_root)
     if args.command == "demo":
         return run_demo(args.project_dir, corrupt_data=args.corrupt_data)
     if args.command == "render-job":

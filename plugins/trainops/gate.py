@@ -1,15 +1,21 @@
 """The evaluation gate: plain checks over plain metrics, no I/O.
 
 A check is a dict, so a gate definition can live in DAG code, a YAML file or a
-DAG param. Two kinds exist today:
+DAG param. Kinds (every one with examples in docs/promotion.md):
 
 - ``threshold``: ``{"kind": "threshold", "metric": "eval_loss", "op": "<=", "value": 4.0}``
 - ``no_regression``: ``{"kind": "no_regression", "metric": "eval_loss", "tolerance": 0.01,
   "direction": "lower_is_better"}``; passes when the candidate is no worse than the
   production model by more than ``tolerance`` (a fraction), and when there is no
   production model yet.
+- ``slices`` and ``slice_no_regression``: great-expectations expectations over the
+  per-slice metrics table (:mod:`trainops.slice_checks`).
 
-:func:`validate_checks` runs at DAG parse, :func:`decide` at run time.
+:func:`validate_checks` runs at DAG parse, :func:`decide` at run time. A numeric field
+(``value``, ``tolerance``, a slice expectation's ``min_value``/``max_value``) may be a
+Jinja template such as ``"{{ params.max_eval_loss }}"`` when the operator renders the
+checks: parse-time validation (``templates="allow"``) keeps it, and the rendered checks
+are validated again (``templates="rendered"``), which reads the rendered text as a number.
 """
 
 from __future__ import annotations
@@ -32,7 +38,9 @@ __all__ = [
     "validate_checks",
 ]
 
-KINDS = ("threshold", "no_regression")
+KINDS = ("threshold", "no_regression", "slices", "slice_no_regression")
+SLICE_KINDS = ("slices", "slice_no_regression")
+TEMPLATE_MODES = (None, "allow", "rendered")
 METRICS = ("eval_loss", "perplexity")
 DIRECTIONS = ("lower_is_better", "higher_is_better")
 OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
@@ -72,13 +80,47 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.6g}"
 
 
+def _show(value) -> str:
+    return _fmt(value) if _is_number(value) else str(value)
+
+
 def _default_name(check: dict) -> str:
     if check["kind"] == "threshold":
-        return f"{check['metric']} {check['op']} {_fmt(check['value'])}"
-    return f"{check['metric']} no regression (tolerance {_fmt(check['tolerance'])})"
+        return f"{check['metric']} {check['op']} {_show(check['value'])}"
+    if check["kind"] in SLICE_KINDS:
+        from trainops.slice_checks import default_name
+
+        return default_name(check)
+    return f"{check['metric']} no regression (tolerance {_show(check['tolerance'])})"
 
 
-def _validate_one(index: int, check: object) -> dict:
+def _is_template(value: object) -> bool:
+    return isinstance(value, str) and "{{" in value
+
+
+def _number_rule(templates: str | None):
+    """How a numeric field is read: a finite number, plus templates per ``templates``."""
+
+    def number(where: str, field: str, value: object):
+        if templates == "allow" and _is_template(value):
+            return value
+        if templates == "rendered" and isinstance(value, str):
+            try:
+                value = float(value.strip())
+            except ValueError:
+                raise GateConfigError(
+                    f"{where} field {field!r} rendered to {value!r}, which is not a number; "
+                    "fix the template or the param it reads"
+                ) from None
+        if not _is_number(value) or not math.isfinite(value):
+            raise GateConfigError(f"{where} needs a finite number in field {field!r}, "
+                                  f"got {value!r}")
+        return float(value)
+
+    return number
+
+
+def _validate_one(index: int, check: object, templates: str | None = None) -> dict:
     where = f"check #{index}"
     if not isinstance(check, dict):
         raise GateConfigError(
@@ -89,6 +131,11 @@ def _validate_one(index: int, check: object) -> dict:
     kind = check.get("kind")
     if kind not in KINDS:
         raise GateConfigError(f"{where} has unknown kind {kind!r}; use one of {list(KINDS)}")
+    number = _number_rule(templates)
+    if kind in SLICE_KINDS:
+        from trainops.slice_checks import validate_slice_check
+
+        return _named(where, check, validate_slice_check(where, check, number))
     unknown = sorted(set(check) - _FIELDS[kind])
     if unknown:
         raise GateConfigError(
@@ -103,13 +150,11 @@ def _validate_one(index: int, check: object) -> dict:
         op = check.get("op")
         if op not in OPS:
             raise GateConfigError(f"{where} has unknown op {op!r}; use one of {list(OPS)}")
-        value = check.get("value")
-        if not _is_number(value) or not math.isfinite(value):
-            raise GateConfigError(f"{where} needs a finite number in field 'value', got {value!r}")
-        out.update(op=op, value=float(value))
+        out.update(op=op, value=number(where, "value", check.get("value")))
     else:
         tolerance = check.get("tolerance", 0.0)
-        if not _is_number(tolerance) or not math.isfinite(tolerance) or tolerance < 0:
+        tolerance = number(where, "tolerance", tolerance)
+        if isinstance(tolerance, float) and tolerance < 0:
             raise GateConfigError(
                 f"{where} needs field 'tolerance' to be a number >= 0 (a fraction: 0.01 is 1%), "
                 f"got {tolerance!r}"
@@ -119,7 +164,11 @@ def _validate_one(index: int, check: object) -> dict:
             raise GateConfigError(
                 f"{where} has unknown direction {direction!r}; use one of {list(DIRECTIONS)}"
             )
-        out.update(tolerance=float(tolerance), direction=direction)
+        out.update(tolerance=tolerance, direction=direction)
+    return _named(where, check, out)
+
+
+def _named(where: str, check: dict, out: dict) -> dict:
     name = check.get("name")
     if name is not None and (not isinstance(name, str) or not name.strip()):
         raise GateConfigError(
@@ -129,11 +178,15 @@ def _validate_one(index: int, check: object) -> dict:
     return out
 
 
-def validate_checks(checks: object) -> list[dict]:
+def validate_checks(checks: object, *, templates: str | None = None) -> list[dict]:
     """Normalise check definitions (default names, tolerance, direction).
 
-    Raises GateConfigError naming the check and field at fault.
+    Raises GateConfigError naming the check and field at fault. ``templates``: None (numbers
+    only), ``"allow"`` (keep Jinja templates in numeric fields, at DAG parse) or
+    ``"rendered"`` (read rendered numeric text as numbers, when the task runs).
     """
+    if templates not in TEMPLATE_MODES:
+        raise ValueError(f"templates must be one of {TEMPLATE_MODES}, got {templates!r}")
     if not isinstance(checks, (list, tuple)):
         raise GateConfigError(
             f"checks must be a list of dicts, got {type(checks).__name__} {checks!r}"
@@ -141,7 +194,7 @@ def validate_checks(checks: object) -> list[dict]:
     if not checks:
         raise GateConfigError("checks is empty, which would approve any model; "
                               "give at least one check or omit checks to use the defaults")
-    out = [_validate_one(i, check) for i, check in enumerate(checks)]
+    out = [_validate_one(i, check, templates) for i, check in enumerate(checks)]
     seen: set[str] = set()
     for check in out:
         if check["name"] in seen:
@@ -186,6 +239,9 @@ def check_evaluation(evaluation: object, checks: list[dict]) -> dict:
             "pass EvaluateModelOperator's result unchanged"
         )
     for check in checks:
+        if check["kind"] in SLICE_KINDS:
+            _check_slices(candidate, production, check)
+            continue
         sides = [("candidate", candidate)]
         if check["kind"] == "no_regression" and production is not None:
             sides.append(("production", production))
@@ -196,6 +252,20 @@ def check_evaluation(evaluation: object, checks: list[dict]) -> dict:
                     f"{check['name']!r}, got {metrics.get(check['metric'])!r}"
                 )
     return evaluation
+
+
+def _check_slices(candidate: dict, production: dict | None, check: dict) -> None:
+    sides = [("candidate", candidate)] + ([("production", production)] if production else [])
+    for side, metrics in sides:
+        slices = metrics.get("slices", {} if side == "production" else None)
+        if not isinstance(slices, dict) or not all(
+                isinstance(values, dict) and all(isinstance(v, dict) for v in values.values())
+                for values in slices.values()):
+            raise GateInputError(
+                f"evaluation {side} field 'slices' must map slice column -> value -> metrics "
+                f"for check {check['name']!r}, got {str(slices)[:200]!r}; pass "
+                "EvaluateModelOperator's result unchanged"
+            )
 
 
 def _observed(metrics: dict, metric: str) -> tuple[float | None, str]:
@@ -245,16 +315,26 @@ def decide(checks: list[dict], candidate: dict, production: dict | None,
     """Run every check (validated or raw) on the candidate's metrics; approve if all pass.
 
     ``observed`` is the candidate's value (None when it is missing or not finite, which
-    fails the check); ``expected`` is the condition it had to meet, as text.
+    fails the check); ``expected`` is the condition it had to meet, as text. Slice checks
+    also list their failing ``slices`` and need pandas and great-expectations.
     """
+    checks = validate_checks(checks)
+    slice_checks = [c for c in checks if c["kind"] in SLICE_KINDS]
+    if slice_checks:
+        from trainops.slice_checks import run_slice_checks
+
+        slice_outcomes = iter(run_slice_checks(slice_checks, candidate, production,
+                                               production_version))
     results = []
-    for check in validate_checks(checks):
+    for check in checks:
         if check["kind"] == "threshold":
             outcome = _threshold(check, candidate)
-        else:
+        elif check["kind"] == "no_regression":
             outcome = _no_regression(check, candidate, production, production_version)
+        else:
+            outcome = next(slice_outcomes)
         results.append({"name": check["name"], "kind": check["kind"],
-                        "metric": check["metric"], **outcome})
+                        "metric": check.get("metric") or "slices", **outcome})
     return {"approved": all(r["passed"] for r in results), "checks": results,
             "production_version": production_version}
 

@@ -10,12 +10,17 @@ Layout (from :mod:`trainer.contract`)::
 Conditional writes are the only coordination: ``_claim.json`` with If-None-Match makes
 version numbers unique, and the pointer is written with If-Match on the etag that was
 checked, so of two promotions gated against the same production version exactly one wins.
+The other learns that production moved; with a ``regate`` callable it checks the candidate
+against the new production model and either moves the pointer from there (another
+compare-and-swap) or stops. Every move appends to the pointer's ``history``, which is
+rewritten whole under the same compare-and-swap, so no move is lost.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from datetime import datetime, timezone
 
 from trainer.contract import join, model_prefix, model_version_prefix, production_pointer
@@ -26,10 +31,14 @@ __all__ = [
     "POINTER_FORMAT",
     "ProductionMovedError",
     "PromotionError",
+    "RegateRejected",
     "allocate_version",
+    "card_uri",
     "config_sha256",
     "next_version",
+    "new_pointer",
     "promote",
+    "read_pointer",
     "read_production",
     "version_numbers",
 ]
@@ -40,6 +49,8 @@ CLAIM_NAME = "_claim.json"
 CARD_NAME = "card.json"
 _MAX_ALLOCATE_TRIES = 100
 _MAX_CAS_TRIES = 20
+# How often one promotion may find production moved and re-gate before it gives up.
+_MAX_REGATES = 20
 
 
 class PromotionError(Exception):
@@ -47,18 +58,38 @@ class PromotionError(Exception):
 
 
 class ProductionMovedError(PromotionError):
-    """The production pointer changed after the gate compared against it."""
+    """The production pointer changed after the gate compared against it.
 
-    def __init__(self, model: str, expected_version: int | None, current_version: int | None):
+    ``pointer`` is the pointer as read (None: no production model); ``reason``, when set,
+    says why the candidate could not be re-gated against it.
+    """
+
+    def __init__(self, model: str, expected_version: int | None, current_version: int | None,
+                 *, pointer: dict | None = None, reason: str | None = None):
         self.model = model
         self.expected_version = expected_version
         self.current_version = current_version
+        self.pointer = pointer
+        self.reason = reason
         target = (f"against v{current_version}" if current_version is not None
                   else "with no production model")
-        super().__init__(
-            f"production of {model!r} moved from {_label(expected_version)} to "
-            f"{_label(current_version)} while this run was gated; re-run to evaluate {target}"
-        )
+        moved = (f"production of {model!r} moved from {_label(expected_version)} to "
+                 f"{_label(current_version)} while this run was gated")
+        if reason is None:
+            message = f"{moved}; re-run to evaluate {target}"
+        else:
+            message = (f"{moved}, and {reason}; the candidate must be evaluated {target}: clear "
+                       "this DAG run's evaluate task (it evaluates against the current "
+                       "production model) or trigger a new run")
+        super().__init__(message)
+
+
+class RegateRejected(PromotionError):
+    """Production moved, and the candidate fails its checks against the new production model."""
+
+    def __init__(self, message: str, decision: dict):
+        self.decision = decision
+        super().__init__(message)
 
 
 def _label(version: int | None) -> str:
@@ -101,12 +132,25 @@ def _parse_pointer(data: object, uri: str) -> dict:
     return data
 
 
-def _new_pointer(previous: dict | None, *, name: str, version: int, version_uri: str,
-                 run_uri: str | None, at: str) -> dict:
+def new_pointer(previous: dict | None, *, name: str, version: int, version_uri: str,
+                entry: dict) -> dict:
+    """The pointer after a move to ``version``; ``entry`` (``at``, ``action``, ...) joins the
+    history, and the rest of the previous history is kept as it was."""
     history = list(previous.get("history", [])) if previous else []
-    history.append({"version": version, "at": at, "action": "promote", "run_uri": run_uri})
+    history.append({"version": version, **entry})
     return {"format": POINTER_FORMAT, "model": name, "version": version, "uri": version_uri,
-            "promoted_at": at, "run_uri": run_uri, "history": history}
+            "promoted_at": entry["at"], "run_uri": entry.get("run_uri"), "history": history}
+
+
+def _promotion_of(pointer: dict | None, run_uri: str | None) -> tuple[int, int | None] | None:
+    """(version, previous version) of this run's promotion in the history, if there is one."""
+    if not pointer or not run_uri:
+        return None
+    history = pointer.get("history") or []
+    for i, entry in enumerate(history):
+        if entry.get("action") == "promote" and entry.get("run_uri") == run_uri:
+            return entry["version"], history[i - 1]["version"] if i else None
+    return None
 
 
 # ------------------------------------------------------------------------- storage I/O
@@ -139,10 +183,15 @@ def allocate_version(storage: Storage, root: str, name: str, *,
 
 def read_production(storage: Storage, root: str, name: str) -> dict | None:
     """The production pointer of model ``name``, or None if it has never been promoted."""
-    return _read_pointer(storage, production_pointer(root, name))[0]
+    return read_pointer(storage, production_pointer(root, name))[0]
 
 
-def _read_pointer(storage: Storage, uri: str) -> tuple[dict | None, str | None]:
+def card_uri(root: str, name: str, version: int) -> str:
+    return join(model_version_prefix(root, name, version), CARD_NAME)
+
+
+def read_pointer(storage: Storage, uri: str) -> tuple[dict | None, str | None]:
+    """The pointer at ``uri`` and its etag, or (None, None) when there is none."""
     try:
         data, etag = storage.get_with_etag(uri)
     except NotFound:
@@ -171,17 +220,8 @@ def config_sha256(storage: Storage, config_uri: str) -> str:
 def _check_unmoved(pointer: dict | None, name: str, expected: int | None) -> int | None:
     current = pointer["version"] if pointer else None
     if current != expected:
-        raise ProductionMovedError(name, expected, current)
+        raise ProductionMovedError(name, expected, current, pointer=pointer)
     return current
-
-
-def _promoted_by(pointer: dict | None, run_uri: str | None, expected: int | None) -> bool:
-    """Whether the pointer's latest move was this run's promotion from ``expected``."""
-    if not pointer or not run_uri or pointer.get("run_uri") != run_uri:
-        return False
-    history = pointer.get("history") or []
-    before = history[-2].get("version") if len(history) >= 2 else None
-    return before == expected
 
 
 def _copy_export(storage: Storage, export_uri: str, version_uri: str) -> list[dict]:
@@ -217,51 +257,100 @@ def _abandon(storage: Storage, version_uri: str, reason: str) -> None:
 
 
 def promote(storage: Storage, root: str, name: str, *, export_uri: str, card: dict,
-            expected_production_version: int | None) -> dict:
+            expected_production_version: int | None,
+            regate: Callable[[dict | None], dict] | None = None) -> dict:
     """Publish ``export_uri`` as the next version of ``name`` and make it production.
 
     ``card`` holds the caller's lineage (dataset, run, config hash, metrics, gate decision);
     the version, file list, trainops version and time are added here.
-    ``expected_production_version`` is the version the gate compared against: if production
-    is anything else when the pointer is moved, :class:`ProductionMovedError` is raised and
-    the pointer is left untouched.
+    ``expected_production_version`` is the version the gate compared against. If production
+    is anything else when the pointer is moved:
+
+    - without ``regate``, :class:`ProductionMovedError` is raised and the pointer is left
+      untouched;
+    - with ``regate``, it is called with the pointer as now read. It returns a record of the
+      new comparison (kept in the card's ``gate.regates``), and the pointer is moved from
+      that version instead; or it raises a :class:`PromotionError` (:class:`RegateRejected`,
+      :class:`ProductionMovedError`) to stop.
+
+    A version claimed and then not promoted keeps only its ``_claim.json``, with the reason.
+    A run already promoted (a task retry after the pointer moved) is reported, not promoted
+    again.
     """
     pointer_uri = production_pointer(root, name)
     run_uri = card.get("run_uri")
-    pointer = _read_pointer(storage, pointer_uri)[0]
-    if _promoted_by(pointer, run_uri, expected_production_version):
-        # A retry after the pointer moved but before the task could report it.
-        return {"version": pointer["version"], "version_uri": pointer["uri"],
-                "production_uri": pointer_uri, "previous_version": expected_production_version}
-    # Fail before copying weights when the answer is already known.
-    _check_unmoved(pointer, name, expected_production_version)
+    pointer = read_pointer(storage, pointer_uri)[0]
+    done = _promotion_of(pointer, run_uri)
+    if done is not None:
+        return _result(root, name, done[0], done[1], regates=[])
+    expected, regates = expected_production_version, []
+    try:
+        # Decide before copying weights when the answer is already known.
+        _check_unmoved(pointer, name, expected)
+    except ProductionMovedError as moved:
+        if regate is None:
+            raise
+        regates.append(regate(moved.pointer))
+        expected = moved.current_version
 
     version = allocate_version(storage, root, name, claim={"run_uri": run_uri})
     version_uri = model_version_prefix(root, name, version)
     try:
         files = _copy_export(storage, export_uri, version_uri)
-        at = _now()
-        storage.put_json(join(version_uri, CARD_NAME), {
-            **card, "format": CARD_FORMAT, "model": name, "version": version,
-            "uri": version_uri, "export_uri": export_uri, "files": files,
-            "trainops_version": _trainops_version(), "promoted_at": at,
-        })
-        previous = _move_pointer(storage, pointer_uri, name, expected_production_version,
-                                 version=version, version_uri=version_uri, run_uri=run_uri, at=at)
-    except (PromotionError, NotFound) as exc:
-        _abandon(storage, version_uri, str(exc))
+        for _ in range(_MAX_REGATES):
+            at = _now()
+            storage.put_json(join(version_uri, CARD_NAME), _card(
+                card, regates, name=name, version=version, version_uri=version_uri,
+                export_uri=export_uri, files=files, at=at))
+            try:
+                previous = _move_pointer(
+                    storage, pointer_uri, name, expected, version=version,
+                    version_uri=version_uri,
+                    entry={"at": at, "action": "promote", "run_uri": run_uri})
+            except ProductionMovedError as moved:
+                if regate is None:
+                    raise
+                regates.append(regate(moved.pointer))
+                expected = moved.current_version
+                continue
+            return _result(root, name, version, previous, regates=regates)
+        raise PromotionError(
+            f"production of {name!r} moved {_MAX_REGATES} times while this promotion re-gated "
+            "against it; too many promotions at once, retry later"
+        )
+    except Exception as exc:
+        try:
+            _abandon(storage, version_uri, str(exc) or type(exc).__name__)
+        except Exception:  # noqa: BLE001 - the first error is the one to report
+            pass
         raise
-    return {"version": version, "version_uri": version_uri, "production_uri": pointer_uri,
-            "previous_version": previous}
+
+
+def _card(card: dict, regates: list[dict], *, name: str, version: int, version_uri: str,
+          export_uri: str, files: list[dict], at: str) -> dict:
+    gate = dict(card.get("gate") or {})
+    if regates:
+        gate["regates"] = regates
+    return {**card, "gate": gate, "format": CARD_FORMAT, "model": name, "version": version,
+            "uri": version_uri, "export_uri": export_uri, "files": files,
+            "trainops_version": _trainops_version(), "promoted_at": at}
+
+
+def _result(root: str, name: str, version: int, previous: int | None, *,
+            regates: list[dict]) -> dict:
+    return {"version": version, "version_uri": model_version_prefix(root, name, version),
+            "card_uri": card_uri(root, name, version),
+            "production_uri": production_pointer(root, name), "previous_version": previous,
+            "regated_against": [r.get("production_version") for r in regates]}
 
 
 def _move_pointer(storage: Storage, uri: str, name: str, expected: int | None, *,
-                  version: int, version_uri: str, run_uri: str | None, at: str) -> int | None:
+                  version: int, version_uri: str, entry: dict) -> int | None:
     for _ in range(_MAX_CAS_TRIES):
-        pointer, etag = _read_pointer(storage, uri)
+        pointer, etag = read_pointer(storage, uri)
         previous = _check_unmoved(pointer, name, expected)
-        new = _new_pointer(pointer, name=name, version=version, version_uri=version_uri,
-                           run_uri=run_uri, at=at)
+        new = new_pointer(pointer, name=name, version=version, version_uri=version_uri,
+                          entry=entry)
         condition = {"if_match": etag} if etag is not None else {"if_none_match": True}
         try:
             storage.put_json(uri, new, **condition)
@@ -273,3 +362,4 @@ def _move_pointer(storage: Storage, uri: str, name: str, expected: int | None, *
         f"production pointer {uri!r} kept changing over {_MAX_CAS_TRIES} compare-and-swap tries; "
         "retry the promotion"
     )
+

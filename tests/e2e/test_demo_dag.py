@@ -1,4 +1,8 @@
-"""The demo DAG end to end through Airflow's own dag.test(), twice, asserting on storage."""
+"""The demo DAG end to end through Airflow's own dag.test(), asserting on storage.
+
+Three runs share one test (each trains for ~40 s): a first model, a second one that is no
+worse, and a third that an impossible threshold (a DAG param) rejects; then a rollback.
+"""
 
 import json
 
@@ -6,7 +10,7 @@ import pytest
 
 from trainer.contract import RunLayout, dataset_prefix, production_pointer
 from trainer.storage import open_storage
-from trainops.cli import DEMO_DAG, DEMO_TASKS, load_dag, xcom_results
+from trainops.cli import DEMO_DAG, DEMO_TASKS, load_dag, main, xcom_results
 
 pytestmark = pytest.mark.slow
 
@@ -19,15 +23,24 @@ def demo_env(tmp_path, monkeypatch, airflow_db):
     return root
 
 
-def run_demo():
+def run_demo(run_conf: dict | None = None):
     import os
 
     dag = load_dag(os.environ["AIRFLOW__CORE__DAGS_FOLDER"], DEMO_DAG)
-    dagrun = dag.test()
+    dagrun = dag.test(run_conf=run_conf)
     return dagrun, xcom_results(DEMO_DAG, dagrun.run_id, DEMO_TASKS)
 
 
-def test_demo_twice(demo_env):
+def task_states(run_id: str) -> dict:
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.query(TaskInstance).filter_by(dag_id=DEMO_DAG, run_id=run_id).all()
+        return {ti.task_id: str(ti.state).rsplit(".", 1)[-1].lower() for ti in rows}
+
+
+def test_demo_twice_then_a_rejected_model_then_a_rollback(demo_env, capfd):
     root = demo_env
     store = open_storage(root)
 
@@ -73,3 +86,32 @@ def test_demo_twice(demo_env):
     assert second["evaluate"]["production_version"] == 1
     assert second["evaluate"]["production"]["eval_loss"] == pytest.approx(first_loss, rel=1e-6)
     assert store.get_json(production_pointer(root, "demo-lm"))["version"] == 2
+
+    # A third run with an impossible threshold: the gate rejects, promotion is skipped.
+    pointer_before = store.get(production_pointer(root, "demo-lm"))
+    capfd.readouterr()
+    dagrun, third = run_demo({"max_eval_loss": 0.5})
+    assert str(dagrun.state).endswith("success"), third  # a rejection is not a failure
+    states = task_states(dagrun.run_id)
+    assert (states["gate"], states["promote"]) == ("success", "skipped")
+    assert third["promote"] is None
+    assert store.get(production_pointer(root, "demo-lm")) == pointer_before  # still v2
+    gate = store.get_json(RunLayout(third["train"]["run_uri"]).eval_gate)
+    assert gate["approved"] is False and gate["production_version"] == 2
+    failed = [c for c in gate["checks"] if not c["passed"]]
+    assert [(c["name"], c["expected"]) for c in failed] == [
+        ("eval loss under max_eval_loss", "<= 0.5")]
+    assert failed[0]["observed"] == pytest.approx(third["evaluate"]["candidate"]["eval_loss"])
+    out = capfd.readouterr()
+    assert "gate REJECTED: 1/2 checks passed, against production v2" in out.out + out.err
+    assert "not promoting demo-lm: the gate rejected it: eval loss under max_eval_loss" in (
+        out.out + out.err)
+
+    # Roll back to v1, as the README walk-through does.
+    assert main(["rollback", "demo-lm", "1", "--reason", "walk-through", "--by", "e2e"]) == 0
+    pointer = store.get_json(production_pointer(root, "demo-lm"))
+    assert pointer["version"] == 1 and pointer["run_uri"] == first["train"]["run_uri"]
+    assert [(h["version"], h["action"]) for h in pointer["history"]] == [
+        (1, "promote"), (2, "promote"), (1, "rollback")]
+    assert (pointer["history"][-1]["by"], pointer["history"][-1]["reason"]) == (
+        "e2e", "walk-through")

@@ -262,3 +262,31 @@ def test_format_table_without_production():
     table = format_table(decide(DEFAULT_CHECKS, metrics(3.0), None))
     assert table.splitlines()[0] == "gate APPROVED: 2/2 checks passed, against no production model"
     assert "no production model yet" in table
+
+
+# ---------------------------------------------------------------------------- templates
+
+
+TEMPLATED = {"name": "loss cap", "kind": "threshold", "metric": "eval_loss", "op": "<=",
+             "value": "{{ params.max_eval_loss }}"}
+
+
+def test_templates_are_kept_at_parse_and_read_as_numbers_once_rendered():
+    parsed = validate_checks([TEMPLATED], templates="allow")
+    assert parsed[0]["value"] == "{{ params.max_eval_loss }}"
+    rendered = validate_checks([{**parsed[0], "value": "0.5"}], templates="rendered")
+    assert rendered[0]["value"] == 0.5
+    assert decide(rendered, metrics(3.0), None)["approved"] is False
+
+
+@pytest.mark.parametrize("checks, templates, words", [
+    ([TEMPLATED], None, ["'value'", "params.max_eval_loss"]),
+    ([{**TEMPLATED, "value": "4"}], "allow", ["'value'", "'4'"]),
+    ([{**TEMPLATED, "value": "lots"}], "rendered", ["'value'", "'lots'", "not a number"]),
+    ([TEMPLATED], "rendered", ["'value'", "params.max_eval_loss"]),
+])
+def test_template_errors_name_the_field_and_value(checks, templates, words):
+    with pytest.raises(GateConfigError) as err:
+        validate_checks(checks, templates=templates)
+    for word in words:
+        assert word in str(err.value)

@@ -4,20 +4,29 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import math
 import os
+import random
+import re
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import yaml
 
 import trainops
-from trainer.contract import join, model_version_prefix, production_pointer
+from trainer.contract import RunLayout, join, model_version_prefix, production_pointer
 from trainer.storage import open_storage
+from trainops.card import build_card
+from trainops.gate import decide, validate_checks
 from trainops.promotion import (
     ProductionMovedError,
     PromotionError,
+    RegateRejected,
     allocate_version,
     config_sha256,
     next_version,
@@ -25,6 +34,7 @@ from trainops.promotion import (
     read_production,
     version_numbers,
 )
+from trainops.regate import make_regate
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -102,8 +112,9 @@ def test_promote_twice_copies_files_writes_card_and_grows_history(root):
     first = do_promote(storage, root, run1, None)
     v1_uri = model_version_prefix(root, "demo-lm", 1)
     assert first == {"version": 1, "version_uri": v1_uri,
+                     "card_uri": join(v1_uri, "card.json"),
                      "production_uri": production_pointer(root, "demo-lm"),
-                     "previous_version": None}
+                     "previous_version": None, "regated_against": []}
     assert storage.get(join(v1_uri, "model.safetensors")) == b"weights of run-1"
     assert storage.get(join(v1_uri, "tokenizer", "vocab.json")) == b'{"a": 1}'
 
@@ -348,3 +359,243 @@ def test_twenty_thread_races_on_s3_each_have_exactly_one_winner(s3_root):
         outcomes = race_threads(storage, s3_root, [run_a, run_b], None, name=name)
         assert_one_winner(storage, s3_root, outcomes, [run_a, run_b], name=name)
         assert len(read_production(storage, s3_root, name)["history"]) == 1
+
+
+# ------------------------------------------------------------------ re-gate on a lost race
+
+LOG = logging.getLogger("tests.promotion")
+DATA_URI = "file:///datasets/demo-text/3f2a"
+CHECKS = [{"name": "loss cap", "kind": "threshold", "metric": "eval_loss", "op": "<=",
+           "value": 4.0},
+          {"name": "no regression", "kind": "no_regression", "metric": "eval_loss",
+           "tolerance": 0.0}]
+
+
+class Candidate:
+    """A finished, evaluated training run: export, resolved config and upstream results."""
+
+    def __init__(self, storage, root: str, name: str, loss: float, *, data_uri: str = DATA_URI,
+                 tokens: int = 4096):
+        self.run_uri = join(root, "runs", "retrain", name, "train")
+        storage.put(join(self.run_uri, "export", "model.safetensors"), f"weights {name}".encode())
+        config = {"run_uri": self.run_uri, "data_uri": data_uri, "train": {"seq_len": 64},
+                  "eval": {"batch_size": 8, "max_batches": 0}}
+        storage.put(join(self.run_uri, "config.yaml"), yaml.safe_dump(config).encode())
+        self.loss = loss
+        self.metrics = {"eval_loss": loss, "perplexity": math.exp(loss), "tokens": tokens,
+                        "slices": {}}
+        self.training = {"run_uri": self.run_uri, "export_uri": join(self.run_uri, "export"),
+                         "config_uri": join(self.run_uri, "config.yaml"), "steps": 40,
+                         "preemptions": 1}
+        self.dataset = {"dataset_name": "demo-text", "version": "3f2a", "uri": data_uri}
+
+
+def gate_for(storage, cand: Candidate, production: Candidate | None, version: int | None,
+             model: str = "demo-lm") -> dict:
+    """What EvaluationGateOperator returns (and writes to gate.json) for ``cand``."""
+    definitions = validate_checks(CHECKS)
+    decision = decide(definitions, cand.metrics, production and production.metrics, version)
+    gate_uri = RunLayout(cand.run_uri).eval_gate
+    storage.put_json(gate_uri, {**decision, "model_name": model, "check_definitions": definitions})
+    return {**decision, "gate_uri": gate_uri, "check_definitions": definitions,
+            "model_name": model, "run_uri": cand.run_uri}
+
+
+def promote_candidate(storage, root: str, cand: Candidate, gate: dict, model: str = "demo-lm"):
+    card = build_card(storage, gate=gate, training=cand.training, dataset=cand.dataset,
+                      evaluation={"candidate": cand.metrics})
+    regate = make_regate(storage, root, model, gate=gate, candidate=cand.metrics,
+                         basis=card["eval_basis"], log=LOG)
+    return promote(storage, root, model, export_uri=cand.training["export_uri"], card=card,
+                   expected_production_version=gate["production_version"], regate=regate)
+
+
+def two_candidates_gated_against_v1(storage, root, mine_loss, rival_loss, **mine_kwargs):
+    base = Candidate(storage, root, "base", 3.0)
+    promote_candidate(storage, root, base, gate_for(storage, base, None, None))
+    mine = Candidate(storage, root, "mine", mine_loss, **mine_kwargs)
+    rival = Candidate(storage, root, "rival", rival_loss)
+    return base, mine, rival, gate_for(storage, mine, base, 1), gate_for(storage, rival, base, 1)
+
+
+def rival_first(storage, root, rival, rival_gate):
+    """Storage on which the rival promotes just before this promotion writes the pointer."""
+    return BeforePointerWrite(storage, production_pointer(root, "demo-lm"),
+                              lambda: promote_candidate(storage, root, rival, rival_gate))
+
+
+def test_lost_race_regates_against_the_winner_and_promotes_when_still_better(root):
+    storage = open_storage(root)
+    _, mine, rival, my_gate, rival_gate = two_candidates_gated_against_v1(storage, root, 2.5, 2.8)
+    result = promote_candidate(rival_first(storage, root, rival, rival_gate), root, mine, my_gate)
+    # I claimed v2 first; the rival took v3 and won the pointer; I re-gated against v3.
+    assert (result["version"], result["previous_version"], result["regated_against"]) == (2, 3, [3])
+    pointer = read_production(storage, root, "demo-lm")
+    assert [(h["version"], h["run_uri"]) for h in pointer["history"]] == [
+        (1, join(root, "runs", "retrain", "base", "train")), (3, rival.run_uri), (2, mine.run_uri)]
+    card = storage.get_json(result["card_uri"])
+    [regate] = card["gate"]["regates"]
+    assert regate["production_version"] == 3 and regate["moved_from"] == 1
+    assert regate["approved"] is True
+    assert regate["checks"][1]["expected"] == "<= 2.8"  # the rival's loss, from its card
+    assert card["gate"]["production_version"] == 1  # what the gate itself compared against
+    # The run's gate.json shows the re-gate too.
+    assert storage.get_json(my_gate["gate_uri"])["regates"][0]["production_version"] == 3
+
+
+def test_lost_race_regate_rejection_stops_and_leaves_the_winner(root):
+    storage = open_storage(root)
+    _, mine, rival, my_gate, rival_gate = two_candidates_gated_against_v1(storage, root, 2.9, 2.5)
+    with pytest.raises(RegateRejected) as err:
+        promote_candidate(rival_first(storage, root, rival, rival_gate), root, mine, my_gate)
+    assert str(err.value) == (
+        "production of 'demo-lm' moved from v1 to v3 while this run was gated; re-gated against "
+        "v3, the candidate fails: no regression (observed 2.9, expected <= 2.5; production v3 "
+        "eval_loss 2.5, tolerance 0)")
+    pointer = read_production(storage, root, "demo-lm")
+    assert pointer["version"] == 3 and len(pointer["history"]) == 2
+    loser = model_version_prefix(root, "demo-lm", 2)
+    assert storage.list(loser) == [join(loser, "_claim.json")]
+    assert "re-gated against v3" in storage.get_json(join(loser, "_claim.json"))["reason"]
+    recorded = storage.get_json(my_gate["gate_uri"])
+    assert recorded["approved"] is True  # the gate's own decision stands as it was made
+    assert recorded["regates"][0]["approved"] is False
+
+
+def test_lost_race_against_a_model_evaluated_on_other_data_stops_asking_for_re_evaluation(
+        file_root):
+    storage = open_storage(file_root)
+    _, mine, rival, my_gate, rival_gate = two_candidates_gated_against_v1(
+        storage, file_root, 2.5, 2.8, data_uri="file:///datasets/demo-text/9e9e")
+    with pytest.raises(ProductionMovedError) as err:
+        promote_candidate(rival_first(storage, file_root, rival, rival_gate), file_root, mine,
+                          my_gate)
+    message = str(err.value)
+    assert message.startswith("production of 'demo-lm' moved from v1 to v3 while this run was "
+                              "gated, and v3 was evaluated with data_uri "
+                              "'file:///datasets/demo-text/3f2a', this candidate with "
+                              "'file:///datasets/demo-text/9e9e'")
+    assert "must be evaluated against v3: clear this DAG run's evaluate task" in message
+    assert read_production(storage, file_root, "demo-lm")["version"] == 3
+    assert storage.get_json(my_gate["gate_uri"])["regates"][0]["reason"].startswith(
+        "v3 was evaluated with data_uri")
+
+
+def test_production_that_moved_before_promotion_started_is_regated_before_copying(file_root):
+    storage = open_storage(file_root)
+    _, mine, rival, my_gate, rival_gate = two_candidates_gated_against_v1(
+        storage, file_root, 2.9, 2.5)
+    promote_candidate(storage, file_root, rival, rival_gate)
+    with pytest.raises(RegateRejected, match="moved from v1 to v2"):
+        promote_candidate(storage, file_root, mine, my_gate)
+    # Refused before a version was claimed: no files copied, no number spent.
+    assert version_numbers(storage, file_root, "demo-lm") == [1, 2]
+
+
+def test_retry_of_a_regated_promotion_reports_it_instead_of_promoting_twice(file_root):
+    storage = open_storage(file_root)
+    _, mine, rival, my_gate, rival_gate = two_candidates_gated_against_v1(
+        storage, file_root, 2.5, 2.8)
+    first = promote_candidate(rival_first(storage, file_root, rival, rival_gate), file_root,
+                              mine, my_gate)
+    again = promote_candidate(storage, file_root, mine, my_gate)
+    assert (again["version"], again["previous_version"]) == (first["version"], 3)
+    assert version_numbers(storage, file_root, "demo-lm") == [1, 2, 3]
+
+
+# ------------------------------------------------------------- concurrent promotions, many times
+
+PROMOTERS = 4
+
+
+def race_round(storage, root: str, model: str, losses: list[float]):
+    """Promote one base version, then ``losses`` candidates at once, all gated against it.
+
+    Every promoter reads the pointer before any writes it (a barrier at the first pointer
+    write), so every round has a real compare-and-swap collision.
+    """
+    base = Candidate(storage, root, f"{model}-base", 3.0)
+    promote_candidate(storage, root, base, gate_for(storage, base, None, None, model), model)
+    cands = [Candidate(storage, root, f"{model}-{i}", loss) for i, loss in enumerate(losses)]
+    gates = [gate_for(storage, c, base, 1, model) for c in cands]
+    assert all(g["approved"] for g in gates)
+    barrier = threading.Barrier(len(cands))
+    pointer_uri = production_pointer(root, model)
+
+    def one(i):
+        racer = BeforePointerWrite(storage, pointer_uri, lambda: barrier.wait(timeout=30))
+        try:
+            return promote_candidate(racer, root, cands[i], gates[i], model)
+        except RegateRejected as exc:
+            return exc
+
+    with ThreadPoolExecutor(len(cands)) as pool:
+        return base, cands, list(pool.map(one, range(len(cands))))
+
+
+def check_round(storage, root: str, model: str, base, cands, outcomes) -> dict:
+    """Assert the invariants of one round; return its counts."""
+    promoted = {i: r for i, r in enumerate(outcomes) if isinstance(r, dict)}
+    stopped = {i: r for i, r in enumerate(outcomes) if isinstance(r, RegateRejected)}
+    assert len(promoted) + len(stopped) == len(cands), outcomes
+    winners = [i for i, r in promoted.items() if not r["regated_against"]]
+    assert len(winners) == 1, outcomes
+    assert promoted[winners[0]]["previous_version"] == 1
+    # No lost update: the history is the base plus every promotion, each once, and each
+    # promotion moved the pointer from the entry before it.
+    history = read_production(storage, root, model)["history"]
+    assert [h["run_uri"] for h in history[:1]] == [base.run_uri]
+    by_version = {r["version"]: (i, r) for i, r in promoted.items()}
+    assert sorted(h["version"] for h in history[1:]) == sorted(by_version)
+    loss_of = {1: base.loss}
+    for before, entry in zip(history, history[1:]):
+        i, result = by_version[entry["version"]]
+        assert entry["run_uri"] == cands[i].run_uri
+        assert result["previous_version"] == before["version"]
+        assert result["regated_against"][-1:] in ([], [before["version"]])
+        # Re-gated against what was production then, with no_regression at tolerance 0.
+        assert cands[i].loss <= loss_of[before["version"]]
+        loss_of[entry["version"]] = cands[i].loss
+    # Version numbers are unique: one per promoter and the base, claimed once each.
+    assert version_numbers(storage, root, model) == list(range(1, len(cands) + 2))
+    for i, exc in stopped.items():
+        against = exc.decision["production_version"]
+        assert re.fullmatch(
+            rf"production of '{model}' moved from v\d+ to v{against} while this run was gated; "
+            rf"re-gated against v{against}, the candidate fails: no regression .*", str(exc))
+        assert cands[i].loss > loss_of[against]
+    return {"promoted": len(promoted), "stopped": len(stopped)}
+
+
+def run_races(root: str, rounds: int) -> list[dict]:
+    storage = open_storage(root)
+    counts = []
+    for n in range(rounds):
+        model = f"race-{n}"
+        # Even rounds: every candidate ties the base and each other, so all pass every
+        # re-gate. Odd rounds: distinct losses, so whoever loses to a better model stops.
+        losses = [3.0] * PROMOTERS if n % 2 == 0 else random.Random(n).sample(
+            [2.9, 2.8, 2.7, 2.6], PROMOTERS)
+        base, cands, outcomes = race_round(storage, root, model, losses)
+        count = check_round(storage, root, model, base, cands, outcomes)
+        if n % 2 == 0:
+            assert count == {"promoted": PROMOTERS, "stopped": 0}
+        counts.append(count)
+    return counts
+
+
+def test_twenty_rounds_of_four_concurrent_promotions_on_s3(s3_root):
+    started = time.monotonic()
+    counts = run_races(s3_root, 20)
+    elapsed = time.monotonic() - started
+    promoted = sum(c["promoted"] for c in counts)
+    stopped = sum(c["stopped"] for c in counts)
+    print(f"s3 (moto over HTTP): 20 rounds x {PROMOTERS} promoters: 20 first-try winners, "
+          f"{promoted - 20} promoted after re-gate, {stopped} stopped, {elapsed:.1f}s")
+    assert promoted + stopped == 20 * PROMOTERS
+    assert stopped > 0  # the odd rounds exercise rejection on re-gate
+
+
+def test_twenty_rounds_of_four_concurrent_promotions_on_file_storage(file_root):
+    counts = run_races(file_root, 20)
+    assert sum(c["promoted"] + c["stopped"] for c in counts) == 20 * PROMOTERS

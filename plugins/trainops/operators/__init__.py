@@ -1,8 +1,9 @@
-"""The five trainops operators. Each returns a JSON-serializable dict in XCom (see docs/operators.md)."""
+"""The trainops operators. Each returns a JSON-serializable dict in XCom (see docs/operators.md)."""
 
 from trainops.operators.evaluate import EvaluateModelOperator
 from trainops.operators.gate import EvaluationGateOperator
 from trainops.operators.promote import PromoteModelOperator
+from trainops.operators.rollback import RollbackModelOperator
 from trainops.operators.stage import StageDatasetOperator
 from trainops.operators.train import FSDPTrainingOperator
 
@@ -12,4 +13,5 @@ __all__ = [
     "EvaluateModelOperator",
     "EvaluationGateOperator",
     "PromoteModelOperator",
+    "RollbackModelOperator",
 ]

@@ -2,36 +2,59 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
-from trainops.gate import DEFAULT_CHECKS, check_evaluation, decide, format_table, validate_checks
+from trainops.links import GateDecisionLink
+from trainops.gate import (
+    DEFAULT_CHECKS,
+    SLICE_KINDS,
+    check_evaluation,
+    decide,
+    failed_checks,
+    format_table,
+    validate_checks,
+)
+
+# The report app's XCom key for the gate decision (see trainops.links).
+GATE_REPORT_KEY = "trainops_gate_report"
 
 
 class EvaluationGateOperator(BaseOperator):
-    """Check a candidate's evaluation metrics against thresholds and the production model.
+    """Check a candidate's evaluation metrics against thresholds, the production model and
+    per-slice expectations.
 
-    The decision is logged as a table, written to ``<run_uri>/eval/gate.json`` and returned.
-    A rejection does not fail the task: the promote task downstream skips instead, so the
-    run stays green and the reason is in one place.
+    The decision, with every check's observed value and verdict, is logged as a table,
+    written to ``<run_uri>/eval/gate.json`` (its URI pushed to XCom under
+    ``trainops_gate_report``) and returned. A rejection does not fail the task: the promote
+    task downstream skips instead, naming the failed checks, so the run stays green and the
+    reason is in one place. ``on_reject`` can notify someone.
 
     Checks are validated when the DAG is parsed, so a broken gate definition shows up as a
-    DAG import error rather than after hours of training.
+    DAG import error rather than after hours of training. Numeric fields may be templates
+    (``"{{ params.max_eval_loss }}"``); the rendered checks are validated again before
+    anything is decided.
 
-    XCom result: ``{"approved", "gate_uri", "checks", "production_version", "model_name",
-    "run_uri"}``; ``checks`` is one dict per check with ``name``, ``kind``, ``metric``,
-    ``observed``, ``expected``, ``passed`` and ``note``.
+    XCom result: ``{"approved", "gate_uri", "checks", "check_definitions",
+    "production_version", "model_name", "run_uri"}``; ``checks`` is one dict per check with
+    ``name``, ``kind``, ``metric``, ``observed``, ``expected``, ``passed`` and ``note``
+    (slice checks add ``slices``, the failing ones); ``check_definitions`` are the
+    validated checks, which the promote task re-runs if production moves meanwhile.
 
     :param evaluation: the result of EvaluateModelOperator (templated), with ``run_uri``,
         ``model_name``, ``candidate`` metrics and ``production`` metrics (or None) and
         ``production_version``.
-    :param checks: check definitions, for example
+    :param checks: check definitions (templated), for example
         ``[{"kind": "threshold", "metric": "eval_loss", "op": "<=", "value": 3.5},
-        {"kind": "no_regression", "metric": "eval_loss", "tolerance": 0.01}]``;
-        defaults to :data:`trainops.gate.DEFAULT_CHECKS`.
+        {"kind": "no_regression", "metric": "eval_loss", "tolerance": 0.01},
+        {"kind": "slice_no_regression", "tolerance": 0.05}]``; every kind is in
+        docs/promotion.md. Defaults to :data:`trainops.gate.DEFAULT_CHECKS`.
+    :param on_reject: called with the decision (the XCom result) when the candidate is
+        rejected, e.g. to post to a chat channel. An exception it raises is logged and does
+        not change the decision.
     :param storage_root: storage root URI (``file://`` or ``s3://``); defaults to the
         configured root.
     :param aws_conn_id: Airflow AWS connection used for ``s3://`` storage.
@@ -39,7 +62,8 @@ class EvaluationGateOperator(BaseOperator):
         runs in the worker.
     """
 
-    template_fields: Sequence[str] = ("evaluation",)
+    operator_extra_links = (GateDecisionLink(),)
+    template_fields: Sequence[str] = ("evaluation", "checks")
     ui_color = "#f0e4b8"
 
     def __init__(
@@ -47,14 +71,20 @@ class EvaluationGateOperator(BaseOperator):
         *,
         evaluation: Any,
         checks: list[dict] | None = None,
+        on_reject: Callable[[dict], Any] | None = None,
         storage_root: str | None = None,
         aws_conn_id: str | None = "aws_default",
         cluster: str = "local",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if on_reject is not None and not callable(on_reject):
+            raise TypeError(f"on_reject must be a callable taking the gate decision, got "
+                            f"{type(on_reject).__name__} {on_reject!r}")
         self.evaluation = evaluation
-        self.checks = validate_checks(DEFAULT_CHECKS if checks is None else checks)
+        self.checks = validate_checks(DEFAULT_CHECKS if checks is None else checks,
+                                      templates="allow")
+        self.on_reject = on_reject
         self.storage_root = storage_root
         self.aws_conn_id = aws_conn_id
         self.cluster = cluster
@@ -64,9 +94,16 @@ class EvaluationGateOperator(BaseOperator):
         from trainops.settings import resolve_storage_root
         from trainops.storage_conn import storage_for
 
-        evaluation = check_evaluation(self.evaluation, self.checks)
+        # Rendered now: validate again, and let GX refuse a slice expectation up front.
+        checks = validate_checks(self.checks, templates="rendered")
+        slice_checks = [c for c in checks if c["kind"] in SLICE_KINDS]
+        if slice_checks:
+            from trainops.slice_checks import build_expectations
+
+            build_expectations(slice_checks)
+        evaluation = check_evaluation(self.evaluation, checks)
         decision = decide(
-            self.checks,
+            checks,
             evaluation["candidate"],
             evaluation.get("production"),
             evaluation.get("production_version"),
@@ -78,23 +115,48 @@ class EvaluationGateOperator(BaseOperator):
         run_uri = evaluation["run_uri"]
         _same_scheme(root, run_uri)
         gate_uri = RunLayout(run_uri).eval_gate
-        storage_for(root, self.aws_conn_id).put_json(gate_uri, {
+        record = {
             **decision,
+            "check_definitions": checks,
             "model_name": evaluation["model_name"],
             "run_uri": run_uri,
             "metrics_uri": evaluation.get("metrics_uri"),
             "decided_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        })
+        }
+        if slice_checks:
+            from trainops.slice_checks import slice_rows
+
+            record["slice_table"] = slice_rows(evaluation["candidate"], evaluation.get("production"))
+        storage_for(root, self.aws_conn_id).put_json(gate_uri, record)
+        ti = context.get("ti")
+        if ti is not None:
+            ti.xcom_push(key=GATE_REPORT_KEY, value=gate_uri)
         verdict = "approved" if decision["approved"] else "rejected"
         self.log.info("%s %s; decision written to %s", evaluation["model_name"], verdict, gate_uri)
-        return {
+        result = {
             "approved": decision["approved"],
             "gate_uri": gate_uri,
             "checks": decision["checks"],
+            "check_definitions": checks,
             "production_version": decision["production_version"],
             "model_name": evaluation["model_name"],
             "run_uri": run_uri,
         }
+        if not decision["approved"]:
+            self.log.warning("%s rejected: %s failed; promotion will be skipped",
+                             evaluation["model_name"],
+                             ", ".join(repr(c["name"]) for c in failed_checks(decision)))
+            self._notify(result)
+        return result
+
+    def _notify(self, result: dict) -> None:
+        if self.on_reject is None:
+            return
+        try:
+            self.on_reject(result)
+        except Exception:  # noqa: BLE001 - a failed notification must not change the decision
+            self.log.exception("on_reject callback %r failed; the rejection stands",
+                               getattr(self.on_reject, "__qualname__", self.on_reject))
 
 
 def _same_scheme(root: str, uri: str) -> None:

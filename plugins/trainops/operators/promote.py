@@ -8,7 +8,12 @@ from typing import Any
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from trainops.links import ModelCardLink
 from trainops.gate import failed_checks
+from trainops.retention import check_policy
+
+# The report app's XCom key for the promoted version's card (see trainops.links).
+MODEL_CARD_KEY = "trainops_model_card"
 
 
 class PromoteModelOperator(BaseOperator):
@@ -16,22 +21,31 @@ class PromoteModelOperator(BaseOperator):
 
     If the gate rejected the model, the task is skipped with a message naming the failed
     checks. Otherwise the next version number is claimed, the export and a lineage card
-    (``card.json``: dataset, run, config hash, metrics, gate decision, preemptions) are
-    written, and ``production.json`` is moved with a compare-and-swap write. If production
-    changed after the gate compared against it, the task fails without retrying: the
-    comparison is stale and the run must be evaluated again.
+    (``card.json``, see docs/promotion.md) are written, and ``production.json`` is moved
+    with a compare-and-swap write; the card's URI is pushed to XCom under
+    ``trainops_model_card``.
 
-    XCom result: ``{"model_name", "version", "version_uri", "production_uri",
-    "previous_version"}``.
+    If production moved after the gate compared against it (another DAG run promoted
+    first), the candidate is re-gated: when the new production model's card holds metrics
+    on the same evaluation basis (dataset version, token windows, tokens scored), the gate's
+    checks run again against them, and the candidate is either promoted from there or
+    skipped with the failed checks. Otherwise the task fails without retrying, saying the
+    candidate must be evaluated against the new production model.
+
+    XCom result: ``{"model_name", "version", "version_uri", "card_uri", "production_uri",
+    "previous_version", "regated_against", "pruned"}``.
 
     :param model_name: name of the model in the registry, e.g. ``demo-lm`` (templated).
     :param gate: the result of EvaluationGateOperator (templated).
     :param training: the result of FSDPTrainingOperator (templated): ``export_uri``,
         ``config_uri``, ``run_uri``, ``steps``, ``preemptions`` ...
     :param dataset: the result of StageDatasetOperator (templated): ``dataset_name``,
-        ``version``, ``uri`` ...
+        ``version``, ``uri``, ``validation_uri`` ...
     :param evaluation: the result of EvaluateModelOperator (templated); its metrics go
         into the card.
+    :param retention: None (default: delete nothing) or ``{"keep_last_runs": N}``: after
+        the promotion or the rejection, prune checkpoints of this DAG's finished runs for
+        this model except the N most recent ones (:mod:`trainops.retention`).
     :param storage_root: storage root URI (``file://`` or ``s3://``); defaults to the
         configured root.
     :param aws_conn_id: Airflow AWS connection used for ``s3://`` storage.
@@ -39,6 +53,7 @@ class PromoteModelOperator(BaseOperator):
         runs in the worker.
     """
 
+    operator_extra_links = (ModelCardLink(),)
     template_fields: Sequence[str] = ("model_name", "gate", "training", "dataset", "evaluation")
     ui_color = "#c8e6c9"
 
@@ -50,6 +65,7 @@ class PromoteModelOperator(BaseOperator):
         training: Any,
         dataset: Any,
         evaluation: Any,
+        retention: dict | None = None,
         storage_root: str | None = None,
         aws_conn_id: str | None = "aws_default",
         cluster: str = "local",
@@ -61,17 +77,20 @@ class PromoteModelOperator(BaseOperator):
         self.training = training
         self.dataset = dataset
         self.evaluation = evaluation
+        self.retention = check_policy(retention)
         self.storage_root = storage_root
         self.aws_conn_id = aws_conn_id
         self.cluster = cluster
 
     def execute(self, context: Context) -> dict:
-        from trainops.promotion import ProductionMovedError, config_sha256, promote
-        from trainops.settings import resolve_storage_root
-        from trainops.storage_conn import storage_for
+        from trainops.promotion import ProductionMovedError, RegateRejected, promote
+        from trainops.storage_conn import root_and_storage
 
         gate = _require(self.gate, "gate", ("approved", "checks", "production_version"))
+        root, storage = root_and_storage(self.storage_root, self.aws_conn_id)
         if not gate["approved"]:
+            if self.retention is not None:
+                self._prune(storage, root, _require(self.training, "training", ("run_uri",)))
             raise AirflowSkipException(f"not promoting {self.model_name}: {_rejection(gate)}")
         training = _require(self.training, "training", ("export_uri", "config_uri", "run_uri"))
         dataset = _require(self.dataset, "dataset", ("dataset_name", "version", "uri"))
@@ -83,34 +102,61 @@ class PromoteModelOperator(BaseOperator):
                 "pass the same model_name to EvaluateModelOperator and PromoteModelOperator"
             )
 
-        root = resolve_storage_root(self.storage_root)
-        storage = storage_for(root, self.aws_conn_id)
-        card = {
-            "dataset": {key: dataset.get(key) for key in
-                        ("dataset_name", "version", "uri", "manifest_uri", "rows",
-                         "train_tokens", "eval_tokens")},
-            "run_uri": training["run_uri"],
-            "config_uri": training["config_uri"],
-            "config_sha256": config_sha256(storage, training["config_uri"]),
-            "metrics": {"candidate": evaluation["candidate"],
-                        "production": evaluation.get("production"),
-                        "metrics_uri": evaluation.get("metrics_uri")},
-            "gate": {"approved": True, "checks": gate["checks"], "gate_uri": gate.get("gate_uri"),
-                     "production_version": gate["production_version"]},
-            "training": {key: training.get(key) for key in
-                         ("steps", "attempts", "preemptions", "steps_lost", "final_loss")},
-            "preemptions_survived": training.get("preemptions"),
-            "steps": training.get("steps"),
-        }
+        from trainops.card import build_card
+        from trainops.regate import make_regate
+
+        card = build_card(storage, gate=gate, training=training, dataset=dataset,
+                          evaluation=evaluation)
+        regate = make_regate(storage, root, self.model_name, gate=gate, candidate=evaluation[
+            "candidate"], basis=card["eval_basis"], log=self.log)
         try:
             result = promote(storage, root, self.model_name, export_uri=training["export_uri"],
-                             card=card, expected_production_version=gate["production_version"])
+                             card=card, expected_production_version=gate["production_version"],
+                             regate=regate)
+        except RegateRejected as exc:
+            self._prune(storage, root, training)
+            raise AirflowSkipException(f"not promoting {self.model_name}: {exc}") from exc
         except ProductionMovedError as exc:
-            # Retrying this task cannot help: the gate's comparison is stale.
+            # Retrying this task cannot help: the comparison is stale and cannot be redone here.
             raise AirflowFailException(str(exc)) from exc
+        ti = context.get("ti")
+        if ti is not None:
+            ti.xcom_push(key=MODEL_CARD_KEY, value=result["card_uri"])
         was = f"v{result['previous_version']}" if result["previous_version"] is not None else "none"
-        self.log.info("promoted %s v%d (was %s)", self.model_name, result["version"], was)
-        return {"model_name": self.model_name, **result}
+        regated = "".join(f", re-gated against v{v}" for v in result["regated_against"])
+        self.log.info("promoted %s v%d (was %s%s); card %s", self.model_name, result["version"],
+                      was, regated, result["card_uri"])
+        pruned = self._prune(storage, root, training)
+        return {"model_name": self.model_name, **result, "pruned": pruned}
+
+    def _prune(self, storage, root: str, training: dict) -> list[str]:
+        """Apply the retention policy (if any); a failure is logged, never fatal."""
+        if self.retention is None:
+            return []
+        from trainops.retention import (
+            apply_plan,
+            plan_pruning,
+            protected_runs,
+            runs_scope,
+            scan_runs,
+        )
+
+        try:
+            runs = scan_runs(storage, runs_scope(training["run_uri"]), self.model_name)
+            protected = protected_runs(storage, root, self.model_name)
+            plan = plan_pruning(runs, protected=protected,
+                                keep_last_runs=self.retention["keep_last_runs"])
+            deleted = apply_plan(storage, plan, runs, protected)
+        except Exception as exc:  # noqa: BLE001 - housekeeping must not undo a promotion
+            self.log.warning("retention %s: pruning failed, nothing more deleted: %s",
+                             self.retention, exc)
+            return []
+        for item in plan:
+            self.log.info("retention: deleted step %d of %s (%s)", item["step"], item["run_uri"],
+                          item["why"])
+        self.log.info("retention %s: deleted %d checkpoints of %d finished runs",
+                      self.retention, len(deleted), len(runs))
+        return deleted
 
 
 def _require(value: Any, what: str, keys: tuple[str, ...]) -> dict:
@@ -134,4 +180,5 @@ def _rejection(gate: dict) -> str:
                     else check.get("note") or "missing")
         part = f"{check['name']} (observed {observed}, expected {check.get('expected') or '-'})"
         parts.append(part)
-    return "the gate rejected it: " + "; ".join(parts)
+    where = f"; decision in {gate['gate_uri']}" if gate.get("gate_uri") else ""
+    return "the gate rejected it: " + "; ".join(parts) + where

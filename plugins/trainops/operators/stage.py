@@ -81,8 +81,20 @@ class StageDatasetOperator(BaseOperator):
     :param storage_root: storage root URI; defaults to the embedded root. (templated)
     :param aws_conn_id: Airflow AWS connection for ``s3://``; when it is not defined,
         boto3's default credential chain is used.
-    :param cluster: where the work runs; accepted for uniformity with the other
-        operators, staging always runs in the Airflow worker for now.
+    :param cluster: the backend for a staging job (``local`` or ``kubernetes``), the same
+        as training's.
+    :param job_threshold_bytes: sources up to this many bytes (the sum of their objects'
+        sizes) stage in this worker; larger ones stage as one CPU job on ``cluster``
+        (``python -m trainops.staging.job``; default 1 GiB; 0: always a job; None: never).
+        The job's image needs trainops with its staging dependencies; its storage
+        credentials come from ``job_options`` (``env_from_secrets``, ``service_account``).
+    :param image: the image of the staging job (Kubernetes).
+    :param namespace: Kubernetes namespace of the staging job.
+    :param job_options: further JobSpec fields for the job (``cpu``, ``memory``, secrets, ...;
+        see FSDPTrainingOperator).
+    :param deferrable: wait for a staging job in the triggerer (default: ``[trainops]
+        default_deferrable``, True when unset).
+    :param kubernetes_conn_id: Airflow connection for ``cluster='kubernetes'``.
     """
 
     operator_extra_links = (ValidationReportLink(),)
@@ -103,8 +115,17 @@ class StageDatasetOperator(BaseOperator):
         storage_root: str | None = None,
         aws_conn_id: str | None = "aws_default",
         cluster: str = "local",
+        job_threshold_bytes: int | None = 1 << 30,
+        image: str = "trainops-trainer:latest",
+        namespace: str = "default",
+        job_options: dict | None = None,
+        deferrable: bool | None = None,
+        poll_interval: float = 5.0,
+        kubernetes_conn_id: str | None = "kubernetes_default",
         **kwargs: Any,
     ) -> None:
+        from trainops.operators import _jobs
+
         check_options(eval_percent=eval_percent, shard_tokens=shard_tokens,
                       slice_columns=slice_columns)
         if cluster not in _CLUSTERS:
@@ -126,6 +147,19 @@ class StageDatasetOperator(BaseOperator):
         self.storage_root = storage_root
         self.aws_conn_id = aws_conn_id
         self.cluster = cluster
+        if job_threshold_bytes is not None and (
+                isinstance(job_threshold_bytes, bool) or not isinstance(job_threshold_bytes, int)
+                or job_threshold_bytes < 0):
+            raise ValueError(f"job_threshold_bytes must be None or an integer >= 0, got "
+                             f"{job_threshold_bytes!r}")
+        self.job_threshold_bytes = job_threshold_bytes
+        self.image, self.namespace = image, namespace
+        self.job_options = _jobs.check_job_options(job_options)
+        self.deferrable = _jobs.default_deferrable() if deferrable is None else deferrable
+        self.poll_interval = poll_interval
+        self.kubernetes_conn_id = kubernetes_conn_id
+        _jobs.check_renders(cluster, distributed=False, image=image, namespace=namespace,
+                            capacity="on-demand", **self.job_options)
 
     def execute(self, context: Context) -> dict:
         from airflow.sdk.exceptions import AirflowFailException
@@ -140,6 +174,12 @@ class StageDatasetOperator(BaseOperator):
                              "name such as 'demo'")
         root = resolve_storage_root(self.storage_root)
         try:
+            size = self._source_bytes()
+            if size is not None and size > self.job_threshold_bytes:
+                self.log.info("source is %.1f MiB, over job_threshold_bytes (%.1f MiB): staging "
+                              "as a job on the %s cluster", size / 2**20,
+                              self.job_threshold_bytes / 2**20, self.cluster)
+                return self._stage_in_job(context, root)
             result = stage_dataset(
                 storage_for(root, self.aws_conn_id), root, self.source_uri, self.dataset_name,
                 source_storage=storage_for(self.source_uri, self.aws_conn_id),
@@ -155,6 +195,9 @@ class StageDatasetOperator(BaseOperator):
             raise AirflowFailException(str(exc)) from exc
         except StagingError as exc:
             raise AirflowFailException(str(exc)) from exc
+        return self._finish(context, result)
+
+    def _finish(self, context: Context, result: dict) -> dict:
         _push_report(context, result["validation_uri"])
         self._emit_asset_event(context, result)
         self.log.info(
@@ -164,6 +207,123 @@ class StageDatasetOperator(BaseOperator):
             result["train_tokens"], result["eval_tokens"], result["uri"],
         )
         return result
+
+    # -- staging as a job ---------------------------------------------------------------
+    def _source_bytes(self) -> int | None:
+        """The source's total size, or None when no job threshold applies."""
+        if self.job_threshold_bytes is None:
+            return None
+        from trainops.staging.reader import list_source_objects
+        from trainops.storage_conn import storage_for
+
+        objects = list_source_objects(storage_for(self.source_uri, self.aws_conn_id), self.source_uri)
+        return sum(int(o.size or 0) for o in objects)
+
+    def _cluster_options(self) -> dict:
+        from trainops.operators import _jobs
+
+        return _jobs.cluster_options(self.cluster, self.kubernetes_conn_id, self.namespace)
+
+    def _job_uris(self, context: Context, root: str) -> tuple[str, str]:
+        from trainer.contract import join, run_prefix
+        from trainops.operators import _jobs
+
+        i = _jobs.task_identity(context)
+        prefix = join(run_prefix(root, i["dag_id"], i["run_id"], i["task_id"], i["map_index"]), "stage")
+        return join(prefix, "request.json"), join(prefix, "result.json")
+
+    def _stage_in_job(self, context: Context, root: str):
+        from trainops.cluster import get_cluster
+        from trainops.cluster.spec import JobSpec
+        from trainops.operators import _jobs
+        from trainops.staging.job import build_request
+        from trainops.staging.suite import resolve_suite
+        from trainops.storage_conn import job_env_for, storage_for
+        from trainops.triggers.job import JobTrigger
+
+        identity = _jobs.task_identity(context)
+        request_uri, result_uri = self._job_uris(context, root)
+        store = storage_for(root, self.aws_conn_id)
+        cluster = get_cluster(self.cluster, **self._cluster_options())
+        self._labels = {**_jobs.job_labels(identity), "trainops/role": "stage"}
+        live = cluster.find(self._labels)
+        if live:
+            self.log.info("reattaching to the live staging job %s", live[0]["job_id"])
+            handle = live[0]
+        else:
+            suite = self.expectations
+            if callable(suite):  # a callable cannot cross into the job: its list does
+                suite = resolve_suite(suite)
+            store.put_json(request_uri, build_request(
+                root=root, source_uri=self.source_uri, dataset_name=self.dataset_name,
+                expectations=suite, tokenizer=self.tokenizer, quarantine=self.quarantine,
+                eval_percent=self.eval_percent, slice_columns=self.slice_columns,
+                shard_tokens=self.shard_tokens, result_uri=result_uri))
+            store.delete(result_uri)  # a previous try's result must not be read as this one's
+            try_number = int(getattr(context.get("ti"), "try_number", None) or 1)
+            spec = JobSpec(
+                name=_jobs.job_name("stage", identity, try_number),
+                args=["python", "-m", "trainops.staging.job", "--request", request_uri],
+                nodes=1, distributed=False, image=self.image, namespace=self.namespace,
+                capacity="on-demand",
+                **_jobs.merge_job_options(self.job_options, env=job_env_for(root, self.aws_conn_id),
+                                          labels={**self._labels, "trainops/attempt": str(try_number)}))
+            handle = cluster.launch(spec)
+            self.log.info("staging job %s launched (request %s)", handle["job_id"], request_uri)
+        trigger = JobTrigger(handle=handle, poll_interval=self.poll_interval,
+                             cluster_options=self._cluster_options(), stream_logs=True)
+        if self.deferrable:
+            self.defer(trigger=trigger, method_name="execute_complete")
+        return self.execute_complete(context, _jobs.wait_here(trigger))
+
+    def execute_complete(self, context: Context, event: dict | None = None) -> dict:
+        """The staging job ended: read its result record and finish as staging in the worker would."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from trainer.storage import NotFound
+        from trainops.cluster import get_cluster
+        from trainops.operators import _jobs
+        from trainops.settings import resolve_storage_root
+        from trainops.storage_conn import storage_for
+
+        event = _jobs.check_event(event)
+        handle = event["handle"]
+        cluster = get_cluster(self.cluster, **self._cluster_options())
+        if event["status"] != "finished":
+            cluster.delete(handle)
+            raise RuntimeError(f"staging job {handle['job_id']} {event['status']}: "
+                               f"{event.get('message')}; the job was deleted")
+        root = resolve_storage_root(self.storage_root)
+        _, result_uri = self._job_uris(context, root)
+        try:
+            record = storage_for(root, self.aws_conn_id).get_json(result_uri)
+        except NotFound:
+            record = None
+        if record is None:
+            state = event["state"]
+            raise RuntimeError(
+                f"staging job {handle['job_id']} ended {state['phase']} "
+                f"({state.get('reason') or 'no reason given'}) without a result at {result_uri}; "
+                f"last log lines:\n{cluster.logs_tail(handle, lines=20)}")
+        if record["status"] == "staged":
+            return self._finish(context, record["result"])
+        _push_report(context, record.get("report_uri"))
+        if record["error"] in ("DataValidationError", "QuarantineExceeded", "StagingError"):
+            raise AirflowFailException(record["message"])  # the same data fails the same way
+        raise RuntimeError(f"staging job {handle['job_id']} failed: {record['message']}")
+
+    def on_kill(self) -> None:
+        """Killing the task deletes its live staging job."""
+        try:
+            labels = getattr(self, "_labels", None)
+            if labels:
+                from trainops.cluster import get_cluster
+
+                cluster = get_cluster(self.cluster, **self._cluster_options())
+                for handle in cluster.find(labels):
+                    cluster.delete(handle)
+        except Exception:  # best effort: on_kill must not raise
+            self.log.exception("could not delete the staging job")
 
     def _emit_asset_event(self, context: Context, result: dict) -> None:
         events = context.get("outlet_events")

@@ -100,3 +100,114 @@ def test_run_on_other_storage_than_the_root_is_refused(file_root):
 
 def test_evaluation_is_a_templated_field():
     assert "evaluation" in EvaluationGateOperator.template_fields
+
+
+class FakeTI:
+    def __init__(self):
+        self.pushed = {}
+
+    def xcom_push(self, key, value):
+        self.pushed[key] = value
+
+
+def test_gate_report_uri_is_pushed_for_the_extra_link(file_root):
+    ti = FakeTI()
+    run_uri = join(file_root, "runs", "r")
+    op = EvaluationGateOperator(task_id="gate", evaluation=evaluation(run_uri, 3.0),
+                                checks=CHECKS, storage_root=file_root, aws_conn_id=None)
+    result = op.execute({"ti": ti})
+    assert ti.pushed == {"trainops_gate_report": result["gate_uri"]}
+    # The validated definitions travel on, so a promotion can re-gate with them.
+    assert [c["name"] for c in result["check_definitions"]] == ["loss under 4.0", "no regression"]
+    assert open_storage(file_root).get_json(result["gate_uri"])["check_definitions"] == \
+        result["check_definitions"]
+
+
+def test_on_reject_is_called_with_the_decision_only_on_rejection(file_root):
+    calls = []
+    run_uri = join(file_root, "runs", "r")
+    run_gate(file_root, evaluation(run_uri, 3.0, production=3.0), on_reject=calls.append)
+    assert calls == []
+    result = run_gate(file_root, evaluation(run_uri, 3.5, production=3.0), on_reject=calls.append)
+    assert calls == [result]
+    assert calls[0]["approved"] is False and calls[0]["gate_uri"].endswith("eval/gate.json")
+
+
+def test_a_failing_on_reject_callback_does_not_change_the_decision(file_root, capsys):
+    def broken(decision):
+        raise RuntimeError("chat is down")
+
+    result = run_gate(file_root, evaluation(join(file_root, "r"), 3.5, production=3.0),
+                      on_reject=broken)
+    assert result["approved"] is False
+    out = capsys.readouterr().out
+    assert "on_reject callback" in out and "chat is down" in out
+
+
+def test_on_reject_must_be_callable():
+    with pytest.raises(TypeError, match=r"on_reject must be a callable.*'email me'"):
+        EvaluationGateOperator(task_id="gate", evaluation={}, on_reject="email me")
+
+
+def test_templated_threshold_is_rendered_from_a_param_and_checked_again(file_root):
+    checks = [{"name": "loss cap", "kind": "threshold", "metric": "eval_loss", "op": "<=",
+               "value": "{{ params.max_eval_loss }}"}]
+    op = EvaluationGateOperator(task_id="gate", evaluation=evaluation(join(file_root, "r"), 3.0),
+                                checks=checks, storage_root=file_root, aws_conn_id=None)
+    assert "checks" in EvaluationGateOperator.template_fields
+    op.render_template_fields({"params": {"max_eval_loss": 0.5}})
+    result = op.execute({})
+    assert result["approved"] is False
+    assert result["checks"][0]["expected"] == "<= 0.5"
+
+    bad = EvaluationGateOperator(task_id="gate", evaluation=evaluation(join(file_root, "r"), 3.0),
+                                 checks=checks, storage_root=file_root, aws_conn_id=None)
+    bad.render_template_fields({"params": {"max_eval_loss": "lots"}})
+    with pytest.raises(GateConfigError, match=r"'loss cap'.*rendered to 'lots'"):
+        bad.execute({})
+
+
+SLICE_CHECKS = [
+    {"name": "every slice under 3.2", "kind": "slices",
+     "expectation": {"type": "expect_column_values_to_be_between",
+                     "kwargs": {"column": "eval_loss", "max_value": 3.2}}},
+    {"name": "no slice 2% worse", "kind": "slice_no_regression", "tolerance": 0.02},
+]
+
+
+def with_slices(ev: dict, candidate: dict, production: dict) -> dict:
+    def side(losses):
+        return {"source": {k: {"eval_loss": v, "perplexity": 2.718 ** v, "tokens": 100}
+                           for k, v in losses.items()}}
+
+    ev["candidate"]["slices"] = side(candidate)
+    ev["production"]["slices"] = side(production)
+    return ev
+
+
+def test_slice_checks_reject_and_gate_json_holds_the_table_and_failing_slices(file_root):
+    ev = with_slices(evaluation(join(file_root, "runs", "r"), 3.0, production=3.0),
+                     {"wiki": 2.6, "web": 3.3}, {"wiki": 2.5, "web": 3.4})
+    op = EvaluationGateOperator(task_id="gate", evaluation=ev, checks=SLICE_CHECKS,
+                                storage_root=file_root, aws_conn_id=None)
+    result = op.execute({})
+    assert result["approved"] is False
+    under, regress = result["checks"]
+    assert under["slices"] == [{"slice_column": "source", "slice": "web", "value": 3.3}]
+    assert regress["slices"] == [{"slice_column": "source", "slice": "wiki", "value": 1.04}]
+    written = open_storage(file_root).get_json(result["gate_uri"])
+    assert [(r["slice"], r["eval_loss"], r["production_eval_loss"])
+            for r in written["slice_table"]] == [("web", 3.3, 3.4), ("wiki", 2.6, 2.5)]
+
+
+def test_a_slice_expectation_gx_refuses_fails_before_anything_is_written(file_root):
+    checks = [{"name": "odd bound", "kind": "slices",
+               "expectation": {"type": "expect_column_values_to_be_between",
+                               "kwargs": {"column": "eval_loss", "max_value": 3,
+                                          "strict_max": "maybe"}}}]
+    ev = evaluation(join(file_root, "runs", "r"), 3.0)
+    op = EvaluationGateOperator(task_id="gate", evaluation=ev, checks=checks,
+                                storage_root=file_root, aws_conn_id=None)
+    with pytest.raises(GateConfigError, match=r"'odd bound': GX refuses"):
+        op.execute({})
+    assert not open_storage(file_root).exists(RunLayout(ev["run_uri"]).eval_gate)
