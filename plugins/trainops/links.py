@@ -17,7 +17,10 @@ XCom keys (value: the report's storage URI, a string):
 - ``trainops_gate_report``: ``<run_uri>/eval/gate.json`` (EvaluationGateOperator),
   shown as "Gate decision";
 - ``trainops_model_card``: ``<root>/models/<name>/versions/<v>/card.json``
-  (PromoteModelOperator), shown as "Model card".
+  (PromoteModelOperator), shown as "Model card";
+- ``trainops_run_report``: ``<run_uri>/job.json`` (FSDPTrainingOperator, pushed when the first
+  attempt is launched), shown as "Training report": the run report (loss curve from the
+  ``metrics.jsonl`` beside it, throughput, attempts and preemptions).
 
 How Airflow 3 runs these: when a task ends, the task runner calls ``get_link`` of every link
 the operator declares, in the worker, and stores the URL in XCom under the link's own
@@ -45,9 +48,11 @@ __all__ = [
     "GATE_REPORT_KEY",
     "MODEL_CARD_KEY",
     "REPORT_PATH",
+    "RUN_REPORT_KEY",
     "VALIDATION_REPORT_KEY",
     "GateDecisionLink",
     "ModelCardLink",
+    "RunReportLink",
     "StoredReportLink",
     "ValidationReportLink",
     "report_url",
@@ -56,6 +61,7 @@ __all__ = [
 VALIDATION_REPORT_KEY = "trainops_validation_report"
 GATE_REPORT_KEY = "trainops_gate_report"
 MODEL_CARD_KEY = "trainops_model_card"
+RUN_REPORT_KEY = "trainops_run_report"
 REPORT_PATH = "/trainops/report"
 
 
@@ -109,3 +115,10 @@ class ModelCardLink(StoredReportLink):
 
     name = "Model card"
     report_key = MODEL_CARD_KEY
+
+
+class RunReportLink(StoredReportLink):
+    """A training run's report, from its ``job.json`` (and the ``metrics.jsonl`` beside it)."""
+
+    name = "Training report"
+    report_key = RUN_REPORT_KEY

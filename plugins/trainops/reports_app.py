@@ -13,7 +13,9 @@ outside every root (another bucket or prefix, a path or symbolic link leading ou
 root) get 403, and only ``.json`` and text files (``.md``, ``.yaml``, ...) of at most
 :data:`MAX_REPORT_BYTES` are read. ``s3://`` is read with the Airflow connection named by
 ``$TRAINOPS_REPORTS_AWS_CONN_ID`` (default ``aws_default``), as the operators do through
-:func:`trainops.storage_conn.storage_for`.
+:func:`trainops.storage_conn.storage_for`. A run's ``job.json`` is shown as the run report:
+the app also reads the ``metrics.jsonl`` beside it (same checks, at most
+:data:`MAX_METRICS_BYTES`) for the loss curve and throughput, and says why when it cannot.
 
 Authentication: Airflow does NOT protect plugin apps. ``init_plugins`` in
 ``airflow/api_fastapi/app.py`` (Airflow 3.3.2, lines 229-253) attaches each entry of
@@ -48,12 +50,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trainops import reports_render
 
-__all__ = ["MAX_REPORT_BYTES", "ReportRequestError", "ReportTarget", "allowed_roots",
-           "check_report_uri", "create_app", "read_report", "required_access"]
+__all__ = ["MAX_METRICS_BYTES", "MAX_REPORT_BYTES", "ReportRequestError", "ReportTarget",
+           "allowed_roots", "check_report_uri", "create_app", "read_report", "read_run_metrics",
+           "required_access"]
 
 REPORT_ROOTS_ENV = "TRAINOPS_REPORT_ROOTS"
 CONN_ID_ENV = "TRAINOPS_REPORTS_AWS_CONN_ID"
 MAX_REPORT_BYTES = 5 * 1024 * 1024
+MAX_METRICS_BYTES = 32 * 1024 * 1024  # a run's metrics.jsonl, read for its job.json's page
+JOB_NAME, METRICS_NAME = "job.json", "metrics.jsonl"
 
 _HEADERS = {
     # Report contents are escaped; the policy is a second line: no script, no fetches.
@@ -190,7 +195,8 @@ def _check_real_path(target: ReportTarget) -> None:
                  "symbolic link; only reports inside the root are served")
 
 
-def read_report(target: ReportTarget, aws_conn_id: str | None) -> bytes:
+def read_report(target: ReportTarget, aws_conn_id: str | None,
+                max_bytes: int = MAX_REPORT_BYTES) -> bytes:
     """The report's bytes, read with the operators' storage client; ReportRequestError if not."""
     from trainer.storage import NotFound, StorageError
     from trainops.storage_conn import storage_for
@@ -202,10 +208,10 @@ def read_report(target: ReportTarget, aws_conn_id: str | None) -> bytes:
         head = storage.head(target.uri)
         if head is None:
             raise NotFound(target.uri)
-        if head.get("size", 0) > MAX_REPORT_BYTES:
+        if head.get("size", 0) > max_bytes:
             raise ReportRequestError(
                 413, f"{target.uri!r} holds {head['size']} bytes, more than the "
-                     f"{MAX_REPORT_BYTES} a report page shows; download it with your storage "
+                     f"{max_bytes} a report page shows; download it with your storage "
                      "tools instead")
         return storage.get(target.uri)
     except NotFound:
@@ -214,6 +220,23 @@ def read_report(target: ReportTarget, aws_conn_id: str | None) -> bytes:
                  "deleted") from None
     except (StorageError, OSError) as exc:
         raise ReportRequestError(502, f"could not read {target.uri!r}: {exc}") from None
+
+
+def read_run_metrics(job: ReportTarget, roots: Sequence[str],
+                     aws_conn_id: str | None) -> tuple[str | None, str | None]:
+    """``(text, None)`` of the ``metrics.jsonl`` beside a run's ``job.json``, or ``(None, why)``.
+
+    The sibling goes through the same checks as any report (under a root, no symbolic link
+    out of it), with a larger size limit: a long run logs many steps.
+    """
+    uri = job.uri[: -len(JOB_NAME)] + METRICS_NAME
+    try:
+        data = read_report(check_report_uri(uri, roots), aws_conn_id, MAX_METRICS_BYTES)
+    except ReportRequestError as exc:
+        if exc.status == 404:
+            return None, f"{METRICS_NAME} was not found next to {JOB_NAME} (no step logged yet?)"
+        return None, exc.message
+    return data.decode("utf-8", errors="replace"), None
 
 
 def _authorize(request: Request, user, dag_id: str | None) -> None:
@@ -267,7 +290,14 @@ def create_app() -> FastAPI:
             raise ReportRequestError(500, str(exc)) from None
         target = check_report_uri(uri, roots)
         _authorize(request, user, required_access(target))
-        data = read_report(target, os.environ.get(CONN_ID_ENV) or "aws_default")
-        return HTMLResponse(reports_render.render_report(target.uri, data), headers=_HEADERS)
+        conn_id = os.environ.get(CONN_ID_ENV) or "aws_default"
+        data = read_report(target, conn_id)
+        if target.uri.endswith("/" + JOB_NAME):
+            metrics, problem = read_run_metrics(target, roots, conn_id)
+            page = reports_render.render_run_report(target.uri, data, metrics,
+                                                    metrics_problem=problem)
+        else:
+            page = reports_render.render_report(target.uri, data)
+        return HTMLResponse(page, headers=_HEADERS)
 
     return app

@@ -9,15 +9,18 @@ import pytest
 from airflow.sdk import DAG, BaseOperator
 from trainops.links import (
     GATE_REPORT_KEY,
+    RUN_REPORT_KEY,
     VALIDATION_REPORT_KEY,
     GateDecisionLink,
     ModelCardLink,
+    RunReportLink,
     ValidationReportLink,
     report_url,
 )
 
 PROBE_DAG_ID = "trainops_links_probe"
 REPORT_URI = "s3://lake/trainops/datasets/web text/3f9a/validation.json"
+JOB_URI = "s3://lake/trainops/runs/retrain/manual__2026-01-01T00_00_00_00_00/train/job.json"
 PROBE_DAG_FILE = '''# An Airflow DAG for tests/trainops/test_links.py.
 from tests.trainops.test_links import build_probe_dag
 
@@ -26,9 +29,10 @@ dag = build_probe_dag()
 
 
 class PushReportsOperator(BaseOperator):
-    """Pushes report URIs the way trainops operators do, and offers all three links."""
+    """Pushes report URIs the way trainops operators do, and offers all four links."""
 
-    operator_extra_links = (ValidationReportLink(), GateDecisionLink(), ModelCardLink())
+    operator_extra_links = (ValidationReportLink(), GateDecisionLink(), ModelCardLink(),
+                            RunReportLink())
 
     def __init__(self, *, reports: dict, **kwargs):
         super().__init__(**kwargs)
@@ -42,7 +46,8 @@ class PushReportsOperator(BaseOperator):
 def build_probe_dag():
     with DAG(PROBE_DAG_ID, schedule=None) as dag:
         PushReportsOperator(task_id="stage", reports={VALIDATION_REPORT_KEY: REPORT_URI,
-                                                      GATE_REPORT_KEY: ""})
+                                                      GATE_REPORT_KEY: "",
+                                                      RUN_REPORT_KEY: JOB_URI})
     return dag
 
 
@@ -93,7 +98,53 @@ def test_links_follow_the_pushed_xcom_through_airflow(airflow_db, tmp_path, monk
     assert response.json()["extra_links"] == {
         "Gate decision": None,  # pushed empty: no report, so the UI shows the link disabled
         "Model card": None,     # not pushed at all
+        "Training report": "https://airflow.example.com/team-a/trainops/report?uri="
+                           "s3%3A%2F%2Flake%2Ftrainops%2Fruns%2Fretrain%2F"
+                           "manual__2026-01-01T00_00_00_00_00%2Ftrain%2Fjob.json",
         "Validation report": "https://airflow.example.com/team-a/trainops/report?uri="
                              "s3%3A%2F%2Flake%2Ftrainops%2Fdatasets%2Fweb+text%2F3f9a%2F"
                              "validation.json",
     }
+
+
+def test_each_operator_offers_the_link_for_the_key_it_pushes():
+    from trainops.operators import gate, promote, stage, train
+
+    offered = {op.__name__: [(link.name, link.report_key) for link in op.operator_extra_links]
+               for op in (stage.StageDatasetOperator, gate.EvaluationGateOperator,
+                          promote.PromoteModelOperator, train.FSDPTrainingOperator)}
+    assert offered == {
+        "StageDatasetOperator": [("Validation report", stage.VALIDATION_REPORT_KEY)],
+        "EvaluationGateOperator": [("Gate decision", gate.GATE_REPORT_KEY)],
+        "PromoteModelOperator": [("Model card", promote.MODEL_CARD_KEY)],
+        "FSDPTrainingOperator": [("Training report", train.RUN_REPORT_KEY)]}
+    assert train.RUN_REPORT_KEY == "trainops_run_report"
+
+
+def test_training_pushes_its_job_json_when_the_first_attempt_is_launched(file_root,
+                                                                          monkeypatch):
+    """The link works from the first attempt on: the report shows the attempt running."""
+    from types import SimpleNamespace
+
+    from airflow.sdk.exceptions import TaskDeferred
+
+    import trainops.cluster
+    from tests.trainops.operators.test_train_op import FakeCluster, layout_of, operator
+    from tests.trainops.test_reports_render import page_text, table_with
+    from trainer.storage import open_storage
+    from trainops.reports_render import render_run_report
+
+    monkeypatch.setattr(trainops.cluster, "get_cluster", lambda name, **kw: FakeCluster())
+    pushed = []
+    ti = SimpleNamespace(dag_id="retrain", run_id="manual__2026-01-01T00:00:00+00:00",
+                         task_id="train", map_index=-1,
+                         xcom_push=lambda key, value: pushed.append((key, value)))
+    with pytest.raises(TaskDeferred):
+        operator(file_root).execute({"ti": ti})
+
+    job_uri = layout_of(file_root).job
+    assert pushed == [(RUN_REPORT_KEY, job_uri)]
+    html = render_run_report(job_uri, open_storage(file_root).get(job_uri), None)
+    assert "Status running" in page_text(html)
+    attempt = table_with(html, "Attempt")[1]
+    assert attempt[:2] == ["1", "spot"] and attempt[3:] == ["running", "-", "-", "-", "-", "-"]

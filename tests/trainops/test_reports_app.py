@@ -17,7 +17,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.trainops.test_reports_render import page_tables, page_text
+from tests.trainops.test_reports_render import (
+    RUN_METRICS,
+    page_tables,
+    page_text,
+    run_job,
+    table_with,
+)
 from trainer.contract import dataset_prefix, join
 from trainer.storage import open_storage
 from trainops.reports_app import ReportRequestError, check_report_uri, required_access
@@ -233,6 +239,53 @@ def test_gate_decision_needs_access_to_its_dag(api, root):
     refused = get(api, gate["gate_uri"], headers=bearer(api, role=None, name="nobody"))
     assert refused.status_code == 403
     assert "user 'nobody' may not read task reports of DAG 'retrain'" in page_text(refused.text)
+
+
+def test_run_report_draws_the_loss_curve_from_the_metrics_beside_job_json(api, root, tmp_path):
+    run_uri = join(root, "runs", "retrain", "manual_1", "train")
+    storage = open_storage(root)
+    job_uri = join(run_uri, "job.json")
+    storage.put_json(job_uri, run_job(run_uri=run_uri, config_uri=join(run_uri, "config.yaml")))
+    storage.put(join(run_uri, "metrics.jsonl"), RUN_METRICS.encode())
+
+    response = get(api, job_uri)
+    assert response.status_code == 200, response.text
+    assert "default-src 'none'" in response.headers["content-security-policy"]
+    page = response.text
+    text = page_text(page)
+    assert text.startswith(f"Training run: retrain / manual_1 / train {job_uri} Status succeeded")
+    assert ["Preemptions", "1"] in page_tables(page)[0]
+    assert page.count("<svg") == 1 and page.count("<polyline") == 2
+    assert "attempt 1 (preempted)" in text and "attempt 2 (succeeded)" in text
+    assert table_with(page, "Attempt")[2][:4] == ["attempt 2", "5", "6 to 10", "4,000"]
+    assert [row[:5] for row in table_with(page, "Attempt", skip=1)[1:]] == [
+        ["1", "spot", "2026-01-01T00:00:00+00:00", "2026-01-01T00:10:00+00:00", "preempted"],
+        ["2", "on-demand", "2026-01-01T00:11:00+00:00", "2026-01-01T00:20:00+00:00",
+         "succeeded"]]
+    assert "Raw JSON" in text and "SECRET-1" not in page and "<script" not in page
+
+    refused = get(api, job_uri, headers=bearer(api, role=None, name="nobody"))
+    assert refused.status_code == 403 and "<svg" not in refused.text
+
+    os.remove(_split_path(join(run_uri, "metrics.jsonl")))
+    missing = get(api, job_uri)
+    assert missing.status_code == 200, missing.text
+    assert "<svg" not in missing.text
+    assert ("No loss curve: metrics.jsonl was not found next to job.json (no step logged yet?)."
+            in page_text(missing.text))
+    assert table_with(missing.text, "Attempt")[1][4] == "preempted"
+
+    # The sibling passes the same root checks: a symbolic link out of the root is not followed.
+    outside = tmp_path / "elsewhere.jsonl"
+    outside.write_text('{"step": 1, "loss": 1234.5, "attempt": 1}\n')
+    os.symlink(outside, _split_path(join(run_uri, "metrics.jsonl")))
+    linked = get(api, job_uri)
+    assert linked.status_code == 200 and "<svg" not in linked.text and "1234" not in linked.text
+    assert "leads outside the storage root" in page_text(linked.text)
+
+
+def _split_path(file_uri: str) -> str:
+    return file_uri[len("file://"):]
 
 
 def test_model_card_and_markdown(api, root):

@@ -6,6 +6,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from trainops.links import RUN_REPORT_KEY, RunReportLink
 from trainops.operators import _jobs
 from trainops.storage_conn import root_and_storage
 
@@ -60,6 +61,7 @@ class FSDPTrainingOperator(BaseOperator):
 
     template_fields = ("dataset", "trainer_config", "storage_root")
     ui_color = "#f4d9c6"
+    operator_extra_links = (RunReportLink(),)
 
     def __init__(self, *, dataset: Any, trainer_config: dict | None = None, nodes: int = 1,
                  gpus_per_node: int = 0, cluster: str = "local", capacity: str = "spot",
@@ -144,6 +146,8 @@ class FSDPTrainingOperator(BaseOperator):
             "run_uri": run_uri, "config_uri": layout.config, "cluster": self.cluster,
             "capacity": self.capacity, "preemptions": 0, "infra_failures": 0,
             "status": "running", "attempts": []}
+        if callable(getattr(context.get("ti"), "xcom_push", None)):  # the "Training report" link,
+            context["ti"].xcom_push(key=RUN_REPORT_KEY, value=layout.job)  # on a reattach too
         cluster = self._cluster()
         self._labels = _jobs.job_labels(identity)
         live = cluster.find(self._labels)
