@@ -1,8 +1,13 @@
 """Provider metadata, published through the ``apache_airflow_provider`` entry point.
 
-trainops invents no connection type: it uses Airflow's ``aws`` and ``kubernetes`` ones. The
-plugin is published by the ``airflow.plugins`` entry point only: listing it here as well would
-register it twice.
+``airflow providers list`` shows trainops with its version, and ``airflow providers links``
+its operator extra links. In Airflow 3 the ``extra-links`` entry is metadata only: the links
+work because each operator declares them (see :mod:`trainops.links`), not because they are
+listed here.
+
+trainops invents no connection type: it uses Airflow's ``aws`` and ``kubernetes`` ones, so
+there is no ``connection-types`` entry. The plugin is published by the ``airflow.plugins``
+entry point only: listing it here as well would register it twice.
 """
 
 from __future__ import annotations
@@ -22,10 +27,16 @@ def get_provider_info() -> dict:
             "python-modules": [
                 "trainops.operators.stage", "trainops.operators.train",
                 "trainops.operators.evaluate", "trainops.operators.gate",
-                "trainops.operators.promote",
+                "trainops.operators.promote", "trainops.operators.rollback",
             ],
         }],
         "triggers": [{"integration-name": "trainops", "python-modules": ["trainops.triggers.job"]}],
+        "extra-links": [
+            "trainops.links.ValidationReportLink",
+            "trainops.links.GateDecisionLink",
+            "trainops.links.ModelCardLink",
+            "trainops.links.RunReportLink",
+        ],
         "integrations": [{"integration-name": "trainops", "external-doc-url":
                           "https://example.invalid/trainops", "tags": ["software"]}],
     }
