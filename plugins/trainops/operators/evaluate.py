@@ -20,6 +20,8 @@ class EvaluateModelOperator(BaseOperator):
     :param training: the FSDPTrainingOperator result. (templated)
     :param model_name: the model whose production pointer is compared against. (templated)
     :param cluster: ``local`` or ``kubernetes``; where the evaluation job runs.
+    :param image: the trainer image of the evaluation job (Kubernetes).
+    :param namespace: Kubernetes namespace of the evaluation job.
     :param gpus_per_node: GPUs for the evaluation pod (one process; 0: CPU).
     :param capacity: ``on-demand`` (default: an evaluation is short, and a preempted one is
         simply failed) or ``spot``.
@@ -27,8 +29,10 @@ class EvaluateModelOperator(BaseOperator):
     :param deferrable: wait in the triggerer (True) or in this worker slot (False). Default:
         ``[trainops] default_deferrable``, True when unset.
     :param poll_interval: seconds between job state polls in the triggerer.
+    :param job_timeout: seconds the evaluation may run before the task fails and deletes it.
     :param storage_root: ``file://`` or ``s3://`` root (templated; default: the embedded root).
     :param aws_conn_id: Airflow connection for ``s3://`` storage.
+    :param kubernetes_conn_id: Airflow connection for ``cluster='kubernetes'``.
 
     Returns ``{"metrics_uri", "run_uri", "model_name", "candidate", "production",
     "production_version"}``; ``candidate`` and ``production`` hold ``eval_loss``,

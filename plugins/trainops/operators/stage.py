@@ -94,6 +94,7 @@ class StageDatasetOperator(BaseOperator):
         see FSDPTrainingOperator).
     :param deferrable: wait for a staging job in the triggerer (default: ``[trainops]
         default_deferrable``, True when unset).
+    :param poll_interval: seconds between polls of a staging job's state.
     :param kubernetes_conn_id: Airflow connection for ``cluster='kubernetes'``.
     """
 
