@@ -5,13 +5,17 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.trainops-installed
 
-.PHONY: demo test venv clean-demo clean
+.PHONY: demo test airflow venv clean-demo clean
 
 demo: $(STAMP)
 	$(PY) -m trainops demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# Airflow itself (scheduler, DAG processor, triggerer, API server on :8080) with these DAGs.
+airflow: $(STAMP)
+	$(PY) -m trainops airflow
 
 venv: $(STAMP)
 

@@ -3,6 +3,8 @@
 - ``demo``: run the ``trainops_demo`` DAG with ``dag.test()`` on the embedded default and print
   a summary (``make demo`` calls this). ``--corrupt-data`` delivers bad data instead, to watch
   staging reject it before anything is trained.
+- ``airflow``: ``airflow standalone`` on the same embedded default, with this checkout's DAGs,
+  on http://localhost:8080 (``make airflow`` calls this); docs/dags.md walks through a run.
 - ``render-job SPEC.json``: print the Kubernetes manifests a JobSpec (JSON form) would submit,
   as multi-document YAML. A dry run: nothing is sent to a cluster.
 - ``rollback MODEL VERSION --reason TEXT``: point MODEL's production back at VERSION (one that
@@ -106,6 +108,22 @@ def run_rollback(model: str, version: int, *, reason: str, by: str | None,
     return 0
 
 
+def run_airflow(project_dir: str) -> int:
+    """``airflow standalone`` on the embedded default (scheduler, DAG processor, triggerer and
+    API server on http://localhost:8080), with this interpreter's ``bin`` first on PATH."""
+    from trainops.devenv import apply_dev_env
+
+    apply_dev_env(project_dir)
+    bin_dir = os.path.dirname(sys.executable)
+    os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+    airflow = os.path.join(bin_dir, "airflow")
+    print(f"airflow standalone with AIRFLOW_HOME={os.environ['AIRFLOW_HOME']}; the admin password "
+          "is printed below and kept in $AIRFLOW_HOME/simple_auth_manager_passwords.json.generated",
+          flush=True)
+    os.execv(airflow, [airflow, "standalone"])
+    return 0  # not reached
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainops", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -115,6 +133,10 @@ def main(argv: list[str] | None = None) -> int:
                       help="the checkout (holds dags/, plugins/; .airflow and .trainops go here)")
     demo.add_argument("--corrupt-data", action="store_true",
                       help="deliver data that fails its expectations (staging rejects it)")
+    standalone = sub.add_parser("airflow", help="run Airflow (standalone) on the embedded default, "
+                                "with the DAGs of this checkout, on http://localhost:8080")
+    standalone.add_argument("--project-dir", default=os.getcwd(),
+                            help="the checkout (holds dags/, plugins/; .airflow and .trainops go here)")
     render = sub.add_parser("render-job",
                             help="print the Kubernetes manifests of a JobSpec (dry run)")
     render.add_argument("spec", metavar="SPEC.json", help="a JobSpec in its JSON form")
@@ -131,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
                             storage_root=args.storage_root)
     if args.command == "demo":
         return run_demo(args.project_dir, corrupt_data=args.corrupt_data)
+    if args.command == "airflow":
+        return run_airflow(args.project_dir)
     if args.command == "render-job":
         from trainops.render_job import main as render_job
 

@@ -1,0 +1,139 @@
+"""retrain_manual: retrain the model now, with the settings you choose in the trigger form.
+
+**Trigger** it from the UI (the Trigger button opens a form with one field per setting) or
+through the REST API (`POST /api/v2/dags/retrain_manual/dagRuns` with
+`{"logical_date": null, "conf": {"max_steps": 200}}`; docs/dags.md has a curl example).
+Every field has a default that runs on the embedded default: the demo dataset under the
+storage root (generated on first use), the tiny model, one CPU "node" on the local cluster,
+60 steps. Airflow checks the form against each field's schema when the run is triggered and
+rejects a bad value naming the field; the `plan` task also refuses keys it does not know.
+
+**Tasks**: `plan` checks the settings and decides the training arguments; with **Dry run**
+on, `dry_run` writes what would be launched (resolved trainer config, the JobSpec of attempt 1
+and the Kubernetes manifests it becomes) into its log and XCom, and everything else is
+skipped. Otherwise: `source` (writes the demo data if the default location is empty) ->
+`stage` (validate and tokenize; a content-addressed dataset version) -> `train_args` ->
+`train` (FSDP under torchrun, deferred while it runs, relaunched after preemptions) ->
+`trained` -> `evaluate` (candidate and production on the same split) -> `gate` -> `promote`
+(skipped, not failed, when the gate rejects the model).
+
+`train` is mapped over one set of arguments because `nodes`, `gpus_per_node`, `capacity`
+and `max_preemptions` are not templated fields of FSDPTrainingOperator: mapping is how
+Airflow builds an operator from values known only at run time. Its run prefix is therefore
+`runs/retrain_manual/<run_id>/train.0/`.
+
+**Retries**: one for the short tasks (a storage hiccup). None for `train`: preemptions and
+infrastructure failures have their own budgets inside the task (`max_preemptions`, two
+infrastructure relaunches), and a program error would fail the same way again after burning
+the same GPU hours.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import DAG, task
+
+from trainops import dag_helpers as helpers
+from trainops.operators import (
+    EvaluateModelOperator,
+    EvaluationGateOperator,
+    FSDPTrainingOperator,
+    PromoteModelOperator,
+    StageDatasetOperator,
+)
+
+MODEL = "retrain-lm"
+PLACE = helpers.deployment()  # [trainops] cluster, image, namespace (local by default)
+
+with DAG(
+    dag_id="retrain_manual",
+    schedule=None,
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,  # one training gang at a time; later triggers queue
+    tags=["trainops", "retrain", "manual"],
+    default_args={"owner": "trainops", "retries": 1, "retry_delay": timedelta(seconds=30)},
+    doc_md=__doc__,
+    params=helpers.manual_params(),
+) as dag:
+
+    @task(multiple_outputs=True)
+    def plan(params=None, dag_run=None) -> dict:
+        """Check the run's settings (unknown keys too) and decide what to launch."""
+        settings = {key: params[key] for key in helpers.SETTINGS}
+        settings = helpers.check_settings({**settings, **(dag_run.conf or {})},
+                                          source="retrain_manual conf")
+        return helpers.plan_run(settings)
+
+    @task.branch
+    def launch_or_dry_run(dry_run: bool) -> str:
+        return "dry_run" if dry_run else "source"
+
+    @task
+    def dry_run(run_plan: dict, dag_run=None) -> dict:
+        """Render what would be launched; launch nothing."""
+        import json
+
+        import yaml
+
+        report = helpers.dry_run_report(run_plan, dag_id=dag_run.dag_id, run_id=dag_run.run_id)
+        print(f"DRY RUN on cluster {report['cluster']!r}: nothing is staged or launched.")
+        print("resolved trainer config:\n"
+              + yaml.safe_dump(report["trainer_config"], sort_keys=False))
+        print("JobSpec of attempt 1:\n" + json.dumps(report["job_spec"], indent=2))
+        print("Kubernetes manifests:\n" + yaml.safe_dump_all(report["manifests"], sort_keys=False))
+        return report
+
+    @task
+    def source(dataset_uri: str) -> str:
+        """The raw data; the demo dataset is written first if its default location is empty."""
+        import logging
+
+        return helpers.ensure_source(dataset_uri, log=logging.getLogger("airflow.task"))
+
+    @task
+    def train_args(kwargs: list) -> list:
+        """The training task's run-time arguments (nodes, capacity, trainer config ...)."""
+        return kwargs
+
+    @task
+    def trained(results) -> dict:
+        """The training result (the mapped task has exactly one)."""
+        return list(results)[0]
+
+    run_plan = plan()
+    branch = launch_or_dry_run(run_plan["dry_run"])
+    branch >> dry_run(run_plan)
+
+    raw = source(run_plan["dataset_uri"])
+    branch >> raw
+
+    stage = StageDatasetOperator(
+        task_id="stage", source_uri=raw, dataset_name=run_plan["dataset_name"],
+        cluster=PLACE["cluster"], image=PLACE["image"], namespace=PLACE["namespace"])
+
+    args = train_args(run_plan["train_kwargs"])
+    stage >> args
+    train = FSDPTrainingOperator.partial(
+        task_id="train", dataset=stage.output, cluster=PLACE["cluster"], image=PLACE["image"],
+        namespace=PLACE["namespace"], poll_interval=PLACE["poll_interval"], progress_every=10.0,
+        retries=0,
+    ).expand_kwargs(args)
+    training = trained(train.output)
+
+    evaluate = EvaluateModelOperator(
+        task_id="evaluate", training=training, model_name=MODEL, cluster=PLACE["cluster"],
+        image=PLACE["image"], namespace=PLACE["namespace"], poll_interval=PLACE["poll_interval"])
+
+    gate = EvaluationGateOperator(task_id="gate", evaluation=evaluate.output,
+                                  checks=helpers.GATE_CHECKS)
+
+    promote = PromoteModelOperator(
+        task_id="promote", model_name=MODEL, gate=gate.output, training=training,
+        dataset=stage.output, evaluation=evaluate.output)
+
+
+if __name__ == "__main__":
+    dag.test()

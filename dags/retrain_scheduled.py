@@ -1,0 +1,113 @@
+"""retrain_scheduled: retrain the model every night on the latest raw data, unattended.
+
+**Schedule**: 03:00 UTC every day (cron `0 3 * * *`), no catch-up of missed nights, one
+active run at a time.
+
+**Configuration**, read when a run starts, so a change applies to the next run without
+touching code:
+
+- Airflow Variable `trainops_retrain` (JSON object), any of `dataset_uri`, `model_preset`,
+  `nodes`, `gpus_per_node`, `capacity`, `max_preemptions`, `lr`, `max_steps`, with the same
+  meanings, limits and defaults as the `retrain_manual` form. Unset keys keep their defaults,
+  which run on the embedded default: the demo dataset under the storage root (generated on
+  first use), the tiny model, one CPU "node", 60 steps. An unknown key or a bad value fails
+  the `plan` task, naming it. Example: `{"dataset_uri": "s3://raw/tickets/", "nodes": 4,
+  "gpus_per_node": 8, "capacity": "spot-then-on-demand", "max_steps": 20000}`.
+- Connections: `aws_default` (an `aws` connection: keys, `endpoint_url`, `region_name`) for
+  `s3://` data and storage; `kubernetes_default` when `[trainops] cluster = kubernetes`.
+- Where it runs: the storage root is `$TRAINOPS_STORAGE_ROOT` (default
+  `file://$AIRFLOW_HOME/trainops-storage`); the cluster, image and namespace come from
+  `[trainops] cluster`, `image`, `namespace` in Airflow's config (default: the local cluster).
+
+**Tasks**: `plan` -> `source` -> `stage` -> `train_args` -> `train` -> `trained` ->
+`evaluate` -> `gate` -> `promote`. `train` is mapped over one set of arguments because its
+`nodes`, `capacity`... are not templated fields (see docs/dags.md). A candidate the gate
+rejects is not promoted; the run stays green and the promote task says why.
+
+**Retries**: two, five minutes apart, for the short tasks (storage or API hiccups at night).
+None for `train`: preemptions and infrastructure failures are relaunched inside the task
+(`max_preemptions`, two infrastructure relaunches), and a program error would only fail again
+after burning the same GPU hours.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import DAG, task
+
+from trainops import dag_helpers as helpers
+from trainops.operators import (
+    EvaluateModelOperator,
+    EvaluationGateOperator,
+    FSDPTrainingOperator,
+    PromoteModelOperator,
+    StageDatasetOperator,
+)
+
+MODEL = "retrain-lm"
+PLACE = helpers.deployment()  # [trainops] cluster, image, namespace (local by default)
+SETTINGS = [key for key in helpers.SETTINGS if key != "dry_run"]
+
+with DAG(
+    dag_id="retrain_scheduled",
+    schedule="0 3 * * *",
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    tags=["trainops", "retrain", "scheduled"],
+    default_args={"owner": "trainops", "retries": 2, "retry_delay": timedelta(minutes=5)},
+    doc_md=__doc__,
+) as dag:
+
+    @task(multiple_outputs=True)
+    def plan() -> dict:
+        """Read and check the trainops_retrain Variable; decide what to stage and launch."""
+        return helpers.plan_run(helpers.variable_settings(allowed=SETTINGS))
+
+    @task
+    def source(dataset_uri: str) -> str:
+        """The raw data; the demo dataset is written first if its default location is empty."""
+        import logging
+
+        return helpers.ensure_source(dataset_uri, log=logging.getLogger("airflow.task"))
+
+    @task
+    def train_args(kwargs: list) -> list:
+        """The training task's run-time arguments (nodes, capacity, trainer config ...)."""
+        return kwargs
+
+    @task
+    def trained(results) -> dict:
+        """The training result (the mapped task has exactly one)."""
+        return list(results)[0]
+
+    run_plan = plan()
+    stage = StageDatasetOperator(
+        task_id="stage", source_uri=source(run_plan["dataset_uri"]),
+        dataset_name=run_plan["dataset_name"], cluster=PLACE["cluster"], image=PLACE["image"],
+        namespace=PLACE["namespace"])
+
+    args = train_args(run_plan["train_kwargs"])
+    stage >> args
+    train = FSDPTrainingOperator.partial(
+        task_id="train", dataset=stage.output, cluster=PLACE["cluster"], image=PLACE["image"],
+        namespace=PLACE["namespace"], poll_interval=PLACE["poll_interval"], retries=0,
+    ).expand_kwargs(args)
+    training = trained(train.output)
+
+    evaluate = EvaluateModelOperator(
+        task_id="evaluate", training=training, model_name=MODEL, cluster=PLACE["cluster"],
+        image=PLACE["image"], namespace=PLACE["namespace"], poll_interval=PLACE["poll_interval"])
+
+    gate = EvaluationGateOperator(task_id="gate", evaluation=evaluate.output,
+                                  checks=helpers.GATE_CHECKS)
+
+    promote = PromoteModelOperator(
+        task_id="promote", model_name=MODEL, gate=gate.output, training=training,
+        dataset=stage.output, evaluation=evaluate.output)
+
+
+if __name__ == "__main__":
+    dag.test()

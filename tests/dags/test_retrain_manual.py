@@ -1,0 +1,145 @@
+"""retrain_manual: its form refuses bad values by name, and a dry run launches nothing."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from trainops import dag_helpers as helpers
+from trainops.cli import load_dag, xcom_results
+
+DAG_ID = "retrain_manual"
+
+
+@pytest.fixture
+def storage(tmp_path, monkeypatch):
+    root = f"file://{tmp_path}/storage"
+    monkeypatch.setenv("TRAINOPS_STORAGE_ROOT", root)
+    monkeypatch.setenv("TRAINOPS_LOCAL_STATE", str(tmp_path / "local"))
+    return root
+
+
+@pytest.fixture
+def server_params(storage):
+    """The DAG's params as the API server holds them (what a trigger is validated against)."""
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    dag = load_dag(os.environ["AIRFLOW__CORE__DAGS_FOLDER"], DAG_ID)
+    return DagSerialization.deserialize_dag(DagSerialization.serialize_dag(dag)).params
+
+
+def validate(params, conf):
+    """What ``POST /api/v2/dags/{id}/dagRuns`` does with the conf before creating the run."""
+    return params.deep_merge(conf).validate()
+
+
+def test_every_default_is_valid_and_runs_on_the_embedded_default(server_params, storage):
+    values = validate(server_params, None)
+    assert values == {"dataset_uri": f"{storage}/raw/demo-text", "model_preset": "tiny",
+                      "nodes": 1, "gpus_per_node": 0, "capacity": "spot",
+                      "max_preemptions": 3, "lr": 0.003, "max_steps": 60, "dry_run": False}
+    assert validate(server_params, {"dataset_uri": "s3://raw/tickets/2026-*/*.parquet",
+                                    "model_preset": "1b", "nodes": 4, "gpus_per_node": 8,
+                                    "capacity": "spot-then-on-demand", "lr": 1e-4})
+
+
+@pytest.mark.parametrize("field, value", [
+    ("dataset_uri", "raw/tickets"),          # not a URI
+    ("dataset_uri", "file://relative/path"),
+    ("model_preset", "huge"),
+    ("nodes", 0),
+    ("nodes", "2"),                           # a string, not a number
+    ("gpus_per_node", 17),
+    ("capacity", "cheapest"),
+    ("max_preemptions", -1),
+    ("lr", 0),
+    ("lr", 2.0),
+    ("max_steps", 0),
+    ("dry_run", "yes"),
+])
+def test_a_bad_value_is_refused_naming_the_field(server_params, field, value):
+    from airflow.exceptions import ParamValidationError
+
+    with pytest.raises(ParamValidationError, match=f"Invalid input for param {field}:"):
+        validate(server_params, {field: value})
+
+
+def test_unknown_keys_are_refused_by_the_plan_with_a_suggestion(storage):
+    with pytest.raises(helpers.SettingsError) as err:
+        helpers.check_settings({"max_step": 5, "nodes": 2}, source="retrain_manual conf")
+    assert "unknown setting(s) 'max_step' (did you mean 'max_steps'?)" in str(err.value)
+
+
+@pytest.mark.parametrize("uri, name", [
+    ("file:///data/raw/demo-text", "demo-text"),
+    ("file:///data/raw/demo-text/", "demo-text"),
+    ("s3://raw/tickets/2026-*/*.parquet", "tickets"),
+    ("s3://lake/exports/support tickets.jsonl", "support_tickets"),
+])
+def test_the_dataset_is_named_after_the_raw_data(uri, name):
+    assert helpers.dataset_name_for(uri) == name
+
+
+def test_a_glob_right_after_the_bucket_cannot_name_a_dataset():
+    with pytest.raises(helpers.SettingsError, match="cannot name a dataset"):
+        helpers.dataset_name_for("s3://raw/*.parquet")
+
+
+@pytest.mark.parametrize("preset", helpers.SETTINGS["model_preset"]["schema"]["enum"])
+@pytest.mark.parametrize("max_steps", [1, 60, 100_000])
+def test_every_form_choice_makes_a_config_the_trainer_accepts(preset, max_steps):
+    from trainops.operators._jobs import resolve_trainer_config
+
+    config = helpers.trainer_config(preset, 0.003, max_steps)
+    resolve_trainer_config({"run_uri": "file:///r", "data_uri": "file:///d", **config}, 8)
+
+
+def test_the_demo_data_is_written_once_and_only_at_its_default_place(storage):
+    from trainer.storage import open_storage
+
+    store = open_storage(storage)
+    demo = helpers.demo_source_uri()
+    assert helpers.ensure_source(demo) == demo
+    parts = store.list(demo)
+    assert len(parts) == 2 and all(p.endswith(".parquet") for p in parts)
+    before = [store.head(p) for p in parts]
+    helpers.ensure_source(demo)
+    assert [store.head(p) for p in parts] == before  # not rewritten
+    other = f"{storage}/raw/somewhere-else"
+    assert helpers.ensure_source(other) == other and store.list(other) == []
+
+
+@pytest.mark.slow
+def test_a_dry_run_renders_the_job_and_launches_nothing(airflow_db, storage, tmp_path, capfd):
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    from trainer.storage import open_storage
+
+    dag = load_dag(os.environ["AIRFLOW__CORE__DAGS_FOLDER"], DAG_ID)
+    dagrun = dag.test(run_conf={"dry_run": True, "nodes": 2, "gpus_per_node": 8,
+                                "capacity": "spot-then-on-demand", "max_steps": 500})
+    assert str(dagrun.state).endswith("success")
+    with create_session() as session:
+        states = {ti.task_id: str(ti.state).rsplit(".", 1)[-1].lower() for ti in
+                  session.query(TaskInstance).filter_by(dag_id=DAG_ID, run_id=dagrun.run_id)}
+    assert states.pop("dry_run") == "success"
+    assert (states.pop("plan"), states.pop("launch_or_dry_run")) == ("success", "success")
+    assert set(states.values()) == {"skipped"}, states
+
+    report = xcom_results(DAG_ID, dagrun.run_id, ["dry_run"])["dry_run"]
+    assert report["trainer_config"]["train"]["max_steps"] == 500
+    assert report["job_spec"]["nodes"] == 2 and report["job_spec"]["gpus_per_node"] == 8
+    assert report["job_spec"]["capacity"] == "spot-then-on-demand"
+    job = next(m for m in report["manifests"] if m["kind"] == "Job")
+    assert job["spec"]["completions"] == 2
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    out = capfd.readouterr()
+    assert "DRY RUN on cluster 'local': nothing is staged or launched." in out.out + out.err
+    assert "kind: Job" in out.out + out.err
+
+    # Nothing was staged, trained or written, and no job was started.
+    assert open_storage(storage).list(storage) == []
+    assert not (tmp_path / "local" / "jobs").exists()
