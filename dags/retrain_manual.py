@@ -12,15 +12,13 @@ rejects a bad value naming the field; the `plan` task also refuses keys it does 
 on, `dry_run` writes what would be launched (resolved trainer config, the JobSpec of attempt 1
 and the Kubernetes manifests it becomes) into its log and XCom, and everything else is
 skipped. Otherwise: `source` (writes the demo data if the default location is empty) ->
-`stage` (validate and tokenize; a content-addressed dataset version) -> `train_args` ->
+`stage` (validate and tokenize; a content-addressed dataset version) ->
 `train` (FSDP under torchrun, deferred while it runs, relaunched after preemptions) ->
-`trained` -> `evaluate` (candidate and production on the same split) -> `gate` -> `promote`
+`evaluate` (candidate and production on the same split) -> `gate` -> `promote`
 (skipped, not failed, when the gate rejects the model).
 
-`train` is mapped over one set of arguments because `nodes`, `gpus_per_node`, `capacity`
-and `max_preemptions` are not templated fields of FSDPTrainingOperator: mapping is how
-Airflow builds an operator from values known only at run time. Its run prefix is therefore
-`runs/retrain_manual/<run_id>/train.0/`.
+`nodes`, `gpus_per_node`, `capacity` and `max_preemptions` reach `train` as templated
+fields from `plan`'s XCom; the operator checks them once rendered, before launching.
 
 **Retries**: one for the short tasks (a storage hiccup). None for `train`: preemptions and
 infrastructure failures have their own budgets inside the task (`max_preemptions`, two
@@ -93,16 +91,6 @@ with DAG(
 
         return helpers.ensure_source(dataset_uri, log=logging.getLogger("airflow.task"))
 
-    @task
-    def train_args(kwargs: list) -> list:
-        """The training task's run-time arguments (nodes, capacity, trainer config ...)."""
-        return kwargs
-
-    @task
-    def trained(results) -> dict:
-        """The training result (the mapped task has exactly one)."""
-        return list(results)[0]
-
     run_plan = plan()
     branch = launch_or_dry_run(run_plan["dry_run"])
     branch >> dry_run(run_plan)
@@ -114,14 +102,14 @@ with DAG(
         task_id="stage", source_uri=raw, dataset_name=run_plan["dataset_name"],
         cluster=PLACE["cluster"], image=PLACE["image"], namespace=PLACE["namespace"])
 
-    args = train_args(run_plan["train_kwargs"])
-    stage >> args
-    train = FSDPTrainingOperator.partial(
-        task_id="train", dataset=stage.output, cluster=PLACE["cluster"], image=PLACE["image"],
-        namespace=PLACE["namespace"], poll_interval=PLACE["poll_interval"], progress_every=10.0,
-        retries=0,
-    ).expand_kwargs(args)
-    training = trained(train.output)
+    args = run_plan  # nodes, gpus_per_node, capacity, max_preemptions: templated fields
+    train = FSDPTrainingOperator(
+        task_id="train", dataset=stage.output, nodes=args["nodes"],
+        gpus_per_node=args["gpus_per_node"], capacity=args["capacity"],
+        max_preemptions=args["max_preemptions"], trainer_config=args["trainer_config"],
+        cluster=PLACE["cluster"], image=PLACE["image"], namespace=PLACE["namespace"],
+        poll_interval=PLACE["poll_interval"], progress_every=10.0, retries=0)
+    training = train.output
 
     evaluate = EvaluateModelOperator(
         task_id="evaluate", training=training, model_name=MODEL, cluster=PLACE["cluster"],

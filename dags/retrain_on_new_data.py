@@ -67,15 +67,10 @@ with DAG(
             print(f"superseded by it: {chosen['superseded']}")
         return chosen
 
-    @task
-    def train_args() -> list:
+    @task(multiple_outputs=True)
+    def train_args() -> dict:
         """Read and check the trainops_retrain Variable: the training task's arguments."""
         return helpers.training_kwargs(helpers.variable_settings(allowed=SETTINGS))
-
-    @task
-    def trained(results) -> dict:
-        """The training result (the mapped task has exactly one)."""
-        return list(results)[0]
 
     snapshot = source()
     stage = StageDatasetOperator(
@@ -84,11 +79,13 @@ with DAG(
 
     args = train_args()
     stage >> args
-    train = FSDPTrainingOperator.partial(
-        task_id="train", dataset=stage.output, cluster=PLACE["cluster"], image=PLACE["image"],
-        namespace=PLACE["namespace"], poll_interval=PLACE["poll_interval"], retries=0,
-    ).expand_kwargs(args)
-    training = trained(train.output)
+    train = FSDPTrainingOperator(
+        task_id="train", dataset=stage.output, nodes=args["nodes"],
+        gpus_per_node=args["gpus_per_node"], capacity=args["capacity"],
+        max_preemptions=args["max_preemptions"], trainer_config=args["trainer_config"],
+        cluster=PLACE["cluster"], image=PLACE["image"], namespace=PLACE["namespace"],
+        poll_interval=PLACE["poll_interval"], retries=0)
+    training = train.output
 
     evaluate = EvaluateModelOperator(
         task_id="evaluate", training=training, model_name=MODEL, cluster=PLACE["cluster"],

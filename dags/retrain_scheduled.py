@@ -19,10 +19,9 @@ touching code:
   `file://$AIRFLOW_HOME/trainops-storage`); the cluster, image and namespace come from
   `[trainops] cluster`, `image`, `namespace` in Airflow's config (default: the local cluster).
 
-**Tasks**: `plan` -> `source` -> `stage` -> `train_args` -> `train` -> `trained` ->
-`evaluate` -> `gate` -> `promote`. `train` is mapped over one set of arguments because its
-`nodes`, `capacity`... are not templated fields (see docs/dags.md). A candidate the gate
-rejects is not promoted; the run stays green and the promote task says why.
+**Tasks**: `plan` -> `source` -> `stage` -> `train` -> `evaluate` -> `gate` -> `promote`.
+`train`'s `nodes`, `capacity`... are templated fields fed from `plan`'s XCom. A candidate the
+gate rejects is not promoted; the run stays green and the promote task says why.
 
 **Retries**: two, five minutes apart, for the short tasks (storage or API hiccups at night).
 None for `train`: preemptions and infrastructure failures are relaunched inside the task
@@ -73,29 +72,20 @@ with DAG(
 
         return helpers.ensure_source(dataset_uri, log=logging.getLogger("airflow.task"))
 
-    @task
-    def train_args(kwargs: list) -> list:
-        """The training task's run-time arguments (nodes, capacity, trainer config ...)."""
-        return kwargs
-
-    @task
-    def trained(results) -> dict:
-        """The training result (the mapped task has exactly one)."""
-        return list(results)[0]
-
     run_plan = plan()
     stage = StageDatasetOperator(
         task_id="stage", source_uri=source(run_plan["dataset_uri"]),
         dataset_name=run_plan["dataset_name"], cluster=PLACE["cluster"], image=PLACE["image"],
         namespace=PLACE["namespace"])
 
-    args = train_args(run_plan["train_kwargs"])
-    stage >> args
-    train = FSDPTrainingOperator.partial(
-        task_id="train", dataset=stage.output, cluster=PLACE["cluster"], image=PLACE["image"],
-        namespace=PLACE["namespace"], poll_interval=PLACE["poll_interval"], retries=0,
-    ).expand_kwargs(args)
-    training = trained(train.output)
+    args = run_plan  # nodes, gpus_per_node, capacity, max_preemptions: templated fields
+    train = FSDPTrainingOperator(
+        task_id="train", dataset=stage.output, nodes=args["nodes"],
+        gpus_per_node=args["gpus_per_node"], capacity=args["capacity"],
+        max_preemptions=args["max_preemptions"], trainer_config=args["trainer_config"],
+        cluster=PLACE["cluster"], image=PLACE["image"], namespace=PLACE["namespace"],
+        poll_interval=PLACE["poll_interval"], retries=0)
+    training = train.output
 
     evaluate = EvaluateModelOperator(
         task_id="evaluate", training=training, model_name=MODEL, cluster=PLACE["cluster"],

@@ -209,19 +209,17 @@ def trainer_config(model_preset: str, lr: float, max_steps: int) -> dict:
     }
 
 
-def training_kwargs(settings: dict) -> list[dict]:
-    """The training operator's run-time arguments, as the one-element list the training task
-    is mapped over: its ``nodes``, ``gpus_per_node``, ``capacity`` and ``max_preemptions``
-    are not templated fields, and mapping is how Airflow builds an operator from values known
-    only when the run starts."""
-    return [{
+def training_kwargs(settings: dict) -> dict:
+    """The training operator's run-time arguments (templated fields, fed from the plan task's
+    XCom): ``nodes``, ``gpus_per_node``, ``capacity``, ``max_preemptions``, ``trainer_config``."""
+    return {
         "nodes": settings["nodes"],
         "gpus_per_node": settings["gpus_per_node"],
         "capacity": settings["capacity"],
         "max_preemptions": settings["max_preemptions"],
         "trainer_config": trainer_config(settings["model_preset"], settings["lr"],
                                          settings["max_steps"]),
-    }]
+    }
 
 
 def plan_run(settings: dict) -> dict:
@@ -231,7 +229,7 @@ def plan_run(settings: dict) -> dict:
         "dataset_uri": settings["dataset_uri"],
         "dataset_name": dataset_name_for(settings["dataset_uri"]),
         "dry_run": bool(settings.get("dry_run", False)),
-        "train_kwargs": training_kwargs(settings),
+        **training_kwargs(settings),
     }
 
 
@@ -347,9 +345,9 @@ def dry_run_report(plan: dict, *, dag_id: str, run_id: str, storage_root: str | 
 
     place = deployment()
     root = resolve_storage_root(storage_root)
-    kwargs = plan["train_kwargs"][0]
-    identity = {"dag_id": dag_id, "run_id": run_id, "task_id": "train", "map_index": 0}
-    run_uri = run_prefix(root, dag_id, run_id, "train", 0)
+    kwargs = plan
+    identity = {"dag_id": dag_id, "run_id": run_id, "task_id": "train", "map_index": -1}
+    run_uri = run_prefix(root, dag_id, run_id, "train")
     data_uri = join(root, "datasets", safe_segment(plan["dataset_name"]),
                     "<version staged from dataset_uri>")
     world_size = kwargs["nodes"] * max(1, kwargs["gpus_per_node"])

@@ -88,14 +88,14 @@ def test_scheduled_plan_reads_the_variable_and_refuses_what_it_does_not_know(bag
     monkeypatch.delenv("AIRFLOW_VAR_TRAINOPS_RETRAIN", raising=False)
     defaults = plan()
     assert defaults["dataset_uri"].endswith("/raw/demo-text")
-    assert defaults["train_kwargs"][0]["trainer_config"]["train"]["max_steps"] == 60
+    assert defaults["trainer_config"]["train"]["max_steps"] == 60
 
     monkeypatch.setenv("AIRFLOW_VAR_TRAINOPS_RETRAIN", json.dumps(
         {"dataset_uri": "s3://raw/tickets/2026-*/*.parquet", "nodes": 4, "gpus_per_node": 8,
          "capacity": "spot-then-on-demand", "max_steps": 20000}))
     chosen = plan()
     assert chosen["dataset_name"] == "tickets" and chosen["dry_run"] is False
-    kwargs = chosen["train_kwargs"][0]
+    kwargs = chosen
     assert (kwargs["nodes"], kwargs["gpus_per_node"], kwargs["capacity"]) == (
         4, 8, "spot-then-on-demand")
     assert kwargs["trainer_config"]["train"]["max_steps"] == 20000

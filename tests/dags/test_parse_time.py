@@ -7,7 +7,7 @@ left unimported.
 
 One fresh interpreter imports ``airflow.sdk``, then forks a child per DAG file and attempt,
 so each measurement starts from exactly that state (as the DAG processor's parsing
-processes do). The best of three attempts is kept, to tame a noisy machine. Bytecode is
+processes do). The best of five attempts is kept, to tame a noisy machine. Bytecode is
 cached in a temporary prefix, as a deployment's ``__pycache__`` would be, and a first
 interpreter fills it (compiling is not parsing), so the measured one starts warm.
 """
@@ -65,7 +65,7 @@ def parse_once(path):
 
 files = {}
 for path in sys.argv[1:]:
-    runs = [parse_once(path) for _ in range(3)]
+    runs = [parse_once(path) for _ in range(5)]
     files[path] = {"runs": runs}
 print(json.dumps({"sdk_seconds": sdk_seconds, "files": files}))
 """ % (HEAVY,)

@@ -321,7 +321,7 @@ def test_retrain_manual_on_a_real_airflow(real_airflow):
     assert all(s == "success" for t, s in states.items() if t != "dry_run"), states
     # The training task waited in the triggerer, not in a worker slot.
     log = af.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/train/logs/1",
-                     params={"map_index": 0, "full_content": True},
+                     params={"full_content": True},
                      headers={"Accept": "application/json"})
     assert log.status_code == 200, log.text
     events = [str(e.get("event")) for e in log.json()["content"]]
@@ -336,7 +336,7 @@ def test_retrain_manual_on_a_real_airflow(real_airflow):
     from trainer.storage import open_storage
 
     store = open_storage(af.storage_root)
-    layout = RunLayout(run_prefix(af.storage_root, DAG_ID, run_id, "train", 0))
+    layout = RunLayout(run_prefix(af.storage_root, DAG_ID, run_id, "train"))
     assert store.get_json(layout.latest)["step"] == 20
     job = store.get_json(layout.job)
     assert [a["classification"] for a in job["attempts"]] == ["succeeded"]
@@ -392,4 +392,4 @@ def test_data_team_snapshot_triggers_retrain_on_new_data(real_airflow):
     assert chosen["from_event"]["source_dag_id"] == "data_team_publish"
     stage = af.xcom("retrain_on_new_data", consumer["dag_run_id"], "stage")
     assert stage["rows"] == 4000 and stage["dataset_name"] == "demo-text"
-    assert af.xcom("retrain_on_new_data", consumer["dag_run_id"], "trained")["steps"] == 20
+    assert af.xcom("retrain_on_new_data", consumer["dag_run_id"], "train")["steps"] == 20

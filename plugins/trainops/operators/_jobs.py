@@ -117,6 +117,22 @@ def check_job_options(options: dict | None) -> dict:
     return options
 
 
+def known_at_run_time(value) -> bool:
+    """A Jinja template or an XComArg: its value exists only once the task runs."""
+    return (isinstance(value, str) and "{{" in value) or callable(getattr(value, "resolve", None))
+
+
+def as_int(name: str, value, *, minimum: int) -> int:
+    """``value`` (an int, or a rendered template's text such as ``"2"``) as an int >= minimum."""
+    text = value.strip() if isinstance(value, str) else None
+    if isinstance(value, bool) or not (isinstance(value, int) or (text and text.lstrip("-").isdigit())):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    number = int(value)
+    if number < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {number}")
+    return number
+
+
 def check_renders(cluster: str, **fields) -> None:
     """On ``cluster='kubernetes'``, render a trial JobSpec with the operator's settings, so what
     only rendering can refuse (a literal credential in env, a placement or grace period the job

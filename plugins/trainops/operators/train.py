@@ -27,11 +27,13 @@ class FSDPTrainingOperator(BaseOperator):
         or a dataset version URI. (templated)
     :param trainer_config: trainer settings, nested (``{"train": {"lr": 1e-3}}``) or dotted
         (``{"train.lr": 1e-3}``); see ``python -m trainer train --help``. (templated)
-    :param nodes: number of nodes; each runs one torchrun agent.
-    :param gpus_per_node: GPUs per node; 0 runs one CPU process per node (gloo).
+    :param nodes: number of nodes; each runs one torchrun agent. (templated)
+    :param gpus_per_node: GPUs per node; 0 runs one CPU process per node (gloo). (templated)
     :param cluster: ``local`` (this host; the embedded default) or ``kubernetes``.
-    :param capacity: ``spot``, ``on-demand`` or ``spot-then-on-demand``.
+    :param capacity: ``spot``, ``on-demand`` or ``spot-then-on-demand``. (templated)
     :param max_preemptions: relaunches allowed after preemptions before the task fails.
+        (templated; a templated sizing setting is checked when the task runs, a plain one when
+        the DAG is parsed)
     :param max_infra_retries: relaunches allowed after infrastructure failures (image pull,
         no node found), each after a back-off of 30 s doubling up to 10 min.
     :param fallback_after: with ``spot-then-on-demand``, preemptions before moving to on-demand.
@@ -59,7 +61,8 @@ class FSDPTrainingOperator(BaseOperator):
     :param kubernetes_conn_id: Airflow connection for ``cluster='kubernetes'``.
     """
 
-    template_fields = ("dataset", "trainer_config", "storage_root")
+    template_fields = ("dataset", "trainer_config", "storage_root", "nodes", "gpus_per_node",
+                       "capacity", "max_preemptions")
     ui_color = "#f4d9c6"
     operator_extra_links = (RunReportLink(),)
 
@@ -82,11 +85,6 @@ class FSDPTrainingOperator(BaseOperator):
             raise ValueError(f"cluster {cluster!r} is not one of {CLUSTERS}")
         if inject_preemption is not None and cluster != "local":
             raise ValueError("inject_preemption works only with cluster='local' (a demo and test aid)")
-        if max_preemptions < 0:
-            raise ValueError(f"max_preemptions must be >= 0, got {max_preemptions}")
-        if capacity not in ("spot", "on-demand", "spot-then-on-demand"):
-            raise ValueError(f"capacity {capacity!r} is not one of 'spot', 'on-demand', "
-                             "'spot-then-on-demand'")
         self.job_options = _jobs.check_job_options(job_options)
         self.deferrable = _jobs.default_deferrable() if deferrable is None else deferrable
         self.dataset = dataset
@@ -102,9 +100,22 @@ class FSDPTrainingOperator(BaseOperator):
         self.storage_root, self.aws_conn_id = storage_root, aws_conn_id
         self.kubernetes_conn_id = kubernetes_conn_id
         self.unschedulable_timeout = unschedulable_timeout
-        _jobs.check_renders(cluster, nodes=nodes, gpus_per_node=gpus_per_node, image=image,
-                            namespace=namespace, capacity=capacity,
-                            termination_grace_seconds=termination_grace_seconds, **self.job_options)
+        if not any(_jobs.known_at_run_time(v) for v in (nodes, gpus_per_node, capacity, max_preemptions)):
+            self._check_settings()  # else when the task runs, once the templates are rendered
+
+    def _check_settings(self) -> None:
+        """Check (and, from rendered templates, convert) the sizing settings; on Kubernetes,
+        render a trial JobSpec too. At DAG parse for plain values, else when the task runs."""
+        self.nodes = _jobs.as_int("nodes", self.nodes, minimum=1)
+        self.gpus_per_node = _jobs.as_int("gpus_per_node", self.gpus_per_node, minimum=0)
+        self.max_preemptions = _jobs.as_int("max_preemptions", self.max_preemptions, minimum=0)
+        if self.capacity not in ("spot", "on-demand", "spot-then-on-demand"):
+            raise ValueError(f"capacity {self.capacity!r} is not one of 'spot', 'on-demand', "
+                             "'spot-then-on-demand'")
+        _jobs.check_renders(self.cluster, nodes=self.nodes, gpus_per_node=self.gpus_per_node,
+                            image=self.image, namespace=self.namespace, capacity=self.capacity,
+                            termination_grace_seconds=self.termination_grace_seconds,
+                            **self.job_options)
 
     # -- helpers -----------------------------------------------------------------------
     def _cluster_options(self) -> dict:
@@ -126,6 +137,7 @@ class FSDPTrainingOperator(BaseOperator):
     def execute(self, context):
         from trainer.contract import RunLayout, run_prefix
 
+        self._check_settings()
         identity = _jobs.task_identity(context)
         root, store = root_and_storage(self.storage_root, self.aws_conn_id)
         run_uri = run_prefix(root, identity["dag_id"], identity["run_id"], identity["task_id"],
@@ -229,6 +241,7 @@ class FSDPTrainingOperator(BaseOperator):
         event = _jobs.check_event(event)
         if event["status"] == "gone":
             raise RuntimeError(f"unexpected trigger event {event!r} for execute_complete")
+        self._check_settings()
         identity = _jobs.task_identity(context)
         root, store = root_and_storage(self.storage_root, self.aws_conn_id)
         layout = RunLayout(run_prefix(root, identity["dag_id"], identity["run_id"],
@@ -278,6 +291,7 @@ class FSDPTrainingOperator(BaseOperator):
         from trainer.contract import RunLayout, run_prefix
 
         event = _jobs.check_event(event)
+        self._check_settings()
         identity = _jobs.task_identity(context)
         root, store = root_and_storage(self.storage_root, self.aws_conn_id)
         layout = RunLayout(run_prefix(root, identity["dag_id"], identity["run_id"], identity["task_id"],

@@ -354,3 +354,26 @@ def test_what_only_rendering_refuses_also_fails_at_parse_time():
     with pytest.raises(ValueError, match="spot_flavour 'auto' cannot be placed by kind 'trainjob'"):
         FSDPTrainingOperator(task_id="t", dataset=DATA_URI, cluster="kubernetes",
                              termination_grace_seconds=30, job_options={"kind": "trainjob"})
+
+
+def test_sizing_settings_may_come_from_templates_and_are_checked_once_rendered(file_root, cluster, context):
+    op = operator(file_root, gpus_per_node="{{ params.gpus }}", capacity="{{ params.capacity }}",
+                  max_preemptions="{{ params.max_preemptions }}")  # accepted at parse: unknown yet
+    op.gpus_per_node, op.capacity, op.max_preemptions = "0", "on-demand", "5"  # as rendered
+    with pytest.raises(TaskDeferred):
+        op.execute(context)
+    spec, _ = cluster.launched[0]
+    assert (spec.nodes, spec.gpus_per_node, spec.capacity, op.max_preemptions) == (2, 0, "on-demand", 5)
+
+    bad = operator(file_root, max_preemptions="{{ params.max_preemptions }}")
+    bad.max_preemptions = "lots"
+    with pytest.raises(ValueError, match="max_preemptions must be an integer >= 0, got 'lots'"):
+        bad.execute(context)
+    assert len(cluster.launched) == 1  # nothing launched for the bad one
+
+
+def test_plain_sizing_settings_fail_when_the_dag_is_parsed():
+    with pytest.raises(ValueError, match="nodes must be an integer >= 1, got 0"):
+        FSDPTrainingOperator(task_id="t", dataset=DATA_URI, nodes=0)
+    with pytest.raises(ValueError, match="capacity 'cheap' is not one of"):
+        FSDPTrainingOperator(task_id="t", dataset=DATA_URI, capacity="cheap")
