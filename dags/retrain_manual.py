@@ -34,13 +34,7 @@ import pendulum
 from airflow.sdk import DAG, task
 
 from trainops import dag_helpers as helpers
-from trainops.operators import (
-    EvaluateModelOperator,
-    EvaluationGateOperator,
-    FSDPTrainingOperator,
-    PromoteModelOperator,
-    StageDatasetOperator,
-)
+from trainops.operators import StageDatasetOperator
 
 MODEL = "retrain-lm"
 PLACE = helpers.deployment()  # [trainops] cluster, image, namespace (local by default)
@@ -102,25 +96,8 @@ with DAG(
         task_id="stage", source_uri=raw, dataset_name=run_plan["dataset_name"],
         cluster=PLACE["cluster"], image=PLACE["image"], namespace=PLACE["namespace"])
 
-    args = run_plan  # nodes, gpus_per_node, capacity, max_preemptions: templated fields
-    train = FSDPTrainingOperator(
-        task_id="train", dataset=stage.output, nodes=args["nodes"],
-        gpus_per_node=args["gpus_per_node"], capacity=args["capacity"],
-        max_preemptions=args["max_preemptions"], trainer_config=args["trainer_config"],
-        cluster=PLACE["cluster"], image=PLACE["image"], namespace=PLACE["namespace"],
-        poll_interval=PLACE["poll_interval"], progress_every=10.0, retries=0)
-    training = train.output
-
-    evaluate = EvaluateModelOperator(
-        task_id="evaluate", training=training, model_name=MODEL, cluster=PLACE["cluster"],
-        image=PLACE["image"], namespace=PLACE["namespace"], poll_interval=PLACE["poll_interval"])
-
-    gate = EvaluationGateOperator(task_id="gate", evaluation=evaluate.output,
-                                  checks=helpers.GATE_CHECKS)
-
-    promote = PromoteModelOperator(
-        task_id="promote", model_name=MODEL, gate=gate.output, training=training,
-        dataset=stage.output, evaluation=evaluate.output)
+    args = run_plan  # its nodes, gpus_per_node, capacity ... feed train's templated fields
+    helpers.train_evaluate_gate_promote(stage, args, model=MODEL, place=PLACE, progress_every=10.0)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ __all__ = [
     "CAPACITIES", "DEMO_DATASET", "GATE_CHECKS", "RAW_DEMO_ASSET", "SETTINGS", "SETTINGS_VARIABLE",
     "SettingsError", "check_settings", "dataset_name_for", "defaults", "demo_source_uri", "deployment",
     "dry_run_report", "ensure_source", "land_demo_batch", "manual_params", "plan_run",
-    "source_from_events", "trainer_config", "training_kwargs", "variable_settings",
+    "source_from_events", "train_evaluate_gate_promote", "trainer_config", "training_kwargs",
+    "variable_settings",
 ]
 
 CAPACITIES = ("spot", "on-demand", "spot-then-on-demand")
@@ -258,6 +259,36 @@ def deployment() -> dict:
             "image": conf.get("trainops", "image", fallback="trainops-trainer:latest"),
             "namespace": conf.get("trainops", "namespace", fallback="default"),
             "poll_interval": 1.0 if cluster == "local" else 5.0}
+
+
+def train_evaluate_gate_promote(stage, args, *, model: str, place: dict, **train_options) -> dict:
+    """What every retraining DAG shares, created in the DAG being defined: train on
+    ``stage``'s dataset with the run-time settings ``args`` (an XCom dict with ``nodes``,
+    ``gpus_per_node``, ``capacity``, ``max_preemptions``, ``trainer_config``), evaluate the
+    candidate against production, gate it (:data:`GATE_CHECKS`) and promote it. ``place`` is
+    :func:`deployment`'s answer. Returns the four tasks by task id."""
+    from trainops.operators import (
+        EvaluateModelOperator,
+        EvaluationGateOperator,
+        FSDPTrainingOperator,
+        PromoteModelOperator,
+    )
+
+    where = {key: place[key] for key in ("cluster", "image", "namespace", "poll_interval")}
+    # No Airflow retries for training: preemptions and infrastructure failures have their own
+    # budgets inside the task, and a program error would fail the same way again.
+    train = FSDPTrainingOperator(
+        task_id="train", dataset=stage.output, nodes=args["nodes"],
+        gpus_per_node=args["gpus_per_node"], capacity=args["capacity"],
+        max_preemptions=args["max_preemptions"], trainer_config=args["trainer_config"],
+        retries=0, **where, **train_options)
+    evaluate = EvaluateModelOperator(task_id="evaluate", training=train.output, model_name=model,
+                                     **where)
+    gate = EvaluationGateOperator(task_id="gate", evaluation=evaluate.output, checks=GATE_CHECKS)
+    promote = PromoteModelOperator(task_id="promote", model_name=model, gate=gate.output,
+                                   training=train.output, dataset=stage.output,
+                                   evaluation=evaluate.output)
+    return {"train": train, "evaluate": evaluate, "gate": gate, "promote": promote}
 
 
 # --------------------------------------------------------------------------- data
