@@ -48,7 +48,7 @@ from fastapi.exceptions import HTTPException
 from fastapi.responses import HTMLResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from trainops import reports_render
+from trainops import reports_render, reports_run
 
 __all__ = ["MAX_METRICS_BYTES", "MAX_REPORT_BYTES", "ReportRequestError", "ReportTarget",
            "allowed_roots", "check_report_uri", "create_app", "read_report", "read_run_metrics",
@@ -294,8 +294,8 @@ def create_app() -> FastAPI:
         data = read_report(target, conn_id)
         if target.uri.endswith("/" + JOB_NAME):
             metrics, problem = read_run_metrics(target, roots, conn_id)
-            page = reports_render.render_run_report(target.uri, data, metrics,
-                                                    metrics_problem=problem)
+            page = reports_run.render_run_report(target.uri, data, metrics,
+                                                metrics_problem=problem)
         else:
             page = reports_render.render_report(target.uri, data)
         return HTMLResponse(page, headers=_HEADERS)

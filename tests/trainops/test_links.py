@@ -132,7 +132,7 @@ def test_training_pushes_its_job_json_when_the_first_attempt_is_launched(file_ro
     from tests.trainops.operators.test_train_op import FakeCluster, layout_of, operator
     from tests.trainops.test_reports_render import page_text, table_with
     from trainer.storage import open_storage
-    from trainops.reports_render import render_run_report
+    from trainops.reports_run import render_run_report
 
     monkeypatch.setattr(trainops.cluster, "get_cluster", lambda name, **kw: FakeCluster())
     pushed = []

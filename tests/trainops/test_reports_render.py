@@ -6,15 +6,8 @@ import json
 from html.parser import HTMLParser
 
 from tests.trainops.staging.helpers import record_batches
-from trainops.reports_render import (
-    MAX_CHART_POINTS,
-    error_page,
-    redact,
-    render_report,
-    render_run_report,
-    report_kind,
-    svg_line_chart,
-)
+from trainops.reports_render import error_page, redact, render_report, report_kind
+from trainops.reports_run import MAX_CHART_POINTS, render_run_report, svg_line_chart
 from trainops.staging.expectations import normalize_expectations
 from trainops.staging.validation import validate_batches
 
