@@ -46,15 +46,9 @@ def validation_summary(storage, validation_uri: str | None) -> dict | None:
 def _read_config(storage, config_uri: str) -> tuple[bytes, dict]:
     import yaml
 
-    from trainops.promotion import PromotionError
+    from trainops.promotion import PromotionError, read_config_bytes
 
-    try:
-        data = storage.get(config_uri)
-    except NotFound:
-        raise PromotionError(
-            f"trainer config {config_uri!r} does not exist; pass the training result of the run "
-            "that produced this export"
-        ) from None
+    data = read_config_bytes(storage, config_uri)
     try:
         config = yaml.safe_load(data)
     except yaml.YAMLError as exc:

@@ -35,6 +35,7 @@ __all__ = [
     "allocate_version",
     "card_uri",
     "config_sha256",
+    "read_config_bytes",
     "next_version",
     "new_pointer",
     "promote",
@@ -205,16 +206,20 @@ def read_pointer(storage: Storage, uri: str) -> tuple[dict | None, str | None]:
     return _parse_pointer(obj, uri), etag
 
 
-def config_sha256(storage: Storage, config_uri: str) -> str:
-    """sha256 of the resolved trainer config (``config.yaml``) bytes, as hex."""
+def read_config_bytes(storage: Storage, config_uri: str) -> bytes:
+    """The resolved trainer config (``config.yaml``) of a run; a clear error when missing."""
     try:
-        data = storage.get(config_uri)
+        return storage.get(config_uri)
     except NotFound:
         raise PromotionError(
             f"trainer config {config_uri!r} does not exist; pass the training result of the run "
             "that produced this export"
         ) from None
-    return hashlib.sha256(data).hexdigest()
+
+
+def config_sha256(storage: Storage, config_uri: str) -> str:
+    """sha256 of the resolved trainer config (``config.yaml``) bytes, as hex."""
+    return hashlib.sha256(read_config_bytes(storage, config_uri)).hexdigest()
 
 
 def _check_unmoved(pointer: dict | None, name: str, expected: int | None) -> int | None:

@@ -274,25 +274,6 @@ def build_expectations(checks: list[dict]) -> list:
     return out
 
 
-def _context():
-    import logging
-
-    import great_expectations as gx
-    from great_expectations.data_context.types.base import (
-        DataContextConfig,
-        InMemoryStoreBackendDefaults,
-        ProgressBarsConfig,
-    )
-
-    logging.getLogger("great_expectations").setLevel(logging.ERROR)
-    config = DataContextConfig(
-        store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False),
-        analytics_enabled=False,
-        progress_bars=ProgressBarsConfig(globally=False, metric_calculations=False),
-    )
-    return gx.get_context(mode="ephemeral", project_config=config)
-
-
 def run_slice_checks(checks: list[dict], candidate: dict, production: dict | None,
                      production_version: int | None = None) -> list[dict]:
     """Outcomes (``observed``, ``expected``, ``passed``, ``note``, ``slices``) of validated
@@ -300,6 +281,8 @@ def run_slice_checks(checks: list[dict], candidate: dict, production: dict | Non
     if not checks:
         return []
     import pandas as pd
+
+    from trainops.staging.gx_batch import ephemeral_context
 
     expectations = build_expectations(checks)
     rows = slice_rows(candidate, production)
@@ -327,7 +310,7 @@ def run_slice_checks(checks: list[dict], candidate: dict, production: dict | Non
             out.append(_outcome(None, expected, False, where))
             continue
         if definition is None:
-            definition = (_context().data_sources.add_pandas("trainops-slices")
+            definition = (ephemeral_context().data_sources.add_pandas("trainops-slices")
                           .add_dataframe_asset("slices")
                           .add_batch_definition_whole_dataframe("slices"))
         batch = definition.get_batch(batch_parameters={"dataframe": table})

@@ -14,6 +14,25 @@ from trainops.staging.expectations import ROW_EXPECTATIONS
 _SAMPLES = 5
 
 
+def ephemeral_context():
+    """A quiet GX Core ephemeral context: in-memory stores, no docs, analytics or progress
+    bars (staging's batch validation and the gate's slice checks both use it)."""
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import (
+        DataContextConfig,
+        InMemoryStoreBackendDefaults,
+        ProgressBarsConfig,
+    )
+
+    logging.getLogger("great_expectations").setLevel(logging.ERROR)
+    config = DataContextConfig(
+        store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False),
+        analytics_enabled=False,
+        progress_bars=ProgressBarsConfig(globally=False, metric_calculations=False),
+    )
+    return gx.get_context(mode="ephemeral", project_config=config)
+
+
 class GXBatchValidator:
     """One ephemeral GX context and suite, reused for every batch.
 
@@ -23,19 +42,8 @@ class GXBatchValidator:
 
     def __init__(self, expectations: list[dict], *, complete: bool = False):
         import great_expectations as gx
-        from great_expectations.data_context.types.base import (
-            DataContextConfig,
-            InMemoryStoreBackendDefaults,
-            ProgressBarsConfig,
-        )
 
-        logging.getLogger("great_expectations").setLevel(logging.ERROR)
-        config = DataContextConfig(
-            store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False),
-            analytics_enabled=False,
-            progress_bars=ProgressBarsConfig(globally=False, metric_calculations=False),
-        )
-        context = gx.get_context(mode="ephemeral", project_config=config)
+        context = ephemeral_context()
         name = f"trainops-{uuid.uuid4().hex[:8]}"
         asset = context.data_sources.add_pandas(name).add_dataframe_asset(name)
         self._batch_definition = asset.add_batch_definition_whole_dataframe(name)
