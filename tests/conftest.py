@@ -26,6 +26,9 @@ os.environ.update({
     "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{TEST_STATE / 'airflow' / 'airflow.db'}",
     "TRAINOPS_STORAGE_ROOT": f"file://{TEST_STATE / 'storage'}",
     "TRAINOPS_LOCAL_STATE": str(TEST_STATE / "local"),
+    # dag.test() runs triggers in-process: no scheduler to race (trainops.triggers.job).
+    # tests/e2e/test_real_airflow.py puts the default back for its real scheduler.
+    "AIRFLOW__TRAINOPS__TRIGGER_SETTLE_SECONDS": "0",
 })
 (TEST_STATE / "airflow").mkdir(parents=True, exist_ok=True)
 

@@ -66,6 +66,8 @@ def run_demo(project_dir: str, corrupt_data: bool = False) -> int:
     from trainops.devenv import apply_dev_env
 
     env = apply_dev_env(project_dir)
+    # dag.test() runs each trigger in this process: no scheduler to race (trainops.triggers.job)
+    os.environ.setdefault("AIRFLOW__TRAINOPS__TRIGGER_SETTLE_SECONDS", "0")
     _ensure_airflow_db(env)
     from trainops import summary
     from trainops.settings import resolve_storage_root

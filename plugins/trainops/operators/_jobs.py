@@ -172,6 +172,8 @@ def wait_here(trigger) -> dict:
     waiting, polling and logging as in the triggerer, holding this worker slot."""
     import asyncio
 
+    trigger.settle_s = 0.0  # no scheduler to race here (see trainops.triggers.job)
+
     async def first():
         async for event in trigger.run():
             return event.payload

@@ -4,6 +4,13 @@ It only waits and reports; the operator decides what the state means. Its ``clea
 nothing, so a triggerer restart (which cancels and re-creates triggers) is harmless; only
 ``on_kill()``, which Airflow calls when a user kills the deferred task (mark failed, clear),
 deletes the job and its pods.
+
+Neither trigger reports sooner than ``settle_s`` after the task deferred. Airflow 3.3 fails a
+deferred task whose trigger fires before the scheduler has processed the executor's event for
+the worker that deferred (the worker lingers about 5 s after deferring): the stale "success"
+of that exit meets a task instance already re-queued, and the scheduler marks it failed
+(apache/airflow#66374, #72716). Real training outlasts the window; a quick attempt, a fast
+relaunch after a preemption and the demo's tiny model do not.
 """
 
 from __future__ import annotations
@@ -15,6 +22,23 @@ from typing import Any, AsyncIterator
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 FINAL_PHASES = ("succeeded", "failed", "lost")
+DEFAULT_SETTLE_S = 20.0
+
+
+def settle_seconds() -> float:
+    """``[trainops] trigger_settle_seconds`` (default 20): how long after deferring a trigger
+    waits at least before it reports. ``dag.test()`` runs triggers in its own process with no
+    scheduler to race, so ``python -m trainops demo`` and the tests set 0."""
+    from airflow.configuration import conf
+
+    return conf.getfloat("trainops", "trigger_settle_seconds", fallback=DEFAULT_SETTLE_S)
+
+
+async def settled(started_at: float, settle_s: float) -> None:
+    """Sleep until ``settle_s`` after ``started_at`` (see the module docstring)."""
+    remaining = started_at + settle_s - time.time()
+    if remaining > 0:
+        await asyncio.sleep(remaining)
 
 
 class JobTrigger(BaseTrigger):
@@ -30,12 +54,15 @@ class JobTrigger(BaseTrigger):
     :param stream_logs: copy node 0's new log lines (rank 0's output) into the task log at
         every poll, through the backend's ``log_lines``. After a triggerer restart the stream
         starts again from the last lines (at most 200), so a few lines may appear twice.
+    :param settle_s: report no sooner than this after ``started_at`` (None: ``[trainops]
+        trigger_settle_seconds``; see the module docstring).
     """
 
     def __init__(self, *, handle: dict, poll_interval: float = 5.0, timeout: float | None = None,
                  cluster_options: dict | None = None, started_at: float | None = None,
                  progress_uri: str | None = None, progress_every: float = 30.0,
-                 aws_conn_id: str | None = None, stream_logs: bool = False):
+                 aws_conn_id: str | None = None, stream_logs: bool = False,
+                 settle_s: float | None = None):
         super().__init__()
         self.handle = handle
         self.poll_interval = poll_interval
@@ -46,6 +73,7 @@ class JobTrigger(BaseTrigger):
         self.progress_every = progress_every
         self.aws_conn_id = aws_conn_id
         self.stream_logs = stream_logs
+        self.settle_s = settle_seconds() if settle_s is None else settle_s
         self._log_cursor: dict | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -53,7 +81,8 @@ class JobTrigger(BaseTrigger):
             "handle": self.handle, "poll_interval": self.poll_interval, "timeout": self.timeout,
             "cluster_options": self.cluster_options, "started_at": self.started_at,
             "progress_uri": self.progress_uri, "progress_every": self.progress_every,
-            "aws_conn_id": self.aws_conn_id, "stream_logs": self.stream_logs})
+            "aws_conn_id": self.aws_conn_id, "stream_logs": self.stream_logs,
+            "settle_s": self.settle_s})
 
     def _progress_line(self) -> str | None:
         """This attempt's latest metrics record as one line (blocking: run it in a thread)."""
@@ -101,6 +130,7 @@ class JobTrigger(BaseTrigger):
                 if stream:
                     await self._copy_log_lines(cluster)
                 if state["phase"] in FINAL_PHASES:
+                    await settled(self.started_at, self.settle_s)
                     yield TriggerEvent({"status": "finished", "handle": self.handle, "state": state})
                     return
                 if self.progress_uri and time.monotonic() - last_progress >= self.progress_every:
@@ -109,11 +139,13 @@ class JobTrigger(BaseTrigger):
                     if line:
                         self.log.info("%s", line)
                 if self.timeout is not None and time.time() - self.started_at > self.timeout:
+                    await settled(self.started_at, self.settle_s)
                     yield TriggerEvent({"status": "timeout", "handle": self.handle, "state": state,
                                         "message": f"job {self.handle['job_id']} still {state['phase']} after {self.timeout:.0f}s"})
                     return
                 await asyncio.sleep(self.poll_interval)
         except Exception as exc:  # reported, not raised: the operator decides and cleans up
+            await settled(self.started_at, self.settle_s)
             yield TriggerEvent({"status": "error", "handle": self.handle,
                                 "message": f"{type(exc).__name__}: {exc}"})
 
@@ -138,11 +170,14 @@ class JobGoneTrigger(BaseTrigger):
     :param handle: the deleted attempt's job handle.
     :param not_before: epoch seconds before which not to report (None: as soon as gone).
     :param deadline_s: seconds after ``started_at`` to give up on the pods going away.
+    :param settle_s: report no sooner than this after ``started_at`` (None: ``[trainops]
+        trigger_settle_seconds``; see the module docstring).
     """
 
     def __init__(self, *, handle: dict, cluster_options: dict | None = None,
                  not_before: float | None = None, deadline_s: float = 180.0,
-                 poll_interval: float = 2.0, started_at: float | None = None):
+                 poll_interval: float = 2.0, started_at: float | None = None,
+                 settle_s: float | None = None):
         super().__init__()
         self.handle = handle
         self.cluster_options = cluster_options or {}
@@ -150,10 +185,12 @@ class JobGoneTrigger(BaseTrigger):
         self.deadline_s = deadline_s
         self.poll_interval = poll_interval
         self.started_at = started_at if started_at is not None else time.time()
+        self.settle_s = settle_seconds() if settle_s is None else settle_s
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}", {
             "handle": self.handle, "cluster_options": self.cluster_options,
+            "settle_s": self.settle_s,
             "not_before": self.not_before, "deadline_s": self.deadline_s,
             "poll_interval": self.poll_interval, "started_at": self.started_at})
 
@@ -167,6 +204,7 @@ class JobGoneTrigger(BaseTrigger):
                 gone = await asyncio.to_thread(cluster.all_gone, self.handle)
                 now = time.time()
                 if gone and (self.not_before is None or now >= self.not_before):
+                    await settled(self.started_at, self.settle_s)
                     yield TriggerEvent({"status": "gone", "handle": self.handle})
                     return
                 if gone and not gone_logged:
@@ -174,6 +212,7 @@ class JobGoneTrigger(BaseTrigger):
                                   self.handle["job_id"], self.not_before - now)
                     gone_logged = True
                 if not gone and now - self.started_at > self.deadline_s:
+                    await settled(self.started_at, self.settle_s)
                     yield TriggerEvent({"status": "error", "handle": self.handle, "message": (
                         f"job {self.handle['job_id']} still has pods {self.deadline_s:.0f}s after its "
                         "deletion; not relaunching over it: check its pods (kubectl get pods -l "
@@ -182,5 +221,6 @@ class JobGoneTrigger(BaseTrigger):
                 wait = self.poll_interval if not gone else min(self.poll_interval * 15, self.not_before - now)
                 await asyncio.sleep(max(0.05, wait))
         except Exception as exc:
+            await settled(self.started_at, self.settle_s)
             yield TriggerEvent({"status": "error", "handle": self.handle,
                                 "message": f"{type(exc).__name__}: {exc}"})

@@ -146,3 +146,45 @@ def test_streams_node0_log_lines_into_the_task_log(tmp_path, caplog, capsys):
     assert event["state"]["phase"] == "succeeded"
     assert [f"[node-0] rank0 line {i}" in logged for i in range(3)] == [True] * 3
     assert logged.count("[node-0] rank0 line 1") == 1  # each line once
+
+
+def test_a_job_that_ends_at_once_is_reported_only_after_the_settle_time(tmp_path):
+    # Airflow 3.3 fails a deferred task whose trigger fires before the scheduler has seen the
+    # deferring worker exit (apache/airflow#66374): the event waits out settle_s.
+    cluster = LocalCluster(tmp_path)
+    handle = cluster.launch(JobSpec(name="quick", args=["python", "-c", "pass"], distributed=False))
+    deferred_at = time.time()
+    trigger = JobTrigger(handle=handle, poll_interval=0.1, started_at=deferred_at, settle_s=2.0,
+                         cluster_options={"state_dir": str(tmp_path)})
+    assert trigger.serialize()[1]["settle_s"] == 2.0
+    event = first_event(trigger)
+    assert event["status"] == "finished" and time.time() - deferred_at >= 2.0
+
+
+def test_gone_is_reported_only_after_the_settle_time(tmp_path):
+    cluster = LocalCluster(tmp_path)
+    handle = cluster.launch(JobSpec(name="quick", args=["python", "-c", "pass"], distributed=False))
+    deferred_at = time.time()
+    event = first_event(JobGoneTrigger(handle=handle, poll_interval=0.1, started_at=deferred_at,
+                                       settle_s=1.5, cluster_options={"state_dir": str(tmp_path)}))
+    assert event["status"] == "gone" and time.time() - deferred_at >= 1.5
+
+
+def test_settle_time_defaults_to_the_trainops_setting(monkeypatch):
+    handle = {"cluster": "local", "job_id": "j", "job_dir": "/tmp/j", "labels": {}}
+    monkeypatch.setenv("AIRFLOW__TRAINOPS__TRIGGER_SETTLE_SECONDS", "7.5")
+    assert JobTrigger(handle=handle).settle_s == 7.5
+    assert JobGoneTrigger(handle=handle).settle_s == 7.5
+    monkeypatch.delenv("AIRFLOW__TRAINOPS__TRIGGER_SETTLE_SECONDS")
+    assert JobTrigger(handle=handle).settle_s == 20.0
+
+
+def test_waiting_in_the_worker_does_not_settle(tmp_path):
+    from trainops.operators._jobs import wait_here
+
+    cluster = LocalCluster(tmp_path)
+    handle = cluster.launch(JobSpec(name="quick", args=["python", "-c", "pass"], distributed=False))
+    started = time.time()
+    event = wait_here(JobTrigger(handle=handle, poll_interval=0.1, settle_s=60.0,
+                                 cluster_options={"state_dir": str(tmp_path)}))
+    assert event["status"] == "finished" and time.time() - started < 30
