@@ -39,8 +39,11 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     folder = a.data_uri.removeprefix("file://")
-    manifest = json.load(open(os.path.join(folder, "manifest.json")))
-    tokens = np.fromfile(os.path.join(folder, manifest["splits"]["train"]["shards"][0]["path"]), dtype=np.uint16)
+    with open(os.path.join(folder, "manifest.json")) as f:
+        manifest = json.load(f)
+    tokens = np.fromfile(
+        os.path.join(folder, manifest["splits"]["train"]["shards"][0]["path"]), dtype=np.uint16
+    )
     n_samples = (len(tokens) - 1) // a.seq_len
     order = torch.randperm(n_samples, generator=torch.Generator().manual_seed(1234))
 
@@ -55,10 +58,11 @@ def main() -> None:
     times = []
     cursor = 0
     for _ in range(a.steps):
-        ids = order[(cursor + rank * a.micro_batch) % n_samples:][:a.micro_batch].tolist()
+        ids = order[(cursor + rank * a.micro_batch) % n_samples :][: a.micro_batch].tolist()
         cursor += a.micro_batch * world
-        batch = torch.from_numpy(np.stack([tokens[i * a.seq_len:i * a.seq_len + a.seq_len + 1]
-                                           for i in ids]).astype(np.int64))
+        batch = torch.from_numpy(
+            np.stack([tokens[i * a.seq_len : i * a.seq_len + a.seq_len + 1] for i in ids]).astype(np.int64)
+        )
         logits = model(batch[:, :-1])
         loss = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
         loss.backward()
@@ -69,7 +73,8 @@ def main() -> None:
         dist.all_reduce(total)
         times.append(time.time())
     if rank == 0:
-        json.dump({"times": times}, open(a.out, "w"))
+        with open(a.out, "w") as f:
+            json.dump({"times": times}, f)
     dist.destroy_process_group()
 
 

@@ -29,14 +29,18 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, env, median_interval, write_random_dataset  # noqa: E402
+from _common import REPO, env, median_interval, write_random_dataset
 
 STAGED = re.compile(r"checkpoint: step (\d+) staged in ([0-9.]+)s \(loop blocked\), after waiting ([0-9.]+)s")
 
 
 def dd_write_mb_s(folder: Path) -> float:
-    out = subprocess.run(["dd", "if=/dev/zero", f"of={folder / 'dd.bin'}", "bs=1M", "count=1024",
-                          "conv=fdatasync"], capture_output=True, text=True, check=True).stderr
+    out = subprocess.run(
+        ["dd", "if=/dev/zero", f"of={folder / 'dd.bin'}", "bs=1M", "count=1024", "conv=fdatasync"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stderr
     (folder / "dd.bin").unlink()
     m = re.search(r"([0-9.]+) s, ", out)
     return 1024 / float(m.group(1))
@@ -44,18 +48,40 @@ def dd_write_mb_s(folder: Path) -> float:
 
 def config(folder: Path, run_uri: str, data_uri: str, steps: int, every: int) -> Path:
     path = folder / f"config-{abs(hash(run_uri))}.yaml"
-    path.write_text(json.dumps({
-        "run_uri": run_uri, "data_uri": data_uri, "seed": 1, "precision": "fp32", "resume": "never",
-        "model": {"preset": "small"},
-        "train": {"max_steps": steps, "micro_batch_size": 1, "grad_accum_steps": 1, "seq_len": 64,
-                  "lr": 1e-4, "log_every": 1},
-        "checkpoint": {"every_steps": every, "keep": 2}, "metrics": {"flush_every": 1}}))
+    path.write_text(
+        json.dumps(
+            {
+                "run_uri": run_uri,
+                "data_uri": data_uri,
+                "seed": 1,
+                "precision": "fp32",
+                "resume": "never",
+                "model": {"preset": "small"},
+                "train": {
+                    "max_steps": steps,
+                    "micro_batch_size": 1,
+                    "grad_accum_steps": 1,
+                    "seq_len": 64,
+                    "lr": 1e-4,
+                    "log_every": 1,
+                },
+                "checkpoint": {"every_steps": every, "keep": 2},
+                "metrics": {"flush_every": 1},
+            }
+        )
+    )
     return path
 
 
 def trainer(cfg: Path, environ: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "trainer", "train", "--config", str(cfg)], env=environ,
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "trainer", "train", "--config", str(cfg)],
+        env=environ,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def metrics_times(store, run_uri: str) -> list[float]:
@@ -76,8 +102,12 @@ def async_blocking(tmp: Path, store, root: str, data_uri: str, environ: dict) ->
     # The async checkpoint's own cost to the loop is its staging. A wait for the previous save
     # is back-pressure (checkpoints requested faster than storage takes them) and is reported
     # apart: it says checkpoint.every_steps is too small for this storage, not that saving blocks.
-    return {"step_s": step_s, "staged_s": staged, "waited_for_previous_s": waited,
-            "blocking_steps": max(staged) / step_s}
+    return {
+        "step_s": step_s,
+        "staged_s": staged,
+        "waited_for_previous_s": waited,
+        "blocking_steps": max(staged) / step_s,
+    }
 
 
 def emergency(tmp: Path, store, root: str, data_uri: str, environ: dict) -> float:
@@ -130,12 +160,21 @@ def main() -> None:
                 server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
                 server.start()
                 host, port = server.get_host_and_port()
-                creds = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
-                         "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL_S3": f"http://{host}:{port}"}
+                creds = {
+                    "AWS_ACCESS_KEY_ID": "bench",
+                    "AWS_SECRET_ACCESS_KEY": "bench",
+                    "AWS_REGION": "us-east-1",
+                    "AWS_ENDPOINT_URL_S3": f"http://{host}:{port}",
+                }
                 environ.update(creds)
                 os.environ.update(creds)
-                boto3.client("s3", endpoint_url=creds["AWS_ENDPOINT_URL_S3"], region_name="us-east-1",
-                             aws_access_key_id="bench", aws_secret_access_key="bench").create_bucket(Bucket="bench")
+                boto3.client(
+                    "s3",
+                    endpoint_url=creds["AWS_ENDPOINT_URL_S3"],
+                    region_name="us-east-1",
+                    aws_access_key_id="bench",
+                    aws_secret_access_key="bench",
+                ).create_bucket(Bucket="bench")
                 root = "s3://bench/root"
             else:
                 root = f"file://{tmp / 'storage'}"
@@ -147,9 +186,13 @@ def main() -> None:
                 if server is not None:
                     server.stop()
             r = results[target]
-            print(f"{target}: step {r['step_s']:.2f}s, async staging blocked {statistics.median(r['staged_s']):.2f}s "
-                  f"(max {max(r['staged_s']):.2f}s, waits for the previous save {r['waited_for_previous_s']}), "
-                  f"emergency {r['emergency_s']:.1f}s", file=sys.stderr, flush=True)
+            print(
+                f"{target}: step {r['step_s']:.2f}s, async staging blocked {statistics.median(r['staged_s']):.2f}s "
+                f"(max {max(r['staged_s']):.2f}s, waits for the previous save {r['waited_for_previous_s']}), "
+                f"emergency {r['emergency_s']:.1f}s",
+                file=sys.stderr,
+                flush=True,
+            )
     print(json.dumps(results, indent=2))
     print(f"dd_write_mb_s={results['dd_write_mb_s']:.0f}")
     for target in a.targets.split(","):

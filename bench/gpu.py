@@ -23,7 +23,7 @@ import os
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -41,7 +41,7 @@ def matmul_tflops(device, dtype, n: int, iters: int) -> float:
     for _ in range(iters):
         a @ b
     sync(device)
-    return 2 * n ** 3 * iters / (time.perf_counter() - start) / 1e12
+    return 2 * n**3 * iters / (time.perf_counter() - start) / 1e12
 
 
 def sync(device) -> None:
@@ -51,8 +51,17 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(preset: str, precision: str, ac: str, compiled: bool, micro_batch: int, seq_len: int,
-            steps: int, warmup: int, device) -> dict:
+def measure(
+    preset: str,
+    precision: str,
+    ac: str,
+    compiled: bool,
+    micro_batch: int,
+    seq_len: int,
+    steps: int,
+    warmup: int,
+    device,
+) -> dict:
     """Train ``steps`` timed steps after ``warmup`` ones; tokens/s, FLOPs/token and peak memory."""
     import torch
     import torch.nn.functional as F
@@ -87,11 +96,19 @@ def measure(preset: str, precision: str, ac: str, compiled: bool, micro_batch: i
         if i >= warmup:
             times.append(time.perf_counter() - start)
     step_s = statistics.median(times)
-    result = {"preset": preset, "precision": precision, "activation_checkpointing": ac, "compile": compiled,
-              "micro_batch": micro_batch, "seq_len": seq_len, "params": built.param_count,
-              "step_s": step_s, "tokens_per_s": micro_batch * seq_len / step_s,
-              "flops_per_token": built.flops_per_token(seq_len),
-              "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None}
+    result = {
+        "preset": preset,
+        "precision": precision,
+        "activation_checkpointing": ac,
+        "compile": compiled,
+        "micro_batch": micro_batch,
+        "seq_len": seq_len,
+        "params": built.param_count,
+        "step_s": step_s,
+        "tokens_per_s": micro_batch * seq_len / step_s,
+        "flops_per_token": built.flops_per_token(seq_len),
+        "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+    }
     del model, optimizer
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -100,9 +117,12 @@ def measure(preset: str, precision: str, ac: str, compiled: bool, micro_batch: i
 
 def with_mfu(r: dict, spec_peak: float | None, measured_peak: float) -> dict:
     achieved = r["tokens_per_s"] * r["flops_per_token"]
-    return {**r, "achieved_tflops": achieved / 1e12,
-            "mfu_vs_spec": achieved / spec_peak if spec_peak else None,
-            "mfu_vs_measured_matmul": achieved / (measured_peak * 1e12)}
+    return {
+        **r,
+        "achieved_tflops": achieved / 1e12,
+        "mfu_vs_spec": achieved / spec_peak if spec_peak else None,
+        "mfu_vs_measured_matmul": achieved / (measured_peak * 1e12),
+    }
 
 
 def main() -> None:
@@ -127,34 +147,77 @@ def main() -> None:
     big, tiny = ("tiny", "tiny") if a.smoke else ("1b", "bert-large-size")
     seq, steps, warmup = (64, 2, 1) if a.smoke else (2048, 10, 3)
     measured = matmul_tflops(device, torch.bfloat16, 512 if a.smoke else 8192, 2 if a.smoke else 50)
-    print(f"device {name}: bf16 matmul {measured:.0f} TFLOP/s measured, spec {spec_peak and spec_peak / 1e12}",
-          flush=True)
+    print(
+        f"device {name}: bf16 matmul {measured:.0f} TFLOP/s measured, spec {spec_peak and spec_peak / 1e12}",
+        flush=True,
+    )
 
     runs = []
     for compiled in (False, True):
-        r = with_mfu(measure(big, "bf16", "none", compiled, 2 if a.smoke else 8, seq, steps,
-                             warmup + (2 if compiled else 0), device), spec_peak, measured)
+        r = with_mfu(
+            measure(
+                big,
+                "bf16",
+                "none",
+                compiled,
+                2 if a.smoke else 8,
+                seq,
+                steps,
+                warmup + (2 if compiled else 0),
+                device,
+            ),
+            spec_peak,
+            measured,
+        )
         runs.append(r)
-        print(f"{big} bf16 seq {seq} compile={compiled}: {r['tokens_per_s']:,.0f} tok/s, "
-              f"MFU {r['mfu_vs_spec'] or 0:.1%} of spec, {r['mfu_vs_measured_matmul']:.1%} of measured, "
-              f"peak {r['peak_mem_gib'] or 0:.1f} GiB", flush=True)
+        print(
+            f"{big} bf16 seq {seq} compile={compiled}: {r['tokens_per_s']:,.0f} tok/s, "
+            f"MFU {r['mfu_vs_spec'] or 0:.1%} of spec, {r['mfu_vs_measured_matmul']:.1%} of measured, "
+            f"peak {r['peak_mem_gib'] or 0:.1f} GiB",
+            flush=True,
+        )
 
     claim = []
     for precision, ac in (("fp32", "none"), ("bf16", "full")):
-        r = with_mfu(measure(tiny, precision, ac, False, 2 if a.smoke else 16, 64 if a.smoke else 512,
-                             steps, warmup, device), spec_peak, measured)
+        r = with_mfu(
+            measure(
+                tiny,
+                precision,
+                ac,
+                False,
+                2 if a.smoke else 16,
+                64 if a.smoke else 512,
+                steps,
+                warmup,
+                device,
+            ),
+            spec_peak,
+            measured,
+        )
         claim.append(r)
     memory_ratio = (claim[1]["peak_mem_gib"] / claim[0]["peak_mem_gib"]) if claim[0]["peak_mem_gib"] else None
     speedup = claim[1]["tokens_per_s"] / claim[0]["tokens_per_s"]
-    print(f"{tiny}: fp32 (TF32 matmuls), no AC -> bf16, full AC: memory x{memory_ratio or float('nan'):.2f}, "
-          f"throughput x{speedup:.2f} (the seed claims x0.5 and x1.7)", flush=True)
+    print(
+        f"{tiny}: fp32 (TF32 matmuls), no AC -> bf16, full AC: memory x{memory_ratio or float('nan'):.2f}, "
+        f"throughput x{speedup:.2f} (the seed claims x0.5 and x1.7)",
+        flush=True,
+    )
 
-    results = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": name,
-               "torch": torch.__version__, "smoke": a.smoke, "bf16_matmul_tflops_measured": measured,
-               "bf16_spec_peak_tflops": spec_peak / 1e12 if spec_peak else None,
-               "tf32_for_fp32": True, "throughput": runs,
-               "seed_claim": {"rows": claim, "memory_ratio_bf16_ac_over_fp32": memory_ratio,
-                              "throughput_ratio_bf16_ac_over_fp32": speedup}}
+    results = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "device": name,
+        "torch": torch.__version__,
+        "smoke": a.smoke,
+        "bf16_matmul_tflops_measured": measured,
+        "bf16_spec_peak_tflops": spec_peak / 1e12 if spec_peak else None,
+        "tf32_for_fp32": True,
+        "throughput": runs,
+        "seed_claim": {
+            "rows": claim,
+            "memory_ratio_bf16_ac_over_fp32": memory_ratio,
+            "throughput_ratio_bf16_ac_over_fp32": speedup,
+        },
+    }
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     slug = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, env  # noqa: E402
+from _common import REPO, env
 
 ROWS_PER_FILE = 250_000
 ROW_GROUP = 128 * 1024
@@ -53,14 +53,15 @@ def generate(folder: Path, rows: int, seed: int) -> None:
         n = min(ROWS_PER_FILE, rows - start)
         picks = rng.integers(0, len(sentences), size=(n, 6))
         counts = rng.integers(1, 7, size=n)
-        texts = [" ".join(sentences[p[:c]]) for p, c in zip(picks, counts)]
-        table = pa.table({
-            "id": [f"doc-{i:010d}" for i in range(start, start + n)],
-            "text": texts,
-            "source": sources[picks[:, 0]].tolist(),
-        })
-        pq.write_table(table, folder / f"part-{start // ROWS_PER_FILE:05d}.parquet",
-                       row_group_size=ROW_GROUP)
+        texts = [" ".join(sentences[p[:c]]) for p, c in zip(picks, counts, strict=False)]
+        table = pa.table(
+            {
+                "id": [f"doc-{i:010d}" for i in range(start, start + n)],
+                "text": texts,
+                "source": sources[picks[:, 0]].tolist(),
+            }
+        )
+        pq.write_table(table, folder / f"part-{start // ROWS_PER_FILE:05d}.parquet", row_group_size=ROW_GROUP)
 
 
 def stage(data: Path, root: Path) -> dict:
@@ -71,10 +72,12 @@ def stage(data: Path, root: Path) -> dict:
 
     uri = f"file://{root}"
     started = time.perf_counter()
-    result = stage_dataset(open_storage(uri), uri, f"file://{data}", "bench",
-                           scratch_dir=str(root.parent))
-    return {"seconds": time.perf_counter() - started, "rows": result["rows"],
-            "tokens": result["train_tokens"] + result["eval_tokens"]}
+    result = stage_dataset(open_storage(uri), uri, f"file://{data}", "bench", scratch_dir=str(root.parent))
+    return {
+        "seconds": time.perf_counter() - started,
+        "rows": result["rows"],
+        "tokens": result["train_tokens"] + result["eval_tokens"],
+    }
 
 
 def gx_only(data: Path) -> dict:
@@ -93,7 +96,7 @@ def gx_only(data: Path) -> dict:
     rows = 0
     gx_seconds = 0.0
     for obj in list_source_objects(open_storage(uri), uri):
-        for batch in iter_file_batches(obj.uri[len("file://"):], obj):
+        for batch in iter_file_batches(obj.uri[len("file://") :], obj):
             t = time.perf_counter()
             results = validator.validate(batch, rows, "id")
             gx_seconds += time.perf_counter() - t
@@ -109,8 +112,9 @@ def run_child(args: list[str], environ: dict, tmp: Path) -> tuple[dict, float]:
     """Run this script as a child; return its JSON answer and its own peak RSS in MB."""
     out_path, err_path = tmp / "child.out", tmp / "child.err"
     with open(out_path, "w") as out, open(err_path, "w") as err:
-        proc = subprocess.Popen([sys.executable, __file__, *args], env=environ, cwd=REPO,
-                                stdout=out, stderr=err)
+        proc = subprocess.Popen(
+            [sys.executable, __file__, *args], env=environ, cwd=REPO, stdout=out, stderr=err
+        )
         _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage, not the sum
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
@@ -137,25 +141,30 @@ def main() -> None:
         print(json.dumps(gx_only(Path(a.data))))
         return
 
-    figures = {"date": datetime.date.today().isoformat(), "device": f"cpu, {os.cpu_count()} cores",
-               "command": " ".join([".venv/bin/python bench/staging.py", *sys.argv[1:]]),
-               "data": "Parquet, ~170 bytes of English text a row, 250k rows a file, "
-                       "128k-row row groups; file:// storage, default suite",
-               "sizes": []}
+    figures = {
+        "date": datetime.date.today().isoformat(),
+        "device": f"cpu, {os.cpu_count()} cores",
+        "command": " ".join([".venv/bin/python bench/staging.py", *sys.argv[1:]]),
+        "data": "Parquet, ~170 bytes of English text a row, 250k rows a file, "
+        "128k-row row groups; file:// storage, default suite",
+        "sizes": [],
+    }
     with tempfile.TemporaryDirectory(prefix="trainops-bench-") as d:
         tmp = Path(d)
         environ = env(tmp / "cache", threads=2)
         for rows in (a.rows, 2 * a.rows):
             data, root = tmp / f"data-{rows}", tmp / f"root-{rows}"
-            run_child(["--child", "generate", "--rows", str(rows), "--data", str(data)], environ,
-                      tmp)
+            run_child(["--child", "generate", "--rows", str(rows), "--data", str(data)], environ, tmp)
             size_mb = sum(f.stat().st_size for f in data.iterdir()) / 2**20
-            staged, rss = run_child(["--child", "stage", "--data", str(data), "--root", str(root)],
-                                    environ, tmp)
+            staged, rss = run_child(
+                ["--child", "stage", "--data", str(data), "--root", str(root)], environ, tmp
+            )
             base, base_rss = run_child(["--child", "gx", "--data", str(data)], environ, tmp)
             assert staged["rows"] == base["rows"] == rows, (staged, base)
             line = {
-                "rows": rows, "parquet_mb": round(size_mb, 1), "tokens": staged["tokens"],
+                "rows": rows,
+                "parquet_mb": round(size_mb, 1),
+                "tokens": staged["tokens"],
                 "seconds": round(staged["seconds"], 2),
                 "rows_per_s": round(rows / staged["seconds"]),
                 "peak_rss_mb": round(rss),
@@ -172,9 +181,11 @@ def main() -> None:
     small, large = figures["sizes"]
     figures["time_ratio_2n_over_n"] = round(large["seconds"] / small["seconds"], 2)
     figures["rss_ratio_2n_over_n"] = round(large["peak_rss_mb"] / small["peak_rss_mb"], 2)
-    print(f"time_ratio_2n_over_n={figures['time_ratio_2n_over_n']} "
-          f"rss_ratio_2n_over_n={figures['rss_ratio_2n_over_n']} "
-          f"(goals: time ratio <= ~2.0, peak_rss_mb <= 1024 at both sizes)")
+    print(
+        f"time_ratio_2n_over_n={figures['time_ratio_2n_over_n']} "
+        f"rss_ratio_2n_over_n={figures['rss_ratio_2n_over_n']} "
+        f"(goals: time ratio <= ~2.0, peak_rss_mb <= 1024 at both sizes)"
+    )
     if a.json:
         Path(a.json).write_text(json.dumps(figures, indent=2) + "\n")
 

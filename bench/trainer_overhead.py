@@ -19,28 +19,59 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, env, median_interval, torchrun, write_random_dataset  # noqa: E402
+from _common import REPO, env, median_interval, torchrun, write_random_dataset
 
 WARMUP = 5
 
 
 def baseline(tmp: Path, data_uri: str, preset: str, steps: int, micro: int, seq: int, tag: str) -> float:
     out = tmp / f"baseline-{tag}.json"
-    torchrun([str(REPO / "bench" / "baseline_fsdp.py"), "--data-uri", data_uri, "--preset", preset,
-              "--steps", str(steps), "--micro-batch", str(micro), "--seq-len", str(seq), "--out", str(out)],
-             2, env(tmp / f"cache-{tag}"))
+    torchrun(
+        [
+            str(REPO / "bench" / "baseline_fsdp.py"),
+            "--data-uri",
+            data_uri,
+            "--preset",
+            preset,
+            "--steps",
+            str(steps),
+            "--micro-batch",
+            str(micro),
+            "--seq-len",
+            str(seq),
+            "--out",
+            str(out),
+        ],
+        2,
+        env(tmp / f"cache-{tag}"),
+    )
     return median_interval(json.loads(out.read_text())["times"], WARMUP)
 
 
 def ours(tmp: Path, data_uri: str, preset: str, steps: int, micro: int, seq: int, tag: str) -> float:
     run = tmp / f"run-{tag}"
     config = tmp / f"config-{tag}.yaml"
-    config.write_text(json.dumps({
-        "run_uri": f"file://{run}", "data_uri": data_uri, "seed": 1234, "precision": "bf16",
-        "resume": "never", "model": {"preset": preset},
-        "train": {"max_steps": steps, "micro_batch_size": micro, "grad_accum_steps": 1,
-                  "seq_len": seq, "lr": 3e-3, "log_every": 10},
-        "checkpoint": {"every_steps": 10**9, "keep": 1}}))
+    config.write_text(
+        json.dumps(
+            {
+                "run_uri": f"file://{run}",
+                "data_uri": data_uri,
+                "seed": 1234,
+                "precision": "bf16",
+                "resume": "never",
+                "model": {"preset": preset},
+                "train": {
+                    "max_steps": steps,
+                    "micro_batch_size": micro,
+                    "grad_accum_steps": 1,
+                    "seq_len": seq,
+                    "lr": 3e-3,
+                    "log_every": 10,
+                },
+                "checkpoint": {"every_steps": 10**9, "keep": 1},
+            }
+        )
+    )
     torchrun(["-m", "trainer", "train", "--config", str(config)], 2, env(tmp / f"cache-{tag}"))
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     return median_interval([r["time"] for r in sorted(records, key=lambda r: r["step"])], WARMUP)
@@ -60,8 +91,11 @@ def main() -> None:
         micro = 4
         while True:  # the smallest power-of-two micro-batch whose step takes >= min_step_s
             step = baseline(tmp, data_uri, a.preset, 12, micro, a.seq_len, f"probe{micro}")
-            print(f"probe: preset {a.preset}, micro-batch {micro}, seq {a.seq_len}: {step * 1000:.0f} ms/step",
-                  file=sys.stderr, flush=True)
+            print(
+                f"probe: preset {a.preset}, micro-batch {micro}, seq {a.seq_len}: {step * 1000:.0f} ms/step",
+                file=sys.stderr,
+                flush=True,
+            )
             if step >= a.min_step_s or micro >= 512:
                 break
             micro *= 2
@@ -70,8 +104,12 @@ def main() -> None:
             t_ours = ours(tmp, data_uri, a.preset, a.steps, micro, a.seq_len, f"r{r}")
             t_base = baseline(tmp, data_uri, a.preset, a.steps, micro, a.seq_len, f"r{r}")
             ratios.append(t_ours / t_base)
-            print(f"round {r + 1}: ours {t_ours * 1000:.1f} ms/step, baseline {t_base * 1000:.1f} ms/step, "
-                  f"ratio {ratios[-1]:.3f}", file=sys.stderr, flush=True)
+            print(
+                f"round {r + 1}: ours {t_ours * 1000:.1f} ms/step, baseline {t_base * 1000:.1f} ms/step, "
+                f"ratio {ratios[-1]:.3f}",
+                file=sys.stderr,
+                flush=True,
+            )
     print(f"config: preset={a.preset} micro_batch={micro} seq_len={a.seq_len} world=2 precision=bf16 cpu")
     print(f"ratios={','.join(f'{x:.3f}' for x in ratios)}")
     print(f"overhead_ratio={statistics.median(ratios):.3f}")

@@ -24,7 +24,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, Param, task
 
-from trainops import dag_helpers as helpers
+from trainops.recipes import sources
 
 with DAG(
     dag_id="data_team_publish",
@@ -37,22 +37,31 @@ with DAG(
     default_args={"owner": "trainops", "retries": 2, "retry_delay": timedelta(minutes=5)},
     doc_md=__doc__,
     params={
-        "rows": Param(4000, type="integer", minimum=100, maximum=1_000_000,
-                      title="Rows", description="Rows in the snapshot, 100 to 1,000,000."),
+        "rows": Param(
+            4000,
+            type="integer",
+            minimum=100,
+            maximum=1_000_000,
+            title="Rows",
+            description="Rows in the snapshot, 100 to 1,000,000.",
+        ),
     },
 ) as dag:
 
-    @task(outlets=[helpers.RAW_DEMO_ASSET])
+    @task(outlets=[sources.RAW_DEMO_ASSET])
     def land_raw_data(params=None, dag_run=None, outlet_events=None) -> dict:
         """Write this run's snapshot and announce it on the Asset, with its URI and row count."""
         import zlib
 
         from trainops.settings import resolve_storage_root
 
-        extra = helpers.land_demo_batch(resolve_storage_root(None), dag_run.run_id,
-                                        seed=zlib.crc32(dag_run.run_id.encode()) % 1000,
-                                        rows=int(params["rows"]))
-        outlet_events[helpers.RAW_DEMO_ASSET].extra = extra
+        extra = sources.land_demo_batch(
+            resolve_storage_root(None),
+            dag_run.run_id,
+            seed=zlib.crc32(dag_run.run_id.encode()) % 1000,
+            rows=int(params["rows"]),
+        )
+        outlet_events[sources.RAW_DEMO_ASSET].extra = extra
         print(f"landed {extra['rows']} rows at {extra['uri']}")
         return extra
 

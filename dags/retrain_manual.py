@@ -33,11 +33,12 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, task
 
-from trainops import dag_helpers as helpers
 from trainops.operators import StageDatasetOperator
+from trainops.recipes import form, pipeline, sources
+from trainops.recipes.dry_run import dry_run_report
 
 MODEL = "retrain-lm"
-PLACE = helpers.deployment()  # [trainops] cluster, image, namespace (local by default)
+PLACE = pipeline.deployment()  # [trainops] cluster, image, namespace (local by default)
 
 with DAG(
     dag_id="retrain_manual",
@@ -48,16 +49,15 @@ with DAG(
     tags=["trainops", "retrain", "manual"],
     default_args={"owner": "trainops", "retries": 1, "retry_delay": timedelta(seconds=30)},
     doc_md=__doc__,
-    params=helpers.manual_params(),
+    params=form.manual_params(),
 ) as dag:
 
     @task(multiple_outputs=True)
     def plan(params=None, dag_run=None) -> dict:
         """Check the run's settings (unknown keys too) and decide what to launch."""
-        settings = {key: params[key] for key in helpers.SETTINGS}
-        settings = helpers.check_settings({**settings, **(dag_run.conf or {})},
-                                          source="retrain_manual conf")
-        return helpers.plan_run(settings)
+        settings = {key: params[key] for key in form.SETTINGS}
+        settings = form.check_settings({**settings, **(dag_run.conf or {})}, source="retrain_manual conf")
+        return form.plan_run(settings)
 
     @task.branch
     def launch_or_dry_run(dry_run: bool) -> str:
@@ -70,10 +70,9 @@ with DAG(
 
         import yaml
 
-        report = helpers.dry_run_report(run_plan, dag_id=dag_run.dag_id, run_id=dag_run.run_id)
+        report = dry_run_report(run_plan, dag_id=dag_run.dag_id, run_id=dag_run.run_id)
         print(f"DRY RUN on cluster {report['cluster']!r}: nothing is staged or launched.")
-        print("resolved trainer config:\n"
-              + yaml.safe_dump(report["trainer_config"], sort_keys=False))
+        print("resolved trainer config:\n" + yaml.safe_dump(report["trainer_config"], sort_keys=False))
         print("JobSpec of attempt 1:\n" + json.dumps(report["job_spec"], indent=2))
         print("Kubernetes manifests:\n" + yaml.safe_dump_all(report["manifests"], sort_keys=False))
         return report
@@ -83,7 +82,7 @@ with DAG(
         """The raw data; the demo dataset is written first if its default location is empty."""
         import logging
 
-        return helpers.ensure_source(dataset_uri, log=logging.getLogger("airflow.task"))
+        return sources.ensure_source(dataset_uri, log=logging.getLogger("airflow.task"))
 
     run_plan = plan()
     branch = launch_or_dry_run(run_plan["dry_run"])
@@ -93,11 +92,16 @@ with DAG(
     branch >> raw
 
     stage = StageDatasetOperator(
-        task_id="stage", source_uri=raw, dataset_name=run_plan["dataset_name"],
-        cluster=PLACE["cluster"], image=PLACE["image"], namespace=PLACE["namespace"])
+        task_id="stage",
+        source_uri=raw,
+        dataset_name=run_plan["dataset_name"],
+        cluster=PLACE["cluster"],
+        image=PLACE["image"],
+        namespace=PLACE["namespace"],
+    )
 
     args = run_plan  # its nodes, gpus_per_node, capacity ... feed train's templated fields
-    helpers.train_evaluate_gate_promote(stage, args, model=MODEL, place=PLACE, progress_every=10.0)
+    pipeline.train_evaluate_gate_promote(stage, args, model=MODEL, place=PLACE, progress_every=10.0)
 
 
 if __name__ == "__main__":

@@ -26,16 +26,16 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, Param, task
 
-from trainops import dag_helpers as helpers
 from trainops.operators import StageDatasetOperator
+from trainops.recipes import form, pipeline, sources
 
 MODEL = "retrain-lm"
-PLACE = helpers.deployment()  # [trainops] cluster, image, namespace (local by default)
-SETTINGS = [key for key in helpers.SETTINGS if key not in ("dataset_uri", "dry_run")]
+PLACE = pipeline.deployment()  # [trainops] cluster, image, namespace (local by default)
+SETTINGS = [key for key in form.SETTINGS if key not in ("dataset_uri", "dry_run")]
 
 with DAG(
     dag_id="retrain_on_new_data",
-    schedule=[helpers.RAW_DEMO_ASSET],
+    schedule=[sources.RAW_DEMO_ASSET],
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
@@ -44,17 +44,20 @@ with DAG(
     doc_md=__doc__,
     params={
         "dataset_uri": Param(
-            None, type=["null", "string"], pattern=r"^(file:///|s3://[^/\s]+)\S*$",
+            None,
+            type=["null", "string"],
+            pattern=r"^(file:///|s3://[^/\s]+)\S*$",
             title="Raw data (manual runs only)",
             description="A run started by an asset event stages the event's snapshot. A "
-                        "manual run has no event: give the raw data's file:// or s3:// URI."),
+            "manual run has no event: give the raw data's file:// or s3:// URI.",
+        ),
     },
 ) as dag:
 
     @task(multiple_outputs=True)
     def source(triggering_asset_events=None, params=None) -> dict:
         """The snapshot to stage: the newest triggering event's, or the dataset_uri param."""
-        chosen = helpers.source_from_events(triggering_asset_events, params.get("dataset_uri"))
+        chosen = sources.source_from_events(triggering_asset_events, params.get("dataset_uri"))
         origin = chosen["from_event"] or "the dataset_uri param (no asset event)"
         print(f"staging {chosen['uri']} as {chosen['dataset_name']!r} from {origin}")
         if chosen["superseded"]:
@@ -64,16 +67,21 @@ with DAG(
     @task(multiple_outputs=True)
     def train_args() -> dict:
         """Read and check the trainops_retrain Variable: the training task's arguments."""
-        return helpers.training_kwargs(helpers.variable_settings(allowed=SETTINGS))
+        return form.training_kwargs(form.variable_settings(allowed=SETTINGS))
 
     snapshot = source()
     stage = StageDatasetOperator(
-        task_id="stage", source_uri=snapshot["uri"], dataset_name=snapshot["dataset_name"],
-        cluster=PLACE["cluster"], image=PLACE["image"], namespace=PLACE["namespace"])
+        task_id="stage",
+        source_uri=snapshot["uri"],
+        dataset_name=snapshot["dataset_name"],
+        cluster=PLACE["cluster"],
+        image=PLACE["image"],
+        namespace=PLACE["namespace"],
+    )
 
     args = train_args()
     stage >> args
-    helpers.train_evaluate_gate_promote(stage, args, model=MODEL, place=PLACE)
+    pipeline.train_evaluate_gate_promote(stage, args, model=MODEL, place=PLACE)
 
 
 if __name__ == "__main__":

@@ -36,12 +36,12 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, task
 
-from trainops import dag_helpers as helpers
 from trainops.operators import StageDatasetOperator
+from trainops.recipes import form, pipeline, sources
 
 MODEL = "retrain-lm"
-PLACE = helpers.deployment()  # [trainops] cluster, image, namespace (local by default)
-SETTINGS = [key for key in helpers.SETTINGS if key != "dry_run"]
+PLACE = pipeline.deployment()  # [trainops] cluster, image, namespace (local by default)
+SETTINGS = [key for key in form.SETTINGS if key != "dry_run"]
 
 with DAG(
     dag_id="retrain_scheduled",
@@ -57,23 +57,27 @@ with DAG(
     @task(multiple_outputs=True)
     def plan() -> dict:
         """Read and check the trainops_retrain Variable; decide what to stage and launch."""
-        return helpers.plan_run(helpers.variable_settings(allowed=SETTINGS))
+        return form.plan_run(form.variable_settings(allowed=SETTINGS))
 
     @task
     def source(dataset_uri: str) -> str:
         """The raw data; the demo dataset is written first if its default location is empty."""
         import logging
 
-        return helpers.ensure_source(dataset_uri, log=logging.getLogger("airflow.task"))
+        return sources.ensure_source(dataset_uri, log=logging.getLogger("airflow.task"))
 
     run_plan = plan()
     stage = StageDatasetOperator(
-        task_id="stage", source_uri=source(run_plan["dataset_uri"]),
-        dataset_name=run_plan["dataset_name"], cluster=PLACE["cluster"], image=PLACE["image"],
-        namespace=PLACE["namespace"])
+        task_id="stage",
+        source_uri=source(run_plan["dataset_uri"]),
+        dataset_name=run_plan["dataset_name"],
+        cluster=PLACE["cluster"],
+        image=PLACE["image"],
+        namespace=PLACE["namespace"],
+    )
 
     args = run_plan  # its nodes, gpus_per_node, capacity ... feed train's templated fields
-    helpers.train_evaluate_gate_promote(stage, args, model=MODEL, place=PLACE)
+    pipeline.train_evaluate_gate_promote(stage, args, model=MODEL, place=PLACE)
 
 
 if __name__ == "__main__":

@@ -31,13 +31,20 @@ with DAG(
     doc_md=__doc__,
     params={
         "corrupt_data": Param(
-            False, type="boolean", title="Deliver bad data",
+            False,
+            type="boolean",
+            title="Deliver bad data",
             description="Write demo data with null and duplicate ids and empty texts, to see "
-                        "staging reject it before any training is launched."),
+            "staging reject it before any training is launched.",
+        ),
         "max_eval_loss": Param(
-            3.5, type="number", minimum=0, title="Gate: highest eval loss",
+            3.5,
+            type="number",
+            minimum=0,
+            title="Gate: highest eval loss",
             description="The gate rejects a candidate whose eval loss is above this. Set it "
-                        "to 0.5 to watch a model be rejected and promotion skipped."),
+            "to 0.5 to watch a model be rejected and promotion skipped.",
+        ),
     },
 ) as dag:
 
@@ -53,8 +60,7 @@ with DAG(
         write_demo_dataset(uri, rows=4000, seed=0, corrupt=corrupt)
         return uri
 
-    stage = StageDatasetOperator(
-        task_id="stage", source_uri=demo_data(), dataset_name="demo-text")
+    stage = StageDatasetOperator(task_id="stage", source_uri=demo_data(), dataset_name="demo-text")
 
     train = FSDPTrainingOperator(
         task_id="train",
@@ -64,8 +70,14 @@ with DAG(
         trainer_config={
             "precision": "bf16",
             "model": {"preset": "tiny"},
-            "train": {"max_steps": 120, "micro_batch_size": 8, "grad_accum_steps": 1,
-                      "seq_len": 64, "lr": 3e-3, "warmup_steps": 10},
+            "train": {
+                "max_steps": 120,
+                "micro_batch_size": 8,
+                "grad_accum_steps": 1,
+                "seq_len": 64,
+                "lr": 3e-3,
+                "warmup_steps": 10,
+            },
             "checkpoint": {"every_steps": 30, "keep": 2},
             "metrics": {"flush_every": 1},
         },
@@ -77,23 +89,38 @@ with DAG(
     )
 
     evaluate = EvaluateModelOperator(
-        task_id="evaluate", training=train.output, model_name=MODEL, poll_interval=1.0)
+        task_id="evaluate", training=train.output, model_name=MODEL, poll_interval=1.0
+    )
 
     gate = EvaluationGateOperator(
         task_id="gate",
         evaluation=evaluate.output,
         checks=[
-            {"name": "eval loss under max_eval_loss", "kind": "threshold",
-             "metric": "eval_loss", "op": "<=", "value": "{{ params.max_eval_loss }}"},
+            {
+                "name": "eval loss under max_eval_loss",
+                "kind": "threshold",
+                "metric": "eval_loss",
+                "op": "<=",
+                "value": "{{ params.max_eval_loss }}",
+            },
             # Demo runs retrain on the same data with the same seed, so allow ties.
-            {"name": "no regression vs production", "kind": "no_regression",
-             "metric": "eval_loss", "tolerance": 0.02},
+            {
+                "name": "no regression vs production",
+                "kind": "no_regression",
+                "metric": "eval_loss",
+                "tolerance": 0.02,
+            },
         ],
     )
 
     promote = PromoteModelOperator(
-        task_id="promote", model_name=MODEL, gate=gate.output, training=train.output,
-        dataset=stage.output, evaluation=evaluate.output)
+        task_id="promote",
+        model_name=MODEL,
+        gate=gate.output,
+        training=train.output,
+        dataset=stage.output,
+        evaluation=evaluate.output,
+    )
 
 
 if __name__ == "__main__":

@@ -28,8 +28,9 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2)
-                   for z in self.qkv(x).split(d, dim=-1))
+        q, k, v = (
+            z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in self.qkv(x).split(d, dim=-1)
+        )
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(out.transpose(1, 2).reshape(b, t, d))
 
@@ -47,7 +48,9 @@ class Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    def __init__(self, vocab_size: int, seq_len: int, dim: int = DIM, layers: int = LAYERS, heads: int = HEADS):
+    def __init__(
+        self, vocab_size: int, seq_len: int, dim: int = DIM, layers: int = LAYERS, heads: int = HEADS
+    ):
         super().__init__()
         self.tokens = nn.Embedding(vocab_size, dim)
         self.positions = nn.Embedding(seq_len, dim)  # learned: sequences longer than seq_len are refused

@@ -17,27 +17,33 @@ import pytest
 # checkout, so tests never touch the demo's state or a developer's own Airflow.
 REPO = Path(__file__).resolve().parents[1]
 TEST_STATE = REPO / ".trainops-test"
-os.environ.update({
-    "AIRFLOW_HOME": str(TEST_STATE / "airflow"),
-    "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-    "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
-    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-    "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{TEST_STATE / 'airflow' / 'airflow.db'}",
-    "TRAINOPS_STORAGE_ROOT": f"file://{TEST_STATE / 'storage'}",
-    "TRAINOPS_LOCAL_STATE": str(TEST_STATE / "local"),
-    # dag.test() runs triggers in-process: no scheduler to race (trainops.triggers.job).
-    # tests/e2e/test_real_airflow.py puts the default back for its real scheduler.
-    "AIRFLOW__TRAINOPS__TRIGGER_SETTLE_SECONDS": "0",
-})
+os.environ.update(
+    {
+        "AIRFLOW_HOME": str(TEST_STATE / "airflow"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{TEST_STATE / 'airflow' / 'airflow.db'}",
+        "TRAINOPS_STORAGE_ROOT": f"file://{TEST_STATE / 'storage'}",
+        "TRAINOPS_LOCAL_STATE": str(TEST_STATE / "local"),
+        # dag.test() runs triggers in-process: no scheduler to race (trainops.triggers.job).
+        # tests/e2e/test_real_airflow.py puts the default back for its real scheduler.
+        "AIRFLOW__TRAINOPS__TRIGGER_SETTLE_SECONDS": "0",
+    }
+)
 (TEST_STATE / "airflow").mkdir(parents=True, exist_ok=True)
 
 
 @pytest.fixture(scope="session")
 def airflow_db():
     """A migrated Airflow metadata DB for tests that run DAGs (a few seconds, once)."""
-    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True,
-                   stdout=subprocess.DEVNULL, env=os.environ.copy())
+    subprocess.run(
+        [sys.executable, "-m", "airflow", "db", "migrate"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        env=os.environ.copy(),
+    )
     return os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
 
 

@@ -12,11 +12,12 @@ def test_plugins_folder_scan_imports_only_the_plugin_file():
     sys.modules.pop("trainops_plugin", None)
     before = set(sys.modules)
     _, errors = _load_plugins_from_plugin_directory(
-        plugins_folder=str(REPO / "plugins"), ignore_file_syntax="glob")
+        plugins_folder=str(REPO / "plugins"), ignore_file_syntax="glob"
+    )
     assert errors == {}
     new_top_level = {m for m in set(sys.modules) - before if "." not in m}
     assert "trainops_plugin" in new_top_level
-    # .airflowignore keeps plugins/trainops/cluster/local.py and friends from becoming
+    # .airflowignore keeps plugins/trainops/cluster/local/backend.py and friends from becoming
     # top-level modules named "local", "spec", ... (or shadowing "kubernetes")
     package_files = {p.stem for p in (REPO / "plugins" / "trainops").rglob("*.py")}
     assert not (new_top_level & package_files)
@@ -33,8 +34,8 @@ def test_airflow_registers_trainops_once_without_import_errors():
 def test_provider_info_is_valid_against_airflow_schema():
     import json
 
-    import jsonschema
     import airflow
+    import jsonschema
 
     from trainops.provider import get_provider_info
 

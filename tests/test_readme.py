@@ -6,13 +6,24 @@ from pathlib import Path
 
 import pytest
 
-from trainops.operators import (EvaluateModelOperator, EvaluationGateOperator, FSDPTrainingOperator,
-                                PromoteModelOperator, StageDatasetOperator)
+from trainops.operators import (
+    EvaluateModelOperator,
+    EvaluationGateOperator,
+    FSDPTrainingOperator,
+    PromoteModelOperator,
+    StageDatasetOperator,
+)
 from trainops.operators.rollback import RollbackModelOperator
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-OPERATORS = (StageDatasetOperator, FSDPTrainingOperator, EvaluateModelOperator,
-             EvaluationGateOperator, PromoteModelOperator, RollbackModelOperator)
+OPERATORS = (
+    StageDatasetOperator,
+    FSDPTrainingOperator,
+    EvaluateModelOperator,
+    EvaluationGateOperator,
+    PromoteModelOperator,
+    RollbackModelOperator,
+)
 
 
 @pytest.mark.parametrize("operator", OPERATORS, ids=lambda c: c.__name__)

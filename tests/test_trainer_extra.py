@@ -20,15 +20,20 @@ BUILD_INPUTS = ("pyproject.toml", "constraints.txt", "README.md", "trainer", "pl
 
 def _instructions(text: str) -> list[tuple[str, str]]:
     joined = re.sub(r"\\\n", " ", text)
-    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line.strip() else "")
-            for line in (raw.strip() for raw in joined.splitlines()) if line and not line.startswith("#")]
+    return [
+        (line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line.strip() else "")
+        for line in (raw.strip() for raw in joined.splitlines())
+        if line and not line.startswith("#")
+    ]
 
 
 def test_dockerfile_installs_only_the_trainer_extra_and_runs_as_non_root():
     instructions = _instructions(DOCKERFILE.read_text())
     runs = " ".join(arg for op, arg in instructions if op == "RUN")
     assert re.search(r"pip install -c constraints.txt \"\.\[trainer\]\"", runs)
-    assert not re.search(r"\[[^\]]*airflow", DOCKERFILE.read_text()), "the trainer image must not install [airflow]"
+    assert not re.search(r"\[[^\]]*airflow", DOCKERFILE.read_text()), (
+        "the trainer image must not install [airflow]"
+    )
     users = [arg for op, arg in instructions if op == "USER"]
     assert users and users[-1] == "10001:10001"  # the last USER wins; numeric so runAsNonRoot can check it
     assert "useradd --uid 10001" in runs and "chown 10001:10001 /var/cache/trainops" in runs
@@ -42,8 +47,11 @@ def test_dockerfile_installs_only_the_trainer_extra_and_runs_as_non_root():
 
 
 def _entrypoint(*args: str, cache: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TRAINOPS_CACHE_DIR": str(cache),
-           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    env = {
+        **os.environ,
+        "TRAINOPS_CACHE_DIR": str(cache),
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+    }
     return subprocess.run(["sh", str(ENTRYPOINT), *args], env=env, capture_output=True, text=True, timeout=60)
 
 
@@ -55,8 +63,9 @@ def test_entrypoint_runs_contract_argv_and_shorthands(tmp_path):
     assert trainer.returncode == 0 and "usage: python -m trainer train" in trainer.stdout
     torchrun = _entrypoint("--help", cache=cache)
     assert torchrun.returncode == 0 and "--nproc-per-node" in torchrun.stdout
-    unset = subprocess.run(["sh", str(ENTRYPOINT), "true"], env={"PATH": os.environ["PATH"]},
-                           capture_output=True, text=True)
+    unset = subprocess.run(
+        ["sh", str(ENTRYPOINT), "true"], env={"PATH": os.environ["PATH"]}, capture_output=True, text=True
+    )
     assert unset.returncode != 0 and "TRAINOPS_CACHE_DIR must be set" in unset.stderr
 
 
@@ -73,24 +82,42 @@ def test_trainer_extra_installs_alone_without_airflow(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python = str(venv / "bin" / "python")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    install = subprocess.run([python, "-m", "pip", "install", "-q", "-c", str(src / "constraints.txt"),
-                              f"{src}[trainer]"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    install = subprocess.run(
+        [python, "-m", "pip", "install", "-q", "-c", str(src / "constraints.txt"), f"{src}[trainer]"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([python, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [python, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        )
 
     no_airflow = run("-c", "import airflow")
     assert no_airflow.returncode != 0 and "No module named 'airflow'" in no_airflow.stderr
     no_transformers = run("-c", "import transformers")
     assert no_transformers.returncode != 0  # the HF layout is written without it
-    modules = run("-c", "import torch, trainer.train, trainer.builder, trainer.export, trainer.evaluate; "
-                        "print(torch.__version__, trainer.__file__)")
+    modules = run(
+        "-c",
+        "import torch, trainer.train, trainer.builder, trainer.export, trainer.evaluate; "
+        "print(torch.__version__, trainer.__file__)",
+    )
     assert modules.returncode == 0, modules.stderr
     assert modules.stdout.startswith("2.13.0") and str(venv) in modules.stdout  # installed, not the checkout
     top = run("-m", "trainer", "--help")
     assert top.returncode == 0 and all(c in top.stdout for c in ("train", "evaluate", "export"))
     train = run("-m", "trainer", "train", "--help")
     assert train.returncode == 0
-    for key in ("run_uri", "model.preset", "model.builder", "train.lr", "checkpoint.every_steps", "eval.model_uri"):
+    for key in (
+        "run_uri",
+        "model.preset",
+        "model.builder",
+        "train.lr",
+        "checkpoint.every_steps",
+        "eval.model_uri",
+    ):
         assert key in train.stdout, f"{key} missing from `trainer train --help`"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import re
@@ -14,7 +15,7 @@ _ATTEMPT_FILE = re.compile(r"/(\d+)\.json$")
 
 
 def now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 def next_attempt_number(existing_uris: list[str]) -> int:
@@ -32,7 +33,9 @@ def attempt_number(storage, layout: RunLayout) -> int:
         except ValueError:
             number = 0
         if number < 1:
-            raise ValueError(f"{ENV_ATTEMPT}={value!r} is not a positive integer; the launcher must set 1, 2, ...")
+            raise ValueError(
+                f"{ENV_ATTEMPT}={value!r} is not a positive integer; the launcher must set 1, 2, ..."
+            )
         return number
     return next_attempt_number(storage.list(layout.attempts))
 
@@ -43,17 +46,40 @@ class NonFiniteLoss(RuntimeError):
         self.step, self.loss = step, loss
 
 
-OOM_HINT = "reduce train.micro_batch_size (keep train.global_batch_size) or set train.activation_checkpointing=full"
-NON_FINITE_HINT = "lower train.lr (e.g. halve it) or scale it linearly with the global batch (linear scaling rule)"
-NETWORK_HINT = ("check the network and firewall between nodes (rendezvous port and NCCL/gloo ports), "
-                "and NCCL_SOCKET_IFNAME")
+OOM_HINT = (
+    "reduce train.micro_batch_size (keep train.global_batch_size) or set train.activation_checkpointing=full"
+)
+NON_FINITE_HINT = (
+    "lower train.lr (e.g. halve it) or scale it linearly with the global batch (linear scaling rule)"
+)
+NETWORK_HINT = (
+    "check the network and firewall between nodes (rendezvous port and NCCL/gloo ports), "
+    "and NCCL_SOCKET_IFNAME"
+)
 
 # torch.distributed's error types, matched by name: this module must not import torch.
 _DIST_ERRORS = {"DistBackendError", "DistNetworkError", "DistStoreError"}
-_COLLECTIVE_WORDS = ("gloo", "nccl", "c10d", "processgroup", "process group", "collective", "rendezvous",
-                     "tcpstore", "watchdog")
-_NETWORK_WORDS = ("connection reset", "connection closed", "connection refused", "broken pipe", "timed out",
-                  "timeout", "socket", "peer")
+_COLLECTIVE_WORDS = (
+    "gloo",
+    "nccl",
+    "c10d",
+    "processgroup",
+    "process group",
+    "collective",
+    "rendezvous",
+    "tcpstore",
+    "watchdog",
+)
+_NETWORK_WORDS = (
+    "connection reset",
+    "connection closed",
+    "connection refused",
+    "broken pipe",
+    "timed out",
+    "timeout",
+    "socket",
+    "peer",
+)
 
 
 def classify_failure(exc: BaseException) -> tuple[str, str | None]:
@@ -65,12 +91,20 @@ def classify_failure(exc: BaseException) -> tuple[str, str | None]:
     text = f"{type(exc).__name__}: {exc}".lower()
     if isinstance(exc, NonFiniteLoss):
         return "non_finite_loss", f"loss became {exc.loss} at step {exc.step}: {NON_FINITE_HINT}"
-    if (isinstance(exc, MemoryError) or "OutOfMemoryError" in names or "out of memory" in text
-            or "can't allocate memory" in text):  # the last: PyTorch's CPU allocator
+    if (
+        isinstance(exc, MemoryError)
+        or "OutOfMemoryError" in names
+        or "out of memory" in text
+        or "can't allocate memory" in text
+    ):  # the last: PyTorch's CPU allocator
         return "out_of_memory", f"out of memory: {OOM_HINT}"
     # A storage read that timed out is not a collective's: require a collective's words (or type).
-    if names & _DIST_ERRORS or "ncclremoteerror" in text or "ncclsystemerror" in text or (
-            any(w in text for w in _COLLECTIVE_WORDS) and any(w in text for w in _NETWORK_WORDS)):
+    if (
+        names & _DIST_ERRORS
+        or "ncclremoteerror" in text
+        or "ncclsystemerror" in text
+        or (any(w in text for w in _COLLECTIVE_WORDS) and any(w in text for w in _NETWORK_WORDS))
+    ):
         return "network", f"a collective between ranks failed or timed out: {NETWORK_HINT}"
     return "error", None
 
@@ -93,16 +127,29 @@ class Attempt:
     last_step: int = 0
     checkpoint_step: int | None = None
 
-    def write(self, outcome: str, *, signal: str | None = None, hint: str | None = None,
-              error: str | None = None, exclusive: bool = False) -> dict:
+    def write(
+        self,
+        outcome: str,
+        *,
+        signal: str | None = None,
+        hint: str | None = None,
+        error: str | None = None,
+        exclusive: bool = False,
+    ) -> dict:
         record = attempt_record(
-            attempt=self.number, outcome=outcome, last_step=self.last_step,
-            checkpoint_step=self.checkpoint_step, world_size=self.world_size,
-            resumed_from_step=self.resumed_from_step, signal=signal, hint=hint, error=error,
-            started_at=self.started_at, ended_at=now_iso())
-        try:
-            # exclusive: several failing ranks may race to report; the first one wins.
+            attempt=self.number,
+            outcome=outcome,
+            last_step=self.last_step,
+            checkpoint_step=self.checkpoint_step,
+            world_size=self.world_size,
+            resumed_from_step=self.resumed_from_step,
+            signal=signal,
+            hint=hint,
+            error=error,
+            started_at=self.started_at,
+            ended_at=now_iso(),
+        )
+        # exclusive: several failing ranks may race to report; the first one wins.
+        with contextlib.suppress(PreconditionFailed):
             self.storage.put_json(self.layout.attempt(self.number), record, if_none_match=exclusive)
-        except PreconditionFailed:
-            pass
         return record

@@ -34,14 +34,16 @@ class BuiltModel:
     spec: dict  # what rebuilds it: ModelArgs fields, or {"builder", "vocab_size", "seq_len"}
 
     def describe(self) -> str:
-        return (f"{self.source}: {self.param_count:,} parameters, {len(self.blocks)} blocks"
-                + (f", dim {self.args.dim}, vocab {self.args.vocab_size}" if self.args else ""))
+        return f"{self.source}: {self.param_count:,} parameters, {len(self.blocks)} blocks" + (
+            f", dim {self.args.dim}, vocab {self.args.vocab_size}" if self.args else ""
+        )
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token; a user model counts its matmul parameters only (6 N)."""
         if self.args is not None:
-            return flops.flops_per_token(non_embedding_params(self.args), self.args.n_layers,
-                                         self.args.dim, seq_len)
+            return flops.flops_per_token(
+                non_embedding_params(self.args), self.args.n_layers, self.args.dim, seq_len
+            )
         return flops.flops_per_token(matmul_params(self.model), 0, 0, seq_len)
 
 
@@ -56,8 +58,9 @@ def build_model(preset: str, builder: str | None, vocab_size: int, seq_len: int)
     if builder:
         return build_user_model(builder, vocab_size, seq_len)
     if preset not in PRESETS:
-        raise ValueError(f"unknown model preset {preset!r}; pick one of {', '.join(PRESETS)} "
-                         f"or set model.builder")
+        raise ValueError(
+            f"unknown model preset {preset!r}; pick one of {', '.join(PRESETS)} or set model.builder"
+        )
     return build_preset(PRESETS[preset].with_vocab(vocab_size), f"preset {preset}")
 
 
@@ -66,8 +69,15 @@ def build_preset(args: ModelArgs, source: str = "llama") -> BuiltModel:
 
     model = Transformer(args)
     blocks = list(model.layers)
-    return BuiltModel(model, blocks, [f"layers.{i}" for i in range(len(blocks))], args,
-                      count_parameters(model), source, args.to_dict())
+    return BuiltModel(
+        model,
+        blocks,
+        [f"layers.{i}" for i in range(len(blocks))],
+        args,
+        count_parameters(model),
+        source,
+        args.to_dict(),
+    )
 
 
 def build_from_spec(spec: dict) -> BuiltModel:
@@ -85,29 +95,43 @@ def load_builder(builder: str):
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
-        raise ImportError(f"model.builder {builder!r}: cannot import {module_name!r} ({type(exc).__name__}: "
-                          f"{exc}); put its folder on PYTHONPATH or install it in the trainer image") from exc
+        raise ImportError(
+            f"model.builder {builder!r}: cannot import {module_name!r} ({type(exc).__name__}: "
+            f"{exc}); put its folder on PYTHONPATH or install it in the trainer image"
+        ) from exc
     function = getattr(module, function_name, None)
     if not callable(function):
-        raise AttributeError(f"model.builder {builder!r}: module {module_name!r} has no function "
-                             f"{function_name!r}")
+        raise AttributeError(
+            f"model.builder {builder!r}: module {module_name!r} has no function {function_name!r}"
+        )
     return function
 
 
 def build_user_model(builder: str, vocab_size: int, seq_len: int) -> BuiltModel:
     built = load_builder(builder)(vocab_size=vocab_size, seq_len=seq_len)
     if not (isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], nn.Module)):
-        raise TypeError(f"model.builder {builder!r} returned {_kind(built)}; it must return "
-                        f"(model: nn.Module, blocks: list[nn.Module])")
+        raise TypeError(
+            f"model.builder {builder!r} returned {_kind(built)}; it must return "
+            f"(model: nn.Module, blocks: list[nn.Module])"
+        )
     model, blocks = built
     blocks = list(blocks) if isinstance(blocks, (list, tuple, nn.ModuleList)) else blocks
     if not isinstance(blocks, list) or not blocks or not all(isinstance(b, nn.Module) for b in blocks):
-        raise TypeError(f"model.builder {builder!r} returned blocks {_kind(blocks)}; it must be a non-empty "
-                        f"list of the model's submodules (e.g. its transformer layers)")
+        raise TypeError(
+            f"model.builder {builder!r} returned blocks {_kind(blocks)}; it must be a non-empty "
+            f"list of the model's submodules (e.g. its transformer layers)"
+        )
     names = block_names(model, blocks, builder)
     count = sum(p.numel() for p in model.parameters())
-    result = BuiltModel(model, blocks, names, None, count, f"builder {builder}",
-                        {"builder": builder, "vocab_size": int(vocab_size), "seq_len": int(seq_len)})
+    result = BuiltModel(
+        model,
+        blocks,
+        names,
+        None,
+        count,
+        f"builder {builder}",
+        {"builder": builder, "vocab_size": int(vocab_size), "seq_len": int(seq_len)},
+    )
     check_forward(result, vocab_size, min(4, seq_len))
     return result
 
@@ -119,25 +143,33 @@ def block_names(model: nn.Module, blocks: list[nn.Module], builder: str) -> list
     names = []
     for index, block in enumerate(blocks):
         if block is model:
-            raise ValueError(f"model.builder {builder!r}: block {index} is the model itself; "
-                             f"return its repeated layers as blocks")
+            raise ValueError(
+                f"model.builder {builder!r}: block {index} is the model itself; "
+                f"return its repeated layers as blocks"
+            )
         if id(block) not in by_id:
-            raise ValueError(f"model.builder {builder!r}: block {index} ({type(block).__name__}) is not a "
-                             f"submodule of the model; register it (e.g. in an nn.ModuleList) first")
+            raise ValueError(
+                f"model.builder {builder!r}: block {index} ({type(block).__name__}) is not a "
+                f"submodule of the model; register it (e.g. in an nn.ModuleList) first"
+            )
         names.append(by_id[id(block)])
     for name in names:
         if names.count(name) > 1:
             raise ValueError(f"model.builder {builder!r}: block {name!r} is listed twice")
         inside = [other for other in names if other != name and other.startswith(name + ".")]
         if inside:
-            raise ValueError(f"model.builder {builder!r}: block {inside[0]!r} lies inside block {name!r}; "
-                             f"blocks must not nest")
+            raise ValueError(
+                f"model.builder {builder!r}: block {inside[0]!r} lies inside block {name!r}; "
+                f"blocks must not nest"
+            )
     owner: dict[int, str] = {}
-    for name, block in zip(names, blocks):
+    for name, block in zip(names, blocks, strict=False):
         for param in block.parameters():
             if id(param) in owner:
-                raise ValueError(f"model.builder {builder!r}: blocks {owner[id(param)]!r} and {name!r} share "
-                                 f"a parameter; give each block its own weights")
+                raise ValueError(
+                    f"model.builder {builder!r}: blocks {owner[id(param)]!r} and {name!r} share "
+                    f"a parameter; give each block its own weights"
+                )
             owner[id(param)] = name
     return names
 
@@ -159,8 +191,10 @@ def check_forward(built: BuiltModel, vocab_size: int, seq_len: int = 4) -> None:
     expected = (2, seq_len, vocab_size)
     if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != expected:
         got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else _kind(logits)
-        raise ValueError(f"{built.source}: forward of token ids (2, {seq_len}) returned {got}; it must return "
-                         f"logits of shape (batch, seq, vocab_size) = {expected}")
+        raise ValueError(
+            f"{built.source}: forward of token ids (2, {seq_len}) returned {got}; it must return "
+            f"logits of shape (batch, seq, vocab_size) = {expected}"
+        )
 
 
 def _kind(value) -> str:

@@ -77,8 +77,11 @@ class Checkpointer:
         self.wait()
         staging = _fresh_dir(self.local_root / "save")
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=dcp.FileSystemWriter(staging),
-                 process_group=self.group)
+        dcp.save(
+            {"model": model_sd, "optim": optim_sd},
+            storage_writer=dcp.FileSystemWriter(staging),
+            process_group=self.group,
+        )
         torch.save(extras, staging / f"extra_rank{self.rank}.pt")
         self._upload_and_commit(step, staging, meta)
 
@@ -93,28 +96,48 @@ class Checkpointer:
         waited = time.monotonic() - started
         staging = _fresh_dir(self.local_root / "save")
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        result = dcp.async_save({"model": model_sd, "optim": optim_sd}, storage_writer=dcp.FileSystemWriter(staging),
-                                process_group=self.group)
+        result = dcp.async_save(
+            {"model": model_sd, "optim": optim_sd},
+            storage_writer=dcp.FileSystemWriter(staging),
+            process_group=self.group,
+        )
         upload = getattr(result, "upload_completion", result)  # newer stagers answer with a pair
         torch.save(extras, staging / f"extra_rank{self.rank}.pt")
         blocked = time.monotonic() - started
         self._error, self._in_flight_step = None, step
-        self._thread = threading.Thread(target=self._finish, args=(step, upload, staging, meta, blocked - waited,
-                                                                   waited, started),
-                                        name=f"checkpoint-step-{step}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._finish,
+            args=(step, upload, staging, meta, blocked - waited, waited, started),
+            name=f"checkpoint-step-{step}",
+            daemon=True,
+        )
         self._thread.start()
         return blocked
 
-    def _finish(self, step: int, upload, staging: Path, meta: dict | None, staged: float, waited: float,
-                started: float) -> None:
+    def _finish(
+        self,
+        step: int,
+        upload,
+        staging: Path,
+        meta: dict | None,
+        staged: float,
+        waited: float,
+        started: float,
+    ) -> None:
         try:
             upload.result()
             self._upload_and_commit(step, staging, meta)
             # The loop blocked for the staging, plus any wait for the previous save: a wait
             # means checkpoints come faster than storage takes them (raise checkpoint.every_steps).
-            log.info("checkpoint: step %d staged in %.2fs (loop blocked), after waiting %.2fs for the previous "
-                     "save; committed in %.1fs", step, staged, waited, time.monotonic() - started)
-        except BaseException as exc:  # noqa: BLE001 -- handed to the loop by wait()
+            log.info(
+                "checkpoint: step %d staged in %.2fs (loop blocked), after waiting %.2fs for the previous "
+                "save; committed in %.1fs",
+                step,
+                staged,
+                waited,
+                time.monotonic() - started,
+            )
+        except BaseException as exc:
             self._error = exc
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -130,8 +153,10 @@ class Checkpointer:
         self._thread, step = None, self._in_flight_step
         if self._error is not None:
             error, self._error = self._error, None
-            raise CheckpointError(f"the checkpoint of step {step} failed in the background ({type(error).__name__}: "
-                                  f"{error}); the last committed one is step {self.last_committed}") from error
+            raise CheckpointError(
+                f"the checkpoint of step {step} failed in the background ({type(error).__name__}: "
+                f"{error}); the last committed one is step {self.last_committed}"
+            ) from error
         return True
 
     def _upload_and_commit(self, step: int, staging: Path, meta: dict | None) -> None:
@@ -168,8 +193,9 @@ class Checkpointer:
             self.on_commit(step)
 
     def _commit(self, step: int, prefix: str, files: list[dict], meta: dict | None) -> None:
-        marker = commit.commit_marker(step=step, files=files, world_size=self.world_size, time=time.time(),
-                                      **(meta or {}))
+        marker = commit.commit_marker(
+            step=step, files=files, world_size=self.world_size, time=time.time(), **(meta or {})
+        )
         self.storage.put_json(self.layout.committed_marker(step), marker)
         self.storage.put_json(self.layout.latest, {"step": step, "uri": prefix})
         log.info("checkpoint: committed step %d (%d files) at %s", step, len(marker["files"]), prefix)
@@ -220,8 +246,10 @@ class Checkpointer:
             self.storage.download_file(uri, path)
             got = sha256_file(path)
             if got != entry["sha256"]:
-                raise CorruptCheckpoint(f"checkpoint file {uri} has sha256 {got}, _COMMITTED says {entry['sha256']}; "
-                                        f"the checkpoint is corrupt: delete its _COMMITTED to fall back to an older one")
+                raise CorruptCheckpoint(
+                    f"checkpoint file {uri} has sha256 {got}, _COMMITTED says {entry['sha256']}; "
+                    f"the checkpoint is corrupt: delete its _COMMITTED to fall back to an older one"
+                )
         return local
 
     # --- load (collective) -----------------------------------------------------------

@@ -13,27 +13,46 @@ import sys
 
 from trainer.config import ConfigError, all_keys, load_config
 
-EPILOG = """\
+EPILOG = (
+    """\
 overrides: dotted keys, values parsed as YAML, e.g. train.lr=1e-3 checkpoint.every_steps=50
-keys: """ + ", ".join(all_keys()) + """
+keys: """
+    + ", ".join(all_keys())
+    + """
 
 train runs under torchrun (python -m torch.distributed.run ... -m trainer train ...) or as
 a single process; evaluate and export run as a single process. Outcomes are written to
 <run_uri>/attempts/<n>.json."""
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m trainer", description="Train, evaluate and export trainops models.",
-                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer",
+        description="Train, evaluate and export trainops models.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    helps = {"train": "train (and resume) a model; checkpoints, metrics, export and an attempt record",
-             "evaluate": "evaluate exported model(s) on the dataset's eval split",
-             "export": "write <run_uri>/export from the newest committed checkpoint"}
+    helps = {
+        "train": "train (and resume) a model; checkpoints, metrics, export and an attempt record",
+        "evaluate": "evaluate exported model(s) on the dataset's eval split",
+        "export": "write <run_uri>/export from the newest committed checkpoint",
+    }
     for name, text in helps.items():
-        sub = commands.add_parser(name, help=text, description=text, epilog=EPILOG,
-                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-        sub.add_argument("--config", required=True, metavar="PATH_OR_URI",
-                         help="YAML config: a local path or a storage URI (file://, s3://)")
+        sub = commands.add_parser(
+            name,
+            help=text,
+            description=text,
+            epilog=EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        sub.add_argument(
+            "--config",
+            required=True,
+            metavar="PATH_OR_URI",
+            help="YAML config: a local path or a storage URI (file://, s3://)",
+        )
         sub.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
     commands.add_parser("presets", help="list the built-in model presets and their parameter counts")
     return parser

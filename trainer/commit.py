@@ -12,14 +12,19 @@ COMMITTED = "_COMMITTED"
 MARKER_FORMAT = "trainops.checkpoint/v1"
 
 
-def commit_marker(*, step: int, files: list[dict], world_size: int, time: float,
-                  **extra) -> dict:
+def commit_marker(*, step: int, files: list[dict], world_size: int, time: float, **extra) -> dict:
     """The ``_COMMITTED`` document: ``files`` holds ``{"name", "size", "sha256"}`` entries."""
     names = [f["name"] for f in files]
     if len(set(names)) != len(names):
         raise ValueError(f"checkpoint step {step} lists a file twice: {sorted(names)}")
-    return {"format": MARKER_FORMAT, "step": int(step), "world_size": int(world_size), "time": time,
-            "files": sorted(files, key=lambda f: f["name"]), **extra}
+    return {
+        "format": MARKER_FORMAT,
+        "step": int(step),
+        "world_size": int(world_size),
+        "time": time,
+        "files": sorted(files, key=lambda f: f["name"]),
+        **extra,
+    }
 
 
 def marker_problem(marker: dict | None, sizes: dict[str, int | None], step: int) -> str | None:
@@ -51,7 +56,7 @@ def group_by_step(uris: list[str], checkpoints_prefix: str) -> dict[int, dict[st
     for uri in uris:
         if not uri.startswith(prefix):
             continue
-        folder, _, name = uri[len(prefix):].rpartition("/")
+        folder, _, name = uri[len(prefix) :].rpartition("/")
         step = checkpoint_step_of(folder) if folder and "/" not in folder else None
         if step is not None:
             out.setdefault(step, {})[name] = uri

@@ -100,11 +100,27 @@ CHOICES = {
 # Values older configs used, read as their new spelling without a warning.
 ALIASES = {"train.activation_checkpointing": {True: "full", False: "none"}}
 REQUIRED = ("run_uri", "data_uri")
-POSITIVE = ("train.max_steps", "train.micro_batch_size", "train.grad_accum_steps", "train.seq_len",
-            "train.log_every", "checkpoint.every_steps", "checkpoint.keep", "metrics.flush_every",
-            "eval.batch_size")
-NON_NEGATIVE = ("seed", "model.vocab_size", "train.global_batch_size", "train.warmup_steps", "train.lr",
-                "train.weight_decay", "train.grad_clip", "eval.max_batches")
+POSITIVE = (
+    "train.max_steps",
+    "train.micro_batch_size",
+    "train.grad_accum_steps",
+    "train.seq_len",
+    "train.log_every",
+    "checkpoint.every_steps",
+    "checkpoint.keep",
+    "metrics.flush_every",
+    "eval.batch_size",
+)
+NON_NEGATIVE = (
+    "seed",
+    "model.vocab_size",
+    "train.global_batch_size",
+    "train.warmup_steps",
+    "train.lr",
+    "train.weight_decay",
+    "train.grad_clip",
+    "eval.max_batches",
+)
 
 # PyYAML follows YAML 1.1, where "3e-3" (no dot) is a string, not a float; people write it anyway.
 _NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
@@ -205,9 +221,12 @@ def validate(config: Config) -> Config:
         if get_key(config, key) < 0:
             raise ConfigError(f"{key}: expected zero or more, got {get_key(config, key)!r}")
     if not 0.0 <= config.train.min_lr_ratio <= 1.0:
-        raise ConfigError(f"train.min_lr_ratio: expected a number between 0 and 1, got {config.train.min_lr_ratio!r}")
-    if config.model.builder is not None and (not isinstance(config.model.builder, str)
-                                             or config.model.builder.count(":") != 1):
+        raise ConfigError(
+            f"train.min_lr_ratio: expected a number between 0 and 1, got {config.train.min_lr_ratio!r}"
+        )
+    if config.model.builder is not None and (
+        not isinstance(config.model.builder, str) or config.model.builder.count(":") != 1
+    ):
         raise ConfigError(f"model.builder: expected 'module:function', got {config.model.builder!r}")
     return config
 
@@ -226,13 +245,15 @@ def accumulation_steps(train: TrainConfig, world_size: int) -> int:
         raise ConfigError(
             f"train.global_batch_size={train.global_batch_size} is not a multiple of train.micro_batch_size="
             f"{train.micro_batch_size} x world size {world_size} (= {per_micro_step} samples per micro-step); "
-            f"set train.global_batch_size to a multiple of {per_micro_step} or change train.micro_batch_size")
+            f"set train.global_batch_size to a multiple of {per_micro_step} or change train.micro_batch_size"
+        )
     if train.grad_accum_steps != 1 and train.grad_accum_steps != steps:
         raise ConfigError(
             f"train.grad_accum_steps={train.grad_accum_steps} disagrees with train.global_batch_size="
             f"{train.global_batch_size}, which needs {steps} accumulation steps at train.micro_batch_size="
             f"{train.micro_batch_size} on {world_size} ranks; unset train.grad_accum_steps (the global batch "
-            f"decides it) or set train.global_batch_size=0")
+            f"decides it) or set train.global_batch_size=0"
+        )
     return steps
 
 
@@ -274,7 +295,9 @@ def load_config(path_or_uri: str | None, overrides: list[str] | tuple[str, ...] 
         try:
             data = yaml.safe_load(read_text(path_or_uri))
         except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path_or_uri!r} is not valid YAML: {str(exc).splitlines()[0]}") from None
+            raise ConfigError(
+                f"config file {path_or_uri!r} is not valid YAML: {str(exc).splitlines()[0]}"
+            ) from None
         _apply(config, data or {}, path_or_uri)
     for text in overrides:
         _apply(config, parse_override(text), text)

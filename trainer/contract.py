@@ -8,10 +8,12 @@ command lines, layouts and to read attempt records; the trainer to honour them.
 2. Environment set by the launcher (torchrun's own, plus the names below).
 3. Storage layout under a root URI (``file://`` or ``s3://``).
 4. Attempt records: ``attempts/<n>.json``, the trainer's own account of attempt n.
+5. ``metrics.jsonl``: one record per step, each with its attempt; the one reader is here.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -26,8 +28,9 @@ ENV_CACHE_DIR = "TRAINOPS_CACHE_DIR"  # node-local scratch: downloaded shards, c
 
 
 # --- 1. command line ------------------------------------------------------------
-def trainer_argv(command: str, config_uri: str, overrides: dict | None = None,
-                 python: str = "python") -> list[str]:
+def trainer_argv(
+    command: str, config_uri: str, overrides: dict | None = None, python: str = "python"
+) -> list[str]:
     """``python -m trainer COMMAND --config URI k=v ...`` as an argument list."""
     if command not in TRAINER_COMMANDS:
         raise ValueError(f"unknown trainer command {command!r}; expected one of {TRAINER_COMMANDS}")
@@ -45,9 +48,17 @@ def _override_value(value) -> str:
     return str(value)
 
 
-def torchrun_argv(trainer_args: list[str], *, nnodes: int, nproc_per_node: int,
-                  rdzv_endpoint: str, rdzv_id: str, node_rank: int | None = None,
-                  shutdown_timeout_s: int = 30, is_host: bool | None = None) -> list[str]:
+def torchrun_argv(
+    trainer_args: list[str],
+    *,
+    nnodes: int,
+    nproc_per_node: int,
+    rdzv_endpoint: str,
+    rdzv_id: str,
+    node_rank: int | None = None,
+    shutdown_timeout_s: int = 30,
+    is_host: bool | None = None,
+) -> list[str]:
     """Wrap ``python -m trainer ...`` (as from :func:`trainer_argv`) in torchrun.
 
     Rendezvous is c10d at ``rdzv_endpoint``. ``shutdown_timeout_s`` is how long torchrun
@@ -57,7 +68,9 @@ def torchrun_argv(trainer_args: list[str], *, nnodes: int, nproc_per_node: int,
     if trainer_args[1:3] != ["-m", "trainer"]:
         raise ValueError(f"expected 'python -m trainer ...', got {trainer_args[:3]}")
     argv = [
-        trainer_args[0], "-m", "torch.distributed.run",
+        trainer_args[0],
+        "-m",
+        "torch.distributed.run",
         f"--nnodes={nnodes}",
         f"--nproc-per-node={nproc_per_node}",
         "--rdzv-backend=c10d",
@@ -115,8 +128,7 @@ def production_pointer(root: str, name: str) -> str:
     return join(model_prefix(root, name), "production.json")
 
 
-def run_prefix(root: str, dag_id: str, run_id: str, task_id: str,
-               map_index: int | None = None) -> str:
+def run_prefix(root: str, dag_id: str, run_id: str, task_id: str, map_index: int | None = None) -> str:
     """``<root>/runs/<dag_id>/<run_id>/<task_id>[.<map_index>]``."""
     task = task_id if map_index is None or map_index < 0 else f"{task_id}.{map_index}"
     return join(root, "runs", safe_segment(dag_id), safe_segment(run_id), safe_segment(task))
@@ -188,11 +200,20 @@ ATTEMPT_FORMAT = "trainops.attempt/v1"
 OUTCOMES = ("completed", "preempted", "failed")
 
 
-def attempt_record(*, attempt: int, outcome: str, last_step: int,
-                   checkpoint_step: int | None, world_size: int,
-                   resumed_from_step: int | None = None, signal: str | None = None,
-                   hint: str | None = None, error: str | None = None,
-                   started_at: str | None = None, ended_at: str | None = None) -> dict:
+def attempt_record(
+    *,
+    attempt: int,
+    outcome: str,
+    last_step: int,
+    checkpoint_step: int | None,
+    world_size: int,
+    resumed_from_step: int | None = None,
+    signal: str | None = None,
+    hint: str | None = None,
+    error: str | None = None,
+    started_at: str | None = None,
+    ended_at: str | None = None,
+) -> dict:
     """The trainer's account of one attempt.
 
     ``last_step`` is the number of optimizer steps completed when the attempt ended;
@@ -229,6 +250,45 @@ def parse_attempt_record(data: dict) -> dict:
         if not isinstance(data.get(key), int):
             raise ValueError(f"attempt record field {key!r} must be an integer, got {data.get(key)!r}")
     return data
+
+
+# --- 5. metrics.jsonl ----------------------------------------------------------
+def metrics_records(text: str) -> list[dict]:
+    """The well-formed records of a ``metrics.jsonl`` body, in file order: JSON objects with
+    an integer ``step``. Anything else (a torn last line, as a reader may see while the
+    trainer rewrites the file) is skipped; the rest still counts."""
+    out = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            out.append(record)
+    return out
+
+
+def metrics_by_step(records: list[dict]) -> dict[int, dict]:
+    """One record per step: that of the highest attempt that reached it (a relaunched attempt
+    replays the steps after its last checkpoint); within one attempt, the later record."""
+    out: dict[int, dict] = {}
+    for record in records:
+        step = record["step"]
+        if step not in out or record.get("attempt", 0) >= out[step].get("attempt", 0):
+            out[step] = record
+    return out
+
+
+def latest_of_attempt(records: list[dict], attempt: int) -> dict | None:
+    """The record of the highest step ``attempt`` reached, or None."""
+    mine = [r for r in records if r.get("attempt") == attempt]
+    return max(mine, key=lambda r: r["step"]) if mine else None
+
+
+def max_step_of_attempt(records: list[dict], attempt: int) -> int:
+    """The highest step ``attempt`` recorded (0 if none)."""
+    latest = latest_of_attempt(records, attempt)
+    return latest["step"] if latest else 0
 
 
 # --- dataset manifest -----------------------------------------------------------

@@ -41,10 +41,14 @@ def read_manifest(storage, data_uri: str) -> dict:
     try:
         manifest = storage.get_json(uri)
     except NotFound:
-        raise DataError(f"data_uri {data_uri!r} holds no {MANIFEST_NAME}: point it at a staged "
-                        "dataset version (<root>/datasets/<name>/<version>)") from None
+        raise DataError(
+            f"data_uri {data_uri!r} holds no {MANIFEST_NAME}: point it at a staged "
+            "dataset version (<root>/datasets/<name>/<version>)"
+        ) from None
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        raise DataError(f"{uri} is not a {MANIFEST_FORMAT} manifest; point data_uri at a staged dataset version")
+        raise DataError(
+            f"{uri} is not a {MANIFEST_FORMAT} manifest; point data_uri at a staged dataset version"
+        )
     return manifest
 
 
@@ -71,7 +75,9 @@ def fetch_split(storage, data_uri: str, manifest: dict, split: str) -> list[Path
             got = sha256_file(tmp)
             if got != sha:
                 tmp.unlink(missing_ok=True)
-                raise DataError(f"shard {uri} has sha256 {got}, the manifest says {sha}; re-stage the dataset")
+                raise DataError(
+                    f"shard {uri} has sha256 {got}, the manifest says {sha}; re-stage the dataset"
+                )
             os.replace(tmp, path)
         paths.append(path)
     return paths
@@ -108,7 +114,7 @@ class TokenStream:
             lo, hi = max(start, self.offsets[i]), min(stop, self.offsets[i + 1])
             if lo >= hi:
                 break
-            parts.append(self.shards[i][lo - self.offsets[i]:hi - self.offsets[i]])
+            parts.append(self.shards[i][lo - self.offsets[i] : hi - self.offsets[i]])
         return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
 
 
@@ -129,8 +135,9 @@ def sample_order(n: int, seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(n, generator=generator)
 
 
-def micro_batch_positions(cursor: int, micro_step: int, micro_batch_size: int, world_size: int,
-                          rank: int) -> range:
+def micro_batch_positions(
+    cursor: int, micro_step: int, micro_batch_size: int, world_size: int, rank: int
+) -> range:
     """Global sample positions that ``rank`` trains on in ``micro_step`` of the step starting at ``cursor``.
 
     Each micro-batch spans ``micro_batch_size * world_size`` consecutive positions; every rank
@@ -163,13 +170,16 @@ class SampleOrder:
 class TrainBatches:
     """Micro-batches of (input, target) token tensors for one rank."""
 
-    def __init__(self, stream: TokenStream, seq_len: int, seed: int, micro_batch_size: int,
-                 world_size: int, rank: int):
+    def __init__(
+        self, stream: TokenStream, seq_len: int, seed: int, micro_batch_size: int, world_size: int, rank: int
+    ):
         self.stream, self.seq_len = stream, seq_len
         n = num_samples(len(stream), seq_len)
         if n < micro_batch_size * world_size:
-            raise DataError(f"the train split has {len(stream)} tokens, only {n} samples of train.seq_len="
-                            f"{seq_len}; lower train.seq_len or train.micro_batch_size, or stage more data")
+            raise DataError(
+                f"the train split has {len(stream)} tokens, only {n} samples of train.seq_len="
+                f"{seq_len}; lower train.seq_len or train.micro_batch_size, or stage more data"
+            )
         self.order = SampleOrder(n, seed)
         self.micro_batch_size, self.world_size, self.rank = micro_batch_size, world_size, rank
 
@@ -181,6 +191,8 @@ class TrainBatches:
         # Read here, in the training process, from memory-mapped shards: there are no loader worker
         # processes, so none can die on (or ignore) the SIGTERM of a preemption, and the cursor
         # alone says what was read.
-        positions = micro_batch_positions(cursor, micro_step, self.micro_batch_size, self.world_size, self.rank)
+        positions = micro_batch_positions(
+            cursor, micro_step, self.micro_batch_size, self.world_size, self.rank
+        )
         windows = torch.from_numpy(np.stack([self.window(self.order.sample_id(p)) for p in positions]))
         return windows[:, :-1], windows[:, 1:]

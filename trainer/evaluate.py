@@ -31,15 +31,17 @@ EVAL_FORMAT = "trainops.eval/v1"
 # --- plain arithmetic -----------------------------------------------------------------
 def eval_windows(total_tokens: int, seq_len: int) -> list[tuple[int, int]]:
     """``[start, stop)`` token windows covering the split; the last one may be shorter."""
-    return [(start, min(start + seq_len + 1, total_tokens))
-            for start in range(0, max(0, total_tokens - 1), seq_len)]
+    return [
+        (start, min(start + seq_len + 1, total_tokens))
+        for start in range(0, max(0, total_tokens - 1), seq_len)
+    ]
 
 
 def token_owners(records: list[dict], total_tokens: int) -> np.ndarray:
     """For each token position, the index of the record whose span holds it (-1: none)."""
     owners = np.full(total_tokens, -1, dtype=np.int64)
     for index, record in enumerate(records):
-        owners[max(0, record["start"]):min(total_tokens, record["end"])] = index
+        owners[max(0, record["start"]) : min(total_tokens, record["end"])] = index
     return owners
 
 
@@ -52,27 +54,28 @@ def summary(losses: np.ndarray) -> dict:
     return {"eval_loss": mean, "perplexity": math.exp(mean), "tokens": tokens}
 
 
-def slice_summaries(losses: np.ndarray, owners: np.ndarray, records: list[dict],
-                    columns: list[str]) -> dict:
+def slice_summaries(losses: np.ndarray, owners: np.ndarray, records: list[dict], columns: list[str]) -> dict:
     """``{column: {value: summary}}`` over the positions where ``losses`` is not NaN."""
     scored = ~np.isnan(losses)
     out = {}
     for column in columns:
         values = np.array([str(r.get(column)) for r in records] + ["<none>"], dtype=object)
         per_token = values[owners]  # owner -1 picks "<none>", the padding entry
-        out[column] = {value: summary(losses[scored & (per_token == value)])
-                       for value in sorted(set(values[:-1]))}
+        out[column] = {
+            value: summary(losses[scored & (per_token == value)]) for value in sorted(set(values[:-1]))
+        }
     return out
 
 
 # --- model I/O --------------------------------------------------------------------------
 @torch.no_grad()
-def token_losses(model, stream: data.TokenStream, seq_len: int, batch_size: int,
-                 max_batches: int = 0) -> np.ndarray:
+def token_losses(
+    model, stream: data.TokenStream, seq_len: int, batch_size: int, max_batches: int = 0
+) -> np.ndarray:
     """Cross-entropy of each token position's prediction (NaN where not predicted)."""
     windows = eval_windows(len(stream), seq_len)
     full = [w for w in windows if w[1] - w[0] == seq_len + 1]
-    batches = [full[i:i + batch_size] for i in range(0, len(full), batch_size)]
+    batches = [full[i : i + batch_size] for i in range(0, len(full), batch_size)]
     batches += [[w] for w in windows if w[1] - w[0] != seq_len + 1]
     if max_batches:
         batches = batches[:max_batches]
@@ -81,20 +84,30 @@ def token_losses(model, stream: data.TokenStream, seq_len: int, batch_size: int,
         tokens = torch.from_numpy(np.stack([stream.read(a, b) for a, b in batch]))
         logits = model(tokens[:, :-1]).float()
         ce = F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")
-        for (a, b), row in zip(batch, ce.numpy()):
-            losses[a + 1:b] = row
+        for (a, b), row in zip(batch, ce.numpy(), strict=False):
+            losses[a + 1 : b] = row
     return losses
 
 
 def evaluate_export(model_uri: str, stream, records, columns, config: Config) -> dict:
     """Evaluate the model at ``model_uri``: an export folder or a checkpoint (``.../checkpoints[/step_<N>]``)."""
     model, _ = load_model(open_storage(model_uri), model_uri)
-    losses = token_losses(model, stream, config.train.seq_len, config.eval.batch_size, config.eval.max_batches)
+    losses = token_losses(
+        model, stream, config.train.seq_len, config.eval.batch_size, config.eval.max_batches
+    )
     owners = token_owners(records, len(stream))
-    result = {"model_uri": model_uri, **summary(losses[~np.isnan(losses)]),
-              "slices": slice_summaries(losses, owners, records, columns)}
-    log.info("evaluate: %s eval_loss %.4f perplexity %.3f over %d tokens",
-             model_uri, result["eval_loss"], result["perplexity"], result["tokens"])
+    result = {
+        "model_uri": model_uri,
+        **summary(losses[~np.isnan(losses)]),
+        "slices": slice_summaries(losses, owners, records, columns),
+    }
+    log.info(
+        "evaluate: %s eval_loss %.4f perplexity %.3f over %d tokens",
+        model_uri,
+        result["eval_loss"],
+        result["perplexity"],
+        result["tokens"],
+    )
     return result
 
 
@@ -105,10 +118,18 @@ def run_evaluate(config: Config) -> dict:
     stream = data.open_split(data_storage, config.data_uri, manifest, "eval")
     records, columns = data.read_eval_index(data_storage, config.data_uri, manifest)
     candidate = evaluate_export(model_uri, stream, records, columns, config)
-    baseline = (evaluate_export(config.eval.baseline_uri, stream, records, columns, config)
-                if config.eval.baseline_uri else None)
-    report = {"format": EVAL_FORMAT, "data_uri": config.data_uri, "split": "eval",
-              "candidate": candidate, "baseline": baseline}
+    baseline = (
+        evaluate_export(config.eval.baseline_uri, stream, records, columns, config)
+        if config.eval.baseline_uri
+        else None
+    )
+    report = {
+        "format": EVAL_FORMAT,
+        "data_uri": config.data_uri,
+        "split": "eval",
+        "candidate": candidate,
+        "baseline": baseline,
+    }
     open_storage(output_uri).put_json(output_uri, report)
     log.info("evaluate: wrote %s", output_uri)
     return report

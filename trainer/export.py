@@ -44,8 +44,18 @@ def _spec_of(model) -> tuple[ModelArgs | None, dict]:
     return model.args, model.spec
 
 
-def write_export(storage, export_uri: str, state_dict: dict, model, *, step: int, data_uri: str,
-                 run_uri: str, precision: str, seq_len: int | None = None) -> dict:
+def write_export(
+    storage,
+    export_uri: str,
+    state_dict: dict,
+    model,
+    *,
+    step: int,
+    data_uri: str,
+    run_uri: str,
+    precision: str,
+    seq_len: int | None = None,
+) -> dict:
     """Write the export folder; ``model`` is the preset's ``ModelArgs`` or a ``BuiltModel``.
 
     ``seq_len`` (the training context) becomes ``max_position_embeddings`` in ``config.json``.
@@ -59,10 +69,15 @@ def write_export(storage, export_uri: str, state_dict: dict, model, *, step: int
         if t.data_ptr() in seen:
             tensors[name] = t.clone()
         seen.add(t.data_ptr())
-    info = {"step": int(step), "data_uri": data_uri, "run_uri": run_uri, "precision": precision,
-            "param_count": sum(t.numel() for t in tensors.values()),
-            "layout": "hf-llama" if args is not None else "state-dict",
-            "model": spec.get("builder", "llama")}
+    info = {
+        "step": int(step),
+        "data_uri": data_uri,
+        "run_uri": run_uri,
+        "precision": precision,
+        "param_count": sum(t.numel() for t in tensors.values()),
+        "layout": "hf-llama" if args is not None else "state-dict",
+        "model": spec.get("builder", "llama"),
+    }
     with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
         path = f"{tmp}/{WEIGHTS}"
         save_file(tensors, path, metadata={"format": "pt"})
@@ -71,8 +86,13 @@ def write_export(storage, export_uri: str, state_dict: dict, model, *, step: int
         storage.put_json(join(export_uri, HF_CONFIG), hf.hf_config(args, seq_len or DEFAULT_MAX_POSITIONS))
     storage.put_json(join(export_uri, MODEL_CONFIG), spec)
     storage.put_json(join(export_uri, INFO), info)
-    log.info("export: step %d, %s parameters (%s layout), written to %s", step, f"{info['param_count']:,}",
-             info["layout"], export_uri)
+    log.info(
+        "export: step %d, %s parameters (%s layout), written to %s",
+        step,
+        f"{info['param_count']:,}",
+        info["layout"],
+        export_uri,
+    )
     return info
 
 
@@ -84,9 +104,11 @@ def load_export(storage, export_uri: str):
     from trainer.builder import build_from_spec, build_preset
 
     if storage.head(join(export_uri, WEIGHTS)) is None:
-        raise FileNotFoundError(f"{export_uri} holds no {WEIGHTS}; point the model URI at an export folder "
-                                f"(<run_uri>/export), a checkpoint (<run_uri>/checkpoints/step_<N>) or a run's "
-                                f"checkpoints/ prefix (the newest committed one)")
+        raise FileNotFoundError(
+            f"{export_uri} holds no {WEIGHTS}; point the model URI at an export folder "
+            f"(<run_uri>/export), a checkpoint (<run_uri>/checkpoints/step_<N>) or a run's "
+            f"checkpoints/ prefix (the newest committed one)"
+        )
     if storage.head(join(export_uri, MODEL_CONFIG)) is not None:
         spec = storage.get_json(join(export_uri, MODEL_CONFIG))
         built = build_from_spec(spec)
@@ -123,8 +145,10 @@ def _checked_marker(storage, layout: RunLayout, step: int) -> dict:
         sizes[entry["name"]] = head["size"] if head else None
     problem = commit.marker_problem(marker, sizes, step)
     if problem:
-        raise RuntimeError(f"checkpoint {layout.checkpoint(step)} cannot be used: {problem}; "
-                           f"pick a committed one or the run's checkpoints/ prefix (the newest valid one)")
+        raise RuntimeError(
+            f"checkpoint {layout.checkpoint(step)} cannot be used: {problem}; "
+            f"pick a committed one or the run's checkpoints/ prefix (the newest valid one)"
+        )
     return marker
 
 
@@ -138,11 +162,13 @@ def load_checkpoint_model(storage, checkpoint_uri: str):
 
     uri = checkpoint_uri.rstrip("/")
     if uri.endswith("/checkpoints"):
-        layout = RunLayout(uri[:-len("/checkpoints")])
+        layout = RunLayout(uri[: -len("/checkpoints")])
         step, marker = _checkpointer(storage, layout.run_uri).find_latest()
         if step is None:
-            raise RuntimeError(f"no committed checkpoint under {layout.checkpoints}; "
-                               f"run `trainer train` first or check the URI")
+            raise RuntimeError(
+                f"no committed checkpoint under {layout.checkpoints}; "
+                f"run `trainer train` first or check the URI"
+            )
     else:
         step = checkpoint_step_of(uri)
         layout = RunLayout(uri.rsplit("/", 2)[0])
@@ -159,8 +185,9 @@ def load_checkpoint_model(storage, checkpoint_uri: str):
 def is_checkpoint_uri(uri: str) -> bool:
     """A run's ``checkpoints`` prefix or one ``checkpoints/step_<N>`` folder (else: an export)."""
     uri = uri.rstrip("/")
-    return uri.endswith("/checkpoints") or (checkpoint_step_of(uri) is not None
-                                            and uri.rsplit("/", 2)[-2] == "checkpoints")
+    return uri.endswith("/checkpoints") or (
+        checkpoint_step_of(uri) is not None and uri.rsplit("/", 2)[-2] == "checkpoints"
+    )
 
 
 def load_model(storage, model_uri: str):
@@ -179,6 +206,14 @@ def export_from_checkpoint(config) -> dict:
     storage = open_storage(config.run_uri)
     layout = RunLayout(config.run_uri)
     built, step, marker = load_checkpoint_model(storage, layout.checkpoints)
-    return write_export(storage, layout.export, built.model.state_dict(), built, step=step,
-                        data_uri=marker.get("data_uri", config.data_uri), run_uri=config.run_uri,
-                        precision=marker.get("precision", config.precision), seq_len=config.train.seq_len)
+    return write_export(
+        storage,
+        layout.export,
+        built.model.state_dict(),
+        built,
+        step=step,
+        data_uri=marker.get("data_uri", config.data_uri),
+        run_uri=config.run_uri,
+        precision=marker.get("precision", config.precision),
+        seq_len=config.train.seq_len,
+    )

@@ -35,8 +35,12 @@ DTYPES = ("bf16", "fp16", "fp32")
 
 def flops_per_token(n_params_non_embedding: int, n_layers: int, dim: int, seq_len: int) -> float:
     """Training FLOPs (forward + backward) per token: ``6 N + 12 L d T`` (PaLM, appendix B)."""
-    for name, value in (("n_params_non_embedding", n_params_non_embedding), ("n_layers", n_layers),
-                        ("dim", dim), ("seq_len", seq_len)):
+    for name, value in (
+        ("n_params_non_embedding", n_params_non_embedding),
+        ("n_layers", n_layers),
+        ("dim", dim),
+        ("seq_len", seq_len),
+    ):
         if value < 0:
             raise ValueError(f"{name} must not be negative, got {value}")
     return 6.0 * n_params_non_embedding + 12.0 * n_layers * dim * seq_len

@@ -20,13 +20,22 @@ from trainer.presets import ModelArgs
 # Module wrappers add these segments to parameter names (activation checkpointing, compile).
 _WRAPPER_SEGMENTS = re.compile(r"(^|\.)(_checkpoint_wrapped_module|_orig_mod|_fsdp_wrapped_module)(?=\.)")
 
-_TOP = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
-        "output.weight": "lm_head.weight"}
-_BLOCK = {"attention.wq.weight": "self_attn.q_proj.weight", "attention.wk.weight": "self_attn.k_proj.weight",
-          "attention.wv.weight": "self_attn.v_proj.weight", "attention.wo.weight": "self_attn.o_proj.weight",
-          "feed_forward.w1.weight": "mlp.gate_proj.weight", "feed_forward.w3.weight": "mlp.up_proj.weight",
-          "feed_forward.w2.weight": "mlp.down_proj.weight", "attention_norm.weight": "input_layernorm.weight",
-          "ffn_norm.weight": "post_attention_layernorm.weight"}
+_TOP = {
+    "tok_embeddings.weight": "model.embed_tokens.weight",
+    "norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK = {
+    "attention.wq.weight": "self_attn.q_proj.weight",
+    "attention.wk.weight": "self_attn.k_proj.weight",
+    "attention.wv.weight": "self_attn.v_proj.weight",
+    "attention.wo.weight": "self_attn.o_proj.weight",
+    "feed_forward.w1.weight": "mlp.gate_proj.weight",
+    "feed_forward.w3.weight": "mlp.up_proj.weight",
+    "feed_forward.w2.weight": "mlp.down_proj.weight",
+    "attention_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+}
 _BLOCK_BACK = {hf: ours for ours, hf in _BLOCK.items()}
 _TOP_BACK = {hf: ours for ours, hf in _TOP.items()}
 _OUR_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
@@ -62,8 +71,10 @@ def to_hf_state_dict(state_dict: dict[str, torch.Tensor], args: ModelArgs) -> di
             continue
         match = _OUR_LAYER.match(name)
         if not match or match.group(2) not in _BLOCK:
-            raise ValueError(f"parameter {raw!r} is not part of the Llama-style model; "
-                             f"only built-in presets export to the Hugging Face layout")
+            raise ValueError(
+                f"parameter {raw!r} is not part of the Llama-style model; "
+                f"only built-in presets export to the Hugging Face layout"
+            )
         layer, rest = match.groups()
         if rest == "attention.wq.weight":
             tensor = interleaved_to_half(tensor, args.n_heads)
@@ -84,8 +95,10 @@ def from_hf_state_dict(tensors: dict[str, torch.Tensor], args: ModelArgs) -> dic
         if not match or match.group(2) not in _BLOCK_BACK:
             if name.endswith("rotary_emb.inv_freq"):  # older HF checkpoints store the RoPE table
                 continue
-            raise ValueError(f"tensor {name!r} is not a Llama tensor this trainer knows; "
-                             f"expected names like model.layers.0.self_attn.q_proj.weight")
+            raise ValueError(
+                f"tensor {name!r} is not a Llama tensor this trainer knows; "
+                f"expected names like model.layers.0.self_attn.q_proj.weight"
+            )
         layer, rest = match.groups()
         ours = _BLOCK_BACK[rest]
         if ours == "attention.wq.weight":
@@ -128,7 +141,13 @@ def args_from_hf_config(config: dict) -> ModelArgs:
     if config.get("model_type") != "llama":
         raise ValueError(f"config.json has model_type {config.get('model_type')!r}; only 'llama' loads here")
     theta = config.get("rope_theta") or (config.get("rope_parameters") or {}).get("rope_theta", 10000.0)
-    return ModelArgs(dim=config["hidden_size"], n_layers=config["num_hidden_layers"],
-                     n_heads=config["num_attention_heads"], n_kv_heads=config.get("num_key_value_heads"),
-                     ffn_hidden=config["intermediate_size"], vocab_size=config["vocab_size"],
-                     norm_eps=config["rms_norm_eps"], rope_theta=float(theta))
+    return ModelArgs(
+        dim=config["hidden_size"],
+        n_layers=config["num_hidden_layers"],
+        n_heads=config["num_attention_heads"],
+        n_kv_heads=config.get("num_key_value_heads"),
+        ffn_hidden=config["intermediate_size"],
+        vocab_size=config["vocab_size"],
+        norm_eps=config["rms_norm_eps"],
+        rope_theta=float(theta),
+    )

@@ -59,8 +59,9 @@ class Attention(nn.Module):
         if self.kv_heads != self.n_heads:
             repeat = self.n_heads // self.kv_heads
             k, v = k.repeat_interleave(repeat, dim=2), v.repeat_interleave(repeat, dim=2)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                             is_causal=True)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
         return self.wo(out.transpose(1, 2).reshape(b, t, -1))
 
 

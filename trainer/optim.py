@@ -34,4 +34,7 @@ def build_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.o
 def build_scheduler(optimizer, *, warmup_steps: int, max_steps: int, min_lr_ratio: float):
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer,
-        lambda step: lr_multiplier(step, warmup_steps=warmup_steps, max_steps=max_steps, min_lr_ratio=min_lr_ratio))
+        lambda step: lr_multiplier(
+            step, warmup_steps=warmup_steps, max_steps=max_steps, min_lr_ratio=min_lr_ratio
+        ),
+    )

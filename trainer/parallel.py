@@ -86,14 +86,20 @@ def checkpointed_blocks(mode: str, n_layers: int) -> list[int]:
     raise ValueError(f"train.activation_checkpointing must be none, full or selective, got {mode!r}")
 
 
-def describe_step_options(activation_checkpointing: str, n_layers: int, compiled: bool, skip_sync: bool) -> str:
+def describe_step_options(
+    activation_checkpointing: str, n_layers: int, compiled: bool, skip_sync: bool
+) -> str:
     """One log line: what was applied to the model and the step."""
     blocks = checkpointed_blocks(activation_checkpointing, n_layers)
-    parts = [f"activation checkpointing {activation_checkpointing}"
-             + (f" (blocks {', '.join(map(str, blocks))} of {n_layers})" if blocks else "")]
+    parts = [
+        f"activation checkpointing {activation_checkpointing}"
+        + (f" (blocks {', '.join(map(str, blocks))} of {n_layers})" if blocks else "")
+    ]
     if compiled:
         parts.append("torch.compile per block")
-    parts.append("gradient sync on the last micro-step only" if skip_sync else "gradient sync every micro-step")
+    parts.append(
+        "gradient sync on the last micro-step only" if skip_sync else "gradient sync every micro-step"
+    )
     return ", ".join(parts)
 
 
@@ -130,8 +136,11 @@ def apply_fsdp(model: nn.Module, block_names: list[str], precision: str) -> nn.M
     if precision not in PARAM_DTYPES:
         raise ValueError(f"precision must be one of {sorted(PARAM_DTYPES)}, got {precision!r}")
     param_dtype = PARAM_DTYPES[precision]
-    policy = (MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-              if param_dtype is not None else MixedPrecisionPolicy())
+    policy = (
+        MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+        if param_dtype is not None
+        else MixedPrecisionPolicy()
+    )
     for name in block_names:
         fully_shard(model.get_submodule(name), mp_policy=policy)
     fully_shard(model, mp_policy=policy)

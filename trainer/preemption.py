@@ -25,7 +25,7 @@ class StopFlag:
         if self.signal_name is None:
             self.signal_name = signal.Signals(signum).name
 
-    def install(self) -> "StopFlag":
+    def install(self) -> StopFlag:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._handle)
         return self

@@ -42,14 +42,14 @@ class ModelArgs:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ModelArgs":
+    def from_dict(cls, data: dict) -> ModelArgs:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown model hyper-parameters {unknown}; expected some of {sorted(known)}")
         return cls(**data)
 
-    def with_vocab(self, vocab_size: int) -> "ModelArgs":
+    def with_vocab(self, vocab_size: int) -> ModelArgs:
         return replace(self, vocab_size=int(vocab_size))
 
 
@@ -101,10 +101,29 @@ def preset_table(vocab_size: int = ModelArgs.vocab_size) -> str:
     rows = [header]
     for name, preset in PRESETS.items():
         args = preset.with_vocab(vocab_size)
-        rows.append((name, str(args.n_layers), str(args.dim), str(args.n_heads), str(args.kv_heads),
-                     str(args.hidden), _millions(param_count(args))))
+        rows.append(
+            (
+                name,
+                str(args.n_layers),
+                str(args.dim),
+                str(args.n_heads),
+                str(args.kv_heads),
+                str(args.hidden),
+                _millions(param_count(args)),
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-             for row in rows]
-    return "\n".join(lines + [f"(parameters with a {vocab_size:,}-token vocabulary and untied embeddings; "
-                               f"training takes the vocabulary from the dataset)"])
+    lines = [
+        "  ".join(
+            cell.ljust(w) if i == 0 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=False))
+        )
+        for row in rows
+    ]
+    return "\n".join(
+        [
+            *lines,
+            f"(parameters with a {vocab_size:,}-token vocabulary and untied embeddings; "
+            f"training takes the vocabulary from the dataset)",
+        ]
+    )

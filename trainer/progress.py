@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def format_duration(seconds: float) -> str:
-    seconds = int(round(max(0.0, seconds)))
+    seconds = round(max(0.0, seconds))
     if seconds < 60:
         return f"{seconds}s"
     minutes, seconds = divmod(seconds, 60)
@@ -14,9 +14,18 @@ def format_duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m"
 
 
-def progress_line(step: int, max_steps: int, loss: float, lr: float, tokens_per_s: float,
-                  elapsed_s: float, steps_this_attempt: int, *, mfu: float | None = None,
-                  peak_mem_gib: float | None = None) -> str:
+def progress_line(
+    step: int,
+    max_steps: int,
+    loss: float,
+    lr: float,
+    tokens_per_s: float,
+    elapsed_s: float,
+    steps_this_attempt: int,
+    *,
+    mfu: float | None = None,
+    peak_mem_gib: float | None = None,
+) -> str:
     """``step 40/100 loss 2.314 lr 2.1e-03 tok/s 12,345 elapsed 12s eta 18s [mfu 41.2%] [mem 12.3GiB]``.
 
     The ETA extrapolates this attempt's own pace (a resumed attempt did not do earlier steps).
@@ -24,8 +33,10 @@ def progress_line(step: int, max_steps: int, loss: float, lr: float, tokens_per_
     """
     per_step = elapsed_s / steps_this_attempt if steps_this_attempt > 0 else 0.0
     eta = per_step * max(0, max_steps - step)
-    line = (f"step {step}/{max_steps} loss {loss:.3f} lr {lr:.1e} tok/s {tokens_per_s:,.0f} "
-            f"elapsed {format_duration(elapsed_s)} eta {format_duration(eta)}")
+    line = (
+        f"step {step}/{max_steps} loss {loss:.3f} lr {lr:.1e} tok/s {tokens_per_s:,.0f} "
+        f"elapsed {format_duration(elapsed_s)} eta {format_duration(eta)}"
+    )
     if mfu is not None:
         line += f" mfu {100 * mfu:.1f}%"
     if peak_mem_gib is not None:

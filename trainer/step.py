@@ -14,8 +14,13 @@ import torch.nn.functional as F
 from trainer import parallel
 
 
-def forward_backward(model, micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]], accum_steps: int,
-                     scaler=None, skip_grad_sync: bool = False) -> torch.Tensor:
+def forward_backward(
+    model,
+    micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    accum_steps: int,
+    scaler=None,
+    skip_grad_sync: bool = False,
+) -> torch.Tensor:
     """Backward every micro-batch of one step; the step's mean loss on this rank (a 0-d tensor).
 
     Each micro-batch's loss is divided by ``accum_steps`` and FSDP averages over ranks, so the

@@ -1,5 +1,5 @@
 import sys
 
-from trainops.cli import main
+from trainops.cli.main import main
 
 sys.exit(main())

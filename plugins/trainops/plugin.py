@@ -1,7 +1,7 @@
 """The Airflow plugin. Registered by the ``airflow.plugins`` entry point when trainops is
 pip-installed, and by ``plugins/trainops_plugin.py`` when it is used from a plugins folder.
 
-It serves the report app (:mod:`trainops.reports_app`) at ``<base_url>/trainops``. The
+It serves the report app (:mod:`trainops.reports.app`) at ``<base_url>/trainops``. The
 operator extra links (:mod:`trainops.links`) are declared by the operators themselves and
 are deliberately not registered here: see that module for why.
 """
@@ -27,7 +27,7 @@ class _ReportsApp:
     async def __call__(self, scope, receive, send) -> None:
         if self._app is None:
             # No await between the check and the assignment: one event loop builds it once.
-            from trainops.reports_app import create_app
+            from trainops.reports.app import create_app
 
             self._app = create_app()
         await self._app(scope, receive, send)
@@ -37,7 +37,7 @@ class TrainopsPlugin(AirflowPlugin):
     """trainops' UI surface: the report app that the operators' extra links open."""
 
     name = "trainops"
-    fastapi_apps = [
+    fastapi_apps = [  # noqa: RUF012 - AirflowPlugin reads plain class lists
         {"app": _ReportsApp(), "url_prefix": REPORTS_URL_PREFIX, "name": "trainops reports"},
     ]
 

@@ -20,16 +20,21 @@ def get_provider_info() -> dict:
         "package-name": "trainops",
         "name": "trainops",
         "description": "Retrain models on schedule on spot GPUs: stage and validate data, "
-                       "train with FSDP under torchrun, checkpoint to S3, evaluate, promote.",
+        "train with FSDP under torchrun, checkpoint to S3, evaluate, promote.",
         "versions": [__version__],
-        "operators": [{
-            "integration-name": "trainops",
-            "python-modules": [
-                "trainops.operators.stage", "trainops.operators.train",
-                "trainops.operators.evaluate", "trainops.operators.gate",
-                "trainops.operators.promote", "trainops.operators.rollback",
-            ],
-        }],
+        "operators": [
+            {
+                "integration-name": "trainops",
+                "python-modules": [
+                    "trainops.operators.stage",
+                    "trainops.operators.train",
+                    "trainops.operators.evaluate",
+                    "trainops.operators.gate",
+                    "trainops.operators.promote",
+                    "trainops.operators.rollback",
+                ],
+            }
+        ],
         "triggers": [{"integration-name": "trainops", "python-modules": ["trainops.triggers.job"]}],
         "extra-links": [
             "trainops.links.ValidationReportLink",
@@ -37,6 +42,11 @@ def get_provider_info() -> dict:
             "trainops.links.ModelCardLink",
             "trainops.links.RunReportLink",
         ],
-        "integrations": [{"integration-name": "trainops", "external-doc-url":
-                          "https://example.invalid/trainops", "tags": ["software"]}],
+        "integrations": [
+            {
+                "integration-name": "trainops",
+                "external-doc-url": "https://example.invalid/trainops",
+                "tags": ["software"],
+            }
+        ],
     }

@@ -29,9 +29,7 @@ def _validated(value: str, source: str) -> str:
         if not bucket:
             raise ValueError(f"{source} {value!r} has no bucket: use s3://bucket/prefix")
         return uri.rstrip("/")
-    raise ValueError(
-        f"{source} {value!r} is not a storage URI: use file:///abs/path or s3://bucket/prefix"
-    )
+    raise ValueError(f"{source} {value!r} is not a storage URI: use file:///abs/path or s3://bucket/prefix")
 
 
 def default_storage_root() -> str:

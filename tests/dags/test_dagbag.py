@@ -54,8 +54,17 @@ def test_retrain_scheduled_runs_nightly_one_at_a_time(bag):
 def test_retrain_manual_has_no_schedule_and_the_form(bag):
     dag = bag.dags["retrain_manual"]
     assert dag.schedule is None
-    assert set(dag.params) == {"dataset_uri", "model_preset", "nodes", "gpus_per_node",
-                               "capacity", "max_preemptions", "lr", "max_steps", "dry_run"}
+    assert set(dag.params) == {
+        "dataset_uri",
+        "model_preset",
+        "nodes",
+        "gpus_per_node",
+        "capacity",
+        "max_preemptions",
+        "lr",
+        "max_steps",
+        "dry_run",
+    }
     for key in dag.params:
         param = dag.params.get_param(key)
         schema = param.schema
@@ -66,8 +75,7 @@ def test_retrain_manual_has_no_schedule_and_the_form(bag):
             assert "enum" in schema or {"pattern", "maxLength"} <= set(schema), key
         else:
             assert schema["type"] == "boolean", key
-    assert dag.params.get_param("capacity").schema["enum"] == [
-        "spot", "on-demand", "spot-then-on-demand"]
+    assert dag.params.get_param("capacity").schema["enum"] == ["spot", "on-demand", "spot-then-on-demand"]
 
 
 def test_the_data_team_asset_connects_producer_and_consumer(bag):
@@ -82,7 +90,7 @@ def test_scheduled_plan_reads_the_variable_and_refuses_what_it_does_not_know(bag
     """The unattended DAGs' settings come from the trainops_retrain Variable (JSON)."""
     import json
 
-    from trainops.dag_helpers import SettingsError
+    from trainops.recipes.form import SettingsError
 
     plan = bag.dags["retrain_scheduled"].get_task("plan").python_callable
     monkeypatch.delenv("AIRFLOW_VAR_TRAINOPS_RETRAIN", raising=False)
@@ -90,18 +98,26 @@ def test_scheduled_plan_reads_the_variable_and_refuses_what_it_does_not_know(bag
     assert defaults["dataset_uri"].endswith("/raw/demo-text")
     assert defaults["trainer_config"]["train"]["max_steps"] == 60
 
-    monkeypatch.setenv("AIRFLOW_VAR_TRAINOPS_RETRAIN", json.dumps(
-        {"dataset_uri": "s3://raw/tickets/2026-*/*.parquet", "nodes": 4, "gpus_per_node": 8,
-         "capacity": "spot-then-on-demand", "max_steps": 20000}))
+    monkeypatch.setenv(
+        "AIRFLOW_VAR_TRAINOPS_RETRAIN",
+        json.dumps(
+            {
+                "dataset_uri": "s3://raw/tickets/2026-*/*.parquet",
+                "nodes": 4,
+                "gpus_per_node": 8,
+                "capacity": "spot-then-on-demand",
+                "max_steps": 20000,
+            }
+        ),
+    )
     chosen = plan()
     assert chosen["dataset_name"] == "tickets" and chosen["dry_run"] is False
     kwargs = chosen
-    assert (kwargs["nodes"], kwargs["gpus_per_node"], kwargs["capacity"]) == (
-        4, 8, "spot-then-on-demand")
+    assert (kwargs["nodes"], kwargs["gpus_per_node"], kwargs["capacity"]) == (4, 8, "spot-then-on-demand")
     assert kwargs["trainer_config"]["train"]["max_steps"] == 20000
 
     monkeypatch.setenv("AIRFLOW_VAR_TRAINOPS_RETRAIN", json.dumps({"dry_run": True}))
-    with pytest.raises(SettingsError, match="Variable trainops_retrain: unknown setting.*'dry_run'"):
+    with pytest.raises(SettingsError, match=r"Variable trainops_retrain: unknown setting.*'dry_run'"):
         plan()
     monkeypatch.setenv("AIRFLOW_VAR_TRAINOPS_RETRAIN", json.dumps({"nodes": 0}))
     with pytest.raises(SettingsError, match="Variable trainops_retrain: nodes=0 is invalid"):

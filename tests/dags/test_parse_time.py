@@ -27,10 +27,10 @@ DAG_FILES = sorted((REPO / "dags").glob("*.py"))
 BUDGET_S = 0.1
 HEAVY = ("torch", "great_expectations", "kubernetes", "boto3", "pandas", "pyarrow")
 
-PROBE = r"""
+PROBE = rf"""
 import importlib.util, json, os, sys, time
 
-HEAVY = %r
+HEAVY = {HEAVY!r}
 t = time.perf_counter()
 import airflow.sdk
 sdk_seconds = time.perf_counter() - t
@@ -47,11 +47,11 @@ def parse_once(path):
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             seconds = time.perf_counter() - t
-            out = {"seconds": seconds, "heavy": [m for m in HEAVY if m in sys.modules],
+            out = {{"seconds": seconds, "heavy": [m for m in HEAVY if m in sys.modules],
                    "dag_ids": sorted(v.dag_id for v in vars(module).values()
-                                     if type(v).__name__ == "DAG")}
+                                     if type(v).__name__ == "DAG")}}
         except BaseException as exc:
-            out = {"error": repr(exc)}
+            out = {{"error": repr(exc)}}
         os.write(write, json.dumps(out).encode())
         os._exit(0)
     os.close(write)
@@ -60,15 +60,15 @@ def parse_once(path):
         chunks.append(chunk)
     os.close(read)
     os.waitpid(pid, 0)
-    return json.loads(b"".join(chunks) or b'{"error": "the child died"}')
+    return json.loads(b"".join(chunks) or b'{{"error": "the child died"}}')
 
 
-files = {}
+files = {{}}
 for path in sys.argv[1:]:
     runs = [parse_once(path) for _ in range(5)]
-    files[path] = {"runs": runs}
-print(json.dumps({"sdk_seconds": sdk_seconds, "files": files}))
-""" % (HEAVY,)
+    files[path] = {{"runs": runs}}
+print(json.dumps({{"sdk_seconds": sdk_seconds, "files": files}}))
+"""
 
 
 @pytest.fixture(scope="module")
@@ -76,16 +76,20 @@ def parse_report(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPYCACHEPREFIX"] = str(tmp_path_factory.mktemp("pycache"))
     for _ in ("fill the bytecode cache", "measure"):
-        out = subprocess.run([sys.executable, "-c", PROBE, *map(str, DAG_FILES)], env=env,
-                             capture_output=True, text=True, timeout=300)
+        out = subprocess.run(
+            [sys.executable, "-c", PROBE, *map(str, DAG_FILES)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_the_dags_folder_holds_the_example_dags():
     names = {p.stem for p in DAG_FILES}
-    assert {"retrain_scheduled", "retrain_manual", "data_team_publish",
-            "retrain_on_new_data"} <= names
+    assert {"retrain_scheduled", "retrain_manual", "data_team_publish", "retrain_on_new_data"} <= names
 
 
 @pytest.mark.parametrize("path", DAG_FILES, ids=[p.stem for p in DAG_FILES])
@@ -95,6 +99,7 @@ def test_dag_file_parses_within_budget_without_heavy_imports(parse_report, path)
     best = min(r["seconds"] for r in runs)
     assert best <= BUDGET_S, (
         f"{path.name} adds {best:.3f}s to import airflow.sdk ({parse_report['sdk_seconds']:.2f}s); "
-        f"budget {BUDGET_S}s; all runs: {[round(r['seconds'], 3) for r in runs]}")
+        f"budget {BUDGET_S}s; all runs: {[round(r['seconds'], 3) for r in runs]}"
+    )
     assert runs[-1]["heavy"] == [], f"{path.name} imports {runs[-1]['heavy']} at parse time"
     assert runs[-1]["dag_ids"] == [path.stem]

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from trainops import dag_helpers as helpers
-from trainops.cli import load_dag, xcom_results
+from trainops.cli.main import load_dag, xcom_results
+from trainops.recipes import form, sources
 
 DAG_ID = "retrain_manual"
 
@@ -36,28 +36,47 @@ def validate(params, conf):
 
 def test_every_default_is_valid_and_runs_on_the_embedded_default(server_params, storage):
     values = validate(server_params, None)
-    assert values == {"dataset_uri": f"{storage}/raw/demo-text", "model_preset": "tiny",
-                      "nodes": 1, "gpus_per_node": 0, "capacity": "spot",
-                      "max_preemptions": 3, "lr": 0.003, "max_steps": 60, "dry_run": False}
-    assert validate(server_params, {"dataset_uri": "s3://raw/tickets/2026-*/*.parquet",
-                                    "model_preset": "1b", "nodes": 4, "gpus_per_node": 8,
-                                    "capacity": "spot-then-on-demand", "lr": 1e-4})
+    assert values == {
+        "dataset_uri": f"{storage}/raw/demo-text",
+        "model_preset": "tiny",
+        "nodes": 1,
+        "gpus_per_node": 0,
+        "capacity": "spot",
+        "max_preemptions": 3,
+        "lr": 0.003,
+        "max_steps": 60,
+        "dry_run": False,
+    }
+    assert validate(
+        server_params,
+        {
+            "dataset_uri": "s3://raw/tickets/2026-*/*.parquet",
+            "model_preset": "1b",
+            "nodes": 4,
+            "gpus_per_node": 8,
+            "capacity": "spot-then-on-demand",
+            "lr": 1e-4,
+        },
+    )
 
 
-@pytest.mark.parametrize("field, value", [
-    ("dataset_uri", "raw/tickets"),          # not a URI
-    ("dataset_uri", "file://relative/path"),
-    ("model_preset", "huge"),
-    ("nodes", 0),
-    ("nodes", "2"),                           # a string, not a number
-    ("gpus_per_node", 17),
-    ("capacity", "cheapest"),
-    ("max_preemptions", -1),
-    ("lr", 0),
-    ("lr", 2.0),
-    ("max_steps", 0),
-    ("dry_run", "yes"),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("dataset_uri", "raw/tickets"),  # not a URI
+        ("dataset_uri", "file://relative/path"),
+        ("model_preset", "huge"),
+        ("nodes", 0),
+        ("nodes", "2"),  # a string, not a number
+        ("gpus_per_node", 17),
+        ("capacity", "cheapest"),
+        ("max_preemptions", -1),
+        ("lr", 0),
+        ("lr", 2.0),
+        ("max_steps", 0),
+        ("dry_run", "yes"),
+    ],
+)
 def test_a_bad_value_is_refused_naming_the_field(server_params, field, value):
     from airflow.exceptions import ParamValidationError
 
@@ -66,32 +85,35 @@ def test_a_bad_value_is_refused_naming_the_field(server_params, field, value):
 
 
 def test_unknown_keys_are_refused_by_the_plan_with_a_suggestion(storage):
-    with pytest.raises(helpers.SettingsError) as err:
-        helpers.check_settings({"max_step": 5, "nodes": 2}, source="retrain_manual conf")
+    with pytest.raises(form.SettingsError) as err:
+        form.check_settings({"max_step": 5, "nodes": 2}, source="retrain_manual conf")
     assert "unknown setting(s) 'max_step' (did you mean 'max_steps'?)" in str(err.value)
 
 
-@pytest.mark.parametrize("uri, name", [
-    ("file:///data/raw/demo-text", "demo-text"),
-    ("file:///data/raw/demo-text/", "demo-text"),
-    ("s3://raw/tickets/2026-*/*.parquet", "tickets"),
-    ("s3://lake/exports/support tickets.jsonl", "support_tickets"),
-])
+@pytest.mark.parametrize(
+    "uri, name",
+    [
+        ("file:///data/raw/demo-text", "demo-text"),
+        ("file:///data/raw/demo-text/", "demo-text"),
+        ("s3://raw/tickets/2026-*/*.parquet", "tickets"),
+        ("s3://lake/exports/support tickets.jsonl", "support_tickets"),
+    ],
+)
 def test_the_dataset_is_named_after_the_raw_data(uri, name):
-    assert helpers.dataset_name_for(uri) == name
+    assert form.dataset_name_for(uri) == name
 
 
 def test_a_glob_right_after_the_bucket_cannot_name_a_dataset():
-    with pytest.raises(helpers.SettingsError, match="cannot name a dataset"):
-        helpers.dataset_name_for("s3://raw/*.parquet")
+    with pytest.raises(form.SettingsError, match="cannot name a dataset"):
+        form.dataset_name_for("s3://raw/*.parquet")
 
 
-@pytest.mark.parametrize("preset", helpers.SETTINGS["model_preset"]["schema"]["enum"])
+@pytest.mark.parametrize("preset", form.SETTINGS["model_preset"]["schema"]["enum"])
 @pytest.mark.parametrize("max_steps", [1, 60, 100_000])
 def test_every_form_choice_makes_a_config_the_trainer_accepts(preset, max_steps):
     from trainops.operators._jobs import resolve_trainer_config
 
-    config = helpers.trainer_config(preset, 0.003, max_steps)
+    config = form.trainer_config(preset, 0.003, max_steps)
     resolve_trainer_config({"run_uri": "file:///r", "data_uri": "file:///d", **config}, 8)
 
 
@@ -99,15 +121,15 @@ def test_the_demo_data_is_written_once_and_only_at_its_default_place(storage):
     from trainer.storage import open_storage
 
     store = open_storage(storage)
-    demo = helpers.demo_source_uri()
-    assert helpers.ensure_source(demo) == demo
+    demo = form.demo_source_uri()
+    assert sources.ensure_source(demo) == demo
     parts = store.list(demo)
     assert len(parts) == 2 and all(p.endswith(".parquet") for p in parts)
     before = [store.head(p) for p in parts]
-    helpers.ensure_source(demo)
+    sources.ensure_source(demo)
     assert [store.head(p) for p in parts] == before  # not rewritten
     other = f"{storage}/raw/somewhere-else"
-    assert helpers.ensure_source(other) == other and store.list(other) == []
+    assert sources.ensure_source(other) == other and store.list(other) == []
 
 
 @pytest.mark.slow
@@ -118,12 +140,21 @@ def test_a_dry_run_renders_the_job_and_launches_nothing(airflow_db, storage, tmp
     from trainer.storage import open_storage
 
     dag = load_dag(os.environ["AIRFLOW__CORE__DAGS_FOLDER"], DAG_ID)
-    dagrun = dag.test(run_conf={"dry_run": True, "nodes": 2, "gpus_per_node": 8,
-                                "capacity": "spot-then-on-demand", "max_steps": 500})
+    dagrun = dag.test(
+        run_conf={
+            "dry_run": True,
+            "nodes": 2,
+            "gpus_per_node": 8,
+            "capacity": "spot-then-on-demand",
+            "max_steps": 500,
+        }
+    )
     assert str(dagrun.state).endswith("success")
     with create_session() as session:
-        states = {ti.task_id: str(ti.state).rsplit(".", 1)[-1].lower() for ti in
-                  session.query(TaskInstance).filter_by(dag_id=DAG_ID, run_id=dagrun.run_id)}
+        states = {
+            ti.task_id: str(ti.state).rsplit(".", 1)[-1].lower()
+            for ti in session.query(TaskInstance).filter_by(dag_id=DAG_ID, run_id=dagrun.run_id)
+        }
     assert states.pop("dry_run") == "success"
     assert (states.pop("plan"), states.pop("launch_or_dry_run")) == ("success", "success")
     assert set(states.values()) == {"skipped"}, states

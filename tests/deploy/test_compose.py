@@ -22,6 +22,7 @@ _VARIABLE = re.compile(r"\$\$|\$\{(?P<name>\w+)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?
 
 def interpolate(value: str, env: dict[str, str]) -> str:
     """Compose's interpolation: ``$$``, ``$VAR``, ``${VAR}``, ``${VAR:-default}``, ``${VAR:?error}``."""
+
     def substitute(match: re.Match) -> str:
         if match.group(0) == "$$":
             return "$"
@@ -49,8 +50,11 @@ def _resolve(node, env):
 
 
 def _env_file(path: Path) -> dict[str, str]:
-    pairs = (line.split("=", 1) for line in path.read_text().splitlines()
-             if line.strip() and not line.lstrip().startswith("#"))
+    pairs = (
+        line.split("=", 1)
+        for line in path.read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    )
     return {key.strip(): value.strip() for key, value in pairs}
 
 
@@ -101,7 +105,7 @@ def test_every_variable_is_documented_and_credentials_have_no_defaults(raw, exam
     assert set(example_env) <= used, f".env.example documents unused {sorted(set(example_env) - used)}"
     for name in SECRET_VARIABLES:
         assert example_env[name], f"{name} needs a documented development value"
-        uses = re.findall(r"\$\{%s(:?[-?])?[^}]*\}" % name, COMPOSE.read_text())
+        uses = re.findall(rf"\$\{{{name}(:?[-?])?[^}}]*\}}", COMPOSE.read_text())
         assert uses and all(op == ":?" for op in uses), f"{name} must be required (:?), not defaulted"
         assert example_env[name] not in COMPOSE.read_text(), f"compose.yaml spells out {name}"
     # without docker/.env, compose refuses to start instead of running with empty credentials
@@ -124,9 +128,14 @@ def test_build_context_dockerfile_and_target_exist(compose):
 
 def test_bind_mounts_exist_and_land_where_the_image_installed_the_code(compose):
     _, stages = parse_dockerfile(AIRFLOW_DOCKERFILE)
-    target = next(stage for stage in stages if stage.name == compose["services"]["airflow"]["build"]["target"])
-    copies = [(src.rstrip("/"), dst.rstrip("/")) for stage in stage_chain(stages, target)
-              for src, dst in copy_sources(stage)]
+    target = next(
+        stage for stage in stages if stage.name == compose["services"]["airflow"]["build"]["target"]
+    )
+    copies = [
+        (src.rstrip("/"), dst.rstrip("/"))
+        for stage in stage_chain(stages, target)
+        for src, dst in copy_sources(stage)
+    ]
     mounted = set()
     for name, service in compose["services"].items():
         for volume in service.get("volumes", []):
@@ -139,12 +148,15 @@ def test_bind_mounts_exist_and_land_where_the_image_installed_the_code(compose):
             relative = host.relative_to(REPO).as_posix()
             # the image copied this directory (or a part of it) to the same place
             landed = [(src, dst) for src, dst in copies if src == relative or src.startswith(relative + "/")]
-            assert any(dst == container_path + src[len(relative):] for src, dst in landed), (
-                f"{name} mounts {relative} at {container_path}, but the image put it at {landed}")
+            assert any(dst == container_path + src[len(relative) :] for src, dst in landed), (
+                f"{name} mounts {relative} at {container_path}, but the image put it at {landed}"
+            )
             mounted.add(relative)
         for env_file in service.get("env_file", []):
             path = env_file["path"] if isinstance(env_file, dict) else env_file
-            assert (DOCKER / path).exists() or isinstance(env_file, dict) and env_file.get("required") is False
+            assert (DOCKER / path).exists() or (
+                isinstance(env_file, dict) and env_file.get("required") is False
+            )
     assert {"dags", "plugins", "trainer"} <= mounted
 
 
@@ -168,8 +180,11 @@ def test_connections_are_the_ones_the_operators_default_to(airflow_env):
     defaults = _operator_conn_defaults()
     assert defaults["aws_default"] == {"aws_conn_id"}
     assert defaults["kubernetes_default"] == {"kubernetes_conn_id"}
-    conns = {key.removeprefix("AIRFLOW_CONN_").lower(): value
-             for key, value in airflow_env.items() if key.startswith("AIRFLOW_CONN_")}
+    conns = {
+        key.removeprefix("AIRFLOW_CONN_").lower(): value
+        for key, value in airflow_env.items()
+        if key.startswith("AIRFLOW_CONN_")
+    }
     assert "aws_default" in conns, "s3:// storage needs the operators' default aws connection"
     expected_type = {"aws_default": "aws", "kubernetes_default": "kubernetes"}
     for conn_id, value in conns.items():
@@ -181,9 +196,10 @@ def test_connections_are_the_ones_the_operators_default_to(airflow_env):
     assert reports_conn in conns, "the report app reads reports through an undefined connection"
 
 
-def test_aws_connection_reaches_minio_through_trainops_own_reader(compose, airflow_env, example_env,
-                                                                 monkeypatch):
-    from trainops.storage_conn import _connection_options, job_env_for
+def test_aws_connection_reaches_minio_through_trainops_own_reader(
+    compose, airflow_env, example_env, monkeypatch
+):
+    from trainops.hooks.storage import _connection_options, job_env_for
 
     for key, value in airflow_env.items():
         monkeypatch.setenv(key, value)
@@ -193,7 +209,9 @@ def test_aws_connection_reaches_minio_through_trainops_own_reader(compose, airfl
     assert endpoint.hostname == "minio" and endpoint.port == 9000
     assert options["region"] == "us-east-1"
     assert (options["aws_access_key_id"], options["aws_secret_access_key"]) == (
-        example_env["MINIO_ROOT_USER"], example_env["MINIO_ROOT_PASSWORD"])
+        example_env["MINIO_ROOT_USER"],
+        example_env["MINIO_ROOT_PASSWORD"],
+    )
     # the local backend's trainer processes: endpoint and region from the connection, keys
     # from the container's environment (what a pod's service account would give)
     job_env = job_env_for(airflow_env["TRAINOPS_STORAGE_ROOT"], "aws_default")
@@ -204,7 +222,7 @@ def test_aws_connection_reaches_minio_through_trainops_own_reader(compose, airfl
 
 
 def test_storage_root_is_the_created_bucket_and_what_settings_reads(compose, airflow_env, monkeypatch):
-    from trainops.reports_app import allowed_roots
+    from trainops.reports.app import allowed_roots
     from trainops.settings import default_storage_root
 
     monkeypatch.setenv("TRAINOPS_STORAGE_ROOT", airflow_env["TRAINOPS_STORAGE_ROOT"])
@@ -220,8 +238,9 @@ def test_storage_root_is_the_created_bucket_and_what_settings_reads(compose, air
 
 
 def test_trainops_variables_are_ones_the_code_reads(airflow_env):
-    sources = "\n".join(p.read_text() for folder in ("plugins/trainops", "trainer")
-                        for p in (REPO / folder).rglob("*.py"))
+    sources = "\n".join(
+        p.read_text() for folder in ("plugins/trainops", "trainer") for p in (REPO / folder).rglob("*.py")
+    )
     for key in airflow_env:
         if key.startswith("TRAINOPS_"):
             assert f'"{key}"' in sources, f"nothing in trainops reads {key}"
@@ -253,4 +272,3 @@ def test_airflow_runs_as_the_image_user_and_publishes_only_on_localhost(compose)
     for service in compose["services"].values():
         for port in service.get("ports", []):
             assert str(port).startswith("127.0.0.1:"), f"{port} listens beyond this machine"
-

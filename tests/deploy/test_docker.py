@@ -53,8 +53,7 @@ def parse_dockerfile(path: Path) -> tuple[dict[str, str], list[Stage]]:
         if op == "FROM":
             words = arg.split()
             words = [w for w in words if not w.startswith("--")]
-            base = re.sub(r"\$\{(\w+)\}|\$(\w+)",
-                          lambda m: global_args[m.group(1) or m.group(2)], words[0])
+            base = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: global_args[m.group(1) or m.group(2)], words[0])
             name = words[2] if len(words) == 3 and words[1].upper() == "AS" else None
             stages.append(Stage(base=base, name=name))
         elif not stages:
@@ -88,7 +87,7 @@ def pip_installs(stage: Stage) -> list[list[str]]:
         for command in re.split(r"&&|;|\|\|", run):
             words = command.split()
             if words[:2] == ["pip", "install"] or words[1:4] == ["-m", "pip", "install"]:
-                commands.append(words[words.index("install") + 1:])
+                commands.append(words[words.index("install") + 1 :])
     return commands
 
 
@@ -136,13 +135,19 @@ def _files_under(source: str) -> list[str]:
     path = REPO / source
     if path.is_file():
         return [source.rstrip("/")]
-    return [p.relative_to(REPO).as_posix() for p in path.rglob("*")
-            if p.is_file() and "__pycache__" not in p.parts]
+    return [
+        p.relative_to(REPO).as_posix()
+        for p in path.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    ]
 
 
 def _constraint(name: str) -> str:
-    pins = dict(line.split("==", 1) for line in (REPO / "constraints.txt").read_text().splitlines()
-                if "==" in line and not line.startswith("#"))
+    pins = dict(
+        line.split("==", 1)
+        for line in (REPO / "constraints.txt").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    )
     return pins[name]
 
 
@@ -156,8 +161,10 @@ def airflow_image():
 
 def test_parser_reads_continuations_comments_and_stages(tmp_path):
     dockerfile = tmp_path / "Dockerfile"
-    dockerfile.write_text('ARG BASE=img:1\nFROM ${BASE} AS one\n# note\nRUN a \\\n# inside\n    && b\n'
-                          'COPY --chown=x:0 a.txt b/ /dst/\nFROM one\nUSER 10\n')
+    dockerfile.write_text(
+        "ARG BASE=img:1\nFROM ${BASE} AS one\n# note\nRUN a \\\n# inside\n    && b\n"
+        "COPY --chown=x:0 a.txt b/ /dst/\nFROM one\nUSER 10\n"
+    )
     args, stages = parse_dockerfile(dockerfile)
     assert args == {"BASE": "img:1"}
     assert [(s.base, s.name) for s in stages] == [("img:1", "one"), ("one", None)]
@@ -236,7 +243,9 @@ def test_airflow_extra_does_not_pull_torch_even_transitively():
     closure = _requirements_closure(roots)
     assert "apache-airflow-providers-cncf-kubernetes" in closure and "great-expectations" in closure
     assert "torch" not in closure, "a dependency of .[airflow] pulls torch into the Airflow image"
-    assert "torch" in _requirements_closure([Requirement(r) for r in project["optional-dependencies"]["trainer"]])
+    assert "torch" in _requirements_closure(
+        [Requirement(r) for r in project["optional-dependencies"]["trainer"]]
+    )
 
 
 def test_dev_stage_adds_the_trainer_with_cpu_torch_at_the_pinned_version(airflow_image):
@@ -259,7 +268,9 @@ def test_every_stage_runs_and_installs_as_the_non_root_airflow_user(airflow_imag
         for index, (op, arg) in enumerate(stage.instructions):
             if op == "RUN" and "pip install" in arg:
                 before = [a for o, a in stage.instructions[:index] if o == "USER"]
-                inherited = [u for s in reversed(stage_chain(airflow_image, stage)[1:]) for u in s.args("USER")]
+                inherited = [
+                    u for s in reversed(stage_chain(airflow_image, stage)[1:]) for u in s.args("USER")
+                ]
                 assert (inherited + before)[-1] == "airflow"  # the official image refuses pip as root
 
 
@@ -295,10 +306,20 @@ def test_copy_sources_exist_and_pass_the_dockerignore(airflow_image):
 
 def test_dockerignore_keeps_local_state_and_secrets_out_of_the_context():
     ignored = dockerignore(AIRFLOW_DOCKERIGNORE)
-    for path in (".env", "docker/.env", "trainer/.env", ".venv/bin/python", ".git/config",
-                 ".airflow/airflow.db", ".trainops/storage/x.json", ".trainops-test/airflow/airflow.db",
-                 "trainer/__pycache__/train.cpython-311.pyc", "trainops.egg-info/PKG-INFO",
-                 "tests/conftest.py", "docker/compose.yaml"):
+    for path in (
+        ".env",
+        "docker/.env",
+        "trainer/.env",
+        ".venv/bin/python",
+        ".git/config",
+        ".airflow/airflow.db",
+        ".trainops/storage/x.json",
+        ".trainops-test/airflow/airflow.db",
+        "trainer/__pycache__/train.cpython-311.pyc",
+        "trainops.egg-info/PKG-INFO",
+        "tests/conftest.py",
+        "docker/compose.yaml",
+    ):
         assert ignored(path), f"{path} would be sent to the Docker build"
     for path in ("pyproject.toml", "trainer/train.py", "plugins/trainops/links.py", "dags/trainops_demo.py"):
         assert not ignored(path)
@@ -311,8 +332,13 @@ def test_install_checks_in_the_image_name_importable_modules(airflow_image):
             for code in re.findall(r'python -c "import ([^";]+)', run):
                 modules.update(m.strip() for m in code.split(","))
     assert {"trainops.operators", "trainer.contract", "trainer.train"} <= modules
-    result = subprocess.run([sys.executable, "-c", f"import {', '.join(sorted(modules))}"],
-                            capture_output=True, text=True, cwd=REPO, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", f"import {', '.join(sorted(modules))}"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
 
 

@@ -12,10 +12,10 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-import pytest
-
 import airflow
+import pytest
 from airflow.sdk import BaseOperator, BaseOperatorLink
+
 from trainops.provider import get_provider_info
 
 SCHEMA = Path(airflow.__file__).parent / "provider_info.schema.json"
@@ -23,8 +23,13 @@ SCHEMA = Path(airflow.__file__).parent / "provider_info.schema.json"
 
 def providers_cli(*args: str):
     """``airflow providers <args> --output json`` in a subprocess with the test environment."""
-    result = subprocess.run([sys.executable, "-m", "airflow", "providers", *args, "--output", "json"],
-                            capture_output=True, text=True, env=os.environ.copy(), timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "airflow", "providers", *args, "--output", "json"],
+        capture_output=True,
+        text=True,
+        env=os.environ.copy(),
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout)
 
@@ -60,9 +65,13 @@ def test_extra_links_are_the_operator_link_classes_trainops_defines(info):
         module, _, name = path.rpartition(".")
         cls = getattr(importlib.import_module(module), name)
         assert inspect.isclass(cls) and issubclass(cls, BaseOperatorLink), path
-    defined = {f"trainops.links.{name}" for name, cls in vars(trainops.links).items()
-               if inspect.isclass(cls) and issubclass(cls, trainops.links.StoredReportLink)
-               and cls is not trainops.links.StoredReportLink}
+    defined = {
+        f"trainops.links.{name}"
+        for name, cls in vars(trainops.links).items()
+        if inspect.isclass(cls)
+        and issubclass(cls, trainops.links.StoredReportLink)
+        and cls is not trainops.links.StoredReportLink
+    }
     assert set(listed) == defined, "list every report link in provider.py's extra-links"
     assert len(listed) == len(set(listed))
 
@@ -70,9 +79,11 @@ def test_extra_links_are_the_operator_link_classes_trainops_defines(info):
 def test_every_link_an_operator_offers_is_listed(info):
     import trainops.operators
 
-    offered = {f"{type(link).__module__}.{type(link).__qualname__}"
-               for name in trainops.operators.__all__
-               for link in getattr(trainops.operators, name).operator_extra_links}
+    offered = {
+        f"{type(link).__module__}.{type(link).__qualname__}"
+        for name in trainops.operators.__all__
+        for link in getattr(trainops.operators, name).operator_extra_links
+    }
     assert offered and offered <= set(info["extra-links"])
 
 
@@ -83,8 +94,11 @@ def test_operator_modules_hold_every_public_operator(info):
     defined = set()
     for module_name in modules:
         module = importlib.import_module(module_name)
-        operators = [cls for cls in vars(module).values() if inspect.isclass(cls)
-                     and issubclass(cls, BaseOperator) and cls.__module__ == module_name]
+        operators = [
+            cls
+            for cls in vars(module).values()
+            if inspect.isclass(cls) and issubclass(cls, BaseOperator) and cls.__module__ == module_name
+        ]
         assert operators, f"{module_name} defines no operator"
         defined.update(cls.__name__ for cls in operators)
     assert set(trainops.operators.__all__) <= defined

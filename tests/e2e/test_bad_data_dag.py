@@ -5,7 +5,7 @@ import os
 import pytest
 
 from trainer.storage import open_storage
-from trainops.cli import DEMO_DAG, load_dag
+from trainops.cli.main import DEMO_DAG, load_dag
 from trainops.operators import StageDatasetOperator
 from trainops.staging.demo_data import write_demo_dataset
 
@@ -19,8 +19,9 @@ def test_bad_data_fails_staging_and_launches_nothing(tmp_path, monkeypatch, airf
     store = open_storage(root)
     # A dataset staged earlier from good data must survive a bad delivery untouched.
     good = write_demo_dataset(f"{root}/raw/good", rows=300, seed=1)
-    StageDatasetOperator(task_id="seed", source_uri=good["uri"], dataset_name="demo-text",
-                         aws_conn_id=None).execute(context={})
+    StageDatasetOperator(
+        task_id="seed", source_uri=good["uri"], dataset_name="demo-text", aws_conn_id=None
+    ).execute(context={})
     datasets_before = {uri: store.head(uri)["etag"] for uri in store.list(f"{root}/datasets")}
 
     dag = load_dag(os.environ["AIRFLOW__CORE__DAGS_FOLDER"], DEMO_DAG)

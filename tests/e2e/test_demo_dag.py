@@ -10,7 +10,7 @@ import pytest
 
 from trainer.contract import RunLayout, dataset_prefix, production_pointer
 from trainer.storage import open_storage
-from trainops.cli import DEMO_DAG, DEMO_TASKS, load_dag, main, xcom_results
+from trainops.cli.main import DEMO_DAG, DEMO_TASKS, load_dag, main, xcom_results
 
 pytestmark = pytest.mark.slow
 
@@ -99,19 +99,19 @@ def test_demo_twice_then_a_rejected_model_then_a_rollback(demo_env, capfd):
     gate = store.get_json(RunLayout(third["train"]["run_uri"]).eval_gate)
     assert gate["approved"] is False and gate["production_version"] == 2
     failed = [c for c in gate["checks"] if not c["passed"]]
-    assert [(c["name"], c["expected"]) for c in failed] == [
-        ("eval loss under max_eval_loss", "<= 0.5")]
+    assert [(c["name"], c["expected"]) for c in failed] == [("eval loss under max_eval_loss", "<= 0.5")]
     assert failed[0]["observed"] == pytest.approx(third["evaluate"]["candidate"]["eval_loss"])
     out = capfd.readouterr()
     assert "gate REJECTED: 1/2 checks passed, against production v2" in out.out + out.err
-    assert "not promoting demo-lm: the gate rejected it: eval loss under max_eval_loss" in (
-        out.out + out.err)
+    assert "not promoting demo-lm: the gate rejected it: eval loss under max_eval_loss" in (out.out + out.err)
 
     # Roll back to v1, as the README walk-through does.
     assert main(["rollback", "demo-lm", "1", "--reason", "walk-through", "--by", "e2e"]) == 0
     pointer = store.get_json(production_pointer(root, "demo-lm"))
     assert pointer["version"] == 1 and pointer["run_uri"] == first["train"]["run_uri"]
     assert [(h["version"], h["action"]) for h in pointer["history"]] == [
-        (1, "promote"), (2, "promote"), (1, "rollback")]
-    assert (pointer["history"][-1]["by"], pointer["history"][-1]["reason"]) == (
-        "e2e", "walk-through")
+        (1, "promote"),
+        (2, "promote"),
+        (1, "rollback"),
+    ]
+    assert (pointer["history"][-1]["by"], pointer["history"][-1]["reason"]) == ("e2e", "walk-through")

@@ -20,6 +20,7 @@ the tails of the components' logs and of the latest task logs are printed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -43,8 +44,16 @@ COMPONENTS = {
     "api-server": ["api-server", "--host", "127.0.0.1", "--port", "{port}", "--workers", "1"],
 }
 # A user-facing payload: every key of the form, small enough to train in seconds.
-PAYLOAD = {"model_preset": "tiny", "nodes": 1, "gpus_per_node": 0, "capacity": "spot",
-           "max_preemptions": 1, "lr": 0.004, "max_steps": 20, "dry_run": False}
+PAYLOAD = {
+    "model_preset": "tiny",
+    "nodes": 1,
+    "gpus_per_node": 0,
+    "capacity": "spot",
+    "max_preemptions": 1,
+    "lr": 0.004,
+    "max_steps": 20,
+    "dry_run": False,
+}
 
 
 def _free_port() -> int:
@@ -123,32 +132,38 @@ class RealAirflow:
 
     def migrate(self) -> None:
         with open(self.home / "db-migrate.log", "wb") as log:
-            subprocess.run(self.airflow("db", "migrate"), env=self.env, stdout=log,
-                           stderr=subprocess.STDOUT, check=True, timeout=180)
+            subprocess.run(
+                self.airflow("db", "migrate"),
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                check=True,
+                timeout=180,
+            )
 
     def start(self) -> None:
         for name, args in COMPONENTS.items():
-            log = open(self.home / f"{name}.log", "wb")
+            log = open(self.home / f"{name}.log", "wb")  # noqa: SIM115 - the child writes it; closed here once handed over
             self.procs[name] = subprocess.Popen(
-                self.airflow(*[a.format(port=self.port) for a in args]), env=self.env,
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)  # its own process group: stop() reaches its children
+                self.airflow(*[a.format(port=self.port) for a in args]),
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # its own process group: stop() reaches its children
             log.close()
 
     def stop(self, grace: float = 30.0) -> dict[str, list[int]]:
         """SIGTERM every component's group, SIGKILL what is left after ``grace``; also
         delete any local training job still running. Returns the pids still alive (none)."""
         for proc in self.procs.values():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
         deadline = time.monotonic() + grace
         for proc in self.procs.values():
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
         while time.monotonic() < deadline and any(_group_alive(p.pid) for p in self.procs.values()):
             time.sleep(0.2)
         for proc in self.procs.values():
@@ -167,7 +182,7 @@ class RealAirflow:
 
     def _stop_local_jobs(self) -> None:
         """Training jobs run detached (their own sessions); delete any the test left behind."""
-        from trainops.cluster.local import LocalCluster
+        from trainops.cluster.local.backend import LocalCluster
 
         cluster = LocalCluster(self.local_state)
         handles = cluster.find({})
@@ -179,7 +194,7 @@ class RealAirflow:
             time.sleep(0.5)
 
     def live_jobs(self) -> list[dict]:
-        from trainops.cluster.local import LocalCluster
+        from trainops.cluster.local.backend import LocalCluster
 
         return LocalCluster(self.local_state).find({})
 
@@ -189,8 +204,9 @@ class RealAirflow:
         for path in sorted(self.home.glob("*.log")):
             text = [line[:400] for line in path.read_text(errors="replace").splitlines()[-lines:]]
             out.append(f"===== {path.name} (last {len(text)} lines) =====\n" + "\n".join(text))
-        task_logs = sorted((self.home / "logs").rglob("dag_id=*/**/*.log"),
-                           key=lambda p: p.stat().st_mtime)[-8:]
+        task_logs = sorted((self.home / "logs").rglob("dag_id=*/**/*.log"), key=lambda p: p.stat().st_mtime)[
+            -8:
+        ]
         for path in task_logs:
             text = [line[:400] for line in path.read_text(errors="replace").splitlines()[-15:]]
             out.append(f"===== {path.relative_to(self.home)} =====\n" + "\n".join(text))
@@ -215,8 +231,7 @@ class RealAirflow:
         while True:
             for name, proc in self.procs.items():
                 if proc.poll() is not None:
-                    pytest.fail(f"airflow {name} exited with {proc.returncode} while waiting "
-                                f"for {what}")
+                    pytest.fail(f"airflow {name} exited with {proc.returncode} while waiting for {what}")
             try:
                 last = check()
                 if last:
@@ -236,23 +251,27 @@ class RealAirflow:
         return health if all((health.get(p) or {}).get("status") == "healthy" for p in parts) else None
 
     def login(self) -> None:
-        response = self.request("POST", "/auth/token",
-                                json={"username": "admin", "password": self.password})
+        response = self.request("POST", "/auth/token", json={"username": "admin", "password": self.password})
         assert response.status_code == 201, response.text
         self.token = response.json()["access_token"]
 
     def trigger(self, conf: dict, dag_id: str = DAG_ID):
-        return self.request("POST", f"/api/v2/dags/{dag_id}/dagRuns",
-                            json={"logical_date": None, "conf": conf})
+        return self.request(
+            "POST", f"/api/v2/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf}
+        )
 
     def unpause(self, dag_id: str) -> None:
-        self.wait_for(f"{dag_id} to be parsed", lambda: self.request(
-            "GET", f"/api/v2/dags/{dag_id}").status_code == 200, timeout=60)
+        self.wait_for(
+            f"{dag_id} to be parsed",
+            lambda: self.request("GET", f"/api/v2/dags/{dag_id}").status_code == 200,
+            timeout=60,
+        )
         response = self.request("PATCH", f"/api/v2/dags/{dag_id}", json={"is_paused": False})
         assert response.status_code == 200, response.text
 
     def wait_run(self, dag_id: str, run_id: str, timeout: float = 200) -> tuple[dict, dict]:
         """Wait for a run to finish; its JSON and its task states."""
+
         def finished():
             run = self.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}").json()
             return run if run["state"] in ("success", "failed") else None
@@ -263,8 +282,10 @@ class RealAirflow:
 
     def xcom(self, dag_id: str, run_id: str, task_id: str):
         response = self.request(
-            "GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/"
-                   "return_value", params={"deserialize": True})
+            "GET",
+            f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/return_value",
+            params={"deserialize": True},
+        )
         assert response.status_code == 200, response.text
         return response.json()["value"]
 
@@ -300,9 +321,11 @@ def real_airflow(airflow_instance, request):
 def test_retrain_manual_on_a_real_airflow(real_airflow):
     af = real_airflow
     started = time.monotonic()
-    dag = af.wait_for(f"{DAG_ID} to be parsed", lambda: (
-        r.json() if (r := af.request("GET", f"/api/v2/dags/{DAG_ID}")).status_code == 200 else None),
-        timeout=60)
+    dag = af.wait_for(
+        f"{DAG_ID} to be parsed",
+        lambda: r.json() if (r := af.request("GET", f"/api/v2/dags/{DAG_ID}")).status_code == 200 else None,
+        timeout=60,
+    )
     assert dag["has_import_errors"] is False
     errors = af.request("GET", "/api/v2/importErrors").json()
     assert errors["total_entries"] == 0, errors
@@ -323,15 +346,25 @@ def test_retrain_manual_on_a_real_airflow(real_airflow):
     assert states["dry_run"] == "skipped"
     assert all(s == "success" for t, s in states.items() if t != "dry_run"), states
     # The training task waited in the triggerer, not in a worker slot.
-    log = af.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/train/logs/1",
-                     params={"full_content": True},
-                     headers={"Accept": "application/json"})
+    log = af.request(
+        "GET",
+        f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/train/logs/1",
+        params={"full_content": True},
+        headers={"Accept": "application/json"},
+    )
     assert log.status_code == 200, log.text
     events = [str(e.get("event")) for e in log.json()["content"]]
     # What the UI's log view shows: the task deferred, the triggerer's JobTrigger streamed
     # the job's progress, fired, and the task resumed to decide.
-    order = [next((i for i, e in enumerate(events) if marker in e), None) for marker in (
-        "Pausing task as DEFERRED", "step 20/20", "Trigger fired event", "attempt 1: succeeded")]
+    order = [
+        next((i for i, e in enumerate(events) if marker in e), None)
+        for marker in (
+            "Pausing task as DEFERRED",
+            "step 20/20",
+            "Trigger fired event",
+            "attempt 1: succeeded",
+        )
+    ]
     assert None not in order and order == sorted(order), events
 
     # What the user asked for is what trained, and the model went to production.
@@ -349,8 +382,10 @@ def test_retrain_manual_on_a_real_airflow(real_airflow):
 
     # A bad payload is refused when triggered, naming the field, and starts nothing.
     runs_before = af.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns").json()["total_entries"]
-    for conf, field in (({**PAYLOAD, "nodes": 0}, "nodes"),
-                        ({**PAYLOAD, "capacity": "cheapest"}, "capacity")):
+    for conf, field in (
+        ({**PAYLOAD, "nodes": 0}, "nodes"),
+        ({**PAYLOAD, "capacity": "cheapest"}, "capacity"),
+    ):
         response = af.trigger(conf)
         assert response.status_code == 400, response.text
         assert f"Invalid input for param {field}" in response.json()["detail"], response.text
@@ -363,8 +398,11 @@ def test_data_team_snapshot_triggers_retrain_on_new_data(real_airflow):
     whose source task reads the event's extra and stages exactly that snapshot."""
     af = real_airflow
     # The unattended DAGs' training settings, as an operator would set them: a short run.
-    response = af.request("POST", "/api/v2/variables", json={
-        "key": "trainops_retrain", "value": json.dumps({"max_steps": 20, "lr": 0.004})})
+    response = af.request(
+        "POST",
+        "/api/v2/variables",
+        json={"key": "trainops_retrain", "value": json.dumps({"max_steps": 20, "lr": 0.004})},
+    )
     assert response.status_code == 201, response.text
     af.unpause("retrain_on_new_data")
     # Switched on, the producer runs once for its latest daily slot (catchup is off), as it
@@ -376,6 +414,7 @@ def test_data_team_snapshot_triggers_retrain_on_new_data(real_airflow):
             runs = af.request("GET", f"/api/v2/dags/{dag_id}/dagRuns").json()["dag_runs"]
             assert len(runs) <= 1, runs
             return runs[0] if runs else None
+
         return check
 
     producer = af.wait_for("data_team_publish to start", only_run("data_team_publish"), timeout=60)
@@ -385,8 +424,9 @@ def test_data_team_snapshot_triggers_retrain_on_new_data(real_airflow):
     landed = af.xcom("data_team_publish", producer["dag_run_id"], "land_raw_data")
     assert landed["rows"] == 4000 and landed["uri"].startswith(f"{af.storage_root}/raw/datateam/")
 
-    consumer = af.wait_for("the asset event to start retrain_on_new_data",
-                           only_run("retrain_on_new_data"), timeout=60)
+    consumer = af.wait_for(
+        "the asset event to start retrain_on_new_data", only_run("retrain_on_new_data"), timeout=60
+    )
     assert consumer["run_type"] == "asset_triggered"
     run, states = af.wait_run("retrain_on_new_data", consumer["dag_run_id"])
     assert run["state"] == "success", states

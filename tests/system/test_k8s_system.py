@@ -45,16 +45,26 @@ def test_a_tiny_cpu_indexed_job_succeeds_and_is_deleted():
     namespace = os.environ.get("TRAINOPS_K8S_NAMESPACE", "default")
     cluster = get_cluster("kubernetes", namespace=namespace)
     run = uuid.uuid4().hex[:8]
-    spec = JobSpec(name=f"trainops-system-{run}", nodes=2, distributed=False, image=image,
-                   namespace=namespace, cpu="100m", memory="256Mi", capacity="on-demand",
-                   args=["python", "-c", "print('trainops system test ok')"],
-                   labels={"trainops/system-test": run, "trainops/attempt": "1"},
-                   termination_grace_seconds=5)
+    spec = JobSpec(
+        name=f"trainops-system-{run}",
+        nodes=2,
+        distributed=False,
+        image=image,
+        namespace=namespace,
+        cpu="100m",
+        memory="256Mi",
+        capacity="on-demand",
+        args=["python", "-c", "print('trainops system test ok')"],
+        labels={"trainops/system-test": run, "trainops/attempt": "1"},
+        termination_grace_seconds=5,
+    )
     handle = cluster.launch(spec)
     try:
         assert [h["job_id"] for h in cluster.find({"trainops/system-test": run})] == [handle["job_id"]]
-        state = wait_until(lambda: (s := cluster.status(handle))["phase"] in
-                           ("succeeded", "failed", "lost") and s, "a final phase")
+        state = wait_until(
+            lambda: (s := cluster.status(handle))["phase"] in ("succeeded", "failed", "lost") and s,
+            "a final phase",
+        )
         logs = cluster.logs_tail(handle, lines=5)
         assert state["phase"] == "succeeded", (state, logs)
         assert [n["exit_code"] for n in state["nodes"]] == [0, 0]

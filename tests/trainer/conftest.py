@@ -30,8 +30,18 @@ def reference_run(tmp_path_factory, dataset_uri) -> dict:
     config, run_uri = run_config(tmp, dataset_uri, "run")
     samples = tmp / "samples"
     samples.mkdir()
-    proc = subprocess.run(torchrun_argv(config, module=INSTRUMENTED),
-                          env=trainer_env(tmp / "cache", attempt=1, samples_dir=str(samples)),
-                          capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        torchrun_argv(config, module=INSTRUMENTED),
+        env=trainer_env(tmp / "cache", attempt=1, samples_dir=str(samples)),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return {"config": config, "run_uri": run_uri, "run_dir": tmp / "run", "stdout": proc.stdout, "samples": samples}
+    return {
+        "config": config,
+        "run_uri": run_uri,
+        "run_dir": tmp / "run",
+        "stdout": proc.stdout,
+        "samples": samples,
+    }

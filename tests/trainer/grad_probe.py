@@ -79,7 +79,7 @@ def run_case(name: str, case: dict, rank: int, world_size: int, out_dir: Path) -
     for step in range(STEPS):
         windows = batch(step)
 
-        def micro_batches():
+        def micro_batches(windows=windows):
             for m in range(accum):
                 rows = list(data.micro_batch_positions(0, m, micro, world_size, rank))
                 yield windows[rows, :-1], windows[rows, 1:]
@@ -89,15 +89,20 @@ def run_case(name: str, case: dict, rank: int, world_size: int, out_dir: Path) -
             scale = scaler.get_scale() if scaler is not None else 1.0
             for pname, p in model.named_parameters():
                 grads[clean_name(pname)] = p.grad.full_tensor().float() / scale
-            grad_dtype = str(model.layers[0].attention.wq.weight.grad.dtype) if case.get(
-                "activation_checkpointing", "none") == "none" else None
+            grad_dtype = (
+                str(model.layers[0].attention.wq.weight.grad.dtype)
+                if case.get("activation_checkpointing", "none") == "none"
+                else None
+            )
         apply_gradients(model, optimizer, scheduler, scaler, grad_clip=1.0)
         total = loss.clone()
         dist.all_reduce(total)
         losses.append(total.item() / world_size)
     if rank == 0:
-        torch.save({"grads": grads, "losses": losses, "grad_dtype": grad_dtype, "accum": accum},
-                   out_dir / f"{name}.pt")
+        torch.save(
+            {"grads": grads, "losses": losses, "grad_dtype": grad_dtype, "accum": accum},
+            out_dir / f"{name}.pt",
+        )
 
 
 def main() -> None:

@@ -25,28 +25,39 @@ def sentences(count: int, seed: int) -> list[tuple[str, str]]:
     out = []
     for _ in range(count):
         source = rng.choice(SOURCES)
-        words = [f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)}." for _ in range(rng.randint(1, 3))]
+        words = [
+            f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)}."
+            for _ in range(rng.randint(1, 3))
+        ]
         out.append((source, f"[{source}] " + " ".join(words)))
     return out
 
 
 def encode(text: str) -> list[int]:
-    return list(text.encode("utf-8")) + [EOS]
+    return [*list(text.encode("utf-8")), EOS]
 
 
 def write_shards(root: Path, split: str, tokens: np.ndarray, shard_tokens: int) -> list[dict]:
     (root / split).mkdir(parents=True, exist_ok=True)
     shards = []
     for number, start in enumerate(range(0, len(tokens), shard_tokens)):
-        chunk = tokens[start:start + shard_tokens].astype("<u2")
+        chunk = tokens[start : start + shard_tokens].astype("<u2")
         rel = f"{split}/{number:05d}.bin"
         (root / rel).write_bytes(chunk.tobytes())
-        shards.append({"path": rel, "tokens": int(len(chunk)), "sha256": hashlib.sha256(chunk.tobytes()).hexdigest()})
+        shards.append(
+            {"path": rel, "tokens": len(chunk), "sha256": hashlib.sha256(chunk.tobytes()).hexdigest()}
+        )
     return shards
 
 
-def write_dataset(root: Path, *, train_records: int = 1500, eval_records: int = 120,
-                  shard_tokens: int = 20000, seed: int = 0) -> str:
+def write_dataset(
+    root: Path,
+    *,
+    train_records: int = 1500,
+    eval_records: int = 120,
+    shard_tokens: int = 20000,
+    seed: int = 0,
+) -> str:
     """A staged dataset version folder (manifest, shards, eval index); returns its file:// URI."""
     root.mkdir(parents=True, exist_ok=True)
     train = [t for r in sentences(train_records, seed) for t in encode(r[1])]
@@ -59,12 +70,20 @@ def write_dataset(root: Path, *, train_records: int = 1500, eval_records: int = 
     (root / "eval").mkdir(parents=True, exist_ok=True)
     (root / "eval" / "index.jsonl").write_text("".join(json.dumps(r) + "\n" for r in index))
     manifest = {
-        "format": "trainops.dataset/v1", "name": "demo", "version": "test",
+        "format": "trainops.dataset/v1",
+        "name": "demo",
+        "version": "test",
         "tokenizer": {"kind": "byte", "vocab_size": 257, "eos_id": EOS},
         "token_dtype": "uint16",
         "splits": {
-            "train": {"tokens": len(train), "shards": write_shards(root, "train", np.array(train), shard_tokens)},
-            "eval": {"tokens": len(eval_tokens), "shards": write_shards(root, "eval", np.array(eval_tokens), shard_tokens)},
+            "train": {
+                "tokens": len(train),
+                "shards": write_shards(root, "train", np.array(train), shard_tokens),
+            },
+            "eval": {
+                "tokens": len(eval_tokens),
+                "shards": write_shards(root, "eval", np.array(eval_tokens), shard_tokens),
+            },
         },
         "eval_index": {"path": "eval/index.jsonl", "records": len(index), "slice_columns": ["source"]},
         "rows": {"total": train_records + eval_records, "train": train_records, "eval": eval_records},
@@ -85,11 +104,19 @@ REPO = Path(__file__).resolve().parents[2]
 # Small enough to finish in seconds on 2 CPU cores, long enough (~0.1 s a step) for a
 # signal sent after step 13 to land well before step 40.
 TRAIN_KEYS = {
-    "seed": 7, "precision": "bf16",
+    "seed": 7,
+    "precision": "bf16",
     "model": {"preset": "tiny"},
     # 16 samples a step: 2 accumulation steps on 2 ranks, 4 on one (elastic resume).
-    "train": {"max_steps": 40, "micro_batch_size": 4, "global_batch_size": 16, "seq_len": 32,
-              "lr": 3.0e-3, "warmup_steps": 5, "log_every": 10},
+    "train": {
+        "max_steps": 40,
+        "micro_batch_size": 4,
+        "global_batch_size": 16,
+        "seq_len": 32,
+        "lr": 3.0e-3,
+        "warmup_steps": 5,
+        "log_every": 10,
+    },
     "checkpoint": {"every_steps": 10, "keep": 2},
     "metrics": {"flush_every": 1},
 }
@@ -100,13 +127,19 @@ GLOBAL_BATCH = 16
 
 def trainer_env(cache: Path, attempt: int | None = None, **test_env: str) -> dict:
     """The environment a launcher gives the trainer: this checkout importable, a cache, an attempt."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINOPS_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TRAINOPS_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_"))
+    }
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["TRAINOPS_CACHE_DIR"] = str(cache)
     env["OMP_NUM_THREADS"] = "1"
     if attempt is not None:
         env["TRAINOPS_ATTEMPT"] = str(attempt)
-    env.update({f"TRAINOPS_TEST_{k.upper()}": v for k, v in test_env.items()})  # see tests/trainer/instrumented.py
+    env.update(
+        {f"TRAINOPS_TEST_{k.upper()}": v for k, v in test_env.items()}
+    )  # see tests/trainer/instrumented.py
     return env
 
 
@@ -115,8 +148,19 @@ INSTRUMENTED = "tests.trainer.instrumented"
 
 
 def torchrun_argv(config: Path, *overrides: str, nproc: int = 2, module: str = "trainer") -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", module, "train", "--config", str(config), *overrides]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        module,
+        "train",
+        "--config",
+        str(config),
+        *overrides,
+    ]
 
 
 def single_process_argv(config: Path, *overrides: str, module: str = "trainer") -> list[str]:
@@ -138,19 +182,22 @@ def run_config(tmp_path: Path, dataset_uri: str, name: str, **extra) -> tuple[Pa
     return write_config(tmp_path / f"{name}.yaml", **values), run_dir.as_uri()
 
 
-
 # --- reading what a run left ----------------------------------------------------------------
 def read_json(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
 def metrics_of(run_dir: Path) -> dict[int, dict]:
-    from trainer.metrics import latest_by_step, parse_jsonl
+    from trainer.contract import metrics_by_step, metrics_records
 
     path = run_dir / "metrics.jsonl"
-    return latest_by_step(parse_jsonl(path.read_text())) if path.exists() else {}
+    return metrics_by_step(metrics_records(path.read_text())) if path.exists() else {}
 
 
 def committed_steps(run_dir: Path) -> list[int]:
     folder = run_dir / "checkpoints"
-    return sorted(int(p.name[5:]) for p in folder.glob("step_*") if (p / "_COMMITTED").exists()) if folder.exists() else []
+    return (
+        sorted(int(p.name[5:]) for p in folder.glob("step_*") if (p / "_COMMITTED").exists())
+        if folder.exists()
+        else []
+    )

@@ -29,12 +29,24 @@ def install() -> None:
         if target == (cursor, micro_step):
             os.kill(os.getpid(), signal.SIGTERM)
         if samples_dir:
-            positions = list(data.micro_batch_positions(cursor, micro_step, self.micro_batch_size,
-                                                        self.world_size, self.rank))
+            positions = list(
+                data.micro_batch_positions(
+                    cursor, micro_step, self.micro_batch_size, self.world_size, self.rank
+                )
+            )
             name = f"samples_a{os.environ.get('TRAINOPS_ATTEMPT', '0')}_r{self.rank}.jsonl"
             with open(os.path.join(samples_dir, name), "a") as f:
-                f.write(json.dumps({"cursor": cursor, "micro": micro_step, "positions": positions,
-                                    "ids": [self.order.sample_id(p) for p in positions]}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "cursor": cursor,
+                            "micro": micro_step,
+                            "positions": positions,
+                            "ids": [self.order.sample_id(p) for p in positions],
+                        }
+                    )
+                    + "\n"
+                )
         return original(self, cursor, micro_step)
 
     data.TrainBatches.micro_batch = micro_batch

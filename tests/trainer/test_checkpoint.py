@@ -1,14 +1,14 @@
 """A real save / commit / verify / load round trip on file:// (a world of one, in process)."""
 
 import json
-import re
 import logging
+import re
 
 import pytest
 import torch
 
 from trainer import parallel
-from trainer.checkpoint import CheckpointError, Checkpointer
+from trainer.checkpoint import Checkpointer, CheckpointError
 from trainer.contract import RunLayout
 from trainer.model import Transformer
 from trainer.optim import build_optimizer
@@ -49,7 +49,10 @@ def test_save_commit_prune_and_load(world_of_one, tmp_path, caplog):
 
     steps = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir() if p.is_dir())
     assert steps == ["step_00000010", "step_00000015"]  # keep=2 pruned step 5
-    assert json.loads((tmp_path / "run/checkpoints/latest.json").read_text()) == {"step": 15, "uri": layout.checkpoint(15)}
+    assert json.loads((tmp_path / "run/checkpoints/latest.json").read_text()) == {
+        "step": 15,
+        "uri": layout.checkpoint(15),
+    }
     marker = json.loads((tmp_path / "run/checkpoints/step_00000015/_COMMITTED").read_text())
     assert (marker["step"], marker["world_size"], marker["model"]) == (15, 1, {"dim": 64})
     for entry in marker["files"]:
@@ -102,7 +105,10 @@ def test_async_save_keeps_the_state_of_its_step_while_training_goes_on(world_of_
         assert ckpt.last_committed == 10
         assert ckpt.wait() and ckpt.last_committed == 20
     assert blocked >= 0.0
-    assert re.search(r"checkpoint: step 10 staged in \d+\.\d\ds \(loop blocked\), after waiting \d+\.\d\ds for the previous save; committed in \d+\.\ds", caplog.text)
+    assert re.search(
+        r"checkpoint: step 10 staged in \d+\.\d\ds \(loop blocked\), after waiting \d+\.\d\ds for the previous save; committed in \d+\.\ds",
+        caplog.text,
+    )
 
     other, other_opt = fresh(1)
     (tmp_path / "run/checkpoints/step_00000020/_COMMITTED").unlink()  # fall back to step 10
@@ -132,9 +138,12 @@ def test_a_failed_background_save_is_reported_and_the_last_commit_stays(world_of
     Checkpointer(storage, run_uri, 0, 1, keep=2).save(5, model, optimizer, {"step": 5, "cursor": 40})
     ckpt = Checkpointer(FailingUploads(storage), run_uri, 0, 1, keep=2)
     ckpt.save_async(10, model, optimizer, {"step": 10, "cursor": 80})
-    with pytest.raises(CheckpointError, match=r"^the checkpoint of step 10 failed in the background "
-                                              r"\(CheckpointError: checkpoint step 10 was not committed: rank 0: "
-                                              r"OSError: No space left on device"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"^the checkpoint of step 10 failed in the background "
+        r"\(CheckpointError: checkpoint step 10 was not committed: rank 0: "
+        r"OSError: No space left on device",
+    ):
         ckpt.wait()
     assert ckpt.wait()  # reported once
     assert json.loads((tmp_path / "run/checkpoints/latest.json").read_text())["step"] == 5
@@ -162,7 +171,8 @@ def test_missing_shard_or_bad_checksum_is_never_loaded(world_of_one, tmp_path, c
         step, extras = ckpt.load_latest(other, other_opt)
     assert (step, extras["cursor"]) == (10, 10)
     assert "skipped step 30: file __0_0.distcp listed in _COMMITTED is missing" in caplog.text
-    assert re.search(r"skipped step 20: checkpoint file .*__0_0.distcp has sha256 \w+, _COMMITTED says \w+",
-                     caplog.text)
+    assert re.search(
+        r"skipped step 20: checkpoint file .*__0_0.distcp has sha256 \w+, _COMMITTED says \w+", caplog.text
+    )
     for name, tensor in other.state_dict().items():
         assert torch.equal(tensor, at_10[name]), name

@@ -2,7 +2,10 @@ import pytest
 
 from trainer.commit import commit_marker, group_by_step, marker_problem, prune_plan
 
-FILES = [{"name": "__0_0.distcp", "size": 100, "sha256": "a"}, {"name": ".metadata", "size": 7, "sha256": "b"}]
+FILES = [
+    {"name": "__0_0.distcp", "size": 100, "sha256": "a"},
+    {"name": ".metadata", "size": 7, "sha256": "b"},
+]
 
 
 def marker(step=20, files=FILES):
@@ -15,24 +18,48 @@ def test_marker_lists_files_sorted_and_refuses_duplicates():
         marker(files=FILES + FILES[:1])
 
 
-@pytest.mark.parametrize("the_marker, sizes, problem", [
-    (marker(), {"__0_0.distcp": 100, ".metadata": 7}, None),
-    (None, {}, "no _COMMITTED marker (its save did not finish)"),
-    (marker(), {"__0_0.distcp": None, ".metadata": 7}, "file __0_0.distcp listed in _COMMITTED is missing"),
-    (marker(), {"__0_0.distcp": 60, ".metadata": 7}, "file __0_0.distcp has 60 bytes, _COMMITTED says 100"),
-    (marker(step=30), {"__0_0.distcp": 100, ".metadata": 7}, "_COMMITTED says step 30, the folder says step 20"),
-    ({"files": []}, {}, "_COMMITTED is not a trainops.checkpoint/v1 document"),
-])
+@pytest.mark.parametrize(
+    "the_marker, sizes, problem",
+    [
+        (marker(), {"__0_0.distcp": 100, ".metadata": 7}, None),
+        (None, {}, "no _COMMITTED marker (its save did not finish)"),
+        (
+            marker(),
+            {"__0_0.distcp": None, ".metadata": 7},
+            "file __0_0.distcp listed in _COMMITTED is missing",
+        ),
+        (
+            marker(),
+            {"__0_0.distcp": 60, ".metadata": 7},
+            "file __0_0.distcp has 60 bytes, _COMMITTED says 100",
+        ),
+        (
+            marker(step=30),
+            {"__0_0.distcp": 100, ".metadata": 7},
+            "_COMMITTED says step 30, the folder says step 20",
+        ),
+        ({"files": []}, {}, "_COMMITTED is not a trainops.checkpoint/v1 document"),
+    ],
+)
 def test_marker_problem(the_marker, sizes, problem):
     assert marker_problem(the_marker, sizes, 20) == problem
 
 
 def test_group_by_step_ignores_other_objects():
     root = "file:///r/checkpoints"
-    uris = [f"{root}/latest.json", f"{root}/step_00000010/_COMMITTED", f"{root}/step_00000010/.metadata",
-            f"{root}/step_00000020/__0_0.distcp", f"{root}/junk/x", f"{root}/step_00000030/nested/x"]
+    uris = [
+        f"{root}/latest.json",
+        f"{root}/step_00000010/_COMMITTED",
+        f"{root}/step_00000010/.metadata",
+        f"{root}/step_00000020/__0_0.distcp",
+        f"{root}/junk/x",
+        f"{root}/step_00000030/nested/x",
+    ]
     assert group_by_step(uris, root) == {
-        10: {"_COMMITTED": f"{root}/step_00000010/_COMMITTED", ".metadata": f"{root}/step_00000010/.metadata"},
+        10: {
+            "_COMMITTED": f"{root}/step_00000010/_COMMITTED",
+            ".metadata": f"{root}/step_00000010/.metadata",
+        },
         20: {"__0_0.distcp": f"{root}/step_00000020/__0_0.distcp"},
     }
 
@@ -49,5 +76,5 @@ def test_prune_removes_interrupted_saves_older_than_the_new_commit_only():
 def test_prune_never_deletes_the_one_just_committed():
     # Even when a newer commit exists (a run restarted with resume=never), the new one stays.
     assert prune_plan([10, 20, 90], committed={10, 20, 90}, keep=1, just_committed=20) == [10]
-    with pytest.raises(ValueError, match="checkpoint.keep must be at least 1, got 0"):
+    with pytest.raises(ValueError, match=r"checkpoint.keep must be at least 1, got 0"):
         prune_plan([10], committed={10}, keep=0, just_committed=10)

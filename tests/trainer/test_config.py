@@ -4,13 +4,15 @@ import sys
 import pytest
 import yaml
 
+from tests.trainer.helpers import REPO, write_config
 from trainer.config import Config, ConfigError, accumulation_steps, dump_yaml, load_config, resolved_eval_uris
 from trainer.presets import PRESETS
 
-from tests.trainer.helpers import REPO, write_config
-
 MINIMAL = {
-    "run_uri": "file:///runs/r1", "data_uri": "file:///datasets/demo/v1", "seed": 3, "precision": "fp32",
+    "run_uri": "file:///runs/r1",
+    "data_uri": "file:///datasets/demo/v1",
+    "seed": 3,
+    "precision": "fp32",
     "model": {"preset": "tiny"},
     "train": {"max_steps": 7, "micro_batch_size": 2, "grad_accum_steps": 3, "seq_len": 16, "lr": 0.01},
     "checkpoint": {"every_steps": 5, "keep": 1},
@@ -19,8 +21,18 @@ MINIMAL = {
 
 def test_minimal_file_is_complete_and_keeps_defaults(tmp_path):
     config = load_config(str(write_config(tmp_path / "c.yaml", **MINIMAL)))
-    assert (config.seed, config.precision, config.train.grad_accum_steps, config.checkpoint.keep) == (3, "fp32", 3, 1)
-    assert (config.resume, config.train.warmup_steps, config.metrics.flush_every, config.eval.batch_size) == ("auto", 10, 10, 8)
+    assert (config.seed, config.precision, config.train.grad_accum_steps, config.checkpoint.keep) == (
+        3,
+        "fp32",
+        3,
+        1,
+    )
+    assert (config.resume, config.train.warmup_steps, config.metrics.flush_every, config.eval.batch_size) == (
+        "auto",
+        10,
+        10,
+        8,
+    )
     assert config.model.vocab_size == 0 and config.model.builder is None
 
 
@@ -39,7 +51,9 @@ def test_config_file_read_through_storage_uri(tmp_path):
 
 
 def test_dump_yaml_round_trips(tmp_path):
-    config = load_config(None, ["run_uri=file:///r", "data_uri=file:///d", "train.lr=0.5", "eval.max_batches=3"])
+    config = load_config(
+        None, ["run_uri=file:///r", "data_uri=file:///d", "train.lr=0.5", "eval.max_batches=3"]
+    )
     path = tmp_path / "resolved.yaml"
     path.write_text(dump_yaml(config))
     assert load_config(str(path)) == config
@@ -51,17 +65,20 @@ def test_eval_uris_default_to_the_run_layout():
     assert resolved_eval_uris(config) == ("file:///r/export", "file:///r/eval/metrics.json")
 
 
-@pytest.mark.parametrize("override, message", [
-    ("train.lr=fast", "train.lr: expected a number, got 'fast'"),
-    ("train.lrr=1", "unknown key 'train.lrr' (did you mean 'train.lr'?)"),
-    ("trian.lr=1", "unknown key 'trian.lr' (did you mean 'train.lr'?)"),
-    ("train.max_steps=2.5", "train.max_steps: expected an integer, got 2.5"),
-    ("train.max_steps=0", "train.max_steps: expected a positive number, got 0"),
-    ("precision=fp8", "precision: expected one of bf16, fp16, fp32, got 'fp8'"),
-    ("model.preset=huge", f"model.preset: expected one of {', '.join(PRESETS)}, got 'huge'"),
-    ("train=3", "train: expected a mapping of train.* keys, got 3"),
-    ("seed", "override 'seed' must look like key=value, e.g. train.lr=0.001"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.lr=fast", "train.lr: expected a number, got 'fast'"),
+        ("train.lrr=1", "unknown key 'train.lrr' (did you mean 'train.lr'?)"),
+        ("trian.lr=1", "unknown key 'trian.lr' (did you mean 'train.lr'?)"),
+        ("train.max_steps=2.5", "train.max_steps: expected an integer, got 2.5"),
+        ("train.max_steps=0", "train.max_steps: expected a positive number, got 0"),
+        ("precision=fp8", "precision: expected one of bf16, fp16, fp32, got 'fp8'"),
+        ("model.preset=huge", f"model.preset: expected one of {', '.join(PRESETS)}, got 'huge'"),
+        ("train=3", "train: expected a mapping of train.* keys, got 3"),
+        ("seed", "override 'seed' must look like key=value, e.g. train.lr=0.001"),
+    ],
+)
 def test_bad_values_name_key_value_and_expectation(override, message):
     with pytest.raises(ConfigError) as info:
         load_config(None, ["run_uri=file:///r", "data_uri=file:///d", override])
@@ -70,14 +87,16 @@ def test_bad_values_name_key_value_and_expectation(override, message):
 
 def test_unknown_key_in_file_is_reported(tmp_path):
     path = write_config(tmp_path / "c.yaml", **{**MINIMAL, "checkpoint": {"evry_steps": 5}})
-    with pytest.raises(ConfigError, match=r"unknown key 'checkpoint.evry_steps' \(did you mean 'checkpoint.every_steps'\?\)"):
+    with pytest.raises(
+        ConfigError, match=r"unknown key 'checkpoint.evry_steps' \(did you mean 'checkpoint.every_steps'\?\)"
+    ):
         load_config(str(path))
 
 
 def test_required_keys_and_user_builders():
-    with pytest.raises(ConfigError, match="^data_uri: required"):
+    with pytest.raises(ConfigError, match=r"^data_uri: required"):
         load_config(None, ["run_uri=file:///r"])
-    with pytest.raises(ConfigError, match="^model.builder: expected 'module:function', got 'pkg.mod.build'"):
+    with pytest.raises(ConfigError, match=r"^model.builder: expected 'module:function', got 'pkg.mod.build'"):
         load_config(None, ["run_uri=file:///r", "data_uri=file:///d", "model.builder=pkg.mod.build"])
     config = load_config(None, ["run_uri=file:///r", "data_uri=file:///d", "model.builder=pkg.mod:build"])
     assert config.model.builder == "pkg.mod:build"  # imported when training starts, not here
@@ -85,18 +104,30 @@ def test_required_keys_and_user_builders():
 
 def test_cli_exits_2_with_one_line_before_importing_torch(tmp_path):
     path = write_config(tmp_path / "c.yaml", **MINIMAL)
-    code = ("import sys; from trainer.cli import main; rc = main(sys.argv[1:]); "
-            "print('torch imported' if 'torch' in sys.modules else 'torch not imported'); sys.exit(rc)")
-    proc = subprocess.run([sys.executable, "-c", code, "train", "--config", str(path), "train.lrr=0.1"],
-                          capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    code = (
+        "import sys; from trainer.cli import main; rc = main(sys.argv[1:]); "
+        "print('torch imported' if 'torch' in sys.modules else 'torch not imported'); sys.exit(rc)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "train", "--config", str(path), "train.lrr=0.1"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
     assert proc.returncode == 2
     assert proc.stderr == "error: unknown key 'train.lrr' (did you mean 'train.lr'?)\n"
     assert proc.stdout.strip() == "torch not imported"
 
 
 def test_cli_help_lists_commands_and_keys():
-    proc = subprocess.run([sys.executable, "-m", "trainer", "--help"], capture_output=True, text=True,
-                          cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
     assert proc.returncode == 0
     for word in ("train", "evaluate", "export", "checkpoint.every_steps"):
         assert word in proc.stdout
@@ -106,7 +137,14 @@ def test_config_dataclass_defaults_match_the_spec():
     config = Config()
     assert (config.seed, config.precision, config.resume) == (1234, "bf16", "auto")
     t = config.train
-    assert (t.max_steps, t.micro_batch_size, t.grad_accum_steps, t.seq_len, t.lr, t.warmup_steps) == (100, 8, 1, 64, 3e-3, 10)
+    assert (t.max_steps, t.micro_batch_size, t.grad_accum_steps, t.seq_len, t.lr, t.warmup_steps) == (
+        100,
+        8,
+        1,
+        64,
+        3e-3,
+        10,
+    )
     assert (t.min_lr_ratio, t.weight_decay, t.grad_clip, t.log_every) == (0.1, 0.1, 1.0, 1)
     assert (config.checkpoint.every_steps, config.checkpoint.keep, config.metrics.flush_every) == (25, 2, 10)
 
@@ -115,31 +153,46 @@ def base(*overrides):
     return load_config(None, ["run_uri=file:///r", "data_uri=file:///d", *overrides])
 
 
-@pytest.mark.parametrize("value, mode", [("full", "full"), ("selective", "selective"), ("none", "none"),
-                                         ("true", "full"), ("false", "none")])
+@pytest.mark.parametrize(
+    "value, mode",
+    [("full", "full"), ("selective", "selective"), ("none", "none"), ("true", "full"), ("false", "none")],
+)
 def test_activation_checkpointing_modes_and_old_booleans(value, mode):
     assert base(f"train.activation_checkpointing={value}").train.activation_checkpointing == mode
 
 
 def test_activation_checkpointing_rejects_other_values():
-    with pytest.raises(ConfigError, match="^train.activation_checkpointing: expected one of none, full, selective, "
-                                          "got 'some'$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^train.activation_checkpointing: expected one of none, full, selective, got 'some'$",
+    ):
         base("train.activation_checkpointing=some")
 
 
 def test_new_train_keys_default_to_todays_behaviour():
     t = Config().train
-    assert (t.global_batch_size, t.activation_checkpointing, t.skip_grad_sync_in_accum, t.compile) == \
-        (0, "none", False, False)
+    assert (t.global_batch_size, t.activation_checkpointing, t.skip_grad_sync_in_accum, t.compile) == (
+        0,
+        "none",
+        False,
+        False,
+    )
 
 
-@pytest.mark.parametrize("overrides, world_size, steps", [
-    ((), 4, 1),                                                              # 0: grad_accum_steps as given
-    (("train.grad_accum_steps=3",), 2, 3),
-    (("train.global_batch_size=64", "train.micro_batch_size=8"), 2, 4),      # 64 / (8 x 2)
-    (("train.global_batch_size=64", "train.micro_batch_size=8"), 8, 1),
-    (("train.global_batch_size=64", "train.micro_batch_size=8", "train.grad_accum_steps=4"), 2, 4),  # agree
-])
+@pytest.mark.parametrize(
+    "overrides, world_size, steps",
+    [
+        ((), 4, 1),  # 0: grad_accum_steps as given
+        (("train.grad_accum_steps=3",), 2, 3),
+        (("train.global_batch_size=64", "train.micro_batch_size=8"), 2, 4),  # 64 / (8 x 2)
+        (("train.global_batch_size=64", "train.micro_batch_size=8"), 8, 1),
+        (
+            ("train.global_batch_size=64", "train.micro_batch_size=8", "train.grad_accum_steps=4"),
+            2,
+            4,
+        ),  # agree
+    ],
+)
 def test_accumulation_is_derived_from_the_global_batch(overrides, world_size, steps):
     assert accumulation_steps(base(*overrides).train, world_size) == steps
 
@@ -149,11 +202,15 @@ def test_indivisible_global_batch_names_all_three_numbers():
         accumulation_steps(base("train.global_batch_size=60", "train.micro_batch_size=8").train, 2)
     assert str(info.value) == (
         "train.global_batch_size=60 is not a multiple of train.micro_batch_size=8 x world size 2 (= 16 samples "
-        "per micro-step); set train.global_batch_size to a multiple of 16 or change train.micro_batch_size")
+        "per micro-step); set train.global_batch_size to a multiple of 16 or change train.micro_batch_size"
+    )
 
 
 def test_global_batch_and_accumulation_that_disagree_name_both():
     train = base("train.global_batch_size=64", "train.micro_batch_size=8", "train.grad_accum_steps=2").train
-    with pytest.raises(ConfigError, match=r"^train.grad_accum_steps=2 disagrees with train.global_batch_size=64, "
-                                          r"which needs 4 accumulation steps"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^train.grad_accum_steps=2 disagrees with train.global_batch_size=64, "
+        r"which needs 4 accumulation steps",
+    ):
         accumulation_steps(train, 2)

@@ -32,13 +32,18 @@ def test_num_samples_windows_fit_the_stream():
 @pytest.mark.parametrize("world_size, micro, accum", [(1, 4, 1), (2, 4, 2), (4, 2, 3)])
 def test_rank_slices_partition_the_global_batch(world_size, micro, accum):
     cursor = 1000
-    seen = [p for step_micro in range(accum) for rank in range(world_size)
-            for p in data.micro_batch_positions(cursor, step_micro, micro, world_size, rank)]
+    seen = [
+        p
+        for step_micro in range(accum)
+        for rank in range(world_size)
+        for p in data.micro_batch_positions(cursor, step_micro, micro, world_size, rank)
+    ]
     global_batch = data.global_batch_size(micro, accum, world_size)
     assert sorted(seen) == list(range(cursor, cursor + global_batch))
     # each rank's slice of a micro-batch is contiguous
-    assert list(data.micro_batch_positions(cursor, 1, micro, world_size, 0)) == \
-        list(range(cursor + micro * world_size, cursor + micro * world_size + micro))
+    assert list(data.micro_batch_positions(cursor, 1, micro, world_size, 0)) == list(
+        range(cursor + micro * world_size, cursor + micro * world_size + micro)
+    )
 
 
 def test_same_global_batch_on_another_world_size():
@@ -81,13 +86,15 @@ def test_shard_checksum_mismatch_is_an_error(tmp_path):
     uri = write_dataset(tmp_path / "ds", train_records=20, eval_records=5)
     (tmp_path / "ds" / "train" / "00000.bin").write_bytes(b"\x00\x01" * 10)
     storage = open_storage(uri)
-    with pytest.raises(data.DataError, match="train/00000.bin has sha256 .*, the manifest says .*; re-stage the dataset"):
+    with pytest.raises(
+        data.DataError, match=r"train/00000.bin has sha256 .*, the manifest says .*; re-stage the dataset"
+    ):
         data.fetch_split(storage, uri, data.read_manifest(storage, uri), "train")
 
 
 def test_not_a_manifest_is_named(tmp_path):
     (tmp_path / "manifest.json").write_text('{"format": "other"}')
-    with pytest.raises(data.DataError, match="is not a trainops.dataset/v1 manifest"):
+    with pytest.raises(data.DataError, match=r"is not a trainops.dataset/v1 manifest"):
         data.read_manifest(open_storage(tmp_path.as_uri()), tmp_path.as_uri())
 
 

@@ -8,14 +8,13 @@ import numpy as np
 import pytest
 import torch
 
+from tests.trainer.helpers import run_config
 from trainer.cli import main
 from trainer.evaluate import eval_windows, slice_summaries, token_owners
 from trainer.export import write_export
 from trainer.model import Transformer
 from trainer.presets import PRESETS
 from trainer.storage import open_storage
-
-from tests.trainer.helpers import run_config
 
 
 def test_eval_windows_predict_every_token_once():
@@ -40,18 +39,39 @@ def test_trained_model_beats_untrained_baseline(reference_run, tmp_path):
     untrained_uri = (tmp_path / "untrained").as_uri()
     torch.manual_seed(0)
     args = PRESETS["tiny"].with_vocab(257)
-    write_export(open_storage(untrained_uri), untrained_uri, Transformer(args).state_dict(), args, step=0,
-                 data_uri="", run_uri="", precision="fp32")
+    write_export(
+        open_storage(untrained_uri),
+        untrained_uri,
+        Transformer(args).state_dict(),
+        args,
+        step=0,
+        data_uri="",
+        run_uri="",
+        precision="fp32",
+    )
     output = tmp_path / "eval.json"
-    assert main(["evaluate", "--config", str(reference_run["config"]), f"eval.baseline_uri={untrained_uri}",
-                 f"eval.output_uri={output.as_uri()}"]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "--config",
+                str(reference_run["config"]),
+                f"eval.baseline_uri={untrained_uri}",
+                f"eval.output_uri={output.as_uri()}",
+            ]
+        )
+        == 0
+    )
 
     report = json.loads(output.read_text())
     manifest = json.loads(open_storage(report["data_uri"]).get(report["data_uri"] + "/manifest.json"))
     eval_tokens = manifest["splits"]["eval"]["tokens"]
     candidate, baseline = report["candidate"], report["baseline"]
     assert (report["format"], report["split"]) == ("trainops.eval/v1", "eval")
-    assert candidate["model_uri"] == reference_run["run_uri"] + "/export" and baseline["model_uri"] == untrained_uri
+    assert (
+        candidate["model_uri"] == reference_run["run_uri"] + "/export"
+        and baseline["model_uri"] == untrained_uri
+    )
     assert math.isfinite(candidate["eval_loss"]) and candidate["eval_loss"] < baseline["eval_loss"] - 1.0
     assert baseline["eval_loss"] == pytest.approx(math.log(257), abs=0.2)  # near-uniform guesses
     assert candidate["perplexity"] == pytest.approx(math.exp(candidate["eval_loss"]))
@@ -66,8 +86,12 @@ def test_trained_model_beats_untrained_baseline(reference_run, tmp_path):
 
 @pytest.mark.slow
 def test_evaluate_defaults_to_the_run_export_and_eval_folder(reference_run):
-    assert main(["evaluate", "--config", str(reference_run["config"]), "eval.max_batches=2",
-                 "eval.batch_size=4"]) == 0
+    assert (
+        main(
+            ["evaluate", "--config", str(reference_run["config"]), "eval.max_batches=2", "eval.batch_size=4"]
+        )
+        == 0
+    )
     report = json.loads((reference_run["run_dir"] / "eval" / "metrics.json").read_text())
     assert report["baseline"] is None
     assert report["candidate"]["tokens"] == 2 * 4 * 32  # two full batches of 4 windows of seq_len 32
@@ -79,12 +103,14 @@ def test_export_cli_rebuilds_the_same_weights_from_the_checkpoint(reference_run,
     shutil.copytree(reference_run["run_dir"] / "checkpoints", tmp_path / "copy" / "checkpoints")
     assert main(["export", "--config", str(config)]) == 0
     exported = tmp_path / "copy" / "export"
-    assert (exported / "model.safetensors").read_bytes() == \
-        (reference_run["run_dir"] / "export" / "model.safetensors").read_bytes()
+    assert (exported / "model.safetensors").read_bytes() == (
+        reference_run["run_dir"] / "export" / "model.safetensors"
+    ).read_bytes()
     info = json.loads((exported / "export.json").read_text())
     assert (info["step"], info["precision"], info["param_count"]) == (40, "bf16", 139_712)
-    assert json.loads((exported / "model_config.json").read_text()) == \
-        json.loads((reference_run["run_dir"] / "export" / "model_config.json").read_text())
+    assert json.loads((exported / "model_config.json").read_text()) == json.loads(
+        (reference_run["run_dir"] / "export" / "model_config.json").read_text()
+    )
     hf_config = json.loads((exported / "config.json").read_text())
     assert hf_config.pop("max_position_embeddings") == 32  # the run's train.seq_len
     trained = json.loads((reference_run["run_dir"] / "export" / "config.json").read_text())
@@ -93,14 +119,27 @@ def test_export_cli_rebuilds_the_same_weights_from_the_checkpoint(reference_run,
 
 def test_export_without_checkpoints_says_so(tmp_path, dataset_uri):
     config, run_uri = run_config(tmp_path, dataset_uri, "empty")
-    with pytest.raises(RuntimeError, match=f"no committed checkpoint under {run_uri}/checkpoints; run `trainer train` first"):
+    with pytest.raises(
+        RuntimeError, match=f"no committed checkpoint under {run_uri}/checkpoints; run `trainer train` first"
+    ):
         main(["export", "--config", str(config)])
 
 
 def _evaluate(config, tmp_path, name, *overrides) -> dict:
     output = tmp_path / f"{name}.json"
-    assert main(["evaluate", "--config", str(config), f"eval.output_uri={output.as_uri()}", "eval.max_batches=4",
-                 *overrides]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "--config",
+                str(config),
+                f"eval.output_uri={output.as_uri()}",
+                "eval.max_batches=4",
+                *overrides,
+            ]
+        )
+        == 0
+    )
     return json.loads(output.read_text())
 
 
@@ -108,14 +147,20 @@ def _evaluate(config, tmp_path, name, *overrides) -> dict:
 def test_a_checkpoint_evaluates_like_the_export_of_the_same_weights(reference_run, tmp_path):
     run_uri, config = reference_run["run_uri"], reference_run["config"]
     step_40 = f"{run_uri}/checkpoints/step_00000040"
-    report = _evaluate(config, tmp_path, "step40", f"eval.model_uri={step_40}",
-                       f"eval.baseline_uri={run_uri}/export")
+    report = _evaluate(
+        config, tmp_path, "step40", f"eval.model_uri={step_40}", f"eval.baseline_uri={run_uri}/export"
+    )
     candidate, baseline = report["candidate"], report["baseline"]
     assert candidate["model_uri"] == step_40 and candidate["tokens"] == baseline["tokens"] == 4 * 8 * 32
     assert candidate["eval_loss"] == pytest.approx(baseline["eval_loss"], abs=1e-6)
     # The checkpoints/ prefix means the newest valid one (step 40); step 30 holds other weights.
-    newest = _evaluate(config, tmp_path, "newest", f"eval.model_uri={run_uri}/checkpoints/",
-                       f"eval.baseline_uri={run_uri}/checkpoints/step_00000030")
+    newest = _evaluate(
+        config,
+        tmp_path,
+        "newest",
+        f"eval.model_uri={run_uri}/checkpoints/",
+        f"eval.baseline_uri={run_uri}/checkpoints/step_00000030",
+    )
     assert newest["candidate"]["eval_loss"] == pytest.approx(candidate["eval_loss"], abs=1e-6)
     assert newest["baseline"]["eval_loss"] != pytest.approx(candidate["eval_loss"], abs=1e-4)
 
@@ -128,7 +173,11 @@ def test_an_uncommitted_checkpoint_is_refused_by_name(reference_run, tmp_path, d
     with pytest.raises(RuntimeError, match=f"checkpoint {step_40} cannot be used: no _COMMITTED marker"):
         _evaluate(reference_run["config"], tmp_path, "bad", f"eval.model_uri={step_40}")
     # The prefix falls back to the newest committed checkpoint, step 30.
-    fallback = _evaluate(reference_run["config"], tmp_path, "fallback",
-                         f"eval.model_uri={(tmp_path / 'copy' / 'checkpoints').as_uri()}",
-                         f"eval.baseline_uri={reference_run['run_uri']}/checkpoints/step_00000030")
+    fallback = _evaluate(
+        reference_run["config"],
+        tmp_path,
+        "fallback",
+        f"eval.model_uri={(tmp_path / 'copy' / 'checkpoints').as_uri()}",
+        f"eval.baseline_uri={reference_run['run_uri']}/checkpoints/step_00000030",
+    )
     assert fallback["candidate"]["eval_loss"] == pytest.approx(fallback["baseline"]["eval_loss"], abs=1e-6)

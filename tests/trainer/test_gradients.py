@@ -26,9 +26,22 @@ TOLERANCE = {"fp32": 1e-5, "fp16": 5e-3, "bf16": 3e-2}
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory) -> dict[str, dict]:
     out = tmp_path_factory.mktemp("grad_probe")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(REPO / "tests" / "trainer" / "grad_probe.py"), str(out)],
-                          env=trainer_env(out / "cache"), capture_output=True, text=True, timeout=180, cwd=REPO)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            str(REPO / "tests" / "trainer" / "grad_probe.py"),
+            str(out),
+        ],
+        env=trainer_env(out / "cache"),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return {name: torch.load(out / f"{name}.pt") for name in grad_probe.CASES}
 
@@ -59,13 +72,16 @@ def test_every_precision_trains(probe, precision):
     assert losses == pytest.approx(probe["fp32"]["losses"], abs=0.02)
 
 
-@pytest.mark.parametrize("case, same_as, tolerance", [
-    ("fp32_accum2", "fp32", 1e-4),              # 2 micro-steps of 2 samples = 1 of 4
-    ("fp32_accum2_nosync", "fp32", 1e-4),       # one gradient sync per step instead of per micro-step
-    ("bf16_accum2_nosync", "bf16", 5e-3),       # unsharded bf16 grads are accumulated in fp32
-    ("fp32_ac_full", "fp32", 1e-5),             # recomputed activations are the same activations
-    ("fp32_ac_selective", "fp32", 1e-5),
-])
+@pytest.mark.parametrize(
+    "case, same_as, tolerance",
+    [
+        ("fp32_accum2", "fp32", 1e-4),  # 2 micro-steps of 2 samples = 1 of 4
+        ("fp32_accum2_nosync", "fp32", 1e-4),  # one gradient sync per step instead of per micro-step
+        ("bf16_accum2_nosync", "bf16", 5e-3),  # unsharded bf16 grads are accumulated in fp32
+        ("fp32_ac_full", "fp32", 1e-5),  # recomputed activations are the same activations
+        ("fp32_ac_selective", "fp32", 1e-5),
+    ],
+)
 def test_step_options_keep_gradients_and_losses(probe, reference, case, same_as, tolerance):
     assert probe[case]["accum"] == (2 if "accum2" in case else 1)
     assert worst_relative_error(probe[case]["grads"], reference) < max(tolerance, TOLERANCE[same_as])

@@ -6,6 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from tests.trainer.helpers import REPO
 from trainer.builder import build_model
 from trainer.export import load_export, write_export
 from trainer.hf import from_hf_state_dict, half_to_interleaved, interleaved_to_half, to_hf_state_dict
@@ -13,43 +14,72 @@ from trainer.model import Transformer
 from trainer.presets import ModelArgs
 from trainer.storage import open_storage
 
-from tests.trainer.helpers import REPO
-
 # Grouped-query attention, so q and k are permuted with different head counts.
 ARGS = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=97, rope_theta=500000.0)
 
 
 def export(tmp_path, model, args=ARGS, **kwargs):
     uri = (tmp_path / "export").as_uri()
-    write_export(open_storage(uri), uri, model.state_dict(), args, step=3, data_uri="file:///d",
-                 run_uri="file:///r", precision="bf16", **kwargs)
+    write_export(
+        open_storage(uri),
+        uri,
+        model.state_dict(),
+        args,
+        step=3,
+        data_uri="file:///d",
+        run_uri="file:///r",
+        precision="bf16",
+        **kwargs,
+    )
     return tmp_path / "export", uri
 
 
 def hf_names(layers: int) -> set[str]:
-    per_layer = [f"self_attn.{p}_proj.weight" for p in "qkvo"] + \
-        [f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")] + \
-        ["input_layernorm.weight", "post_attention_layernorm.weight"]
-    return {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"} | \
-        {f"model.layers.{i}.{name}" for i in range(layers) for name in per_layer}
+    per_layer = (
+        [f"self_attn.{p}_proj.weight" for p in "qkvo"]
+        + [f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")]
+        + ["input_layernorm.weight", "post_attention_layernorm.weight"]
+    )
+    return {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"} | {
+        f"model.layers.{i}.{name}" for i in range(layers) for name in per_layer
+    }
 
 
 def test_export_has_hf_names_and_llama_config(tmp_path):
     torch.manual_seed(0)
     folder, _ = export(tmp_path, Transformer(ARGS), seq_len=128)
-    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "export.json", "model.safetensors",
-                                                         "model_config.json"]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "config.json",
+        "export.json",
+        "model.safetensors",
+        "model_config.json",
+    ]
     tensors = load_file(folder / "model.safetensors")
     assert set(tensors) == hf_names(2) and all(t.dtype == torch.float32 for t in tensors.values())
     assert tensors["model.layers.0.self_attn.k_proj.weight"].shape == (32, 64)  # 2 kv heads of 16
     config = json.loads((folder / "config.json").read_text())
-    assert config == {**config, "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 97,
-                      "hidden_size": 64, "intermediate_size": ARGS.hidden, "num_hidden_layers": 2,
-                      "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
-                      "rope_theta": 500000.0, "max_position_embeddings": 128, "tie_word_embeddings": False,
-                      "torch_dtype": "float32"}
+    assert config == {
+        **config,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": 97,
+        "hidden_size": 64,
+        "intermediate_size": ARGS.hidden,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "max_position_embeddings": 128,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+    }
     info = json.loads((folder / "export.json").read_text())
-    assert (info["step"], info["layout"], info["param_count"]) == (3, "hf-llama", sum(t.numel() for t in tensors.values()))
+    assert (info["step"], info["layout"], info["param_count"]) == (
+        3,
+        "hf-llama",
+        sum(t.numel() for t in tensors.values()),
+    )
 
 
 def test_rope_permutation_round_trips_and_is_not_the_identity():
@@ -97,7 +127,9 @@ def test_user_model_exports_its_own_names_and_loads_through_its_builder(tmp_path
 
 def test_missing_export_says_what_to_point_at(tmp_path):
     uri = (tmp_path / "nothing").as_uri()
-    with pytest.raises(FileNotFoundError, match=f"{uri} holds no model.safetensors; point the model URI at an export"):
+    with pytest.raises(
+        FileNotFoundError, match=f"{uri} holds no model.safetensors; point the model URI at an export"
+    ):
         load_export(open_storage(uri), uri)
 
 
@@ -107,8 +139,9 @@ def test_transformers_loads_the_export_as_llama_with_the_same_logits(tmp_path, a
     torch.manual_seed(0)
     model = Transformer(ARGS).eval()
     folder, _ = export(tmp_path, model, seq_len=64)
-    hf_model = transformers.LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32,
-                                                             attn_implementation=attention).eval()
+    hf_model = transformers.LlamaForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation=attention
+    ).eval()
     tokens = torch.randint(0, 97, (2, 24))
     with torch.no_grad():
         ours, theirs = model(tokens), hf_model(tokens).logits
@@ -121,7 +154,8 @@ def test_transformers_loads_the_export_as_llama_with_the_same_logits(tmp_path, a
             heads = ARGS.n_heads if "q_proj" in name else ARGS.kv_heads
             tensors[name] = half_to_interleaved(tensors[name], heads).contiguous()
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
-    unpermuted = transformers.LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32,
-                                                               attn_implementation=attention).eval()
+    unpermuted = transformers.LlamaForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation=attention
+    ).eval()
     with torch.no_grad():
         assert (unpermuted(tokens).logits - ours).abs().max() > 1e-3

@@ -68,9 +68,12 @@ def test_non_embedding_params_drop_only_the_input_lookup():
 def test_preset_table_lists_every_preset_with_its_shape_and_size():
     lines = preset_table().splitlines()
     assert lines[0].split() == ["preset", "layers", "dim", "heads", "kv_heads", "ffn_hidden", "params"]
-    rows = {line.split()[0]: line.split() for line in lines[1:len(PRESETS) + 1]}
+    rows = {line.split()[0]: line.split() for line in lines[1 : len(PRESETS) + 1]}
     assert list(rows) == list(PRESETS)
     assert rows["bert-large-size"][1:4] == ["24", "1024", "16"]
     assert rows["7b"][-1] == "6.74B" and rows["small"][-1] == "134.1M"
     assert "32,000-token vocabulary" in lines[-1]
-    assert preset_table(vocab_size=257).splitlines()[1].split()[-1] == f"{param_count(PRESETS['tiny'].with_vocab(257)) / 1e6:.1f}M"
+    assert (
+        preset_table(vocab_size=257).splitlines()[1].split()[-1]
+        == f"{param_count(PRESETS['tiny'].with_vocab(257)) / 1e6:.1f}M"
+    )

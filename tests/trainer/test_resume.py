@@ -14,8 +14,16 @@ from collections import Counter
 import pytest
 
 from tests.trainer.helpers import (
-    GLOBAL_BATCH, INSTRUMENTED, REPO, metrics_of, read_json, run_config, samples_read,
-    single_process_argv, torchrun_argv, trainer_env,
+    GLOBAL_BATCH,
+    INSTRUMENTED,
+    REPO,
+    metrics_of,
+    read_json,
+    run_config,
+    samples_read,
+    single_process_argv,
+    torchrun_argv,
+    trainer_env,
 )
 
 pytestmark = pytest.mark.slow
@@ -43,22 +51,34 @@ def test_sigterm_inside_steps_and_at_a_checkpoint_step_resumes_bitwise(tmp_path,
     samples.mkdir()
     plan = [(1, f"{cursor_before(7)}:1", 143), (2, f"{cursor_before(20)}:0", 143), (3, "", 0)]
     for attempt, sigterm_at, _ in plan:
-        proc = subprocess.run(torchrun_argv(config, module=INSTRUMENTED),
-                              env=trainer_env(tmp_path / "cache", attempt, samples_dir=str(samples),
-                                              sigterm_at=sigterm_at),
-                              capture_output=True, text=True, timeout=180)
+        proc = subprocess.run(
+            torchrun_argv(config, module=INSTRUMENTED),
+            env=trainer_env(tmp_path / "cache", attempt, samples_dir=str(samples), sigterm_at=sigterm_at),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         # torchrun itself exits 1 when a worker exits 143 (preempted); the record says what happened
         assert proc.returncode == (1 if sigterm_at else 0), proc.stdout[-3000:] + proc.stderr[-3000:]
 
     first, second, third = (read_json(run / "attempts" / f"{n}.json") for n in (1, 2, 3))
     # the signal came during micro-steps; the stop happened at the end of that step
-    assert (first["outcome"], first["last_step"], first["checkpoint_step"], first["steps_lost"]) == \
-        ("preempted", 7, 7, 0)
-    assert (second["outcome"], second["resumed_from_step"], second["last_step"], second["checkpoint_step"]) == \
-        ("preempted", 7, 20, 20)
+    assert (first["outcome"], first["last_step"], first["checkpoint_step"], first["steps_lost"]) == (
+        "preempted",
+        7,
+        7,
+        0,
+    )
+    assert (
+        second["outcome"],
+        second["resumed_from_step"],
+        second["last_step"],
+        second["checkpoint_step"],
+    ) == ("preempted", 7, 20, 20)
     assert (third["outcome"], third["resumed_from_step"], third["last_step"]) == ("completed", 20, MAX_STEPS)
-    assert (run / "export" / "model.safetensors").read_bytes() == \
-        (reference_run["run_dir"] / "export" / "model.safetensors").read_bytes()
+    assert (run / "export" / "model.safetensors").read_bytes() == (
+        reference_run["run_dir"] / "export" / "model.safetensors"
+    ).read_bytes()
 
     # every attempt starts exactly at its checkpoint's cursor; together they read each sample once
     read = [samples_read(samples, n) for n in (1, 2, 3)]
@@ -75,9 +95,14 @@ def test_resume_on_another_world_size_continues_the_same_samples(tmp_path, datas
     samples.mkdir()
     shutil.copytree(reference_run["run_dir"] / "checkpoints", run / "checkpoints")
     shutil.rmtree(run / "checkpoints" / "step_00000040")  # latest.json still says 40: a stale pointer
-    proc = subprocess.run(single_process_argv(config, module=INSTRUMENTED),
-                          env=trainer_env(tmp_path / "cache", attempt=2, samples_dir=str(samples)),
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    proc = subprocess.run(
+        single_process_argv(config, module=INSTRUMENTED),
+        env=trainer_env(tmp_path / "cache", attempt=2, samples_dir=str(samples)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "checkpoint: picked step 30" in proc.stdout
     assert "batch: 16 samples per step = micro batch 4 x 4 accumulation steps x 1 ranks" in proc.stdout

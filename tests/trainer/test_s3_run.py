@@ -14,9 +14,14 @@ pytestmark = pytest.mark.slow
 def test_checkpoints_metrics_records_and_export_go_to_s3(tmp_path, dataset_uri, s3_root):
     run_uri = f"{s3_root}/runs/r1"
     config, _ = run_config(tmp_path, dataset_uri, "run", run_uri=run_uri)
-    proc = subprocess.run(torchrun_argv(config, "train.max_steps=8", "checkpoint.every_steps=4"),
-                          env=trainer_env(tmp_path / "cache", attempt=1), capture_output=True, text=True,
-                          timeout=300, cwd=REPO)
+    proc = subprocess.run(
+        torchrun_argv(config, "train.max_steps=8", "checkpoint.every_steps=4"),
+        env=trainer_env(tmp_path / "cache", attempt=1),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     store, layout = open_storage(run_uri), RunLayout(run_uri)
     assert store.get_json(layout.attempt(1))["outcome"] == "completed"

@@ -48,13 +48,13 @@ def test_json_round_trip(root):
 def test_get_json_names_the_object_when_it_is_not_json(root):
     store = open_storage(root)
     store.put(f"{root}/bad.json", b"{not json")
-    with pytest.raises(StorageError, match="bad.json.*not valid JSON"):
+    with pytest.raises(StorageError, match=r"bad.json.*not valid JSON"):
         store.get_json(f"{root}/bad.json")
 
 
 def test_missing_object_raises_not_found(root):
     store = open_storage(root)
-    with pytest.raises(NotFound, match="missing.bin"):
+    with pytest.raises(NotFound, match=r"missing.bin"):
         store.get(f"{root}/missing.bin")
     with pytest.raises(FileNotFoundError):
         store.get_json(f"{root}/missing.json")
@@ -69,9 +69,7 @@ def test_list_is_recursive_sorted_and_does_not_leak_sibling_prefixes(root):
     assert store.list(f"{root}/run1") == expected
     assert store.list(f"{root}/run1/") == expected
     assert store.list(f"{root}/nothing-here") == []
-    assert store.list(root) == sorted(
-        f"{root}/{k}" for k in ["run1/b", "run1/a/x", "run10/x", "run1.json"]
-    )
+    assert store.list(root) == sorted(f"{root}/{k}" for k in ["run1/b", "run1/a/x", "run10/x", "run1.json"])
 
 
 def test_list_hides_lock_and_temp_files_after_conditional_writes(root):
@@ -108,7 +106,7 @@ def test_if_none_match_creates_once(root):
     store = open_storage(root)
     uri = f"{root}/models/m/versions/3/card.json"
     store.put(uri, b"first", if_none_match=True)
-    with pytest.raises(PreconditionFailed, match="card.json"):
+    with pytest.raises(PreconditionFailed, match=r"card.json"):
         store.put(uri, b"second", if_none_match=True)
     assert store.get(uri) == b"first"
 
@@ -174,9 +172,7 @@ def test_processes_racing_if_match_on_files_exactly_one_wins(file_root):
     for _round in range(3):
         etag = store.put(uri, b"base")
         barrier = ctx.Barrier(6)
-        procs = [
-            ctx.Process(target=_contend_in_process, args=(uri, etag, i, barrier)) for i in range(6)
-        ]
+        procs = [ctx.Process(target=_contend_in_process, args=(uri, etag, i, barrier)) for i in range(6)]
         for p in procs:
             p.start()
         for p in procs:
@@ -225,7 +221,7 @@ def test_unsupported_scheme_is_named():
 
 
 def test_relative_file_path_is_rejected():
-    with pytest.raises(StorageError, match="'file://data/root'.*absolute path"):
+    with pytest.raises(StorageError, match=r"'file://data/root'.*absolute path"):
         open_storage("file://data/root")
     with pytest.raises(StorageError, match="absolute path"):
         FileStorage().put("file://data/x", b"x")

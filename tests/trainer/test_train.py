@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.helpers import (
-    REPO, committed_steps, metrics_of, read_json, run_config, torchrun_argv, trainer_env,
+    REPO,
+    committed_steps,
+    metrics_of,
+    read_json,
+    run_config,
+    torchrun_argv,
+    trainer_env,
 )
 from trainer.attempts import NON_FINITE_HINT
 
@@ -45,7 +51,9 @@ def alive(pid: int) -> bool:
 def wait_until(condition, proc: subprocess.Popen | None, log: Path, timeout: float = 90.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
-        assert proc is None or proc.poll() is None, f"trainer exited early ({proc.returncode}):\n{log.read_text()[-3000:]}"
+        assert proc is None or proc.poll() is None, (
+            f"trainer exited early ({proc.returncode}):\n{log.read_text()[-3000:]}"
+        )
         assert time.monotonic() < deadline, f"timed out waiting:\n{log.read_text()[-3000:]}"
         time.sleep(0.02)
 
@@ -53,14 +61,24 @@ def wait_until(condition, proc: subprocess.Popen | None, log: Path, timeout: flo
 def launch(config: Path, tmp: Path, attempt: int, log_name: str, **popen) -> tuple[subprocess.Popen, Path]:
     log = tmp / log_name
     with open(log, "w") as out:
-        proc = subprocess.Popen(torchrun_argv(config), env=trainer_env(tmp / "cache", attempt), stdout=out,
-                                stderr=subprocess.STDOUT, **popen)
+        proc = subprocess.Popen(
+            torchrun_argv(config),
+            env=trainer_env(tmp / "cache", attempt),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            **popen,
+        )
     return proc, log
 
 
 def relaunch_to_completion(config: Path, tmp: Path, attempt: int) -> str:
-    proc = subprocess.run(torchrun_argv(config), env=trainer_env(tmp / "cache", attempt), capture_output=True,
-                          text=True, timeout=180)
+    proc = subprocess.run(
+        torchrun_argv(config),
+        env=trainer_env(tmp / "cache", attempt),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 
@@ -68,22 +86,35 @@ def relaunch_to_completion(config: Path, tmp: Path, attempt: int) -> str:
 def test_uninterrupted_run(reference_run):
     run = reference_run["run_dir"]
     record = read_json(run / "attempts" / "1.json")
-    assert (record["outcome"], record["last_step"], record["checkpoint_step"], record["steps_lost"]) == \
-        ("completed", MAX_STEPS, MAX_STEPS, 0)
+    assert (record["outcome"], record["last_step"], record["checkpoint_step"], record["steps_lost"]) == (
+        "completed",
+        MAX_STEPS,
+        MAX_STEPS,
+        0,
+    )
     assert (record["world_size"], record["resumed_from_step"]) == (2, None)
 
     metrics = metrics_of(run)
     assert sorted(metrics) == list(range(1, MAX_STEPS + 1))
     assert metrics[MAX_STEPS]["loss"] < metrics[1]["loss"] - 2.0  # it learned the templates
-    assert re.search(r"^step 40/40 loss \d+\.\d{3} lr \d\.\de-\d\d tok/s [\d,]+ elapsed \d+s eta 0s$",
-                     reference_run["stdout"], re.M)
+    assert re.search(
+        r"^step 40/40 loss \d+\.\d{3} lr \d\.\de-\d\d tok/s [\d,]+ elapsed \d+s eta 0s$",
+        reference_run["stdout"],
+        re.M,
+    )
 
-    assert "batch: 16 samples per step = micro batch 4 x 2 accumulation steps x 2 ranks" in reference_run["stdout"]
+    assert (
+        "batch: 16 samples per step = micro batch 4 x 2 accumulation steps x 2 ranks"
+        in reference_run["stdout"]
+    )
     # regular checkpoints are written in the background; the log says what the loop waited for
     for step in (10, 20, 30):
-        assert re.search(rf"^\[trainer\] checkpoint: step {step} staged in \d+\.\d\ds \(loop blocked\), after "
-                         rf"waiting \d+\.\d\ds for the previous save; committed in \d+\.\ds$",
-                         reference_run["stdout"], re.M), step
+        assert re.search(
+            rf"^\[trainer\] checkpoint: step {step} staged in \d+\.\d\ds \(loop blocked\), after "
+            rf"waiting \d+\.\d\ds for the previous save; committed in \d+\.\ds$",
+            reference_run["stdout"],
+            re.M,
+        ), step
     assert committed_steps(run) == [30, 40]  # checkpoint.keep=2
     assert read_json(run / "checkpoints" / "latest.json")["step"] == MAX_STEPS
     info = read_json(run / "export" / "export.json")
@@ -103,17 +134,23 @@ def test_sigterm_saves_then_relaunch_ends_identical(tmp_path, dataset_uri, refer
     finally:
         proc.kill()
     first = read_json(run / "attempts" / "1.json")
-    assert (first["outcome"], first["signal"], first["steps_lost"]) == ("preempted", "SIGTERM", 0), log.read_text()[-2000:]
+    assert (first["outcome"], first["signal"], first["steps_lost"]) == ("preempted", "SIGTERM", 0), (
+        log.read_text()[-2000:]
+    )
     assert first["checkpoint_step"] == first["last_step"]
     assert 13 <= first["last_step"] < MAX_STEPS
     assert first["last_step"] in committed_steps(run)
 
     relaunch_to_completion(config, tmp_path, attempt=2)
     second = read_json(run / "attempts" / "2.json")
-    assert (second["outcome"], second["resumed_from_step"], second["last_step"]) == \
-        ("completed", first["last_step"], MAX_STEPS)
-    assert (run / "export" / "model.safetensors").read_bytes() == \
-        (reference_run["run_dir"] / "export" / "model.safetensors").read_bytes()
+    assert (second["outcome"], second["resumed_from_step"], second["last_step"]) == (
+        "completed",
+        first["last_step"],
+        MAX_STEPS,
+    )
+    assert (run / "export" / "model.safetensors").read_bytes() == (
+        reference_run["run_dir"] / "export" / "model.safetensors"
+    ).read_bytes()
     metrics = metrics_of(run)
     assert sorted(metrics) == list(range(1, MAX_STEPS + 1))
     assert {metrics[s]["attempt"] for s in range(first["last_step"] + 1, MAX_STEPS + 1)} == {2}
@@ -141,23 +178,41 @@ def test_sigkill_relaunch_resumes_from_last_commit_and_ends_identical(tmp_path, 
     relaunch_to_completion(config, tmp_path, attempt=2)
     second = read_json(run / "attempts" / "2.json")
     assert (second["outcome"], second["resumed_from_step"]) == ("completed", newest_commit)
-    assert (run / "export" / "model.safetensors").read_bytes() == \
-        (reference_run["run_dir"] / "export" / "model.safetensors").read_bytes()
+    assert (run / "export" / "model.safetensors").read_bytes() == (
+        reference_run["run_dir"] / "export" / "model.safetensors"
+    ).read_bytes()
 
 
 def test_non_finite_loss_fails_with_a_hint_and_keeps_the_last_checkpoint(tmp_path, dataset_uri):
     config, _ = run_config(tmp_path, dataset_uri, "run")
     run = tmp_path / "run"
     # A single process (no torchrun); an absurd LR blows the weights up after the first step.
-    proc = subprocess.run([sys.executable, "-m", "trainer", "train", "--config", str(config), "train.lr=1e30",
-                           "train.warmup_steps=0", "train.grad_clip=1e30", "checkpoint.every_steps=1"],
-                          env=trainer_env(tmp_path / "cache", attempt=1), capture_output=True, text=True,
-                          timeout=120, cwd=REPO)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer",
+            "train",
+            "--config",
+            str(config),
+            "train.lr=1e30",
+            "train.warmup_steps=0",
+            "train.grad_clip=1e30",
+            "checkpoint.every_steps=1",
+        ],
+        env=trainer_env(tmp_path / "cache", attempt=1),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert proc.returncode == 1
     record = read_json(run / "attempts" / "1.json")
     step = record["last_step"]
     assert record["outcome"] == "failed" and record["error"].startswith("NonFiniteLoss")
-    assert re.fullmatch(rf"loss became (nan|inf|-inf) at step {step}: {re.escape(NON_FINITE_HINT)}", record["hint"])
+    assert re.fullmatch(
+        rf"loss became (nan|inf|-inf) at step {step}: {re.escape(NON_FINITE_HINT)}", record["hint"]
+    )
     assert record["checkpoint_step"] == step - 1 == committed_steps(run)[-1]
     assert proc.stderr.strip().splitlines()[-1] == f"trainer: failed at step {step}: {record['hint']}"
 
@@ -169,9 +224,14 @@ def test_single_process_bf16_training_on_cuda(tmp_path, dataset_uri):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     config, _ = run_config(tmp_path, dataset_uri, "run", precision="bf16")
-    proc = subprocess.run([sys.executable, "-m", "trainer", "train", "--config", str(config), "train.max_steps=20"],
-                          env=trainer_env(tmp_path / "cache", attempt=1), capture_output=True, text=True,
-                          timeout=300, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer", "train", "--config", str(config), "train.max_steps=20"],
+        env=trainer_env(tmp_path / "cache", attempt=1),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     metrics = metrics_of(tmp_path / "run")
     assert read_json(tmp_path / "run" / "attempts" / "1.json")["outcome"] == "completed"
@@ -183,15 +243,32 @@ def test_compiled_checkpointed_unsynced_run_follows_the_reference(tmp_path, data
     # builds C++ kernels), selective activation checkpointing, and gradient sync only on the
     # last of 4 micro-steps. Same global batch as the 2-rank reference, so the same losses.
     config, _ = run_config(tmp_path, dataset_uri, "run")
-    proc = subprocess.run([sys.executable, "-m", "trainer", "train", "--config", str(config), "train.max_steps=3",
-                           "train.compile=true", "train.activation_checkpointing=selective",
-                           "train.skip_grad_sync_in_accum=true", "checkpoint.every_steps=2"],
-                          env=trainer_env(tmp_path / "cache", attempt=1), capture_output=True, text=True,
-                          timeout=300, cwd=REPO)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer",
+            "train",
+            "--config",
+            str(config),
+            "train.max_steps=3",
+            "train.compile=true",
+            "train.activation_checkpointing=selective",
+            "train.skip_grad_sync_in_accum=true",
+            "checkpoint.every_steps=2",
+        ],
+        env=trainer_env(tmp_path / "cache", attempt=1),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "batch: 16 samples per step = micro batch 4 x 4 accumulation steps x 1 ranks" in proc.stdout
-    assert ("step options: activation checkpointing selective (blocks 1 of 2), torch.compile per block, "
-            "gradient sync on the last micro-step only") in proc.stdout
+    assert (
+        "step options: activation checkpointing selective (blocks 1 of 2), torch.compile per block, "
+        "gradient sync on the last micro-step only"
+    ) in proc.stdout
     reference, run = metrics_of(reference_run["run_dir"]), metrics_of(tmp_path / "run")
     assert sorted(run) == [1, 2, 3]
     for step in (1, 2, 3):  # all in the warmup: the same LRs as the 40-step reference
@@ -203,8 +280,14 @@ def test_compiled_checkpointed_unsynced_run_follows_the_reference(tmp_path, data
 def test_user_model_from_a_builder_trains_under_torchrun_and_exports(tmp_path, dataset_uri):
     config, _ = run_config(tmp_path, dataset_uri, "run", model={"builder": "examples.custom_model:build"})
     env = trainer_env(tmp_path / "cache", attempt=1)
-    proc = subprocess.run(torchrun_argv(config, "train.max_steps=6", "checkpoint.every_steps=3", module="trainer"),
-                          env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    proc = subprocess.run(
+        torchrun_argv(config, "train.max_steps=6", "checkpoint.every_steps=3", module="trainer"),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "model: builder examples.custom_model:build" in proc.stdout
     run = tmp_path / "run"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from airflow.sdk import DAG, BaseOperator
+
 from trainops.links import (
     GATE_REPORT_KEY,
     RUN_REPORT_KEY,
@@ -21,18 +21,17 @@ from trainops.links import (
 PROBE_DAG_ID = "trainops_links_probe"
 REPORT_URI = "s3://lake/trainops/datasets/web text/3f9a/validation.json"
 JOB_URI = "s3://lake/trainops/runs/retrain/manual__2026-01-01T00_00_00_00_00/train/job.json"
-PROBE_DAG_FILE = '''# An Airflow DAG for tests/trainops/test_links.py.
+PROBE_DAG_FILE = """# An Airflow DAG for tests/trainops/test_links.py.
 from tests.trainops.test_links import build_probe_dag
 
 dag = build_probe_dag()
-'''
+"""
 
 
 class PushReportsOperator(BaseOperator):
     """Pushes report URIs the way trainops operators do, and offers all four links."""
 
-    operator_extra_links = (ValidationReportLink(), GateDecisionLink(), ModelCardLink(),
-                            RunReportLink())
+    operator_extra_links = (ValidationReportLink(), GateDecisionLink(), ModelCardLink(), RunReportLink())
 
     def __init__(self, *, reports: dict, **kwargs):
         super().__init__(**kwargs)
@@ -45,45 +44,61 @@ class PushReportsOperator(BaseOperator):
 
 def build_probe_dag():
     with DAG(PROBE_DAG_ID, schedule=None) as dag:
-        PushReportsOperator(task_id="stage", reports={VALIDATION_REPORT_KEY: REPORT_URI,
-                                                      GATE_REPORT_KEY: "",
-                                                      RUN_REPORT_KEY: JOB_URI})
+        PushReportsOperator(
+            task_id="stage",
+            reports={VALIDATION_REPORT_KEY: REPORT_URI, GATE_REPORT_KEY: "", RUN_REPORT_KEY: JOB_URI},
+        )
     return dag
 
 
-@pytest.mark.parametrize(("base_url", "expected"), [
-    ("https://airflow.example.com/team-a/", "https://airflow.example.com/team-a/trainops/report"),
-    ("https://airflow.example.com", "https://airflow.example.com/trainops/report"),
-    ("", "/trainops/report"),
-])
+@pytest.mark.parametrize(
+    ("base_url", "expected"),
+    [
+        ("https://airflow.example.com/team-a/", "https://airflow.example.com/team-a/trainops/report"),
+        ("https://airflow.example.com", "https://airflow.example.com/trainops/report"),
+        ("", "/trainops/report"),
+    ],
+)
 def test_report_url_keeps_the_proxy_path_and_encodes_the_uri(base_url, expected):
-    url = report_url("s3://b/root/runs/d/manual__2026-01-01T00:00:00+00:00/t/eval/gate.json",
-                     base_url)
-    assert url == (f"{expected}?uri=s3%3A%2F%2Fb%2Froot%2Fruns%2Fd%2F"
-                   "manual__2026-01-01T00%3A00%3A00%2B00%3A00%2Ft%2Feval%2Fgate.json")
+    url = report_url("s3://b/root/runs/d/manual__2026-01-01T00:00:00+00:00/t/eval/gate.json", base_url)
+    assert url == (
+        f"{expected}?uri=s3%3A%2F%2Fb%2Froot%2Fruns%2Fd%2F"
+        "manual__2026-01-01T00%3A00%3A00%2B00%3A00%2Ft%2Feval%2Fgate.json"
+    )
 
 
 def test_report_url_reads_airflow_base_url(monkeypatch):
     monkeypatch.setenv("AIRFLOW__API__BASE_URL", "https://proxy.example.com/airflow")
     assert report_url("file:///r/a.json") == (
-        "https://proxy.example.com/airflow/trainops/report?uri=file%3A%2F%2F%2Fr%2Fa.json")
+        "https://proxy.example.com/airflow/trainops/report?uri=file%3A%2F%2F%2Fr%2Fa.json"
+    )
 
 
 def test_links_follow_the_pushed_xcom_through_airflow(airflow_db, tmp_path, monkeypatch):
     """dag.test() runs the task runner, which stores each link's URL; the API lists them."""
-    from fastapi.testclient import TestClient
-
     from airflow.api_fastapi.app import create_app, get_auth_manager
     from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+    from fastapi.testclient import TestClient
 
     (tmp_path / "links_probe.py").write_text(PROBE_DAG_FILE)
     # dag.test() needs its DAG in a bundle; this one sits in tmp_path, beside the dags folder.
-    monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps([
-        {"name": "trainops-links-test", "kwargs": {"path": str(tmp_path)},
-         "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle"},
-        {"name": "dags-folder", "kwargs": {},
-         "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle"},
-    ]))
+    monkeypatch.setenv(
+        "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST",
+        json.dumps(
+            [
+                {
+                    "name": "trainops-links-test",
+                    "kwargs": {"path": str(tmp_path)},
+                    "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+                },
+                {
+                    "name": "dags-folder",
+                    "kwargs": {},
+                    "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+                },
+            ]
+        ),
+    )
     monkeypatch.setenv("AIRFLOW__API__BASE_URL", "https://airflow.example.com/team-a/")
 
     dagrun = build_probe_dag().test()
@@ -93,52 +108,63 @@ def test_links_follow_the_pushed_xcom_through_airflow(airflow_db, tmp_path, monk
     token = get_auth_manager().generate_jwt(SimpleAuthManagerUser(username="ada", role="viewer"))
     response = client.get(
         f"/api/v2/dags/{PROBE_DAG_ID}/dagRuns/{dagrun.run_id}/taskInstances/stage/links",
-        headers={"Authorization": f"Bearer {token}"})
+        headers={"Authorization": f"Bearer {token}"},
+    )
     assert response.status_code == 200, response.text
     assert response.json()["extra_links"] == {
         "Gate decision": None,  # pushed empty: no report, so the UI shows the link disabled
-        "Model card": None,     # not pushed at all
+        "Model card": None,  # not pushed at all
         "Training report": "https://airflow.example.com/team-a/trainops/report?uri="
-                           "s3%3A%2F%2Flake%2Ftrainops%2Fruns%2Fretrain%2F"
-                           "manual__2026-01-01T00_00_00_00_00%2Ftrain%2Fjob.json",
+        "s3%3A%2F%2Flake%2Ftrainops%2Fruns%2Fretrain%2F"
+        "manual__2026-01-01T00_00_00_00_00%2Ftrain%2Fjob.json",
         "Validation report": "https://airflow.example.com/team-a/trainops/report?uri="
-                             "s3%3A%2F%2Flake%2Ftrainops%2Fdatasets%2Fweb+text%2F3f9a%2F"
-                             "validation.json",
+        "s3%3A%2F%2Flake%2Ftrainops%2Fdatasets%2Fweb+text%2F3f9a%2F"
+        "validation.json",
     }
 
 
 def test_each_operator_offers_the_link_for_the_key_it_pushes():
     from trainops.operators import gate, promote, stage, train
 
-    offered = {op.__name__: [(link.name, link.report_key) for link in op.operator_extra_links]
-               for op in (stage.StageDatasetOperator, gate.EvaluationGateOperator,
-                          promote.PromoteModelOperator, train.FSDPTrainingOperator)}
+    offered = {
+        op.__name__: [(link.name, link.report_key) for link in op.operator_extra_links]
+        for op in (
+            stage.StageDatasetOperator,
+            gate.EvaluationGateOperator,
+            promote.PromoteModelOperator,
+            train.FSDPTrainingOperator,
+        )
+    }
     assert offered == {
         "StageDatasetOperator": [("Validation report", stage.VALIDATION_REPORT_KEY)],
         "EvaluationGateOperator": [("Gate decision", gate.GATE_REPORT_KEY)],
         "PromoteModelOperator": [("Model card", promote.MODEL_CARD_KEY)],
-        "FSDPTrainingOperator": [("Training report", train.RUN_REPORT_KEY)]}
+        "FSDPTrainingOperator": [("Training report", train.RUN_REPORT_KEY)],
+    }
     assert train.RUN_REPORT_KEY == "trainops_run_report"
 
 
-def test_training_pushes_its_job_json_when_the_first_attempt_is_launched(file_root,
-                                                                          monkeypatch):
+def test_training_pushes_its_job_json_when_the_first_attempt_is_launched(file_root, monkeypatch):
     """The link works from the first attempt on: the report shows the attempt running."""
     from types import SimpleNamespace
 
     from airflow.sdk.exceptions import TaskDeferred
 
     import trainops.cluster
-    from tests.trainops.operators.test_train_op import FakeCluster, layout_of, operator
-    from tests.trainops.test_reports_render import page_text, table_with
+    from tests.trainops.operators.test_train import FakeCluster, layout_of, operator
+    from tests.trainops.reports.test_pages import page_text, table_with
     from trainer.storage import open_storage
-    from trainops.reports_run import render_run_report
+    from trainops.reports.run_page import render_run_report
 
     monkeypatch.setattr(trainops.cluster, "get_cluster", lambda name, **kw: FakeCluster())
     pushed = []
-    ti = SimpleNamespace(dag_id="retrain", run_id="manual__2026-01-01T00:00:00+00:00",
-                         task_id="train", map_index=-1,
-                         xcom_push=lambda key, value: pushed.append((key, value)))
+    ti = SimpleNamespace(
+        dag_id="retrain",
+        run_id="manual__2026-01-01T00:00:00+00:00",
+        task_id="train",
+        map_index=-1,
+        xcom_push=lambda key, value: pushed.append((key, value)),
+    )
     with pytest.raises(TaskDeferred):
         operator(file_root).execute({"ti": ti})
 

@@ -126,7 +126,7 @@ class JobSpec:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "JobSpec":
+    def from_dict(cls, data: dict) -> JobSpec:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -137,7 +137,8 @@ class JobSpec:
 def validate(spec: JobSpec) -> None:
     if not _NAME.match(spec.name):
         raise JobSpecError(
-            f"JobSpec name {spec.name!r} is not a DNS-1123 label: use lowercase letters, digits and '-'")
+            f"JobSpec name {spec.name!r} is not a DNS-1123 label: use lowercase letters, digits and '-'"
+        )
     if not spec.args or not all(isinstance(a, str) for a in spec.args):
         raise JobSpecError(f"JobSpec args must be a non-empty list of strings, got {spec.args!r}")
     if not isinstance(spec.nodes, int) or spec.nodes < 1:
@@ -151,20 +152,27 @@ def validate(spec: JobSpec) -> None:
     if spec.kind not in KINDS:
         raise JobSpecError(f"JobSpec kind {spec.kind!r} is not one of {KINDS}")
     if not _SCHEDULER.match(spec.scheduler):
-        raise JobSpecError(f"JobSpec scheduler {spec.scheduler!r}: use 'default', 'volcano', "
-                           "'volcano:<queue>' or 'kueue:<queue>' (queue: a DNS-1123 name)")
+        raise JobSpecError(
+            f"JobSpec scheduler {spec.scheduler!r}: use 'default', 'volcano', "
+            "'volcano:<queue>' or 'kueue:<queue>' (queue: a DNS-1123 name)"
+        )
     if spec.termination_grace_seconds < 1:
         raise JobSpecError(
-            f"JobSpec termination_grace_seconds must be >= 1, got {spec.termination_grace_seconds}")
+            f"JobSpec termination_grace_seconds must be >= 1, got {spec.termination_grace_seconds}"
+        )
     for key, value in {**spec.env, **spec.nccl_env}.items():
         if not isinstance(value, str):
             raise JobSpecError(f"JobSpec env {key!r} must be a string, got {value!r}")
     if not _SUBDOMAIN.match(spec.cluster_domain):
-        raise JobSpecError(f"JobSpec cluster_domain {spec.cluster_domain!r} is not a DNS name "
-                           "(the default is 'cluster.local')")
+        raise JobSpecError(
+            f"JobSpec cluster_domain {spec.cluster_domain!r} is not a DNS name "
+            "(the default is 'cluster.local')"
+        )
     if not isinstance(spec.runtime, str) or not _SUBDOMAIN.match(spec.runtime):
-        raise JobSpecError(f"JobSpec runtime {spec.runtime!r} is not a DNS-1123 name (the "
-                           "ClusterTrainingRuntime of a trainjob; default 'torch-distributed')")
+        raise JobSpecError(
+            f"JobSpec runtime {spec.runtime!r} is not a DNS-1123 name (the "
+            "ClusterTrainingRuntime of a trainjob; default 'torch-distributed')"
+        )
     for ref in spec.env_from_secrets:
         _check_secret_ref(ref)
 
@@ -172,9 +180,14 @@ def validate(spec: JobSpec) -> None:
 def _check_secret_ref(ref) -> None:
     if isinstance(ref, str) and _SUBDOMAIN.match(ref):
         return
-    if isinstance(ref, dict) and set(ref) == {"env", "secret", "key"} and all(
-            isinstance(v, str) and v for v in ref.values()) and _SUBDOMAIN.match(ref["secret"]):
+    if (
+        isinstance(ref, dict)
+        and set(ref) == {"env", "secret", "key"}
+        and all(isinstance(v, str) and v for v in ref.values())
+        and _SUBDOMAIN.match(ref["secret"])
+    ):
         return
     raise JobSpecError(
         f"JobSpec env_from_secrets entry {ref!r}: use a Secret name, or "
-        '{"env": NAME, "secret": SECRET_NAME, "key": KEY} for one key')
+        '{"env": NAME, "secret": SECRET_NAME, "key": KEY} for one key'
+    )

@@ -8,10 +8,10 @@ from trainops.operators.stage import StageDatasetOperator
 from trainops.operators.train import FSDPTrainingOperator
 
 __all__ = [
-    "StageDatasetOperator",
-    "FSDPTrainingOperator",
     "EvaluateModelOperator",
     "EvaluationGateOperator",
+    "FSDPTrainingOperator",
     "PromoteModelOperator",
     "RollbackModelOperator",
+    "StageDatasetOperator",
 ]

@@ -4,37 +4,44 @@ from __future__ import annotations
 
 import os
 import tempfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def task_identity(context) -> dict:
     """dag_id, run_id, task_id and map_index of the running task instance."""
     ti = context["ti"]
     map_index = getattr(ti, "map_index", -1)
-    return {"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id,
-            "map_index": map_index if map_index is not None else -1}
+    return {
+        "dag_id": ti.dag_id,
+        "run_id": ti.run_id,
+        "task_id": ti.task_id,
+        "map_index": map_index if map_index is not None else -1,
+    }
 
 
 def job_labels(identity: dict) -> dict[str, str]:
     """Labels that find a task's live job again after a worker or scheduler restart."""
     from trainer.contract import safe_segment
 
-    return {"trainops/dag": safe_segment(identity["dag_id"]),
-            "trainops/run": safe_segment(identity["run_id"]),
-            "trainops/task": safe_segment(identity["task_id"]),
-            "trainops/map-index": str(identity["map_index"])}
+    return {
+        "trainops/dag": safe_segment(identity["dag_id"]),
+        "trainops/run": safe_segment(identity["run_id"]),
+        "trainops/task": safe_segment(identity["task_id"]),
+        "trainops/map-index": str(identity["map_index"]),
+    }
 
 
 def job_name(prefix: str, identity: dict, attempt: int) -> str:
     """A DNS-1123 name unique per run and attempt, short enough for pod names."""
     import hashlib
 
-    digest = hashlib.sha1(f"{identity['dag_id']}/{identity['run_id']}/{identity['task_id']}/"
-                          f"{identity['map_index']}".encode()).hexdigest()[:8]
+    digest = hashlib.sha1(
+        f"{identity['dag_id']}/{identity['run_id']}/{identity['task_id']}/{identity['map_index']}".encode()
+    ).hexdigest()[:8]
     return f"{prefix}-{digest}-a{attempt}"
 
 
@@ -77,8 +84,9 @@ def resolve_trainer_config(base: dict, world_size: int) -> str:
     return dump_yaml(config)
 
 
-def cluster_options(cluster: str, kubernetes_conn_id: str | None, namespace: str,
-                    unschedulable_timeout: float | None = None) -> dict:
+def cluster_options(
+    cluster: str, kubernetes_conn_id: str | None, namespace: str, unschedulable_timeout: float | None = None
+) -> dict:
     """What a backend (in the worker and in the trigger) needs besides its name."""
     if cluster == "kubernetes":
         options = {"kubernetes_conn_id": kubernetes_conn_id, "namespace": namespace}
@@ -93,8 +101,10 @@ OPERATOR_OWNED = {
     "name": "the operator names each attempt's job after the task",
     "args": "the operator builds the trainer command from trainer_config",
     "distributed": "the operator decides (training: torchrun; evaluation: one process)",
-    **{f: f"use the operator's {f!r} parameter" for f in (
-        "nodes", "gpus_per_node", "image", "namespace", "capacity", "termination_grace_seconds")},
+    **{
+        f: f"use the operator's {f!r} parameter"
+        for f in ("nodes", "gpus_per_node", "image", "namespace", "capacity", "termination_grace_seconds")
+    },
 }
 
 
@@ -139,7 +149,7 @@ def check_renders(cluster: str, **fields) -> None:
     kind cannot express) fails when the DAG is parsed, not at launch."""
     if cluster != "kubernetes":
         return
-    from trainops.cluster.k8s_render import render_manifests
+    from trainops.cluster.kubernetes.render import render_manifests
     from trainops.cluster.spec import JobSpec
 
     render_manifests(JobSpec(name="check", args=["python", "-m", "trainer", "check"], **fields))
@@ -187,7 +197,7 @@ def manifests_of(cluster: str, spec) -> list[dict]:
     in them, only references); nothing for other backends."""
     if cluster != "kubernetes":
         return []
-    from trainops.cluster.k8s_render import render_manifests
+    from trainops.cluster.kubernetes.render import render_manifests
 
     return render_manifests(spec)
 
@@ -195,16 +205,25 @@ def manifests_of(cluster: str, spec) -> list[dict]:
 def node_types(state: dict) -> list[dict]:
     """Per node of a finished attempt: instance type and capacity type, when the backend knows
     them (Kubernetes, with permission to read nodes). The raw material of the cost report."""
-    return [{"index": n.get("index"), "node_name": n.get("node_name"),
-             "instance_type": n.get("instance_type"), "capacity_type": n.get("capacity_type")}
-            for n in state.get("nodes") or [] if n.get("instance_type") or n.get("capacity_type")]
+    return [
+        {
+            "index": n.get("index"),
+            "node_name": n.get("node_name"),
+            "instance_type": n.get("instance_type"),
+            "capacity_type": n.get("capacity_type"),
+        }
+        for n in state.get("nodes") or []
+        if n.get("instance_type") or n.get("capacity_type")
+    ]
 
 
 def check_event(event: dict | None) -> dict:
     """A trigger event must carry a status and a job handle; anything else is a bug to report."""
     if not isinstance(event, dict) or event.get("status") not in ("finished", "timeout", "error", "gone"):
-        raise RuntimeError(f"malformed trigger event {event!r}; expected a dict with status "
-                           "'finished', 'gone', 'timeout' or 'error'")
+        raise RuntimeError(
+            f"malformed trigger event {event!r}; expected a dict with status "
+            "'finished', 'gone', 'timeout' or 'error'"
+        )
     if not isinstance(event.get("handle"), dict):
         raise RuntimeError(f"trigger event without a job handle: {event!r}")
     return event

@@ -6,8 +6,8 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from trainops.hooks.storage import root_and_storage
 from trainops.operators import _jobs
-from trainops.storage_conn import root_and_storage
 
 
 class EvaluateModelOperator(BaseOperator):
@@ -42,13 +42,25 @@ class EvaluateModelOperator(BaseOperator):
     template_fields = ("training", "model_name", "storage_root")
     ui_color = "#d9e8f4"
 
-    def __init__(self, *, training: Any, model_name: str, cluster: str = "local",
-                 image: str = "trainops-trainer:latest", namespace: str = "default",
-                 gpus_per_node: int = 0, capacity: str = "on-demand",
-                 job_options: dict | None = None, deferrable: bool | None = None,
-                 poll_interval: float = 5.0, job_timeout: float | None = None,
-                 storage_root: str | None = None, aws_conn_id: str | None = "aws_default",
-                 kubernetes_conn_id: str | None = "kubernetes_default", **kwargs):
+    def __init__(
+        self,
+        *,
+        training: Any,
+        model_name: str,
+        cluster: str = "local",
+        image: str = "trainops-trainer:latest",
+        namespace: str = "default",
+        gpus_per_node: int = 0,
+        capacity: str = "on-demand",
+        job_options: dict | None = None,
+        deferrable: bool | None = None,
+        poll_interval: float = 5.0,
+        job_timeout: float | None = None,
+        storage_root: str | None = None,
+        aws_conn_id: str | None = "aws_default",
+        kubernetes_conn_id: str | None = "kubernetes_default",
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         if capacity not in ("spot", "on-demand"):
             raise ValueError(f"capacity {capacity!r}: an evaluation runs on 'on-demand' or 'spot'")
@@ -60,8 +72,15 @@ class EvaluateModelOperator(BaseOperator):
         self.poll_interval, self.job_timeout = poll_interval, job_timeout
         self.storage_root, self.aws_conn_id = storage_root, aws_conn_id
         self.kubernetes_conn_id = kubernetes_conn_id
-        _jobs.check_renders(cluster, distributed=False, gpus_per_node=gpus_per_node, image=image,
-                            namespace=namespace, capacity=capacity, **self.job_options)
+        _jobs.check_renders(
+            cluster,
+            distributed=False,
+            gpus_per_node=gpus_per_node,
+            image=image,
+            namespace=namespace,
+            capacity=capacity,
+            **self.job_options,
+        )
 
     def _cluster_options(self) -> dict:
         return _jobs.cluster_options(self.cluster, self.kubernetes_conn_id, self.namespace)
@@ -70,42 +89,61 @@ class EvaluateModelOperator(BaseOperator):
         from trainer.contract import RunLayout, trainer_argv
         from trainops.cluster import get_cluster
         from trainops.cluster.spec import JobSpec
-        from trainops.promotion import read_production
-        from trainops.storage_conn import job_env_for
+        from trainops.hooks.storage import job_env_for
+        from trainops.registry.promotion import read_production
         from trainops.triggers.job import JobTrigger
 
         for key in ("run_uri", "config_uri", "export_uri"):
             if not isinstance(self.training, dict) or not self.training.get(key):
-                raise ValueError(f"training must be an FSDPTrainingOperator result with {key!r}, "
-                                 f"got {self.training!r}")
+                raise ValueError(
+                    f"training must be an FSDPTrainingOperator result with {key!r}, got {self.training!r}"
+                )
         root, store = root_and_storage(self.storage_root, self.aws_conn_id)
         layout = RunLayout(self.training["run_uri"])
         production = read_production(store, root, self.model_name)
         overrides = {"eval.model_uri": self.training["export_uri"], "eval.output_uri": layout.eval_metrics}
         if production:
             overrides["eval.baseline_uri"] = production["uri"]
-            self.log.info("production is %s v%s: evaluating it on the same split",
-                          self.model_name, production["version"])
+            self.log.info(
+                "production is %s v%s: evaluating it on the same split",
+                self.model_name,
+                production["version"],
+            )
         else:
             self.log.info("%s has no production version yet: evaluating the candidate only", self.model_name)
         identity = _jobs.task_identity(context)
         spec = JobSpec(
             name=_jobs.job_name("eval", identity, 1),
-            args=trainer_argv("evaluate", self.training["config_uri"], overrides), nodes=1,
-            gpus_per_node=self.gpus_per_node, distributed=False, image=self.image,
-            namespace=self.namespace, capacity=self.capacity,
-            **_jobs.merge_job_options(self.job_options, env=job_env_for(root, self.aws_conn_id),
-                                      labels=_jobs.job_labels(identity)))
+            args=trainer_argv("evaluate", self.training["config_uri"], overrides),
+            nodes=1,
+            gpus_per_node=self.gpus_per_node,
+            distributed=False,
+            image=self.image,
+            namespace=self.namespace,
+            capacity=self.capacity,
+            **_jobs.merge_job_options(
+                self.job_options, env=job_env_for(root, self.aws_conn_id), labels=_jobs.job_labels(identity)
+            ),
+        )
         # What is being compared, stored beside the results: the resumed operator reads it
         # back (deferral kwargs do not survive every runner) and it is lineage for later.
-        store.put_json(self._request_uri(layout), {
-            "candidate_uri": self.training["export_uri"],
-            "production_uri": production["uri"] if production else None,
-            "production_version": production["version"] if production else None})
+        store.put_json(
+            self._request_uri(layout),
+            {
+                "candidate_uri": self.training["export_uri"],
+                "production_uri": production["uri"] if production else None,
+                "production_version": production["version"] if production else None,
+            },
+        )
         handle = get_cluster(self.cluster, **self._cluster_options()).launch(spec)
         self.log.info("evaluation job %s launched", handle["job_id"])
-        trigger = JobTrigger(handle=handle, poll_interval=self.poll_interval, timeout=self.job_timeout,
-                             cluster_options=self._cluster_options(), stream_logs=True)
+        trigger = JobTrigger(
+            handle=handle,
+            poll_interval=self.poll_interval,
+            timeout=self.job_timeout,
+            cluster_options=self._cluster_options(),
+            stream_logs=True,
+        )
         if self.deferrable:
             self.defer(trigger=trigger, method_name="execute_complete")
         return self.execute_complete(context, _jobs.wait_here(trigger))
@@ -126,16 +164,23 @@ class EvaluateModelOperator(BaseOperator):
             if event["status"] != "finished":
                 cluster.delete(event["handle"])
             tail = cluster.logs_tail(event["handle"], lines=20)
-            raise RuntimeError(f"evaluation job {event['handle']['job_id']} did not succeed "
-                               f"({event.get('message') or event['state'].get('reason') or event['state']['phase']}).\n"
-                               f"Last log lines:\n{tail}")
+            raise RuntimeError(
+                f"evaluation job {event['handle']['job_id']} did not succeed "
+                f"({event.get('message') or event['state'].get('reason') or event['state']['phase']}).\n"
+                f"Last log lines:\n{tail}"
+            )
         _, store = root_and_storage(self.storage_root, self.aws_conn_id)
         layout = RunLayout(self.training["run_uri"])
         metrics = store.get_json(layout.eval_metrics)
         production_version = store.get_json(self._request_uri(layout))["production_version"]
-        result = {"metrics_uri": layout.eval_metrics, "run_uri": layout.run_uri,
-                  "model_name": self.model_name, "candidate": metrics["candidate"],
-                  "production": metrics.get("baseline"), "production_version": production_version}
+        result = {
+            "metrics_uri": layout.eval_metrics,
+            "run_uri": layout.run_uri,
+            "model_name": self.model_name,
+            "candidate": metrics["candidate"],
+            "production": metrics.get("baseline"),
+            "production_version": production_version,
+        }
         line = f"candidate eval_loss {metrics['candidate']['eval_loss']:.4f}"
         if result["production"]:
             line += f"; production v{production_version} eval_loss {result['production']['eval_loss']:.4f}"

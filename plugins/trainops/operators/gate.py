@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
-from trainops.links import GateDecisionLink
-from trainops.gate import (
+from trainops.gate.checks import (
     DEFAULT_CHECKS,
     SLICE_KINDS,
     check_evaluation,
@@ -18,6 +17,7 @@ from trainops.gate import (
     format_table,
     validate_checks,
 )
+from trainops.links import GateDecisionLink
 
 # The report app's XCom key for the gate decision (see trainops.links).
 GATE_REPORT_KEY = "trainops_gate_report"
@@ -51,7 +51,7 @@ class EvaluationGateOperator(BaseOperator):
         ``[{"kind": "threshold", "metric": "eval_loss", "op": "<=", "value": 3.5},
         {"kind": "no_regression", "metric": "eval_loss", "tolerance": 0.01},
         {"kind": "slice_no_regression", "tolerance": 0.05}]``; every kind is in
-        docs/promotion.md. Defaults to :data:`trainops.gate.DEFAULT_CHECKS`.
+        docs/promotion.md. Defaults to :data:`trainops.gate.checks.DEFAULT_CHECKS`.
     :param on_reject: called with the decision (the XCom result) when the candidate is
         rejected, e.g. to post to a chat channel. An exception it raises is logged and does
         not change the decision.
@@ -79,11 +79,12 @@ class EvaluationGateOperator(BaseOperator):
     ) -> None:
         super().__init__(**kwargs)
         if on_reject is not None and not callable(on_reject):
-            raise TypeError(f"on_reject must be a callable taking the gate decision, got "
-                            f"{type(on_reject).__name__} {on_reject!r}")
+            raise TypeError(
+                f"on_reject must be a callable taking the gate decision, got "
+                f"{type(on_reject).__name__} {on_reject!r}"
+            )
         self.evaluation = evaluation
-        self.checks = validate_checks(DEFAULT_CHECKS if checks is None else checks,
-                                      templates="allow")
+        self.checks = validate_checks(DEFAULT_CHECKS if checks is None else checks, templates="allow")
         self.on_reject = on_reject
         self.storage_root = storage_root
         self.aws_conn_id = aws_conn_id
@@ -91,14 +92,14 @@ class EvaluationGateOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict:
         from trainer.contract import RunLayout
+        from trainops.hooks.storage import storage_for
         from trainops.settings import resolve_storage_root
-        from trainops.storage_conn import storage_for
 
         # Rendered now: validate again, and let GX refuse a slice expectation up front.
         checks = validate_checks(self.checks, templates="rendered")
         slice_checks = [c for c in checks if c["kind"] in SLICE_KINDS]
         if slice_checks:
-            from trainops.slice_checks import build_expectations
+            from trainops.gate.slices import build_expectations
 
             build_expectations(slice_checks)
         evaluation = check_evaluation(self.evaluation, checks)
@@ -108,8 +109,12 @@ class EvaluationGateOperator(BaseOperator):
             evaluation.get("production"),
             evaluation.get("production_version"),
         )
-        self.log.info("evaluation gate for %s, run %s\n%s", evaluation["model_name"],
-                      evaluation["run_uri"], format_table(decision))
+        self.log.info(
+            "evaluation gate for %s, run %s\n%s",
+            evaluation["model_name"],
+            evaluation["run_uri"],
+            format_table(decision),
+        )
 
         root = resolve_storage_root(self.storage_root)
         run_uri = evaluation["run_uri"]
@@ -121,10 +126,10 @@ class EvaluationGateOperator(BaseOperator):
             "model_name": evaluation["model_name"],
             "run_uri": run_uri,
             "metrics_uri": evaluation.get("metrics_uri"),
-            "decided_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "decided_at": datetime.now(UTC).isoformat(timespec="seconds"),
         }
         if slice_checks:
-            from trainops.slice_checks import slice_rows
+            from trainops.gate.slices import slice_rows
 
             record["slice_table"] = slice_rows(evaluation["candidate"], evaluation.get("production"))
         storage_for(root, self.aws_conn_id).put_json(gate_uri, record)
@@ -143,9 +148,11 @@ class EvaluationGateOperator(BaseOperator):
             "run_uri": run_uri,
         }
         if not decision["approved"]:
-            self.log.warning("%s rejected: %s failed; promotion will be skipped",
-                             evaluation["model_name"],
-                             ", ".join(repr(c["name"]) for c in failed_checks(decision)))
+            self.log.warning(
+                "%s rejected: %s failed; promotion will be skipped",
+                evaluation["model_name"],
+                ", ".join(repr(c["name"]) for c in failed_checks(decision)),
+            )
             self._notify(result)
         return result
 
@@ -154,9 +161,11 @@ class EvaluationGateOperator(BaseOperator):
             return
         try:
             self.on_reject(result)
-        except Exception:  # noqa: BLE001 - a failed notification must not change the decision
-            self.log.exception("on_reject callback %r failed; the rejection stands",
-                               getattr(self.on_reject, "__qualname__", self.on_reject))
+        except Exception:
+            self.log.exception(
+                "on_reject callback %r failed; the rejection stands",
+                getattr(self.on_reject, "__qualname__", self.on_reject),
+            )
 
 
 def _same_scheme(root: str, uri: str) -> None:

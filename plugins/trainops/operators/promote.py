@@ -8,9 +8,9 @@ from typing import Any
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from trainops.gate.checks import failed_checks
 from trainops.links import ModelCardLink
-from trainops.gate import failed_checks
-from trainops.retention import check_policy
+from trainops.registry.retention import check_policy
 
 # The report app's XCom key for the promoted version's card (see trainops.links).
 MODEL_CARD_KEY = "trainops_model_card"
@@ -45,7 +45,7 @@ class PromoteModelOperator(BaseOperator):
         into the card.
     :param retention: None (default: delete nothing) or ``{"keep_last_runs": N}``: after
         the promotion or the rejection, prune checkpoints of this DAG's finished runs for
-        this model except the N most recent ones (:mod:`trainops.retention`).
+        this model except the N most recent ones (:mod:`trainops.registry.retention`).
     :param storage_root: storage root URI (``file://`` or ``s3://``); defaults to the
         configured root.
     :param aws_conn_id: Airflow AWS connection used for ``s3://`` storage.
@@ -83,8 +83,8 @@ class PromoteModelOperator(BaseOperator):
         self.cluster = cluster
 
     def execute(self, context: Context) -> dict:
-        from trainops.promotion import ProductionMovedError, RegateRejected, promote
-        from trainops.storage_conn import root_and_storage
+        from trainops.hooks.storage import root_and_storage
+        from trainops.registry.promotion import ProductionMovedError, RegateRejected, promote
 
         gate = _require(self.gate, "gate", ("approved", "checks", "production_version"))
         root, storage = root_and_storage(self.storage_root, self.aws_conn_id)
@@ -102,17 +102,29 @@ class PromoteModelOperator(BaseOperator):
                 "pass the same model_name to EvaluateModelOperator and PromoteModelOperator"
             )
 
-        from trainops.card import build_card
-        from trainops.regate import make_regate
+        from trainops.registry.card import build_card
+        from trainops.registry.regate import make_regate
 
-        card = build_card(storage, gate=gate, training=training, dataset=dataset,
-                          evaluation=evaluation)
-        regate = make_regate(storage, root, self.model_name, gate=gate, candidate=evaluation[
-            "candidate"], basis=card["eval_basis"], log=self.log)
+        card = build_card(storage, gate=gate, training=training, dataset=dataset, evaluation=evaluation)
+        regate = make_regate(
+            storage,
+            root,
+            self.model_name,
+            gate=gate,
+            candidate=evaluation["candidate"],
+            basis=card["eval_basis"],
+            log=self.log,
+        )
         try:
-            result = promote(storage, root, self.model_name, export_uri=training["export_uri"],
-                             card=card, expected_production_version=gate["production_version"],
-                             regate=regate)
+            result = promote(
+                storage,
+                root,
+                self.model_name,
+                export_uri=training["export_uri"],
+                card=card,
+                expected_production_version=gate["production_version"],
+                regate=regate,
+            )
         except RegateRejected as exc:
             self._prune(storage, root, training)
             raise AirflowSkipException(f"not promoting {self.model_name}: {exc}") from exc
@@ -124,8 +136,14 @@ class PromoteModelOperator(BaseOperator):
             ti.xcom_push(key=MODEL_CARD_KEY, value=result["card_uri"])
         was = f"v{result['previous_version']}" if result["previous_version"] is not None else "none"
         regated = "".join(f", re-gated against v{v}" for v in result["regated_against"])
-        self.log.info("promoted %s v%d (was %s%s); card %s", self.model_name, result["version"],
-                      was, regated, result["card_uri"])
+        self.log.info(
+            "promoted %s v%d (was %s%s); card %s",
+            self.model_name,
+            result["version"],
+            was,
+            regated,
+            result["card_uri"],
+        )
         pruned = self._prune(storage, root, training)
         return {"model_name": self.model_name, **result, "pruned": pruned}
 
@@ -133,7 +151,7 @@ class PromoteModelOperator(BaseOperator):
         """Apply the retention policy (if any); a failure is logged, never fatal."""
         if self.retention is None:
             return []
-        from trainops.retention import (
+        from trainops.registry.retention import (
             apply_plan,
             plan_pruning,
             protected_runs,
@@ -144,29 +162,34 @@ class PromoteModelOperator(BaseOperator):
         try:
             runs = scan_runs(storage, runs_scope(training["run_uri"]), self.model_name)
             protected = protected_runs(storage, root, self.model_name)
-            plan = plan_pruning(runs, protected=protected,
-                                keep_last_runs=self.retention["keep_last_runs"])
+            plan = plan_pruning(runs, protected=protected, keep_last_runs=self.retention["keep_last_runs"])
             deleted = apply_plan(storage, plan, runs, protected)
-        except Exception as exc:  # noqa: BLE001 - housekeeping must not undo a promotion
-            self.log.warning("retention %s: pruning failed, nothing more deleted: %s",
-                             self.retention, exc)
+        except Exception as exc:
+            self.log.warning("retention %s: pruning failed, nothing more deleted: %s", self.retention, exc)
             return []
         for item in plan:
-            self.log.info("retention: deleted step %d of %s (%s)", item["step"], item["run_uri"],
-                          item["why"])
-        self.log.info("retention %s: deleted %d checkpoints of %d finished runs",
-                      self.retention, len(deleted), len(runs))
+            self.log.info("retention: deleted step %d of %s (%s)", item["step"], item["run_uri"], item["why"])
+        self.log.info(
+            "retention %s: deleted %d checkpoints of %d finished runs",
+            self.retention,
+            len(deleted),
+            len(runs),
+        )
         return deleted
 
 
 def _require(value: Any, what: str, keys: tuple[str, ...]) -> dict:
     if not isinstance(value, dict):
-        raise ValueError(f"{what} must be the dict returned by the upstream trainops operator, "
-                         f"got {type(value).__name__} {str(value)[:200]!r}")
+        raise ValueError(
+            f"{what} must be the dict returned by the upstream trainops operator, "
+            f"got {type(value).__name__} {str(value)[:200]!r}"
+        )
     missing = [key for key in keys if key not in value]
     if missing:
-        raise ValueError(f"{what} result lacks {missing[0]!r} (has {sorted(value)}); "
-                         f"pass the XCom result of the upstream trainops operator")
+        raise ValueError(
+            f"{what} result lacks {missing[0]!r} (has {sorted(value)}); "
+            f"pass the XCom result of the upstream trainops operator"
+        )
     return value
 
 
@@ -176,8 +199,11 @@ def _rejection(gate: dict) -> str:
         return "the gate rejected it"
     parts = []
     for check in failed:
-        observed = (f"{check['observed']:.6g}" if check.get("observed") is not None
-                    else check.get("note") or "missing")
+        observed = (
+            f"{check['observed']:.6g}"
+            if check.get("observed") is not None
+            else check.get("note") or "missing"
+        )
         part = f"{check['name']} (observed {observed}, expected {check.get('expected') or '-'})"
         parts.append(part)
     where = f"; decision in {gate['gate_uri']}" if gate.get("gate_uri") else ""

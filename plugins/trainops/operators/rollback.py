@@ -17,7 +17,7 @@ class RollbackModelOperator(BaseOperator):
     task). The target must have been production before; rolling back to the version that
     already is production changes nothing. If production moves while the rollback is
     written, the task fails without retrying and nothing is changed (see
-    :mod:`trainops.rollback`). ``python -m trainops rollback`` does the same from a shell.
+    :mod:`trainops.registry.rollback`). ``python -m trainops rollback`` does the same from a shell.
 
     XCom result: ``{"model", "version", "previous_version", "changed", "by", "reason",
     "at", "production_uri"}``.
@@ -36,13 +36,23 @@ class RollbackModelOperator(BaseOperator):
     template_fields: Sequence[str] = ("model_name", "version", "reason", "by")
     ui_color = "#f8d7da"
 
-    def __init__(self, *, model_name: str, version: int | str, reason: str,
-                 by: str | None = None, storage_root: str | None = None,
-                 aws_conn_id: str | None = "aws_default", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        model_name: str,
+        version: int | str,
+        reason: str,
+        by: str | None = None,
+        storage_root: str | None = None,
+        aws_conn_id: str | None = "aws_default",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         if not isinstance(reason, str) or not reason.strip():
-            raise ValueError("RollbackModelOperator needs a non-empty reason; it is kept in the "
-                             "production pointer's history")
+            raise ValueError(
+                "RollbackModelOperator needs a non-empty reason; it is kept in the "
+                "production pointer's history"
+            )
         self.model_name = model_name
         self.version = version
         self.reason = reason
@@ -51,28 +61,32 @@ class RollbackModelOperator(BaseOperator):
         self.aws_conn_id = aws_conn_id
 
     def execute(self, context: Context) -> dict:
-        from trainops.promotion import PromotionError
-        from trainops.rollback import rollback
-        from trainops.storage_conn import root_and_storage
+        from trainops.hooks.storage import root_and_storage
+        from trainops.registry.promotion import PromotionError
+        from trainops.registry.rollback import rollback
 
         version = _version(self.version)
         dag_run = context.get("dag_run")
         by = self.by or getattr(dag_run, "triggering_user_name", None) or "airflow"
         ti = context.get("ti")
-        via = (f"{ti.dag_id}/{ti.run_id}/{ti.task_id}" if ti is not None else None)
+        via = f"{ti.dag_id}/{ti.run_id}/{ti.task_id}" if ti is not None else None
         root, storage = root_and_storage(self.storage_root, self.aws_conn_id)
         try:
-            result = rollback(storage, root, self.model_name, version, reason=self.reason,
-                              by=by, via=via)
+            result = rollback(storage, root, self.model_name, version, reason=self.reason, by=by, via=via)
         except PromotionError as exc:
             # Every one of these needs a person: a wrong version, or production moved.
             raise AirflowFailException(str(exc)) from exc
         if result["changed"]:
-            self.log.info("rolled %s back from v%s to v%d (by %s: %s)", self.model_name,
-                          result["previous_version"], version, by, self.reason)
+            self.log.info(
+                "rolled %s back from v%s to v%d (by %s: %s)",
+                self.model_name,
+                result["previous_version"],
+                version,
+                by,
+                self.reason,
+            )
         else:
-            self.log.info("%s v%d already is production; nothing changed", self.model_name,
-                          version)
+            self.log.info("%s v%d already is production; nothing changed", self.model_name, version)
         return result
 
 

@@ -127,8 +127,7 @@ class StageDatasetOperator(BaseOperator):
     ) -> None:
         from trainops.operators import _jobs
 
-        check_options(eval_percent=eval_percent, shard_tokens=shard_tokens,
-                      slice_columns=slice_columns)
+        check_options(eval_percent=eval_percent, shard_tokens=shard_tokens, slice_columns=slice_columns)
         if cluster not in _CLUSTERS:
             raise ValueError(f"cluster must be one of {_CLUSTERS}, got {cluster!r}")
         alias = is_runtime_name(dataset_name)
@@ -149,46 +148,67 @@ class StageDatasetOperator(BaseOperator):
         self.aws_conn_id = aws_conn_id
         self.cluster = cluster
         if job_threshold_bytes is not None and (
-                isinstance(job_threshold_bytes, bool) or not isinstance(job_threshold_bytes, int)
-                or job_threshold_bytes < 0):
-            raise ValueError(f"job_threshold_bytes must be None or an integer >= 0, got "
-                             f"{job_threshold_bytes!r}")
+            isinstance(job_threshold_bytes, bool)
+            or not isinstance(job_threshold_bytes, int)
+            or job_threshold_bytes < 0
+        ):
+            raise ValueError(
+                f"job_threshold_bytes must be None or an integer >= 0, got {job_threshold_bytes!r}"
+            )
         self.job_threshold_bytes = job_threshold_bytes
         self.image, self.namespace = image, namespace
         self.job_options = _jobs.check_job_options(job_options)
         self.deferrable = _jobs.default_deferrable() if deferrable is None else deferrable
         self.poll_interval = poll_interval
         self.kubernetes_conn_id = kubernetes_conn_id
-        _jobs.check_renders(cluster, distributed=False, image=image, namespace=namespace,
-                            capacity="on-demand", **self.job_options)
+        _jobs.check_renders(
+            cluster,
+            distributed=False,
+            image=image,
+            namespace=namespace,
+            capacity="on-demand",
+            **self.job_options,
+        )
 
     def execute(self, context: Context) -> dict:
         from airflow.sdk.exceptions import AirflowFailException
 
+        from trainops.hooks.storage import storage_for
         from trainops.settings import resolve_storage_root
         from trainops.staging.errors import DataValidationError, StagingError
         from trainops.staging.stage import stage_dataset
-        from trainops.storage_conn import storage_for
 
         if not isinstance(self.dataset_name, str) or not self.dataset_name.strip():
-            raise ValueError(f"dataset_name {self.dataset_name!r} is empty: give the dataset a "
-                             "name such as 'demo'")
+            raise ValueError(
+                f"dataset_name {self.dataset_name!r} is empty: give the dataset a name such as 'demo'"
+            )
         root = resolve_storage_root(self.storage_root)
         try:
             size = self._source_bytes()
             if size is not None and size > self.job_threshold_bytes:
-                self.log.info("source is %.1f MiB, over job_threshold_bytes (%.1f MiB): staging "
-                              "as a job on the %s cluster", size / 2**20,
-                              self.job_threshold_bytes / 2**20, self.cluster)
+                self.log.info(
+                    "source is %.1f MiB, over job_threshold_bytes (%.1f MiB): staging "
+                    "as a job on the %s cluster",
+                    size / 2**20,
+                    self.job_threshold_bytes / 2**20,
+                    self.cluster,
+                )
                 return self._stage_in_job(context, root)
             result = stage_dataset(
-                storage_for(root, self.aws_conn_id), root, self.source_uri, self.dataset_name,
+                storage_for(root, self.aws_conn_id),
+                root,
+                self.source_uri,
+                self.dataset_name,
                 source_storage=storage_for(self.source_uri, self.aws_conn_id),
-                expectations=self.expectations, tokenizer=self.tokenizer,
-                quarantine=self.quarantine, eval_percent=self.eval_percent,
-                slice_columns=self.slice_columns, shard_tokens=self.shard_tokens,
+                expectations=self.expectations,
+                tokenizer=self.tokenizer,
+                quarantine=self.quarantine,
+                eval_percent=self.eval_percent,
+                slice_columns=self.slice_columns,
+                shard_tokens=self.shard_tokens,
                 batch_rows=DEFAULT_BATCH_ROWS,
-                open_storage=lambda uri: storage_for(uri, self.aws_conn_id), log=self.log,
+                open_storage=lambda uri: storage_for(uri, self.aws_conn_id),
+                log=self.log,
             )
         except DataValidationError as exc:
             _push_report(context, exc.report_uri)
@@ -202,10 +222,15 @@ class StageDatasetOperator(BaseOperator):
         _push_report(context, result["validation_uri"])
         self._emit_asset_event(context, result)
         self.log.info(
-            "%s dataset %s version %s: %d rows (%d quarantined), %d train tokens, %d eval "
-            "tokens at %s", "reused" if result["reused"] else "staged", result["dataset_name"],
-            result["version"], result["rows"], result["quarantined_rows"],
-            result["train_tokens"], result["eval_tokens"], result["uri"],
+            "%s dataset %s version %s: %d rows (%d quarantined), %d train tokens, %d eval tokens at %s",
+            "reused" if result["reused"] else "staged",
+            result["dataset_name"],
+            result["version"],
+            result["rows"],
+            result["quarantined_rows"],
+            result["train_tokens"],
+            result["eval_tokens"],
+            result["uri"],
         )
         return result
 
@@ -214,8 +239,8 @@ class StageDatasetOperator(BaseOperator):
         """The source's total size, or None when no job threshold applies."""
         if self.job_threshold_bytes is None:
             return None
+        from trainops.hooks.storage import storage_for
         from trainops.staging.reader import list_source_objects
-        from trainops.storage_conn import storage_for
 
         objects = list_source_objects(storage_for(self.source_uri, self.aws_conn_id), self.source_uri)
         return sum(int(o.size or 0) for o in objects)
@@ -236,10 +261,10 @@ class StageDatasetOperator(BaseOperator):
     def _stage_in_job(self, context: Context, root: str):
         from trainops.cluster import get_cluster
         from trainops.cluster.spec import JobSpec
+        from trainops.hooks.storage import job_env_for, storage_for
         from trainops.operators import _jobs
         from trainops.staging.job import build_request
         from trainops.staging.suite import resolve_suite
-        from trainops.storage_conn import job_env_for, storage_for
         from trainops.triggers.job import JobTrigger
 
         identity = _jobs.task_identity(context)
@@ -255,24 +280,45 @@ class StageDatasetOperator(BaseOperator):
             suite = self.expectations
             if callable(suite):  # a callable cannot cross into the job: its list does
                 suite = resolve_suite(suite)
-            store.put_json(request_uri, build_request(
-                root=root, source_uri=self.source_uri, dataset_name=self.dataset_name,
-                expectations=suite, tokenizer=self.tokenizer, quarantine=self.quarantine,
-                eval_percent=self.eval_percent, slice_columns=self.slice_columns,
-                shard_tokens=self.shard_tokens, result_uri=result_uri))
+            store.put_json(
+                request_uri,
+                build_request(
+                    root=root,
+                    source_uri=self.source_uri,
+                    dataset_name=self.dataset_name,
+                    expectations=suite,
+                    tokenizer=self.tokenizer,
+                    quarantine=self.quarantine,
+                    eval_percent=self.eval_percent,
+                    slice_columns=self.slice_columns,
+                    shard_tokens=self.shard_tokens,
+                    result_uri=result_uri,
+                ),
+            )
             store.delete(result_uri)  # a previous try's result must not be read as this one's
             try_number = int(getattr(context.get("ti"), "try_number", None) or 1)
             spec = JobSpec(
                 name=_jobs.job_name("stage", identity, try_number),
                 args=["python", "-m", "trainops.staging.job", "--request", request_uri],
-                nodes=1, distributed=False, image=self.image, namespace=self.namespace,
+                nodes=1,
+                distributed=False,
+                image=self.image,
+                namespace=self.namespace,
                 capacity="on-demand",
-                **_jobs.merge_job_options(self.job_options, env=job_env_for(root, self.aws_conn_id),
-                                          labels={**self._labels, "trainops/attempt": str(try_number)}))
+                **_jobs.merge_job_options(
+                    self.job_options,
+                    env=job_env_for(root, self.aws_conn_id),
+                    labels={**self._labels, "trainops/attempt": str(try_number)},
+                ),
+            )
             handle = cluster.launch(spec)
             self.log.info("staging job %s launched (request %s)", handle["job_id"], request_uri)
-        trigger = JobTrigger(handle=handle, poll_interval=self.poll_interval,
-                             cluster_options=self._cluster_options(), stream_logs=True)
+        trigger = JobTrigger(
+            handle=handle,
+            poll_interval=self.poll_interval,
+            cluster_options=self._cluster_options(),
+            stream_logs=True,
+        )
         if self.deferrable:
             self.defer(trigger=trigger, method_name="execute_complete")
         return self.execute_complete(context, _jobs.wait_here(trigger))
@@ -283,17 +329,19 @@ class StageDatasetOperator(BaseOperator):
 
         from trainer.storage import NotFound
         from trainops.cluster import get_cluster
+        from trainops.hooks.storage import storage_for
         from trainops.operators import _jobs
         from trainops.settings import resolve_storage_root
-        from trainops.storage_conn import storage_for
 
         event = _jobs.check_event(event)
         handle = event["handle"]
         cluster = get_cluster(self.cluster, **self._cluster_options())
         if event["status"] != "finished":
             cluster.delete(handle)
-            raise RuntimeError(f"staging job {handle['job_id']} {event['status']}: "
-                               f"{event.get('message')}; the job was deleted")
+            raise RuntimeError(
+                f"staging job {handle['job_id']} {event['status']}: "
+                f"{event.get('message')}; the job was deleted"
+            )
         root = resolve_storage_root(self.storage_root)
         _, result_uri = self._job_uris(context, root)
         try:
@@ -305,7 +353,8 @@ class StageDatasetOperator(BaseOperator):
             raise RuntimeError(
                 f"staging job {handle['job_id']} ended {state['phase']} "
                 f"({state.get('reason') or 'no reason given'}) without a result at {result_uri}; "
-                f"last log lines:\n{cluster.logs_tail(handle, lines=20)}")
+                f"last log lines:\n{cluster.logs_tail(handle, lines=20)}"
+            )
         if record["status"] == "staged":
             return self._finish(context, record["result"])
         _push_report(context, record.get("report_uri"))

@@ -6,9 +6,9 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from trainops.hooks.storage import root_and_storage
 from trainops.links import RUN_REPORT_KEY, RunReportLink
 from trainops.operators import _jobs
-from trainops.storage_conn import root_and_storage
 
 
 class FSDPTrainingOperator(BaseOperator):
@@ -61,23 +61,45 @@ class FSDPTrainingOperator(BaseOperator):
     :param kubernetes_conn_id: Airflow connection for ``cluster='kubernetes'``.
     """
 
-    template_fields = ("dataset", "trainer_config", "storage_root", "nodes", "gpus_per_node",
-                       "capacity", "max_preemptions")
+    template_fields = (
+        "dataset",
+        "trainer_config",
+        "storage_root",
+        "nodes",
+        "gpus_per_node",
+        "capacity",
+        "max_preemptions",
+    )
     ui_color = "#f4d9c6"
     operator_extra_links = (RunReportLink(),)
 
-    def __init__(self, *, dataset: Any, trainer_config: dict | None = None, nodes: int = 1,
-                 gpus_per_node: int = 0, cluster: str = "local", capacity: str = "spot",
-                 max_preemptions: int = 3, max_infra_retries: int = 2,
-                 fallback_after: int | None = None, unschedulable_timeout: float = 900,
-                 image: str = "trainops-trainer:latest",
-                 namespace: str = "default", termination_grace_seconds: int = 60,
-                 job_options: dict | None = None, deferrable: bool | None = None,
-                 inject_preemption: dict | None = None, poll_interval: float = 5.0,
-                 progress_every: float = 30.0,
-                 job_timeout: float | None = None, storage_root: str | None = None,
-                 aws_conn_id: str | None = "aws_default",
-                 kubernetes_conn_id: str | None = "kubernetes_default", **kwargs):
+    def __init__(
+        self,
+        *,
+        dataset: Any,
+        trainer_config: dict | None = None,
+        nodes: int = 1,
+        gpus_per_node: int = 0,
+        cluster: str = "local",
+        capacity: str = "spot",
+        max_preemptions: int = 3,
+        max_infra_retries: int = 2,
+        fallback_after: int | None = None,
+        unschedulable_timeout: float = 900,
+        image: str = "trainops-trainer:latest",
+        namespace: str = "default",
+        termination_grace_seconds: int = 60,
+        job_options: dict | None = None,
+        deferrable: bool | None = None,
+        inject_preemption: dict | None = None,
+        poll_interval: float = 5.0,
+        progress_every: float = 30.0,
+        job_timeout: float | None = None,
+        storage_root: str | None = None,
+        aws_conn_id: str | None = "aws_default",
+        kubernetes_conn_id: str | None = "kubernetes_default",
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         from trainops.cluster import CLUSTERS
 
@@ -110,17 +132,25 @@ class FSDPTrainingOperator(BaseOperator):
         self.gpus_per_node = _jobs.as_int("gpus_per_node", self.gpus_per_node, minimum=0)
         self.max_preemptions = _jobs.as_int("max_preemptions", self.max_preemptions, minimum=0)
         if self.capacity not in ("spot", "on-demand", "spot-then-on-demand"):
-            raise ValueError(f"capacity {self.capacity!r} is not one of 'spot', 'on-demand', "
-                             "'spot-then-on-demand'")
-        _jobs.check_renders(self.cluster, nodes=self.nodes, gpus_per_node=self.gpus_per_node,
-                            image=self.image, namespace=self.namespace, capacity=self.capacity,
-                            termination_grace_seconds=self.termination_grace_seconds,
-                            **self.job_options)
+            raise ValueError(
+                f"capacity {self.capacity!r} is not one of 'spot', 'on-demand', 'spot-then-on-demand'"
+            )
+        _jobs.check_renders(
+            self.cluster,
+            nodes=self.nodes,
+            gpus_per_node=self.gpus_per_node,
+            image=self.image,
+            namespace=self.namespace,
+            capacity=self.capacity,
+            termination_grace_seconds=self.termination_grace_seconds,
+            **self.job_options,
+        )
 
     # -- helpers -----------------------------------------------------------------------
     def _cluster_options(self) -> dict:
-        return _jobs.cluster_options(self.cluster, self.kubernetes_conn_id, self.namespace,
-                                     self.unschedulable_timeout)
+        return _jobs.cluster_options(
+            self.cluster, self.kubernetes_conn_id, self.namespace, self.unschedulable_timeout
+        )
 
     def _cluster(self):
         from trainops.cluster import get_cluster
@@ -130,7 +160,9 @@ class FSDPTrainingOperator(BaseOperator):
     def _data_uri(self) -> str:
         uri = self.dataset.get("uri") if isinstance(self.dataset, dict) else self.dataset
         if not isinstance(uri, str) or not uri:
-            raise ValueError(f"dataset must be a StageDatasetOperator result or a dataset URI, got {self.dataset!r}")
+            raise ValueError(
+                f"dataset must be a StageDatasetOperator result or a dataset URI, got {self.dataset!r}"
+            )
         return uri
 
     # -- execute -----------------------------------------------------------------------
@@ -140,14 +172,17 @@ class FSDPTrainingOperator(BaseOperator):
         self._check_settings()
         identity = _jobs.task_identity(context)
         root, store = root_and_storage(self.storage_root, self.aws_conn_id)
-        run_uri = run_prefix(root, identity["dag_id"], identity["run_id"], identity["task_id"],
-                             identity["map_index"])
+        run_uri = run_prefix(
+            root, identity["dag_id"], identity["run_id"], identity["task_id"], identity["map_index"]
+        )
         layout = RunLayout(run_uri)
         user = _jobs.nest(self.trainer_config)
         for key in ("run_uri", "data_uri"):
             if key in user:
-                raise ValueError(f"trainer_config must not set {key!r}: the operator derives it "
-                                 "from the run prefix and the dataset")
+                raise ValueError(
+                    f"trainer_config must not set {key!r}: the operator derives it "
+                    "from the run prefix and the dataset"
+                )
         base = {"run_uri": run_uri, "data_uri": self._data_uri(), **user}
         world_size = self.nodes * max(1, self.gpus_per_node)
         resolved = _jobs.resolve_trainer_config(base, world_size)  # bad config fails here, before any launch
@@ -155,9 +190,15 @@ class FSDPTrainingOperator(BaseOperator):
         self.log.info("trainer config written to %s", layout.config)
 
         job = self._read_job(store, layout) or {
-            "run_uri": run_uri, "config_uri": layout.config, "cluster": self.cluster,
-            "capacity": self.capacity, "preemptions": 0, "infra_failures": 0,
-            "status": "running", "attempts": []}
+            "run_uri": run_uri,
+            "config_uri": layout.config,
+            "cluster": self.cluster,
+            "capacity": self.capacity,
+            "preemptions": 0,
+            "infra_failures": 0,
+            "status": "running",
+            "attempts": [],
+        }
         if callable(getattr(context.get("ti"), "xcom_push", None)):  # the "Training report" link,
             context["ti"].xcom_push(key=RUN_REPORT_KEY, value=layout.job)  # on a reattach too
         cluster = self._cluster()
@@ -179,41 +220,67 @@ class FSDPTrainingOperator(BaseOperator):
     def _launch(self, context, store, layout, job: dict, identity: dict):
         from trainer.contract import ENV_ATTEMPT, trainer_argv
         from trainops.cluster.spec import JobSpec
-        from trainops.storage_conn import job_env_for
+        from trainops.hooks.storage import job_env_for
 
         attempt = len(job["attempts"]) + 1
         labels = {**_jobs.job_labels(identity), "trainops/attempt": str(attempt)}
         env = {**job_env_for(layout.run_uri, self.aws_conn_id), ENV_ATTEMPT: str(attempt)}
         spec = JobSpec(
-            name=_jobs.job_name("train", identity, attempt), args=trainer_argv("train", layout.config),
-            nodes=self.nodes, gpus_per_node=self.gpus_per_node, distributed=True, image=self.image,
-            namespace=self.namespace, capacity=job["capacity"],
+            name=_jobs.job_name("train", identity, attempt),
+            args=trainer_argv("train", layout.config),
+            nodes=self.nodes,
+            gpus_per_node=self.gpus_per_node,
+            distributed=True,
+            image=self.image,
+            namespace=self.namespace,
+            capacity=job["capacity"],
             termination_grace_seconds=self.termination_grace_seconds,
-            **_jobs.merge_job_options(self.job_options, env=env, labels=labels))
+            **_jobs.merge_job_options(self.job_options, env=env, labels=labels),
+        )
         chaos = None
         if self.inject_preemption and int(self.inject_preemption.get("attempt", 1)) == attempt:
             chaos = {"node": 0, **self.inject_preemption, "attempt": attempt, "metrics_uri": layout.metrics}
         cluster = self._cluster()
         handle = cluster.launch(spec, chaos=chaos) if chaos else cluster.launch(spec)
-        job["attempts"].append({"attempt": attempt, "job": handle, "capacity": job["capacity"],
-                                "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
-                                "args": spec.args, "spec": spec.to_dict(),
-                                "manifests": _jobs.manifests_of(self.cluster, spec),
-                                "launched_at": _jobs.now_iso()})
+        job["attempts"].append(
+            {
+                "attempt": attempt,
+                "job": handle,
+                "capacity": job["capacity"],
+                "nodes": self.nodes,
+                "gpus_per_node": self.gpus_per_node,
+                "args": spec.args,
+                "spec": spec.to_dict(),
+                "manifests": _jobs.manifests_of(self.cluster, spec),
+                "launched_at": _jobs.now_iso(),
+            }
+        )
         store.put_json(layout.job, job)
-        self.log.info("attempt %d: launched %s (%d node(s) x %d process(es), %s capacity)%s",
-                      attempt, handle["job_id"], self.nodes, spec.procs_per_node, job["capacity"],
-                      f"; will inject a preemption at step {chaos['at_step']}" if chaos else "")
+        self.log.info(
+            "attempt %d: launched %s (%d node(s) x %d process(es), %s capacity)%s",
+            attempt,
+            handle["job_id"],
+            self.nodes,
+            spec.procs_per_node,
+            job["capacity"],
+            f"; will inject a preemption at step {chaos['at_step']}" if chaos else "",
+        )
         return self._wait(context, handle, layout.metrics)
 
     def _wait(self, context, handle: dict, metrics_uri: str):
         """Wait for the attempt: in the triggerer (deferrable) or here, then decide."""
         from trainops.triggers.job import JobTrigger
 
-        trigger = JobTrigger(handle=handle, poll_interval=self.poll_interval,
-                             timeout=self.job_timeout, progress_uri=metrics_uri,
-                             progress_every=self.progress_every, aws_conn_id=self.aws_conn_id,
-                             cluster_options=self._cluster_options(), stream_logs=True)
+        trigger = JobTrigger(
+            handle=handle,
+            poll_interval=self.poll_interval,
+            timeout=self.job_timeout,
+            progress_uri=metrics_uri,
+            progress_every=self.progress_every,
+            aws_conn_id=self.aws_conn_id,
+            cluster_options=self._cluster_options(),
+            stream_logs=True,
+        )
         if self.deferrable:
             self.defer(trigger=trigger, method_name="execute_complete")
         return self.execute_complete(context, _jobs.wait_here(trigger))
@@ -226,9 +293,12 @@ class FSDPTrainingOperator(BaseOperator):
         from trainops.triggers.job import JobGoneTrigger
 
         self._cluster().delete(handle)
-        trigger = JobGoneTrigger(handle=handle, cluster_options=self._cluster_options(),
-                                 not_before=time.time() + delay_s if delay_s else None,
-                                 deadline_s=self.termination_grace_seconds + 120)
+        trigger = JobGoneTrigger(
+            handle=handle,
+            cluster_options=self._cluster_options(),
+            not_before=time.time() + delay_s if delay_s else None,
+            deadline_s=self.termination_grace_seconds + 120,
+        )
         if self.deferrable:
             self.defer(trigger=trigger, method_name="relaunch_when_gone")
         return self.relaunch_when_gone(context, _jobs.wait_here(trigger))
@@ -236,7 +306,8 @@ class FSDPTrainingOperator(BaseOperator):
     # -- after each attempt ------------------------------------------------------------
     def execute_complete(self, context, event: dict | None = None):
         from trainer.contract import RunLayout, run_prefix
-        from trainops.policy import INFRA, PREEMPTED, classify_attempt, decide, is_capacity_fallback
+        from trainops.recovery.classify import INFRA, PREEMPTED, classify_attempt
+        from trainops.recovery.policy import decide, is_capacity_fallback
 
         event = _jobs.check_event(event)
         if event["status"] == "gone":
@@ -244,8 +315,11 @@ class FSDPTrainingOperator(BaseOperator):
         self._check_settings()
         identity = _jobs.task_identity(context)
         root, store = root_and_storage(self.storage_root, self.aws_conn_id)
-        layout = RunLayout(run_prefix(root, identity["dag_id"], identity["run_id"],
-                                      identity["task_id"], identity["map_index"]))
+        layout = RunLayout(
+            run_prefix(
+                root, identity["dag_id"], identity["run_id"], identity["task_id"], identity["map_index"]
+            )
+        )
         job = self._read_job(store, layout)
         entry = job["attempts"][-1]
         cluster = self._cluster()
@@ -254,8 +328,10 @@ class FSDPTrainingOperator(BaseOperator):
             entry.update(ended_at=_jobs.now_iso(), classification="error", reason=event.get("message"))
             job["status"] = "failed"
             store.put_json(layout.job, job)
-            raise RuntimeError(f"training attempt {entry['attempt']} {event['status']}: "
-                               f"{event.get('message')}; the job was deleted")
+            raise RuntimeError(
+                f"training attempt {entry['attempt']} {event['status']}: "
+                f"{event.get('message')}; the job was deleted"
+            )
 
         state = event["state"]
         record = self._read_record(store, layout, entry["attempt"])
@@ -263,17 +339,32 @@ class FSDPTrainingOperator(BaseOperator):
         fallback = is_capacity_fallback(verdict["classification"], state, job["capacity"])
         job["preemptions"] += verdict["classification"] == PREEMPTED
         job["infra_failures"] += verdict["classification"] == INFRA and not fallback
-        decision = decide(verdict["classification"], preemptions=job["preemptions"],
-                          max_preemptions=self.max_preemptions,
-                          infra_failures=job["infra_failures"],
-                          max_infra_retries=self.max_infra_retries, capacity=job["capacity"],
-                          fallback_after=self.fallback_after,
-                          unschedulable=bool(state.get("unschedulable")))
-        entry.update(ended_at=_jobs.now_iso(), state=state, record=record,
-                     steps_lost=self._steps_lost(store, layout, entry["attempt"], record),
-                     node_types=_jobs.node_types(state), decision=decision, **verdict)
-        self.log.info("attempt %d: %s (%s); %s", entry["attempt"], verdict["classification"],
-                      verdict["reason"], decision["reason"])
+        decision = decide(
+            verdict["classification"],
+            preemptions=job["preemptions"],
+            max_preemptions=self.max_preemptions,
+            infra_failures=job["infra_failures"],
+            max_infra_retries=self.max_infra_retries,
+            capacity=job["capacity"],
+            fallback_after=self.fallback_after,
+            unschedulable=bool(state.get("unschedulable")),
+        )
+        entry.update(
+            ended_at=_jobs.now_iso(),
+            state=state,
+            record=record,
+            steps_lost=self._steps_lost(store, layout, entry["attempt"], record),
+            node_types=_jobs.node_types(state),
+            decision=decision,
+            **verdict,
+        )
+        self.log.info(
+            "attempt %d: %s (%s); %s",
+            entry["attempt"],
+            verdict["classification"],
+            verdict["reason"],
+            decision["reason"],
+        )
         if decision["action"] == "relaunch":
             job["capacity"] = decision["capacity"]
             store.put_json(layout.job, job)
@@ -282,8 +373,10 @@ class FSDPTrainingOperator(BaseOperator):
         store.put_json(layout.job, job)
         if decision["action"] == "fail":
             tail = cluster.logs_tail(event["handle"], lines=20)
-            raise RuntimeError(f"training failed on attempt {entry['attempt']}: {verdict['reason']}. "
-                               f"{decision['reason']}.\nLast log lines:\n{tail}")
+            raise RuntimeError(
+                f"training failed on attempt {entry['attempt']}: {verdict['reason']}. "
+                f"{decision['reason']}.\nLast log lines:\n{tail}"
+            )
         return self._result(store, layout, job, record)
 
     def relaunch_when_gone(self, context, event=None):
@@ -294,8 +387,11 @@ class FSDPTrainingOperator(BaseOperator):
         self._check_settings()
         identity = _jobs.task_identity(context)
         root, store = root_and_storage(self.storage_root, self.aws_conn_id)
-        layout = RunLayout(run_prefix(root, identity["dag_id"], identity["run_id"], identity["task_id"],
-                                      identity["map_index"]))
+        layout = RunLayout(
+            run_prefix(
+                root, identity["dag_id"], identity["run_id"], identity["task_id"], identity["map_index"]
+            )
+        )
         job = self._read_job(store, layout)
         if event["status"] != "gone":
             job["status"] = "failed"
@@ -321,12 +417,11 @@ class FSDPTrainingOperator(BaseOperator):
         """From the record, or (no record: SIGKILL) from metrics vs the latest committed step."""
         if record is not None:
             return record["steps_lost"]
+        from trainer.contract import max_step_of_attempt, metrics_records
         from trainer.storage import NotFound
 
-        from trainops.metrics import max_step_of_attempt
-
         try:
-            last = max_step_of_attempt(store.get(layout.metrics).decode(), attempt)
+            last = max_step_of_attempt(metrics_records(store.get(layout.metrics).decode()), attempt)
         except NotFound:
             return 0
         try:
@@ -337,20 +432,24 @@ class FSDPTrainingOperator(BaseOperator):
 
     @staticmethod
     def _result(store, layout, job: dict, record: dict) -> dict:
+        from trainer.contract import metrics_by_step, metrics_records
         from trainer.storage import NotFound
 
-        from trainops.metrics import final_by_step
-
         try:
-            by_step = final_by_step(store.get(layout.metrics).decode())
+            by_step = metrics_by_step(metrics_records(store.get(layout.metrics).decode()))
         except NotFound:
             by_step = {}
         final_loss = by_step[max(by_step)]["loss"] if by_step else None
         return {
-            "run_uri": layout.run_uri, "config_uri": layout.config, "job_uri": layout.job,
-            "export_uri": layout.export, "metrics_uri": layout.metrics,
-            "steps": record["last_step"], "checkpoint_step": record["checkpoint_step"],
-            "attempts": len(job["attempts"]), "preemptions": job["preemptions"],
+            "run_uri": layout.run_uri,
+            "config_uri": layout.config,
+            "job_uri": layout.job,
+            "export_uri": layout.export,
+            "metrics_uri": layout.metrics,
+            "steps": record["last_step"],
+            "checkpoint_step": record["checkpoint_step"],
+            "attempts": len(job["attempts"]),
+            "preemptions": job["preemptions"],
             "steps_lost": sum(a.get("steps_lost") or 0 for a in job["attempts"]),
             "final_loss": final_loss,
         }

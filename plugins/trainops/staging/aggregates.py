@@ -25,9 +25,7 @@ class RowCountCheck:
         self.rows += batch.num_rows
 
     def result(self) -> dict:
-        ok = (self.low is None or self.rows >= self.low) and (
-            self.high is None or self.rows <= self.high
-        )
+        ok = (self.low is None or self.rows >= self.low) and (self.high is None or self.rows <= self.high)
         return {"success": ok, "observed_value": self.rows}
 
 

@@ -8,7 +8,7 @@ value, timestamps included, derives from ``seed``, never from the clock.
 from __future__ import annotations
 
 import random
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from trainer.contract import join
 from trainer.storage import open_storage
@@ -48,7 +48,7 @@ _TEMPLATES = {
     ],
 }
 
-_EPOCH = datetime(2024, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(2024, 1, 1, tzinfo=UTC)
 
 
 def demo_rows(rows: int = 4000, *, seed: int = 0, corrupt: bool = False) -> dict[str, list]:
@@ -87,8 +87,9 @@ def _corrupt(cols: dict[str, list]) -> None:
         cols["text"][i] = ""
 
 
-def write_demo_dataset(uri: str, *, rows: int = 4000, seed: int = 0, files: int = 2,
-                       corrupt: bool = False, storage=None) -> dict:
+def write_demo_dataset(
+    uri: str, *, rows: int = 4000, seed: int = 0, files: int = 2, corrupt: bool = False, storage=None
+) -> dict:
     """Write ``<uri>/part-NNNNN.parquet`` (``files`` parts); return ``{"uri", "rows", "files"}``.
 
     :param storage: a ``trainer.storage`` client; by default ``open_storage(uri)``.
@@ -100,8 +101,14 @@ def write_demo_dataset(uri: str, *, rows: int = 4000, seed: int = 0, files: int 
         raise ValueError(f"files must be between 1 and rows ({rows}), got {files}")
     storage = storage or open_storage(uri)
     cols = demo_rows(rows, seed=seed, corrupt=corrupt)
-    schema = pa.schema([("id", pa.string()), ("text", pa.string()), ("source", pa.string()),
-                        ("created_at", pa.timestamp("us", tz="UTC"))])
+    schema = pa.schema(
+        [
+            ("id", pa.string()),
+            ("text", pa.string()),
+            ("source", pa.string()),
+            ("created_at", pa.timestamp("us", tz="UTC")),
+        ]
+    )
     table = pa.table(cols, schema=schema)
     written = []
     bounds = [rows * k // files for k in range(files + 1)]

@@ -31,10 +31,13 @@ class ByteTokenizer:
 
         texts = _compact(texts)
         width = 8 if pa.types.is_large_string(texts.type) else 4
-        offsets = np.frombuffer(texts.buffers()[1], dtype=f"<i{width}")[:len(texts) + 1]
+        offsets = np.frombuffer(texts.buffers()[1], dtype=f"<i{width}")[: len(texts) + 1]
         data = texts.buffers()[2]
-        raw = (np.frombuffer(data, dtype=np.uint8)[offsets[0]:offsets[-1]]
-               if data is not None else np.zeros(0, dtype=np.uint8))
+        raw = (
+            np.frombuffer(data, dtype=np.uint8)[offsets[0] : offsets[-1]]
+            if data is not None
+            else np.zeros(0, dtype=np.uint8)
+        )
         lengths = np.diff(offsets).astype(np.int64) + 1
         tokens = np.full(len(raw) + len(texts), self.eos_id, dtype=self.dtype)
         is_text = np.ones(len(tokens), dtype=bool)
@@ -74,20 +77,24 @@ class HFTokenizer:
         eos, self.eos_id = found[0]
         vocab_size = max(vocab_size, self.eos_id + 1)
         self.dtype = token_dtype_for(vocab_size)
-        self.config = {"kind": "huggingface", "vocab_size": int(vocab_size),
-                       "eos_id": int(self.eos_id), "eos_token": eos, "uri": uri,
-                       "sha256": hashlib.sha256(data).hexdigest()}
+        self.config = {
+            "kind": "huggingface",
+            "vocab_size": int(vocab_size),
+            "eos_id": int(self.eos_id),
+            "eos_token": eos,
+            "uri": uri,
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
 
     def encode_batch(self, texts):
         import numpy as np
 
         encoded = self._tok.encode_batch(texts.to_pylist(), add_special_tokens=False)
-        lengths = np.fromiter((len(e.ids) + 1 for e in encoded), dtype=np.int64,
-                              count=len(encoded))
+        lengths = np.fromiter((len(e.ids) + 1 for e in encoded), dtype=np.int64, count=len(encoded))
         tokens = np.empty(int(lengths.sum()), dtype=self.dtype)
         pos = 0
-        for e, n in zip(encoded, lengths):
-            tokens[pos:pos + n - 1] = e.ids
+        for e, n in zip(encoded, lengths, strict=False):
+            tokens[pos : pos + n - 1] = e.ids
             tokens[pos + n - 1] = self.eos_id
             pos += n
         return tokens, lengths

@@ -72,8 +72,7 @@ DATASET_EXPECTATIONS: dict[str, tuple[str, ...]] = {
     "expect_column_values_to_be_unique": ("column",),
     "expect_table_row_count_to_be_between": ("min_value", "max_value"),
     "expect_table_row_count_to_equal": ("value",),
-    "expect_column_proportion_of_non_null_values_to_be_between": (
-        "column", "min_value", "max_value"),
+    "expect_column_proportion_of_non_null_values_to_be_between": ("column", "min_value", "max_value"),
 }
 
 # GX bookkeeping keys that may appear in a serialized suite and carry no meaning here.
@@ -112,9 +111,7 @@ def normalize_expectations(expectations: list[dict] | None) -> list[dict]:
             # GX 0.x serialized the type under this name; the meaning is the same.
             item = {("type" if k == "expectation_type" else k): v for k, v in item.items()}
         if not isinstance(item, dict) or not isinstance(item.get("type"), str):
-            raise ValueError(
-                f"expectation #{i} must be a dict with a string 'type', got {item!r}"
-            )
+            raise ValueError(f"expectation #{i} must be a dict with a string 'type', got {item!r}")
         kwargs = item.get("kwargs", {})
         if not isinstance(kwargs, dict):
             raise ValueError(
@@ -158,8 +155,7 @@ def _check_dataset_kwargs(i: int, etype: str, kwargs: dict) -> None:
         if lo is None and hi is None:
             raise ValueError(f"expectation #{i} ({etype}) needs min_value or max_value, got none")
         for v in (lo, hi):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
-                                  or not 0 <= v <= 1):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1):
                 raise ValueError(
                     f"expectation #{i} ({etype}) bounds must be proportions from 0 to 1, got {v!r}"
                 )

@@ -56,11 +56,11 @@ def _segment_regex(segment: str) -> str:
         elif c == "?":
             out.append("[^/]")
         elif c == "[":
-            end = segment.find("]", i + 2 if segment[i + 1:i + 2] in ("!", "]") else i + 1)
+            end = segment.find("]", i + 2 if segment[i + 1 : i + 2] in ("!", "]") else i + 1)
             if end < 0:
                 out.append(re.escape(c))
             else:
-                body = segment[i + 1:end]
+                body = segment[i + 1 : end]
                 if body.startswith("!"):
                     body = "^" + body[1:]
                 out.append("[" + body.replace("\\", "\\\\") + "]")
@@ -75,4 +75,4 @@ def glob_filter(prefix: str, pattern: str, uris: list[str]) -> list[str]:
     """The ``uris`` (listed under ``prefix``) whose part after ``prefix/`` matches."""
     regex = glob_regex(pattern)
     base = prefix.rstrip("/") + "/"
-    return [u for u in uris if u.startswith(base) and regex.match(u[len(base):])]
+    return [u for u in uris if u.startswith(base) and regex.match(u[len(base) :])]

@@ -102,7 +102,7 @@ def _batch_result(r, df, id_column: str, complete: bool) -> dict:
             rows = index
     out["rows"] = rows[:_SAMPLES]
     if id_column in df.columns:
-        ids = (df.at[i, id_column] for i in rows[:_SAMPLES * 4])
+        ids = (df.at[i, id_column] for i in rows[: _SAMPLES * 4])
         out["ids"] = [str(v) for v in ids if isinstance(v, str) or (v is not None and v == v)]
         out["ids"] = out["ids"][:_SAMPLES]
     return out

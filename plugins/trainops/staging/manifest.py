@@ -10,11 +10,23 @@ EVAL_INDEX_PATH = "eval/index.jsonl"
 VALIDATION_NAME = "validation.json"
 
 
-def build_manifest(*, name: str, version: str, created_at: str, source_uri: str,
-                   objects: Sequence[dict], tokenizer: dict, token_dtype: str,
-                   splits: dict, split_rule: dict, eval_records: int,
-                   slice_columns: Sequence[str], rows: dict, validation: dict,
-                   quarantine: dict | None = None) -> dict:
+def build_manifest(
+    *,
+    name: str,
+    version: str,
+    created_at: str,
+    source_uri: str,
+    objects: Sequence[dict],
+    tokenizer: dict,
+    token_dtype: str,
+    splits: dict,
+    split_rule: dict,
+    eval_records: int,
+    slice_columns: Sequence[str],
+    rows: dict,
+    validation: dict,
+    quarantine: dict | None = None,
+) -> dict:
     """Assemble the manifest; ``splits`` maps each split to ``{"tokens", "shards"}``.
 
     Shard paths are relative to the dataset version prefix. ``quarantine`` (the rows
@@ -27,8 +39,7 @@ def build_manifest(*, name: str, version: str, created_at: str, source_uri: str,
         counted = sum(s["tokens"] for s in splits[split]["shards"])
         if counted != splits[split]["tokens"]:
             raise ValueError(
-                f"split {split!r} claims {splits[split]['tokens']} tokens "
-                f"but its shards hold {counted}"
+                f"split {split!r} claims {splits[split]['tokens']} tokens but its shards hold {counted}"
             )
     if rows["train"] + rows["eval"] != rows["total"]:
         raise ValueError(f"row counts do not add up: {rows}")
@@ -40,13 +51,17 @@ def build_manifest(*, name: str, version: str, created_at: str, source_uri: str,
         "source": {"uri": source_uri, "objects": [dict(o) for o in objects]},
         "tokenizer": dict(tokenizer),
         "token_dtype": token_dtype,
-        "splits": {s: {"tokens": int(splits[s]["tokens"]),
-                       "shards": [dict(x) for x in splits[s]["shards"]]} for s in SPLITS},
+        "splits": {
+            s: {"tokens": int(splits[s]["tokens"]), "shards": [dict(x) for x in splits[s]["shards"]]}
+            for s in SPLITS
+        },
         "split_rule": dict(split_rule),
-        "eval_index": {"path": EVAL_INDEX_PATH, "records": int(eval_records),
-                       "slice_columns": list(slice_columns)},
-        "rows": {"total": int(rows["total"]), "train": int(rows["train"]),
-                 "eval": int(rows["eval"])},
+        "eval_index": {
+            "path": EVAL_INDEX_PATH,
+            "records": int(eval_records),
+            "slice_columns": list(slice_columns),
+        },
+        "rows": {"total": int(rows["total"]), "train": int(rows["train"]), "eval": int(rows["eval"])},
         "validation": validation,
     }
     if quarantine is not None:
@@ -57,4 +72,4 @@ def build_manifest(*, name: str, version: str, created_at: str, source_uri: str,
 def shard_paths(manifest: dict) -> list[str]:
     """Every file a manifest names, relative to the version prefix."""
     paths = [s["path"] for split in SPLITS for s in manifest["splits"][split]["shards"]]
-    return paths + [manifest["eval_index"]["path"]]
+    return [*paths, manifest["eval_index"]["path"]]

@@ -12,16 +12,12 @@ URI_SCHEMES = ("file://", "s3://")
 
 def check_options(*, eval_percent: int, shard_tokens: int, slice_columns: Sequence[str]) -> None:
     """Reject bad split, shard and slice options."""
-    if isinstance(eval_percent, bool) or not isinstance(eval_percent, int) or not (
-        1 <= eval_percent <= 50
-    ):
+    if isinstance(eval_percent, bool) or not isinstance(eval_percent, int) or not (1 <= eval_percent <= 50):
         raise ValueError(f"eval_percent must be an integer from 1 to 50, got {eval_percent!r}")
     if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or shard_tokens < 1:
         raise ValueError(f"shard_tokens must be a positive integer, got {shard_tokens!r}")
     if isinstance(slice_columns, str):
-        raise ValueError(
-            f"slice_columns must be a list of column names, got the string {slice_columns!r}"
-        )
+        raise ValueError(f"slice_columns must be a list of column names, got the string {slice_columns!r}")
     for col in slice_columns:
         if not isinstance(col, str) or col in RESERVED_INDEX_KEYS:
             raise ValueError(
@@ -48,15 +44,14 @@ def check_quarantine(quarantine: dict | None) -> dict | None:
             f"quarantine has unknown keys {sorted(unknown)}: use 'max_fraction' and 'sample_rows'"
         )
     if "max_fraction" not in quarantine:
-        raise ValueError("quarantine needs 'max_fraction', the largest share of rows that may be "
-                         "dropped, e.g. {'max_fraction': 0.01}")
-    fraction = quarantine["max_fraction"]
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not (
-        0 <= fraction < 1
-    ):
         raise ValueError(
-            f"quarantine max_fraction must be a number from 0 up to (not including) 1, got "
-            f"{fraction!r}"
+            "quarantine needs 'max_fraction', the largest share of rows that may be "
+            "dropped, e.g. {'max_fraction': 0.01}"
+        )
+    fraction = quarantine["max_fraction"]
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not (0 <= fraction < 1):
+        raise ValueError(
+            f"quarantine max_fraction must be a number from 0 up to (not including) 1, got {fraction!r}"
         )
     sample = quarantine.get("sample_rows", DEFAULT_QUARANTINE_SAMPLE_ROWS)
     if isinstance(sample, bool) or not isinstance(sample, int) or sample < 0:
@@ -75,17 +70,14 @@ def check_tokenizer(tokenizer: str | dict | None) -> dict:
         return {"kind": "byte"}
     spec = {"uri": tokenizer} if isinstance(tokenizer, str) else tokenizer
     if not isinstance(spec, dict):
-        raise ValueError(
-            f"tokenizer must be None, 'byte', a tokenizer.json URI or a dict, got {tokenizer!r}"
-        )
+        raise ValueError(f"tokenizer must be None, 'byte', a tokenizer.json URI or a dict, got {tokenizer!r}")
     unknown = set(spec) - {"uri", "eos_token"}
     if unknown:
         raise ValueError(f"tokenizer has unknown keys {sorted(unknown)}: use 'uri' and 'eos_token'")
     uri = spec.get("uri")
     if not isinstance(uri, str) or not uri.startswith(URI_SCHEMES):
         raise ValueError(
-            f"tokenizer uri must be a file:// or s3:// URI of a Hugging Face tokenizer.json, "
-            f"got {uri!r}"
+            f"tokenizer uri must be a file:// or s3:// URI of a Hugging Face tokenizer.json, got {uri!r}"
         )
     eos = spec.get("eos_token")
     if eos is not None and (not isinstance(eos, str) or not eos):

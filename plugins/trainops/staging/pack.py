@@ -21,9 +21,17 @@ class Packer:
     the first one as an error message for when there is no quarantine.
     """
 
-    def __init__(self, out_dir: str, tokenizer, *, eval_percent: int, shard_tokens: int,
-                 slice_columns: Sequence[str] = ("source",), id_column: str = "id",
-                 text_column: str = "text"):
+    def __init__(
+        self,
+        out_dir: str,
+        tokenizer,
+        *,
+        eval_percent: int,
+        shard_tokens: int,
+        slice_columns: Sequence[str] = ("source",),
+        id_column: str = "id",
+        text_column: str = "text",
+    ):
         self.out_dir = out_dir
         self.tokenizer = tokenizer
         self.eval_percent = eval_percent
@@ -32,7 +40,7 @@ class Packer:
         self.id_column, self.text_column = id_column, text_column
         self.packers = {s: ShardPacker(out_dir, s, shard_tokens, tokenizer.dtype) for s in SPLITS}
         os.makedirs(os.path.join(out_dir, "eval"), exist_ok=True)
-        self._index = open(os.path.join(out_dir, EVAL_INDEX_PATH), "w", encoding="utf-8")
+        self._index = open(os.path.join(out_dir, EVAL_INDEX_PATH), "w", encoding="utf-8")  # noqa: SIM115 - open across batches; close() ends it
         self.problem: str | None = None
 
     def add(self, batch, rows) -> dict[int, str]:
@@ -53,7 +61,8 @@ class Packer:
                 self._first_problem(
                     f"row {int(rows[i])} has a null {column!r}, which staging cannot split or "
                     f"tokenize: add expect_column_values_to_not_be_null for {column!r} to the "
-                    "expectations, quarantine such rows, or clean the data")
+                    "expectations, quarantine such rows, or clean the data"
+                )
             keep = ~null
             batch, rows = batch.filter(keep), rows[keep]
             ids = batch.column(batch.schema.get_field_index(self.id_column))
@@ -68,7 +77,8 @@ class Packer:
             self._first_problem(
                 f"record {ids[i]!r} (row {int(rows[i])}) has {int(lengths[i])} tokens, more than "
                 f"a shard holds (shard_tokens={self.shard_tokens}): raise shard_tokens, cap the "
-                f"text with expect_column_value_lengths_to_be_between, or quarantine such rows")
+                f"text with expect_column_value_lengths_to_be_between, or quarantine such rows"
+            )
         self._pack(batch, ids, tokens, lengths, set(too_long.tolist()))
         return skipped
 
@@ -83,9 +93,10 @@ class Packer:
             if not chosen.any():
                 continue
             token_mask = np.repeat(chosen, lengths)
-            start, _ = self.packers[split].add(tokens[token_mask].astype(
-                "<u2" if self.tokenizer.dtype == "uint16" else "<u4", copy=False),
-                records=int(chosen.sum()))
+            start, _ = self.packers[split].add(
+                tokens[token_mask].astype("<u2" if self.tokenizer.dtype == "uint16" else "<u4", copy=False),
+                records=int(chosen.sum()),
+            )
             if split == "eval":
                 self._write_index(batch, ids, lengths, chosen, start)
 
@@ -94,8 +105,10 @@ class Packer:
 
         picked = np.flatnonzero(chosen)
         ends = start + np.cumsum(lengths[picked])
-        slices = {c: batch.column(batch.schema.get_field_index(c)).take(picked).to_pylist()
-                  for c in self.slice_columns}
+        slices = {
+            c: batch.column(batch.schema.get_field_index(c)).take(picked).to_pylist()
+            for c in self.slice_columns
+        }
         lines = []
         for n, i in enumerate(picked):
             values = {c: _json_value(slices[c][n]) for c in self.slice_columns}
@@ -122,9 +135,17 @@ class Packer:
         }
 
 
-def pack_batches(batches: Iterable, out_dir: str, tokenizer=None, *, eval_percent: int,
-                 shard_tokens: int, slice_columns: Sequence[str] = ("source",),
-                 id_column: str = "id", text_column: str = "text") -> dict:
+def pack_batches(
+    batches: Iterable,
+    out_dir: str,
+    tokenizer=None,
+    *,
+    eval_percent: int,
+    shard_tokens: int,
+    slice_columns: Sequence[str] = ("source",),
+    id_column: str = "id",
+    text_column: str = "text",
+) -> dict:
     """Pack every batch with a :class:`Packer`; raise StagingError for a row it cannot pack."""
     import numpy as np
 
@@ -132,8 +153,15 @@ def pack_batches(batches: Iterable, out_dir: str, tokenizer=None, *, eval_percen
         from trainops.staging.encoders import ByteTokenizer
 
         tokenizer = ByteTokenizer()
-    packer = Packer(out_dir, tokenizer, eval_percent=eval_percent, shard_tokens=shard_tokens,
-                    slice_columns=slice_columns, id_column=id_column, text_column=text_column)
+    packer = Packer(
+        out_dir,
+        tokenizer,
+        eval_percent=eval_percent,
+        shard_tokens=shard_tokens,
+        slice_columns=slice_columns,
+        id_column=id_column,
+        text_column=text_column,
+    )
     row = 0
     for batch in batches:
         packer.add(batch, np.arange(row, row + batch.num_rows))

@@ -51,11 +51,15 @@ class QuarantineLog:
             import os
 
             os.makedirs(os.path.dirname(self._path), exist_ok=True)
-            self._file = open(self._path, "w", encoding="utf-8")
+            self._file = open(self._path, "w", encoding="utf-8")  # noqa: SIM115 - open across batches; close() ends it
         values = batch.slice(0, room).to_pylist()
-        for row, record in zip(rows[:room], values):
-            line = {"row": int(row), "object": uri, "reasons": reasons[int(row)],
-                    "values": {k: _short(v) for k, v in record.items()}}
+        for row, record in zip(rows[:room], values, strict=False):
+            line = {
+                "row": int(row),
+                "object": uri,
+                "reasons": reasons[int(row)],
+                "values": {k: _short(v) for k, v in record.items()},
+            }
             self._file.write(json.dumps(line, ensure_ascii=False) + "\n")
         self.sampled += len(values)
 

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from trainops.staging.errors import SourceNotFound, StagingError
 from trainops.staging.globs import glob_filter, split_glob
 
-FORMATS = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl",
-           ".csv": "csv"}
+FORMATS = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
 DEFAULT_BATCH_ROWS = 65536
 _BLOCK_BYTES = 4 << 20  # JSONL/CSV read block; type inference looks at the first one
 
@@ -87,12 +86,13 @@ def list_source_objects(storage, source_uri: str) -> list[SourceObject]:
 
 
 def _object(uri: str, head: dict, fmt: str) -> SourceObject:
-    return SourceObject(uri=uri, size=int(head["size"]), etag=head.get("etag") or None,
-                        mtime=head.get("mtime"), format=fmt)
+    return SourceObject(
+        uri=uri, size=int(head["size"]), etag=head.get("etag") or None, mtime=head.get("mtime"), format=fmt
+    )
 
 
 def _hidden(uri: str, prefix: str) -> bool:
-    rel = uri[len(prefix):].lstrip("/")
+    rel = uri[len(prefix) :].lstrip("/")
     return any(part.startswith(("_", ".")) for part in rel.split("/"))
 
 
@@ -100,7 +100,7 @@ def _hidden(uri: str, prefix: str) -> bool:
 def local_copy(storage, obj: SourceObject, scratch_dir: str) -> Iterator[str]:
     """A local path for ``obj``: the file itself for ``file://``, else a download deleted after."""
     if obj.uri.startswith("file://"):
-        yield os.path.normpath(obj.uri[len("file://"):])
+        yield os.path.normpath(obj.uri[len("file://") :])
         return
     path = os.path.join(scratch_dir, f"source{os.path.splitext(obj.uri)[1]}")
     storage.download_file(obj.uri, path)
@@ -121,16 +121,16 @@ def read_schema(path: str, obj: SourceObject, *, string_columns: Sequence[str] =
         return _text_reader(path, obj.format, string_columns).schema
 
 
-def iter_file_batches(path: str, obj: SourceObject, *, batch_rows: int = DEFAULT_BATCH_ROWS,
-                      string_columns: Sequence[str] = ()) -> Iterator:
+def iter_file_batches(
+    path: str, obj: SourceObject, *, batch_rows: int = DEFAULT_BATCH_ROWS, string_columns: Sequence[str] = ()
+) -> Iterator:
     """Record batches of at most ``batch_rows`` rows from one local file.
 
     ``string_columns`` are read as text where the format has no types (CSV), so an id
     column of digits stays the same value the JSONL or Parquet form would give.
     """
     with _read_errors(obj, path):
-        for batch in _rebatch(_raw_batches(path, obj.format, batch_rows, string_columns),
-                              batch_rows):
+        for batch in _rebatch(_raw_batches(path, obj.format, batch_rows, string_columns), batch_rows):
             # Readers pass string bytes through unchecked; bad UTF-8 must stop here, named,
             # not deep inside validation or tokenization.
             batch.validate(full=True)
@@ -160,8 +160,11 @@ def _text_reader(path: str, fmt: str, string_columns: Sequence[str]):
 
         # Each block may infer its own types; text columns must stay text throughout.
         types = {c: pa.large_string() for c in string_columns}
-        return pcsv.open_csv(path, read_options=pcsv.ReadOptions(block_size=_BLOCK_BYTES),
-                             convert_options=pcsv.ConvertOptions(column_types=types))
+        return pcsv.open_csv(
+            path,
+            read_options=pcsv.ReadOptions(block_size=_BLOCK_BYTES),
+            convert_options=pcsv.ConvertOptions(column_types=types),
+        )
     raise StagingError(f"cannot read format {fmt!r} of {path!r}: use parquet, jsonl or csv")
 
 
@@ -201,11 +204,12 @@ def _read_errors(obj: SourceObject, path: str):
         elif "utf8" in detail.lower().replace("-", ""):
             advice = "re-encode the file as UTF-8"
         elif obj.format == "parquet":
-            advice = ("it is truncated or not Parquet: re-export it, or remove it from the "
-                      "source")
+            advice = "it is truncated or not Parquet: re-export it, or remove it from the source"
         elif "changed from" in detail or "conversion" in detail.lower() or "schema" in detail:
-            advice = ("a column changes type within the file: write each column with one type "
-                      "(text as strings, ids as strings or integers)")
+            advice = (
+                "a column changes type within the file: write each column with one type "
+                "(text as strings, ids as strings or integers)"
+            )
         else:
             advice = f"fix the file so it is valid {obj.format.upper()}, or remove it"
         raise StagingError(

@@ -7,8 +7,7 @@ from collections.abc import Sequence
 from trainops.staging.errors import StagingError
 
 
-def check_schema(uri: str, schema, *, id_column: str, text_column: str,
-                 slice_columns: Sequence[str]) -> None:
+def check_schema(uri: str, schema, *, id_column: str, text_column: str, slice_columns: Sequence[str]) -> None:
     """Raise StagingError naming the object, the column and the fix, for a schema staging
     cannot use: a missing column, text that is not a string, an id that is neither a string
     nor an integer, or a slice column holding nested values."""
@@ -46,5 +45,4 @@ def check_schema(uri: str, schema, *, id_column: str, text_column: str,
 def _is_string(kind) -> bool:
     import pyarrow as pa
 
-    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or (
-        pa.types.is_string_view(kind))
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or (pa.types.is_string_view(kind))

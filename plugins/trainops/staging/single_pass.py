@@ -21,10 +21,23 @@ from trainops.staging.uniqueness import partitions_for
 from trainops.staging.validation import DatasetValidator
 
 
-def run_pass(source_storage, objects, suite: list[dict], tokenizer=None, *, scratch: str,
-             out_dir: str, eval_percent: int, shard_tokens: int, slice_columns: list[str],
-             batch_rows: int, id_column: str = "id", text_column: str = "text",
-             quarantine: dict | None = None, log: logging.Logger | None = None) -> dict:
+def run_pass(
+    source_storage,
+    objects,
+    suite: list[dict],
+    tokenizer=None,
+    *,
+    scratch: str,
+    out_dir: str,
+    eval_percent: int,
+    shard_tokens: int,
+    slice_columns: list[str],
+    batch_rows: int,
+    id_column: str = "id",
+    text_column: str = "text",
+    quarantine: dict | None = None,
+    log: logging.Logger | None = None,
+) -> dict:
     """Read every object once; return ``{"summary", "packed", "quarantine", "problem"}``.
 
     ``summary`` is the validation summary (with a ``quarantine`` block when quarantining),
@@ -36,7 +49,7 @@ def run_pass(source_storage, objects, suite: list[dict], tokenizer=None, *, scra
     log = log or logging.getLogger(__name__)
     tokenizer = tokenizer or ByteTokenizer()
     string_columns = list(dict.fromkeys([id_column, text_column, *slice_columns]))
-    columns = dict(id_column=id_column, text_column=text_column, slice_columns=slice_columns)
+    columns = {"id_column": id_column, "text_column": text_column, "slice_columns": slice_columns}
     empty = [o for o in objects if o.size == 0]
     if empty:
         log.info("skipping %d empty objects (no rows), first %s", len(empty), empty[0].uri)
@@ -45,24 +58,23 @@ def run_pass(source_storage, objects, suite: list[dict], tokenizer=None, *, scra
     for obj in objects:
         if obj.uri.startswith("file://"):
             with local_copy(source_storage, obj, scratch) as path:
-                check_schema(obj.uri, read_schema(path, obj, string_columns=string_columns),
-                             **columns)
+                check_schema(obj.uri, read_schema(path, obj, string_columns=string_columns), **columns)
     validator = DatasetValidator(
-        suite, id_column=id_column, spill_dir=os.path.join(scratch, "spill"),
+        suite,
+        id_column=id_column,
+        spill_dir=os.path.join(scratch, "spill"),
         partitions=partitions_for(sum(o.size for o in objects)),
-        quarantine=quarantine is not None)
-    packer = Packer(out_dir, tokenizer, eval_percent=eval_percent, shard_tokens=shard_tokens,
-                    **columns)
+        quarantine=quarantine is not None,
+    )
+    packer = Packer(out_dir, tokenizer, eval_percent=eval_percent, shard_tokens=shard_tokens, **columns)
     qlog = QuarantineLog(quarantine, os.path.join(out_dir, SAMPLE_PATH)) if quarantine else None
     offset = 0
     for obj in objects:
         with local_copy(source_storage, obj, scratch) as path:
             if not obj.uri.startswith("file://"):
-                check_schema(obj.uri, read_schema(path, obj, string_columns=string_columns),
-                             **columns)
+                check_schema(obj.uri, read_schema(path, obj, string_columns=string_columns), **columns)
             start = offset
-            for batch in iter_file_batches(path, obj, batch_rows=batch_rows,
-                                           string_columns=string_columns):
+            for batch in iter_file_batches(path, obj, batch_rows=batch_rows, string_columns=string_columns):
                 n = batch.num_rows
                 rows = np.arange(offset, offset + n)
                 bad = validator.check_rows(batch, offset)
@@ -82,8 +94,12 @@ def run_pass(source_storage, objects, suite: list[dict], tokenizer=None, *, scra
     if qlog is not None:
         qlog.close()
         qsum = summary["quarantine"] = qlog.summary(validator.rows)
-    return {"summary": summary, "packed": packed, "quarantine": qsum,
-            "problem": packer.problem if qlog is None else None}
+    return {
+        "summary": summary,
+        "packed": packed,
+        "quarantine": qsum,
+        "problem": packer.problem if qlog is None else None,
+    }
 
 
 def _mask(rows, chosen):

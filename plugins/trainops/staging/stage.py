@@ -23,7 +23,7 @@ import os
 import tempfile
 import uuid
 from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from trainer.contract import MANIFEST_NAME, dataset_prefix, join, safe_segment
 from trainer.storage import NotFound, PreconditionFailed
@@ -41,19 +41,26 @@ __all__ = ["check_options", "stage_dataset"]
 _log = logging.getLogger(__name__)
 
 
-def stage_dataset(storage, root: str, source_uri: str, name: str, *,
-                  source_storage=None,
-                  expectations=None,
-                  eval_percent: int = DEFAULT_EVAL_PERCENT,
-                  slice_columns: Sequence[str] = ("source",),
-                  shard_tokens: int = DEFAULT_SHARD_TOKENS,
-                  batch_rows: int = DEFAULT_BATCH_ROWS,
-                  id_column: str = "id", text_column: str = "text",
-                  tokenizer: str | dict | None = None,
-                  quarantine: dict | None = None,
-                  open_storage: Callable | None = None,
-                  scratch_dir: str | None = None,
-                  log: logging.Logger | None = None) -> dict:
+def stage_dataset(
+    storage,
+    root: str,
+    source_uri: str,
+    name: str,
+    *,
+    source_storage=None,
+    expectations=None,
+    eval_percent: int = DEFAULT_EVAL_PERCENT,
+    slice_columns: Sequence[str] = ("source",),
+    shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+    id_column: str = "id",
+    text_column: str = "text",
+    tokenizer: str | dict | None = None,
+    quarantine: dict | None = None,
+    open_storage: Callable | None = None,
+    scratch_dir: str | None = None,
+    log: logging.Logger | None = None,
+) -> dict:
     """Stage ``source_uri`` as dataset ``name`` under ``root``; reuse an identical version.
 
     :param expectations: the suite: a list, a callable returning one, or the URI of a
@@ -81,8 +88,7 @@ def stage_dataset(storage, root: str, source_uri: str, name: str, *,
     if open_storage is None:
         from trainer.storage import open_storage
     slice_columns = list(slice_columns)
-    check_options(eval_percent=eval_percent, shard_tokens=shard_tokens,
-                  slice_columns=slice_columns)
+    check_options(eval_percent=eval_percent, shard_tokens=shard_tokens, slice_columns=slice_columns)
     quarantine = check_quarantine(quarantine)
     tokenizer_spec = check_tokenizer(tokenizer)
     if not isinstance(name, str) or not name.strip():
@@ -95,9 +101,17 @@ def stage_dataset(storage, root: str, source_uri: str, name: str, *,
 
     objects = list_source_objects(source_storage, source_uri)
     identities = [o.identity() for o in objects]
-    version = dataset_version(version_inputs(
-        identities, expectations=suite, tokenizer=tok.config, split_rule=rule,
-        shard_tokens=shard_tokens, slice_columns=slice_columns, quarantine=quarantine))
+    version = dataset_version(
+        version_inputs(
+            identities,
+            expectations=suite,
+            tokenizer=tok.config,
+            split_rule=rule,
+            shard_tokens=shard_tokens,
+            slice_columns=slice_columns,
+            quarantine=quarantine,
+        )
+    )
     prefix = dataset_prefix(root, name, version)
     manifest_uri = join(prefix, MANIFEST_NAME)
     existing = _read_manifest(storage, manifest_uri)
@@ -110,10 +124,21 @@ def stage_dataset(storage, root: str, source_uri: str, name: str, *,
     with tempfile.TemporaryDirectory(prefix="trainops-stage-", dir=scratch_dir) as scratch:
         out_dir = os.path.join(scratch, "out")
         done = run_pass(
-            source_storage, objects, suite, tok, scratch=scratch, out_dir=out_dir,
-            eval_percent=eval_percent, shard_tokens=shard_tokens, slice_columns=slice_columns,
-            batch_rows=batch_rows, id_column=id_column, text_column=text_column,
-            quarantine=quarantine, log=log)
+            source_storage,
+            objects,
+            suite,
+            tok,
+            scratch=scratch,
+            out_dir=out_dir,
+            eval_percent=eval_percent,
+            shard_tokens=shard_tokens,
+            slice_columns=slice_columns,
+            batch_rows=batch_rows,
+            id_column=id_column,
+            text_column=text_column,
+            quarantine=quarantine,
+            log=log,
+        )
         summary, packed, qsum = done["summary"], done["packed"], done["quarantine"]
         sample = os.path.join(out_dir, SAMPLE_PATH) if qsum and qsum["sample"] else None
         failure = _failure(source_uri, summary, qsum)
@@ -121,8 +146,7 @@ def stage_dataset(storage, root: str, source_uri: str, name: str, *,
             error, message = failure
             summary["success"] = False
             report = _write_report(storage, prefix, summary, sample, log)
-            raise error(f"{message}. Full report: {report}" if report else message, summary,
-                        report)
+            raise error(f"{message}. Full report: {report}" if report else message, summary, report)
         if done["problem"]:
             raise StagingError(done["problem"])
         if packed["rows"]["total"] == 0:
@@ -134,18 +158,30 @@ def stage_dataset(storage, root: str, source_uri: str, name: str, *,
                 "or add data"
             )
         if packed["rows"]["eval"] == 0:
-            log.warning("dataset %s has no eval records (eval_percent=%s, %s rows)",
-                        name, eval_percent, packed["rows"]["total"])
+            log.warning(
+                "dataset %s has no eval records (eval_percent=%s, %s rows)",
+                name,
+                eval_percent,
+                packed["rows"]["total"],
+            )
         manifest = build_manifest(
-            name=name, version=version,
-            created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            source_uri=source_uri, objects=identities, tokenizer=tok.config,
-            token_dtype=tok.dtype, splits=packed["splits"], split_rule=rule,
-            eval_records=packed["eval_records"], slice_columns=slice_columns,
-            rows=packed["rows"], validation=summary, quarantine=qsum)
+            name=name,
+            version=version,
+            created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            source_uri=source_uri,
+            objects=identities,
+            tokenizer=tok.config,
+            token_dtype=tok.dtype,
+            splits=packed["splits"],
+            split_rule=rule,
+            eval_records=packed["eval_records"],
+            slice_columns=slice_columns,
+            rows=packed["rows"],
+            validation=summary,
+            quarantine=qsum,
+        )
         files = packed["files"] + ([SAMPLE_PATH] if sample else [])
-        committed = _publish(storage, root, name, version, out_dir, files, manifest,
-                             summary, log)
+        committed = _publish(storage, root, name, version, out_dir, files, manifest, summary, log)
     reused = committed is not manifest
     return _result(committed, prefix, manifest_uri, reused=reused)
 
@@ -157,19 +193,21 @@ def _failure(source_uri: str, summary: dict, qsum: dict | None) -> tuple[type, s
     if qsum and over_limit(qsum["rows"], qsum["rows_read"], qsum["max_fraction"]):
         qsum["exceeded"] = True
         reasons = "; ".join(f"{k}: {v}" for k, v in qsum["by_reason"].items())
-        ids = sorted({i for r in summary.get("results", []) if r.get("quarantined")
-                      for i in r.get("sample_ids", [])})[:5]
+        ids = sorted(
+            {i for r in summary.get("results", []) if r.get("quarantined") for i in r.get("sample_ids", [])}
+        )[:5]
         return QuarantineExceeded, (
             f"source {source_uri!r} has {qsum['rows']} bad rows of {qsum['rows_read']} read "
             f"({qsum['rows'] / qsum['rows_read']:.2%}), more than quarantine max_fraction "
             f"{qsum['max_fraction']} ({qsum['max_fraction']:.2%}) allows, so nothing was "
-            f"staged: {reasons}" + (f" (ids {', '.join(map(repr, ids))})" if ids else "")
-            + "; fix the data or raise max_fraction")
+            f"staged: {reasons}"
+            + (f" (ids {', '.join(map(repr, ids))})" if ids else "")
+            + "; fix the data or raise max_fraction"
+        )
     return None
 
 
-def _write_report(storage, prefix: str, summary: dict, sample: str | None,
-                  log: logging.Logger) -> str | None:
+def _write_report(storage, prefix: str, summary: dict, sample: str | None, log: logging.Logger) -> str | None:
     """Keep a failed validation's report where the version would be; no manifest beside it."""
     uri = join(prefix, VALIDATION_NAME)
     try:
@@ -182,12 +220,20 @@ def _write_report(storage, prefix: str, summary: dict, sample: str | None,
     return uri
 
 
-def _publish(storage, root: str, name: str, version: str, out_dir: str, files: list[str],
-             manifest: dict, summary: dict, log: logging.Logger) -> dict:
+def _publish(
+    storage,
+    root: str,
+    name: str,
+    version: str,
+    out_dir: str,
+    files: list[str],
+    manifest: dict,
+    summary: dict,
+    log: logging.Logger,
+) -> dict:
     """Upload, copy into place, commit the manifest; return the manifest that won."""
     prefix = dataset_prefix(root, name, version)
-    staging = join(root, "datasets", safe_segment(name),
-                   f"_staging-{version}-{uuid.uuid4().hex}")
+    staging = join(root, "datasets", safe_segment(name), f"_staging-{version}-{uuid.uuid4().hex}")
     try:
         for rel in files:
             # move: on the same filesystem a rename, not a copy; either way it frees scratch

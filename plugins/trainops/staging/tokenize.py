@@ -77,8 +77,9 @@ def decode(data: bytes) -> list[str]:
 class ShardPacker:
     """Appends records to one split's token stream, writing ``<out_dir>/<split>/NNNNN.bin``."""
 
-    def __init__(self, out_dir: str, split: str, shard_tokens: int = DEFAULT_SHARD_TOKENS,
-                 dtype: str = TOKEN_DTYPE):
+    def __init__(
+        self, out_dir: str, split: str, shard_tokens: int = DEFAULT_SHARD_TOKENS, dtype: str = TOKEN_DTYPE
+    ):
         if shard_tokens < 1:
             raise ValueError(f"shard_tokens must be at least 1, got {shard_tokens}")
         if dtype not in ("uint16", "uint32"):
@@ -116,8 +117,7 @@ class ShardPacker:
         return start, self.tokens
 
     def close(self) -> dict:
-        """Finish the last shard; return ``{"tokens", "shards": [{"path", "tokens", "sha256"}]}``.
-        """
+        """Finish the last shard; return ``{"tokens", "shards": [{"path", "tokens", "sha256"}]}``."""
         if self._file is not None:
             self._close_shard()
         return {"tokens": self.tokens, "shards": list(self.shards)}
@@ -125,19 +125,17 @@ class ShardPacker:
     def _open(self) -> None:
         rel = f"{self.split}/{len(self.shards):05d}.bin"
         os.makedirs(os.path.join(self.out_dir, self.split), exist_ok=True)
-        self._file = open(os.path.join(self.out_dir, rel), "wb")
+        self._file = open(os.path.join(self.out_dir, rel), "wb")  # noqa: SIM115 - open across batches; close() ends it
         self._hash = hashlib.sha256()
         self._in_shard = 0
         self._rel = rel
 
     def _close_shard(self) -> None:
         self._file.close()
-        self.shards.append({"path": self._rel, "tokens": self._in_shard,
-                            "sha256": self._hash.hexdigest()})
+        self.shards.append({"path": self._rel, "tokens": self._in_shard, "sha256": self._hash.hexdigest()})
         self._file = None
 
 
 def index_line(record_id: str, slices: dict, start: int, end: int) -> str:
     """One ``eval/index.jsonl`` line: id, slice columns, then the token span (end exclusive)."""
-    return json.dumps({"id": record_id, **slices, "start": start, "end": end},
-                      ensure_ascii=False) + "\n"
+    return json.dumps({"id": record_id, **slices, "start": start, "end": end}, ensure_ascii=False) + "\n"

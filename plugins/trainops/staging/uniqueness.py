@@ -34,8 +34,7 @@ class UniqueCheck:
     value give an unexpected_count of 2); nulls are ignored. Values are compared as strings.
     """
 
-    def __init__(self, expectation: dict, id_column: str, spill_dir: str,
-                 partitions: int = MIN_PARTITIONS):
+    def __init__(self, expectation: dict, id_column: str, spill_dir: str, partitions: int = MIN_PARTITIONS):
         self.expectation = expectation
         self.column = expectation["kwargs"]["column"]
         self.id_column = id_column

@@ -27,8 +27,9 @@ from trainops.staging.uniqueness import MIN_PARTITIONS, UniqueCheck
 _SAMPLES = 5
 
 
-def validate_batches(batches: Iterable, expectations: list[dict], *, id_column: str = "id",
-                     spill_dir: str | None = None) -> dict:
+def validate_batches(
+    batches: Iterable, expectations: list[dict], *, id_column: str = "id", spill_dir: str | None = None
+) -> dict:
     """Check every batch (pyarrow RecordBatches) against ``expectations`` (normalized).
 
     The GX suite is built before the first batch is pulled, so a bad expectation fails
@@ -60,8 +61,15 @@ class DatasetValidator:
     :param quarantine: ask GX for every offending row so the caller can drop them.
     """
 
-    def __init__(self, expectations: list[dict], *, id_column: str = "id", spill_dir: str,
-                 partitions: int = MIN_PARTITIONS, quarantine: bool = False):
+    def __init__(
+        self,
+        expectations: list[dict],
+        *,
+        id_column: str = "id",
+        spill_dir: str,
+        partitions: int = MIN_PARTITIONS,
+        quarantine: bool = False,
+    ):
         for e in expectations:
             scope_of(e["type"])
         self.expectations = expectations
@@ -99,7 +107,7 @@ class DatasetValidator:
             return {}
         bad: dict[int, list[str]] = {}
         results = self._gx.validate(batch, offset, self.id_column)
-        for name, state, result in zip(self._labels, self._row_state, results):
+        for name, state, result in zip(self._labels, self._row_state, results, strict=False):
             state.add(result, quarantine=self.quarantine)
             for row in result.get("index_list", []) if self.quarantine else []:
                 bad.setdefault(row, []).append(name)
@@ -116,8 +124,9 @@ class DatasetValidator:
                 check.update(batch, rows)
 
     def summary(self) -> dict:
-        entries = [(e, s.summary(e, self.quarantine)) for e, s in zip(self.row_exps,
-                                                                       self._row_state)]
+        entries = [
+            (e, s.summary(e, self.quarantine)) for e, s in zip(self.row_exps, self._row_state, strict=False)
+        ]
         for i, check in enumerate(self._dataset_checks):
             res = check.result()
             if i in self._missing:
@@ -126,8 +135,11 @@ class DatasetValidator:
         order = {id(e): n for n, e in enumerate(self.expectations)}
         entries.sort(key=lambda item: order[id(item[0])])
         results = [_entry(e, res) for e, res in entries]
-        failed = [{k: v for k, v in r.items() if k not in ("success", "quarantined")}
-                  for r in results if not r["success"]]
+        failed = [
+            {k: v for k, v in r.items() if k not in ("success", "quarantined")}
+            for r in results
+            if not r["success"]
+        ]
         return {
             "success": not failed,
             "evaluated_expectations": len(self.expectations),
@@ -190,8 +202,11 @@ class _RowResult:
         mostly = expectation["kwargs"].get("mostly")
         if self.error is None and self.counted and mostly is not None:
             # Per batch, GX applies `mostly` to that batch; the dataset answer needs the sums.
-            base = self.elements if expectation["type"].endswith("not_be_null") else (
-                self.elements - self.missing)
+            base = (
+                self.elements
+                if expectation["type"].endswith("not_be_null")
+                else (self.elements - self.missing)
+            )
             success = base == 0 or self.unexpected / base <= 1 - mostly
         out = {
             "success": success,
@@ -211,15 +226,17 @@ def describe_failures(source_uri: str, summary: dict) -> str:
     """One message naming every failed expectation with its column, count and sample ids."""
     parts = []
     for f in summary["failed"]:
-        where = f" on {f['column']!r}" if isinstance(f.get("column"), str) else (
-            f" on {f['column']}" if f.get("column") else "")
+        where = (
+            f" on {f['column']!r}"
+            if isinstance(f.get("column"), str)
+            else (f" on {f['column']}" if f.get("column") else "")
+        )
         text = f"{f['expectation']}{where}"
         count = f.get("unexpected_count")
         if f.get("error"):
             text += f": error {f['error']}"
         elif "observed_value" in f:
-            text += f": observed {f['observed_value']!r}" + (
-                f" ({count} unexpected)" if count else "")
+            text += f": observed {f['observed_value']!r}" + (f" ({count} unexpected)" if count else "")
         elif count is not None:
             text += f": {count} unexpected"
         if f.get("sample_ids"):

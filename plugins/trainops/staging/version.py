@@ -16,9 +16,16 @@ from collections.abc import Sequence
 VERSION_CHARS = 12
 
 
-def version_inputs(objects: Sequence[dict], *, expectations: list[dict], tokenizer: dict,
-                   split_rule: dict, shard_tokens: int, slice_columns: Sequence[str],
-                   quarantine: dict | None = None) -> dict:
+def version_inputs(
+    objects: Sequence[dict],
+    *,
+    expectations: list[dict],
+    tokenizer: dict,
+    split_rule: dict,
+    shard_tokens: int,
+    slice_columns: Sequence[str],
+    quarantine: dict | None = None,
+) -> dict:
     """The plain dict the version hashes; ``objects`` are ``SourceObject.identity()`` dicts.
 
     ``quarantine`` decides which rows are staged, so it counts when set; without it the

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
@@ -58,11 +59,20 @@ class JobTrigger(BaseTrigger):
         trigger_settle_seconds``; see the module docstring).
     """
 
-    def __init__(self, *, handle: dict, poll_interval: float = 5.0, timeout: float | None = None,
-                 cluster_options: dict | None = None, started_at: float | None = None,
-                 progress_uri: str | None = None, progress_every: float = 30.0,
-                 aws_conn_id: str | None = None, stream_logs: bool = False,
-                 settle_s: float | None = None):
+    def __init__(
+        self,
+        *,
+        handle: dict,
+        poll_interval: float = 5.0,
+        timeout: float | None = None,
+        cluster_options: dict | None = None,
+        started_at: float | None = None,
+        progress_uri: str | None = None,
+        progress_every: float = 30.0,
+        aws_conn_id: str | None = None,
+        stream_logs: bool = False,
+        settle_s: float | None = None,
+    ):
         super().__init__()
         self.handle = handle
         self.poll_interval = poll_interval
@@ -77,18 +87,27 @@ class JobTrigger(BaseTrigger):
         self._log_cursor: dict | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (f"{type(self).__module__}.{type(self).__qualname__}", {
-            "handle": self.handle, "poll_interval": self.poll_interval, "timeout": self.timeout,
-            "cluster_options": self.cluster_options, "started_at": self.started_at,
-            "progress_uri": self.progress_uri, "progress_every": self.progress_every,
-            "aws_conn_id": self.aws_conn_id, "stream_logs": self.stream_logs,
-            "settle_s": self.settle_s})
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "handle": self.handle,
+                "poll_interval": self.poll_interval,
+                "timeout": self.timeout,
+                "cluster_options": self.cluster_options,
+                "started_at": self.started_at,
+                "progress_uri": self.progress_uri,
+                "progress_every": self.progress_every,
+                "aws_conn_id": self.aws_conn_id,
+                "stream_logs": self.stream_logs,
+                "settle_s": self.settle_s,
+            },
+        )
 
     def _progress_line(self) -> str | None:
         """This attempt's latest metrics record as one line (blocking: run it in a thread)."""
+        from trainer.contract import latest_of_attempt, metrics_records
         from trainer.storage import NotFound
-        from trainops.metrics import latest_of_attempt
-        from trainops.storage_conn import storage_for
+        from trainops.hooks.storage import storage_for
 
         attempt = int(self.handle.get("labels", {}).get("trainops/attempt", 1))
         try:
@@ -97,7 +116,7 @@ class JobTrigger(BaseTrigger):
             text = self._store.get(self.progress_uri).decode()
         except NotFound:
             return None
-        rec = latest_of_attempt(text, attempt)
+        rec = latest_of_attempt(metrics_records(text), attempt)
         if rec is None:
             return None
         rate = f", {rec['tokens_per_s']:,.0f} tok/s" if rec.get("tokens_per_s") else ""
@@ -107,7 +126,8 @@ class JobTrigger(BaseTrigger):
         """Node 0's new log lines into this task's log (best effort: a log hiccup is no failure)."""
         try:
             lines, self._log_cursor = await asyncio.to_thread(
-                cluster.log_lines, self.handle, self._log_cursor)
+                cluster.log_lines, self.handle, self._log_cursor
+            )
         except Exception as exc:
             self.log.warning("could not read node 0's log of %s: %s", self.handle["job_id"], exc)
             return
@@ -124,8 +144,12 @@ class JobTrigger(BaseTrigger):
             while True:
                 state = await asyncio.to_thread(cluster.status, self.handle)
                 if state["phase"] != last_phase:
-                    self.log.info("job %s is %s%s", self.handle["job_id"], state["phase"],
-                                  f" ({state['reason']})" if state.get("reason") else "")
+                    self.log.info(
+                        "job %s is %s%s",
+                        self.handle["job_id"],
+                        state["phase"],
+                        f" ({state['reason']})" if state.get("reason") else "",
+                    )
                     last_phase = state["phase"]
                 if stream:
                     await self._copy_log_lines(cluster)
@@ -140,14 +164,21 @@ class JobTrigger(BaseTrigger):
                         self.log.info("%s", line)
                 if self.timeout is not None and time.time() - self.started_at > self.timeout:
                     await settled(self.started_at, self.settle_s)
-                    yield TriggerEvent({"status": "timeout", "handle": self.handle, "state": state,
-                                        "message": f"job {self.handle['job_id']} still {state['phase']} after {self.timeout:.0f}s"})
+                    yield TriggerEvent(
+                        {
+                            "status": "timeout",
+                            "handle": self.handle,
+                            "state": state,
+                            "message": f"job {self.handle['job_id']} still {state['phase']} after {self.timeout:.0f}s",
+                        }
+                    )
                     return
                 await asyncio.sleep(self.poll_interval)
         except Exception as exc:  # reported, not raised: the operator decides and cleans up
             await settled(self.started_at, self.settle_s)
-            yield TriggerEvent({"status": "error", "handle": self.handle,
-                                "message": f"{type(exc).__name__}: {exc}"})
+            yield TriggerEvent(
+                {"status": "error", "handle": self.handle, "message": f"{type(exc).__name__}: {exc}"}
+            )
 
     async def on_kill(self) -> None:
         """A user killed the deferred task: delete the job and its pods (never on restarts)."""
@@ -174,10 +205,17 @@ class JobGoneTrigger(BaseTrigger):
         trigger_settle_seconds``; see the module docstring).
     """
 
-    def __init__(self, *, handle: dict, cluster_options: dict | None = None,
-                 not_before: float | None = None, deadline_s: float = 180.0,
-                 poll_interval: float = 2.0, started_at: float | None = None,
-                 settle_s: float | None = None):
+    def __init__(
+        self,
+        *,
+        handle: dict,
+        cluster_options: dict | None = None,
+        not_before: float | None = None,
+        deadline_s: float = 180.0,
+        poll_interval: float = 2.0,
+        started_at: float | None = None,
+        settle_s: float | None = None,
+    ):
         super().__init__()
         self.handle = handle
         self.cluster_options = cluster_options or {}
@@ -188,11 +226,18 @@ class JobGoneTrigger(BaseTrigger):
         self.settle_s = settle_seconds() if settle_s is None else settle_s
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (f"{type(self).__module__}.{type(self).__qualname__}", {
-            "handle": self.handle, "cluster_options": self.cluster_options,
-            "settle_s": self.settle_s,
-            "not_before": self.not_before, "deadline_s": self.deadline_s,
-            "poll_interval": self.poll_interval, "started_at": self.started_at})
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "handle": self.handle,
+                "cluster_options": self.cluster_options,
+                "settle_s": self.settle_s,
+                "not_before": self.not_before,
+                "deadline_s": self.deadline_s,
+                "poll_interval": self.poll_interval,
+                "started_at": self.started_at,
+            },
+        )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from trainops.cluster import get_cluster
@@ -208,19 +253,30 @@ class JobGoneTrigger(BaseTrigger):
                     yield TriggerEvent({"status": "gone", "handle": self.handle})
                     return
                 if gone and not gone_logged:
-                    self.log.info("every pod of %s is gone; relaunching in %.0fs (back-off)",
-                                  self.handle["job_id"], self.not_before - now)
+                    self.log.info(
+                        "every pod of %s is gone; relaunching in %.0fs (back-off)",
+                        self.handle["job_id"],
+                        self.not_before - now,
+                    )
                     gone_logged = True
                 if not gone and now - self.started_at > self.deadline_s:
                     await settled(self.started_at, self.settle_s)
-                    yield TriggerEvent({"status": "error", "handle": self.handle, "message": (
-                        f"job {self.handle['job_id']} still has pods {self.deadline_s:.0f}s after its "
-                        "deletion; not relaunching over it: check its pods (kubectl get pods -l "
-                        f"trainops/job={self.handle['job_id']})")})
+                    yield TriggerEvent(
+                        {
+                            "status": "error",
+                            "handle": self.handle,
+                            "message": (
+                                f"job {self.handle['job_id']} still has pods {self.deadline_s:.0f}s after its "
+                                "deletion; not relaunching over it: check its pods (kubectl get pods -l "
+                                f"trainops/job={self.handle['job_id']})"
+                            ),
+                        }
+                    )
                     return
                 wait = self.poll_interval if not gone else min(self.poll_interval * 15, self.not_before - now)
                 await asyncio.sleep(max(0.05, wait))
         except Exception as exc:
             await settled(self.started_at, self.settle_s)
-            yield TriggerEvent({"status": "error", "handle": self.handle,
-                                "message": f"{type(exc).__name__}: {exc}"})
+            yield TriggerEvent(
+                {"status": "error", "handle": self.handle, "message": f"{type(exc).__name__}: {exc}"}
+            )

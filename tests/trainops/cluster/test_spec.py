@@ -13,14 +13,17 @@ def test_json_round_trip():
     assert s.procs_per_node == 8
 
 
-@pytest.mark.parametrize("field,value,needle", [
-    ("name", "Train_1", "DNS-1123"),
-    ("nodes", 0, "nodes must be"),
-    ("capacity", "cheap", "capacity 'cheap'"),
-    ("scheduler", "slurm", "kueue:<queue>"),
-    ("kind", "mpijob", "kind 'mpijob'"),
-    ("env", {"A": 1}, "env 'A' must be a string"),
-])
+@pytest.mark.parametrize(
+    "field,value,needle",
+    [
+        ("name", "Train_1", "DNS-1123"),
+        ("nodes", 0, "nodes must be"),
+        ("capacity", "cheap", "capacity 'cheap'"),
+        ("scheduler", "slurm", "kueue:<queue>"),
+        ("kind", "mpijob", "kind 'mpijob'"),
+        ("env", {"A": 1}, "env 'A' must be a string"),
+    ],
+)
 def test_bad_fields_are_named(field, value, needle):
     with pytest.raises(JobSpecError, match=needle):
         spec(**{field: value})

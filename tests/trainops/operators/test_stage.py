@@ -10,13 +10,22 @@ from trainops.operators.stage import StageDatasetOperator, dataset_asset
 from trainops.staging.demo_data import write_demo_dataset
 from trainops.staging.errors import SourceNotFound
 
-XCOM_KEYS = {"dataset_name", "version", "uri", "manifest_uri", "rows", "train_tokens",
-             "eval_tokens", "reused", "validation_uri", "quarantined_rows"}
+XCOM_KEYS = {
+    "dataset_name",
+    "version",
+    "uri",
+    "manifest_uri",
+    "rows",
+    "train_tokens",
+    "eval_tokens",
+    "reused",
+    "validation_uri",
+    "quarantined_rows",
+}
 
 
 def _op(**kwargs):
-    args = dict(task_id="stage", source_uri="file:///nowhere", dataset_name="demo",
-                aws_conn_id=None)
+    args = {"task_id": "stage", "source_uri": "file:///nowhere", "dataset_name": "demo", "aws_conn_id": None}
     args.update(kwargs)
     return StageDatasetOperator(**args)
 
@@ -73,18 +82,21 @@ def test_missing_source_is_named_and_may_be_retried(file_root, tmp_path):
         _op(source_uri=missing, storage_root=file_root).execute(context={})
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"eval_percent": 0}, "eval_percent must be an integer from 1 to 50, got 0"),
-    ({"eval_percent": 60}, "got 60"),
-    ({"expectations": [{"type": "expect_nothing"}]}, "'expect_nothing'"),
-    ({"expectations": {"type": "x"}}, "must be a list"),
-    ({"expectations": "suite.json"}, "neither a list nor a file:// or s3:// URI"),
-    ({"slice_columns": "source"}, "got the string 'source'"),
-    ({"cluster": "slurm"}, "got 'slurm'"),
-    ({"quarantine": {"max_fraction": 1.5}}, "max_fraction must be a number from 0"),
-    ({"quarantine": {"fraction": 0.1}}, r"unknown keys \['fraction'\]"),
-    ({"tokenizer": "tokenizer.json"}, "file:// or s3:// URI of a Hugging Face tokenizer.json"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"eval_percent": 0}, "eval_percent must be an integer from 1 to 50, got 0"),
+        ({"eval_percent": 60}, "got 60"),
+        ({"expectations": [{"type": "expect_nothing"}]}, "'expect_nothing'"),
+        ({"expectations": {"type": "x"}}, "must be a list"),
+        ({"expectations": "suite.json"}, "neither a list nor a file:// or s3:// URI"),
+        ({"slice_columns": "source"}, "got the string 'source'"),
+        ({"cluster": "slurm"}, "got 'slurm'"),
+        ({"quarantine": {"max_fraction": 1.5}}, "max_fraction must be a number from 0"),
+        ({"quarantine": {"fraction": 0.1}}, r"unknown keys \['fraction'\]"),
+        ({"tokenizer": "tokenizer.json"}, "file:// or s3:// URI of a Hugging Face tokenizer.json"),
+    ],
+)
 def test_init_rejects_bad_arguments_without_io(kwargs, message):
     with pytest.raises(ValueError, match=message):
         _op(**kwargs)
@@ -96,8 +108,10 @@ def test_templated_fields():
 
 def test_outlets_name_the_dataset_asset_or_an_alias_for_runtime_names():
     static = _op(dataset_name="demo text", outlets=[Asset("other")])
-    assert static.outlets == [Asset("other"), Asset(name="trainops-dataset-demo_text",
-                                                    uri="trainops://datasets/demo_text")]
+    assert static.outlets == [
+        Asset("other"),
+        Asset(name="trainops-dataset-demo_text", uri="trainops://datasets/demo_text"),
+    ]
     assert dataset_asset("demo text") == static.outlets[-1]
     templated = _op(dataset_name="{{ params.name }}")
     assert templated.outlets == [AssetAlias("trainops-datasets")]
@@ -110,8 +124,11 @@ def _asset_events(name: str) -> list[dict]:
 
     with create_session() as session:
         rows = session.execute(
-            select(AssetEvent.extra).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
-            .where(AssetModel.name == name).order_by(AssetEvent.id)).all()
+            select(AssetEvent.extra)
+            .join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+            .where(AssetModel.name == name)
+            .order_by(AssetEvent.id)
+        ).all()
         return [dict(r[0]) for r in rows]
 
 
@@ -130,21 +147,30 @@ with DAG({dag_id!r}, schedule=None, catchup=False, params={{"name": {runtime!r}}
 
 
 @pytest.mark.slow
-def test_dag_run_emits_an_asset_event_with_the_version(airflow_db, file_root, tmp_path,
-                                                       monkeypatch):
-    from trainops.cli import load_dag
+def test_dag_run_emits_an_asset_event_with_the_version(airflow_db, file_root, tmp_path, monkeypatch):
+    from trainops.cli.main import load_dag
 
     raw = write_demo_dataset(f"file://{tmp_path}/raw", rows=200, seed=4, files=1)
     suffix = uuid.uuid4().hex[:10]  # the metadata DB outlives this test run
     dag_id, static, runtime = f"stage_assets_{suffix}", f"static-{suffix}", f"runtime-{suffix}"
     folder = tmp_path / "dags"
     folder.mkdir()
-    (folder / f"{dag_id}.py").write_text(_DAG_FILE.format(
-        dag_id=dag_id, runtime=runtime, static=static, raw=raw["uri"], root=file_root))
+    (folder / f"{dag_id}.py").write_text(
+        _DAG_FILE.format(dag_id=dag_id, runtime=runtime, static=static, raw=raw["uri"], root=file_root)
+    )
     # dag.test() runs only DAGs it finds in a configured bundle.
-    monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps([{
-        "name": "stage-assets-test", "kwargs": {"path": str(folder), "refresh_interval": 0},
-        "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle"}]))
+    monkeypatch.setenv(
+        "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST",
+        json.dumps(
+            [
+                {
+                    "name": "stage-assets-test",
+                    "kwargs": {"path": str(folder), "refresh_interval": 0},
+                    "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+                }
+            ]
+        ),
+    )
     dagrun = load_dag(str(folder), dag_id).test()
     assert str(dagrun.state).endswith("success")
     for name in (static, runtime):

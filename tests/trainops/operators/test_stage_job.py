@@ -32,6 +32,7 @@ def first_event(trigger):
     async def take():
         async for event in trigger.run():
             return event.payload
+
     return asyncio.run(asyncio.wait_for(take(), timeout=120))
 
 
@@ -42,8 +43,15 @@ def local_state(tmp_path, monkeypatch):
 
 
 def op(source, root, **kw):
-    return StageDatasetOperator(task_id="stage", source_uri=source, dataset_name="demo",
-                                storage_root=root, aws_conn_id=None, shard_tokens=4096, **kw)
+    return StageDatasetOperator(
+        task_id="stage",
+        source_uri=source,
+        dataset_name="demo",
+        storage_root=root,
+        aws_conn_id=None,
+        shard_tokens=4096,
+        **kw,
+    )
 
 
 def test_a_source_over_the_threshold_stages_in_a_job_with_the_same_version(tmp_path, local_state):
@@ -55,12 +63,18 @@ def test_a_source_over_the_threshold_stages_in_a_job_with_the_same_version(tmp_p
     event = first_event(deferred.value.trigger)
     assert event["state"]["phase"] == "succeeded"
     result = op(raw["uri"], f"file://{tmp_path}/job-root", job_threshold_bytes=0).execute_complete(
-        {"ti": ti}, event)
+        {"ti": ti}, event
+    )
     in_worker = op(raw["uri"], f"file://{tmp_path}/worker-root").execute({"ti": TI()})
     assert (result["version"], result["rows"], result["train_tokens"]) == (
-        in_worker["version"], 300, in_worker["train_tokens"])
+        in_worker["version"],
+        300,
+        in_worker["train_tokens"],
+    )
     assert ti.pushed == {"trainops_validation_report": result["validation_uri"]}
-    assert open_storage(result["manifest_uri"]).get_json(result["manifest_uri"])["version"] == result["version"]
+    assert (
+        open_storage(result["manifest_uri"]).get_json(result["manifest_uri"])["version"] == result["version"]
+    )
 
 
 def test_bad_data_in_a_job_fails_without_retry_and_points_at_the_report(tmp_path, local_state):

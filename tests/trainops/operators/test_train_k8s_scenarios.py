@@ -16,12 +16,11 @@ import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
 import trainops.cluster
+from tests.trainops.cluster.kubernetes.fake_k8s import DATA, RECORDED, T0, FakeKubernetes
 from trainer.contract import RunLayout, attempt_record, run_prefix
 from trainer.storage import open_storage
-from trainops.cluster.k8s_backend import KubernetesCluster
+from trainops.cluster.kubernetes.backend import KubernetesCluster
 from trainops.operators import FSDPTrainingOperator
-
-from ..cluster.fake_k8s import DATA, RECORDED, T0, FakeKubernetes
 
 DATA_URI = "file:///data/datasets/demo/abc"
 RUN_ID = "scheduled__2026-01-01T00:00:00+00:00"
@@ -30,8 +29,9 @@ RUN_ID = "scheduled__2026-01-01T00:00:00+00:00"
 @pytest.fixture
 def api(monkeypatch):
     fake = FakeKubernetes()
-    monkeypatch.setattr(trainops.cluster, "get_cluster",
-                        lambda name, **options: KubernetesCluster(hook=fake, **options))
+    monkeypatch.setattr(
+        trainops.cluster, "get_cluster", lambda name, **options: KubernetesCluster(hook=fake, **options)
+    )
     return fake
 
 
@@ -42,9 +42,17 @@ def context():
 
 def operator(root, **kw):
     options = {"job_options": {"spot_flavour": "gke"}, "max_preemptions": 3, **kw}
-    return FSDPTrainingOperator(task_id="train", dataset={"uri": DATA_URI}, storage_root=root,
-                                cluster="kubernetes", namespace="ml", nodes=2, poll_interval=0.01,
-                                trainer_config={"train.max_steps": 100}, **options)
+    return FSDPTrainingOperator(
+        task_id="train",
+        dataset={"uri": DATA_URI},
+        storage_root=root,
+        cluster="kubernetes",
+        namespace="ml",
+        nodes=2,
+        poll_interval=0.01,
+        trainer_config={"train.max_steps": 100},
+        **options,
+    )
 
 
 def layout_of(root):
@@ -59,6 +67,7 @@ def first_event(trigger):
     async def take():
         async for event in trigger.run():
             return event.payload
+
     return asyncio.run(asyncio.wait_for(take(), timeout=30))
 
 
@@ -81,13 +90,16 @@ def play(api, pods, job_status=None):
             api.nodes.add(pod["spec"]["nodeName"])
         api.add(pod)
     if job_status:
-        job["status"] = json.loads((DATA / f"{job_status}.json").read_text().replace(RECORDED, name))["status"]
+        job["status"] = json.loads((DATA / f"{job_status}.json").read_text().replace(RECORDED, name))[
+            "status"
+        ]
     return name
 
 
 def trainer_writes(root, attempt, outcome, **kw):
-    record = attempt_record(attempt=attempt, outcome=outcome, world_size=2,
-                            **{"last_step": 50, "checkpoint_step": 50, **kw})
+    record = attempt_record(
+        attempt=attempt, outcome=outcome, world_size=2, **{"last_step": 50, "checkpoint_step": 50, **kw}
+    )
     open_storage(root).put_json(layout_of(root).attempt(attempt), record)
 
 
@@ -103,12 +115,13 @@ def next_attempt(op, context, event, *, skip_back_off=False):
     return relaunched.value
 
 
-def test_preempted_gang_is_deleted_whole_then_relaunched_and_resumes(file_root, api, context, caplog,
-                                                                    capsys):
+def test_preempted_gang_is_deleted_whole_then_relaunched_and_resumes(file_root, api, context, caplog, capsys):
     op = operator(file_root)
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(context)
-    first = play(api, ["pod-running", "pod-disruption-preemption-by-scheduler"], "job-failed-podfailurepolicy")
+    first = play(
+        api, ["pod-running", "pod-disruption-preemption-by-scheduler"], "job-failed-podfailurepolicy"
+    )
     api.write_log(f"{first}-0-p0q7z", "step 40 loss 2.131", "step 50 loss 2.094", at=T0 + 10)
     trainer_writes(file_root, 1, "preempted", signal="SIGTERM")
     caplog.set_level("INFO")
@@ -126,7 +139,12 @@ def test_preempted_gang_is_deleted_whole_then_relaunched_and_resumes(file_root, 
     play(api, ["pod-succeeded", "pod-succeeded"], "job-complete")
     trainer_writes(file_root, 2, "completed", last_step=100, checkpoint_step=100, resumed_from_step=50)
     result = op.execute_complete(context, first_event(second.trigger))
-    assert (result["steps"], result["attempts"], result["preemptions"], result["steps_lost"]) == (100, 2, 1, 0)
+    assert (result["steps"], result["attempts"], result["preemptions"], result["steps_lost"]) == (
+        100,
+        2,
+        1,
+        0,
+    )
     record = job_json(file_root)
     assert [a["classification"] for a in record["attempts"]] == ["preempted", "succeeded"]
     assert "preempting to accommodate a higher priority pod" in record["attempts"][0]["reason"]
@@ -150,7 +168,8 @@ def test_preemption_storm_exhausts_the_budget(file_root, api, context):
 def required_terms(api, job_name):
     pod_spec = api.objects[("Job", "ml", job_name)]["spec"]["template"]["spec"]
     return pod_spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
-        "nodeSelectorTerms"]
+        "nodeSelectorTerms"
+    ]
 
 
 def test_spot_then_on_demand_after_preemptions(file_root, api, context):
@@ -189,7 +208,9 @@ def test_image_pull_failure_is_retried_after_a_back_off_then_succeeds(file_root,
         op.execute_complete(context, first_event(deferred.value.trigger))
     assert 25 < back_off.value.trigger.serialize()[1]["not_before"] - time.time() <= 30
     assert len(jobs(api)) == 0  # deleted at once; the next one waits out the back-off
-    trigger = type(back_off.value.trigger)(**{**back_off.value.trigger.serialize()[1], "not_before": time.time()})
+    trigger = type(back_off.value.trigger)(
+        **{**back_off.value.trigger.serialize()[1], "not_before": time.time()}
+    )
     with pytest.raises(TaskDeferred) as relaunched:
         op.relaunch_when_gone(context, first_event(trigger))
     play(api, ["pod-succeeded", "pod-succeeded"], "job-complete")
@@ -204,10 +225,19 @@ def test_an_error_fails_with_the_trainers_hint_and_the_pods_last_lines(file_root
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(context)
     name = play(api, ["pod-error-exit1", "pod-running"], "job-failed-exitcode")
-    api.write_log(f"{name}-0-p0q7z", "Traceback (most recent call last):",
-                  "FloatingPointError: loss is nan at step 12", at=T0 + 5)
-    trainer_writes(file_root, 1, "failed", error="FloatingPointError: loss is nan at step 12",
-                   hint="lower train.lr or enable gradient clipping")
+    api.write_log(
+        f"{name}-0-p0q7z",
+        "Traceback (most recent call last):",
+        "FloatingPointError: loss is nan at step 12",
+        at=T0 + 5,
+    )
+    trainer_writes(
+        file_root,
+        1,
+        "failed",
+        error="FloatingPointError: loss is nan at step 12",
+        hint="lower train.lr or enable gradient clipping",
+    )
     with pytest.raises(RuntimeError) as failure:
         op.execute_complete(context, first_event(deferred.value.trigger))
     message = str(failure.value)

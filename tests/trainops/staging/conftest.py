@@ -14,9 +14,12 @@ def raw_uri(tmp_path):
 
 
 def _reset_auth(endpoint: str, free_actions: str) -> None:
-    request = urllib.request.Request(f"{endpoint}/moto-api/reset-auth",
-                                     data=free_actions.encode(), method="POST",
-                                     headers={"Content-Type": "text/plain"})
+    request = urllib.request.Request(
+        f"{endpoint}/moto-api/reset-auth",
+        data=free_actions.encode(),
+        method="POST",
+        headers={"Content-Type": "text/plain"},
+    )
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 200
 

@@ -49,8 +49,10 @@ def _stage(root: str, source: str, **kwargs):
 def test_empty_prefix(where):
     root, raw = where
     open_storage(raw).put(f"{raw}/_SUCCESS", b"")  # a marker, but no data
-    with pytest.raises(SourceNotFound, match=f"'{raw}' does not exist or is an empty prefix: "
-                                             "point it at a Parquet/JSONL/CSV object"):
+    with pytest.raises(
+        SourceNotFound,
+        match=f"'{raw}' does not exist or is an empty prefix: point it at a Parquet/JSONL/CSV object",
+    ):
         _stage(root, raw)
     assert open_storage(root).list(root) == []
 
@@ -61,8 +63,11 @@ def test_missing_column(where):
     _parquet(f"{raw}/a.parquet", cols)
     del cols["source"]
     _parquet(f"{raw}/b.parquet", cols)
-    with pytest.raises(StagingError, match=r"b.parquet' lacks columns \['source'\] \(it has "
-                                           r"\['id', 'text'\]\): add them to the data"):
+    with pytest.raises(
+        StagingError,
+        match=r"b.parquet' lacks columns \['source'\] \(it has "
+        r"\['id', 'text'\]\): add them to the data",
+    ):
         _stage(root, raw)
     assert open_storage(root).list(root) == []
 
@@ -72,8 +77,10 @@ def test_wrong_type_in_parquet(where):
     cols = _cols()
     cols["text"] = list(range(len(cols["text"])))
     _parquet(f"{raw}/a.parquet", cols)
-    with pytest.raises(StagingError, match="has column 'text' of type int64, but staging "
-                                           "tokenizes text: write 'text' as strings"):
+    with pytest.raises(
+        StagingError,
+        match="has column 'text' of type int64, but staging tokenizes text: write 'text' as strings",
+    ):
         _stage(root, raw)
     assert open_storage(root).list(root) == []
 
@@ -84,8 +91,9 @@ def test_wrong_type_within_a_jsonl_file(tmp_path, file_root):
     path = tmp_path / "raw" / "data.jsonl"
     path.parent.mkdir()
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    with pytest.raises(StagingError, match="data.jsonl' cannot be read as jsonl .*: a column "
-                                           "changes type within the file"):
+    with pytest.raises(
+        StagingError, match=r"data.jsonl' cannot be read as jsonl .*: a column changes type within the file"
+    ):
         _stage(file_root, f"file://{path}")
     assert open_storage(file_root).list(file_root) == []
 
@@ -96,16 +104,21 @@ def test_nulls_above_the_threshold(where):
     for i in range(0, 200, 8):  # 25 of 200: 12.5% null
         cols["source"][i] = None
     _parquet(f"{raw}/a.parquet", cols)
-    suite = [{"type": "expect_column_values_to_not_be_null",
-              "kwargs": {"column": "source", "mostly": 0.9}},
-             {"type": "expect_column_proportion_of_non_null_values_to_be_between",
-              "kwargs": {"column": "source", "min_value": 0.95}}]
+    suite = [
+        {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "source", "mostly": 0.9}},
+        {
+            "type": "expect_column_proportion_of_non_null_values_to_be_between",
+            "kwargs": {"column": "source", "min_value": 0.95},
+        },
+    ]
     with pytest.raises(DataValidationError) as err:
         _stage(root, raw, expectations=suite)
     message = str(err.value)
     assert "expect_column_values_to_not_be_null on 'source': 25 unexpected" in message
-    assert ("expect_column_proportion_of_non_null_values_to_be_between on 'source': observed "
-            "0.875 (25 unexpected)") in message
+    assert (
+        "expect_column_proportion_of_non_null_values_to_be_between on 'source': observed "
+        "0.875 (25 unexpected)"
+    ) in message
     assert_nothing_valid_looking(open_storage(root), root)
     # the same share of nulls passes when the threshold allows it
     suite[0]["kwargs"]["mostly"], suite[1]["kwargs"]["min_value"] = 0.85, 0.85
@@ -124,8 +137,9 @@ def test_duplicate_ids_across_files(where):
     with pytest.raises(DataValidationError) as err:
         _stage(root, raw)
     dupes = sorted([cols["id"][0], cols["id"][20]])
-    assert (f"expect_column_values_to_be_unique on 'id': 4 unexpected (ids {dupes[0]!r}, "
-            f"{dupes[1]!r})") in str(err.value)
+    assert (
+        f"expect_column_values_to_be_unique on 'id': 4 unexpected (ids {dupes[0]!r}, {dupes[1]!r})"
+    ) in str(err.value)
     assert_nothing_valid_looking(open_storage(root), root)
 
 
@@ -135,10 +149,13 @@ def test_truncated_or_corrupt_parquet(where, damage):
     good = _parquet(f"{raw}/a.parquet", _cols())
     storage = open_storage(raw)
     blob = storage.get(good)
-    storage.put(f"{raw}/b.parquet", blob[: len(blob) // 2] if damage == "truncated"
-                else b"this is not parquet at all")
-    with pytest.raises(StagingError, match="b.parquet' cannot be read as parquet .*: it is "
-                                           "truncated or not Parquet: re-export it"):
+    storage.put(
+        f"{raw}/b.parquet", blob[: len(blob) // 2] if damage == "truncated" else b"this is not parquet at all"
+    )
+    with pytest.raises(
+        StagingError,
+        match=r"b.parquet' cannot be read as parquet .*: it is truncated or not Parquet: re-export it",
+    ):
         _stage(root, raw)
     assert open_storage(root).list(root) == []
 
@@ -151,7 +168,7 @@ def test_corrupt_page_inside_a_parquet_file(file_root, tmp_path):
     for i in range(len(data) // 3, len(data) // 3 + 64):  # scribble over a data page
         data[i] ^= 0xFF
     path.write_bytes(bytes(data))
-    with pytest.raises(StagingError, match="a.parquet' cannot be read as parquet"):
+    with pytest.raises(StagingError, match=r"a.parquet' cannot be read as parquet"):
         _stage(file_root, f"file://{path}")
     assert_nothing_valid_looking(open_storage(file_root), file_root)
 
@@ -163,11 +180,11 @@ def test_non_utf8_text(where, fmt):
     if fmt == "csv":
         body = b"id,text,source\n" + b"".join(b"r%d,%s,news\n" % (i, text) for i in range(20))
     else:
-        body = b"".join(b'{"id": "r%d", "text": "%s", "source": "news"}\n' % (i, text)
-                        for i in range(20))
+        body = b"".join(b'{"id": "r%d", "text": "%s", "source": "news"}\n' % (i, text) for i in range(20))
     open_storage(raw).put(f"{raw}/data.{fmt}", body)
-    with pytest.raises(StagingError, match=f"data.{fmt}' cannot be read as {fmt} .*: re-encode "
-                                           "the file as UTF-8"):
+    with pytest.raises(
+        StagingError, match=f"data.{fmt}' cannot be read as {fmt} .*: re-encode the file as UTF-8"
+    ):
         _stage(root, raw)
     assert open_storage(root).list(root) == []
 
@@ -177,9 +194,12 @@ def test_a_row_larger_than_a_shard(where):
     cols = _cols(100)
     cols["text"][42] = "y" * 3000
     _parquet(f"{raw}/a.parquet", cols)
-    with pytest.raises(StagingError, match=f"record '{cols['id'][42]}' \\(row 42\\) has 3001 "
-                                           "tokens, more than a shard holds \\(shard_tokens=2048"
-                                           "\\): raise shard_tokens"):
+    with pytest.raises(
+        StagingError,
+        match=f"record '{cols['id'][42]}' \\(row 42\\) has 3001 "
+        "tokens, more than a shard holds \\(shard_tokens=2048"
+        "\\): raise shard_tokens",
+    ):
         _stage(root, raw, shard_tokens=2048)
     assert_nothing_valid_looking(open_storage(root), root)
     # counted quarantine instead of an error when asked for
@@ -197,14 +217,25 @@ def _closed_port() -> int:
 
 def test_unreachable_s3_endpoint_fails_fast(monkeypatch, file_root):
     endpoint = f"http://127.0.0.1:{_closed_port()}"
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL_S3": endpoint}.items():
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL_S3": endpoint,
+    }.items():
         monkeypatch.setenv(name, value)
     started = time.monotonic()
-    with pytest.raises(SourceUnreachable, match=f"cannot reach the S3 endpoint {endpoint} for "
-                                                "'s3://bucket/raw' .*: check the endpoint_url"):
-        stage_dataset(open_storage(file_root), file_root, "s3://bucket/raw", "bad",
-                      source_storage=open_storage("s3://bucket/raw"))
+    with pytest.raises(
+        SourceUnreachable,
+        match=f"cannot reach the S3 endpoint {endpoint} for 's3://bucket/raw' .*: check the endpoint_url",
+    ):
+        stage_dataset(
+            open_storage(file_root),
+            file_root,
+            "s3://bucket/raw",
+            "bad",
+            source_storage=open_storage("s3://bucket/raw"),
+        )
     assert time.monotonic() - started < 10
     assert open_storage(file_root).list(file_root) == []
 
@@ -221,9 +252,8 @@ def test_denied_credentials(s3_root, file_root, deny_s3):
 def test_denied_credentials_on_the_storage_root(s3_root, raw_uri, deny_s3):
     _parquet(f"{raw_uri}/a.parquet", _cols())
     deny_s3()
-    with pytest.raises(StorageError, match="access denied to .*manifest.json"):
-        stage_dataset(open_storage(s3_root), s3_root, raw_uri, "bad",
-                      source_storage=open_storage(raw_uri))
+    with pytest.raises(StorageError, match=r"access denied to .*manifest.json"):
+        stage_dataset(open_storage(s3_root), s3_root, raw_uri, "bad", source_storage=open_storage(raw_uri))
 
 
 def test_a_failed_run_never_shadows_a_good_version(file_root, raw_uri):

@@ -33,8 +33,7 @@ def _word_tokenizer(extra_words: int = 0, eos: str | None = "</s>") -> bytes:
 
 def test_byte_batches_encode_like_the_record_format():
     texts = ["abc", "", "ünïcode ✓", "x" * 300]
-    for array in (pa.array(texts), pa.array(["skip", *texts]).slice(1),
-                  pa.array(texts, pa.large_string())):
+    for array in (pa.array(texts), pa.array(["skip", *texts]).slice(1), pa.array(texts, pa.large_string())):
         tokens, lengths = ByteTokenizer().encode_batch(array)
         assert tokens.tobytes() == b"".join(encode(t) for t in texts)
         assert lengths.tolist() == [len(t.encode()) + 1 for t in texts]
@@ -45,14 +44,14 @@ def test_dtype_follows_the_vocabulary():
 
 
 @pytest.mark.parametrize("extra, dtype, width", [(0, "uint16", 2), (70000, "uint32", 4)])
-def test_a_hugging_face_tokenizer_at_a_uri_stages_readable_shards(file_root, raw_uri, tmp_path,
-                                                                   extra, dtype, width):
+def test_a_hugging_face_tokenizer_at_a_uri_stages_readable_shards(
+    file_root, raw_uri, tmp_path, extra, dtype, width
+):
     source = write_demo_dataset(raw_uri, rows=300, seed=0, files=1)
     storage = open_storage(file_root)
     tok_uri = f"file://{tmp_path}/tok/tokenizer.json"
     storage.put(tok_uri, _word_tokenizer(extra))
-    result = stage_dataset(storage, file_root, source["uri"], "hf", tokenizer=tok_uri,
-                           shard_tokens=2000)
+    result = stage_dataset(storage, file_root, source["uri"], "hf", tokenizer=tok_uri, shard_tokens=2000)
     manifest = storage.get_json(result["manifest_uri"])
     tok = tokenizers.Tokenizer.from_str(_word_tokenizer(extra).decode())
     assert manifest["token_dtype"] == dtype
@@ -63,15 +62,13 @@ def test_a_hugging_face_tokenizer_at_a_uri_stages_readable_shards(file_root, raw
     blob = storage.get(join(result["uri"], shard["path"]))
     assert len(blob) == width * shard["tokens"]
     stream = np.frombuffer(blob, dtype=f"<u{width}")
-    texts = dict(zip(*(demo_rows(300, seed=0)[k] for k in ("id", "text"))))
-    first = json.loads(storage.get(join(result["uri"], "eval/index.jsonl")).decode()
-                       .splitlines()[0])
-    want = tok.encode(texts[first["id"]], add_special_tokens=False).ids + [1]
-    assert stream[first["start"]:first["end"]].tolist() == want
+    texts = dict(zip(*(demo_rows(300, seed=0)[k] for k in ("id", "text")), strict=False))
+    first = json.loads(storage.get(join(result["uri"], "eval/index.jsonl")).decode().splitlines()[0])
+    want = [*tok.encode(texts[first["id"]], add_special_tokens=False).ids, 1]
+    assert stream[first["start"] : first["end"]].tolist() == want
     # a different tokenizer file is a different version
     storage.put(tok_uri, _word_tokenizer(extra + 1))
-    again = stage_dataset(storage, file_root, source["uri"], "hf", tokenizer=tok_uri,
-                          shard_tokens=2000)
+    again = stage_dataset(storage, file_root, source["uri"], "hf", tokenizer=tok_uri, shard_tokens=2000)
     assert again["version"] != result["version"]
 
 
@@ -94,14 +91,13 @@ def test_the_trainer_reads_uint32_shards_from_the_manifest(file_root, raw_uri, t
 def test_tokenizer_problems_are_named(tmp_path, monkeypatch):
     uri = f"file://{tmp_path}/tokenizer.json"
     storage = open_storage(uri)
-    with pytest.raises(StagingError, match="does not exist: save the tokenizer.json there"):
+    with pytest.raises(StagingError, match=r"does not exist: save the tokenizer.json there"):
         load_tokenizer(check_tokenizer(uri))
     storage.put(uri, b'{"not": "a tokenizer"}')
-    with pytest.raises(StagingError, match="is not a Hugging Face tokenizer.json"):
+    with pytest.raises(StagingError, match=r"is not a Hugging Face tokenizer.json"):
         load_tokenizer(check_tokenizer(uri))
     storage.put(uri, _word_tokenizer(eos=None))
-    with pytest.raises(StagingError,
-                       match=re.escape("has no end-of-record token </s> or <|endoftext|>")):
+    with pytest.raises(StagingError, match=re.escape("has no end-of-record token </s> or <|endoftext|>")):
         load_tokenizer(check_tokenizer(uri))
     assert load_tokenizer(check_tokenizer({"uri": uri, "eos_token": "[UNK]"})).eos_id == 0
     monkeypatch.setitem(sys.modules, "tokenizers", None)

@@ -11,17 +11,20 @@ def test_split_glob_keeps_the_fixed_prefix():
         split_glob("s3://logs-*/raw/a.parquet")
 
 
-@pytest.mark.parametrize("pattern, key, hit", [
-    ("*.parquet", "a.parquet", True),
-    ("*.parquet", "sub/a.parquet", False),          # * stays inside one segment
-    ("**/*.jsonl", "a.jsonl", True),                # ** matches zero segments
-    ("**/*.jsonl", "x/y/z.jsonl", True),
-    ("**/*.jsonl", "x/y/z.json", False),
-    ("2026-0?/part-[0-9].csv", "2026-01/part-3.csv", True),
-    ("2026-0?/part-[!0-9].csv", "2026-01/part-3.csv", False),
-    ("a+b/(c).csv", "a+b/(c).csv", True),           # regex characters are literal
-    ("**", "any/thing.parquet", True),
-])
+@pytest.mark.parametrize(
+    "pattern, key, hit",
+    [
+        ("*.parquet", "a.parquet", True),
+        ("*.parquet", "sub/a.parquet", False),  # * stays inside one segment
+        ("**/*.jsonl", "a.jsonl", True),  # ** matches zero segments
+        ("**/*.jsonl", "x/y/z.jsonl", True),
+        ("**/*.jsonl", "x/y/z.json", False),
+        ("2026-0?/part-[0-9].csv", "2026-01/part-3.csv", True),
+        ("2026-0?/part-[!0-9].csv", "2026-01/part-3.csv", False),
+        ("a+b/(c).csv", "a+b/(c).csv", True),  # regex characters are literal
+        ("**", "any/thing.parquet", True),
+    ],
+)
 def test_patterns_match_like_a_shell_glob_with_globstar(pattern, key, hit):
     assert bool(glob_regex(pattern).match(key)) is hit
 

@@ -6,18 +6,30 @@ from trainops.staging.tokenize import TOKENIZER, split_rule
 
 
 def _args(**changes):
-    args = dict(
-        name="demo", version="3f2a9c0d1b2e", created_at="2026-01-01T00:00:00+00:00",
-        source_uri="file:///raw",
-        objects=[{"uri": "file:///raw/a.parquet", "size": 1, "etag": "e"}],
-        tokenizer=TOKENIZER, token_dtype="uint16",
-        splits={"train": {"tokens": 12, "shards": [
+    args = {
+        "name": "demo",
+        "version": "3f2a9c0d1b2e",
+        "created_at": "2026-01-01T00:00:00+00:00",
+        "source_uri": "file:///raw",
+        "objects": [{"uri": "file:///raw/a.parquet", "size": 1, "etag": "e"}],
+        "tokenizer": TOKENIZER,
+        "token_dtype": "uint16",
+        "splits": {
+            "train": {
+                "tokens": 12,
+                "shards": [
                     {"path": "train/00000.bin", "tokens": 8, "sha256": "s0"},
-                    {"path": "train/00001.bin", "tokens": 4, "sha256": "s1"}]},
-                "eval": {"tokens": 3, "shards": [
-                    {"path": "eval/00000.bin", "tokens": 3, "sha256": "s2"}]}},
-        split_rule=split_rule(10), eval_records=1, slice_columns=["source"],
-        rows={"total": 4, "train": 3, "eval": 1}, validation={"success": True})
+                    {"path": "train/00001.bin", "tokens": 4, "sha256": "s1"},
+                ],
+            },
+            "eval": {"tokens": 3, "shards": [{"path": "eval/00000.bin", "tokens": 3, "sha256": "s2"}]},
+        },
+        "split_rule": split_rule(10),
+        "eval_records": 1,
+        "slice_columns": ["source"],
+        "rows": {"total": 4, "train": 3, "eval": 1},
+        "validation": {"success": True},
+    }
     args.update(changes)
     return args
 
@@ -25,15 +37,25 @@ def _args(**changes):
 def test_manifest_has_the_format_the_trainer_reads():
     m = build_manifest(**_args())
     assert m["format"] == MANIFEST_FORMAT
-    assert set(m) == {"format", "name", "version", "created_at", "source", "tokenizer",
-                      "token_dtype", "splits", "split_rule", "eval_index", "rows", "validation"}
+    assert set(m) == {
+        "format",
+        "name",
+        "version",
+        "created_at",
+        "source",
+        "tokenizer",
+        "token_dtype",
+        "splits",
+        "split_rule",
+        "eval_index",
+        "rows",
+        "validation",
+    }
     assert m["tokenizer"] == {"kind": "byte", "vocab_size": 257, "eos_id": 256}
     assert m["splits"]["train"]["tokens"] == 12
-    assert m["eval_index"] == {"path": "eval/index.jsonl", "records": 1,
-                               "slice_columns": ["source"]}
+    assert m["eval_index"] == {"path": "eval/index.jsonl", "records": 1, "slice_columns": ["source"]}
     assert m["split_rule"] == {"kind": "id_hash", "hash": "sha256", "eval_percent": 10}
-    assert shard_paths(m) == ["train/00000.bin", "train/00001.bin", "eval/00000.bin",
-                              "eval/index.jsonl"]
+    assert shard_paths(m) == ["train/00000.bin", "train/00001.bin", "eval/00000.bin", "eval/index.jsonl"]
 
 
 def test_inconsistent_counts_are_refused():
@@ -46,8 +68,14 @@ def test_inconsistent_counts_are_refused():
 
 
 def test_quarantine_is_recorded_only_when_it_was_on():
-    block = {"rows": 2, "rows_read": 6, "fraction": 0.333333, "max_fraction": 0.5,
-             "by_reason": {"expect_column_values_to_not_be_null(text)": 2},
-             "sample": "quarantine/sample.jsonl", "sample_rows": 2}
+    block = {
+        "rows": 2,
+        "rows_read": 6,
+        "fraction": 0.333333,
+        "max_fraction": 0.5,
+        "by_reason": {"expect_column_values_to_not_be_null(text)": 2},
+        "sample": "quarantine/sample.jsonl",
+        "sample_rows": 2,
+    }
     assert "quarantine" not in build_manifest(**_args())
     assert build_manifest(**_args(quarantine=block))["quarantine"] == block

@@ -9,14 +9,15 @@ from trainops.staging.reader import iter_file_batches, list_source_objects, loca
 
 
 def _jsonl(n: int, start: int = 0) -> bytes:
-    return "".join(json.dumps({"id": f"r{i}", "text": f"text number {i} " * 5, "source": "news"})
-                   + "\n" for i in range(start, start + n)).encode()
+    return "".join(
+        json.dumps({"id": f"r{i}", "text": f"text number {i} " * 5, "source": "news"}) + "\n"
+        for i in range(start, start + n)
+    ).encode()
 
 
 def _csv(n: int) -> bytes:
     # Digit-only ids would be inferred as integers block by block; they must stay text.
-    return ("id,text,source\n" + "".join(f'{i:05d},"text, number {i}",docs\n'
-                                           for i in range(n))).encode()
+    return ("id,text,source\n" + "".join(f'{i:05d},"text, number {i}",docs\n' for i in range(n))).encode()
 
 
 @pytest.fixture
@@ -29,20 +30,21 @@ def never_read_whole(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("read a whole file at once")
 
-    for module, name in ((pyarrow.json, "read_json"), (pyarrow.csv, "read_csv"),
-                         (pyarrow.parquet, "read_table")):
+    for module, name in (
+        (pyarrow.json, "read_json"),
+        (pyarrow.csv, "read_csv"),
+        (pyarrow.parquet, "read_table"),
+    ):
         monkeypatch.setattr(module, name, refuse)
 
 
 @pytest.mark.parametrize("fmt, data", [("jsonl", _jsonl(3000)), ("csv", _csv(3000))])
-def test_text_formats_stream_in_bounded_batches(fmt, data, tmp_path, monkeypatch,
-                                                never_read_whole):
+def test_text_formats_stream_in_bounded_batches(fmt, data, tmp_path, monkeypatch, never_read_whole):
     monkeypatch.setattr(reader, "_BLOCK_BYTES", 16 << 10)  # many blocks from a small file
     path = tmp_path / f"data.{fmt}"
     path.write_bytes(data)
     [obj] = list_source_objects(open_storage(f"file://{tmp_path}"), f"file://{path}")
-    batches = list(iter_file_batches(str(path), obj, batch_rows=700,
-                                     string_columns=["id", "text", "source"]))
+    batches = list(iter_file_batches(str(path), obj, batch_rows=700, string_columns=["id", "text", "source"]))
     assert [b.num_rows for b in batches] == [700] * 4 + [200]
     ids = [i for b in batches for i in b.column("id").to_pylist()]
     assert len(ids) == 3000 and len(set(ids)) == 3000
@@ -56,8 +58,9 @@ def test_parquet_streams_row_batches(tmp_path, never_read_whole):
     import pyarrow.parquet as pq
 
     path = tmp_path / "data.parquet"
-    pq.write_table(pa.table({"id": [f"r{i}" for i in range(1000)], "text": ["t"] * 1000}), path,
-                   row_group_size=300)
+    pq.write_table(
+        pa.table({"id": [f"r{i}" for i in range(1000)], "text": ["t"] * 1000}), path, row_group_size=300
+    )
     [obj] = list_source_objects(open_storage(f"file://{tmp_path}"), f"file://{path}")
     sizes = [b.num_rows for b in iter_file_batches(str(path), obj, batch_rows=256)]
     assert sizes == [256, 256, 256, 232]
@@ -65,8 +68,14 @@ def test_parquet_streams_row_batches(tmp_path, never_read_whole):
 
 def test_prefixes_globs_and_single_objects(tmp_path):
     storage = open_storage(f"file://{tmp_path}")
-    for rel in ("a/one.jsonl", "a/sub/two.jsonl", "a/sub/three.csv", "a/_SUCCESS",
-                "a/.hidden/four.jsonl", "a/notes.txt"):
+    for rel in (
+        "a/one.jsonl",
+        "a/sub/two.jsonl",
+        "a/sub/three.csv",
+        "a/_SUCCESS",
+        "a/.hidden/four.jsonl",
+        "a/notes.txt",
+    ):
         storage.put(f"file://{tmp_path}/{rel}", b"{}\n")
     names = lambda uri: [o.uri.split("/a/")[1] for o in list_source_objects(storage, uri)]  # noqa: E731
     assert names(f"file://{tmp_path}/a") == ["one.jsonl", "sub/three.csv", "sub/two.jsonl"]

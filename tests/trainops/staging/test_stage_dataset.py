@@ -18,8 +18,11 @@ def _check_staged(storage, result, texts_by_id):
     manifest = storage.get_json(result["manifest_uri"])
     assert result["manifest_uri"] == join(result["uri"], "manifest.json")
     assert manifest["version"] == result["version"]
-    assert manifest["rows"] == {"total": ROWS, "train": manifest["rows"]["train"],
-                                "eval": manifest["rows"]["eval"]}
+    assert manifest["rows"] == {
+        "total": ROWS,
+        "train": manifest["rows"]["train"],
+        "eval": manifest["rows"]["eval"],
+    }
     assert manifest["rows"]["train"] + manifest["rows"]["eval"] == ROWS == result["rows"]
     streams = {}
     for split in ("train", "eval"):
@@ -35,13 +38,15 @@ def _check_staged(storage, result, texts_by_id):
     # every record's bytes plus EOS, nothing lost or added
     total = sum(len(t.encode()) + 1 for t in texts_by_id.values())
     assert result["train_tokens"] + result["eval_tokens"] == total
-    index = [json.loads(line) for line in
-             storage.get(join(result["uri"], "eval/index.jsonl")).decode().splitlines()]
+    index = [
+        json.loads(line)
+        for line in storage.get(join(result["uri"], "eval/index.jsonl")).decode().splitlines()
+    ]
     assert len(index) == manifest["eval_index"]["records"] == manifest["rows"]["eval"]
     assert [r["start"] for r in index[1:]] == [r["end"] for r in index[:-1]]
     assert index[-1]["end"] == result["eval_tokens"]
     eval_texts = decode(streams["eval"])
-    for rec, text in zip(index, eval_texts):
+    for rec, text in zip(index, eval_texts, strict=False):
         assert texts_by_id[rec["id"]] == text
         assert rec["source"] in {"news", "forum", "docs"}
     assert storage.get_json(join(result["uri"], "validation.json"))["success"] is True
@@ -56,20 +61,20 @@ def test_stage_on_file_storage_then_reuse(file_root, raw_uri):
     assert result["reused"] is False
     assert result["uri"] == dataset_prefix(file_root, "demo", result["version"])
     cols = demo_rows(ROWS, seed=5)
-    manifest = _check_staged(storage, result, dict(zip(cols["id"], cols["text"])))
+    manifest = _check_staged(storage, result, dict(zip(cols["id"], cols["text"], strict=False)))
     assert len(manifest["splits"]["train"]["shards"]) > 3
     assert 0.06 < manifest["rows"]["eval"] / ROWS < 0.14
     # only the committed version remains: no temporary prefix left behind
-    assert {u.split("/datasets/demo/")[1].split("/")[0]
-            for u in storage.list(join(file_root, "datasets"))} == {result["version"]}
+    assert {
+        u.split("/datasets/demo/")[1].split("/")[0] for u in storage.list(join(file_root, "datasets"))
+    } == {result["version"]}
 
     before = snapshot(storage, file_root)
     again = stage_dataset(storage, file_root, source["uri"], "demo", shard_tokens=8192)
     assert again == dict(result, reused=True)
     assert snapshot(storage, file_root) == before
 
-    other = stage_dataset(storage, file_root, source["uri"], "demo", shard_tokens=8192,
-                          eval_percent=20)
+    other = stage_dataset(storage, file_root, source["uri"], "demo", shard_tokens=8192, eval_percent=20)
     assert other["version"] != result["version"] and other["reused"] is False
 
 
@@ -80,14 +85,13 @@ def test_stage_on_s3(s3_root):
     result = stage_dataset(storage, s3_root, source["uri"], "demo-s3", shard_tokens=16384)
     assert result["uri"].startswith(s3_root + "/datasets/demo-s3/")
     cols = demo_rows(ROWS, seed=6)
-    _check_staged(storage, result, dict(zip(cols["id"], cols["text"])))
+    _check_staged(storage, result, dict(zip(cols["id"], cols["text"], strict=False)))
     assert not [u for u in storage.list(s3_root) if "_staging-" in u]
     again = stage_dataset(storage, s3_root, source["uri"], "demo-s3", shard_tokens=16384)
     assert again == dict(result, reused=True)
 
 
-def test_bad_data_raises_lists_failures_and_keeps_only_the_report(file_root, raw_uri,
-                                                                     tmp_path):
+def test_bad_data_raises_lists_failures_and_keeps_only_the_report(file_root, raw_uri, tmp_path):
     storage = open_storage(file_root)
     good = write_demo_dataset(raw_uri, rows=300, seed=1)
     stage_dataset(storage, file_root, good["uri"], "demo")
@@ -105,8 +109,9 @@ def test_bad_data_raises_lists_failures_and_keeps_only_the_report(file_root, raw
     assert message.endswith(f"Full report: {err.value.report_uri}")
     assert "failed 3 of 6 expectations over 1200 rows, so nothing was staged" in message
     assert "expect_column_values_to_not_be_null on 'id': 2 unexpected (rows 3, 400)" in message
-    assert ("expect_column_values_to_be_unique on 'id': 4 unexpected "
-            "(ids 'f001-0000001', 'n001-0000000')") in message
+    assert (
+        "expect_column_values_to_be_unique on 'id': 4 unexpected (ids 'f001-0000001', 'n001-0000000')"
+    ) in message
     assert "expect_column_value_lengths_to_be_between on 'text': 3 unexpected" in message
     failed = {f["expectation"]: f for f in err.value.summary["failed"]}
     assert failed["expect_column_value_lengths_to_be_between"]["unexpected_count"] == 3
@@ -122,8 +127,9 @@ def test_missing_source_is_named(file_root, tmp_path):
 def test_missing_slice_column_is_named(file_root, raw_uri):
     source = write_demo_dataset(raw_uri, rows=60, seed=2, files=1)
     with pytest.raises(StagingError, match=r"lacks columns \['lang'\]"):
-        stage_dataset(open_storage(file_root), file_root, source["uri"], "demo",
-                      slice_columns=["source", "lang"])
+        stage_dataset(
+            open_storage(file_root), file_root, source["uri"], "demo", slice_columns=["source", "lang"]
+        )
 
 
 class _CrashOnManifest(FileStorage):
@@ -147,18 +153,22 @@ def test_a_crash_before_the_manifest_leaves_no_version_and_a_rerun_commits(file_
 
 def test_jsonl_and_csv_sources_stage_the_same_records(file_root, tmp_path):
     cols = demo_rows(90, seed=4)
-    lines = [json.dumps({"id": i, "text": t, "source": s})
-             for i, t, s in zip(cols["id"], cols["text"], cols["source"])]
+    lines = [
+        json.dumps({"id": i, "text": t, "source": s})
+        for i, t, s in zip(cols["id"], cols["text"], cols["source"], strict=False)
+    ]
     storage = open_storage(file_root)
     storage.put(f"file://{tmp_path}/j/data.jsonl", ("\n".join(lines) + "\n").encode())
     csv = "id,text,source\n" + "".join(
-        f'{i},"{t}",{s}\n' for i, t, s in zip(cols["id"], cols["text"], cols["source"]))
+        f'{i},"{t}",{s}\n' for i, t, s in zip(cols["id"], cols["text"], cols["source"], strict=False)
+    )
     storage.put(f"file://{tmp_path}/c/data.csv", csv.encode())
     from_jsonl = stage_dataset(storage, file_root, f"file://{tmp_path}/j/data.jsonl", "j")
     from_csv = stage_dataset(storage, file_root, f"file://{tmp_path}/c", "c")
     for result in (from_jsonl, from_csv):
         assert result["rows"] == 90
         assert result["train_tokens"] + result["eval_tokens"] == sum(
-            len(t.encode()) + 1 for t in cols["text"])
+            len(t.encode()) + 1 for t in cols["text"]
+        )
     eval_j = storage.get(join(from_jsonl["uri"], "eval/index.jsonl"))
     assert eval_j == storage.get(join(from_csv["uri"], "eval/index.jsonl"))

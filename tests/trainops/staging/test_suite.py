@@ -11,8 +11,10 @@ from trainops.staging.suite import check_suite_spec, resolve_suite
 
 SUITE = [
     {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "id"}},
-    {"type": "expect_column_values_to_be_in_set",
-     "kwargs": {"column": "source", "value_set": ["news", "forum", "docs"]}},
+    {
+        "type": "expect_column_values_to_be_in_set",
+        "kwargs": {"column": "source", "value_set": ["news", "forum", "docs"]},
+    },
     {"type": "expect_table_row_count_to_be_between", "kwargs": {"min_value": 10}},
 ]
 
@@ -23,8 +25,9 @@ def _gx_suite():
     context = gx.get_context(mode="ephemeral")
     suite = context.suites.add(gx.ExpectationSuite(name="demo"))
     suite.add_expectation(gx.expectations.ExpectColumnValuesToNotBeNull(column="id"))
-    suite.add_expectation(gx.expectations.ExpectColumnValuesToBeInSet(
-        column="source", value_set=["news", "forum", "docs"]))
+    suite.add_expectation(
+        gx.expectations.ExpectColumnValuesToBeInSet(column="source", value_set=["news", "forum", "docs"])
+    )
     suite.add_expectation(gx.expectations.ExpectTableRowCountToBeBetween(min_value=10))
     return suite
 
@@ -36,16 +39,16 @@ def test_every_form_gives_the_same_suite(tmp_path, s3_root):
     gx_suite = _gx_suite()
     storage.put(f"file://{tmp_path}/list.json", json.dumps(SUITE).encode())
     # GX's own serialization: ids, severity, meta and notes are bookkeeping.
-    storage.put(f"file://{tmp_path}/gx.json", json.dumps(gx_suite.to_json_dict(),
-                                                         default=str).encode())
+    storage.put(f"file://{tmp_path}/gx.json", json.dumps(gx_suite.to_json_dict(), default=str).encode())
     open_storage(s3_root).put(f"{s3_root}/suites/demo.json", json.dumps(SUITE).encode())
     forms = {
         "list": SUITE,
         "callable": lambda: SUITE,
-        "gx objects": [gx.expectations.ExpectColumnValuesToNotBeNull(column="id"),
-                       gx.expectations.ExpectColumnValuesToBeInSet(
-                           column="source", value_set=["news", "forum", "docs"]),
-                       gx.expectations.ExpectTableRowCountToBeBetween(min_value=10)],
+        "gx objects": [
+            gx.expectations.ExpectColumnValuesToNotBeNull(column="id"),
+            gx.expectations.ExpectColumnValuesToBeInSet(column="source", value_set=["news", "forum", "docs"]),
+            gx.expectations.ExpectTableRowCountToBeBetween(min_value=10),
+        ],
         "gx suite": gx_suite,
         "callable returning a gx suite": lambda: gx_suite,
         "file list": f"file://{tmp_path}/list.json",
@@ -56,13 +59,18 @@ def test_every_form_gives_the_same_suite(tmp_path, s3_root):
         assert resolve_suite(spec) == SUITE, form
 
 
-@pytest.mark.parametrize("content, message", [
-    (None, "does not exist: write the suite JSON there"),
-    (b"{not json", "is not UTF-8 JSON"),
-    (b'{"name": "x"}', "holds a dict: it must hold a list of expectations or a GX suite"),
-    (b'[{"type": "expect_column_mean_to_be_between", "kwargs": {}}]',
-     "'expect_column_mean_to_be_between'"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "does not exist: write the suite JSON there"),
+        (b"{not json", "is not UTF-8 JSON"),
+        (b'{"name": "x"}', "holds a dict: it must hold a list of expectations or a GX suite"),
+        (
+            b'[{"type": "expect_column_mean_to_be_between", "kwargs": {}}]',
+            "'expect_column_mean_to_be_between'",
+        ),
+    ],
+)
 def test_bad_suite_files_are_named(tmp_path, content, message):
     uri = f"file://{tmp_path}/suite.json"
     if content is not None:
@@ -95,14 +103,16 @@ def test_a_suite_file_drives_validation_and_the_version(file_root, raw_uri, tmp_
     suite_uri = f"file://{tmp_path}/suites/text.json"
     storage.put(suite_uri, json.dumps(SUITE).encode())
     first = stage_dataset(storage, file_root, source["uri"], "demo", expectations=suite_uri)
-    assert stage_dataset(storage, file_root, source["uri"], "demo",
-                         expectations=suite_uri)["reused"] is True
-    stricter = [*SUITE[:1], {"type": "expect_column_values_to_be_in_set",
-                             "kwargs": {"column": "source", "value_set": ["news"]}}]
+    assert stage_dataset(storage, file_root, source["uri"], "demo", expectations=suite_uri)["reused"] is True
+    stricter = [
+        *SUITE[:1],
+        {"type": "expect_column_values_to_be_in_set", "kwargs": {"column": "source", "value_set": ["news"]}},
+    ]
     storage.put(suite_uri, json.dumps(stricter).encode())
     before = {u: storage.head(u)["etag"] for u in storage.list(file_root)}
-    with pytest.raises(DataValidationError, match="expect_column_values_to_be_in_set on "
-                                                  "'source': [0-9]+ unexpected") as err:
+    with pytest.raises(
+        DataValidationError, match=r"expect_column_values_to_be_in_set on 'source': [0-9]+ unexpected"
+    ) as err:
         stage_dataset(storage, file_root, source["uri"], "demo", expectations=suite_uri)
     assert first["version"] not in err.value.report_uri  # a new suite, a new version
     assert_nothing_valid_looking(storage, file_root, before)

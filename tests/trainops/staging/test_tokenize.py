@@ -1,5 +1,5 @@
 import hashlib
-import os
+from pathlib import Path
 
 import pytest
 
@@ -36,7 +36,7 @@ def test_split_is_stable_and_grows_monotonically_with_eval_percent():
 
 def test_encode_is_utf8_bytes_then_eos_and_decodes_back():
     data = encode("hé!")
-    tokens = [int.from_bytes(data[i:i + 2], "little") for i in range(0, len(data), 2)]
+    tokens = [int.from_bytes(data[i : i + 2], "little") for i in range(0, len(data), 2)]
     assert tokens == [104, 0xC3, 0xA9, 33, TOKENIZER["eos_id"]]
     assert decode(encode("one") + encode("") + encode("twö")) == ["one", "", "twö"]
 
@@ -51,7 +51,7 @@ def test_packer_spans_are_contiguous_and_shards_are_full_but_the_last(tmp_path):
     assert [s["path"] for s in out["shards"]] == [f"train/{i:05d}.bin" for i in range(4)]
     stream = b""
     for shard in out["shards"]:
-        data = open(os.path.join(tmp_path, shard["path"]), "rb").read()
+        data = Path(tmp_path, shard["path"]).read_bytes()
         assert len(data) == 2 * shard["tokens"]
         assert hashlib.sha256(data).hexdigest() == shard["sha256"]
         stream += data

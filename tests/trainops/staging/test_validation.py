@@ -8,23 +8,32 @@ from trainops.staging.validation import describe_failures, validate_batches
 
 
 def _good(n=30):
-    return {"id": [f"r{i}" for i in range(n)], "text": [f"text {i}" for i in range(n)],
-            "source": ["news", "forum", "docs"] * (n // 3)}
+    return {
+        "id": [f"r{i}" for i in range(n)],
+        "text": [f"text {i}" for i in range(n)],
+        "source": ["news", "forum", "docs"] * (n // 3),
+    }
 
 
 def test_good_data_passes_every_default_expectation():
     summary = validate_batches(record_batches(_good(), batch_rows=7), normalize_expectations(None))
     results = summary.pop("results")
-    assert summary == {"success": True, "evaluated_expectations": 6,
-                       "successful_expectations": 6, "failed": [], "rows": 30}
+    assert summary == {
+        "success": True,
+        "evaluated_expectations": 6,
+        "successful_expectations": 6,
+        "failed": [],
+        "rows": 30,
+    }
     assert [(r["expectation"], r["success"]) for r in results] == [
-        (e["type"], True) for e in normalize_expectations(None)]
+        (e["type"], True) for e in normalize_expectations(None)
+    ]
 
 
 def test_failures_are_listed_with_counts_and_ids_across_batches():
     cols = _good()
     cols["id"][4] = None
-    cols["id"][25] = "r2"      # duplicates r2, which sits in another batch
+    cols["id"][25] = "r2"  # duplicates r2, which sits in another batch
     cols["id"][26] = "r3"
     cols["text"][8] = ""
     cols["text"][21] = ""
@@ -42,14 +51,16 @@ def test_failures_are_listed_with_counts_and_ids_across_batches():
         ("expect_column_values_to_not_be_null", "source"),
     ]
     null_ids = failed[("expect_column_values_to_not_be_null", "id")]
-    assert (null_ids["unexpected_count"], null_ids["sample_rows"], null_ids["sample_ids"]) == (
-        1, [4], [])
+    assert (null_ids["unexpected_count"], null_ids["sample_rows"], null_ids["sample_ids"]) == (1, [4], [])
     dupes = failed[("expect_column_values_to_be_unique", "id")]
     assert dupes["unexpected_count"] == 4
     assert dupes["sample_ids"] == ["r2", "r3"]
     empty = failed[("expect_column_value_lengths_to_be_between", "text")]
     assert (empty["unexpected_count"], empty["sample_ids"], empty["sample_rows"]) == (
-        2, ["r8", "r21"], [8, 21])
+        2,
+        ["r8", "r21"],
+        [8, 21],
+    )
     assert failed[("expect_column_values_to_not_be_null", "source")]["sample_ids"] == ["r9"]
 
     message = describe_failures("file:///raw", summary)
@@ -71,17 +82,20 @@ def test_mostly_applies_to_the_whole_dataset_not_each_batch():
     cols = _good()
     for i in (0, 1, 2):  # 3 of the first batch of 10: 30% there, 10% overall
         cols["text"][i] = None
-    suite = normalize_expectations([{"type": "expect_column_values_to_not_be_null",
-                                     "kwargs": {"column": "text", "mostly": 0.85}}])
+    suite = normalize_expectations(
+        [{"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "text", "mostly": 0.85}}]
+    )
     summary = validate_batches(record_batches(cols, batch_rows=10), suite)
     assert summary["success"], summary
 
 
 def test_a_missing_column_fails_with_the_reason():
-    suite = normalize_expectations([
-        {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "lang"}},
-        {"type": "expect_column_values_to_be_unique", "kwargs": {"column": "url"}},
-    ])
+    suite = normalize_expectations(
+        [
+            {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "lang"}},
+            {"type": "expect_column_values_to_be_unique", "kwargs": {"column": "url"}},
+        ]
+    )
     summary = validate_batches(record_batches(_good(), batch_rows=30), suite)
     errors = [f.get("error", "") for f in summary["failed"]]
     assert 'The column "lang" in BatchData does not exist' in errors[0]
@@ -93,8 +107,13 @@ def test_bad_kwargs_fail_before_any_batch_is_read():
         raise AssertionError("read data before checking the suite")
         yield
 
-    suite = normalize_expectations([{"type": "expect_column_value_lengths_to_be_between",
-                                     "kwargs": {"column": "text", "min_value": "one"}}])
-    with pytest.raises(ValueError, match="expect_column_value_lengths_to_be_between has invalid "
-                                         "kwargs"):
+    suite = normalize_expectations(
+        [
+            {
+                "type": "expect_column_value_lengths_to_be_between",
+                "kwargs": {"column": "text", "min_value": "one"},
+            }
+        ]
+    )
+    with pytest.raises(ValueError, match="expect_column_value_lengths_to_be_between has invalid kwargs"):
         validate_batches(batches(), suite)

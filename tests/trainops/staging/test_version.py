@@ -4,13 +4,21 @@ from trainops.staging.expectations import DEFAULT_EXPECTATIONS
 from trainops.staging.tokenize import TOKENIZER, split_rule
 from trainops.staging.version import dataset_version, version_inputs
 
-OBJECTS = [{"uri": "file:///d/part-1.parquet", "size": 10, "etag": "b"},
-           {"uri": "file:///d/part-0.parquet", "size": 12, "etag": "a"}]
+OBJECTS = [
+    {"uri": "file:///d/part-1.parquet", "size": 10, "etag": "b"},
+    {"uri": "file:///d/part-0.parquet", "size": 12, "etag": "a"},
+]
 
 
 def _version(**changes):
-    args = dict(objects=OBJECTS, expectations=DEFAULT_EXPECTATIONS, tokenizer=TOKENIZER,
-                split_rule=split_rule(10), shard_tokens=1 << 20, slice_columns=["source"])
+    args = {
+        "objects": OBJECTS,
+        "expectations": DEFAULT_EXPECTATIONS,
+        "tokenizer": TOKENIZER,
+        "split_rule": split_rule(10),
+        "shard_tokens": 1 << 20,
+        "slice_columns": ["source"],
+    }
     args.update(changes)
     objects = args.pop("objects")
     return dataset_version(version_inputs(objects, **args))
@@ -31,8 +39,7 @@ def test_version_changes_with_everything_that_changes_the_bytes():
     stricter[3]["kwargs"]["max_value"] = 500
     variants = {
         "object etag": _version(objects=changed_object),
-        "object added": _version(objects=[*OBJECTS, {"uri": "file:///d/p2", "size": 1,
-                                                     "etag": "z"}]),
+        "object added": _version(objects=[*OBJECTS, {"uri": "file:///d/p2", "size": 1, "etag": "z"}]),
         "suite": _version(expectations=stricter),
         "tokenizer": _version(tokenizer=dict(TOKENIZER, vocab_size=258)),
         "split rule": _version(split_rule=split_rule(20)),

@@ -3,7 +3,7 @@
 import asyncio
 import time
 
-from trainops.cluster.local import LocalCluster
+from trainops.cluster.local.backend import LocalCluster
 from trainops.cluster.spec import JobSpec
 from trainops.triggers.job import JobGoneTrigger, JobTrigger
 
@@ -12,6 +12,7 @@ def first_event(trigger):
     async def take():
         async for event in trigger.run():
             return event.payload
+
     return asyncio.run(asyncio.wait_for(take(), timeout=30))
 
 
@@ -26,8 +27,9 @@ def test_serialize_round_trip():
 def test_reports_finished_job_with_its_state(tmp_path):
     cluster = LocalCluster(tmp_path)
     handle = cluster.launch(JobSpec(name="quick", args=["python", "-c", "pass"], distributed=False))
-    event = first_event(JobTrigger(handle=handle, poll_interval=0.1,
-                                   cluster_options={"state_dir": str(tmp_path)}))
+    event = first_event(
+        JobTrigger(handle=handle, poll_interval=0.1, cluster_options={"state_dir": str(tmp_path)})
+    )
     assert event["status"] == "finished"
     assert event["state"]["phase"] == "succeeded"
     assert event["handle"]["job_id"] == handle["job_id"]
@@ -35,11 +37,15 @@ def test_reports_finished_job_with_its_state(tmp_path):
 
 def test_reports_timeout_as_event_and_leaves_the_job_alone(tmp_path):
     cluster = LocalCluster(tmp_path)
-    handle = cluster.launch(JobSpec(name="slow", args=["python", "-c", "import time; time.sleep(30)"],
-                                    distributed=False))
+    handle = cluster.launch(
+        JobSpec(name="slow", args=["python", "-c", "import time; time.sleep(30)"], distributed=False)
+    )
     try:
-        event = first_event(JobTrigger(handle=handle, poll_interval=0.1, timeout=0.5,
-                                       cluster_options={"state_dir": str(tmp_path)}))
+        event = first_event(
+            JobTrigger(
+                handle=handle, poll_interval=0.1, timeout=0.5, cluster_options={"state_dir": str(tmp_path)}
+            )
+        )
         assert event["status"] == "timeout" and "still" in event["message"]
         assert cluster.status(handle)["phase"] in ("pending", "running")  # the operator decides
     finally:
@@ -53,14 +59,29 @@ def test_backend_errors_become_error_events():
 
 def test_logs_training_progress_from_metrics(tmp_path, caplog, capsys):
     metrics = tmp_path / "metrics.jsonl"
-    metrics.write_text('{"step": 7, "loss": 2.5, "tokens_per_s": 1234.0, "attempt": 1}\n'
-                       '{"step": 3, "loss": 9.9, "attempt": 2}\n')
+    metrics.write_text(
+        '{"step": 7, "loss": 2.5, "tokens_per_s": 1234.0, "attempt": 1}\n'
+        '{"step": 3, "loss": 9.9, "attempt": 2}\n'
+    )
     cluster = LocalCluster(tmp_path)
-    handle = cluster.launch(JobSpec(name="steps", args=["python", "-c", "import time; time.sleep(1)"],
-                                    distributed=False, labels={"trainops/attempt": "1"}))
+    handle = cluster.launch(
+        JobSpec(
+            name="steps",
+            args=["python", "-c", "import time; time.sleep(1)"],
+            distributed=False,
+            labels={"trainops/attempt": "1"},
+        )
+    )
     caplog.set_level("INFO")
-    first_event(JobTrigger(handle=handle, poll_interval=0.1, progress_uri=f"file://{metrics}",
-                           progress_every=0.2, cluster_options={"state_dir": str(tmp_path)}))
+    first_event(
+        JobTrigger(
+            handle=handle,
+            poll_interval=0.1,
+            progress_uri=f"file://{metrics}",
+            progress_every=0.2,
+            cluster_options={"state_dir": str(tmp_path)},
+        )
+    )
     logged = caplog.text + capsys.readouterr().out
     assert "attempt 1: step 7, loss 2.5000, 1,234 tok/s" in logged
     assert "step 3" not in logged  # another attempt's record
@@ -68,8 +89,9 @@ def test_logs_training_progress_from_metrics(tmp_path, caplog, capsys):
 
 def test_restart_deletes_nothing_and_kill_deletes_the_job(tmp_path):
     cluster = LocalCluster(tmp_path)
-    handle = cluster.launch(JobSpec(name="long", args=["python", "-c", "import time; time.sleep(60)"],
-                                    distributed=False))
+    handle = cluster.launch(
+        JobSpec(name="long", args=["python", "-c", "import time; time.sleep(60)"], distributed=False)
+    )
     trigger = JobTrigger(handle=handle, poll_interval=0.1, cluster_options={"state_dir": str(tmp_path)})
 
     async def restart_then_kill():
@@ -119,8 +141,9 @@ def test_gone_trigger_keeps_the_back_off(monkeypatch):
 
     monkeypatch.setattr(trainops.cluster, "get_cluster", lambda name, **kw: PodsLinger(polls=0))
     begin = time.time()
-    event = first_event(JobGoneTrigger(handle={"cluster": "x", "job_id": "j"}, poll_interval=0.01,
-                                       not_before=begin + 0.3))
+    event = first_event(
+        JobGoneTrigger(handle={"cluster": "x", "job_id": "j"}, poll_interval=0.01, not_before=begin + 0.3)
+    )
     assert event["status"] == "gone" and time.time() >= begin + 0.3
 
 
@@ -128,8 +151,9 @@ def test_gone_trigger_gives_up_on_pods_that_never_go(monkeypatch):
     import trainops.cluster
 
     monkeypatch.setattr(trainops.cluster, "get_cluster", lambda name, **kw: PodsLinger(polls=10**9))
-    event = first_event(JobGoneTrigger(handle={"cluster": "x", "job_id": "train-a1"}, poll_interval=0.01,
-                                       deadline_s=0.2))
+    event = first_event(
+        JobGoneTrigger(handle={"cluster": "x", "job_id": "train-a1"}, poll_interval=0.01, deadline_s=0.2)
+    )
     assert event["status"] == "error"
     assert "train-a1 still has pods 0s after its deletion" in event["message"]
     assert "kubectl get pods -l trainops/job=train-a1" in event["message"]
@@ -140,8 +164,11 @@ def test_streams_node0_log_lines_into_the_task_log(tmp_path, caplog, capsys):
     script = "import time\nfor i in range(3):\n    print(f'rank0 line {i}', flush=True); time.sleep(0.2)\n"
     handle = cluster.launch(JobSpec(name="talk", args=["python", "-c", script], distributed=False))
     caplog.set_level("INFO")
-    event = first_event(JobTrigger(handle=handle, poll_interval=0.1, stream_logs=True,
-                                   cluster_options={"state_dir": str(tmp_path)}))
+    event = first_event(
+        JobTrigger(
+            handle=handle, poll_interval=0.1, stream_logs=True, cluster_options={"state_dir": str(tmp_path)}
+        )
+    )
     logged = caplog.text + capsys.readouterr().out
     assert event["state"]["phase"] == "succeeded"
     assert [f"[node-0] rank0 line {i}" in logged for i in range(3)] == [True] * 3
@@ -154,8 +181,13 @@ def test_a_job_that_ends_at_once_is_reported_only_after_the_settle_time(tmp_path
     cluster = LocalCluster(tmp_path)
     handle = cluster.launch(JobSpec(name="quick", args=["python", "-c", "pass"], distributed=False))
     deferred_at = time.time()
-    trigger = JobTrigger(handle=handle, poll_interval=0.1, started_at=deferred_at, settle_s=2.0,
-                         cluster_options={"state_dir": str(tmp_path)})
+    trigger = JobTrigger(
+        handle=handle,
+        poll_interval=0.1,
+        started_at=deferred_at,
+        settle_s=2.0,
+        cluster_options={"state_dir": str(tmp_path)},
+    )
     assert trigger.serialize()[1]["settle_s"] == 2.0
     event = first_event(trigger)
     assert event["status"] == "finished" and time.time() - deferred_at >= 2.0
@@ -165,8 +197,15 @@ def test_gone_is_reported_only_after_the_settle_time(tmp_path):
     cluster = LocalCluster(tmp_path)
     handle = cluster.launch(JobSpec(name="quick", args=["python", "-c", "pass"], distributed=False))
     deferred_at = time.time()
-    event = first_event(JobGoneTrigger(handle=handle, poll_interval=0.1, started_at=deferred_at,
-                                       settle_s=1.5, cluster_options={"state_dir": str(tmp_path)}))
+    event = first_event(
+        JobGoneTrigger(
+            handle=handle,
+            poll_interval=0.1,
+            started_at=deferred_at,
+            settle_s=1.5,
+            cluster_options={"state_dir": str(tmp_path)},
+        )
+    )
     assert event["status"] == "gone" and time.time() - deferred_at >= 1.5
 
 
@@ -185,6 +224,9 @@ def test_waiting_in_the_worker_does_not_settle(tmp_path):
     cluster = LocalCluster(tmp_path)
     handle = cluster.launch(JobSpec(name="quick", args=["python", "-c", "pass"], distributed=False))
     started = time.time()
-    event = wait_here(JobTrigger(handle=handle, poll_interval=0.1, settle_s=60.0,
-                                 cluster_options={"state_dir": str(tmp_path)}))
+    event = wait_here(
+        JobTrigger(
+            handle=handle, poll_interval=0.1, settle_s=60.0, cluster_options={"state_dir": str(tmp_path)}
+        )
+    )
     assert event["status"] == "finished" and time.time() - started < 30

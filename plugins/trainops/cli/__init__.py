@@ -1,0 +1,1 @@
+"""``python -m trainops ...``: the demo, Airflow standalone, rollback and render-job commands."""

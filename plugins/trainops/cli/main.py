@@ -1,0 +1,186 @@
+"""``python -m trainops``: the operator-side command line.
+
+- ``demo``: run the ``trainops_demo`` DAG with ``dag.test()`` on the embedded default and print
+  a summary (``make demo`` calls this). ``--corrupt-data`` delivers bad data instead, to watch
+  staging reject it before anything is trained.
+- ``airflow``: ``airflow standalone`` on the same embedded default, with this checkout's DAGs,
+  on http://localhost:8080 (``make airflow`` calls this); docs/dags.md walks through a run.
+- ``render-job SPEC.json``: print the Kubernetes manifests a JobSpec (JSON form) would submit,
+  as multi-document YAML. A dry run: nothing is sent to a cluster.
+- ``rollback MODEL VERSION --reason TEXT``: point MODEL's production back at VERSION (one that
+  was production before), recording who (``--by``, default the OS user) and why in the
+  pointer's history. ``--storage-root`` defaults to ``$TRAINOPS_STORAGE_ROOT``; ``s3://``
+  roots use boto3's default credentials and ``AWS_ENDPOINT_URL_S3``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DEMO_DAG = "trainops_demo"
+DEMO_TASKS = ("stage", "train", "evaluate", "gate", "promote")
+
+
+def _ensure_airflow_db(env: dict) -> None:
+    """Create or upgrade the SQLite metadata DB (idempotent, a few seconds)."""
+    stamp = Path(env["AIRFLOW_HOME"]) / ".trainops-db-migrated"
+    if stamp.exists():
+        return
+    print("preparing the Airflow database (SQLite) ...", flush=True)
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, stdout=subprocess.DEVNULL)
+    stamp.touch()
+
+
+def load_dag(dags_folder: str, dag_id: str):
+    """Import one DAG file from the dags folder the way the DAG processor would."""
+    import importlib.util
+
+    path = Path(dags_folder) / f"{dag_id}.py"
+    spec = importlib.util.spec_from_file_location(f"trainops_dags_{dag_id}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.dag
+
+
+def xcom_results(dag_id: str, run_id: str, task_ids) -> dict:
+    """The return values of a finished run's tasks, read from Airflow's metadata DB."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    out = {}
+    with create_session() as session:
+        for task_id in task_ids:
+            row = (
+                session.query(XComModel)
+                .filter_by(dag_id=dag_id, run_id=run_id, task_id=task_id, key="return_value")
+                .first()
+            )
+            out[task_id] = XComModel.deserialize_value(row) if row is not None else None
+    return out
+
+
+def run_demo(project_dir: str, corrupt_data: bool = False) -> int:
+    from trainops.cli.devenv import apply_dev_env
+
+    env = apply_dev_env(project_dir)
+    # dag.test() runs each trigger in this process: no scheduler to race (trainops.triggers.job)
+    os.environ.setdefault("AIRFLOW__TRAINOPS__TRIGGER_SETTLE_SECONDS", "0")
+    _ensure_airflow_db(env)
+    from trainops.cli import summary
+    from trainops.hooks.storage import storage_for
+    from trainops.settings import resolve_storage_root
+
+    started = time.monotonic()
+    dag = load_dag(env["AIRFLOW__CORE__DAGS_FOLDER"], DEMO_DAG)
+    dagrun = dag.test(run_conf={"corrupt_data": corrupt_data})
+    elapsed = time.monotonic() - started
+    root = resolve_storage_root(None)
+    results = xcom_results(DEMO_DAG, dagrun.run_id, DEMO_TASKS)
+    print(summary.render(summary.collect(storage_for(root, None), root, results, "demo-lm")))
+    print(f"DAG run {dagrun.run_id}: {dagrun.state} in {elapsed:.0f}s")
+    return 0 if str(dagrun.state) in ("success", "DagRunState.SUCCESS") else 1
+
+
+def run_rollback(model: str, version: int, *, reason: str, by: str | None, storage_root: str | None) -> int:
+    """``rollback``: print what changed, or the error on stderr (exit status 1)."""
+    import getpass
+
+    from trainops.hooks.storage import storage_for
+    from trainops.registry.promotion import PromotionError
+    from trainops.registry.rollback import rollback
+    from trainops.settings import resolve_storage_root
+
+    try:
+        root = resolve_storage_root(storage_root)
+        result = rollback(
+            storage_for(root, None), root, model, version, reason=reason, by=by or getpass.getuser()
+        )
+    except (PromotionError, ValueError) as exc:
+        print(f"rollback failed: {exc}", file=sys.stderr)
+        return 1
+    if result["changed"]:
+        print(
+            f"{model}: production is now v{version} (was v{result['previous_version']}); "
+            f"recorded in {result['production_uri']} as rollback by {result['by']}: "
+            f"{result['reason']}"
+        )
+    else:
+        print(f"{model}: v{version} already is production; nothing changed")
+    return 0
+
+
+def run_airflow(project_dir: str) -> int:
+    """``airflow standalone`` on the embedded default (scheduler, DAG processor, triggerer and
+    API server on http://localhost:8080), with this interpreter's ``bin`` first on PATH."""
+    from trainops.cli.devenv import apply_dev_env
+
+    apply_dev_env(project_dir)
+    bin_dir = os.path.dirname(sys.executable)
+    os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+    airflow = os.path.join(bin_dir, "airflow")
+    print(
+        f"airflow standalone with AIRFLOW_HOME={os.environ['AIRFLOW_HOME']}; the admin password "
+        "is printed below and kept in $AIRFLOW_HOME/simple_auth_manager_passwords.json.generated",
+        flush=True,
+    )
+    os.execv(airflow, [airflow, "standalone"])
+    return 0  # not reached
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainops", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="run the demo DAG on the embedded default and print a summary")
+    demo.add_argument(
+        "--project-dir",
+        default=os.getcwd(),
+        help="the checkout (holds dags/, plugins/; .airflow and .trainops go here)",
+    )
+    demo.add_argument(
+        "--corrupt-data",
+        action="store_true",
+        help="deliver data that fails its expectations (staging rejects it)",
+    )
+    standalone = sub.add_parser(
+        "airflow",
+        help="run Airflow (standalone) on the embedded default, "
+        "with the DAGs of this checkout, on http://localhost:8080",
+    )
+    standalone.add_argument(
+        "--project-dir",
+        default=os.getcwd(),
+        help="the checkout (holds dags/, plugins/; .airflow and .trainops go here)",
+    )
+    render = sub.add_parser("render-job", help="print the Kubernetes manifests of a JobSpec (dry run)")
+    render.add_argument("spec", metavar="SPEC.json", help="a JobSpec in its JSON form")
+    back = sub.add_parser("rollback", help="point a model's production back at an earlier version")
+    back.add_argument("model", metavar="MODEL", help="the model name, e.g. demo-lm")
+    back.add_argument("version", metavar="VERSION", type=int, help="the version to return to")
+    back.add_argument("--reason", required=True, help="why; kept in the pointer's history")
+    back.add_argument("--by", default=None, help="who asks for it (default: the OS user)")
+    back.add_argument(
+        "--storage-root",
+        default=None,
+        help="file:///abs/path or s3://bucket/prefix (default: $TRAINOPS_STORAGE_ROOT)",
+    )
+    args = parser.parse_args(argv)
+    if args.command == "rollback":
+        return run_rollback(
+            args.model, args.version, reason=args.reason, by=args.by, storage_root=args.storage_root
+        )
+    if args.command == "demo":
+        return run_demo(args.project_dir, corrupt_data=args.corrupt_data)
+    if args.command == "airflow":
+        return run_airflow(args.project_dir)
+    if args.command == "render-job":
+        from trainops.cli.render_job import main as render_job
+
+        return render_job(args.spec)
+    return 2

@@ -1,0 +1,429 @@
+"""The Kubernetes backend: submit, watch and delete job gangs through the cncf-kubernetes
+provider's ``KubernetesHook`` (an Airflow connection says which cluster).
+
+Same interface as ``LocalCluster``; handles are plain dicts (XCom and trigger safe). What an
+attempt's state means is decided by the pure ``k8s_classify.job_state``; this module only
+reads and writes API objects.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import UTC, datetime
+
+from trainops.cluster.kubernetes import logs
+from trainops.cluster.kubernetes import names as k8s_names
+from trainops.cluster.kubernetes import nodes as k8s_nodes
+from trainops.cluster.kubernetes import state as k8s_classify
+from trainops.cluster.kubernetes.kinds import pod_selector
+
+log = logging.getLogger(__name__)
+# kind -> (group, version, plural) of the objects created through the custom objects API
+CUSTOM_KINDS = {
+    "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"),
+    "TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"),
+    "PodGroup": ("scheduling.volcano.sh", "v1beta1", "podgroups"),
+}
+JOB_KINDS = {"Job": "indexed-job", "PyTorchJob": "pytorchjob", "TrainJob": "trainjob"}
+API_KINDS = {v: k for k, v in JOB_KINDS.items()}  # handle kind -> API kind
+FINISHED_POD_PHASES = ("Succeeded", "Failed")
+
+
+def label_selector(labels: dict) -> str:
+    """``k=v,...`` with values fitted as they were on the objects (``k8s_names.label_value``)."""
+    return ",".join(f"{k}={k8s_names.label_value(v)}" for k, v in sorted(labels.items()))
+
+
+def _status_code(exc: Exception) -> int | None:
+    return getattr(exc, "status", None)
+
+
+class KubernetesCluster:
+    """Launch, watch and delete jobs on a Kubernetes cluster.
+
+    :param kubernetes_conn_id: the Airflow connection of the cluster (``KubernetesHook``).
+    :param namespace: where to look for jobs (``find``); default: the connection's
+        namespace, else ``default``. Jobs are created in their JobSpec's namespace.
+    :param unschedulable_deadline_s: seconds pods may stay unschedulable before the attempt
+        counts as an infrastructure failure (not while Kueue holds it suspended).
+    :param hook: a ready hook (tests); default: ``KubernetesHook(conn_id=kubernetes_conn_id)``,
+        created on first use.
+    :param clock: the current time in epoch seconds (tests); default ``time.time``.
+    """
+
+    name = "kubernetes"
+    log_limit_bytes = 1 << 20  # the most one ``log_lines`` call reads from the API
+
+    def __init__(
+        self,
+        kubernetes_conn_id: str | None = "kubernetes_default",
+        namespace: str | None = None,
+        unschedulable_deadline_s: float = 900,
+        hook=None,
+        clock=time.time,
+    ):
+        self.kubernetes_conn_id = kubernetes_conn_id
+        self._namespace = namespace
+        self.unschedulable_deadline_s = unschedulable_deadline_s
+        self._hook = hook
+        self._clock = clock
+        self._read_nodes = True  # off after a 403: the node check needs a ClusterRole
+        self._node_labels = {}  # node name -> its labels (None: gone before it was read)
+        self._serializer = None
+
+    # -- plumbing --------------------------------------------------------------------
+    @property
+    def hook(self):
+        if self._hook is None:
+            from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+            self._hook = KubernetesHook(conn_id=self.kubernetes_conn_id)
+        return self._hook
+
+    @property
+    def namespace(self) -> str:
+        return self._namespace or self.hook.get_namespace() or "default"
+
+    def _plain(self, obj):
+        """The API's JSON form (camelCase dicts) of what the client returned."""
+        if obj is None or isinstance(obj, dict):
+            return obj
+        if self._serializer is None:
+            from kubernetes.client import ApiClient
+
+            self._serializer = ApiClient()
+        return self._serializer.sanitize_for_serialization(obj)
+
+    def _ignore_missing(self, call, *args, **kwargs):
+        """``call`` result, or None when the object is not there (404)."""
+        try:
+            return call(*args, **kwargs)
+        except Exception as exc:
+            if _status_code(exc) == 404:
+                return None
+            raise
+
+    # -- interface -------------------------------------------------------------------
+    def launch(self, spec, *, chaos: dict | None = None) -> dict:
+        """Create the rendered objects (Service, PodGroup, then the job) and return the handle.
+        If one cannot be created, the ones already created are deleted again."""
+        from trainops.cluster.kubernetes.render import render_manifests
+
+        if chaos:
+            raise ValueError(f"injected preemptions ({chaos!r}) work only on cluster='local'")
+
+        if self._namespace and self._namespace != spec.namespace:
+            raise ValueError(
+                f"JobSpec namespace {spec.namespace!r} differs from the backend's "
+                f"namespace {self._namespace!r}: set the same namespace on both"
+            )
+        manifests = render_manifests(spec)
+        job = manifests[-1]
+        handle = {
+            "cluster": self.name,
+            "job_id": job["metadata"]["name"],
+            "kind": JOB_KINDS[job["kind"]],
+            "namespace": spec.namespace,
+            "labels": dict(spec.labels),
+            "manifests": [
+                {"apiVersion": m["apiVersion"], "kind": m["kind"], "name": m["metadata"]["name"]}
+                for m in manifests
+            ],
+        }
+        created = []
+        try:
+            for manifest in manifests:
+                self._create(manifest, spec.namespace, is_job=manifest is job)
+                created.append(manifest)
+        except Exception:
+            try:
+                self._delete_objects([_ref(m) for m in created], spec.namespace)
+            except Exception:  # the creation error is the one to report
+                log.exception("could not delete %s after a failed launch", [_ref(m) for m in created])
+            raise
+        return handle
+
+    def _create(self, manifest: dict, namespace: str, is_job: bool) -> None:
+        kind, name = manifest["kind"], manifest["metadata"]["name"]
+        try:
+            if kind == "Service":
+                self.hook.core_v1_client.create_namespaced_service(namespace, manifest)
+            elif kind == "Job":
+                self.hook.batch_v1_client.create_namespaced_job(namespace, manifest)
+            else:
+                group, version, plural = CUSTOM_KINDS[kind]
+                self.hook.custom_object_client.create_namespaced_custom_object(
+                    group, version, namespace, plural, manifest
+                )
+        except Exception as exc:
+            if _status_code(exc) != 409:
+                raise
+            if is_job:
+                raise RuntimeError(
+                    f"{kind} {name!r} already exists in namespace {namespace!r}: a previous launch "
+                    f"of this attempt is still there; delete it (kubectl -n {namespace} delete "
+                    f"{kind.lower()} {name}) or let the operator reattach to it"
+                ) from exc
+            # Services and PodGroups are derived from the JobSpec alone: an existing one fits.
+
+    def _read_job(self, handle: dict) -> dict | None:
+        ns, name = handle["namespace"], handle["job_id"]
+        if handle["kind"] in ("pytorchjob", "trainjob"):
+            group, version, plural = CUSTOM_KINDS[API_KINDS[handle["kind"]]]
+            return self._plain(
+                self._ignore_missing(
+                    self.hook.custom_object_client.get_namespaced_custom_object,
+                    group,
+                    version,
+                    ns,
+                    plural,
+                    name,
+                )
+            )
+        return self._plain(self._ignore_missing(self.hook.batch_v1_client.read_namespaced_job, name, ns))
+
+    def _pods(self, handle: dict) -> list[dict]:
+        pods = self.hook.core_v1_client.list_namespaced_pod(
+            handle["namespace"], label_selector=label_selector(pod_selector(handle["kind"], handle["job_id"]))
+        )
+        return self._plain(pods).get("items") or []
+
+    def _read_node(self, name: str) -> dict | None:
+        """The node ``name``, or None when it is gone; remembers its labels."""
+        node = self._plain(self._ignore_missing(self.hook.core_v1_client.read_node, name))
+        if node is not None:
+            self._node_labels[name] = dict((node.get("metadata") or {}).get("labels") or {})
+        return node
+
+    def _read_nodes_or_none(self, names: list[str]) -> list[dict | None] | None:
+        """The nodes ``names`` (None for a gone one), or None if we may not read nodes."""
+        if not self._read_nodes:
+            return None
+        try:
+            return [self._read_node(name) for name in names]
+        except Exception as exc:
+            if _status_code(exc) != 403:
+                raise
+            self._read_nodes = False  # no ClusterRole for nodes: rely on pod conditions
+            return None
+
+    def _nodes_present(self, pods: list[dict]) -> set[str] | None:
+        """Which of the running pods' nodes still exist (read at every call: a node can
+        vanish any time); None if we may not read nodes."""
+        names = sorted(
+            {
+                p["spec"]["nodeName"]
+                for p in pods
+                if (p.get("spec") or {}).get("nodeName")
+                and (p.get("status") or {}).get("phase") not in FINISHED_POD_PHASES
+            }
+        )
+        nodes = self._read_nodes_or_none(names)
+        if nodes is None:
+            return None
+        return {name for name, node in zip(names, nodes, strict=False) if node is not None}
+
+    def _node_types(self, pods: list[dict]) -> dict[str, dict]:
+        """``k8s_nodes.node_type`` of each of the pods' nodes. Labels do not change, so a node
+        is read once (``_nodes_present`` reads the running pods' nodes anyway)."""
+        names = {(p.get("spec") or {}).get("nodeName") for p in pods} - {None}
+        unread = sorted(names - set(self._node_labels))
+        for name, node in zip(unread, self._read_nodes_or_none(unread) or [], strict=False):
+            if node is None:
+                self._node_labels[name] = None  # gone before we read it: do not ask again
+        return {name: k8s_nodes.node_type(self._node_labels.get(name)) for name in names}
+
+    def status(self, handle: dict) -> dict:
+        """The attempt's state (``k8s_classify.job_state``): phase, reason, nodes, disruptions.
+        Each of ``nodes`` also has ``instance_type`` and ``capacity_type`` (``spot``,
+        ``on-demand``; None when unknown or nodes may not be read)."""
+        job = self._read_job(handle)
+        pods = self._pods(handle)
+        state = k8s_classify.job_state(
+            job,
+            pods,
+            now=datetime.now(UTC),
+            unschedulable_deadline_s=self.unschedulable_deadline_s,
+            node_names_present=self._nodes_present(pods),
+        )
+        types = self._node_types(pods)
+        unknown = k8s_nodes.node_type(None)
+        state["nodes"] = [{**node, **types.get(node.get("node_name"), unknown)} for node in state["nodes"]]
+        return state
+
+    def delete(self, handle: dict) -> None:
+        """Delete the job (Foreground: its pods go first, each with its grace period) and its
+        Service and PodGroup. Missing objects are fine."""
+        refs = handle.get("manifests") or [{"kind": API_KINDS[handle["kind"]], "name": handle["job_id"]}]
+        self._delete_objects(refs, handle["namespace"])
+
+    def _delete_objects(self, refs: list[dict], namespace: str) -> None:
+        for ref in reversed(refs):  # the job first, then what its pods used
+            kind, name = ref["kind"], ref["name"]
+            if kind == "Service":
+                self._ignore_missing(self.hook.core_v1_client.delete_namespaced_service, name, namespace)
+            elif kind == "Job":
+                self._ignore_missing(
+                    self.hook.batch_v1_client.delete_namespaced_job,
+                    name,
+                    namespace,
+                    propagation_policy="Foreground",
+                )
+            else:
+                group, version, plural = CUSTOM_KINDS[kind]
+                self._ignore_missing(
+                    self.hook.custom_object_client.delete_namespaced_custom_object,
+                    group,
+                    version,
+                    namespace,
+                    plural,
+                    name,
+                    propagation_policy="Foreground",
+                )
+
+    def all_gone(self, handle: dict) -> bool:
+        """True once no pod of the attempt is left (relaunch only then: no late commit races)."""
+        return not self._pods(handle)
+
+    def find(self, labels: dict) -> list[dict]:
+        """Handles of live (not finished) jobs in ``namespace`` whose labels include ``labels``."""
+        ns, selector = self.namespace, label_selector(labels)
+        jobs = (
+            self._plain(self.hook.batch_v1_client.list_namespaced_job(ns, label_selector=selector)).get(
+                "items"
+            )
+            or []
+        )
+        for kind in ("PyTorchJob", "TrainJob"):
+            group, version, plural = CUSTOM_KINDS[kind]
+            # 404: that CRD (Training Operator, Trainer v2) is not installed: there are none
+            listed = self._ignore_missing(
+                self.hook.custom_object_client.list_namespaced_custom_object,
+                group,
+                version,
+                ns,
+                plural,
+                label_selector=selector,
+            )
+            jobs += (listed or {}).get("items") or []
+        found = []
+        for job in jobs:
+            meta = job["metadata"]
+            if k8s_classify.job_outcome(job)[0] in ("succeeded", "failed"):
+                continue
+            name = meta["name"]
+            manifests = [{"apiVersion": job.get("apiVersion"), "kind": job.get("kind"), "name": name}]
+            if job.get("kind") == "Job":  # its Service and PodGroup share its name
+                manifests = [
+                    {"apiVersion": "v1", "kind": "Service", "name": name},
+                    {"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup", "name": name},
+                    *manifests,
+                ]
+            found.append(
+                {
+                    "cluster": self.name,
+                    "job_id": name,
+                    "kind": JOB_KINDS[job["kind"]],
+                    "namespace": meta.get("namespace", ns),
+                    "labels": dict(meta.get("labels") or {}),
+                    "manifests": manifests,
+                }
+            )
+        return found
+
+    def _read_log(self, pod: dict, namespace: str, **options) -> bytes:
+        """The raw log of ``pod``'s trainer container. Raw, not the client's str: it would
+        json-parse the body, and client 36 returns the repr of the bytes (``"b'...'"``)."""
+        response = self.hook.core_v1_client.read_namespaced_pod_log(
+            pod["metadata"]["name"],
+            namespace,
+            container=k8s_classify.trainer_container(pod),
+            _preload_content=False,
+            **options,
+        )
+        try:
+            return response.data
+        finally:
+            response.release_conn()
+
+    def logs_tail(self, handle: dict, lines: int = 30) -> str:
+        """The last ``lines`` lines of each pod's trainer container, prefixed ``[node-<i>]``."""
+        out = []
+        for pod in sorted(self._pods(handle), key=lambda p: k8s_classify.node_index(p) or 0):
+            name, index = pod["metadata"]["name"], k8s_classify.node_index(pod)
+            try:
+                text = self._read_log(pod, handle["namespace"], tail_lines=lines).decode(
+                    "utf-8", errors="replace"
+                )
+            except Exception as exc:  # a pod that never started has no log; say so
+                text = f"(no log for pod {name}: {getattr(exc, 'reason', None) or exc})"
+            out += [f"[node-{index}] {line}" for line in text.splitlines()]
+        return "\n".join(out)
+
+    def _node0_pod(self, handle: dict) -> dict | None:
+        """The newest pod of gang index 0 (a retried index leaves its failed pod behind)."""
+        pods = [p for p in self._pods(handle) if k8s_classify.node_index(p) == 0]
+        return max(pods, key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp")), default=None)
+
+    def log_lines(self, handle: dict, cursor: dict | None, max_lines: int = 200) -> tuple[list[str], dict]:
+        """New lines of node 0's trainer log since ``cursor`` (None: start), and the next cursor.
+
+        The cursor is plain JSON, ``{"pod", "ts", "n"}`` (``k8s_logs``). A first read (no
+        cursor, or another pod's after a relaunch) returns the pod's last lines. Never raises
+        for a pod that has not started yet or is gone: returns ``([], cursor)``. At most
+        ``max_lines`` lines per call; when more were available, the first returned line says
+        how many were skipped (``(… 1234 earlier lines skipped)``) and the newest follow.
+        """
+        if max_lines < 1:
+            raise ValueError(f"max_lines must be at least 1, not {max_lines}")
+        pod = self._node0_pod(handle)
+        if pod is None or (pod.get("status") or {}).get("phase") == "Pending":
+            return [], cursor
+        first = logs.first_read(cursor, pod["metadata"]["name"])
+        try:
+            lines, next_cursor, stuck = self._read_new_lines(handle, pod, cursor, max_lines, first)
+            if stuck:  # a byte-capped read held only lines seen already: skip to the newest
+                lines, next_cursor, _ = self._read_new_lines(handle, pod, cursor, max_lines, True)
+        except Exception as exc:
+            status = _status_code(exc)
+            if status == 404 or logs.not_started(
+                status, f"{getattr(exc, 'reason', '')} {getattr(exc, 'body', '')}"
+            ):
+                return [], cursor
+            raise
+        return lines, next_cursor
+
+    def _read_new_lines(
+        self, handle: dict, pod: dict, cursor: dict | None, max_lines: int, tailed: bool
+    ) -> tuple[list[str], dict, bool]:
+        """One timestamped read of ``pod``'s log: its last lines (``tailed``) or all since the
+        cursor, capped at ``log_limit_bytes``. Returns the new lines, the next cursor and
+        whether the read was capped before it reached a new line."""
+        window = (
+            {"tail_lines": max_lines + 1}
+            if tailed
+            else {"since_seconds": logs.since_seconds(cursor["ts"], self._clock())}
+        )
+        data = self._read_log(
+            pod, handle["namespace"], timestamps=True, limit_bytes=self.log_limit_bytes, **window
+        )
+        capped = len(data) >= self.log_limit_bytes
+        finished = (pod.get("status") or {}).get("phase") in FINISHED_POD_PHASES
+        lines, next_cursor = logs.new_lines(
+            data.decode("utf-8", errors="replace"),
+            cursor,
+            pod["metadata"]["name"],
+            max_lines,
+            tailed=tailed,
+            keep_partial=finished and not capped,
+        )
+        return lines, next_cursor, capped and not lines and not tailed
+
+
+def _ref(manifest: dict) -> dict:
+    return {
+        "apiVersion": manifest["apiVersion"],
+        "kind": manifest["kind"],
+        "name": manifest["metadata"]["name"],
+    }

@@ -1,0 +1,124 @@
+"""Node 0's trainer log a few lines at a time: the pure half of ``KubernetesCluster.log_lines``
+(parsing the API's timestamped lines, dropping what the cursor has seen, capping a call's
+lines). Plain strings and dicts in and out; the cursor is plain JSON.
+
+The pod log API has no "since this line": a read asks ``since_seconds`` (whole seconds, so a
+little more than needed) with ``timestamps=True``, and the lines the previous read already
+returned are dropped by their timestamps. The cursor is ``{"pod", "ts", "n"}``: the pod it
+belongs to, the last timestamp seen (as the API wrote it) and how many lines carried exactly
+that timestamp.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import datetime
+
+# RFC 3339 with up to nanoseconds, as the kubelet writes it (Go's RFC3339Nano drops trailing
+# zeros, so "…:05Z" < "…:05.5Z" < "…:05.12Z" in time but not as strings: compare parsed).
+TIMESTAMP = re.compile(r"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?(Z|[+-]\d{2}:\d{2})")
+# the messages of the 400 the API answers for a container that has not started yet
+NOT_STARTED = ("ContainerCreating", "PodInitializing", "waiting to start")
+
+
+def skipped_notice(count: int | None) -> str:
+    """The line standing for ``count`` lines left out (None: an unknown number)."""
+    return "(… earlier lines skipped)" if count is None else f"(… {count} earlier lines skipped)"
+
+
+def cap_lines(newest: list[str], max_lines: int, total: int | None) -> list[str]:
+    """At most ``max_lines`` lines: ``newest`` when all ``total`` lines fit, else a notice of
+    how many were skipped followed by the newest ``max_lines - 1``.
+
+    :param newest: the newest lines, oldest first (at least ``max_lines`` when there are more).
+    :param total: how many lines there were in all; None: more than fit, how many is unknown.
+    """
+    if total is not None and total <= max_lines:
+        return list(newest)
+    keep = list(newest[-(max_lines - 1) :]) if max_lines > 1 else []
+    return [skipped_notice(None if total is None else total - len(keep)), *keep]
+
+
+def timestamp_key(ts: str | None) -> tuple[int, int] | None:
+    """(epoch seconds, nanoseconds) of an RFC 3339 timestamp, for ordering; None if it is not one."""
+    match = TIMESTAMP.fullmatch(ts or "")
+    if not match:
+        return None
+    base, fraction, zone = match.groups()
+    seconds = datetime.fromisoformat(base + ("+00:00" if zone == "Z" else zone)).timestamp()
+    return int(seconds), int((fraction or "").ljust(9, "0"))
+
+
+def split_timestamp(line: str) -> tuple[str | None, str]:
+    """(timestamp, text) of one ``timestamps=True`` line; (None, line) when it has none."""
+    ts, _, text = line.partition(" ")
+    return (ts, text) if timestamp_key(ts) is not None else (None, line)
+
+
+def since_seconds(ts: str, now: float) -> int:
+    """The ``since_seconds`` that covers everything from ``ts`` on, read at ``now`` (epoch s)."""
+    seconds, nanos = timestamp_key(ts)
+    return max(1, math.ceil(now - (seconds + nanos / 1e9)) + 1)
+
+
+def first_read(cursor: dict | None, pod: str) -> bool:
+    """True when ``cursor`` has seen nothing of ``pod`` (none yet, or another pod's)."""
+    return not cursor or cursor.get("pod") != pod or not cursor.get("ts")
+
+
+def not_started(status: int | None, message: str) -> bool:
+    """True for the API error of a log read whose container has not started yet."""
+    return status == 400 and any(m in message for m in NOT_STARTED)
+
+
+def new_lines(
+    text: str,
+    cursor: dict | None,
+    pod: str,
+    max_lines: int,
+    *,
+    tailed: bool = False,
+    keep_partial: bool = True,
+) -> tuple[list[str], dict]:
+    """The lines of ``text`` that ``cursor`` has not seen, capped to ``max_lines``, without
+    their timestamps; and the next cursor.
+
+    :param text: what a ``timestamps=True`` read of ``pod``'s log returned.
+    :param cursor: the previous call's cursor; one of another pod counts as none.
+    :param tailed: ``text`` is the log's last ``max_lines + 1`` lines, not all since the
+        cursor: earlier unseen lines may exist (how many is unknown) when a first read got more
+        than ``max_lines`` lines, or when a read past a cursor reaches back to none it saw.
+    :param keep_partial: False: a last line without a newline (a read cut at ``limit_bytes``,
+        or a line still being written) is left for the next read.
+    """
+    seen = None if first_read(cursor, pod) else cursor
+    after = timestamp_key(seen["ts"]) if seen else None
+    dedupe = int(seen.get("n") or 0) if seen else 0
+    lines = text.split("\n")
+    partial = lines.pop()  # "" when text ends with a newline
+    if partial and keep_partial:
+        lines.append(partial)
+    new, window, overlap = [], [], False  # window: (ts, key) of every line at or after the cursor
+    ts, key = (seen["ts"], after) if seen else (None, None)
+    for line in lines:
+        line_ts, body = split_timestamp(line)
+        if line_ts is not None:  # a line without one (never seen in practice) keeps the last
+            ts, key = line_ts, timestamp_key(line_ts)
+        if after is not None and key is not None and key < after:
+            overlap = True
+            continue
+        window.append((ts, key))
+        if after is not None and key == after and dedupe > 0:
+            dedupe, overlap = dedupe - 1, True
+            continue
+        new.append(body.rstrip("\r"))
+    next_cursor = {"pod": pod, "ts": seen["ts"] if seen else None, "n": seen["n"] if seen else 0}
+    if window and window[-1][1] is not None:
+        last_ts, last_key = window[-1]
+        count = sum(1 for _, k in window if k == last_key)
+        if last_key == after:  # a tail may hold fewer of them than were seen
+            count = max(count, int(seen.get("n") or 0))
+        next_cursor = {"pod": pod, "ts": last_ts, "n": count}
+    gap = tailed and not overlap and (seen is not None or len(lines) > max_lines)
+    return cap_lines(new, max_lines, None if gap else len(new)), next_cursor

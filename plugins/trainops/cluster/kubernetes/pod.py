@@ -1,0 +1,192 @@
+"""The pod every kind runs: one torchrun agent (or one plain process) per node.
+
+Every GPU pod gets ``nvidia.com/gpu`` limits, a memory-backed ``/dev/shm``, the NCCL tuning
+variables, a grace period that torchrun's shutdown timeout fits inside, and a non-root
+security context. Credentials arrive only by Secret reference or through the service
+account (IRSA, workload identity), never as literal values.
+"""
+
+from __future__ import annotations
+
+import re
+
+from trainops.cluster.kubernetes import names
+from trainops.cluster.kubernetes import placement as k8s_placement
+from trainops.cluster.spec import JobSpecError
+
+TRAINER_UID = 10001  # the trainer image's user
+RDZV_PORT = 29500
+SHM_PATH = "/dev/shm"
+CACHE_PATH = "/var/cache/trainops"
+
+_CREDENTIAL_NAMES = {"AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN"}
+_CREDENTIAL_SUFFIXES = ("_PASSWORD", "_TOKEN", "_SECRET", "_SECRET_KEY", "_API_KEY")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NCCL = ("NCCL_", "TORCH_NCCL_")
+
+
+def looks_like_credential(name: str) -> bool:
+    upper = name.upper()
+    return upper in _CREDENTIAL_NAMES or upper.endswith(_CREDENTIAL_SUFFIXES)
+
+
+def check_env(spec) -> None:
+    """Reject literal credentials and misplaced NCCL variables, naming the variable."""
+    for source, env in (("env", spec.env), ("nccl_env", spec.nccl_env)):
+        for name in env:
+            if not _ENV_NAME.match(name):
+                raise JobSpecError(f"JobSpec {source} name {name!r} is not a valid variable name")
+            if looks_like_credential(name):
+                raise JobSpecError(
+                    f"JobSpec {source} {name!r} looks like a credential: never pass secrets as "
+                    "literal values; use env_from_secrets (a Secret name, or "
+                    '{"env": ..., "secret": ..., "key": ...}) or a service_account (IRSA, '
+                    "workload identity)"
+                )
+    for name in spec.nccl_env:
+        if not name.startswith(_NCCL):
+            raise JobSpecError(
+                f"JobSpec nccl_env {name!r} is not an NCCL variable (NCCL_* or TORCH_NCCL_*): put it in env"
+            )
+
+
+def command(spec, job_name: str, rdzv_endpoint: str, is_host: bool | None) -> list[str]:
+    """The container's argument list: ``args``, wrapped in torchrun when distributed."""
+    if not spec.distributed:
+        return list(spec.args)
+    from trainer.contract import torchrun_argv
+
+    return torchrun_argv(
+        spec.args,
+        nnodes=spec.nodes,
+        nproc_per_node=spec.procs_per_node,
+        rdzv_endpoint=rdzv_endpoint,
+        rdzv_id=job_name,
+        shutdown_timeout_s=spec.shutdown_timeout_s,
+        is_host=is_host,
+    )
+
+
+def static_command(spec) -> list[str]:
+    """The argument list for a runtime that hands torchrun its rendezvous through ``PET_*``
+    variables (Kubeflow Trainer v2 sets ``PET_NNODES``, ``PET_NPROC_PER_NODE``,
+    ``PET_NODE_RANK``, ``PET_MASTER_ADDR`` and ``PET_MASTER_PORT``): torchrun's static
+    rendezvous, so our c10d flags are left out; the shutdown timeout and ``--max-restarts=0``
+    stay. ``args`` unchanged when not distributed."""
+    argv = command(spec, "", "", is_host=None)
+    if not spec.distributed:
+        return argv
+    end = argv.index("-m", 3)  # torchrun's own flags end where ``-m trainer`` starts
+    return [*argv[:3], *(a for a in argv[3:end] if not a.startswith("--rdzv-")), *argv[end:]]
+
+
+def env_vars(spec) -> list[dict]:
+    """The container's ``env``: cache dir, unbuffered output, ``env``, ``nccl_env``, then the
+    single-key Secret references (``valueFrom.secretKeyRef``)."""
+    plain = {"TRAINOPS_CACHE_DIR": CACHE_PATH, "PYTHONUNBUFFERED": "1", **spec.env, **spec.nccl_env}
+    out = [{"name": k, "value": v} for k, v in plain.items()]
+    for ref in spec.env_from_secrets:
+        if isinstance(ref, dict):
+            out.append(
+                {
+                    "name": ref["env"],
+                    "valueFrom": {"secretKeyRef": {"name": ref["secret"], "key": ref["key"]}},
+                }
+            )
+    return out
+
+
+def env_from(spec) -> list[dict]:
+    """``envFrom`` for the whole-Secret entries of ``env_from_secrets`` (every key a variable)."""
+    return [{"secretRef": {"name": ref}} for ref in spec.env_from_secrets if isinstance(ref, str)]
+
+
+def resources(spec) -> dict:
+    """Requests cpu, memory (and GPUs); limits memory (and GPUs): GPU requests = limits."""
+    out = {"requests": {"cpu": spec.cpu, "memory": spec.memory}, "limits": {"memory": spec.memory}}
+    if spec.gpus_per_node > 0:
+        out["requests"]["nvidia.com/gpu"] = str(spec.gpus_per_node)
+        out["limits"]["nvidia.com/gpu"] = str(spec.gpus_per_node)
+    return out
+
+
+def volumes(spec) -> list[dict]:
+    """The memory-backed ``/dev/shm`` (``shm_size``) and the node-local cache."""
+    return [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}},
+        {"name": "cache", "emptyDir": {}},
+    ]
+
+
+def volume_mounts() -> list[dict]:
+    return [{"name": "dshm", "mountPath": SHM_PATH}, {"name": "cache", "mountPath": CACHE_PATH}]
+
+
+def container(spec, name: str, argv: list[str], port_name: str = "rendezvous") -> dict:
+    out = {
+        "name": name,
+        "image": spec.image,
+        "command": argv,
+        "env": env_vars(spec),
+        "resources": resources(spec),
+        "volumeMounts": volume_mounts(),
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": TRAINER_UID,
+            "runAsGroup": TRAINER_UID,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    secrets = env_from(spec)
+    if secrets:
+        out["envFrom"] = secrets
+    if spec.distributed:
+        out["ports"] = [{"name": port_name, "containerPort": RDZV_PORT, "protocol": "TCP"}]
+    return out
+
+
+def pod_metadata(
+    spec, extra_labels: dict[str, str] | None = None, extra_annotations: dict[str, str] | None = None
+) -> dict:
+    meta = {"labels": names.labels({**spec.labels, **(extra_labels or {})})}
+    annotations = {**spec.annotations, **(extra_annotations or {})}
+    if annotations:
+        meta["annotations"] = annotations
+    return meta
+
+
+def pod_spec(spec, container_spec: dict, *, subdomain: str | None = None) -> dict:
+    """The pod spec around one container: placement, grace, volumes, identity."""
+    check_env(spec)
+    out = {
+        "restartPolicy": "Never",  # recovery is a whole-gang relaunch by the operator
+        "terminationGracePeriodSeconds": spec.termination_grace_seconds,
+        "containers": [container_spec],
+        "volumes": volumes(spec),
+        "affinity": k8s_placement.affinity(spec),
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": TRAINER_UID,
+            "runAsGroup": TRAINER_UID,
+            "fsGroup": TRAINER_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "enableServiceLinks": False,
+        # The trainer never calls the Kubernetes API. IRSA and workload identity inject their
+        # own tokens, independent of this setting.
+        "automountServiceAccountToken": False,
+    }
+    tolerations = k8s_placement.tolerations(spec)
+    if tolerations:
+        out["tolerations"] = tolerations
+    if spec.service_account:
+        out["serviceAccountName"] = spec.service_account
+    if spec.priority_class:
+        out["priorityClassName"] = spec.priority_class
+    if spec.scheduler.startswith("volcano"):
+        out["schedulerName"] = "volcano"
+    if subdomain:
+        out["subdomain"] = subdomain
+    return out

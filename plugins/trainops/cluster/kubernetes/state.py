@@ -1,0 +1,287 @@
+"""The cluster's view of one attempt (its Job, PyTorchJob or TrainJob and its pods) -> the
+backend state that ``trainops.recovery.classify.classify_attempt`` reads. Pure: plain dicts in (the API's
+JSON form, camelCase), a plain dict out.
+
+Exit codes are never read as preemption: torchrun exits 1 on SIGTERM whatever its workers
+did. Preemption shows as a pod's ``DisruptionTarget`` condition, a node-shutdown pod reason,
+or a pod whose node is gone.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+REPLICA_TYPE = "training.kubeflow.org/replica-type"
+REPLICA_INDEX = "training.kubeflow.org/replica-index"
+TRAINER_CONTAINERS = ("pytorch", "trainer", "node")  # PyTorchJob's, Indexed Job's, TrainJob's
+NODE_SHUTDOWN_REASONS = ("Shutdown", "Terminated", "NodeShutdown")  # graceful node shutdown
+IMAGE_PULL_REASONS = ("ImagePullBackOff", "ErrImagePull")
+CONFIG_ERROR_REASONS = ("InvalidImageName", "CreateContainerConfigError", "CreateContainerError")
+
+
+def _conditions(obj: dict | None) -> list[dict]:
+    return ((obj or {}).get("status") or {}).get("conditions") or []
+
+
+def _true(obj: dict | None, ctype: str) -> dict | None:
+    """The condition ``ctype`` when its status is True."""
+    for cond in _conditions(obj):
+        if cond.get("type") == ctype and str(cond.get("status")) == "True":
+            return cond
+    return None
+
+
+def _time(value) -> datetime | None:
+    if isinstance(value, datetime):
+        return value
+    if not value:
+        return None
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+
+
+def node_index(pod: dict) -> int | None:
+    """The gang index of a pod: the completion index of an Indexed Job's pod (a TrainJob's
+    pods too: JobSet's ``jobset.sigs.k8s.io/job-index`` numbers the Jobs of a replicated job,
+    always 0 here, not the pods), or the PyTorchJob's replica (Master is 0, Worker i is
+    i + 1)."""
+    meta = pod.get("metadata") or {}
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    index = annotations.get(COMPLETION_INDEX, labels.get(COMPLETION_INDEX))
+    if index is not None:
+        return int(index)
+    if REPLICA_INDEX in labels:
+        offset = 0 if str(labels.get(REPLICA_TYPE, "")).lower() == "master" else 1
+        return int(labels[REPLICA_INDEX]) + offset
+    return None
+
+
+def trainer_container(pod: dict) -> str | None:
+    """The container running torchrun: ``pytorch``, ``trainer`` or ``node``, else the first."""
+    names = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []]
+    for name in TRAINER_CONTAINERS:
+        if name in names:
+            return name
+    return names[0] if names else None
+
+
+def _container_status(pod: dict) -> dict:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    name = trainer_container(pod)
+    for status in statuses:
+        if status.get("name") == name:
+            return status
+    return statuses[0] if statuses else {}
+
+
+def node_of(pod: dict) -> dict:
+    """One entry of ``nodes``: index, pod, node_name, phase, exit_code and reason."""
+    status = pod.get("status") or {}
+    cstate = _container_status(pod).get("state") or {}
+    terminated, waiting = cstate.get("terminated") or {}, cstate.get("waiting") or {}
+    disruption = _true(pod, "DisruptionTarget")
+    reason = (
+        (terminated.get("reason") if terminated.get("reason") == "OOMKilled" else None)
+        or (disruption or {}).get("reason")
+        or status.get("reason")
+        or waiting.get("reason")
+        or terminated.get("reason")
+    )
+    return {
+        "index": node_index(pod),
+        "pod": (pod.get("metadata") or {}).get("name"),
+        "node_name": (pod.get("spec") or {}).get("nodeName"),
+        "phase": status.get("phase"),
+        "exit_code": terminated.get("exitCode"),
+        "reason": reason,
+        "message": terminated.get("message") or waiting.get("message") or status.get("message"),
+    }
+
+
+def disruption_of(pod: dict, node: dict, node_names_present: set[str] | None) -> dict | None:
+    """Why the cluster took this pod away, or None if it did not."""
+    status = pod.get("status") or {}
+    cond = _true(pod, "DisruptionTarget")
+    if cond:
+        return {
+            "node": node["index"],
+            "pod": node["pod"],
+            "reason": cond.get("reason"),
+            "message": cond.get("message") or f"pod {node['pod']} was disrupted",
+        }
+    if status.get("phase") == "Failed" and status.get("reason") in NODE_SHUTDOWN_REASONS:
+        return {
+            "node": node["index"],
+            "pod": node["pod"],
+            "reason": status["reason"],
+            "message": status.get("message") or f"node {node['node_name']} shut down",
+        }
+    if (
+        node_names_present is not None
+        and node["node_name"]
+        and node["node_name"] not in node_names_present
+        and status.get("phase") not in ("Succeeded", "Failed")
+    ):
+        return {
+            "node": node["index"],
+            "pod": node["pod"],
+            "reason": "NodeLost",
+            "message": f"node {node['node_name']} of pod {node['pod']} no longer exists",
+        }
+    return None
+
+
+def job_outcome(job: dict) -> tuple[str | None, str | None]:
+    """(``succeeded``/``failed``/``suspended``/None, reason) from a Job, PyTorchJob or
+    TrainJob."""
+    if job.get("kind") == "PyTorchJob":
+        for ctype, phase in (("Succeeded", "succeeded"), ("Failed", "failed")):
+            cond = _true(job, ctype)
+            if cond:
+                return phase, _reason(cond)
+        if (job.get("spec") or {}).get("runPolicy", {}).get("suspend") or _true(job, "Suspended"):
+            return "suspended", None
+        return None, None
+    if job.get("kind") == "TrainJob":
+        return _trainjob_outcome(job)
+    if _true(job, "Complete"):
+        return "succeeded", None
+    cond = _true(job, "Failed")
+    if cond:
+        return "failed", _reason(cond)
+    if (job.get("spec") or {}).get("suspend"):
+        return "suspended", None
+    return None, None
+
+
+def _trainjob_outcome(job: dict) -> tuple[str | None, str | None]:
+    """Trainer copies its JobSet's ``Completed`` and ``Failed`` conditions as ``Complete`` and
+    ``Failed``, keeps ``Suspended`` (reason ``Suspended``, or ``Resumed`` with status False),
+    and sets ``Created`` False with reason ``JobsBuildFailed`` when the TrainJob and its
+    runtime cannot make a JobSet: that one never runs, so it is a failure."""
+    cond = _true(job, "Complete")
+    if cond:
+        return "succeeded", _reason(cond)
+    cond = _true(job, "Failed")
+    if cond:
+        return "failed", _reason(cond)
+    for cond in _conditions(job):
+        if (
+            cond.get("type") == "Created"
+            and str(cond.get("status")) == "False"
+            and cond.get("reason") == "JobsBuildFailed"
+        ):
+            return "failed", (
+                f"{_reason(cond)}: the TrainJob and its runtime make no JobSet "
+                "(kubectl describe trainjob; the controller's log says why)"
+            )
+    if (job.get("spec") or {}).get("suspend") or _true(job, "Suspended"):
+        return "suspended", None
+    return None, None
+
+
+def _reason(cond: dict) -> str:
+    return ": ".join(p for p in (cond.get("reason"), cond.get("message")) if p)
+
+
+def _unschedulable_for(pod: dict, now: datetime) -> float | None:
+    """Seconds the pod has been unschedulable, or None if it is not."""
+    for cond in _conditions(pod):
+        if (
+            cond.get("type") == "PodScheduled"
+            and str(cond.get("status")) == "False"
+            and cond.get("reason") == "Unschedulable"
+        ):
+            since = _time(cond.get("lastTransitionTime")) or _time(
+                (pod.get("metadata") or {}).get("creationTimestamp")
+            )
+            return (now - since).total_seconds() if since else 0.0
+    return None
+
+
+def job_state(
+    job: dict | None,
+    pods: list[dict],
+    *,
+    now: datetime,
+    unschedulable_deadline_s: float,
+    node_names_present: set[str] | None = None,
+) -> dict:
+    """The backend state of one attempt.
+
+    :param job: the Job, PyTorchJob or TrainJob, or None when it no longer exists.
+    :param pods: the attempt's pods.
+    :param now: the current time (aware), for the unschedulable deadline.
+    :param unschedulable_deadline_s: how long pods may stay unschedulable before the attempt
+        counts as an infrastructure failure (not while Kueue holds the job suspended).
+    :param node_names_present: the names of the pods' nodes that still exist; None: unknown.
+    :return: ``{"phase", "reason", "nodes", "disruptions"}`` and ``infra_reason`` when the
+        infrastructure, not the program, stopped the attempt; ``unschedulable: True`` (only)
+        when that was pods finding no node past the deadline.
+    """
+    pods = sorted(pods, key=lambda p: (node_index(p) is None, node_index(p) or 0))
+    nodes, disruptions = [], []
+    for pod in pods:
+        node = node_of(pod)
+        nodes.append(node)
+        disruption = disruption_of(pod, node, node_names_present)
+        if disruption:
+            disruptions.append(disruption)
+    state = {"phase": "running", "reason": None, "nodes": nodes, "disruptions": disruptions}
+    oom = [n for n in nodes if n["reason"] == "OOMKilled"]
+    oom_reason = "; ".join(
+        f"OOMKilled: pod {n['pod']} (node {n['index']}) exceeded its memory "
+        "limit (exit 137); raise memory or lower the batch"
+        for n in oom
+    )
+
+    if job is None:
+        return {
+            **state,
+            "phase": "lost",
+            "reason": "the job object no longer exists (deleted outside trainops?)",
+        }
+    outcome, why = job_outcome(job)
+    if outcome == "succeeded":
+        return {**state, "phase": "succeeded", "reason": why}
+    if outcome == "failed":
+        return {**state, "phase": "failed", "reason": "; ".join(p for p in (oom_reason, why) if p)}
+    if outcome == "suspended":
+        return {
+            **state,
+            "phase": "pending",
+            "reason": "suspended: waiting for Kueue to admit it (queued, not stuck)",
+        }
+    lost = [d for d in disruptions if d["reason"] == "NodeLost"]
+    if lost:  # the gang cannot finish without that node; nothing will end the attempt sooner
+        return {**state, "phase": "lost", "reason": lost[0]["message"]}
+    for node in nodes:
+        if node["reason"] in IMAGE_PULL_REASONS:
+            why = (
+                f"{node['reason']}: pod {node['pod']} cannot pull its image"
+                f" ({node['message'] or 'see kubectl describe pod'})"
+            )
+            return {**state, "phase": "failed", "reason": why, "infra_reason": why}
+        if node["reason"] in CONFIG_ERROR_REASONS:
+            return {
+                **state,
+                "phase": "failed",
+                "reason": f"{node['reason']}: pod {node['pod']} cannot start "
+                f"({node['message'] or 'see kubectl describe pod'}); fix the image "
+                "name, Secret or volume it names",
+            }
+    for pod, node in zip(pods, nodes, strict=False):
+        waited = _unschedulable_for(pod, now)
+        if waited is not None and waited > unschedulable_deadline_s:
+            message = next(
+                (c.get("message") for c in _conditions(pod) if c.get("type") == "PodScheduled"), None
+            )
+            why = (
+                f"Unschedulable: pod {node['pod']} found no node for {waited:.0f}s "
+                f"(deadline {unschedulable_deadline_s:.0f}s): {message or 'no message'}"
+            )
+            # "unschedulable": the operator falls back from spot to on-demand on it
+            return {**state, "phase": "failed", "reason": why, "infra_reason": why, "unschedulable": True}
+    if any(n["phase"] == "Running" for n in nodes):
+        return state
+    return {**state, "phase": "pending", "reason": "waiting for pods" if not nodes else None}

@@ -1,0 +1,199 @@
+"""The local backend: jobs run as detached process gangs on this host (the embedded default).
+
+Each job attempt gets a directory under ``<local_state_dir>/jobs/<job_id>/`` holding its spec,
+its supervisor's ``status.json``, one log per node and the nodes' scratch space. The
+supervisor (:mod:`trainops.cluster.local.supervisor`) outlives the Airflow task that launched
+it, so the operator can defer and a trigger can poll ``status.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections import deque
+from pathlib import Path
+
+from trainops.cluster.kubernetes.logs import cap_lines
+from trainops.cluster.spec import JobSpec
+
+FINAL_PHASES = ("succeeded", "failed", "lost")
+
+
+def _pid_alive(pid: int) -> bool:
+    """True if ``pid`` runs and is not a zombie (an exited child its launcher never reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError, ProcessLookupError):
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+
+class LocalCluster:
+    """Launch, watch and delete local job gangs. Handles are plain dicts (XCom/trigger safe)."""
+
+    name = "local"
+
+    def __init__(self, state_dir: str | os.PathLike | None = None):
+        if state_dir is None:
+            from trainops.settings import local_state_dir
+
+            state_dir = local_state_dir()
+        self.jobs_dir = Path(state_dir) / "jobs"
+
+    def launch(self, spec: JobSpec, *, chaos: dict | None = None) -> dict:
+        """Start ``spec`` detached and return its handle.
+
+        :param chaos: optional injected preemption, ``{"node": 1, "at_step": 40,
+            "metrics_uri": ..., "attempt": 1}``: SIGTERM to that node's torchrun once the
+            run's metrics for that attempt reach the step.
+        """
+        job_id = f"{spec.name}-{uuid.uuid4().hex[:6]}"
+        job_dir = self.jobs_dir / job_id
+        job_dir.mkdir(parents=True)
+        (job_dir / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
+        if chaos:
+            (job_dir / "chaos.json").write_text(json.dumps(chaos))
+        log = open(job_dir / "supervisor.log", "ab")  # noqa: SIM115 - the child writes it; closed here once handed over
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainops.cluster.local.supervisor", str(job_dir)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            env=_env_with_package_path(),
+        )
+        log.close()
+        (job_dir / "supervisor.pid").write_text(str(proc.pid))
+        return {"cluster": self.name, "job_id": job_id, "job_dir": str(job_dir), "labels": dict(spec.labels)}
+
+    def status(self, handle: dict) -> dict:
+        """The job's state: ``{"phase", "reason", "nodes": [...], "disruptions": [...]}``.
+
+        ``phase`` is ``pending``, ``running``, ``succeeded``, ``failed`` or ``lost`` (the
+        supervisor died without a final status, like a node that vanished with its pods).
+        """
+        job_dir = Path(handle["job_dir"])
+        status_file = job_dir / "status.json"
+        status = (
+            json.loads(status_file.read_text())
+            if status_file.exists()
+            else {
+                "job_id": handle["job_id"],
+                "phase": "pending",
+                "reason": None,
+                "nodes": [],
+                "disruptions": [],
+            }
+        )
+        if status["phase"] not in FINAL_PHASES:
+            pid_file = job_dir / "supervisor.pid"
+            pid = int(pid_file.read_text()) if pid_file.exists() else None
+            if pid is None or not _pid_alive(pid):
+                status["phase"] = "lost"
+                status["reason"] = "the local supervisor process is gone (host restarted or killed)"
+        return status
+
+    def delete(self, handle: dict) -> None:
+        """Terminate the gang (SIGTERM to the supervisor, which tears the nodes down)."""
+        import signal
+
+        if self.status(handle)["phase"] in FINAL_PHASES:
+            return  # nothing runs; and a finished supervisor's pid may belong to someone else now
+        pid_file = Path(handle["job_dir"]) / "supervisor.pid"
+        if pid_file.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid_file.read_text()), signal.SIGTERM)
+
+    def all_gone(self, handle: dict) -> bool:
+        """True once no process of the job runs: a relaunch must not race a late commit."""
+        state = self.status(handle)
+        if state["phase"] in ("succeeded", "failed"):
+            return True  # the supervisor writes a final phase only after every node exited
+        if state["phase"] == "lost":
+            return not any(_pid_alive(n["pid"]) for n in state.get("nodes", []) if n.get("pid"))
+        return False
+
+    def find(self, labels: dict) -> list[dict]:
+        """Handles of live (not finished) jobs whose labels include ``labels``."""
+        found = []
+        if not self.jobs_dir.exists():
+            return found
+        for job_dir in sorted(self.jobs_dir.iterdir()):
+            spec_file = job_dir / "spec.json"
+            if not spec_file.exists():
+                continue
+            spec_labels = json.loads(spec_file.read_text()).get("labels", {})
+            if all(spec_labels.get(k) == v for k, v in labels.items()):
+                handle = {
+                    "cluster": self.name,
+                    "job_id": job_dir.name,
+                    "job_dir": str(job_dir),
+                    "labels": spec_labels,
+                }
+                if self.status(handle)["phase"] not in FINAL_PHASES:
+                    found.append(handle)
+        return found
+
+    def logs_tail(self, handle: dict, lines: int = 30) -> str:
+        """The last ``lines`` lines of every node's log, each prefixed with its node."""
+        out = []
+        for log in sorted(Path(handle["job_dir"]).glob("node-*.log")):
+            with open(log, errors="replace") as f:
+                tail = deque(f, maxlen=lines)
+            out += [f"[{log.stem}] {line.rstrip()}" for line in tail]
+        return "\n".join(out)
+
+    def log_lines(self, handle: dict, cursor: dict | None, max_lines: int = 200) -> tuple[list[str], dict]:
+        """New lines of node 0's log since ``cursor`` (None: start), and the next cursor.
+
+        The cursor is plain JSON, ``{"offset": <bytes of node-0.log read>}``; only whole lines
+        are read (a last line without a newline waits for the next call). Never raises for a
+        job whose log does not exist (yet): returns ``([], cursor)``. At most ``max_lines``
+        lines per call; when more were available, the first returned line says how many were
+        skipped (``(… 1234 earlier lines skipped)``) and the newest follow.
+        """
+        if max_lines < 1:
+            raise ValueError(f"max_lines must be at least 1, not {max_lines}")
+        offset = int((cursor or {}).get("offset") or 0)
+        try:
+            log = open(Path(handle["job_dir"]) / "node-0.log", "rb")  # noqa: SIM115 - "with" below
+        except FileNotFoundError:
+            return [], cursor
+        with log:
+            if offset > os.fstat(log.fileno()).st_size:
+                offset = 0  # not the file the cursor was read from
+            log.seek(offset)
+            newest, total = deque(maxlen=max_lines), 0
+            for raw in log:
+                if not raw.endswith(b"\n"):
+                    break
+                offset, total = offset + len(raw), total + 1
+                newest.append(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+        return cap_lines(list(newest), max_lines, total), {"offset": offset}
+
+
+def _env_with_package_path() -> dict[str, str]:
+    """Children must import trainops/trainer even when they come from a plugins folder."""
+    import trainer
+    import trainops
+
+    paths = [
+        str(Path(trainops.__file__).resolve().parents[1]),
+        str(Path(trainer.__file__).resolve().parents[1]),
+    ]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        dict.fromkeys(paths + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    )
+    return env

@@ -1,0 +1,224 @@
+"""The local backend's job supervisor: one detached process per job attempt.
+
+It plays the part Kubernetes plays for a real job: it starts one torchrun agent per "node"
+(each in its own process group, with its own scratch directory), keeps ``status.json`` up to
+date, and enforces gang semantics: when one node fails, the others are terminated (SIGTERM,
+then SIGKILL after the grace period), as a Job with ``backoffLimit: 0`` would be. It can also
+inject a spot preemption (SIGTERM to one node's torchrun once the run reaches a step) for demos
+and tests.
+
+Run as ``python -m trainops.cluster.local.supervisor JOB_DIR``; see :mod:`trainops.cluster.local.backend`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from trainer.contract import max_step_of_attempt, metrics_records
+from trainops.cluster.spec import JobSpec
+
+POLL_S = 0.2
+CHAOS_POLL_S = 0.5
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def gang_phase(exit_codes: list[int | None]) -> str:
+    """What a gang of nodes amounts to: ``running``, ``teardown``, ``succeeded`` or ``failed``.
+
+    One non-zero exit fails the whole gang: the survivors cannot make progress without it.
+    A zero exit while others still run is normal (torchrun's exit barrier), so we wait.
+    """
+    if any(code not in (None, 0) for code in exit_codes):
+        return "failed" if all(code is not None for code in exit_codes) else "teardown"
+    if all(code == 0 for code in exit_codes):
+        return "succeeded"
+    return "running"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def node_argv(spec: JobSpec, node: int, port: int, job_id: str) -> list[str]:
+    """What a pod of this node would run, with this host's interpreter as ``python``."""
+    from trainer.contract import torchrun_argv
+
+    args = [sys.executable, *spec.args[1:]]
+    if not spec.distributed:
+        return args
+    return torchrun_argv(
+        args,
+        nnodes=spec.nodes,
+        nproc_per_node=spec.procs_per_node,
+        rdzv_endpoint=f"127.0.0.1:{port}",
+        rdzv_id=job_id,
+        shutdown_timeout_s=spec.shutdown_timeout_s,
+        is_host=(node == 0),
+    )
+
+
+class Supervisor:
+    def __init__(self, job_dir: Path):
+        self.dir = job_dir
+        self.spec = JobSpec.from_dict(json.loads((job_dir / "spec.json").read_text()))
+        chaos_file = job_dir / "chaos.json"
+        self.chaos = json.loads(chaos_file.read_text()) if chaos_file.exists() else None
+        self.procs: list[subprocess.Popen] = []
+        self.status = {
+            "job_id": job_dir.name,
+            "phase": "pending",
+            "reason": None,
+            "supervisor_pid": os.getpid(),
+            "nodes": [],
+            "disruptions": [],
+            "started_at": now_iso(),
+            "ended_at": None,
+        }
+        self.cancelled = False
+        self.teardown_at: float | None = None
+        self._last_chaos_poll = 0.0
+
+    def save(self) -> None:
+        _write_json(self.dir / "status.json", self.status)
+
+    def start(self) -> None:
+        port = _free_port()
+        base_env = {**os.environ, **self.spec.env, **self.spec.nccl_env}
+        for node in range(self.spec.nodes):
+            scratch = self.dir / f"node-{node}"
+            (scratch / "cache").mkdir(parents=True, exist_ok=True)
+            env = {
+                **base_env,
+                "TRAINOPS_CACHE_DIR": str(scratch / "cache"),
+                "TRAINOPS_NODE_INDEX": str(node),
+                "PYTHONUNBUFFERED": "1",
+            }
+            log = open(self.dir / f"node-{node}.log", "ab")  # noqa: SIM115 - the child writes it; closed here once handed over
+            proc = subprocess.Popen(
+                node_argv(self.spec, node, port, self.dir.name),
+                env=env,
+                cwd=scratch,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # own process group: SIGKILL reaches its workers too
+            self.procs.append(proc)
+            self.status["nodes"].append(
+                {"index": node, "pid": proc.pid, "exit_code": None, "log": str(self.dir / f"node-{node}.log")}
+            )
+        self.status["phase"] = "running"
+        self.save()
+
+    def on_cancel(self, signum, frame) -> None:
+        self.cancelled = True
+
+    def maybe_inject(self) -> None:
+        chaos = self.chaos
+        if not chaos or chaos.get("done") or time.monotonic() - self._last_chaos_poll < CHAOS_POLL_S:
+            return
+        self._last_chaos_poll = time.monotonic()
+        from trainer.storage import NotFound, open_storage
+
+        try:
+            text = open_storage(chaos["metrics_uri"]).get(chaos["metrics_uri"]).decode()
+        except NotFound:
+            return
+        step = max_step_of_attempt(metrics_records(text), int(chaos.get("attempt", 1)))
+        if step < int(chaos["at_step"]):
+            return
+        node = int(chaos.get("node", 0))
+        proc = self.procs[node]
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)  # the kubelet signals the container's PID 1 only
+        chaos["done"] = True
+        self.status["disruptions"].append(
+            {
+                "node": node,
+                "reason": "SpotInterruption",
+                "message": f"injected spot preemption: SIGTERM to node {node}'s torchrun at step {step}",
+                "at": now_iso(),
+            }
+        )
+        self.save()
+
+    def terminate_all(self, reason: str) -> None:
+        if self.teardown_at is None:
+            self.teardown_at = time.monotonic()
+            self.status["reason"] = self.status["reason"] or reason
+            for proc in self.procs:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            self.save()
+
+    def kill_stragglers(self) -> None:
+        grace = float(self.spec.termination_grace_seconds)
+        if self.teardown_at is not None and time.monotonic() - self.teardown_at > grace:
+            for proc in self.procs:
+                if proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self.on_cancel)
+        self.start()
+        while True:
+            changed = False
+            for node, proc in zip(self.status["nodes"], self.procs, strict=False):
+                code = proc.poll()
+                if code is not None and node["exit_code"] is None:
+                    node["exit_code"], changed = code, True
+            phase = gang_phase([n["exit_code"] for n in self.status["nodes"]])
+            if phase in ("succeeded", "failed"):
+                break
+            if self.cancelled:
+                self.terminate_all("cancelled")
+            elif phase == "teardown":
+                failed = [n["index"] for n in self.status["nodes"] if n["exit_code"] not in (None, 0)]
+                self.terminate_all(f"node {failed[0]} exited non-zero; terminating the gang")
+            else:
+                self.maybe_inject()
+            self.kill_stragglers()
+            if changed:
+                self.save()
+            time.sleep(POLL_S)
+        self.status["phase"] = "failed" if self.cancelled else phase
+        self.status["ended_at"] = now_iso()
+        # A pod's ephemeral storage goes with the pod: drop the nodes' scratch (shard cache,
+        # checkpoint staging) so finished attempts keep only their logs and status.
+        for node in range(self.spec.nodes):
+            shutil.rmtree(self.dir / f"node-{node}" / "cache", ignore_errors=True)
+        self.save()
+        return 0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m trainops.cluster.local.supervisor JOB_DIR", file=sys.stderr)
+        return 2
+    return Supervisor(Path(argv[0])).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

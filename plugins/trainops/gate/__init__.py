@@ -1,0 +1,2 @@
+"""The evaluation gate's checks: thresholds and no-regression (:mod:`.checks`) and per-slice
+checks as great-expectations expectations over the metrics table (:mod:`.slices`). Pure."""

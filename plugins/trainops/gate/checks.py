@@ -1,0 +1,378 @@
+"""The evaluation gate: plain checks over plain metrics, no I/O.
+
+A check is a dict, so a gate definition can live in DAG code, a YAML file or a
+DAG param. Kinds (every one with examples in docs/promotion.md):
+
+- ``threshold``: ``{"kind": "threshold", "metric": "eval_loss", "op": "<=", "value": 4.0}``
+- ``no_regression``: ``{"kind": "no_regression", "metric": "eval_loss", "tolerance": 0.01,
+  "direction": "lower_is_better"}``; passes when the candidate is no worse than the
+  production model by more than ``tolerance`` (a fraction), and when there is no
+  production model yet.
+- ``slices`` and ``slice_no_regression``: great-expectations expectations over the
+  per-slice metrics table (:mod:`trainops.gate.slices`).
+
+:func:`validate_checks` runs at DAG parse, :func:`decide` at run time. A numeric field
+(``value``, ``tolerance``, a slice expectation's ``min_value``/``max_value``) may be a
+Jinja template such as ``"{{ params.max_eval_loss }}"`` when the operator renders the
+checks: parse-time validation (``templates="allow"``) keeps it, and the rendered checks
+are validated again (``templates="rendered"``), which reads the rendered text as a number.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+__all__ = [
+    "DEFAULT_CHECKS",
+    "DIRECTIONS",
+    "KINDS",
+    "METRICS",
+    "OPS",
+    "GateConfigError",
+    "GateInputError",
+    "check_evaluation",
+    "decide",
+    "failed_checks",
+    "format_table",
+    "validate_checks",
+]
+
+KINDS = ("threshold", "no_regression", "slices", "slice_no_regression")
+SLICE_KINDS = ("slices", "slice_no_regression")
+TEMPLATE_MODES = (None, "allow", "rendered")
+METRICS = ("eval_loss", "perplexity")
+DIRECTIONS = ("lower_is_better", "higher_is_better")
+OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
+
+# Both metrics we produce today are "lower is better"; the default direction follows the metric.
+_METRIC_DIRECTION = {"eval_loss": "lower_is_better", "perplexity": "lower_is_better"}
+
+_FIELDS = {
+    "threshold": {"name", "kind", "metric", "op", "value"},
+    "no_regression": {"name", "kind", "metric", "tolerance", "direction"},
+}
+
+# A sanity bound rather than a quality bar: ln(50257) ~ 10.8 is a uniform guess over a
+# GPT-2 vocabulary, so a model above 10 learned nothing. Real DAGs pass their own checks.
+DEFAULT_MAX_EVAL_LOSS = 10.0
+
+DEFAULT_CHECKS: list[dict] = [
+    {"kind": "threshold", "metric": "eval_loss", "op": "<=", "value": DEFAULT_MAX_EVAL_LOSS},
+    {"kind": "no_regression", "metric": "eval_loss", "tolerance": 0.0, "direction": "lower_is_better"},
+]
+
+
+class GateConfigError(ValueError):
+    """A check definition is invalid; raised at DAG parse."""
+
+
+class GateInputError(ValueError):
+    """The evaluation result handed to the gate is not well formed."""
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.6g}"
+
+
+def _show(value) -> str:
+    return _fmt(value) if _is_number(value) else str(value)
+
+
+def _default_name(check: dict) -> str:
+    if check["kind"] == "threshold":
+        return f"{check['metric']} {check['op']} {_show(check['value'])}"
+    if check["kind"] in SLICE_KINDS:
+        from trainops.gate.slices import default_name
+
+        return default_name(check)
+    return f"{check['metric']} no regression (tolerance {_show(check['tolerance'])})"
+
+
+def _is_template(value: object) -> bool:
+    return isinstance(value, str) and "{{" in value
+
+
+def _number_rule(templates: str | None):
+    """How a numeric field is read: a finite number, plus templates per ``templates``."""
+
+    def number(where: str, field: str, value: object):
+        if templates == "allow" and _is_template(value):
+            return value
+        if templates == "rendered" and isinstance(value, str):
+            try:
+                value = float(value.strip())
+            except ValueError:
+                raise GateConfigError(
+                    f"{where} field {field!r} rendered to {value!r}, which is not a number; "
+                    "fix the template or the param it reads"
+                ) from None
+        if not _is_number(value) or not math.isfinite(value):
+            raise GateConfigError(f"{where} needs a finite number in field {field!r}, got {value!r}")
+        return float(value)
+
+    return number
+
+
+def _validate_one(index: int, check: object, templates: str | None = None) -> dict:
+    where = f"check #{index}"
+    if not isinstance(check, dict):
+        raise GateConfigError(f"{where} must be a dict such as {DEFAULT_CHECKS[0]!r}, got {check!r}")
+    if isinstance(check.get("name"), str) and check["name"]:
+        where = f"check #{index} ({check['name']!r})"
+    kind = check.get("kind")
+    if kind not in KINDS:
+        raise GateConfigError(f"{where} has unknown kind {kind!r}; use one of {list(KINDS)}")
+    number = _number_rule(templates)
+    if kind in SLICE_KINDS:
+        from trainops.gate.slices import validate_slice_check
+
+        return _named(where, check, validate_slice_check(where, check, number))
+    unknown = sorted(set(check) - _FIELDS[kind])
+    if unknown:
+        raise GateConfigError(
+            f"{where} has unknown field {unknown[0]!r} for kind {kind!r}; "
+            f"allowed fields are {sorted(_FIELDS[kind])}"
+        )
+    metric = check.get("metric")
+    if metric not in METRICS:
+        raise GateConfigError(f"{where} has unknown metric {metric!r}; use one of {list(METRICS)}")
+    out = {"kind": kind, "metric": metric}
+    if kind == "threshold":
+        op = check.get("op")
+        if op not in OPS:
+            raise GateConfigError(f"{where} has unknown op {op!r}; use one of {list(OPS)}")
+        out.update(op=op, value=number(where, "value", check.get("value")))
+    else:
+        tolerance = check.get("tolerance", 0.0)
+        tolerance = number(where, "tolerance", tolerance)
+        if isinstance(tolerance, float) and tolerance < 0:
+            raise GateConfigError(
+                f"{where} needs field 'tolerance' to be a number >= 0 (a fraction: 0.01 is 1%), "
+                f"got {tolerance!r}"
+            )
+        direction = check.get("direction", _METRIC_DIRECTION[metric])
+        if direction not in DIRECTIONS:
+            raise GateConfigError(
+                f"{where} has unknown direction {direction!r}; use one of {list(DIRECTIONS)}"
+            )
+        out.update(tolerance=tolerance, direction=direction)
+    return _named(where, check, out)
+
+
+def _named(where: str, check: dict, out: dict) -> dict:
+    name = check.get("name")
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise GateConfigError(f"{where} has field 'name' {name!r}; give a non-empty string or omit it")
+    out["name"] = name.strip() if name else _default_name(out)
+    return out
+
+
+def validate_checks(checks: object, *, templates: str | None = None) -> list[dict]:
+    """Normalise check definitions (default names, tolerance, direction).
+
+    Raises GateConfigError naming the check and field at fault. ``templates``: None (numbers
+    only), ``"allow"`` (keep Jinja templates in numeric fields, at DAG parse) or
+    ``"rendered"`` (read rendered numeric text as numbers, when the task runs).
+    """
+    if templates not in TEMPLATE_MODES:
+        raise ValueError(f"templates must be one of {TEMPLATE_MODES}, got {templates!r}")
+    if not isinstance(checks, (list, tuple)):
+        raise GateConfigError(f"checks must be a list of dicts, got {type(checks).__name__} {checks!r}")
+    if not checks:
+        raise GateConfigError(
+            "checks is empty, which would approve any model; "
+            "give at least one check or omit checks to use the defaults"
+        )
+    out = [_validate_one(i, check, templates) for i, check in enumerate(checks)]
+    seen: set[str] = set()
+    for check in out:
+        if check["name"] in seen:
+            raise GateConfigError(f"two checks are named {check['name']!r}; give each a unique name")
+        seen.add(check["name"])
+    return out
+
+
+def check_evaluation(evaluation: object, checks: list[dict]) -> dict:
+    """Check the evaluation result carries what ``checks`` need; raise GateInputError if not."""
+    if not isinstance(evaluation, dict):
+        raise GateInputError(
+            f"evaluation must be the dict returned by EvaluateModelOperator, got "
+            f"{type(evaluation).__name__} {str(evaluation)[:200]!r}"
+        )
+    for key in ("run_uri", "model_name"):
+        if not isinstance(evaluation.get(key), str) or not evaluation[key]:
+            raise GateInputError(
+                f"evaluation field {key!r} must be a non-empty string, got {evaluation.get(key)!r}"
+            )
+    version = evaluation.get("production_version")
+    if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
+        raise GateInputError(
+            f"evaluation field 'production_version' must be an integer or None, got {version!r}"
+        )
+    candidate, production = evaluation.get("candidate"), evaluation.get("production")
+    if not isinstance(candidate, dict):
+        raise GateInputError(f"evaluation field 'candidate' must be a dict of metrics, got {candidate!r}")
+    if production is not None and not isinstance(production, dict):
+        raise GateInputError(
+            f"evaluation field 'production' must be a dict of metrics or None, got {production!r}"
+        )
+    if production is None and version is not None:
+        raise GateInputError(
+            f"evaluation names production_version {version} but has no production metrics; "
+            "re-run EvaluateModelOperator so the production model is evaluated too"
+        )
+    if production is not None and version is None:
+        raise GateInputError(
+            "evaluation has production metrics but production_version is None; "
+            "pass EvaluateModelOperator's result unchanged"
+        )
+    for check in checks:
+        if check["kind"] in SLICE_KINDS:
+            _check_slices(candidate, production, check)
+            continue
+        sides = [("candidate", candidate)]
+        if check["kind"] == "no_regression" and production is not None:
+            sides.append(("production", production))
+        for side, metrics in sides:
+            if not _is_number(metrics.get(check["metric"])):
+                raise GateInputError(
+                    f"evaluation {side} metric {check['metric']!r} must be a number for check "
+                    f"{check['name']!r}, got {metrics.get(check['metric'])!r}"
+                )
+    return evaluation
+
+
+def _check_slices(candidate: dict, production: dict | None, check: dict) -> None:
+    sides = [("candidate", candidate)] + ([("production", production)] if production else [])
+    for side, metrics in sides:
+        slices = metrics.get("slices", {} if side == "production" else None)
+        if not isinstance(slices, dict) or not all(
+            isinstance(values, dict) and all(isinstance(v, dict) for v in values.values())
+            for values in slices.values()
+        ):
+            raise GateInputError(
+                f"evaluation {side} field 'slices' must map slice column -> value -> metrics "
+                f"for check {check['name']!r}, got {str(slices)[:200]!r}; pass "
+                "EvaluateModelOperator's result unchanged"
+            )
+
+
+def _observed(metrics: dict, metric: str) -> tuple[float | None, str]:
+    """The metric as a finite float, or None and why (JSON has no NaN or infinity)."""
+    value = metrics.get(metric)
+    if not _is_number(value):
+        return None, f"{metric} missing"
+    if not math.isfinite(value):
+        return None, f"{metric} is {value}"
+    return float(value), ""
+
+
+def _threshold(check: dict, candidate: dict) -> dict:
+    observed, why = _observed(candidate, check["metric"])
+    passed = observed is not None and OPS[check["op"]](observed, check["value"])
+    return {
+        "observed": observed,
+        "expected": f"{check['op']} {_fmt(check['value'])}",
+        "passed": passed,
+        "note": f"candidate {why}" if why else "",
+    }
+
+
+def _no_regression(
+    check: dict, candidate: dict, production: dict | None, production_version: int | None
+) -> dict:
+    metric, tolerance = check["metric"], check["tolerance"]
+    observed, why = _observed(candidate, metric)
+    if production is None:
+        return {"observed": observed, "expected": None, "passed": True, "note": "no production model yet"}
+    label = f"production v{production_version}" if production_version is not None else "production"
+    base, base_why = _observed(production, metric)
+    if base is None:
+        # A broken production model must not block every candidate after it.
+        return {
+            "observed": observed,
+            "expected": None,
+            "passed": True,
+            "note": f"{label} {base_why}; nothing to regress from",
+        }
+    if check["direction"] == "lower_is_better":
+        op, bound = "<=", base * (1 + tolerance)
+    else:
+        op, bound = ">=", base * (1 - tolerance)
+    passed = observed is not None and OPS[op](observed, bound)
+    note = f"{label} {metric} {_fmt(base)}, tolerance {tolerance:.4g}"
+    if why:
+        note = f"candidate {why}; {note}"
+    return {"observed": observed, "expected": f"{op} {_fmt(bound)}", "passed": passed, "note": note}
+
+
+def decide(
+    checks: list[dict], candidate: dict, production: dict | None, production_version: int | None = None
+) -> dict:
+    """Run every check (validated or raw) on the candidate's metrics; approve if all pass.
+
+    ``observed`` is the candidate's value (None when it is missing or not finite, which
+    fails the check); ``expected`` is the condition it had to meet, as text. Slice checks
+    also list their failing ``slices`` and need pandas and great-expectations.
+    """
+    checks = validate_checks(checks)
+    slice_checks = [c for c in checks if c["kind"] in SLICE_KINDS]
+    if slice_checks:
+        from trainops.gate.slices import run_slice_checks
+
+        slice_outcomes = iter(run_slice_checks(slice_checks, candidate, production, production_version))
+    results = []
+    for check in checks:
+        if check["kind"] == "threshold":
+            outcome = _threshold(check, candidate)
+        elif check["kind"] == "no_regression":
+            outcome = _no_regression(check, candidate, production, production_version)
+        else:
+            outcome = next(slice_outcomes)
+        results.append(
+            {
+                "name": check["name"],
+                "kind": check["kind"],
+                "metric": check.get("metric") or "slices",
+                **outcome,
+            }
+        )
+    return {
+        "approved": all(r["passed"] for r in results),
+        "checks": results,
+        "production_version": production_version,
+    }
+
+
+def failed_checks(decision: dict) -> list[dict]:
+    return [r for r in decision.get("checks", []) if not r.get("passed")]
+
+
+def format_table(decision: dict) -> str:
+    """A fixed-width table of the decision, for the task log."""
+    header = ("check", "metric", "observed", "expected", "result", "note")
+    rows = [header] + [
+        (
+            r["name"],
+            r["metric"],
+            _fmt(r["observed"]),
+            r["expected"] or "-",
+            "pass" if r["passed"] else "FAIL",
+            r.get("note") or "",
+        )
+        for r in decision["checks"]
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    passed = sum(1 for r in decision["checks"] if r["passed"])
+    version = decision.get("production_version")
+    against = f"production v{version}" if version is not None else "no production model"
+    verdict = "APPROVED" if decision["approved"] else "REJECTED"
+    title = f"gate {verdict}: {passed}/{len(decision['checks'])} checks passed, against {against}"
+    return "\n".join([title, *lines])

@@ -1,0 +1,422 @@
+"""Per-slice gate checks: great-expectations expectations over the per-slice metrics table.
+
+The evaluation reports, for every slice column of the dataset (for example ``source``) and
+every value of it, the candidate's and the production model's loss on the eval records of
+that slice. The gate lays them out as one table, a row per slice:
+
+==================== ==========================================================
+column               meaning
+==================== ==========================================================
+slice_column         the dataset column that defines the slice (``source``)
+slice                its value (``wiki``)
+eval_loss            the candidate's mean token loss on the slice
+perplexity           ``exp(eval_loss)``
+tokens               tokens of the slice that were scored
+production_*         the same three for the production model (null if none)
+regression_ratio     ``eval_loss / production_eval_loss`` (1.02: 2% worse)
+perplexity_ratio     ``perplexity / production_perplexity``
+==================== ==========================================================
+
+Two check kinds use it (checks are data, see docs/promotion.md):
+
+- ``slices``: any expectation of :data:`SLICE_EXPECTATIONS` over the table,
+  ``{"kind": "slices", "expectation": {"type": "expect_column_values_to_be_between",
+  "kwargs": {"column": "eval_loss", "max_value": 3.0}}}``;
+- ``slice_no_regression``: no slice worse than production by more than ``tolerance``,
+  ``{"kind": "slice_no_regression", "tolerance": 0.05}``, which is the expectation
+  ``regression_ratio <= 1 + tolerance`` (``perplexity_ratio`` with ``"metric": "perplexity"``).
+
+Both take ``slice_column`` to look at the slices of one column only. Null cells (a slice
+the production model has no figure for, a slice with no scored token) are not checked, as
+GX does for every column-value expectation. Without a production model yet, checks on
+production columns pass with a note, like ``no_regression``.
+
+Validation here is GX-free (it runs at DAG parse); :func:`run_slice_checks` imports pandas
+and GX when the gate runs and instantiates every expectation before checking any.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+__all__ = [
+    "PRODUCTION_COLUMNS",
+    "SLICE_EXPECTATIONS",
+    "TABLE_COLUMNS",
+    "build_expectations",
+    "run_slice_checks",
+    "slice_rows",
+    "validate_slice_check",
+]
+
+TABLE_COLUMNS = (
+    "slice_column",
+    "slice",
+    "eval_loss",
+    "perplexity",
+    "tokens",
+    "production_eval_loss",
+    "production_perplexity",
+    "production_tokens",
+    "regression_ratio",
+    "perplexity_ratio",
+)
+PRODUCTION_COLUMNS = (
+    "production_eval_loss",
+    "production_perplexity",
+    "production_tokens",
+    "regression_ratio",
+    "perplexity_ratio",
+)
+_RATIO_COLUMN = {"eval_loss": "regression_ratio", "perplexity": "perplexity_ratio"}
+
+_BETWEEN = ("column", "min_value", "max_value", "strict_min", "strict_max")
+# type -> (GX class name, allowed kwargs). Column expectations only: the table is small and
+# whole, so aggregates (max, mean) are as meaningful as per-row ones.
+SLICE_EXPECTATIONS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "expect_column_values_to_be_between": ("ExpectColumnValuesToBeBetween", (*_BETWEEN, "mostly")),
+    "expect_column_max_to_be_between": ("ExpectColumnMaxToBeBetween", _BETWEEN),
+    "expect_column_min_to_be_between": ("ExpectColumnMinToBeBetween", _BETWEEN),
+    "expect_column_mean_to_be_between": ("ExpectColumnMeanToBeBetween", _BETWEEN),
+    "expect_column_median_to_be_between": ("ExpectColumnMedianToBeBetween", _BETWEEN),
+    "expect_column_sum_to_be_between": ("ExpectColumnSumToBeBetween", _BETWEEN),
+    "expect_column_values_to_not_be_null": ("ExpectColumnValuesToNotBeNull", ("column", "mostly")),
+    "expect_column_values_to_be_in_set": ("ExpectColumnValuesToBeInSet", ("column", "value_set", "mostly")),
+    "expect_column_pair_values_a_to_be_greater_than_b": (
+        "ExpectColumnPairValuesAToBeGreaterThanB",
+        ("column_A", "column_B", "or_equal", "mostly"),
+    ),
+    "expect_table_row_count_to_be_between": ("ExpectTableRowCountToBeBetween", ("min_value", "max_value")),
+}
+_NUMERIC_KWARGS = ("min_value", "max_value")
+_COLUMN_KWARGS = ("column", "column_A", "column_B")
+_FIELDS = {
+    "slices": {"name", "kind", "expectation", "slice_column"},
+    "slice_no_regression": {"name", "kind", "metric", "tolerance", "slice_column"},
+}
+_SHOWN_SLICES = 5
+
+
+def _error(message: str) -> Exception:
+    from trainops.gate.checks import GateConfigError
+
+    return GateConfigError(message)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.6g}"
+
+
+# ------------------------------------------------------------------------- validation
+
+
+def validate_slice_check(where: str, check: dict, number) -> dict:
+    """Normalise one ``slices`` or ``slice_no_regression`` check (no GX import).
+
+    ``number(where, field, value)`` is the gate's numeric-field rule (templates allowed or not).
+    """
+    kind = check["kind"]
+    unknown = sorted(set(check) - _FIELDS[kind])
+    if unknown:
+        raise _error(
+            f"{where} has unknown field {unknown[0]!r} for kind {kind!r}; "
+            f"allowed fields are {sorted(_FIELDS[kind])}"
+        )
+    slice_column = check.get("slice_column")
+    if slice_column is not None and (not isinstance(slice_column, str) or not slice_column):
+        raise _error(
+            f"{where} has slice_column {slice_column!r}; give the dataset column that "
+            "defines the slices (for example 'source') or omit it for all of them"
+        )
+    out = {"kind": kind, "slice_column": slice_column}
+    if kind == "slice_no_regression":
+        metric = check.get("metric", "eval_loss")
+        if metric not in _RATIO_COLUMN:
+            raise _error(f"{where} has unknown metric {metric!r}; use one of {list(_RATIO_COLUMN)}")
+        tolerance = number(where, "tolerance", check.get("tolerance", 0.0))
+        if isinstance(tolerance, float) and tolerance < 0:
+            raise _error(
+                f"{where} needs field 'tolerance' to be a number >= 0 (a fraction: "
+                f"0.05 is 5%), got {tolerance!r}"
+            )
+        out.update(metric=metric, tolerance=tolerance)
+        return out
+    out["expectation"] = _validate_expectation(where, check.get("expectation"), number)
+    return out
+
+
+def _validate_expectation(where: str, expectation: object, number) -> dict:
+    example = (
+        '{"type": "expect_column_values_to_be_between", "kwargs": {"column": "eval_loss", "max_value": 3.0}}'
+    )
+    if not isinstance(expectation, dict) or not isinstance(expectation.get("type"), str):
+        raise _error(f"{where} needs field 'expectation' as a dict such as {example}, got {expectation!r}")
+    extra = sorted(set(expectation) - {"type", "kwargs", "meta"})
+    if extra:
+        raise _error(f"{where} expectation has unknown key {extra[0]!r}; use 'type' and 'kwargs'")
+    etype = expectation["type"]
+    if etype not in SLICE_EXPECTATIONS:
+        raise _error(
+            f"{where} has expectation type {etype!r}, which the per-slice table does "
+            f"not support; use one of {sorted(SLICE_EXPECTATIONS)}"
+        )
+    kwargs = expectation.get("kwargs", {})
+    if not isinstance(kwargs, dict):
+        raise _error(f"{where} expectation {etype} has kwargs {kwargs!r}; kwargs must be a dict")
+    allowed = SLICE_EXPECTATIONS[etype][1]
+    unknown = sorted(set(kwargs) - set(allowed))
+    if unknown:
+        raise _error(
+            f"{where} expectation {etype} has unknown kwarg {unknown[0]!r}; "
+            f"allowed kwargs are {list(allowed)}"
+        )
+    for key in _COLUMN_KWARGS:
+        if key in allowed and kwargs.get(key) not in TABLE_COLUMNS:
+            raise _error(
+                f"{where} expectation {etype} has {key} {kwargs.get(key)!r}, which is "
+                f"not a column of the per-slice table; use one of {list(TABLE_COLUMNS)}"
+            )
+    out = copy.deepcopy(kwargs)
+    for key in _NUMERIC_KWARGS:
+        if out.get(key) is not None:
+            out[key] = number(where, key, out[key])
+    if "min_value" in allowed and out.get("min_value") is None and out.get("max_value") is None:
+        raise _error(f"{where} expectation {etype} needs 'min_value', 'max_value' or both")
+    mostly = out.get("mostly")
+    if mostly is not None and (not _is_number(mostly) or not 0 <= mostly <= 1):
+        raise _error(f"{where} expectation {etype} has mostly {mostly!r}; give a fraction in [0, 1]")
+    return {"type": etype, "kwargs": out}
+
+
+def default_name(check: dict) -> str:
+    where = f" of {check['slice_column']}" if check.get("slice_column") else ""
+    if check["kind"] == "slice_no_regression":
+        return f"no slice{where} regresses in {check['metric']} (tolerance {_show(check['tolerance'])})"
+    e = check["expectation"]
+    column = ",".join(str(e["kwargs"][k]) for k in _COLUMN_KWARGS if k in e["kwargs"])
+    return f"slices{where}: {e['type']}({column}) {expected_text(e)}".rstrip()
+
+
+def _show(value) -> str:
+    return _fmt(value) if _is_number(value) else str(value)
+
+
+def expectation_of(check: dict) -> dict:
+    """The GX expectation (as data) that a validated slice check stands for."""
+    if check["kind"] == "slices":
+        return check["expectation"]
+    return {
+        "type": "expect_column_values_to_be_between",
+        "kwargs": {"column": _RATIO_COLUMN[check["metric"]], "max_value": 1.0 + check["tolerance"]},
+    }
+
+
+def expected_text(expectation: dict) -> str:
+    kwargs = expectation["kwargs"]
+    parts = []
+    if kwargs.get("min_value") is not None:
+        parts.append(f"{'>' if kwargs.get('strict_min') else '>='} {_show(kwargs['min_value'])}")
+    if kwargs.get("max_value") is not None:
+        parts.append(f"{'<' if kwargs.get('strict_max') else '<='} {_show(kwargs['max_value'])}")
+    if "value_set" in kwargs:
+        parts.append(f"in {kwargs['value_set']!r}")
+    if expectation["type"] == "expect_column_pair_values_a_to_be_greater_than_b":
+        parts.append(f"{kwargs['column_A']} {'>=' if kwargs.get('or_equal') else '>'} {kwargs['column_B']}")
+    if expectation["type"] == "expect_column_values_to_not_be_null":
+        parts.append("not null")
+    if kwargs.get("mostly") is not None:
+        parts.append(f"for {kwargs['mostly']:.0%} of slices")
+    return " and ".join(parts)
+
+
+# ------------------------------------------------------------------------- the table
+
+
+def _summary(entry: object) -> dict:
+    entry = entry if isinstance(entry, dict) else {}
+    out = {}
+    for key in ("eval_loss", "perplexity", "tokens"):
+        value = entry.get(key)
+        out[key] = float(value) if _is_number(value) and math.isfinite(value) else None
+    return out
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def slice_rows(candidate: dict, production: dict | None) -> list[dict]:
+    """The per-slice metrics table as plain rows, in slice-column then slice order.
+
+    ``candidate["slices"]`` is the evaluation's ``{column: {value: {eval_loss, perplexity,
+    tokens}}}``; ``production`` is the production model's metrics or None.
+    """
+    ours = candidate.get("slices") or {}
+    theirs = (production or {}).get("slices") or {}
+    rows = []
+    for column in sorted(ours):
+        base_slices = theirs.get(column) if isinstance(theirs.get(column), dict) else {}
+        for value in sorted(ours[column]):
+            mine, base = _summary(ours[column][value]), _summary(base_slices.get(value))
+            rows.append(
+                {
+                    "slice_column": column,
+                    "slice": str(value),
+                    **mine,
+                    "production_eval_loss": base["eval_loss"],
+                    "production_perplexity": base["perplexity"],
+                    "production_tokens": base["tokens"],
+                    "regression_ratio": _ratio(mine["eval_loss"], base["eval_loss"]),
+                    "perplexity_ratio": _ratio(mine["perplexity"], base["perplexity"]),
+                }
+            )
+    return rows
+
+
+# ------------------------------------------------------------------------- GX
+
+
+def build_expectations(checks: list[dict]) -> list:
+    """GX expectation objects for validated slice checks; GateConfigError names a bad one.
+
+    Called before any check runs, so a definition GX refuses stops the gate up front.
+    """
+    import great_expectations as gx
+
+    out = []
+    for check in checks:
+        e = expectation_of(check)
+        cls = getattr(gx.expectations, SLICE_EXPECTATIONS[e["type"]][0])
+        try:
+            out.append(cls(**e["kwargs"]))
+        except Exception as exc:
+            detail = " ".join(str(exc).split())
+            raise _error(
+                f"check {check['name']!r}: GX refuses expectation {e['type']} with "
+                f"kwargs {e['kwargs']!r}: {detail}"
+            ) from None
+    return out
+
+
+def run_slice_checks(
+    checks: list[dict], candidate: dict, production: dict | None, production_version: int | None = None
+) -> list[dict]:
+    """Outcomes (``observed``, ``expected``, ``passed``, ``note``, ``slices``) of validated
+    slice checks, in order; ``slices`` lists the failing slices."""
+    if not checks:
+        return []
+    import pandas as pd
+
+    from trainops.staging.gx_batch import ephemeral_context
+
+    expectations = build_expectations(checks)
+    rows = slice_rows(candidate, production)
+    frame = pd.DataFrame(rows, columns=list(TABLE_COLUMNS))
+    numeric = [c for c in TABLE_COLUMNS if c not in ("slice_column", "slice")]
+    frame[numeric] = frame[numeric].astype("float64")
+    definition = None
+    label = "production" if production_version is None else f"production v{production_version}"
+    out = []
+    for check, expectation in zip(checks, expectations, strict=False):
+        e = expectation_of(check)
+        expected = expected_text(e)
+        table = frame
+        if check.get("slice_column"):
+            table = frame[frame["slice_column"] == check["slice_column"]].reset_index(drop=True)
+        columns = {e["kwargs"][k] for k in _COLUMN_KWARGS if k in e["kwargs"]}
+        if production is None and columns & set(PRODUCTION_COLUMNS):
+            out.append(_outcome(None, expected, True, "no production model yet"))
+            continue
+        if table.empty:
+            have = sorted({r["slice_column"] for r in rows})
+            where = (
+                f"no slice of column {check['slice_column']!r} (slice columns: {have})"
+                if check.get("slice_column")
+                else "no slices in the evaluation (the dataset declares no slice columns)"
+            )
+            out.append(_outcome(None, expected, False, where))
+            continue
+        if definition is None:
+            definition = (
+                ephemeral_context()
+                .data_sources.add_pandas("trainops-slices")
+                .add_dataframe_asset("slices")
+                .add_batch_definition_whole_dataframe("slices")
+            )
+        batch = definition.get_batch(batch_parameters={"dataframe": table})
+        result = batch.validate(expectation, result_format="COMPLETE")
+        out.append(_read_result(e, result, table, label))
+    return out
+
+
+def _outcome(observed, expected: str, passed: bool, note: str, slices=None) -> dict:
+    return {
+        "observed": observed,
+        "expected": expected or None,
+        "passed": passed,
+        "note": note,
+        "slices": slices or [],
+    }
+
+
+def _gx_error(result) -> str | None:
+    info = result.exception_info or {}
+    if info.get("raised_exception"):
+        return info.get("exception_message") or "GX raised an error"
+    for value in info.values():
+        if isinstance(value, dict) and value.get("raised_exception"):
+            return value.get("exception_message") or "GX raised an error"
+    return None
+
+
+def _read_result(e: dict, result, table, label: str) -> dict:
+    expected = expected_text(e)
+    error = _gx_error(result)
+    if error:
+        return _outcome(None, expected, False, f"GX error: {' '.join(error.split())[:300]}")
+    details = result.result or {}
+    column = e["kwargs"].get("column")
+    failing = []
+    for index in details.get("unexpected_index_list") or []:
+        row = table.iloc[int(index)]
+        value = row[column] if column else None
+        failing.append(
+            {
+                "slice_column": row["slice_column"],
+                "slice": row["slice"],
+                "value": None if value is None or value != value else float(value),
+            }
+        )
+    if "observed_value" in details:
+        value = details["observed_value"]
+        observed = float(value) if _is_number(value) or hasattr(value, "__float__") else None
+    elif e["type"] == "expect_column_values_to_be_between":
+        values = table[column].dropna()
+        if values.empty:
+            observed = None
+        else:
+            observed = float(values.max() if e["kwargs"].get("max_value") is not None else values.min())
+    else:
+        observed = float(details.get("unexpected_count") or 0)
+    passed = bool(result.success)
+    checked = int(table[column].notna().sum()) if column else len(table)
+    if failing:
+        shown = ", ".join(
+            f"{f['slice_column']}={f['slice']} ({_fmt(f['value'])})" for f in failing[:_SHOWN_SLICES]
+        )
+        more = f" and {len(failing) - _SHOWN_SLICES} more" if len(failing) > _SHOWN_SLICES else ""
+        note = f"{len(failing)}/{checked} slices fail: {shown}{more}"
+    elif passed:
+        note = f"{checked}/{len(table)} slices checked"
+    else:
+        note = "the table as a whole fails"
+    if any(c in PRODUCTION_COLUMNS for c in e["kwargs"].values() if isinstance(c, str)):
+        note += f"; against {label}"
+    return _outcome(observed, expected, passed, note, failing)

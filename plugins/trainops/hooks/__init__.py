@@ -1,0 +1,1 @@
+"""Airflow connections -> clients: the storage client for ``file://`` and ``s3://``."""

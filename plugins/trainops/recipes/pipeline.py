@@ -1,0 +1,77 @@
+"""The chain every retraining DAG shares: train -> evaluate -> gate -> promote, and where it runs.
+
+Imported when DAG files are parsed: module level holds only plain data; the operators are
+imported inside :func:`train_evaluate_gate_promote`.
+"""
+
+from __future__ import annotations
+
+# The gate every example DAG applies: an absolute bound well below an untrained model's loss
+# (ln 257 = 5.55 with the byte tokenizer), and no regression against production.
+GATE_CHECKS = [
+    {"name": "eval loss under 3.5", "kind": "threshold", "metric": "eval_loss", "op": "<=", "value": 3.5},
+    {
+        "name": "no regression vs production",
+        "kind": "no_regression",
+        "metric": "eval_loss",
+        "tolerance": 0.02,
+    },
+]
+
+
+def deployment() -> dict:
+    """Where jobs run, read when a DAG is parsed from ``[trainops]`` in Airflow's config
+    (``AIRFLOW__TRAINOPS__CLUSTER`` ...): ``cluster`` (``local``), ``image``, ``namespace``,
+    and the job poll interval that suits the cluster (1 s for local processes, 5 s for the
+    Kubernetes API). A deployment choice, not a per-run one: every task of a run must agree
+    on it."""
+    from airflow.configuration import conf
+
+    cluster = conf.get("trainops", "cluster", fallback="local")
+    return {
+        "cluster": cluster,
+        "image": conf.get("trainops", "image", fallback="trainops-trainer:latest"),
+        "namespace": conf.get("trainops", "namespace", fallback="default"),
+        "poll_interval": 1.0 if cluster == "local" else 5.0,
+    }
+
+
+def train_evaluate_gate_promote(stage, args, *, model: str, place: dict, **train_options) -> dict:
+    """What every retraining DAG shares, created in the DAG being defined: train on
+    ``stage``'s dataset with the run-time settings ``args`` (an XCom dict with ``nodes``,
+    ``gpus_per_node``, ``capacity``, ``max_preemptions``, ``trainer_config``), evaluate the
+    candidate against production, gate it (:data:`GATE_CHECKS`) and promote it. ``place`` is
+    :func:`deployment`'s answer. Returns the four tasks by task id."""
+    from trainops.operators import (
+        EvaluateModelOperator,
+        EvaluationGateOperator,
+        FSDPTrainingOperator,
+        PromoteModelOperator,
+    )
+
+    where = {key: place[key] for key in ("cluster", "image", "namespace", "poll_interval")}
+    # No Airflow retries for training: preemptions and infrastructure failures have their own
+    # budgets inside the task, and a program error would fail the same way again.
+    train = FSDPTrainingOperator(
+        task_id="train",
+        dataset=stage.output,
+        nodes=args["nodes"],
+        gpus_per_node=args["gpus_per_node"],
+        capacity=args["capacity"],
+        max_preemptions=args["max_preemptions"],
+        trainer_config=args["trainer_config"],
+        retries=0,
+        **where,
+        **train_options,
+    )
+    evaluate = EvaluateModelOperator(task_id="evaluate", training=train.output, model_name=model, **where)
+    gate = EvaluationGateOperator(task_id="gate", evaluation=evaluate.output, checks=GATE_CHECKS)
+    promote = PromoteModelOperator(
+        task_id="promote",
+        model_name=model,
+        gate=gate.output,
+        training=train.output,
+        dataset=stage.output,
+        evaluation=evaluate.output,
+    )
+    return {"train": train, "evaluate": evaluate, "gate": gate, "promote": promote}

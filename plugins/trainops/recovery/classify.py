@@ -1,0 +1,59 @@
+"""Classify a finished attempt: a pure function of the cluster's view and the attempt record.
+
+The cluster's view (job phase, node exit codes, disruptions such as a spot interruption or a
+node that vanished) and the trainer's own attempt record together say what happened; exit
+codes alone cannot, because torchrun exits 1 on SIGTERM whatever its workers did.
+"""
+
+from __future__ import annotations
+
+SUCCEEDED, PREEMPTED, INFRA, ERROR = "succeeded", "preempted", "infra", "error"
+
+
+def classify_attempt(state: dict, record: dict | None) -> dict:
+    """Classify one finished attempt.
+
+    :param state: the backend's final job state (``phase``, ``reason``, ``nodes``, ``disruptions``).
+    :param record: the attempt record the trainer wrote, or None if it could not write one.
+    :return: ``{"classification": ..., "reason": ...}``
+    """
+    outcome = (record or {}).get("outcome")
+    disruptions = state.get("disruptions") or []
+    if outcome == "completed":
+        return {"classification": SUCCEEDED, "reason": "the trainer completed every step"}
+    if outcome == "preempted":
+        why = (
+            disruptions[0]["message"]
+            if disruptions
+            else f"the trainer received {record.get('signal') or 'a termination signal'}"
+        )
+        return {
+            "classification": PREEMPTED,
+            "reason": f"{why}; emergency checkpoint at step {record.get('checkpoint_step')}",
+        }
+    if disruptions:
+        d = disruptions[0]
+        return {
+            "classification": PREEMPTED,
+            "reason": f"{d.get('reason')}: {d.get('message')} (no attempt record: the trainer had no time to save)",
+        }
+    if state.get("phase") == "lost":
+        return {"classification": PREEMPTED, "reason": f"node lost: {state.get('reason')}"}
+    if outcome == "failed":
+        hint = record.get("hint")
+        return {
+            "classification": ERROR,
+            "reason": f"{record.get('error') or 'the trainer failed'}" + (f"; hint: {hint}" if hint else ""),
+        }
+    if state.get("infra_reason"):
+        return {"classification": INFRA, "reason": state["infra_reason"]}
+    codes = [n.get("exit_code") for n in state.get("nodes", [])]
+    if state.get("phase") == "succeeded":
+        return {
+            "classification": ERROR,
+            "reason": "the trainer exited 0 but wrote no attempt record; check the trainer version",
+        }
+    return {
+        "classification": ERROR,
+        "reason": f"the job failed without an attempt record (node exit codes {codes}): {state.get('reason') or 'see the node logs'}",
+    }

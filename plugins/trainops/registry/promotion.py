@@ -1,0 +1,437 @@
+"""Promotion: copy an export into a numbered model version and move the production pointer.
+
+Layout (from :mod:`trainer.contract`)::
+
+    <root>/models/<name>/versions/<v>/_claim.json   who took version v (written once)
+    <root>/models/<name>/versions/<v>/...           the export's files, copied
+    <root>/models/<name>/versions/<v>/card.json     lineage
+    <root>/models/<name>/production.json            the pointer, moved only by compare-and-swap
+
+Conditional writes are the only coordination: ``_claim.json`` with If-None-Match makes
+version numbers unique, and the pointer is written with If-Match on the etag that was
+checked, so of two promotions gated against the same production version exactly one wins.
+The other learns that production moved; with a ``regate`` callable it checks the candidate
+against the new production model and either moves the pointer from there (another
+compare-and-swap) or stops. Every move appends to the pointer's ``history``, which is
+rewritten whole under the same compare-and-swap, so no move is lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from trainer.contract import join, model_prefix, model_version_prefix, production_pointer
+from trainer.storage import NotFound, PreconditionFailed, Storage
+
+__all__ = [
+    "CARD_FORMAT",
+    "POINTER_FORMAT",
+    "ProductionMovedError",
+    "PromotionError",
+    "RegateRejected",
+    "allocate_version",
+    "card_uri",
+    "config_sha256",
+    "new_pointer",
+    "next_version",
+    "promote",
+    "read_config_bytes",
+    "read_pointer",
+    "read_production",
+    "version_numbers",
+]
+
+POINTER_FORMAT = "trainops.production/v1"
+CARD_FORMAT = "trainops.model-card/v1"
+CLAIM_NAME = "_claim.json"
+CARD_NAME = "card.json"
+_MAX_ALLOCATE_TRIES = 100
+_MAX_CAS_TRIES = 20
+# How often one promotion may find production moved and re-gate before it gives up.
+_MAX_REGATES = 20
+
+
+class PromotionError(Exception):
+    """Promotion could not proceed."""
+
+
+class ProductionMovedError(PromotionError):
+    """The production pointer changed after the gate compared against it.
+
+    ``pointer`` is the pointer as read (None: no production model); ``reason``, when set,
+    says why the candidate could not be re-gated against it.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        expected_version: int | None,
+        current_version: int | None,
+        *,
+        pointer: dict | None = None,
+        reason: str | None = None,
+    ):
+        self.model = model
+        self.expected_version = expected_version
+        self.current_version = current_version
+        self.pointer = pointer
+        self.reason = reason
+        target = f"against v{current_version}" if current_version is not None else "with no production model"
+        moved = (
+            f"production of {model!r} moved from {_label(expected_version)} to "
+            f"{_label(current_version)} while this run was gated"
+        )
+        if reason is None:
+            message = f"{moved}; re-run to evaluate {target}"
+        else:
+            message = (
+                f"{moved}, and {reason}; the candidate must be evaluated {target}: clear "
+                "this DAG run's evaluate task (it evaluates against the current "
+                "production model) or trigger a new run"
+            )
+        super().__init__(message)
+
+
+class RegateRejected(PromotionError):
+    """Production moved, and the candidate fails its checks against the new production model."""
+
+    def __init__(self, message: str, decision: dict):
+        self.decision = decision
+        super().__init__(message)
+
+
+def _label(version: int | None) -> str:
+    return f"v{version}" if version is not None else "(none)"
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _trainops_version() -> str:
+    try:
+        import trainops
+    except ImportError:
+        return "0.1.0"
+    return getattr(trainops, "__version__", "0.1.0")
+
+
+# ------------------------------------------------------------------------- pure decisions
+
+
+def next_version(existing_version_numbers) -> int:
+    """The version after the highest existing one; 1 for a new model."""
+    return max((int(v) for v in existing_version_numbers), default=0) + 1
+
+
+def _version_of(versions_prefix: str, uri: str) -> int | None:
+    rest = uri[len(versions_prefix) + 1 :] if uri.startswith(versions_prefix + "/") else ""
+    head = rest.split("/", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def _parse_pointer(data: object, uri: str) -> dict:
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("version"), int)
+        or isinstance(data.get("version"), bool)
+    ):
+        raise PromotionError(
+            f"production pointer {uri!r} is malformed (no integer 'version': {str(data)[:200]}); "
+            "restore it from its history or delete it"
+        )
+    return data
+
+
+def new_pointer(previous: dict | None, *, name: str, version: int, version_uri: str, entry: dict) -> dict:
+    """The pointer after a move to ``version``; ``entry`` (``at``, ``action``, ...) joins the
+    history, and the rest of the previous history is kept as it was."""
+    history = list(previous.get("history", [])) if previous else []
+    history.append({"version": version, **entry})
+    return {
+        "format": POINTER_FORMAT,
+        "model": name,
+        "version": version,
+        "uri": version_uri,
+        "promoted_at": entry["at"],
+        "run_uri": entry.get("run_uri"),
+        "history": history,
+    }
+
+
+def _promotion_of(pointer: dict | None, run_uri: str | None) -> tuple[int, int | None] | None:
+    """(version, previous version) of this run's promotion in the history, if there is one."""
+    if not pointer or not run_uri:
+        return None
+    history = pointer.get("history") or []
+    for i, entry in enumerate(history):
+        if entry.get("action") == "promote" and entry.get("run_uri") == run_uri:
+            return entry["version"], history[i - 1]["version"] if i else None
+    return None
+
+
+# ------------------------------------------------------------------------- storage I/O
+
+
+def version_numbers(storage: Storage, root: str, name: str) -> list[int]:
+    """Every version number that has an object under ``versions/`` (claimed or complete)."""
+    prefix = join(model_prefix(root, name), "versions")
+    found = {_version_of(prefix, uri) for uri in storage.list(prefix)}
+    return sorted(v for v in found if v is not None)
+
+
+def allocate_version(storage: Storage, root: str, name: str, *, claim: dict | None = None) -> int:
+    """Claim the next free version number by creating its ``_claim.json`` (If-None-Match)."""
+    version = next_version(version_numbers(storage, root, name))
+    body = {"model": name, "claimed_at": _now(), **(claim or {})}
+    for _ in range(_MAX_ALLOCATE_TRIES):
+        uri = join(model_version_prefix(root, name, version), CLAIM_NAME)
+        try:
+            storage.put_json(uri, {**body, "version": version}, if_none_match=True)
+            return version
+        except PreconditionFailed:
+            version += 1
+    raise PromotionError(
+        f"could not claim a version of {name!r} after {_MAX_ALLOCATE_TRIES} tries "
+        f"(last v{version}); too many promotions at once, retry later"
+    )
+
+
+def read_production(storage: Storage, root: str, name: str) -> dict | None:
+    """The production pointer of model ``name``, or None if it has never been promoted."""
+    return read_pointer(storage, production_pointer(root, name))[0]
+
+
+def card_uri(root: str, name: str, version: int) -> str:
+    return join(model_version_prefix(root, name, version), CARD_NAME)
+
+
+def read_pointer(storage: Storage, uri: str) -> tuple[dict | None, str | None]:
+    """The pointer at ``uri`` and its etag, or (None, None) when there is none."""
+    try:
+        data, etag = storage.get_with_etag(uri)
+    except NotFound:
+        return None, None
+    try:
+        obj = json.loads(data)
+    except ValueError as exc:
+        raise PromotionError(
+            f"production pointer {uri!r} is not valid JSON ({exc}); restore it or delete it"
+        ) from exc
+    return _parse_pointer(obj, uri), etag
+
+
+def read_config_bytes(storage: Storage, config_uri: str) -> bytes:
+    """The resolved trainer config (``config.yaml``) of a run; a clear error when missing."""
+    try:
+        return storage.get(config_uri)
+    except NotFound:
+        raise PromotionError(
+            f"trainer config {config_uri!r} does not exist; pass the training result of the run "
+            "that produced this export"
+        ) from None
+
+
+def config_sha256(storage: Storage, config_uri: str) -> str:
+    """sha256 of the resolved trainer config (``config.yaml``) bytes, as hex."""
+    return hashlib.sha256(read_config_bytes(storage, config_uri)).hexdigest()
+
+
+def _check_unmoved(pointer: dict | None, name: str, expected: int | None) -> int | None:
+    current = pointer["version"] if pointer else None
+    if current != expected:
+        raise ProductionMovedError(name, expected, current, pointer=pointer)
+    return current
+
+
+def _copy_export(storage: Storage, export_uri: str, version_uri: str) -> list[dict]:
+    base = export_uri.rstrip("/")
+    sources = storage.list(base)
+    if not sources:
+        raise PromotionError(f"export {export_uri!r} holds no files; nothing to promote")
+    files = []
+    for src in sources:
+        rel = src[len(base) + 1 :]
+        if rel in (CLAIM_NAME, CARD_NAME):
+            raise PromotionError(
+                f"export {export_uri!r} contains {rel!r}, a name promotion reserves; rename it"
+            )
+        storage.copy(src, join(version_uri, rel))
+        head = storage.head(src) or {}
+        files.append({"path": rel, "size": head.get("size")})
+    return files
+
+
+def _abandon(storage: Storage, version_uri: str, reason: str) -> None:
+    """Remove a losing version's files but keep its claim, so its number is never reused."""
+    claim_uri = join(version_uri, CLAIM_NAME)
+    for uri in storage.list(version_uri):
+        if uri != claim_uri:
+            storage.delete(uri)
+    try:
+        claim = storage.get_json(claim_uri)
+    except NotFound:
+        claim = {}
+    storage.put_json(
+        claim_uri, {**(claim if isinstance(claim, dict) else {}), "abandoned_at": _now(), "reason": reason}
+    )
+
+
+def promote(
+    storage: Storage,
+    root: str,
+    name: str,
+    *,
+    export_uri: str,
+    card: dict,
+    expected_production_version: int | None,
+    regate: Callable[[dict | None], dict] | None = None,
+) -> dict:
+    """Publish ``export_uri`` as the next version of ``name`` and make it production.
+
+    ``card`` holds the caller's lineage (dataset, run, config hash, metrics, gate decision);
+    the version, file list, trainops version and time are added here.
+    ``expected_production_version`` is the version the gate compared against. If production
+    is anything else when the pointer is moved:
+
+    - without ``regate``, :class:`ProductionMovedError` is raised and the pointer is left
+      untouched;
+    - with ``regate``, it is called with the pointer as now read. It returns a record of the
+      new comparison (kept in the card's ``gate.regates``), and the pointer is moved from
+      that version instead; or it raises a :class:`PromotionError` (:class:`RegateRejected`,
+      :class:`ProductionMovedError`) to stop.
+
+    A version claimed and then not promoted keeps only its ``_claim.json``, with the reason.
+    A run already promoted (a task retry after the pointer moved) is reported, not promoted
+    again.
+    """
+    pointer_uri = production_pointer(root, name)
+    run_uri = card.get("run_uri")
+    pointer = read_pointer(storage, pointer_uri)[0]
+    done = _promotion_of(pointer, run_uri)
+    if done is not None:
+        return _result(root, name, done[0], done[1], regates=[])
+    expected, regates = expected_production_version, []
+    try:
+        # Decide before copying weights when the answer is already known.
+        _check_unmoved(pointer, name, expected)
+    except ProductionMovedError as moved:
+        if regate is None:
+            raise
+        regates.append(regate(moved.pointer))
+        expected = moved.current_version
+
+    version = allocate_version(storage, root, name, claim={"run_uri": run_uri})
+    version_uri = model_version_prefix(root, name, version)
+    try:
+        files = _copy_export(storage, export_uri, version_uri)
+        for _ in range(_MAX_REGATES):
+            at = _now()
+            storage.put_json(
+                join(version_uri, CARD_NAME),
+                _card(
+                    card,
+                    regates,
+                    name=name,
+                    version=version,
+                    version_uri=version_uri,
+                    export_uri=export_uri,
+                    files=files,
+                    at=at,
+                ),
+            )
+            try:
+                previous = _move_pointer(
+                    storage,
+                    pointer_uri,
+                    name,
+                    expected,
+                    version=version,
+                    version_uri=version_uri,
+                    entry={"at": at, "action": "promote", "run_uri": run_uri},
+                )
+            except ProductionMovedError as moved:
+                if regate is None:
+                    raise
+                regates.append(regate(moved.pointer))
+                expected = moved.current_version
+                continue
+            return _result(root, name, version, previous, regates=regates)
+        raise PromotionError(
+            f"production of {name!r} moved {_MAX_REGATES} times while this promotion re-gated "
+            "against it; too many promotions at once, retry later"
+        )
+    except Exception as exc:
+        with contextlib.suppress(Exception):
+            _abandon(storage, version_uri, str(exc) or type(exc).__name__)
+        raise
+
+
+def _card(
+    card: dict,
+    regates: list[dict],
+    *,
+    name: str,
+    version: int,
+    version_uri: str,
+    export_uri: str,
+    files: list[dict],
+    at: str,
+) -> dict:
+    gate = dict(card.get("gate") or {})
+    if regates:
+        gate["regates"] = regates
+    return {
+        **card,
+        "gate": gate,
+        "format": CARD_FORMAT,
+        "model": name,
+        "version": version,
+        "uri": version_uri,
+        "export_uri": export_uri,
+        "files": files,
+        "trainops_version": _trainops_version(),
+        "promoted_at": at,
+    }
+
+
+def _result(root: str, name: str, version: int, previous: int | None, *, regates: list[dict]) -> dict:
+    return {
+        "version": version,
+        "version_uri": model_version_prefix(root, name, version),
+        "card_uri": card_uri(root, name, version),
+        "production_uri": production_pointer(root, name),
+        "previous_version": previous,
+        "regated_against": [r.get("production_version") for r in regates],
+    }
+
+
+def _move_pointer(
+    storage: Storage,
+    uri: str,
+    name: str,
+    expected: int | None,
+    *,
+    version: int,
+    version_uri: str,
+    entry: dict,
+) -> int | None:
+    for _ in range(_MAX_CAS_TRIES):
+        pointer, etag = read_pointer(storage, uri)
+        previous = _check_unmoved(pointer, name, expected)
+        new = new_pointer(pointer, name=name, version=version, version_uri=version_uri, entry=entry)
+        condition = {"if_match": etag} if etag is not None else {"if_none_match": True}
+        try:
+            storage.put_json(uri, new, **condition)
+            return previous
+        except PreconditionFailed:
+            # Someone wrote the pointer since we read it; the moved-check above decides.
+            continue
+    raise PromotionError(
+        f"production pointer {uri!r} kept changing over {_MAX_CAS_TRIES} compare-and-swap tries; "
+        "retry the promotion"
+    )

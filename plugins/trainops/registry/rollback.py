@@ -1,0 +1,153 @@
+"""Rollback: point production back at a version that was production before.
+
+The pointer moves through the same compare-and-swap as a promotion (If-Match on the etag
+read), and the move joins the pointer's history with who did it and why::
+
+    {"version": 2, "action": "rollback", "from_version": 3, "by": "alice",
+     "reason": "v3 answers in German", "at": "...", "run_uri": "<the run v2 came from>"}
+
+Rules:
+
+- The target must be a complete version (its ``card.json`` and every file the card lists)
+  that was production before (it is in the pointer's history). Rolling back to a version
+  that never went through the gate as production is refused: a rollback returns to a
+  known state, it does not publish.
+- Rolling back to the version that is already production changes nothing and says so, so
+  a retried task or a repeated command is harmless.
+- If another promotion or rollback moves production while this one runs, nothing is
+  written and :class:`RollbackConflict` names the new version: the person rolling back
+  decides again. A rewrite that does not move production is retried.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from trainer.contract import join, model_version_prefix, production_pointer
+from trainer.storage import NotFound, PreconditionFailed
+from trainops.registry.promotion import (
+    CARD_NAME,
+    PromotionError,
+    new_pointer,
+    read_pointer,
+    version_numbers,
+)
+
+__all__ = ["RollbackConflict", "rollback"]
+
+_MAX_CAS_TRIES = 20
+
+
+class RollbackConflict(PromotionError):
+    """Production moved while the rollback was being written; nothing was changed."""
+
+
+def _check_target(storage, root: str, name: str, version: int, pointer: dict) -> dict:
+    """The target version's card, after checking it may be rolled back to."""
+    history = pointer.get("history") or []
+    been = sorted({h.get("version") for h in history if isinstance(h.get("version"), int)})
+    if version not in been:
+        existing = version_numbers(storage, root, name)
+        if version not in existing:
+            raise PromotionError(
+                f"{name!r} has no version {version} (versions: "
+                f"{', '.join(f'v{v}' for v in existing) or 'none'}); pick one of its history: "
+                f"{', '.join(f'v{v}' for v in been)}"
+            )
+        raise PromotionError(
+            f"v{version} of {name!r} was never production (history: "
+            f"{', '.join(f'v{v}' for v in been)}); rollback only returns to a version that was "
+            "production"
+        )
+    version_uri = model_version_prefix(root, name, version)
+    try:
+        card = storage.get_json(join(version_uri, CARD_NAME))
+    except NotFound:
+        raise PromotionError(
+            f"v{version} of {name!r} has no {CARD_NAME} at {version_uri}; its "
+            "files are incomplete, so production cannot point at it"
+        ) from None
+    for item in card.get("files") or []:
+        if storage.head(join(version_uri, item["path"])) is None:
+            raise PromotionError(
+                f"v{version} of {name!r} is missing {item['path']!r} under "
+                f"{version_uri}; production cannot point at it"
+            )
+    return card
+
+
+def rollback(
+    storage, root: str, name: str, version: int, *, reason: str, by: str, via: str | None = None
+) -> dict:
+    """Move production of ``name`` back to ``version``; see the module docstring.
+
+    Returns ``{"model", "version", "previous_version", "changed", "by", "reason", "at",
+    "production_uri"}``; ``changed`` is False when ``version`` already was production.
+    Raises PromotionError (or :class:`RollbackConflict`) naming what is wrong.
+    """
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise PromotionError(f"version must be a positive integer such as 2, got {version!r}")
+    if not isinstance(reason, str) or not reason.strip():
+        raise PromotionError(
+            "a rollback needs a reason (for example --reason 'v3 regressed on "
+            "support tickets'); it is kept in the pointer's history"
+        )
+    if not isinstance(by, str) or not by.strip():
+        raise PromotionError("a rollback needs to say who does it (--by NAME)")
+    uri = production_pointer(root, name)
+    started_from = None
+    for _ in range(_MAX_CAS_TRIES):
+        pointer, etag = read_pointer(storage, uri)
+        if pointer is None:
+            raise PromotionError(
+                f"{name!r} has no production pointer at {uri}; nothing to roll "
+                "back (check the model name and the storage root)"
+            )
+        current = pointer["version"]
+        if started_from is None:
+            started_from = current
+        elif current != started_from:
+            raise RollbackConflict(
+                f"production of {name!r} moved from v{started_from} to v{current} while rolling "
+                f"back to v{version}; nothing was changed. Check v{current}, then run the "
+                "rollback again if you still want it"
+            )
+        at = datetime.now(UTC).isoformat(timespec="seconds")
+        out = {
+            "model": name,
+            "version": version,
+            "previous_version": current,
+            "by": by.strip(),
+            "reason": reason.strip(),
+            "at": at,
+            "production_uri": uri,
+        }
+        if current == version:
+            return {**out, "changed": False}
+        card = _check_target(storage, root, name, version, pointer)
+        entry = {
+            "at": at,
+            "action": "rollback",
+            "from_version": current,
+            "by": by.strip(),
+            "reason": reason.strip(),
+            "run_uri": card.get("run_uri"),
+        }
+        if via:
+            entry["via"] = via
+        new = new_pointer(
+            pointer,
+            name=name,
+            version=version,
+            version_uri=model_version_prefix(root, name, version),
+            entry=entry,
+        )
+        try:
+            storage.put_json(uri, new, if_match=etag)
+        except PreconditionFailed:
+            continue
+        return {**out, "changed": True}
+    raise PromotionError(
+        f"production pointer {uri!r} kept changing over {_MAX_CAS_TRIES} "
+        "compare-and-swap tries; retry the rollback"
+    )

@@ -1,0 +1,1 @@
+"""The report app (``/trainops/report``) and the pages it renders from stored records."""

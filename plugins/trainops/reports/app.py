@@ -1,0 +1,326 @@
+"""The report app: stored trainops reports as HTML, served by Airflow's API server.
+
+``GET <base_url>/trainops/report?uri=<storage URI>`` reads one stored report (a dataset's
+``validation.json``, a run's ``eval/gate.json`` or ``job.json``, a model version's
+``card.json``, a Markdown or other text file) and renders it with
+:mod:`trainops.reports.pages`. The plugin mounts the app at ``/trainops``.
+
+Which objects are served: only URIs under a trainops storage root, that is the default root
+(``$TRAINOPS_STORAGE_ROOT``, see :mod:`trainops.settings`) plus any roots listed in
+``$TRAINOPS_REPORT_ROOTS`` (comma or space separated, for DAGs that pass their own
+``storage_root``). URIs with ``.`` or ``..`` segments or another scheme get 400, URIs
+outside every root (another bucket or prefix, a path or symbolic link leading out of the
+root) get 403, and only ``.json`` and text files (``.md``, ``.yaml``, ...) of at most
+:data:`MAX_REPORT_BYTES` are read. ``s3://`` is read with the Airflow connection named by
+``$TRAINOPS_REPORTS_AWS_CONN_ID`` (default ``aws_default``), as the operators do through
+:func:`trainops.hooks.storage.storage_for`. A run's ``job.json`` is shown as the run report:
+the app also reads the ``metrics.jsonl`` beside it (same checks, at most
+:data:`MAX_METRICS_BYTES`) for the loss curve and throughput, and says why when it cannot.
+
+Authentication: Airflow does NOT protect plugin apps. ``init_plugins`` in
+``airflow/api_fastapi/app.py`` (Airflow 3.3.2, lines 229-253) attaches each entry of
+``fastapi_apps`` with a bare ``app.mount(url_prefix, subapp)``; the core API is
+authenticated by dependencies on its own routers, which a mounted app does not inherit, and
+the root middlewares (``init_middlewares``, ``airflow/api_fastapi/core_api/app.py`` line
+173: JWT refresh, the auth manager's own middlewares, gzip) refresh a session cookie when
+one is sent but require none. So every request here depends on Airflow's own ``get_user``
+(``airflow/api_fastapi/core_api/security.py`` line 145), which accepts the UI's session
+cookie (scoped to ``[api] base_url``'s path, so a browser sends it to ``/trainops`` too) or an
+``Authorization: Bearer`` token, and answers 401 otherwise. It then asks the auth manager:
+reports under ``runs/<dag_id>/`` need read access to that DAG's task instances
+(``requires_access_dag``), every other report needs access to the Airflow website
+(``requires_access_view(AccessView.WEBSITE)``).
+
+This module imports FastAPI; Airflow's API security modules are imported only by
+:func:`create_app`, which the plugin calls on the first request (see ``trainops.plugin``).
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import HTTPException
+from fastapi.responses import HTMLResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from trainops.reports import pages, run_page
+
+__all__ = [
+    "MAX_METRICS_BYTES",
+    "MAX_REPORT_BYTES",
+    "ReportRequestError",
+    "ReportTarget",
+    "allowed_roots",
+    "check_report_uri",
+    "create_app",
+    "read_report",
+    "read_run_metrics",
+    "required_access",
+]
+
+REPORT_ROOTS_ENV = "TRAINOPS_REPORT_ROOTS"
+CONN_ID_ENV = "TRAINOPS_REPORTS_AWS_CONN_ID"
+MAX_REPORT_BYTES = 5 * 1024 * 1024
+MAX_METRICS_BYTES = 32 * 1024 * 1024  # a run's metrics.jsonl, read for its job.json's page
+JOB_NAME, METRICS_NAME = "job.json", "metrics.jsonl"
+
+_HEADERS = {
+    # Report contents are escaped; the policy is a second line: no script, no fetches.
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'unsafe-inline'; "
+        "base-uri 'none'; form-action 'none'; frame-ancestors 'self'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class ReportRequestError(Exception):
+    """A request the app refuses or cannot serve; ``status`` is the HTTP status."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class ReportTarget:
+    """A checked request: the report's URI, the root holding it, and its path below the root."""
+
+    uri: str
+    root: str
+    relative: str
+
+
+# ----------------------------------------------------------------------------- pure checks
+
+
+def _split(uri: str) -> tuple[str, str, str]:
+    """``(scheme, bucket, path)``; file URIs have an empty bucket and an absolute path."""
+    if uri.startswith("s3://"):
+        bucket, _, key = uri[len("s3://") :].partition("/")
+        return "s3", bucket, key
+    path = uri[len("file://") :]
+    if path.startswith("localhost/"):
+        path = path[len("localhost") :]
+    return "file", "", path
+
+
+def _below(path: str, base: str) -> str | None:
+    """``path`` relative to ``base`` ("" for a bucket-wide root), or None when not below it."""
+    base = base.rstrip("/")
+    if not base:
+        relative = path.lstrip("/")
+    elif path.startswith(base + "/"):
+        relative = path[len(base) + 1 :]
+    else:
+        return None
+    return relative or None
+
+
+def check_report_uri(uri: str, roots: Sequence[str]) -> ReportTarget:
+    """Where ``uri`` lies among ``roots``; raise ReportRequestError (400, 403) if it may not be read.
+
+    :param uri: what the request asked for, e.g. ``s3://bucket/root/datasets/d/v/validation.json``.
+    :param roots: allowed storage roots, validated (no trailing slash).
+    """
+    if not uri or not uri.strip():
+        raise ReportRequestError(
+            400,
+            "the uri parameter is empty: pass ?uri=<storage URI of a "
+            "report>, such as the one an operator's link points to",
+        )
+    if _CONTROL.search(uri):
+        raise ReportRequestError(400, f"uri {uri!r} contains control characters")
+    if not uri.startswith(("file://", "s3://")):
+        raise ReportRequestError(
+            400, f"uri {uri!r} is not a trainops storage URI: use s3://bucket/... or file:///..."
+        )
+    scheme, bucket, path = _split(uri)
+    if any(segment in (".", "..") for segment in path.split("/")):
+        raise ReportRequestError(
+            400, f"uri {uri!r} contains a '.' or '..' segment: give the report's direct URI"
+        )
+    if scheme == "file":
+        if not path.startswith("/"):
+            raise ReportRequestError(400, f"uri {uri!r} is not an absolute file:/// URI")
+        path = posixpath.normpath(path)
+    for root in roots:
+        root_scheme, root_bucket, root_path = _split(root)
+        if (root_scheme, root_bucket) != (scheme, bucket):
+            continue
+        if scheme == "file":
+            root_path = posixpath.normpath(root_path)
+        relative = _below(path, root_path)
+        if relative is not None:
+            canonical = f"s3://{bucket}/{path}" if scheme == "s3" else f"file://{path}"
+            break
+    else:
+        raise ReportRequestError(
+            403,
+            f"uri {uri!r} is outside the trainops storage roots {list(roots)}; only "
+            f"reports under them are served (the API server adds roots from "
+            f"${REPORT_ROOTS_ENV})",
+        )
+    if not canonical.endswith(pages.JSON_SUFFIXES + pages.TEXT_SUFFIXES):
+        suffixes = ", ".join(pages.JSON_SUFFIXES + pages.TEXT_SUFFIXES)
+        raise ReportRequestError(
+            400, f"uri {uri!r} is not a report: only files ending in {suffixes} are rendered"
+        )
+    return ReportTarget(uri=canonical, root=root, relative=relative)
+
+
+def required_access(target: ReportTarget) -> str | None:
+    """The DAG whose task-instance read access the report needs, or None (website access)."""
+    parts = target.relative.split("/")
+    if len(parts) >= 3 and parts[0] == "runs" and parts[1]:
+        return parts[1]
+    return None
+
+
+# ----------------------------------------------------------------------------- I/O
+
+
+def allowed_roots() -> list[str]:
+    """The default storage root and the roots in ``$TRAINOPS_REPORT_ROOTS``, read each call."""
+    from trainops.settings import default_storage_root, resolve_storage_root
+
+    roots = [default_storage_root()]
+    for item in re.split(r"[,\s]+", os.environ.get(REPORT_ROOTS_ENV, "")):
+        if not item:
+            continue
+        try:
+            roots.append(resolve_storage_root(item))
+        except ValueError as exc:
+            raise ValueError(f"${REPORT_ROOTS_ENV} entry {item!r} is invalid: {exc}") from None
+    return list(dict.fromkeys(roots))
+
+
+def _check_real_path(target: ReportTarget) -> None:
+    """Refuse a file:// report that a symbolic link places outside its root."""
+    path, root = _split(target.uri)[2], _split(target.root)[2]
+    real, real_root = os.path.realpath(path), os.path.realpath(root or "/")
+    if real_root != "/" and not real.startswith(real_root.rstrip("/") + "/"):
+        raise ReportRequestError(
+            403,
+            f"uri {target.uri!r} leads outside the storage root {target.root!r} through a "
+            "symbolic link; only reports inside the root are served",
+        )
+
+
+def read_report(target: ReportTarget, aws_conn_id: str | None, max_bytes: int = MAX_REPORT_BYTES) -> bytes:
+    """The report's bytes, read with the operators' storage client; ReportRequestError if not."""
+    from trainer.storage import NotFound, StorageError
+    from trainops.hooks.storage import storage_for
+
+    if target.uri.startswith("file://"):
+        _check_real_path(target)
+    storage = storage_for(target.root, aws_conn_id)
+    try:
+        head = storage.head(target.uri)
+        if head is None:
+            raise NotFound(target.uri)
+        if head.get("size", 0) > max_bytes:
+            raise ReportRequestError(
+                413,
+                f"{target.uri!r} holds {head['size']} bytes, more than the "
+                f"{max_bytes} a report page shows; download it with your storage "
+                "tools instead",
+            )
+        return storage.get(target.uri)
+    except NotFound:
+        raise ReportRequestError(
+            404, f"no report at {target.uri!r}: the task has not written it (yet), or it was deleted"
+        ) from None
+    except (StorageError, OSError) as exc:
+        raise ReportRequestError(502, f"could not read {target.uri!r}: {exc}") from None
+
+
+def read_run_metrics(
+    job: ReportTarget, roots: Sequence[str], aws_conn_id: str | None
+) -> tuple[str | None, str | None]:
+    """``(text, None)`` of the ``metrics.jsonl`` beside a run's ``job.json``, or ``(None, why)``.
+
+    The sibling goes through the same checks as any report (under a root, no symbolic link
+    out of it), with a larger size limit: a long run logs many steps.
+    """
+    uri = job.uri[: -len(JOB_NAME)] + METRICS_NAME
+    try:
+        data = read_report(check_report_uri(uri, roots), aws_conn_id, MAX_METRICS_BYTES)
+    except ReportRequestError as exc:
+        if exc.status == 404:
+            return None, f"{METRICS_NAME} was not found next to {JOB_NAME} (no step logged yet?)"
+        return None, exc.message
+    return data.decode("utf-8", errors="replace"), None
+
+
+def _authorize(request: Request, user, dag_id: str | None) -> None:
+    from airflow.api_fastapi.auth.managers.models.resource_details import (
+        AccessView,
+        DagAccessEntity,
+    )
+    from airflow.api_fastapi.core_api.security import requires_access_dag, requires_access_view
+
+    try:
+        if dag_id is not None:
+            requires_access_dag("GET", DagAccessEntity.TASK_INSTANCE, param_dag_id=dag_id)(request, user)
+        else:
+            requires_access_view(AccessView.WEBSITE)(request, user)
+    except HTTPException as exc:
+        what = f"task reports of DAG {dag_id!r}" if dag_id else "trainops reports"
+        raise ReportRequestError(exc.status_code, f"user {user.get_name()!r} may not read {what}") from None
+
+
+def _error_response(status: int, message: str, headers: dict | None = None) -> HTMLResponse:
+    return HTMLResponse(
+        pages.error_page(status, message), status_code=status, headers={**_HEADERS, **(headers or {})}
+    )
+
+
+def create_app() -> FastAPI:
+    """The report app, to mount at ``/trainops``; needs Airflow's auth manager initialised."""
+    from airflow.api_fastapi.core_api.security import get_user
+
+    app = FastAPI(title="trainops reports", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(ReportRequestError)
+    async def _refused(request: Request, exc: ReportRequestError) -> HTMLResponse:
+        return _error_response(exc.status, exc.message)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> HTMLResponse:
+        message = str(exc.detail)
+        if exc.status_code == 401:
+            message += ": log in to Airflow in this browser, then open the link again"
+        return _error_response(exc.status_code, message, exc.headers)
+
+    @app.get("/report", response_class=HTMLResponse)
+    def report(
+        request: Request,
+        uri: str = Query("", description="storage URI of the report"),
+        user=Depends(get_user),
+    ) -> HTMLResponse:
+        try:
+            roots = allowed_roots()
+        except ValueError as exc:
+            raise ReportRequestError(500, str(exc)) from None
+        target = check_report_uri(uri, roots)
+        _authorize(request, user, required_access(target))
+        conn_id = os.environ.get(CONN_ID_ENV) or "aws_default"
+        data = read_report(target, conn_id)
+        if target.uri.endswith("/" + JOB_NAME):
+            metrics, problem = read_run_metrics(target, roots, conn_id)
+            page = run_page.render_run_report(target.uri, data, metrics, metrics_problem=problem)
+        else:
+            page = pages.render_report(target.uri, data)
+        return HTMLResponse(page, headers=_HEADERS)
+
+    return app

@@ -1,0 +1,171 @@
+"""The layout's rules, checked on the source: no import cycles (imports inside functions count),
+the Airflow side touches only the shared trainer modules, a short top level, and every package
+shipped.
+
+Run as a script (``python tests/test_layout.py [ROOT]``) it prints the counts for a tree.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = {"trainops": Path("plugins") / "trainops", "trainer": Path("trainer")}
+
+
+def project_modules(root: Path = REPO) -> dict[str, Path]:
+    """Every module of the two packages: dotted name -> file."""
+    out = {}
+    for package, base in PACKAGES.items():
+        for path in sorted((root / base).rglob("*.py")):
+            rel = path.relative_to(root / base).with_suffix("")
+            parts = [package, *rel.parts]
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
+    return out
+
+
+def _type_checking_lines(tree: ast.AST) -> set[int]:
+    """Line numbers inside ``if TYPE_CHECKING:`` blocks (imports there never run)."""
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.body:
+                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
+    return lines
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules ``name`` imports anywhere in its file (functions included)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    skip = _type_checking_lines(tree)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def resolve(target: str) -> str | None:
+        while target and target not in modules:
+            target = target.rpartition(".")[0]
+        return target or None
+
+    for node in ast.walk(tree):
+        if getattr(node, "lineno", 0) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            targets = [
+                f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names
+            ]
+        else:
+            continue
+        for target in targets:
+            module = resolve(target)
+            if module and module != name:
+                found.add(module)
+    return found
+
+
+def import_graph(root: Path = REPO) -> dict[str, set[str]]:
+    modules = project_modules(root)
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    sys.setrecursionlimit(10_000)
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def top_level_modules(root: Path = REPO) -> list[str]:
+    return sorted(p.name for p in (root / PACKAGES["trainops"]).glob("*.py"))
+
+
+# ----------------------------------------------------------------------------- the rules
+MAX_TOP_LEVEL_MODULES = 8
+
+
+def test_no_import_cycles_among_our_modules_counting_imports_inside_functions():
+    assert cycles(import_graph()) == []
+
+
+def test_the_airflow_side_keeps_a_short_top_level():
+    top = top_level_modules()
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, top
+
+
+def test_every_package_is_shipped():
+    """A package missing from pyproject's list installs without it (the images use pip)."""
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {name for name, path in project_modules().items() if path.name == "__init__.py"}
+    assert listed == on_disk
+
+
+def test_every_module_of_the_airflow_side_and_the_trainer_has_a_test_file():
+    """Tests mirror the layout: ``plugins/trainops/a/b.py`` -> ``tests/trainops/a/test_b.py``
+    (a package's ``__init__``, ``__main__`` and a few thin re-export or wiring modules have
+    none; each exception is named here)."""
+    untested = {
+        "trainops",
+        "trainops.__main__",
+        "trainops.plugin",
+        "trainops.provider",
+        "trainer",
+        "trainer.__main__",
+    }
+    missing = []
+    for name, path in project_modules().items():
+        if path.name == "__init__.py" or name in untested:
+            continue
+        package, _, leaf = name.rpartition(".")
+        expected = REPO / "tests" / Path(*package.split(".")) / f"test_{leaf}.py"
+        if not expected.exists():
+            missing.append(str(expected.relative_to(REPO)))
+    assert missing == []
+
+
+if __name__ == "__main__":
+    root = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else REPO
+    found = cycles(import_graph(root))
+    print(f"top_level_modules={len(top_level_modules(root))}")
+    print(f"import_cycles={len(found)}")
+    for component in found:
+        print("  cycle:", " <-> ".join(component))

@@ -1,0 +1,82 @@
+"""``python -m trainops render-job SPEC.json``: the dry run a user types."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+SPECS = Path(__file__).resolve().parents[2] / "data" / "jobspecs"
+
+
+def render_job(path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "trainops", "render-job", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_prints_the_pytorchjob_as_yaml():
+    out = render_job(SPECS / "pytorchjob-spot-volcano.json")
+    assert out.returncode == 0, out.stderr
+    (pj,) = list(yaml.safe_load_all(out.stdout))
+    assert (pj["apiVersion"], pj["kind"]) == ("kubeflow.org/v1", "PyTorchJob")
+    assert pj["metadata"]["namespace"] == "ml"
+    assert pj["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
+    assert pj["spec"]["runPolicy"]["schedulingPolicy"]["queue"] == "training"
+
+
+def test_prints_service_then_indexed_job():
+    out = render_job(SPECS / "indexed-job-kueue-on-demand.json")
+    assert out.returncode == 0, out.stderr
+    docs = list(yaml.safe_load_all(out.stdout))
+    assert [d["kind"] for d in docs] == ["Service", "Job"]
+    assert docs[1]["spec"]["suspend"] is True
+    assert "s3-credentials" in out.stdout
+
+
+def test_unknown_fields_are_named(tmp_path):
+    out = render_job(SPECS / "unknown-field.json")
+    assert out.returncode == 2 and out.stdout == ""
+    assert "['gpu', 'replicas']" in out.stderr
+
+
+def test_literal_credentials_fail_with_advice(tmp_path):
+    spec = json.loads((SPECS / "indexed-job-kueue-on-demand.json").read_text())
+    spec["env"]["AWS_SECRET_ACCESS_KEY"] = "hunter2"
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    out = render_job(path)
+    assert out.returncode == 2 and "hunter2" not in out.stdout + out.stderr
+    assert "env_from_secrets" in out.stderr
+
+
+def test_missing_file_says_so(tmp_path):
+    out = render_job(tmp_path / "nope.json")
+    assert out.returncode == 2 and "no such file" in out.stderr
+
+
+def test_prints_the_trainjob():
+    out = render_job(SPECS / "trainjob-spot-kueue.json")
+    assert out.returncode == 0, out.stderr
+    (tj,) = list(yaml.safe_load_all(out.stdout))
+    assert (tj["apiVersion"], tj["kind"]) == ("trainer.kubeflow.org/v1alpha1", "TrainJob")
+    assert tj["spec"]["runtimeRef"]["name"] == "torch-distributed"
+    assert tj["spec"]["trainer"]["numNodes"] == 2 and tj["spec"]["suspend"] is True
+    assert tj["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    (override,) = tj["spec"]["podSpecOverrides"]
+    assert override["nodeSelector"]["karpenter.sh/capacity-type"] == "spot"
+    assert override["containers"][0]["envFrom"] == [{"secretRef": {"name": "wandb-credentials"}}]
+
+
+def test_what_a_trainjob_cannot_carry_fails_with_the_field_named(tmp_path):
+    spec = json.loads((SPECS / "trainjob-spot-kueue.json").read_text())
+    spec["spot_flavour"] = "auto"
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    out = render_job(path)
+    assert out.returncode == 2 and out.stdout == ""
+    assert "spot_flavour 'auto'" in out.stderr and "nodeSelector" in out.stderr

@@ -1,0 +1,133 @@
+"""What every pod carries: GPUs, shared memory, grace, identity, and no literal credentials."""
+
+import pytest
+
+from trainops.cluster.kubernetes.render import render_manifests, to_yaml
+from trainops.cluster.spec import JobSpec, JobSpecError
+
+ARGS = ["python", "-m", "trainer", "train", "--config", "s3://bucket/runs/r1/config.yaml"]
+
+
+def pods(**kw) -> list[dict]:
+    spec = JobSpec(**{"name": "train-0123abcd-a1", "args": ARGS, **kw})
+    out = []
+    for m in render_manifests(spec):
+        if m["kind"] == "Job":
+            out.append(m["spec"]["template"]["spec"])
+        elif m["kind"] == "PyTorchJob":
+            out += [r["template"]["spec"] for r in m["spec"]["pytorchReplicaSpecs"].values()]
+    return out
+
+
+@pytest.mark.parametrize("kind", ["indexed-job", "pytorchjob"])
+def test_gpu_pod_resources_shm_grace_and_non_root(kind):
+    for pod in pods(kind=kind, nodes=2, gpus_per_node=8, shm_size="32Gi", termination_grace_seconds=120):
+        (c,) = pod["containers"]
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == "8"
+        assert c["resources"]["requests"]["nvidia.com/gpu"] == "8"
+        shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+        assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+        assert pod["terminationGracePeriodSeconds"] == 120
+        timeout = int(next(a for a in c["command"] if a.startswith("--shutdown-timeout=")).split("=")[1])
+        assert 0 < timeout < 120
+        assert "--nproc-per-node=8" in c["command"] and "--nnodes=2" in c["command"]
+        sc = c["securityContext"]
+        assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 10001
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+def test_cpu_pod_has_no_gpu_resource_and_plain_process_when_not_distributed():
+    (pod,) = pods(gpus_per_node=0, distributed=False)
+    c = pod["containers"][0]
+    assert "nvidia.com/gpu" not in c["resources"]["limits"]
+    assert c["command"] == ARGS
+    assert "subdomain" not in pod
+
+
+def test_s3_endpoint_nccl_and_secrets_by_reference():
+    (pod,) = pods(
+        env={"AWS_ENDPOINT_URL_S3": "http://minio:9000", "AWS_REGION": "eu-west-1"},
+        nccl_env={"NCCL_IB_DISABLE": "1"},
+        service_account="trainer",
+        env_from_secrets=["wandb", {"env": "AWS_SECRET_ACCESS_KEY", "secret": "s3", "key": "secret"}],
+    )
+    c = pod["containers"][0]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["AWS_ENDPOINT_URL_S3"]["value"] == "http://minio:9000"
+    assert env["AWS_REGION"]["value"] == "eu-west-1"
+    assert env["NCCL_IB_DISABLE"]["value"] == "1"
+    assert env["AWS_SECRET_ACCESS_KEY"] == {
+        "name": "AWS_SECRET_ACCESS_KEY",
+        "valueFrom": {"secretKeyRef": {"name": "s3", "key": "secret"}},
+    }
+    assert c["envFrom"] == [{"secretRef": {"name": "wandb"}}]
+    assert pod["serviceAccountName"] == "trainer"
+
+
+@pytest.mark.parametrize(
+    "field,name",
+    [
+        ("env", "AWS_SECRET_ACCESS_KEY"),
+        ("env", "AWS_ACCESS_KEY_ID"),
+        ("env", "AWS_SESSION_TOKEN"),
+        ("env", "DB_PASSWORD"),
+        ("env", "HF_TOKEN"),
+        ("nccl_env", "NCCL_TOKEN"),
+    ],
+)
+def test_literal_credentials_are_rejected(field, name):
+    with pytest.raises(JobSpecError, match=f"{name}.*env_from_secrets"):
+        pods(**{field: {name: "hunter2"}})
+
+
+def test_no_literal_secret_value_reaches_the_manifest():
+    spec = JobSpec(
+        name="train-0123abcd-a1",
+        args=ARGS,
+        env_from_secrets=[{"env": "AWS_SECRET_ACCESS_KEY", "secret": "s3", "key": "secret"}],
+    )
+    assert "hunter2" not in to_yaml(render_manifests(spec))
+
+
+def test_bad_nccl_variable_and_bad_secret_ref_are_named():
+    with pytest.raises(JobSpecError, match=r"'OMP_NUM_THREADS'.*put it in env"):
+        pods(nccl_env={"OMP_NUM_THREADS": "4"})
+    with pytest.raises(JobSpecError, match=r"env_from_secrets entry.*Secret name"):
+        JobSpec(name="x", args=ARGS, env_from_secrets=[{"secret": "s3"}])
+
+
+def test_priority_volcano_and_identity():
+    (pod,) = pods(priority_class="batch-low", scheduler="volcano")
+    assert pod["priorityClassName"] == "batch-low"
+    assert pod["schedulerName"] == "volcano"
+    assert pod["automountServiceAccountToken"] is False
+    (pod,) = pods()
+    assert "schedulerName" not in pod and "serviceAccountName" not in pod
+
+
+def test_static_command_leaves_rendezvous_to_the_runtime_and_keeps_the_shutdown_timeout():
+    from trainops.cluster.kubernetes import pod as k8s_pod
+
+    spec = JobSpec(
+        name="train-0123abcd-a1", args=ARGS, nodes=2, gpus_per_node=8, termination_grace_seconds=40
+    )
+    assert k8s_pod.static_command(spec) == [
+        "python",
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--nproc-per-node=8",
+        f"--shutdown-timeout={spec.shutdown_timeout_s}",
+        "--max-restarts=0",
+        "-m",
+        "trainer",
+        *ARGS[3:],
+    ]
+    # a trainer argument that looks like a torchrun flag is the trainer's, and is kept
+    odd = JobSpec(name="train-0123abcd-a1", args=[*ARGS, "--rdzv-note=x"])
+    assert k8s_pod.static_command(odd)[-1] == "--rdzv-note=x"
+    plain = JobSpec(name="train-0123abcd-a1", args=ARGS, distributed=False)
+    assert k8s_pod.static_command(plain) == ARGS

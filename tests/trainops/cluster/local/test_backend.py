@@ -1,0 +1,170 @@
+"""The local backend with real detached processes (plain Python nodes, no torch)."""
+
+import contextlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from trainops.cluster.local.backend import LocalCluster
+from trainops.cluster.local.supervisor import gang_phase
+from trainops.cluster.spec import JobSpec
+
+NODE_FAILS = (
+    "import os, sys, time\nif os.environ['TRAINOPS_NODE_INDEX'] == '1': sys.exit(3)\ntime.sleep(60)\n"
+)
+
+# A stand-in for torchrun + trainer: logs steps to metrics.jsonl; on SIGTERM it writes a
+# marker and exits 1, as torchrun does whatever its workers return.
+STEPPER = (
+    "import json, os, signal, sys, time\n"
+    "out = sys.argv[1]\n"
+    "def stop(*_):\n"
+    "    open(out + '.sigterm-' + os.environ['TRAINOPS_NODE_INDEX'], 'w').close(); sys.exit(1)\n"
+    "signal.signal(signal.SIGTERM, stop)\n"
+    "for step in range(1, 400):\n"
+    "    if os.environ['TRAINOPS_NODE_INDEX'] == '0':\n"
+    "        with open(out, 'a') as f: f.write(json.dumps({'step': step, 'attempt': 1}) + '\\n')\n"
+    "    time.sleep(0.05)\n"
+)
+
+
+def wait_final(cluster, handle, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = cluster.status(handle)
+        if state["phase"] in ("succeeded", "failed", "lost"):
+            return state
+        time.sleep(0.1)
+    raise AssertionError(f"job still {state['phase']} after {timeout}s")
+
+
+def job(name, code, nodes=1, **kw):
+    return JobSpec(
+        name=name, args=["python", "-c", code, *kw.pop("argv", [])], nodes=nodes, distributed=False, **kw
+    )
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    return LocalCluster(tmp_path / "state")
+
+
+def test_gang_phase_decisions():
+    assert gang_phase([None, None]) == "running"
+    assert gang_phase([0, None]) == "running"  # torchrun's exit barrier: wait for the rest
+    assert gang_phase([0, 0]) == "succeeded"
+    assert gang_phase([None, 1]) == "teardown"
+    assert gang_phase([-15, 1]) == "failed"
+
+
+def test_success_logs_and_labels(cluster):
+    handle = cluster.launch(
+        job("ok-job", "print('hello from node', flush=True)", nodes=2, labels={"trainops/run": "r1"})
+    )
+    state = wait_final(cluster, handle)
+    assert state["phase"] == "succeeded"
+    assert [n["exit_code"] for n in state["nodes"]] == [0, 0]
+    assert "[node-0] hello from node" in cluster.logs_tail(handle)
+    assert cluster.log_lines(handle, None) == (["hello from node"], {"offset": 16})
+    job_dir = Path(handle["job_dir"])
+    assert not (job_dir / "node-0" / "cache").exists()  # scratch goes, like a pod's
+    assert (job_dir / "node-0.log").exists() and (job_dir / "status.json").exists()
+    assert cluster.find({"trainops/run": "r1"}) == []  # finished jobs are not reattached
+
+
+def test_one_failed_node_tears_down_the_gang(cluster):
+    started = time.monotonic()
+    handle = cluster.launch(job("gang", NODE_FAILS, nodes=2, termination_grace_seconds=5))
+    state = wait_final(cluster, handle)
+    assert state["phase"] == "failed"
+    assert state["nodes"][1]["exit_code"] == 3
+    assert state["nodes"][0]["exit_code"] == -signal.SIGTERM
+    assert "node 1 exited non-zero" in state["reason"]
+    assert time.monotonic() - started < 20  # not the 60 s node 0 would have slept
+
+
+def test_injected_preemption_signals_one_node_then_the_gang_stops(cluster, tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    handle = cluster.launch(
+        job("chaos", STEPPER, nodes=2, argv=[str(metrics)]),
+        chaos={"node": 1, "at_step": 5, "attempt": 1, "metrics_uri": f"file://{metrics}"},
+    )
+    state = wait_final(cluster, handle)
+    assert [d["node"] for d in state["disruptions"]] == [1]
+    assert state["disruptions"][0]["reason"] == "SpotInterruption"
+    assert state["nodes"][1]["exit_code"] == 1  # the preempted node went first ...
+    assert "node 1 exited non-zero" in state["reason"]  # ... and the gang was torn down
+    assert (tmp_path / "metrics.jsonl.sigterm-0").exists()
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert 5 <= max(steps) < 100  # stopped soon after step 5, not after all 399
+
+
+def test_delete_cancels_and_find_reattaches(cluster):
+    handle = cluster.launch(job("sleepy", "import time; time.sleep(60)", labels={"trainops/run": "r2"}))
+    deadline = time.monotonic() + 10
+    while cluster.status(handle)["phase"] != "running" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [h["job_id"] for h in cluster.find({"trainops/run": "r2"})] == [handle["job_id"]]
+    assert not cluster.all_gone(handle)
+    cluster.delete(handle)
+    state = wait_final(cluster, handle)
+    assert state["phase"] == "failed" and state["reason"] == "cancelled"
+    assert cluster.all_gone(handle)
+    cluster.delete(handle)  # deleting a finished job signals nobody (its pid may be reused)
+
+
+def test_supervisor_that_vanished_is_lost(cluster):
+    handle = cluster.launch(job("doomed", "import time; time.sleep(60)"))
+    deadline = time.monotonic() + 10
+    while cluster.status(handle)["phase"] != "running" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pid = int(Path(handle["job_dir"], "supervisor.pid").read_text())
+    os.kill(pid, signal.SIGKILL)
+    state = wait_final(cluster, handle)
+    assert state["phase"] == "lost" and "supervisor" in state["reason"]
+    for node in state["nodes"]:  # clean up the orphaned node
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(node["pid"], signal.SIGKILL)
+
+
+# -- node 0's log, a few lines at a time (the files as the supervisor writes them) -----------
+def logged(tmp_path, data: bytes, node=0):
+    with open(tmp_path / f"node-{node}.log", "ab") as f:
+        f.write(data)
+    return {"cluster": "local", "job_id": "j", "job_dir": str(tmp_path), "labels": {}}
+
+
+def test_log_lines_returns_only_new_whole_lines(cluster, tmp_path):
+    handle = logged(tmp_path, b"node 1 line\n", node=1)
+    assert cluster.log_lines(handle, None) == ([], None)  # node 0 has not written yet
+    logged(tmp_path, b"start\nstep 1 \xff\r\nstep 2 is half")
+    lines, cursor = cluster.log_lines(handle, None)
+    assert lines == ["start", "step 1 \ufffd"]  # undecodable bytes replaced, CR dropped
+    assert cursor == {"offset": len(b"start\nstep 1 \xff\r\n")}
+    assert json.loads(json.dumps(cursor)) == cursor
+    assert cluster.log_lines(handle, cursor) == ([], cursor)  # the half line waits
+    logged(tmp_path, b" written\nstep 3\n")
+    lines, cursor = cluster.log_lines(handle, cursor)
+    assert lines == ["step 2 is half written", "step 3"]
+    assert cursor == {"offset": (tmp_path / "node-0.log").stat().st_size}
+
+
+def test_log_lines_caps_a_backlog_with_a_notice(cluster, tmp_path):
+    handle = logged(tmp_path, b"".join(b"step %d\n" % i for i in range(1234)))
+    lines, cursor = cluster.log_lines(handle, None, max_lines=5)
+    assert lines == ["(… 1230 earlier lines skipped)", "step 1230", "step 1231", "step 1232", "step 1233"]
+    logged(tmp_path, b"step 1234\n")
+    assert cluster.log_lines(handle, cursor, max_lines=5) == (
+        ["step 1234"],
+        {"offset": (tmp_path / "node-0.log").stat().st_size},
+    )
+    assert cluster.log_lines(handle, None, max_lines=1235)[0][0] == "step 0"
+
+
+def test_log_lines_of_a_job_that_is_gone(cluster, tmp_path):
+    handle = {"cluster": "local", "job_id": "j", "job_dir": str(tmp_path / "gone"), "labels": {}}
+    assert cluster.log_lines(handle, {"offset": 42}) == ([], {"offset": 42})

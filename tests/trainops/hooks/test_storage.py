@@ -1,0 +1,125 @@
+"""Storage clients from Airflow connections, talking to a real S3 server (moto over HTTP)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+
+import pytest
+
+from trainer.storage import open_storage
+from trainops.hooks.storage import job_env_for, storage_for
+
+
+def _define_connection(monkeypatch, conn_id: str, **fields) -> None:
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "aws", **fields}))
+
+
+@pytest.fixture
+def no_env_endpoint(s3_root, monkeypatch):
+    """The bucket exists, but nothing in the environment says where the server is."""
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3")
+    return s3_root
+
+
+def test_connection_endpoint_and_keys_reach_the_server(no_env_endpoint, moto_server, monkeypatch):
+    root = no_env_endpoint
+    _define_connection(
+        monkeypatch,
+        "trainops_s3",
+        login="conn-access-key",
+        password="conn-secret-key",
+        extra={"endpoint_url": moto_server, "region_name": "us-east-1"},
+    )
+
+    store = storage_for(root, "trainops_s3")
+    store.put(f"{root}/hello.txt", b"via connection")
+
+    reader = open_storage(root, endpoint_url=moto_server)
+    assert reader.get(f"{root}/hello.txt") == b"via connection"
+    assert store.list(root) == [f"{root}/hello.txt"]
+    assert "conn-secret-key" not in repr(store)
+
+
+def test_service_config_endpoint_is_accepted(no_env_endpoint, moto_server, monkeypatch):
+    root = no_env_endpoint
+    _define_connection(
+        monkeypatch,
+        "minio",
+        login="k",
+        password="secret-123",
+        extra={"service_config": {"s3": {"endpoint_url": moto_server}}},
+    )
+    store = storage_for(root, "minio")
+    store.put(f"{root}/x", b"1")
+    assert store.get(f"{root}/x") == b"1"
+
+
+def test_missing_connection_falls_back_to_environment_and_logs_once(s3_root, caplog):
+    caplog.set_level(logging.INFO, logger="trainops.hooks.storage")
+    conn_id = f"undefined_{uuid.uuid4().hex[:8]}"  # the note is logged once per process
+
+    store = storage_for(s3_root, conn_id)
+    store.put(f"{s3_root}/a", b"env creds")
+    storage_for(s3_root, conn_id)
+
+    assert store.get(f"{s3_root}/a") == b"env creds"
+    notes = [r.getMessage() for r in caplog.records if conn_id in r.getMessage()]
+    assert len(notes) == 1
+    assert "default credential chain" in notes[0]
+    assert "testing" not in notes[0]
+
+
+def test_no_connection_id_uses_environment(s3_root):
+    store = storage_for(s3_root, None)
+    store.put(f"{s3_root}/b", b"1")
+    assert store.exists(f"{s3_root}/b")
+
+
+def test_file_root_needs_no_connection(tmp_path):
+    store = storage_for(f"file://{tmp_path}/root", "never_defined_conn")
+    store.put(f"file://{tmp_path}/root/x", b"1")
+    assert (tmp_path / "root" / "x").read_bytes() == b"1"
+
+
+def test_job_env_carries_endpoint_and_region_but_no_keys(monkeypatch):
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    _define_connection(
+        monkeypatch,
+        "trainops_s3",
+        login="AKIAEXAMPLEKEY",
+        password="wJalrXUtnFEMI-secret",
+        extra={
+            "endpoint_url": "http://minio.storage:9000",
+            "region_name": "eu-west-1",
+            "aws_session_token": "session-token-value",
+        },
+    )
+
+    env = job_env_for("s3://bucket/root", "trainops_s3")
+
+    assert env == {"AWS_ENDPOINT_URL_S3": "http://minio.storage:9000", "AWS_REGION": "eu-west-1"}
+
+
+def test_job_env_without_connection_uses_environment(monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://ceph:7480")
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "ap-south-1")
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "do-not-forward")
+
+    env = job_env_for("s3://bucket/root", "never_defined_conn")
+
+    assert env == {"AWS_ENDPOINT_URL_S3": "http://ceph:7480", "AWS_REGION": "ap-south-1"}
+
+
+def test_job_env_for_real_aws_without_settings_is_empty(monkeypatch):
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    assert job_env_for("s3://bucket/root", None) == {}
+
+
+def test_job_env_for_file_root_is_empty(tmp_path):
+    assert job_env_for(f"file://{tmp_path}", "trainops_s3") == {}

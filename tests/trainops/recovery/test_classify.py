@@ -1,0 +1,55 @@
+"""Classification over recorded job states and attempt records."""
+
+from trainer.contract import attempt_record
+from trainops.recovery.classify import classify_attempt
+
+RUNNING_NODES = [{"index": 0, "exit_code": 0}, {"index": 1, "exit_code": 1}]
+SPOT = {"node": 1, "reason": "SpotInterruption", "message": "SIGTERM to node 1's torchrun at step 50"}
+
+
+def record(outcome, **kw):
+    base = {"attempt": 1, "outcome": outcome, "last_step": 50, "checkpoint_step": 50, "world_size": 2}
+    return attempt_record(**{**base, **kw})
+
+
+def test_completed_record_is_success_even_if_torchrun_exit_barrier_failed():
+    state = {"phase": "failed", "nodes": RUNNING_NODES, "disruptions": []}
+    assert classify_attempt(state, record("completed"))["classification"] == "succeeded"
+
+
+def test_preempted_record_with_cluster_disruption_names_both():
+    state = {"phase": "failed", "nodes": RUNNING_NODES, "disruptions": [SPOT]}
+    verdict = classify_attempt(state, record("preempted", signal="SIGTERM"))
+    assert verdict["classification"] == "preempted"
+    assert "step 50" in verdict["reason"] and "emergency checkpoint at step 50" in verdict["reason"]
+
+
+def test_sigkill_without_record_but_with_disruption_is_preemption():
+    state = {"phase": "failed", "nodes": [{"exit_code": -9}, {"exit_code": -9}], "disruptions": [SPOT]}
+    verdict = classify_attempt(state, None)
+    assert verdict["classification"] == "preempted"
+    assert "no attempt record" in verdict["reason"]
+
+
+def test_lost_node_is_preemption():
+    assert (
+        classify_attempt({"phase": "lost", "reason": "gone", "nodes": []}, None)["classification"]
+        == "preempted"
+    )
+
+
+def test_failed_record_is_error_with_hint():
+    rec = record("failed", error="FloatingPointError: loss is nan", hint="lower train.lr")
+    verdict = classify_attempt({"phase": "failed", "nodes": RUNNING_NODES, "disruptions": []}, rec)
+    assert verdict["classification"] == "error"
+    assert "loss is nan" in verdict["reason"] and "lower train.lr" in verdict["reason"]
+
+
+def test_nonzero_exit_without_record_is_error_naming_exit_codes():
+    verdict = classify_attempt({"phase": "failed", "nodes": [{"exit_code": 1}, {"exit_code": 0}]}, None)
+    assert verdict["classification"] == "error" and "[1, 0]" in verdict["reason"]
+
+
+def test_infra_reason_is_infra():
+    state = {"phase": "failed", "nodes": [], "infra_reason": "ImagePullBackOff"}
+    assert classify_attempt(state, None)["classification"] == "infra"

@@ -1,0 +1,417 @@
+"""The report app as Airflow's API server serves it: mounted by the plugin, behind Airflow's auth.
+
+The app under test is Airflow's own ``create_app`` (which mounts plugin apps with
+``init_plugins``), with its default SimpleAuthManager issuing real JWTs.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.trainops.reports.test_pages import (
+    RUN_METRICS,
+    page_tables,
+    page_text,
+    run_job,
+    table_with,
+)
+from trainer.contract import dataset_prefix, join
+from trainer.storage import open_storage
+from trainops.reports.app import ReportRequestError, check_report_uri, required_access
+
+ATTACK = "<script>alert(1)</script>"
+
+
+@pytest.fixture(scope="module")
+def api(airflow_db):
+    """``(client, auth manager)`` for Airflow's API app with the trainops plugin mounted."""
+    from airflow.api_fastapi.app import create_app, get_auth_manager
+    from fastapi.testclient import TestClient
+
+    return TestClient(create_app(apps="core")), get_auth_manager()
+
+
+def bearer(api, role: str | None = "viewer", name: str = "ada") -> dict:
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    token = api[1].generate_jwt(SimpleAuthManagerUser(username=name, role=role))
+    return {"Authorization": f"Bearer {token}"}
+
+
+def get(api, uri: str, headers: dict | None = None):
+    return api[0].get(
+        "/trainops/report", params={"uri": uri}, headers=bearer(api) if headers is None else headers
+    )
+
+
+@pytest.fixture
+def root(file_root, monkeypatch):
+    monkeypatch.setenv("TRAINOPS_STORAGE_ROOT", file_root)
+    monkeypatch.delenv("TRAINOPS_REPORT_ROOTS", raising=False)
+    return file_root
+
+
+def _bad_source(tmp_path) -> str:
+    """Demo data broken in known places, with a hostile id that occurs twice."""
+    from trainops.staging.demo_data import demo_rows
+
+    cols = demo_rows(60, seed=1, corrupt=True)
+    cols["id"][10] = cols["id"][11] = ATTACK
+    (tmp_path / "raw").mkdir()
+    pq.write_table(pa.table(cols), tmp_path / "raw" / "part-00000.parquet")
+    return f"file://{tmp_path}/raw"
+
+
+def _failed_report(root: str, source: str) -> str:
+    from trainops.staging.errors import DataValidationError
+    from trainops.staging.stage import stage_dataset
+
+    storage = open_storage(root)
+    with pytest.raises(DataValidationError) as err:
+        stage_dataset(storage, root, source, "web-text")
+    if getattr(err.value, "report_uri", None):
+        return err.value.report_uri
+    # Staging that predates failure reports raises without storing one: store its real
+    # summary where staging stores validation.json.
+    uri = join(dataset_prefix(root, "web-text", "failed"), "validation.json")
+    storage.put_json(uri, err.value.summary)
+    return uri
+
+
+def test_failed_validation_report_shows_every_failure_escaped(api, root, tmp_path):
+    uri = _failed_report(root, _bad_source(tmp_path))
+    response = get(api, uri)
+
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/html")
+    assert "default-src 'none'" in response.headers["content-security-policy"]
+    html = response.text
+    text = page_text(html)
+    assert "Dataset validation report" in text and "Validation FAILED" in text
+    assert ["Rows checked", "60"] in page_tables(html)[0]
+    rows = {(r[0], r[1]): r for t in page_tables(html) if t[0][0] == "Expectation" for r in t}
+    null_ids = rows[("expect_column_values_to_not_be_null", "id")]
+    assert null_ids[2:5] == ["FAIL", "2", "rows 3, 20"]
+    unique = rows[("expect_column_values_to_be_unique", "id")]
+    assert unique[2:4] == ["FAIL", "6"]
+    assert [i for i in (ATTACK, "n001-0000000", "f001-0000001") if i in unique[4]] == [
+        ATTACK,
+        "n001-0000000",
+        "f001-0000001",
+    ]  # demo rows 0 and 1 are repeated too
+    assert rows[("expect_column_value_lengths_to_be_between", "text")][2:4] == ["FAIL", "3"]
+    assert "<script>" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_quarantine_report_links_to_its_sample(api, root, tmp_path):
+    from trainops.staging.demo_data import write_demo_dataset
+    from trainops.staging.errors import DataValidationError
+    from trainops.staging.stage import stage_dataset
+
+    source = write_demo_dataset(f"file://{tmp_path}/raw", rows=60, seed=1, corrupt=True)
+    with pytest.raises(DataValidationError) as err:  # duplicate ids cannot be quarantined
+        stage_dataset(open_storage(root), root, source["uri"], "web-text", quarantine={"max_fraction": 0.2})
+    response = get(api, err.value.report_uri)
+    assert response.status_code == 200, response.text
+    quarantine = {r[0]: r[1] for t in page_tables(response.text) for r in t if t[0][0] == "Rows quarantined"}
+    assert quarantine["Rows quarantined"] == "5" and quarantine["Rows read"] == "60"
+    sample_uri = quarantine["Sample of quarantined rows"]
+    href = re.search(r'href="(report\?uri=[^"]+)"', response.text).group(1)
+    sample = api[0].get(f"/trainops/{html.unescape(href)}", headers=bearer(api))
+    assert sample.status_code == 200
+    assert page_text(sample.text).startswith(f"sample.jsonl {sample_uri}")
+    assert "n001-0000005" in sample.text  # a quarantined row (empty text)
+
+
+def test_report_staged_on_s3_is_read_with_the_storage_client(api, s3_root, monkeypatch):
+    from trainops.staging.demo_data import write_demo_dataset
+    from trainops.staging.stage import stage_dataset
+
+    monkeypatch.setenv("TRAINOPS_STORAGE_ROOT", s3_root)
+    source = write_demo_dataset(s3_root.replace("/root", "/raw"), rows=300, seed=3)
+    staged = stage_dataset(open_storage(s3_root), s3_root, source["uri"], "web-text")
+
+    response = get(api, join(staged["uri"], "validation.json"))
+    assert response.status_code == 200, response.text
+    text = page_text(response.text)
+    assert "Validation PASSED" in text
+    assert ["Rows checked", "300"] in page_tables(response.text)[0]
+
+    bucket = s3_root.split("/")[2]
+    for outside in (
+        f"s3://other-{bucket}/root/datasets/x/v/validation.json",
+        f"s3://{bucket}/raw/part-00000.json",
+        f"s3://{bucket}/root-copy/datasets/x/v/validation.json",
+    ):
+        refused = get(api, outside)
+        assert refused.status_code == 403, outside
+        assert f"uri '{outside}' is outside the trainops storage roots" in page_text(refused.text)
+
+
+def test_uris_outside_the_root_are_refused(api, root, tmp_path):
+    outside = tmp_path / "elsewhere" / "secret.json"
+    outside.parent.mkdir()
+    outside.write_text('{"password_hint": "TOP-SECRET"}')
+
+    response = get(api, f"file://{outside}")
+    assert response.status_code == 403
+    assert "TOP-SECRET" not in response.text
+    assert f"uri 'file://{outside}' is outside the trainops storage roots ['{root}']" in page_text(
+        response.text
+    )
+
+    traversal = f"{root}/datasets/../../elsewhere/secret.json"
+    response = get(api, traversal)
+    assert response.status_code == 400
+    assert "TOP-SECRET" not in response.text
+    assert f"uri '{traversal}' contains a '.' or '..' segment" in page_text(response.text)
+
+    link = tmp_path / "root" / "datasets" / "d" / "v" / "validation.json"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(outside)
+    response = get(api, f"file://{link}")
+    assert response.status_code == 403
+    assert "TOP-SECRET" not in response.text
+    assert "leads outside the storage root" in page_text(response.text)
+
+
+@pytest.mark.parametrize(
+    ("uri", "status", "message"),
+    [
+        ("", 400, "the uri parameter is empty"),
+        ("http://example.com/validation.json", 400, "is not a trainops storage URI"),
+        ("/etc/passwd", 400, "is not a trainops storage URI"),
+        (
+            "{root}/runs/d/r/t/checkpoints/step_1/shard-0.distcp",
+            400,
+            "is not a report: only files ending in .json, .md",
+        ),
+        ("{root}/datasets/d/v/validation.json", 404, "no report at"),
+    ],
+)
+def test_bad_requests_say_what_is_wrong(api, root, uri, status, message):
+    response = get(api, uri.format(root=root))
+    assert response.status_code == status
+    assert message in page_text(response.text)
+
+
+def test_requests_without_a_login_are_refused(api, root):
+    storage = open_storage(root)
+    uri = join(root, "datasets", "d", "v", "validation.json")
+    storage.put_json(
+        uri,
+        {
+            "success": True,
+            "rows": 12345,
+            "failed": [],
+            "evaluated_expectations": 1,
+            "successful_expectations": 1,
+        },
+    )
+
+    anonymous = get(api, uri, headers={})
+    assert anonymous.status_code == 401
+    assert "12345" not in anonymous.text
+    assert "Not authenticated: log in to Airflow" in page_text(anonymous.text)
+    forged = get(api, uri, headers={"Authorization": "Bearer not-a-jwt"})
+    assert forged.status_code in (401, 403) and "12345" not in forged.text
+
+    logged_in = api[0].get(
+        "/trainops/report", params={"uri": uri}, cookies={"_token": bearer(api)["Authorization"].split()[1]}
+    )
+    assert logged_in.status_code == 200 and "12345" in logged_in.text
+
+    no_role = get(api, uri, headers=bearer(api, role=None, name="nobody"))
+    assert no_role.status_code == 403
+    assert "user 'nobody' may not read trainops reports" in page_text(no_role.text)
+
+
+def test_gate_decision_needs_access_to_its_dag(api, root):
+    from trainops.operators.gate import EvaluationGateOperator
+
+    run_uri = join(root, "runs", "retrain", "manual_1", "train")
+    gate = EvaluationGateOperator(
+        task_id="gate",
+        storage_root=root,
+        aws_conn_id=None,
+        checks=[{"name": ATTACK, "kind": "threshold", "metric": "eval_loss", "op": "<=", "value": 3.0}],
+        evaluation={
+            "run_uri": run_uri,
+            "model_name": "demo-lm",
+            "candidate": {"eval_loss": 3.5},
+            "production": None,
+            "production_version": None,
+        },
+    ).execute({})
+
+    response = get(api, gate["gate_uri"])
+    assert response.status_code == 200, response.text
+    text = page_text(response.text)
+    assert "Evaluation gate decision" in text and "Gate REJECTED" in text
+    assert [ATTACK, "eval_loss", "3.5", "<= 3", "FAIL", ""] in page_tables(response.text)[1]
+    assert "<script>" not in response.text
+
+    refused = get(api, gate["gate_uri"], headers=bearer(api, role=None, name="nobody"))
+    assert refused.status_code == 403
+    assert "user 'nobody' may not read task reports of DAG 'retrain'" in page_text(refused.text)
+
+
+def test_run_report_draws_the_loss_curve_from_the_metrics_beside_job_json(api, root, tmp_path):
+    run_uri = join(root, "runs", "retrain", "manual_1", "train")
+    storage = open_storage(root)
+    job_uri = join(run_uri, "job.json")
+    storage.put_json(job_uri, run_job(run_uri=run_uri, config_uri=join(run_uri, "config.yaml")))
+    storage.put(join(run_uri, "metrics.jsonl"), RUN_METRICS.encode())
+
+    response = get(api, job_uri)
+    assert response.status_code == 200, response.text
+    assert "default-src 'none'" in response.headers["content-security-policy"]
+    page = response.text
+    text = page_text(page)
+    assert text.startswith(f"Training run: retrain / manual_1 / train {job_uri} Status succeeded")
+    assert ["Preemptions", "1"] in page_tables(page)[0]
+    assert page.count("<svg") == 1 and page.count("<polyline") == 2
+    assert "attempt 1 (preempted)" in text and "attempt 2 (succeeded)" in text
+    assert table_with(page, "Attempt")[2][:4] == ["attempt 2", "5", "6 to 10", "4,000"]
+    assert [row[:5] for row in table_with(page, "Attempt", skip=1)[1:]] == [
+        ["1", "spot", "2026-01-01T00:00:00+00:00", "2026-01-01T00:10:00+00:00", "preempted"],
+        ["2", "on-demand", "2026-01-01T00:11:00+00:00", "2026-01-01T00:20:00+00:00", "succeeded"],
+    ]
+    assert "Raw JSON" in text and "SECRET-1" not in page and "<script" not in page
+
+    refused = get(api, job_uri, headers=bearer(api, role=None, name="nobody"))
+    assert refused.status_code == 403 and "<svg" not in refused.text
+
+    os.remove(_split_path(join(run_uri, "metrics.jsonl")))
+    missing = get(api, job_uri)
+    assert missing.status_code == 200, missing.text
+    assert "<svg" not in missing.text
+    assert "No loss curve: metrics.jsonl was not found next to job.json (no step logged yet?)." in page_text(
+        missing.text
+    )
+    assert table_with(missing.text, "Attempt")[1][4] == "preempted"
+
+    # The sibling passes the same root checks: a symbolic link out of the root is not followed.
+    outside = tmp_path / "elsewhere.jsonl"
+    outside.write_text('{"step": 1, "loss": 1234.5, "attempt": 1}\n')
+    os.symlink(outside, _split_path(join(run_uri, "metrics.jsonl")))
+    linked = get(api, job_uri)
+    assert linked.status_code == 200 and "<svg" not in linked.text and "1234" not in linked.text
+    assert "leads outside the storage root" in page_text(linked.text)
+
+
+def _split_path(file_uri: str) -> str:
+    return file_uri[len("file://") :]
+
+
+def test_model_card_and_markdown(api, root):
+    from trainops.registry.promotion import promote
+
+    storage = open_storage(root)
+    export = join(root, "runs", "retrain", "manual_1", "train", "export")
+    storage.put(join(export, "model.safetensors"), b"weights")
+    result = promote(
+        storage,
+        root,
+        "demo-lm",
+        export_uri=export,
+        card={
+            "run_uri": join(root, "runs", "retrain", "manual_1", "train"),
+            "metrics": {"candidate": {"eval_loss": 2.5}},
+        },
+        expected_production_version=None,
+    )
+
+    response = get(api, join(result["version_uri"], "card.json"))
+    assert response.status_code == 200, response.text
+    text = page_text(response.text)
+    assert text.startswith("Model card: demo-lm v1")
+    assert "eval_loss 2.5" in text and "model.safetensors" in text
+
+    notes = join(result["version_uri"], "NOTES.md")
+    storage.put(notes, b"# Notes\n<b>bold</b> & more")
+    response = get(api, notes)
+    assert response.status_code == 200
+    assert "<pre># Notes\n&lt;b&gt;bold&lt;/b&gt; &amp; more</pre>" in response.text
+
+
+def test_extra_roots_come_from_the_environment(api, root, tmp_path, monkeypatch):
+    other = f"file://{tmp_path}/other-root"
+    uri = join(other, "runs", "d", "r", "t", "eval", "gate.json")
+    open_storage(other).put_json(uri, {"approved": True, "checks": []})
+    assert get(api, uri).status_code == 403
+
+    monkeypatch.setenv("TRAINOPS_REPORT_ROOTS", f"{other}, s3://reports-bucket/trainops")
+    assert get(api, uri).status_code == 200
+
+    monkeypatch.setenv("TRAINOPS_REPORT_ROOTS", "relative/path")
+    response = get(api, uri)
+    assert response.status_code == 500
+    assert "$TRAINOPS_REPORT_ROOTS entry 'relative/path' is invalid" in page_text(response.text)
+
+
+@pytest.mark.parametrize(
+    ("uri", "roots", "relative"),
+    [
+        ("s3://b/root/datasets/d/v/validation.json", ["s3://b/root"], "datasets/d/v/validation.json"),
+        ("s3://b/runs/dag/r/t/eval/gate.json", ["s3://b"], "runs/dag/r/t/eval/gate.json"),
+        ("file://localhost/srv/t/a.json", ["file:///srv/t"], "a.json"),
+        ("file:///srv/t//x/a.json", ["file:///srv/t"], "x/a.json"),
+    ],
+)
+def test_uri_check_accepts_reports_under_a_root(uri, roots, relative):
+    assert check_report_uri(uri, roots).relative == relative
+
+
+@pytest.mark.parametrize(
+    ("uri", "status"),
+    [
+        ("s3://b/root2/a.json", 403),
+        ("s3://b/root", 403),
+        ("s3://c/root/a.json", 403),
+        ("file:///srv/t/a.json", 403),
+        ("s3://b/root/./a.json", 400),
+        ("s3://b/root/a/../../x.json", 400),
+        ("s3://b/root/a.json\n", 400),
+        ("file://srv/root/a.json", 400),
+    ],
+)
+def test_uri_check_refuses(uri, status):
+    with pytest.raises(ReportRequestError) as err:
+        check_report_uri(uri, ["s3://b/root"])
+    assert err.value.status == status
+    assert repr(uri) in err.value.message
+
+
+def test_run_reports_name_their_dag():
+    target = check_report_uri("s3://b/root/runs/retrain/r1/train/job.json", ["s3://b/root"])
+    assert required_access(target) == "retrain"
+    models = check_report_uri("s3://b/root/models/m/versions/1/card.json", ["s3://b/root"])
+    assert required_access(models) is None
+
+
+def test_plugin_serves_the_app_at_trainops_and_stays_cheap_to_import():
+    from trainops.plugin import TrainopsPlugin
+
+    assert [(a["url_prefix"], a["name"]) for a in TrainopsPlugin.fastapi_apps] == [
+        ("/trainops", "trainops reports")
+    ]
+    probe = (
+        "import sys, trainops.plugin; "
+        "print(sorted(m for m in ('fastapi', 'trainops.reports.app', 'boto3', 'pyarrow') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=os.environ.copy()
+    )
+    assert json.loads(out.stdout.strip().splitlines()[-1].replace("'", '"')) == []

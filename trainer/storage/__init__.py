@@ -1,0 +1,90 @@
+"""One storage interface for both halves: ``file://`` (the embedded default) and ``s3://``.
+
+Methods take full URIs. Conditional writes (``if_none_match`` / ``if_match``) are the
+only coordination primitive the project uses, so both backends make them atomic.
+Imported at DAG-parse time: standard library only at module top; boto3 is imported
+inside :class:`S3Storage`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from trainer.storage.base import (
+    NotFound,
+    PreconditionFailed,
+    Storage,
+    StorageError,
+    _unsupported,
+    sha256_file,
+)
+from trainer.storage.file import FileStorage, _file_path
+from trainer.storage.s3 import S3Storage
+
+__all__ = [
+    "FileStorage",
+    "NotFound",
+    "PreconditionFailed",
+    "S3Storage",
+    "Storage",
+    "StorageError",
+    "open_storage",
+    "sha256_file",
+]
+
+
+_cache: dict[tuple, Storage] = {}
+_cache_lock = threading.Lock()
+
+
+def open_storage(
+    uri: str,
+    *,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    aws_access_key_id: str | None = None,
+    aws_secret_access_key: str | None = None,
+    aws_session_token: str | None = None,
+) -> Storage:
+    """Return the (cached, thread-safe) client for ``uri``'s scheme and options."""
+    if uri.startswith("file://"):
+        _file_path(uri)
+        key: tuple = ("file",)
+        factory = FileStorage
+    elif uri.startswith("s3://"):
+        if not uri[len("s3://") :].split("/", 1)[0]:
+            raise StorageError(f"S3 URI {uri!r} has no bucket: use s3://bucket/prefix")
+        endpoint_url = (
+            endpoint_url
+            or os.environ.get("AWS_ENDPOINT_URL_S3")
+            or os.environ.get("AWS_ENDPOINT_URL")
+            or None
+        )
+        region = (
+            region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        ) or "us-east-1"
+        creds = (aws_access_key_id, aws_secret_access_key, aws_session_token)
+        # With no explicit keys boto3 reads the environment when the client is built,
+        # so a changed environment must give a new client.
+        env = tuple(
+            os.environ.get(k)
+            for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE")
+        )
+        key = ("s3", endpoint_url, region, creds, env if not any(creds) else None)
+
+        def factory() -> Storage:
+            return S3Storage(
+                endpoint_url=endpoint_url,
+                region=region,
+                aws_access_key_id=aws_access_key_id,
+                aws_secret_access_key=aws_secret_access_key,
+                aws_session_token=aws_session_token,
+            )
+    else:
+        raise _unsupported(uri)
+    with _cache_lock:
+        client = _cache.get(key)
+        if client is None:
+            client = _cache[key] = factory()
+        return client
