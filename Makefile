@@ -5,13 +5,28 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.trainops-installed
 
-.PHONY: demo test airflow venv clean-demo clean
+.PHONY: demo test test-fast lint format airflow venv clean-demo clean
 
 demo: $(STAMP)
 	$(PY) -m trainops demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The unit tests only: no torchrun, no whole DAG (about 1.5 minutes here).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+# What CI checks before the tests: lint, formatting and types (config in pyproject.toml).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+# Rewrite the tree in the project's format and apply ruff's safe fixes.
+format: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
 
 # Airflow itself (scheduler, DAG processor, triggerer, API server on :8080) with these DAGs.
 airflow: $(STAMP)

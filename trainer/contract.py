@@ -18,6 +18,11 @@ import re
 from dataclasses import dataclass
 
 CONTRACT_VERSION = 1
+
+# The trainer modules the Airflow side may import: they import neither torch nor Airflow
+# (standard library, PyYAML, boto3 inside the S3 client). Nothing else of the trainer may reach
+# a scheduler, worker or triggerer; tests/test_boundaries.py holds both halves to it.
+SHARED_MODULES = ("trainer.contract", "trainer.storage", "trainer.config", "trainer.presets")
 TRAINER_COMMANDS = ("train", "evaluate", "export")
 
 # --- 2. environment -------------------------------------------------------------

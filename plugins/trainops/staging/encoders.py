@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import Callable
 
 from trainops.staging.errors import StagingError
-from trainops.staging.tokenize import TOKENIZER, token_dtype_for
+from trainops.staging.tokenize import BYTE_EOS_ID, BYTE_VOCAB_SIZE, TOKENIZER, token_dtype_for
 
 EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>", "[SEP]")
 
@@ -22,8 +22,8 @@ class ByteTokenizer:
 
     def __init__(self):
         self.config = dict(TOKENIZER)
-        self.eos_id = TOKENIZER["eos_id"]
-        self.dtype = token_dtype_for(TOKENIZER["vocab_size"])
+        self.eos_id = BYTE_EOS_ID
+        self.dtype = token_dtype_for(BYTE_VOCAB_SIZE)
 
     def encode_batch(self, texts):
         import numpy as np
@@ -67,8 +67,8 @@ class HFTokenizer:
             ) from None
         vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         names = (eos_token,) if eos_token else EOS_CANDIDATES
-        found = [(n, self._tok.token_to_id(n)) for n in names]
-        found = [(n, i) for n, i in found if i is not None]
+        ids = [(n, self._tok.token_to_id(n)) for n in names]
+        found = [(n, i) for n, i in ids if i is not None]
         if not found:
             raise StagingError(
                 f"tokenizer {uri!r} has no end-of-record token {' or '.join(names)}: name the "
@@ -107,7 +107,9 @@ def load_tokenizer(spec: dict, open_storage: Callable | None = None):
     from trainer.storage import NotFound
 
     if open_storage is None:
-        from trainer.storage import open_storage
+        from trainer.storage import open_storage as default_open
+
+        open_storage = default_open
     uri = spec["uri"]
     try:
         data = open_storage(uri).get(uri)

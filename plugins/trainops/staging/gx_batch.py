@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from typing import Any
 
 from trainops.staging.expectations import ROW_EXPECTATIONS
 
@@ -82,7 +83,7 @@ class GXBatchValidator:
 
 
 def _batch_result(r, df, id_column: str, complete: bool) -> dict:
-    out = {"success": bool(r.success)}
+    out: dict[str, Any] = {"success": bool(r.success)}
     err = _exception_message(r.exception_info)
     if err:
         out["success"] = False
@@ -103,8 +104,7 @@ def _batch_result(r, df, id_column: str, complete: bool) -> dict:
     out["rows"] = rows[:_SAMPLES]
     if id_column in df.columns:
         ids = (df.at[i, id_column] for i in rows[: _SAMPLES * 4])
-        out["ids"] = [str(v) for v in ids if isinstance(v, str) or (v is not None and v == v)]
-        out["ids"] = out["ids"][:_SAMPLES]
+        out["ids"] = [str(v) for v in ids if isinstance(v, str) or (v is not None and v == v)][:_SAMPLES]
     return out
 
 

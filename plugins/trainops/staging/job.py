@@ -118,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
     request = open_storage(args.request).get_json(args.request)
+    if not isinstance(request, dict):
+        raise SystemExit(f"staging request {args.request!r} is not a JSON object: {str(request)[:200]}")
     record = run(request, open_storage)
     if record["status"] == "staged":
         r = record["result"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 from collections import Counter
+from typing import IO
 
 SAMPLE_PATH = "quarantine/sample.jsonl"
 _MAX_CHARS = 1000
@@ -37,7 +38,7 @@ class QuarantineLog:
         self.by_reason: Counter = Counter()
         self.sampled = 0
         self._path = path
-        self._file = None
+        self._file: IO[str] | None = None
 
     def add(self, uri: str, batch, rows, reasons: dict[int, list[str]]) -> None:
         """Record the rows of ``batch`` (numbered ``rows``) with their ``reasons``."""

@@ -64,7 +64,7 @@ def list_source_objects(storage, source_uri: str) -> list[SourceObject]:
     found = [u for u in storage.list(prefix) if not _hidden(u, prefix)]
     if pattern is not None:
         found = glob_filter(prefix, pattern, found)
-    objects = [u for u in found if format_of(u)]
+    objects = {u: fmt for u in found if (fmt := format_of(u))}
     if not objects:
         if found:
             raise StagingError(
@@ -81,7 +81,7 @@ def list_source_objects(storage, source_uri: str) -> list[SourceObject]:
         meta = storage.head(uri)
         if meta is None:
             raise SourceNotFound(f"source object {uri!r} vanished while listing {source_uri!r}")
-        out.append(_object(uri, meta, format_of(uri)))
+        out.append(_object(uri, meta, objects[uri]))
     return out
 
 

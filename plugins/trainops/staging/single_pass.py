@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 from trainops.staging.encoders import ByteTokenizer
 from trainops.staging.pack import Packer
@@ -49,7 +50,11 @@ def run_pass(
     log = log or logging.getLogger(__name__)
     tokenizer = tokenizer or ByteTokenizer()
     string_columns = list(dict.fromkeys([id_column, text_column, *slice_columns]))
-    columns = {"id_column": id_column, "text_column": text_column, "slice_columns": slice_columns}
+    columns: dict[str, Any] = {
+        "id_column": id_column,
+        "text_column": text_column,
+        "slice_columns": slice_columns,
+    }
     empty = [o for o in objects if o.size == 0]
     if empty:
         log.info("skipping %d empty objects (no rows), first %s", len(empty), empty[0].uri)

@@ -79,7 +79,9 @@ def _load(uri: str, open_storage: Callable | None):
     from trainer.storage import NotFound
 
     if open_storage is None:
-        from trainer.storage import open_storage
+        from trainer.storage import open_storage as default_open
+
+        open_storage = default_open
     try:
         raw = open_storage(uri).get(uri)
     except NotFound:

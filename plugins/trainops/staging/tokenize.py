@@ -12,8 +12,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from typing import Any, BinaryIO
 
-TOKENIZER = {"kind": "byte", "vocab_size": 257, "eos_id": 256}
+BYTE_VOCAB_SIZE, BYTE_EOS_ID = 257, 256  # UTF-8 bytes, then EOS
+TOKENIZER = {"kind": "byte", "vocab_size": BYTE_VOCAB_SIZE, "eos_id": BYTE_EOS_ID}
 TOKEN_DTYPE = "uint16"
 DEFAULT_SHARD_TOKENS = 1 << 20
 DEFAULT_EVAL_PERCENT = 10
@@ -58,7 +60,7 @@ def encode(text: str) -> bytes:
     raw = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
     tokens = np.empty(len(raw) + 1, dtype="<u2")
     tokens[:-1] = raw
-    tokens[-1] = TOKENIZER["eos_id"]
+    tokens[-1] = BYTE_EOS_ID
     return tokens.tobytes()
 
 
@@ -92,8 +94,8 @@ class ShardPacker:
         self.tokens = 0
         self.records = 0
         self.shards: list[dict] = []
-        self._file = None
-        self._hash = None
+        self._file: BinaryIO | None = None
+        self._hash: Any = None  # hashlib's sha256 object, while a shard is open
         self._in_shard = 0
 
     def add(self, token_bytes: bytes, records: int = 1) -> tuple[int, int]:
@@ -104,7 +106,7 @@ class ShardPacker:
         added = len(view) // self._width
         while view:
             if self._file is None:
-                self._open()
+                self._file = self._open()
             room = (self.shard_tokens - self._in_shard) * self._width
             chunk, view = view[:room], view[room:]
             self._file.write(chunk)
@@ -122,15 +124,16 @@ class ShardPacker:
             self._close_shard()
         return {"tokens": self.tokens, "shards": list(self.shards)}
 
-    def _open(self) -> None:
+    def _open(self) -> BinaryIO:
         rel = f"{self.split}/{len(self.shards):05d}.bin"
         os.makedirs(os.path.join(self.out_dir, self.split), exist_ok=True)
-        self._file = open(os.path.join(self.out_dir, rel), "wb")  # noqa: SIM115 - open across batches; close() ends it
         self._hash = hashlib.sha256()
         self._in_shard = 0
         self._rel = rel
+        return open(os.path.join(self.out_dir, rel), "wb")
 
     def _close_shard(self) -> None:
+        assert self._file is not None
         self._file.close()
         self.shards.append({"path": self._rel, "tokens": self._in_shard, "sha256": self._hash.hexdigest()})
         self._file = None

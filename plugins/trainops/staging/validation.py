@@ -80,12 +80,13 @@ class DatasetValidator:
         if self.row_exps:
             from trainops.staging.gx_batch import GXBatchValidator
 
-            self._gx = GXBatchValidator(self.row_exps, complete=quarantine)
+            self._gx: GXBatchValidator | None = GXBatchValidator(self.row_exps, complete=quarantine)
         else:
             self._gx = None
         self._row_state = [_RowResult() for _ in self.row_exps]
-        self._dataset_checks = []
+        self._dataset_checks: list[UniqueCheck | NullProportionCheck | RowCountCheck] = []
         for n, e in enumerate(e for e in expectations if e["type"] not in ROW_EXPECTATIONS):
+            check: UniqueCheck | NullProportionCheck | RowCountCheck
             if e["type"] == "expect_column_values_to_be_unique":
                 check = UniqueCheck(e, id_column, f"{spill_dir}/unique-{n}", partitions)
             elif e["type"] == "expect_column_proportion_of_non_null_values_to_be_between":
