@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, Literal, TypedDict, cast
 
 CONTRACT_VERSION = 1
 
@@ -34,7 +36,7 @@ ENV_CACHE_DIR = "TRAINOPS_CACHE_DIR"  # node-local scratch: downloaded shards, c
 
 # --- 1. command line ------------------------------------------------------------
 def trainer_argv(
-    command: str, config_uri: str, overrides: dict | None = None, python: str = "python"
+    command: str, config_uri: str, overrides: Mapping[str, object] | None = None, python: str = "python"
 ) -> list[str]:
     """``python -m trainer COMMAND --config URI k=v ...`` as an argument list."""
     if command not in TRAINER_COMMANDS:
@@ -45,7 +47,7 @@ def trainer_argv(
     return argv
 
 
-def _override_value(value) -> str:
+def _override_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:
@@ -202,7 +204,26 @@ def checkpoint_step_of(uri: str) -> int | None:
 
 # --- 4. attempt records ---------------------------------------------------------
 ATTEMPT_FORMAT = "trainops.attempt/v1"
-OUTCOMES = ("completed", "preempted", "failed")
+Outcome = Literal["completed", "preempted", "failed"]
+OUTCOMES: tuple[Outcome, ...] = ("completed", "preempted", "failed")
+
+
+class AttemptRecord(TypedDict):
+    """``attempts/<n>.json``: what the trainer says happened in attempt n."""
+
+    format: str
+    attempt: int
+    outcome: Outcome
+    last_step: int
+    checkpoint_step: int | None
+    steps_lost: int
+    resumed_from_step: int | None
+    world_size: int
+    signal: str | None
+    hint: str | None
+    error: str | None
+    started_at: str | None
+    ended_at: str | None
 
 
 def attempt_record(
@@ -218,7 +239,7 @@ def attempt_record(
     error: str | None = None,
     started_at: str | None = None,
     ended_at: str | None = None,
-) -> dict:
+) -> AttemptRecord:
     """The trainer's account of one attempt.
 
     ``last_step`` is the number of optimizer steps completed when the attempt ended;
@@ -245,7 +266,7 @@ def attempt_record(
     }
 
 
-def parse_attempt_record(data: dict) -> dict:
+def parse_attempt_record(data: object) -> AttemptRecord:
     """Check an attempt record read from storage; raise ValueError naming what is wrong."""
     if not isinstance(data, dict) or data.get("format") != ATTEMPT_FORMAT:
         raise ValueError(f"not a {ATTEMPT_FORMAT} record: {str(data)[:200]}")
@@ -254,11 +275,16 @@ def parse_attempt_record(data: dict) -> dict:
     for key in ("attempt", "last_step", "steps_lost", "world_size"):
         if not isinstance(data.get(key), int):
             raise ValueError(f"attempt record field {key!r} must be an integer, got {data.get(key)!r}")
-    return data
+    return cast(AttemptRecord, data)
 
 
 # --- 5. metrics.jsonl ----------------------------------------------------------
-def metrics_records(text: str) -> list[dict]:
+# One step's record: ``step``, ``attempt``, ``loss``, ``lr``, ``tokens_per_s``, ``time`` and
+# optional figures (``mfu``, ``peak_mem_gib``, ...).
+MetricsRecord = dict[str, Any]
+
+
+def metrics_records(text: str) -> list[MetricsRecord]:
     """The well-formed records of a ``metrics.jsonl`` body, in file order: JSON objects with
     an integer ``step``. Anything else (a torn last line, as a reader may see while the
     trainer rewrites the file) is skipped; the rest still counts."""
@@ -273,10 +299,10 @@ def metrics_records(text: str) -> list[dict]:
     return out
 
 
-def metrics_by_step(records: list[dict]) -> dict[int, dict]:
+def metrics_by_step(records: list[MetricsRecord]) -> dict[int, MetricsRecord]:
     """One record per step: that of the highest attempt that reached it (a relaunched attempt
     replays the steps after its last checkpoint); within one attempt, the later record."""
-    out: dict[int, dict] = {}
+    out: dict[int, MetricsRecord] = {}
     for record in records:
         step = record["step"]
         if step not in out or record.get("attempt", 0) >= out[step].get("attempt", 0):
@@ -284,16 +310,16 @@ def metrics_by_step(records: list[dict]) -> dict[int, dict]:
     return out
 
 
-def latest_of_attempt(records: list[dict], attempt: int) -> dict | None:
+def latest_of_attempt(records: list[MetricsRecord], attempt: int) -> MetricsRecord | None:
     """The record of the highest step ``attempt`` reached, or None."""
     mine = [r for r in records if r.get("attempt") == attempt]
     return max(mine, key=lambda r: r["step"]) if mine else None
 
 
-def max_step_of_attempt(records: list[dict], attempt: int) -> int:
+def max_step_of_attempt(records: list[MetricsRecord], attempt: int) -> int:
     """The highest step ``attempt`` recorded (0 if none)."""
     latest = latest_of_attempt(records, attempt)
-    return latest["step"] if latest else 0
+    return int(latest["step"]) if latest else 0
 
 
 # --- dataset manifest -----------------------------------------------------------
