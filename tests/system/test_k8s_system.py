@@ -40,6 +40,7 @@ def test_a_tiny_cpu_indexed_job_succeeds_and_is_deleted():
     if not image:
         pytest.skip("set TRAINOPS_TRAINER_IMAGE to an image the cluster can pull")
     from trainops.cluster import get_cluster
+    from trainops.cluster.base import FINAL_PHASES
     from trainops.cluster.spec import JobSpec
 
     namespace = os.environ.get("TRAINOPS_K8S_NAMESPACE", "default")
@@ -62,7 +63,7 @@ def test_a_tiny_cpu_indexed_job_succeeds_and_is_deleted():
     try:
         assert [h["job_id"] for h in cluster.find({"trainops/system-test": run})] == [handle["job_id"]]
         state = wait_until(
-            lambda: (s := cluster.status(handle))["phase"] in ("succeeded", "failed", "lost") and s,
+            lambda: (s := cluster.status(handle))["phase"] in FINAL_PHASES and s,
             "a final phase",
         )
         logs = cluster.logs_tail(handle, lines=5)

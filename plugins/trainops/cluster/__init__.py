@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # DAG files import this package: keep it to the names
+    from trainops.cluster.base import ClusterBackend
+
 CLUSTERS = ("local", "kubernetes")
 
 
-def get_cluster(name: str, **options):
+def get_cluster(name: str, **options: Any) -> ClusterBackend:
     """The backend called ``name``; options are backend-specific: ``state_dir`` for ``local``;
     ``kubernetes_conn_id``, ``namespace``, ``unschedulable_deadline_s`` for ``kubernetes``."""
+    # Each backend is imported when asked for: DAG files import the operators, which import
+    # this package, and parse faster without either backend.
     if name == "local":
         from trainops.cluster.local.backend import LocalCluster
 

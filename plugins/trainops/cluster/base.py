@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from trainops.cluster.spec import JobSpec
 
 Phase = Literal["pending", "running", "succeeded", "failed", "lost"]
+# ``lost``: the job vanished under the gang (its supervisor or its job object is gone)
 FINAL_PHASES: tuple[Phase, ...] = ("succeeded", "failed", "lost")
 
 
@@ -41,26 +42,26 @@ class NodeState(TypedDict, total=False):
     """One node (pod, or local process group) of an attempt."""
 
     index: int | None
-    pod: str | None
-    pid: int
-    node_name: str | None
-    phase: str | None
+    pod: str | None  # kubernetes
+    pid: int  # local: the node's torchrun (its process group)
+    log: str  # local: the node's log file
+    node_name: str | None  # kubernetes: the Node the pod ran on
+    phase: str | None  # kubernetes: the pod's phase
     exit_code: int | None
     reason: str | None
     message: str | None
-    instance_type: str | None
-    capacity_type: str | None
+    instance_type: str | None  # kubernetes: from the Node's labels (None: unknown)
+    capacity_type: str | None  # kubernetes: ``spot``, ``on-demand`` or None (unknown)
 
 
 class Disruption(TypedDict, total=False):
     """Why the cluster took a node away (a spot interruption, a node that vanished, ...)."""
 
     node: int | None
-    pod: str | None
+    pod: str | None  # kubernetes
     reason: str | None
     message: str | None
-    at_step: int
-    at: str
+    at: str  # local: when the preemption was injected (ISO 8601)
 
 
 class JobState(TypedDict):
@@ -84,12 +85,22 @@ class LogCursor(TypedDict, total=False):
     n: int  # kubernetes: lines at that timestamp already returned
 
 
+class Chaos(TypedDict):
+    """An injected spot preemption (local only): SIGTERM to ``node``'s torchrun once the
+    run's ``metrics_uri`` shows attempt ``attempt`` at ``at_step``."""
+
+    at_step: int
+    metrics_uri: str
+    node: NotRequired[int]  # default 0
+    attempt: NotRequired[int]  # default 1
+
+
 class ClusterBackend(Protocol):
     """Where jobs run. Every method takes and returns plain data; none blocks for long."""
 
     name: str
 
-    def launch(self, spec: "JobSpec", *, chaos: dict | None = None) -> JobHandle:
+    def launch(self, spec: "JobSpec", *, chaos: Chaos | None = None) -> JobHandle:
         """Start ``spec`` and return its handle (``chaos``: an injected preemption, local)."""
         ...
 
@@ -116,5 +127,26 @@ class ClusterBackend(Protocol):
     def log_lines(
         self, handle: JobHandle, cursor: LogCursor | None, max_lines: int = 200
     ) -> tuple[list[str], LogCursor | None]:
-        """Node 0's lines since ``cursor``, and the cursor to pass next time."""
+        """Node 0's lines since ``cursor`` (None: from the start), and the cursor to pass next
+        time. At most ``max_lines`` lines; when more were new, the first line is a notice of
+        how many were skipped (:func:`cap_lines`) and the newest follow."""
         ...
+
+
+def skipped_notice(count: int | None) -> str:
+    """The line standing for ``count`` lines left out (None: an unknown number)."""
+    return "(… earlier lines skipped)" if count is None else f"(… {count} earlier lines skipped)"
+
+
+def cap_lines(newest: list[str], max_lines: int, total: int | None) -> list[str]:
+    """What one :meth:`ClusterBackend.log_lines` call returns, on every backend: ``newest``
+    when all ``total`` lines fit in ``max_lines``, else a notice of how many were skipped
+    followed by the newest ``max_lines - 1``.
+
+    :param newest: the newest lines, oldest first (at least ``max_lines`` when there are more).
+    :param total: how many lines there were in all; None: more than fit, how many is unknown.
+    """
+    if total is not None and total <= max_lines:
+        return list(newest)
+    keep = list(newest[-(max_lines - 1) :]) if max_lines > 1 else []
+    return [skipped_notice(None if total is None else total - len(keep)), *keep]

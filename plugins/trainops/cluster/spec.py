@@ -2,17 +2,20 @@
 
 Every backend takes the same JobSpec. The local backend uses the fields that mean something on
 one host (args, nodes, gpus_per_node, env, termination_grace_seconds, distributed); the
-Kubernetes backend (issue #4, ``k8s_*`` modules) turns the rest into manifests.
+Kubernetes backend (:mod:`trainops.cluster.kubernetes`) turns the rest into manifests.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypedDict
 
 CAPACITIES = ("spot", "on-demand", "spot-then-on-demand")
-SPOT_FLAVOURS = ("karpenter", "eks", "gke", "aks", "auto")
+SPOT_PROVIDERS = ("karpenter", "eks", "gke", "aks")  # each labels its spot nodes its own way
+SPOT_FLAVOURS = (*SPOT_PROVIDERS, "auto")  # auto: any provider's spot nodes
 KINDS = ("pytorchjob", "indexed-job", "trainjob")
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
@@ -23,12 +26,20 @@ class JobSpecError(ValueError):
     """A JobSpec field holds a value no backend can run."""
 
 
+class SecretKeyRef(TypedDict):
+    """One variable from one key of a Secret (``valueFrom.secretKeyRef``)."""
+
+    env: str
+    secret: str
+    key: str
+
+
 @dataclass
 class JobSpec:
     """One training (or evaluation) job: N nodes x G processes running ``args``.
 
     :param name: DNS-1123 label; the operator builds ``train-<8 hex>-a<attempt>``. Kubernetes
-        objects are named after it (see ``k8s_names.k8s_job_name``: shortened with a hash
+        objects are named after it (see ``kubernetes.names.job_name``: shortened with a hash
         suffix when the pod names Kubernetes derives from it would be too long).
     :param args: the trainer command line, ``python -m trainer ...`` as an argument list
         (``trainer.contract.trainer_argv``); never a shell string.
@@ -49,7 +60,7 @@ class JobSpec:
     :param service_account: Kubernetes service account of the pods; the way to IRSA (EKS) or
         workload identity (GKE, AKS) credentials. None: the namespace's default.
     :param labels: labels on the job and its pods (values are shortened to 63 characters with
-        a hash suffix when longer, see ``k8s_names.label_value``). ``trainjob``: on the
+        a hash suffix when longer, see ``kubernetes.names.label_value``). ``trainjob``: on the
         TrainJob and the JobSet Trainer derives from it, not on the pods (its schema has no
         pod labels).
     :param annotations: annotations on the job and its pods (``trainjob``: as for labels).
@@ -74,7 +85,7 @@ class JobSpec:
     :param nccl_env: NCCL tuning variables (``NCCL_*``, ``TORCH_NCCL_*``) passed to every pod.
     :param kind: ``indexed-job`` (a batch/v1 Indexed Job + headless Service; no operator
         needed), ``pytorchjob`` (Kubeflow Training Operator v1) or ``trainjob`` (Kubeflow
-        Trainer v2, ``k8s_trainjob``: placement by nodeSelector only, and the runtime's pod
+        Trainer v2, ``kubernetes.trainjob``: placement by nodeSelector only, and the runtime's pod
         template supplies grace period, security context and restart policy).
     :param cluster_domain: the cluster's DNS domain; the Indexed Job's rendezvous address is
         ``<job>-0.<service>.<namespace>.svc.<cluster_domain>``.
@@ -92,13 +103,13 @@ class JobSpec:
     cpu: str = "1"
     memory: str = "4Gi"
     env: dict[str, str] = field(default_factory=dict)
-    env_from_secrets: list[str] = field(default_factory=list)
+    env_from_secrets: list[str | SecretKeyRef] = field(default_factory=list)
     service_account: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     node_selector: dict[str, str] = field(default_factory=dict)
-    tolerations: list[dict] = field(default_factory=list)
-    affinity: dict | None = None
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    affinity: dict[str, Any] | None = None
     capacity: str = "spot"
     spot_flavour: str = "auto"
     scheduler: str = "default"
@@ -115,6 +126,7 @@ class JobSpec:
 
     @property
     def procs_per_node(self) -> int:
+        """Processes per node: one per GPU, or one CPU process."""
         return max(1, self.gpus_per_node)
 
     @property
@@ -122,11 +134,13 @@ class JobSpec:
         """torchrun's SIGTERM->SIGKILL wait: inside the grace period, with room to exit."""
         return max(1, self.termination_grace_seconds - min(10, self.termination_grace_seconds // 4))
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (``spec.json``, ``job.json``); :meth:`from_dict` reads it back."""
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> JobSpec:
+    def from_dict(cls, data: Mapping[str, Any]) -> JobSpec:
+        """The JobSpec of a JSON form; JobSpecError names a field JobSpec does not have."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -135,6 +149,7 @@ class JobSpec:
 
 
 def validate(spec: JobSpec) -> None:
+    """Raise JobSpecError naming the first field no backend can run, and what to use."""
     if not _NAME.match(spec.name):
         raise JobSpecError(
             f"JobSpec name {spec.name!r} is not a DNS-1123 label: use lowercase letters, digits and '-'"
@@ -177,7 +192,7 @@ def validate(spec: JobSpec) -> None:
         _check_secret_ref(ref)
 
 
-def _check_secret_ref(ref) -> None:
+def _check_secret_ref(ref: object) -> None:
     if isinstance(ref, str) and _SUBDOMAIN.match(ref):
         return
     if (

@@ -18,11 +18,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-FINAL_PHASES = ("succeeded", "failed", "lost")
+from trainops.cluster.base import FINAL_PHASES, ClusterBackend, JobHandle, LogCursor
+from trainops.triggers.events import JobEvent
+
+if TYPE_CHECKING:
+    from trainer.storage import Storage
+
 DEFAULT_SETTLE_S = 20.0
 
 
@@ -35,6 +40,11 @@ def settle_seconds() -> float:
     return conf.getfloat("trainops", "trigger_settle_seconds", fallback=DEFAULT_SETTLE_S)
 
 
+def _event(event: JobEvent) -> TriggerEvent:
+    """The trigger event for ``event`` (typed here, so every event has the declared shape)."""
+    return TriggerEvent(event)
+
+
 async def settled(started_at: float, settle_s: float) -> None:
     """Sleep until ``settle_s`` after ``started_at`` (see the module docstring)."""
     remaining = started_at + settle_s - time.time()
@@ -45,7 +55,7 @@ async def settled(started_at: float, settle_s: float) -> None:
 class JobTrigger(BaseTrigger):
     """Poll a job's state through its cluster backend.
 
-    :param handle: the backend's job handle (a plain dict).
+    :param handle: the backend's job handle (a plain dict, :class:`~trainops.cluster.base.JobHandle`).
     :param poll_interval: seconds between polls.
     :param timeout: seconds after which to report ``{"status": "timeout"}`` (None: never).
     :param cluster_options: backend options, e.g. ``{"state_dir": ...}`` for ``local``.
@@ -62,10 +72,10 @@ class JobTrigger(BaseTrigger):
     def __init__(
         self,
         *,
-        handle: dict,
+        handle: JobHandle,
         poll_interval: float = 5.0,
         timeout: float | None = None,
-        cluster_options: dict | None = None,
+        cluster_options: dict[str, Any] | None = None,
         started_at: float | None = None,
         progress_uri: str | None = None,
         progress_every: float = 30.0,
@@ -84,7 +94,8 @@ class JobTrigger(BaseTrigger):
         self.aws_conn_id = aws_conn_id
         self.stream_logs = stream_logs
         self.settle_s = settle_seconds() if settle_s is None else settle_s
-        self._log_cursor: dict | None = None
+        self._log_cursor: LogCursor | None = None
+        self._store: Storage | None = None  # one connection lookup per trigger, not per poll
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -103,7 +114,7 @@ class JobTrigger(BaseTrigger):
             },
         )
 
-    def _progress_line(self) -> str | None:
+    def _progress_line(self, progress_uri: str) -> str | None:
         """This attempt's latest metrics record as one line (blocking: run it in a thread)."""
         from trainer.contract import latest_of_attempt, metrics_records
         from trainer.storage import NotFound
@@ -111,9 +122,9 @@ class JobTrigger(BaseTrigger):
 
         attempt = int(self.handle.get("labels", {}).get("trainops/attempt", 1))
         try:
-            if getattr(self, "_store", None) is None:  # one connection lookup per trigger, not per poll
-                self._store = storage_for(self.progress_uri, self.aws_conn_id)
-            text = self._store.get(self.progress_uri).decode()
+            if self._store is None:
+                self._store = storage_for(progress_uri, self.aws_conn_id)
+            text = self._store.get(progress_uri).decode()
         except NotFound:
             return None
         rec = latest_of_attempt(metrics_records(text), attempt)
@@ -122,7 +133,7 @@ class JobTrigger(BaseTrigger):
         rate = f", {rec['tokens_per_s']:,.0f} tok/s" if rec.get("tokens_per_s") else ""
         return f"attempt {attempt}: step {rec['step']}, loss {rec.get('loss', float('nan')):.4f}{rate}"
 
-    async def _copy_log_lines(self, cluster) -> None:
+    async def _copy_log_lines(self, cluster: ClusterBackend) -> None:
         """Node 0's new log lines into this task's log (best effort: a log hiccup is no failure)."""
         try:
             lines, self._log_cursor = await asyncio.to_thread(
@@ -139,7 +150,6 @@ class JobTrigger(BaseTrigger):
 
         try:
             cluster = get_cluster(self.handle["cluster"], **self.cluster_options)
-            stream = self.stream_logs and hasattr(cluster, "log_lines")
             last_phase, last_progress = None, 0.0
             while True:
                 state = await asyncio.to_thread(cluster.status, self.handle)
@@ -151,20 +161,20 @@ class JobTrigger(BaseTrigger):
                         f" ({state['reason']})" if state.get("reason") else "",
                     )
                     last_phase = state["phase"]
-                if stream:
+                if self.stream_logs:
                     await self._copy_log_lines(cluster)
                 if state["phase"] in FINAL_PHASES:
                     await settled(self.started_at, self.settle_s)
-                    yield TriggerEvent({"status": "finished", "handle": self.handle, "state": state})
+                    yield _event({"status": "finished", "handle": self.handle, "state": state})
                     return
                 if self.progress_uri and time.monotonic() - last_progress >= self.progress_every:
                     last_progress = time.monotonic()
-                    line = await asyncio.to_thread(self._progress_line)
+                    line = await asyncio.to_thread(self._progress_line, self.progress_uri)
                     if line:
                         self.log.info("%s", line)
                 if self.timeout is not None and time.time() - self.started_at > self.timeout:
                     await settled(self.started_at, self.settle_s)
-                    yield TriggerEvent(
+                    yield _event(
                         {
                             "status": "timeout",
                             "handle": self.handle,
@@ -176,7 +186,7 @@ class JobTrigger(BaseTrigger):
                 await asyncio.sleep(self.poll_interval)
         except Exception as exc:  # reported, not raised: the operator decides and cleans up
             await settled(self.started_at, self.settle_s)
-            yield TriggerEvent(
+            yield _event(
                 {"status": "error", "handle": self.handle, "message": f"{type(exc).__name__}: {exc}"}
             )
 
@@ -208,8 +218,8 @@ class JobGoneTrigger(BaseTrigger):
     def __init__(
         self,
         *,
-        handle: dict,
-        cluster_options: dict | None = None,
+        handle: JobHandle,
+        cluster_options: dict[str, Any] | None = None,
         not_before: float | None = None,
         deadline_s: float = 180.0,
         poll_interval: float = 2.0,
@@ -248,20 +258,21 @@ class JobGoneTrigger(BaseTrigger):
             while True:
                 gone = await asyncio.to_thread(cluster.all_gone, self.handle)
                 now = time.time()
-                if gone and (self.not_before is None or now >= self.not_before):
+                back_off = 0.0 if self.not_before is None else self.not_before - now
+                if gone and back_off <= 0:
                     await settled(self.started_at, self.settle_s)
-                    yield TriggerEvent({"status": "gone", "handle": self.handle})
+                    yield _event({"status": "gone", "handle": self.handle})
                     return
                 if gone and not gone_logged:
                     self.log.info(
                         "every pod of %s is gone; relaunching in %.0fs (back-off)",
                         self.handle["job_id"],
-                        self.not_before - now,
+                        back_off,
                     )
                     gone_logged = True
                 if not gone and now - self.started_at > self.deadline_s:
                     await settled(self.started_at, self.settle_s)
-                    yield TriggerEvent(
+                    yield _event(
                         {
                             "status": "error",
                             "handle": self.handle,
@@ -273,10 +284,10 @@ class JobGoneTrigger(BaseTrigger):
                         }
                     )
                     return
-                wait = self.poll_interval if not gone else min(self.poll_interval * 15, self.not_before - now)
+                wait = self.poll_interval if not gone else min(self.poll_interval * 15, back_off)
                 await asyncio.sleep(max(0.05, wait))
         except Exception as exc:
             await settled(self.started_at, self.settle_s)
-            yield TriggerEvent(
+            yield _event(
                 {"status": "error", "handle": self.handle, "message": f"{type(exc).__name__}: {exc}"}
             )

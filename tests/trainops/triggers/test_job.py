@@ -230,3 +230,28 @@ def test_waiting_in_the_worker_does_not_settle(tmp_path):
         )
     )
     assert event["status"] == "finished" and time.time() - started < 30
+
+
+class LogHiccup:
+    """A backend whose job is done but whose log cannot be read."""
+
+    def status(self, handle):
+        return {"phase": "succeeded", "reason": None, "nodes": [], "disruptions": []}
+
+    def log_lines(self, handle, cursor, max_lines=200):
+        raise ConnectionResetError("connection reset by peer")
+
+
+def test_a_log_that_cannot_be_read_is_a_warning_not_a_failure(monkeypatch, caplog, capsys):
+    import trainops.cluster
+
+    monkeypatch.setattr(trainops.cluster, "get_cluster", lambda name, **kw: LogHiccup())
+    caplog.set_level("INFO")
+    event = first_event(
+        JobTrigger(
+            handle={"cluster": "x", "job_id": "train-a1", "labels": {}}, poll_interval=0.01, stream_logs=True
+        )
+    )
+    assert event["status"] == "finished" and event["state"]["phase"] == "succeeded"
+    logged = caplog.text + capsys.readouterr().out
+    assert "could not read node 0's log of train-a1: connection reset by peer" in logged

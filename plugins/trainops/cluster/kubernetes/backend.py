@@ -1,42 +1,66 @@
 """The Kubernetes backend: submit, watch and delete job gangs through the cncf-kubernetes
 provider's ``KubernetesHook`` (an Airflow connection says which cluster).
 
-Same interface as ``LocalCluster``; handles are plain dicts (XCom and trigger safe). What an
-attempt's state means is decided by the pure ``k8s_classify.job_state``; this module only
-reads and writes API objects.
+It implements :class:`~trainops.cluster.base.ClusterBackend`. What the objects are is decided
+by the pure :func:`~trainops.cluster.kubernetes.render.render_manifests`, what an attempt's
+state means by the pure :func:`~trainops.cluster.kubernetes.state.job_state`; this module only
+reads and writes API objects. The client has no types: what it returns is the API's JSON form
+(``Json``) until ``job_state`` turns it into a :class:`~trainops.cluster.base.JobState`.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from typing import Any
 
-from trainops.cluster.kubernetes import logs
-from trainops.cluster.kubernetes import names as k8s_names
-from trainops.cluster.kubernetes import nodes as k8s_nodes
-from trainops.cluster.kubernetes import state as k8s_classify
-from trainops.cluster.kubernetes.kinds import pod_selector
+from trainops.cluster.base import Chaos, JobHandle, JobState, LogCursor, ObjectRef
+from trainops.cluster.kubernetes import indexed_job, logs, pytorchjob, trainjob
+from trainops.cluster.kubernetes.names import label_value
+from trainops.cluster.kubernetes.nodes import NodeType, node_type
+from trainops.cluster.kubernetes.objects import Json
+from trainops.cluster.kubernetes.render import (
+    JOB_KINDS,
+    JOB_OBJECTS,
+    job_ref,
+    object_refs,
+    pod_selector,
+    render_manifests,
+)
+from trainops.cluster.kubernetes.state import job_outcome, job_state, node_index, trainer_container
+from trainops.cluster.spec import JobSpec
 
 log = logging.getLogger(__name__)
-# kind -> (group, version, plural) of the objects created through the custom objects API
+# API kind -> (group, version, plural) of the objects created through the custom objects API
 CUSTOM_KINDS = {
-    "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"),
-    "TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"),
-    "PodGroup": ("scheduling.volcano.sh", "v1beta1", "podgroups"),
+    pytorchjob.KIND: (pytorchjob.GROUP, pytorchjob.VERSION, pytorchjob.PLURAL),
+    trainjob.KIND: (trainjob.GROUP, trainjob.VERSION, trainjob.PLURAL),
+    indexed_job.POD_GROUP_KIND: (
+        indexed_job.POD_GROUP_GROUP,
+        indexed_job.POD_GROUP_VERSION,
+        indexed_job.POD_GROUP_PLURAL,
+    ),
 }
-JOB_KINDS = {"Job": "indexed-job", "PyTorchJob": "pytorchjob", "TrainJob": "trainjob"}
-API_KINDS = {v: k for k, v in JOB_KINDS.items()}  # handle kind -> API kind
 FINISHED_POD_PHASES = ("Succeeded", "Failed")
 
 
-def label_selector(labels: dict) -> str:
-    """``k=v,...`` with values fitted as they were on the objects (``k8s_names.label_value``)."""
-    return ",".join(f"{k}={k8s_names.label_value(v)}" for k, v in sorted(labels.items()))
+def label_selector(labels: Mapping[str, str]) -> str:
+    """``k=v,...`` with values fitted as they were on the objects (``names.label_value``)."""
+    return ",".join(f"{k}={label_value(v)}" for k, v in sorted(labels.items()))
 
 
 def _status_code(exc: Exception) -> int | None:
     return getattr(exc, "status", None)
+
+
+def _ref(manifest: Json) -> ObjectRef:
+    return {
+        "apiVersion": manifest["apiVersion"],
+        "kind": manifest["kind"],
+        "name": manifest["metadata"]["name"],
+    }
 
 
 class KubernetesCluster:
@@ -60,8 +84,8 @@ class KubernetesCluster:
         kubernetes_conn_id: str | None = "kubernetes_default",
         namespace: str | None = None,
         unschedulable_deadline_s: float = 900,
-        hook=None,
-        clock=time.time,
+        hook: Any = None,
+        clock: Callable[[], float] = time.time,
     ):
         self.kubernetes_conn_id = kubernetes_conn_id
         self._namespace = namespace
@@ -69,12 +93,14 @@ class KubernetesCluster:
         self._hook = hook
         self._clock = clock
         self._read_nodes = True  # off after a 403: the node check needs a ClusterRole
-        self._node_labels = {}  # node name -> its labels (None: gone before it was read)
-        self._serializer = None
+        # node name -> its labels (None: gone before it was read)
+        self._node_labels: dict[str, dict[str, str] | None] = {}
+        self._serializer: Any = None
 
     # -- plumbing --------------------------------------------------------------------
     @property
-    def hook(self):
+    def hook(self) -> Any:
+        """The ``KubernetesHook`` (untyped, as its clients are)."""
         if self._hook is None:
             from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
@@ -85,7 +111,7 @@ class KubernetesCluster:
     def namespace(self) -> str:
         return self._namespace or self.hook.get_namespace() or "default"
 
-    def _plain(self, obj):
+    def _plain(self, obj: Any) -> Any:
         """The API's JSON form (camelCase dicts) of what the client returned."""
         if obj is None or isinstance(obj, dict):
             return obj
@@ -95,7 +121,7 @@ class KubernetesCluster:
             self._serializer = ApiClient()
         return self._serializer.sanitize_for_serialization(obj)
 
-    def _ignore_missing(self, call, *args, **kwargs):
+    def _ignore_missing(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``call`` result, or None when the object is not there (404)."""
         try:
             return call(*args, **kwargs)
@@ -105,11 +131,9 @@ class KubernetesCluster:
             raise
 
     # -- interface -------------------------------------------------------------------
-    def launch(self, spec, *, chaos: dict | None = None) -> dict:
+    def launch(self, spec: JobSpec, *, chaos: Chaos | None = None) -> JobHandle:
         """Create the rendered objects (Service, PodGroup, then the job) and return the handle.
         If one cannot be created, the ones already created are deleted again."""
-        from trainops.cluster.kubernetes.render import render_manifests
-
         if chaos:
             raise ValueError(f"injected preemptions ({chaos!r}) work only on cluster='local'")
 
@@ -120,18 +144,15 @@ class KubernetesCluster:
             )
         manifests = render_manifests(spec)
         job = manifests[-1]
-        handle = {
+        handle: JobHandle = {
             "cluster": self.name,
             "job_id": job["metadata"]["name"],
             "kind": JOB_KINDS[job["kind"]],
             "namespace": spec.namespace,
             "labels": dict(spec.labels),
-            "manifests": [
-                {"apiVersion": m["apiVersion"], "kind": m["kind"], "name": m["metadata"]["name"]}
-                for m in manifests
-            ],
+            "manifests": [_ref(m) for m in manifests],
         }
-        created = []
+        created: list[Json] = []
         try:
             for manifest in manifests:
                 self._create(manifest, spec.namespace, is_job=manifest is job)
@@ -144,12 +165,12 @@ class KubernetesCluster:
             raise
         return handle
 
-    def _create(self, manifest: dict, namespace: str, is_job: bool) -> None:
+    def _create(self, manifest: Json, namespace: str, is_job: bool) -> None:
         kind, name = manifest["kind"], manifest["metadata"]["name"]
         try:
             if kind == "Service":
                 self.hook.core_v1_client.create_namespaced_service(namespace, manifest)
-            elif kind == "Job":
+            elif kind == indexed_job.KIND:
                 self.hook.batch_v1_client.create_namespaced_job(namespace, manifest)
             else:
                 group, version, plural = CUSTOM_KINDS[kind]
@@ -167,10 +188,10 @@ class KubernetesCluster:
                 ) from exc
             # Services and PodGroups are derived from the JobSpec alone: an existing one fits.
 
-    def _read_job(self, handle: dict) -> dict | None:
-        ns, name = handle["namespace"], handle["job_id"]
-        if handle["kind"] in ("pytorchjob", "trainjob"):
-            group, version, plural = CUSTOM_KINDS[API_KINDS[handle["kind"]]]
+    def _read_job(self, handle: JobHandle) -> Json | None:
+        ns, name, (_, api_kind) = handle["namespace"], handle["job_id"], JOB_OBJECTS[handle["kind"]]
+        if api_kind in CUSTOM_KINDS:
+            group, version, plural = CUSTOM_KINDS[api_kind]
             return self._plain(
                 self._ignore_missing(
                     self.hook.custom_object_client.get_namespaced_custom_object,
@@ -183,20 +204,21 @@ class KubernetesCluster:
             )
         return self._plain(self._ignore_missing(self.hook.batch_v1_client.read_namespaced_job, name, ns))
 
-    def _pods(self, handle: dict) -> list[dict]:
+    def _pods(self, handle: JobHandle) -> list[Json]:
         pods = self.hook.core_v1_client.list_namespaced_pod(
             handle["namespace"], label_selector=label_selector(pod_selector(handle["kind"], handle["job_id"]))
         )
-        return self._plain(pods).get("items") or []
+        items: list[Json] = self._plain(pods).get("items") or []
+        return items
 
-    def _read_node(self, name: str) -> dict | None:
+    def _read_node(self, name: str) -> Json | None:
         """The node ``name``, or None when it is gone; remembers its labels."""
-        node = self._plain(self._ignore_missing(self.hook.core_v1_client.read_node, name))
+        node: Json | None = self._plain(self._ignore_missing(self.hook.core_v1_client.read_node, name))
         if node is not None:
             self._node_labels[name] = dict((node.get("metadata") or {}).get("labels") or {})
         return node
 
-    def _read_nodes_or_none(self, names: list[str]) -> list[dict | None] | None:
+    def _read_nodes_or_none(self, names: list[str]) -> list[Json | None] | None:
         """The nodes ``names`` (None for a gone one), or None if we may not read nodes."""
         if not self._read_nodes:
             return None
@@ -208,7 +230,7 @@ class KubernetesCluster:
             self._read_nodes = False  # no ClusterRole for nodes: rely on pod conditions
             return None
 
-    def _nodes_present(self, pods: list[dict]) -> set[str] | None:
+    def _nodes_present(self, pods: list[Json]) -> set[str] | None:
         """Which of the running pods' nodes still exist (read at every call: a node can
         vanish any time); None if we may not read nodes."""
         names = sorted(
@@ -224,23 +246,23 @@ class KubernetesCluster:
             return None
         return {name for name, node in zip(names, nodes, strict=False) if node is not None}
 
-    def _node_types(self, pods: list[dict]) -> dict[str, dict]:
-        """``k8s_nodes.node_type`` of each of the pods' nodes. Labels do not change, so a node
-        is read once (``_nodes_present`` reads the running pods' nodes anyway)."""
-        names = {(p.get("spec") or {}).get("nodeName") for p in pods} - {None}
+    def _node_types(self, pods: list[Json]) -> dict[str, NodeType]:
+        """``nodes.node_type`` of each of the pods' nodes. Labels do not change, so a node is
+        read once (``_nodes_present`` reads the running pods' nodes anyway)."""
+        names: set[str] = {name for p in pods if (name := (p.get("spec") or {}).get("nodeName")) is not None}
         unread = sorted(names - set(self._node_labels))
         for name, node in zip(unread, self._read_nodes_or_none(unread) or [], strict=False):
             if node is None:
                 self._node_labels[name] = None  # gone before we read it: do not ask again
-        return {name: k8s_nodes.node_type(self._node_labels.get(name)) for name in names}
+        return {name: node_type(self._node_labels.get(name)) for name in names}
 
-    def status(self, handle: dict) -> dict:
-        """The attempt's state (``k8s_classify.job_state``): phase, reason, nodes, disruptions.
+    def status(self, handle: JobHandle) -> JobState:
+        """The attempt's state (``state.job_state``): phase, reason, nodes, disruptions.
         Each of ``nodes`` also has ``instance_type`` and ``capacity_type`` (``spot``,
         ``on-demand``; None when unknown or nodes may not be read)."""
         job = self._read_job(handle)
         pods = self._pods(handle)
-        state = k8s_classify.job_state(
+        state = job_state(
             job,
             pods,
             now=datetime.now(UTC),
@@ -248,22 +270,25 @@ class KubernetesCluster:
             node_names_present=self._nodes_present(pods),
         )
         types = self._node_types(pods)
-        unknown = k8s_nodes.node_type(None)
-        state["nodes"] = [{**node, **types.get(node.get("node_name"), unknown)} for node in state["nodes"]]
+        for node in state["nodes"]:
+            name = node.get("node_name")
+            machine = types[name] if name is not None and name in types else node_type(None)
+            node["instance_type"] = machine["instance_type"]
+            node["capacity_type"] = machine["capacity_type"]
         return state
 
-    def delete(self, handle: dict) -> None:
+    def delete(self, handle: JobHandle) -> None:
         """Delete the job (Foreground: its pods go first, each with its grace period) and its
         Service and PodGroup. Missing objects are fine."""
-        refs = handle.get("manifests") or [{"kind": API_KINDS[handle["kind"]], "name": handle["job_id"]}]
+        refs = handle.get("manifests") or [job_ref(handle["kind"], handle["job_id"])]
         self._delete_objects(refs, handle["namespace"])
 
-    def _delete_objects(self, refs: list[dict], namespace: str) -> None:
+    def _delete_objects(self, refs: list[ObjectRef], namespace: str) -> None:
         for ref in reversed(refs):  # the job first, then what its pods used
             kind, name = ref["kind"], ref["name"]
             if kind == "Service":
                 self._ignore_missing(self.hook.core_v1_client.delete_namespaced_service, name, namespace)
-            elif kind == "Job":
+            elif kind == indexed_job.KIND:
                 self._ignore_missing(
                     self.hook.batch_v1_client.delete_namespaced_job,
                     name,
@@ -282,21 +307,19 @@ class KubernetesCluster:
                     propagation_policy="Foreground",
                 )
 
-    def all_gone(self, handle: dict) -> bool:
+    def all_gone(self, handle: JobHandle) -> bool:
         """True once no pod of the attempt is left (relaunch only then: no late commit races)."""
         return not self._pods(handle)
 
-    def find(self, labels: dict) -> list[dict]:
+    def find(self, labels: Mapping[str, str]) -> list[JobHandle]:
         """Handles of live (not finished) jobs in ``namespace`` whose labels include ``labels``."""
         ns, selector = self.namespace, label_selector(labels)
-        jobs = (
-            self._plain(self.hook.batch_v1_client.list_namespaced_job(ns, label_selector=selector)).get(
-                "items"
-            )
-            or []
-        )
-        for kind in ("PyTorchJob", "TrainJob"):
-            group, version, plural = CUSTOM_KINDS[kind]
+        # The API server leaves kind and apiVersion out of a list's items (kubernetes#3030):
+        # each job goes with the API kind it was listed by.
+        listed = self._plain(self.hook.batch_v1_client.list_namespaced_job(ns, label_selector=selector))
+        jobs: list[tuple[str, Json]] = [(indexed_job.KIND, job) for job in listed.get("items") or []]
+        for api_kind in (pytorchjob.KIND, trainjob.KIND):
+            group, version, plural = CUSTOM_KINDS[api_kind]
             # 404: that CRD (Training Operator, Trainer v2) is not installed: there are none
             listed = self._ignore_missing(
                 self.hook.custom_object_client.list_namespaced_custom_object,
@@ -306,52 +329,45 @@ class KubernetesCluster:
                 plural,
                 label_selector=selector,
             )
-            jobs += (listed or {}).get("items") or []
-        found = []
-        for job in jobs:
-            meta = job["metadata"]
-            if k8s_classify.job_outcome(job)[0] in ("succeeded", "failed"):
+            jobs += [(api_kind, job) for job in (listed or {}).get("items") or []]
+        found: list[JobHandle] = []
+        for api_kind, job in jobs:
+            if job_outcome({**job, "kind": api_kind})[0] in ("succeeded", "failed"):
                 continue
-            name = meta["name"]
-            manifests = [{"apiVersion": job.get("apiVersion"), "kind": job.get("kind"), "name": name}]
-            if job.get("kind") == "Job":  # its Service and PodGroup share its name
-                manifests = [
-                    {"apiVersion": "v1", "kind": "Service", "name": name},
-                    {"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup", "name": name},
-                    *manifests,
-                ]
+            meta, kind = job["metadata"], JOB_KINDS[api_kind]
             found.append(
                 {
                     "cluster": self.name,
-                    "job_id": name,
-                    "kind": JOB_KINDS[job["kind"]],
+                    "job_id": meta["name"],
+                    "kind": kind,
                     "namespace": meta.get("namespace", ns),
                     "labels": dict(meta.get("labels") or {}),
-                    "manifests": manifests,
+                    "manifests": object_refs(kind, meta["name"]),
                 }
             )
         return found
 
-    def _read_log(self, pod: dict, namespace: str, **options) -> bytes:
+    def _read_log(self, pod: Json, namespace: str, **options: Any) -> bytes:
         """The raw log of ``pod``'s trainer container. Raw, not the client's str: it would
         json-parse the body, and client 36 returns the repr of the bytes (``"b'...'"``)."""
         response = self.hook.core_v1_client.read_namespaced_pod_log(
             pod["metadata"]["name"],
             namespace,
-            container=k8s_classify.trainer_container(pod),
+            container=trainer_container(pod),
             _preload_content=False,
             **options,
         )
         try:
-            return response.data
+            data: bytes = response.data
+            return data
         finally:
             response.release_conn()
 
-    def logs_tail(self, handle: dict, lines: int = 30) -> str:
+    def logs_tail(self, handle: JobHandle, lines: int = 30) -> str:
         """The last ``lines`` lines of each pod's trainer container, prefixed ``[node-<i>]``."""
         out = []
-        for pod in sorted(self._pods(handle), key=lambda p: k8s_classify.node_index(p) or 0):
-            name, index = pod["metadata"]["name"], k8s_classify.node_index(pod)
+        for pod in sorted(self._pods(handle), key=lambda p: node_index(p) or 0):
+            name, index = pod["metadata"]["name"], node_index(pod)
             try:
                 text = self._read_log(pod, handle["namespace"], tail_lines=lines).decode(
                     "utf-8", errors="replace"
@@ -361,15 +377,17 @@ class KubernetesCluster:
             out += [f"[node-{index}] {line}" for line in text.splitlines()]
         return "\n".join(out)
 
-    def _node0_pod(self, handle: dict) -> dict | None:
+    def _node0_pod(self, handle: JobHandle) -> Json | None:
         """The newest pod of gang index 0 (a retried index leaves its failed pod behind)."""
-        pods = [p for p in self._pods(handle) if k8s_classify.node_index(p) == 0]
+        pods = [p for p in self._pods(handle) if node_index(p) == 0]
         return max(pods, key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp")), default=None)
 
-    def log_lines(self, handle: dict, cursor: dict | None, max_lines: int = 200) -> tuple[list[str], dict]:
+    def log_lines(
+        self, handle: JobHandle, cursor: LogCursor | None, max_lines: int = 200
+    ) -> tuple[list[str], LogCursor | None]:
         """New lines of node 0's trainer log since ``cursor`` (None: start), and the next cursor.
 
-        The cursor is plain JSON, ``{"pod", "ts", "n"}`` (``k8s_logs``). A first read (no
+        The cursor is plain JSON, ``{"pod", "ts", "n"}`` (:mod:`.logs`). A first read (no
         cursor, or another pod's after a relaunch) returns the pod's last lines. Never raises
         for a pod that has not started yet or is gone: returns ``([], cursor)``. At most
         ``max_lines`` lines per call; when more were available, the first returned line says
@@ -395,15 +413,17 @@ class KubernetesCluster:
         return lines, next_cursor
 
     def _read_new_lines(
-        self, handle: dict, pod: dict, cursor: dict | None, max_lines: int, tailed: bool
-    ) -> tuple[list[str], dict, bool]:
+        self, handle: JobHandle, pod: Json, cursor: LogCursor | None, max_lines: int, tailed: bool
+    ) -> tuple[list[str], LogCursor, bool]:
         """One timestamped read of ``pod``'s log: its last lines (``tailed``) or all since the
         cursor, capped at ``log_limit_bytes``. Returns the new lines, the next cursor and
         whether the read was capped before it reached a new line."""
+        # not tailed: the cursor has seen this pod up to its timestamp (``logs.first_read``)
+        since = None if tailed else (cursor or {}).get("ts")
         window = (
             {"tail_lines": max_lines + 1}
-            if tailed
-            else {"since_seconds": logs.since_seconds(cursor["ts"], self._clock())}
+            if since is None
+            else {"since_seconds": logs.since_seconds(since, self._clock())}
         )
         data = self._read_log(
             pod, handle["namespace"], timestamps=True, limit_bytes=self.log_limit_bytes, **window
@@ -419,11 +439,3 @@ class KubernetesCluster:
             keep_partial=finished and not capped,
         )
         return lines, next_cursor, capped and not lines and not tailed
-
-
-def _ref(manifest: dict) -> dict:
-    return {
-        "apiVersion": manifest["apiVersion"],
-        "kind": manifest["kind"],
-        "name": manifest["metadata"]["name"],
-    }

@@ -1,6 +1,7 @@
 """Node 0's trainer log a few lines at a time: the pure half of ``KubernetesCluster.log_lines``
 (parsing the API's timestamped lines, dropping what the cursor has seen, capping a call's
-lines). Plain strings and dicts in and out; the cursor is plain JSON.
+lines with :func:`trainops.cluster.base.cap_lines`). Plain strings in, lines and a
+:class:`~trainops.cluster.base.LogCursor` (plain JSON) out.
 
 The pod log API has no "since this line": a read asks ``since_seconds`` (whole seconds, so a
 little more than needed) with ``timestamps=True``, and the lines the previous read already
@@ -15,29 +16,13 @@ import math
 import re
 from datetime import datetime
 
+from trainops.cluster.base import LogCursor, cap_lines
+
 # RFC 3339 with up to nanoseconds, as the kubelet writes it (Go's RFC3339Nano drops trailing
 # zeros, so "…:05Z" < "…:05.5Z" < "…:05.12Z" in time but not as strings: compare parsed).
 TIMESTAMP = re.compile(r"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?(Z|[+-]\d{2}:\d{2})")
 # the messages of the 400 the API answers for a container that has not started yet
 NOT_STARTED = ("ContainerCreating", "PodInitializing", "waiting to start")
-
-
-def skipped_notice(count: int | None) -> str:
-    """The line standing for ``count`` lines left out (None: an unknown number)."""
-    return "(… earlier lines skipped)" if count is None else f"(… {count} earlier lines skipped)"
-
-
-def cap_lines(newest: list[str], max_lines: int, total: int | None) -> list[str]:
-    """At most ``max_lines`` lines: ``newest`` when all ``total`` lines fit, else a notice of
-    how many were skipped followed by the newest ``max_lines - 1``.
-
-    :param newest: the newest lines, oldest first (at least ``max_lines`` when there are more).
-    :param total: how many lines there were in all; None: more than fit, how many is unknown.
-    """
-    if total is not None and total <= max_lines:
-        return list(newest)
-    keep = list(newest[-(max_lines - 1) :]) if max_lines > 1 else []
-    return [skipped_notice(None if total is None else total - len(keep)), *keep]
 
 
 def timestamp_key(ts: str | None) -> tuple[int, int] | None:
@@ -58,11 +43,14 @@ def split_timestamp(line: str) -> tuple[str | None, str]:
 
 def since_seconds(ts: str, now: float) -> int:
     """The ``since_seconds`` that covers everything from ``ts`` on, read at ``now`` (epoch s)."""
-    seconds, nanos = timestamp_key(ts)
+    key = timestamp_key(ts)
+    if key is None:
+        raise ValueError(f"log cursor timestamp {ts!r} is not RFC 3339; start again without a cursor")
+    seconds, nanos = key
     return max(1, math.ceil(now - (seconds + nanos / 1e9)) + 1)
 
 
-def first_read(cursor: dict | None, pod: str) -> bool:
+def first_read(cursor: LogCursor | None, pod: str) -> bool:
     """True when ``cursor`` has seen nothing of ``pod`` (none yet, or another pod's)."""
     return not cursor or cursor.get("pod") != pod or not cursor.get("ts")
 
@@ -74,13 +62,13 @@ def not_started(status: int | None, message: str) -> bool:
 
 def new_lines(
     text: str,
-    cursor: dict | None,
+    cursor: LogCursor | None,
     pod: str,
     max_lines: int,
     *,
     tailed: bool = False,
     keep_partial: bool = True,
-) -> tuple[list[str], dict]:
+) -> tuple[list[str], LogCursor]:
     """The lines of ``text`` that ``cursor`` has not seen, capped to ``max_lines``, without
     their timestamps; and the next cursor.
 
@@ -94,7 +82,8 @@ def new_lines(
     """
     seen = None if first_read(cursor, pod) else cursor
     after = timestamp_key(seen["ts"]) if seen else None
-    dedupe = int(seen.get("n") or 0) if seen else 0
+    seen_n = int(seen.get("n") or 0) if seen else 0
+    dedupe = seen_n
     lines = text.split("\n")
     partial = lines.pop()  # "" when text ends with a newline
     if partial and keep_partial:
@@ -113,12 +102,12 @@ def new_lines(
             dedupe, overlap = dedupe - 1, True
             continue
         new.append(body.rstrip("\r"))
-    next_cursor = {"pod": pod, "ts": seen["ts"] if seen else None, "n": seen["n"] if seen else 0}
+    next_cursor: LogCursor = {"pod": pod, "ts": seen["ts"] if seen else None, "n": seen["n"] if seen else 0}
     if window and window[-1][1] is not None:
         last_ts, last_key = window[-1]
         count = sum(1 for _, k in window if k == last_key)
         if last_key == after:  # a tail may hold fewer of them than were seen
-            count = max(count, int(seen.get("n") or 0))
+            count = max(count, seen_n)
         next_cursor = {"pod": pod, "ts": last_ts, "n": count}
     gap = tailed and not overlap and (seen is not None or len(lines) > max_lines)
     return cap_lines(new, max_lines, None if gap else len(new)), next_cursor

@@ -4,15 +4,19 @@ Kubernetes derives from them.
 Kubernetes appends to the job's name: an Indexed Job's pods get the hostname
 ``<job>-<index>``; the Kubeflow operator names pods and Services ``<job>-master-0`` and
 ``<job>-worker-<i>``; a TrainJob's JobSet (named after it, with a headless Service of that
-name) runs the Job ``<job>-node-0``, whose pods get the hostname ``<job>-node-0-<index>``. Hostnames, Service names and label values are at most 63 characters,
-and Service names must start with a letter. So the Kubernetes name is the JobSpec name when
-everything derived from it fits, else a prefix of it plus a hash of the whole name.
+name) runs the Job ``<job>-node-0``, whose pods get the hostname ``<job>-node-0-<index>``.
+Hostnames, Service names and label values are at most 63 characters, and Service names must
+start with a letter. So the Kubernetes name is the JobSpec name when everything derived from
+it fits, else a prefix of it plus a hash of the whole name.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
+
+from trainops.cluster.spec import JobSpec
 
 MAX_LABEL = 63
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -35,6 +39,7 @@ def name_suffix_length(kind: str, nodes: int) -> int:
 
 
 def max_name_length(kind: str, nodes: int) -> int:
+    """The longest job name whose derived names (hostnames, Services) still fit."""
     return MAX_LABEL - name_suffix_length(kind, nodes)
 
 
@@ -50,7 +55,7 @@ def fit_name(name: str, limit: int) -> str:
     return f"{head}-{_digest(name)}"
 
 
-def k8s_job_name(spec) -> str:
+def job_name(spec: JobSpec) -> str:
     """The name of the job object (and of the Indexed Job's headless Service)."""
     return fit_name(spec.name, max_name_length(spec.kind, spec.nodes))
 
@@ -60,9 +65,9 @@ def service_name(job_name: str) -> str:
     return job_name
 
 
-def pod_hostnames(spec) -> list[str]:
+def pod_hostnames(spec: JobSpec) -> list[str]:
     """The hostnames of the job's pods, as Kubernetes will set them."""
-    job = k8s_job_name(spec)
+    job = job_name(spec)
     if spec.kind == "pytorchjob":
         return [f"{job}-master-0", *(f"{job}-worker-{i}" for i in range(spec.nodes - 1))]
     if spec.kind == "trainjob":
@@ -70,14 +75,14 @@ def pod_hostnames(spec) -> list[str]:
     return [f"{job}-{i}" for i in range(spec.nodes)]
 
 
-def label_value(value: str) -> str:
+def label_value(value: object) -> str:
     """A valid label value for ``value``: unchanged when valid, else shortened/cleaned with a
     hash suffix (deterministic, so selectors built with this function find the object)."""
-    value = str(value)
-    if len(value) <= MAX_LABEL and _LABEL_VALUE.match(value):
-        return value
-    cleaned = re.sub(r"[^A-Za-z0-9_.-]", "_", value).strip("_.-")
-    return f"{cleaned[: MAX_LABEL - 9].rstrip('_.-')}-{_digest(value)}".lstrip("-")
+    text = str(value)
+    if len(text) <= MAX_LABEL and _LABEL_VALUE.match(text):
+        return text
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]", "_", text).strip("_.-")
+    return f"{cleaned[: MAX_LABEL - 9].rstrip('_.-')}-{_digest(text)}".lstrip("-")
 
 
 def check_label_key(key: str) -> None:
@@ -94,7 +99,7 @@ def check_label_key(key: str) -> None:
         )
 
 
-def labels(values: dict[str, str]) -> dict[str, str]:
+def labels(values: Mapping[str, str]) -> dict[str, str]:
     """Check the keys and fit the values of a label map."""
     for key in values:
         check_label_key(key)

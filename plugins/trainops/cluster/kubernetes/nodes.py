@@ -7,6 +7,9 @@ whose labels say nothing we know (or whose labels could not be read) gets None, 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TypedDict
+
 INSTANCE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
 # label -> {value: capacity type}; the first label with a known value decides. Values not listed (e.g.
 # Karpenter's "reserved", EKS's "CAPACITY_BLOCK") are neither spot nor on-demand: None.
@@ -19,15 +22,23 @@ CAPACITY_LABELS = (
 )
 
 
-def instance_type(labels: dict | None) -> str | None:
+class NodeType(TypedDict):
+    """What kind of machine a node is (both None: unknown)."""
+
+    instance_type: str | None
+    capacity_type: str | None
+
+
+def instance_type(labels: Mapping[str, str] | None) -> str | None:
     """The node's machine type (``p4d.24xlarge``, ``a2-highgpu-8g``), or None."""
     for key in INSTANCE_TYPE_LABELS:
-        if (labels or {}).get(key):
-            return labels[key]
+        value = (labels or {}).get(key)
+        if value:
+            return value
     return None
 
 
-def capacity_type(labels: dict | None) -> str | None:
+def capacity_type(labels: Mapping[str, str] | None) -> str | None:
     """``spot``, ``on-demand`` or None (unknown) from the provider's capacity label."""
     for key, values in CAPACITY_LABELS:
         value = (labels or {}).get(key)
@@ -36,6 +47,6 @@ def capacity_type(labels: dict | None) -> str | None:
     return None
 
 
-def node_type(labels: dict | None) -> dict:
+def node_type(labels: Mapping[str, str] | None) -> NodeType:
     """``{"instance_type", "capacity_type"}`` of a node; both None when ``labels`` is None."""
     return {"instance_type": instance_type(labels), "capacity_type": capacity_type(labels)}

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import copy
 
-from trainops.cluster.spec import JobSpecError
+from trainops.cluster.kubernetes.objects import Json
+from trainops.cluster.spec import SPOT_PROVIDERS, JobSpec, JobSpecError
 
 # Node labels each provider puts on its spot nodes.
-SPOT_EXPRESSIONS = {
+SPOT_EXPRESSIONS: dict[str, Json] = {
     "karpenter": {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["spot"]},
     "eks": {"key": "eks.amazonaws.com/capacityType", "operator": "In", "values": ["SPOT"]},
     "gke": {"key": "cloud.google.com/gke-spot", "operator": "In", "values": ["true"]},
@@ -23,7 +24,7 @@ SPOT_EXPRESSIONS = {
 }
 
 # The negation of each, for on-demand. GKE's older preemptible VMs are spot capacity too.
-ON_DEMAND_EXPRESSIONS = {
+ON_DEMAND_EXPRESSIONS: dict[str, list[Json]] = {
     "karpenter": [{"key": "karpenter.sh/capacity-type", "operator": "NotIn", "values": ["spot"]}],
     "eks": [{"key": "eks.amazonaws.com/capacityType", "operator": "NotIn", "values": ["SPOT"]}],
     "gke": [
@@ -37,7 +38,7 @@ ON_DEMAND_EXPRESSIONS = {
 # recommends this taint and Autopilot applies it. Karpenter and EKS managed node groups add
 # no spot taint of their own (a NodePool's or node group's taints are the cluster admin's
 # choice: pass them in JobSpec.tolerations).
-SPOT_TOLERATIONS = {
+SPOT_TOLERATIONS: dict[str, list[Json]] = {
     "gke": [
         {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
     ],
@@ -53,13 +54,11 @@ SPOT_TOLERATIONS = {
 
 # GPU node pools are commonly tainted so that only GPU pods land there (GKE does it by
 # itself; Karpenter NodePools and AKS GPU pools by convention).
-GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-
-FLAVOURS = ("karpenter", "eks", "gke", "aks")
+GPU_TOLERATION: Json = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 
 def _flavours(spot_flavour: str) -> tuple[str, ...]:
-    return FLAVOURS if spot_flavour == "auto" else (spot_flavour,)
+    return SPOT_PROVIDERS if spot_flavour == "auto" else (spot_flavour,)
 
 
 def is_spot(capacity: str) -> bool:
@@ -67,7 +66,7 @@ def is_spot(capacity: str) -> bool:
     return capacity in ("spot", "spot-then-on-demand")
 
 
-def placement_terms(capacity: str, spot_flavour: str) -> list[dict]:
+def placement_terms(capacity: str, spot_flavour: str) -> list[Json]:
     """The capacity part of the node affinity: ORed nodeSelectorTerms."""
     flavours = _flavours(spot_flavour)
     if is_spot(capacity):
@@ -75,7 +74,7 @@ def placement_terms(capacity: str, spot_flavour: str) -> list[dict]:
     return [{"matchExpressions": [dict(e) for f in flavours for e in ON_DEMAND_EXPRESSIONS[f]]}]
 
 
-def _user_terms(node_selector: dict[str, str], affinity: dict | None) -> list[dict]:
+def _user_terms(node_selector: dict[str, str], affinity: Json | None) -> list[Json]:
     selector = [{"key": k, "operator": "In", "values": [v]} for k, v in sorted(node_selector.items())]
     required = ((affinity or {}).get("nodeAffinity") or {}).get(
         "requiredDuringSchedulingIgnoredDuringExecution"
@@ -83,19 +82,19 @@ def _user_terms(node_selector: dict[str, str], affinity: dict | None) -> list[di
     terms = required.get("nodeSelectorTerms") or [{}]
     out = []
     for term in terms:
-        merged = {"matchExpressions": [*selector, *copy.deepcopy(term.get("matchExpressions", []))]}
+        merged: Json = {"matchExpressions": [*selector, *copy.deepcopy(term.get("matchExpressions", []))]}
         if term.get("matchFields"):
             merged["matchFields"] = copy.deepcopy(term["matchFields"])
         out.append(merged)
     return out
 
 
-def and_terms(ours: list[dict], theirs: list[dict]) -> list[dict]:
+def and_terms(ours: list[Json], theirs: list[Json]) -> list[Json]:
     """(A1 or A2) and (B1 or B2) as ORed terms: every Ai's expressions plus every Bj's."""
     out = []
     for a in ours:
         for b in theirs:
-            term = {
+            term: Json = {
                 "matchExpressions": copy.deepcopy(
                     [*a.get("matchExpressions", []), *b.get("matchExpressions", [])]
                 )
@@ -107,7 +106,7 @@ def and_terms(ours: list[dict], theirs: list[dict]) -> list[dict]:
     return out
 
 
-def affinity(spec) -> dict:
+def affinity(spec: JobSpec) -> Json:
     """The pod's ``affinity``: placement ANDed with the user's; the user's other parts kept."""
     out = copy.deepcopy(spec.affinity or {})
     node = out.setdefault("nodeAffinity", {})
@@ -118,9 +117,9 @@ def affinity(spec) -> dict:
     return out
 
 
-def tolerations(spec) -> list[dict]:
+def tolerations(spec: JobSpec) -> list[Json]:
     """Spot taints (when on spot), the GPU taint (when using GPUs), then the user's own."""
-    out: list[dict] = []
+    out: list[Json] = []
     if is_spot(spec.capacity):
         for flavour in _flavours(spec.spot_flavour):
             out += SPOT_TOLERATIONS.get(flavour, [])
@@ -136,7 +135,7 @@ def tolerations(spec) -> list[dict]:
 # require a value, never exclude one, so this is how on-demand reads without affinity (GKE
 # and AKS label only their spot nodes). Karpenter's ``on-demand`` excludes ``reserved``
 # capacity, which the NotIn affinity above admits.
-ON_DEMAND_LABELS = {
+ON_DEMAND_LABELS: dict[str, tuple[str, str]] = {
     "karpenter": ("karpenter.sh/capacity-type", "on-demand"),
     "eks": ("eks.amazonaws.com/capacityType", "ON_DEMAND"),
 }
@@ -147,7 +146,7 @@ def _selector_for(capacity: str, spot_flavour: str, kind: str, what: str = "") -
         raise JobSpecError(
             f"JobSpec spot_flavour 'auto' cannot be placed by kind {kind!r}: its pods take only "
             "a nodeSelector (no affinity), and no node carries every provider's spot label; "
-            f"name the provider: spot_flavour one of {FLAVOURS}"
+            f"name the provider: spot_flavour one of {SPOT_PROVIDERS}"
         )
     if is_spot(capacity):
         expression = SPOT_EXPRESSIONS[spot_flavour]
@@ -163,7 +162,7 @@ def _selector_for(capacity: str, spot_flavour: str, kind: str, what: str = "") -
     return {key: value}
 
 
-def node_selector(spec, kind: str = "trainjob") -> dict[str, str]:
+def node_selector(spec: JobSpec, kind: str = "trainjob") -> dict[str, str]:
     """Placement as a plain ``nodeSelector``, for a kind whose pods take no affinity (a
     TrainJob's ``podSpecOverrides``): the provider's spot label, or its on-demand label, plus
     the user's ``node_selector``. Raises JobSpecError naming what a nodeSelector cannot say:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import re
 
-from trainops.cluster.kubernetes import names
-from trainops.cluster.kubernetes import placement as k8s_placement
-from trainops.cluster.spec import JobSpecError
+from trainer.contract import torchrun_argv
+from trainops.cluster.kubernetes import names, objects, placement
+from trainops.cluster.kubernetes.objects import Json
+from trainops.cluster.spec import JobSpec, JobSpecError
 
 TRAINER_UID = 10001  # the trainer image's user
 RDZV_PORT = 29500
@@ -26,11 +27,12 @@ _NCCL = ("NCCL_", "TORCH_NCCL_")
 
 
 def looks_like_credential(name: str) -> bool:
+    """True for a variable name that holds a credential (``AWS_SECRET_ACCESS_KEY``, ``*_TOKEN``)."""
     upper = name.upper()
     return upper in _CREDENTIAL_NAMES or upper.endswith(_CREDENTIAL_SUFFIXES)
 
 
-def check_env(spec) -> None:
+def check_env(spec: JobSpec) -> None:
     """Reject literal credentials and misplaced NCCL variables, naming the variable."""
     for source, env in (("env", spec.env), ("nccl_env", spec.nccl_env)):
         for name in env:
@@ -50,12 +52,10 @@ def check_env(spec) -> None:
             )
 
 
-def command(spec, job_name: str, rdzv_endpoint: str, is_host: bool | None) -> list[str]:
+def command(spec: JobSpec, job_name: str, rdzv_endpoint: str, is_host: bool | None) -> list[str]:
     """The container's argument list: ``args``, wrapped in torchrun when distributed."""
     if not spec.distributed:
         return list(spec.args)
-    from trainer.contract import torchrun_argv
-
     return torchrun_argv(
         spec.args,
         nnodes=spec.nodes,
@@ -67,7 +67,7 @@ def command(spec, job_name: str, rdzv_endpoint: str, is_host: bool | None) -> li
     )
 
 
-def static_command(spec) -> list[str]:
+def static_command(spec: JobSpec) -> list[str]:
     """The argument list for a runtime that hands torchrun its rendezvous through ``PET_*``
     variables (Kubeflow Trainer v2 sets ``PET_NNODES``, ``PET_NPROC_PER_NODE``,
     ``PET_NODE_RANK``, ``PET_MASTER_ADDR`` and ``PET_MASTER_PORT``): torchrun's static
@@ -80,13 +80,13 @@ def static_command(spec) -> list[str]:
     return [*argv[:3], *(a for a in argv[3:end] if not a.startswith("--rdzv-")), *argv[end:]]
 
 
-def env_vars(spec) -> list[dict]:
+def env_vars(spec: JobSpec) -> list[Json]:
     """The container's ``env``: cache dir, unbuffered output, ``env``, ``nccl_env``, then the
     single-key Secret references (``valueFrom.secretKeyRef``)."""
     plain = {"TRAINOPS_CACHE_DIR": CACHE_PATH, "PYTHONUNBUFFERED": "1", **spec.env, **spec.nccl_env}
-    out = [{"name": k, "value": v} for k, v in plain.items()]
+    out: list[Json] = [{"name": k, "value": v} for k, v in plain.items()]
     for ref in spec.env_from_secrets:
-        if isinstance(ref, dict):
+        if not isinstance(ref, str):
             out.append(
                 {
                     "name": ref["env"],
@@ -96,21 +96,24 @@ def env_vars(spec) -> list[dict]:
     return out
 
 
-def env_from(spec) -> list[dict]:
+def env_from(spec: JobSpec) -> list[Json]:
     """``envFrom`` for the whole-Secret entries of ``env_from_secrets`` (every key a variable)."""
     return [{"secretRef": {"name": ref}} for ref in spec.env_from_secrets if isinstance(ref, str)]
 
 
-def resources(spec) -> dict:
+def resources(spec: JobSpec) -> Json:
     """Requests cpu, memory (and GPUs); limits memory (and GPUs): GPU requests = limits."""
-    out = {"requests": {"cpu": spec.cpu, "memory": spec.memory}, "limits": {"memory": spec.memory}}
+    out: dict[str, dict[str, str]] = {
+        "requests": {"cpu": spec.cpu, "memory": spec.memory},
+        "limits": {"memory": spec.memory},
+    }
     if spec.gpus_per_node > 0:
         out["requests"]["nvidia.com/gpu"] = str(spec.gpus_per_node)
         out["limits"]["nvidia.com/gpu"] = str(spec.gpus_per_node)
     return out
 
 
-def volumes(spec) -> list[dict]:
+def volumes(spec: JobSpec) -> list[Json]:
     """The memory-backed ``/dev/shm`` (``shm_size``) and the node-local cache."""
     return [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}},
@@ -118,12 +121,15 @@ def volumes(spec) -> list[dict]:
     ]
 
 
-def volume_mounts() -> list[dict]:
+def volume_mounts() -> list[Json]:
+    """Where the trainer container sees ``volumes``."""
     return [{"name": "dshm", "mountPath": SHM_PATH}, {"name": "cache", "mountPath": CACHE_PATH}]
 
 
-def container(spec, name: str, argv: list[str], port_name: str = "rendezvous") -> dict:
-    out = {
+def container(spec: JobSpec, name: str, argv: list[str], port_name: str = "rendezvous") -> Json:
+    """The trainer container: image, ``argv``, env, resources, mounts, a non-root security
+    context, and the rendezvous port (named ``port_name``) when distributed."""
+    out: Json = {
         "name": name,
         "image": spec.image,
         "command": argv,
@@ -148,24 +154,25 @@ def container(spec, name: str, argv: list[str], port_name: str = "rendezvous") -
 
 
 def pod_metadata(
-    spec, extra_labels: dict[str, str] | None = None, extra_annotations: dict[str, str] | None = None
-) -> dict:
-    meta = {"labels": names.labels({**spec.labels, **(extra_labels or {})})}
+    spec: JobSpec, extra_labels: dict[str, str] | None = None, extra_annotations: dict[str, str] | None = None
+) -> Json:
+    """A pod template's metadata: the user's labels and annotations, plus the kind's own."""
+    meta: Json = {"labels": names.labels({**spec.labels, **(extra_labels or {})})}
     annotations = {**spec.annotations, **(extra_annotations or {})}
     if annotations:
         meta["annotations"] = annotations
     return meta
 
 
-def pod_spec(spec, container_spec: dict, *, subdomain: str | None = None) -> dict:
+def pod_spec(spec: JobSpec, container_spec: Json, *, subdomain: str | None = None) -> Json:
     """The pod spec around one container: placement, grace, volumes, identity."""
     check_env(spec)
-    out = {
+    out: Json = {
         "restartPolicy": "Never",  # recovery is a whole-gang relaunch by the operator
         "terminationGracePeriodSeconds": spec.termination_grace_seconds,
         "containers": [container_spec],
         "volumes": volumes(spec),
-        "affinity": k8s_placement.affinity(spec),
+        "affinity": placement.affinity(spec),
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": TRAINER_UID,
@@ -178,14 +185,14 @@ def pod_spec(spec, container_spec: dict, *, subdomain: str | None = None) -> dic
         # own tokens, independent of this setting.
         "automountServiceAccountToken": False,
     }
-    tolerations = k8s_placement.tolerations(spec)
+    tolerations = placement.tolerations(spec)
     if tolerations:
         out["tolerations"] = tolerations
     if spec.service_account:
         out["serviceAccountName"] = spec.service_account
     if spec.priority_class:
         out["priorityClassName"] = spec.priority_class
-    if spec.scheduler.startswith("volcano"):
+    if objects.is_volcano(spec):
         out["schedulerName"] = "volcano"
     if subdomain:
         out["subdomain"] = subdomain

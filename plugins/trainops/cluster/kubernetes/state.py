@@ -1,6 +1,7 @@
 """The cluster's view of one attempt (its Job, PyTorchJob or TrainJob and its pods) -> the
-backend state that ``trainops.recovery.classify.classify_attempt`` reads. Pure: plain dicts in (the API's
-JSON form, camelCase), a plain dict out.
+backend state (:class:`~trainops.cluster.base.JobState`) that
+``trainops.recovery.classify.classify_attempt`` reads. Pure: the API's JSON form (camelCase
+dicts) in, typed records out.
 
 Exit codes are never read as preemption: torchrun exits 1 on SIGTERM whatever its workers
 did. Preemption shows as a pod's ``DisruptionTarget`` condition, a node-shutdown pod reason,
@@ -10,21 +11,26 @@ or a pod whose node is gone.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
+
+from trainops.cluster.base import Disruption, JobState, NodeState
+from trainops.cluster.kubernetes import indexed_job, pytorchjob, trainjob
+from trainops.cluster.kubernetes.objects import Json
 
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 REPLICA_TYPE = "training.kubeflow.org/replica-type"
 REPLICA_INDEX = "training.kubeflow.org/replica-index"
-TRAINER_CONTAINERS = ("pytorch", "trainer", "node")  # PyTorchJob's, Indexed Job's, TrainJob's
+TRAINER_CONTAINERS = (pytorchjob.CONTAINER, indexed_job.CONTAINER, trainjob.NODE)
 NODE_SHUTDOWN_REASONS = ("Shutdown", "Terminated", "NodeShutdown")  # graceful node shutdown
 IMAGE_PULL_REASONS = ("ImagePullBackOff", "ErrImagePull")
 CONFIG_ERROR_REASONS = ("InvalidImageName", "CreateContainerConfigError", "CreateContainerError")
 
 
-def _conditions(obj: dict | None) -> list[dict]:
+def _conditions(obj: Json | None) -> list[Json]:
     return ((obj or {}).get("status") or {}).get("conditions") or []
 
 
-def _true(obj: dict | None, ctype: str) -> dict | None:
+def _true(obj: Json | None, ctype: str) -> Json | None:
     """The condition ``ctype`` when its status is True."""
     for cond in _conditions(obj):
         if cond.get("type") == ctype and str(cond.get("status")) == "True":
@@ -32,7 +38,7 @@ def _true(obj: dict | None, ctype: str) -> dict | None:
     return None
 
 
-def _time(value) -> datetime | None:
+def _time(value: Any) -> datetime | None:
     if isinstance(value, datetime):
         return value
     if not value:
@@ -40,7 +46,7 @@ def _time(value) -> datetime | None:
     return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
 
 
-def node_index(pod: dict) -> int | None:
+def node_index(pod: Json) -> int | None:
     """The gang index of a pod: the completion index of an Indexed Job's pod (a TrainJob's
     pods too: JobSet's ``jobset.sigs.k8s.io/job-index`` numbers the Jobs of a replicated job,
     always 0 here, not the pods), or the PyTorchJob's replica (Master is 0, Worker i is
@@ -56,7 +62,7 @@ def node_index(pod: dict) -> int | None:
     return None
 
 
-def trainer_container(pod: dict) -> str | None:
+def trainer_container(pod: Json) -> str | None:
     """The container running torchrun: ``pytorch``, ``trainer`` or ``node``, else the first."""
     names = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []]
     for name in TRAINER_CONTAINERS:
@@ -65,7 +71,7 @@ def trainer_container(pod: dict) -> str | None:
     return names[0] if names else None
 
 
-def _container_status(pod: dict) -> dict:
+def _container_status(pod: Json) -> Json:
     statuses = (pod.get("status") or {}).get("containerStatuses") or []
     name = trainer_container(pod)
     for status in statuses:
@@ -74,7 +80,7 @@ def _container_status(pod: dict) -> dict:
     return statuses[0] if statuses else {}
 
 
-def node_of(pod: dict) -> dict:
+def node_of(pod: Json) -> NodeState:
     """One entry of ``nodes``: index, pod, node_name, phase, exit_code and reason."""
     status = pod.get("status") or {}
     cstate = _container_status(pod).get("state") or {}
@@ -98,7 +104,7 @@ def node_of(pod: dict) -> dict:
     }
 
 
-def disruption_of(pod: dict, node: dict, node_names_present: set[str] | None) -> dict | None:
+def disruption_of(pod: Json, node: NodeState, node_names_present: set[str] | None) -> Disruption | None:
     """Why the cluster took this pod away, or None if it did not."""
     status = pod.get("status") or {}
     cond = _true(pod, "DisruptionTarget")
@@ -131,10 +137,10 @@ def disruption_of(pod: dict, node: dict, node_names_present: set[str] | None) ->
     return None
 
 
-def job_outcome(job: dict) -> tuple[str | None, str | None]:
+def job_outcome(job: Json) -> tuple[str | None, str | None]:
     """(``succeeded``/``failed``/``suspended``/None, reason) from a Job, PyTorchJob or
     TrainJob."""
-    if job.get("kind") == "PyTorchJob":
+    if job.get("kind") == pytorchjob.KIND:
         for ctype, phase in (("Succeeded", "succeeded"), ("Failed", "failed")):
             cond = _true(job, ctype)
             if cond:
@@ -142,7 +148,7 @@ def job_outcome(job: dict) -> tuple[str | None, str | None]:
         if (job.get("spec") or {}).get("runPolicy", {}).get("suspend") or _true(job, "Suspended"):
             return "suspended", None
         return None, None
-    if job.get("kind") == "TrainJob":
+    if job.get("kind") == trainjob.KIND:
         return _trainjob_outcome(job)
     if _true(job, "Complete"):
         return "succeeded", None
@@ -154,7 +160,7 @@ def job_outcome(job: dict) -> tuple[str | None, str | None]:
     return None, None
 
 
-def _trainjob_outcome(job: dict) -> tuple[str | None, str | None]:
+def _trainjob_outcome(job: Json) -> tuple[str | None, str | None]:
     """Trainer copies its JobSet's ``Completed`` and ``Failed`` conditions as ``Complete`` and
     ``Failed``, keeps ``Suspended`` (reason ``Suspended``, or ``Resumed`` with status False),
     and sets ``Created`` False with reason ``JobsBuildFailed`` when the TrainJob and its
@@ -180,11 +186,11 @@ def _trainjob_outcome(job: dict) -> tuple[str | None, str | None]:
     return None, None
 
 
-def _reason(cond: dict) -> str:
+def _reason(cond: Json) -> str:
     return ": ".join(p for p in (cond.get("reason"), cond.get("message")) if p)
 
 
-def _unschedulable_for(pod: dict, now: datetime) -> float | None:
+def _unschedulable_for(pod: Json, now: datetime) -> float | None:
     """Seconds the pod has been unschedulable, or None if it is not."""
     for cond in _conditions(pod):
         if (
@@ -200,13 +206,13 @@ def _unschedulable_for(pod: dict, now: datetime) -> float | None:
 
 
 def job_state(
-    job: dict | None,
-    pods: list[dict],
+    job: Json | None,
+    pods: list[Json],
     *,
     now: datetime,
     unschedulable_deadline_s: float,
     node_names_present: set[str] | None = None,
-) -> dict:
+) -> JobState:
     """The backend state of one attempt.
 
     :param job: the Job, PyTorchJob or TrainJob, or None when it no longer exists.
@@ -220,14 +226,15 @@ def job_state(
         when that was pods finding no node past the deadline.
     """
     pods = sorted(pods, key=lambda p: (node_index(p) is None, node_index(p) or 0))
-    nodes, disruptions = [], []
+    nodes: list[NodeState] = []
+    disruptions: list[Disruption] = []
     for pod in pods:
         node = node_of(pod)
         nodes.append(node)
         disruption = disruption_of(pod, node, node_names_present)
         if disruption:
             disruptions.append(disruption)
-    state = {"phase": "running", "reason": None, "nodes": nodes, "disruptions": disruptions}
+    state: JobState = {"phase": "running", "reason": None, "nodes": nodes, "disruptions": disruptions}
     oom = [n for n in nodes if n["reason"] == "OOMKilled"]
     oom_reason = "; ".join(
         f"OOMKilled: pod {n['pod']} (node {n['index']}) exceeded its memory "

@@ -15,13 +15,13 @@ placement, labels, Kueue suspension.
 Rendezvous: the runtime's Torch plugin sets ``PET_NNODES``, ``PET_NPROC_PER_NODE``,
 ``PET_NODE_RANK`` (the completion index), ``PET_MASTER_ADDR`` (``<job>-node-0-0.<job>``) and
 ``PET_MASTER_PORT`` (29500), which torchrun reads as its flags; the command is our torchrun
-without the c10d flags (``k8s_pod.static_command``), keeping ``--shutdown-timeout`` and
+without the c10d flags (``pod.static_command``), keeping ``--shutdown-timeout`` and
 ``--max-restarts=0``. It is split into ``command`` (the interpreter) and ``args`` (the rest),
 so a runtime's own ``args`` can never be appended to it.
 
 What the schema cannot say, and how each is handled:
 
-- pod affinity: placement is a ``nodeSelector`` (``k8s_placement.node_selector``), which
+- pod affinity: placement is a ``nodeSelector`` (``placement.node_selector``), which
   raises JobSpecError for ``spot_flavour: auto``, on-demand on GKE or AKS, and ``affinity``.
 - ``schedulerName``, ``priorityClassName``: JobSpecError for ``volcano`` schedulers and
   ``priority_class`` (gang scheduling and priority belong in the runtime, or use Kueue).
@@ -41,22 +41,12 @@ What the schema cannot say, and how each is handled:
 
 from __future__ import annotations
 
-from trainops.cluster.kubernetes import (
-    kinds as k8s_kinds,
-)
-from trainops.cluster.kubernetes import (
-    names as k8s_names,
-)
-from trainops.cluster.kubernetes import (
-    placement as k8s_placement,
-)
-from trainops.cluster.kubernetes import (
-    pod as k8s_pod,
-)
-from trainops.cluster.spec import JobSpecError
+from trainops.cluster.kubernetes import names, objects, placement, pod
+from trainops.cluster.kubernetes.objects import JOB_LABEL, Json
+from trainops.cluster.spec import JobSpec, JobSpecError
 
 GROUP, VERSION, PLURAL = "trainer.kubeflow.org", "v1alpha1", "trainjobs"
-API_VERSION = f"{GROUP}/{VERSION}"
+API_VERSION, KIND = f"{GROUP}/{VERSION}", "TrainJob"
 NODE = "node"  # the runtime's replicated job and container that run the trainer
 STOCK_RUNTIME = "torch-distributed"  # Trainer's own; its pod template sets no grace period
 DEFAULT_GRACE_SECONDS = 30  # Kubernetes' default terminationGracePeriodSeconds
@@ -70,9 +60,9 @@ def pod_selector(job: str) -> dict[str, str]:
     return {JOBSET_NAME_LABEL: job, JOBSET_REPLICATED_JOB_LABEL: NODE}
 
 
-def check(spec) -> None:
+def check(spec: JobSpec) -> None:
     """Raise JobSpecError for what a TrainJob cannot carry, naming the field."""
-    if spec.scheduler.startswith("volcano"):
+    if objects.is_volcano(spec):
         raise JobSpecError(
             f"JobSpec scheduler {spec.scheduler!r} cannot be used with kind 'trainjob': a TrainJob "
             "cannot set its pods' schedulerName; gang scheduling belongs in the runtime "
@@ -97,7 +87,7 @@ def check(spec) -> None:
     for name in [
         *spec.env,
         *spec.nccl_env,
-        *(r["env"] for r in spec.env_from_secrets if isinstance(r, dict)),
+        *(r["env"] for r in spec.env_from_secrets if not isinstance(r, str)),
     ]:
         if name.startswith(RESERVED_ENV_PREFIX):
             raise JobSpecError(
@@ -106,31 +96,31 @@ def check(spec) -> None:
             )
 
 
-def trainer(spec) -> dict:
+def trainer(spec: JobSpec) -> Json:
     """``spec.trainer``: image, argv, nodes, processes, resources, env."""
-    argv = k8s_pod.static_command(spec)
-    out = {"image": spec.image, "command": argv[:1], "args": argv[1:], "numNodes": spec.nodes}
+    argv = pod.static_command(spec)
+    out: Json = {"image": spec.image, "command": argv[:1], "args": argv[1:], "numNodes": spec.nodes}
     if spec.distributed:
         out["numProcPerNode"] = spec.procs_per_node
-    out["resourcesPerNode"] = k8s_pod.resources(spec)
-    out["env"] = k8s_pod.env_vars(spec)
+    out["resourcesPerNode"] = pod.resources(spec)
+    out["env"] = pod.env_vars(spec)
     return out
 
 
-def pod_overrides(spec) -> list[dict]:
+def pod_overrides(spec: JobSpec) -> list[Json]:
     """``spec.podSpecOverrides`` for the ``node`` job: volumes and their mounts, whole-Secret
     ``envFrom``, placement, tolerations, service account."""
-    container = {"name": NODE, "volumeMounts": k8s_pod.volume_mounts()}
-    secrets = k8s_pod.env_from(spec)
+    container: Json = {"name": NODE, "volumeMounts": pod.volume_mounts()}
+    secrets = pod.env_from(spec)
     if secrets:
         container["envFrom"] = secrets
-    override = {
+    override: Json = {
         "targetJobs": [{"name": NODE}],
         "containers": [container],
-        "volumes": k8s_pod.volumes(spec),
-        "nodeSelector": k8s_placement.node_selector(spec, "trainjob"),
+        "volumes": pod.volumes(spec),
+        "nodeSelector": placement.node_selector(spec, "trainjob"),
     }
-    tolerations = k8s_placement.tolerations(spec)
+    tolerations = placement.tolerations(spec)
     if tolerations:
         override["tolerations"] = tolerations
     if spec.service_account:
@@ -138,28 +128,28 @@ def pod_overrides(spec) -> list[dict]:
     return [override]
 
 
-def trainjob(spec) -> list[dict]:
+def manifests(spec: JobSpec) -> list[Json]:
     """One TrainJob. Raises JobSpecError naming a field the TrainJob cannot carry."""
     check(spec)
-    k8s_pod.check_env(spec)
-    job = k8s_names.k8s_job_name(spec)
-    body: dict = {
+    pod.check_env(spec)
+    job = names.job_name(spec)
+    body: Json = {
         "runtimeRef": {"name": spec.runtime, "apiGroup": GROUP, "kind": "ClusterTrainingRuntime"},
         "trainer": trainer(spec),
         # to the JobSet Trainer creates; not the Kueue label (Kueue would then
         # manage that JobSet too)
-        "labels": k8s_names.labels({**spec.labels, k8s_kinds.JOB_LABEL: job}),
+        "labels": names.labels({**spec.labels, JOB_LABEL: job}),
     }
     if spec.annotations:
         body["annotations"] = dict(spec.annotations)
     body["podSpecOverrides"] = pod_overrides(spec)
-    if spec.scheduler.startswith("kueue:"):
+    if objects.is_kueue(spec):
         body["suspend"] = True  # Kueue unsuspends it when the queue admits it
     return [
         {
             "apiVersion": API_VERSION,
-            "kind": "TrainJob",
-            "metadata": k8s_kinds.metadata(spec, job),
+            "kind": KIND,
+            "metadata": objects.metadata(spec, job),
             "spec": body,
         }
     ]

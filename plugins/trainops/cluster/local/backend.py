@@ -3,7 +3,8 @@
 Each job attempt gets a directory under ``<local_state_dir>/jobs/<job_id>/`` holding its spec,
 its supervisor's ``status.json``, one log per node and the nodes' scratch space. The
 supervisor (:mod:`trainops.cluster.local.supervisor`) outlives the Airflow task that launched
-it, so the operator can defer and a trigger can poll ``status.json``.
+it, so the operator can defer and a trigger can poll ``status.json``. It implements
+:class:`~trainops.cluster.base.ClusterBackend`.
 """
 
 from __future__ import annotations
@@ -11,16 +12,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import uuid
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
 
-from trainops.cluster.kubernetes.logs import cap_lines
+import trainer
+import trainops
+from trainops.cluster.base import FINAL_PHASES, Chaos, JobHandle, LogCursor, cap_lines
+from trainops.cluster.local.supervisor import Status
 from trainops.cluster.spec import JobSpec
-
-FINAL_PHASES = ("succeeded", "failed", "lost")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -39,7 +43,11 @@ def _pid_alive(pid: int) -> bool:
 
 
 class LocalCluster:
-    """Launch, watch and delete local job gangs. Handles are plain dicts (XCom/trigger safe)."""
+    """Launch, watch and delete local job gangs. Handles are plain dicts (XCom/trigger safe).
+
+    :param state_dir: where the jobs' directories go (``<state_dir>/jobs/``); default:
+        ``trainops.settings.local_state_dir()``.
+    """
 
     name = "local"
 
@@ -50,7 +58,7 @@ class LocalCluster:
             state_dir = local_state_dir()
         self.jobs_dir = Path(state_dir) / "jobs"
 
-    def launch(self, spec: JobSpec, *, chaos: dict | None = None) -> dict:
+    def launch(self, spec: JobSpec, *, chaos: Chaos | None = None) -> JobHandle:
         """Start ``spec`` detached and return its handle.
 
         :param chaos: optional injected preemption, ``{"node": 1, "at_step": 40,
@@ -77,15 +85,16 @@ class LocalCluster:
         (job_dir / "supervisor.pid").write_text(str(proc.pid))
         return {"cluster": self.name, "job_id": job_id, "job_dir": str(job_dir), "labels": dict(spec.labels)}
 
-    def status(self, handle: dict) -> dict:
-        """The job's state: ``{"phase", "reason", "nodes": [...], "disruptions": [...]}``.
+    def status(self, handle: JobHandle) -> Status:
+        """The job's state: ``{"phase", "reason", "nodes": [...], "disruptions": [...]}``, as
+        the supervisor keeps it in ``status.json`` (with its ``job_id``, pid and times).
 
         ``phase`` is ``pending``, ``running``, ``succeeded``, ``failed`` or ``lost`` (the
         supervisor died without a final status, like a node that vanished with its pods).
         """
         job_dir = Path(handle["job_dir"])
         status_file = job_dir / "status.json"
-        status = (
+        status: Status = (
             json.loads(status_file.read_text())
             if status_file.exists()
             else {
@@ -104,10 +113,8 @@ class LocalCluster:
                 status["reason"] = "the local supervisor process is gone (host restarted or killed)"
         return status
 
-    def delete(self, handle: dict) -> None:
+    def delete(self, handle: JobHandle) -> None:
         """Terminate the gang (SIGTERM to the supervisor, which tears the nodes down)."""
-        import signal
-
         if self.status(handle)["phase"] in FINAL_PHASES:
             return  # nothing runs; and a finished supervisor's pid may belong to someone else now
         pid_file = Path(handle["job_dir"]) / "supervisor.pid"
@@ -115,7 +122,7 @@ class LocalCluster:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid_file.read_text()), signal.SIGTERM)
 
-    def all_gone(self, handle: dict) -> bool:
+    def all_gone(self, handle: JobHandle) -> bool:
         """True once no process of the job runs: a relaunch must not race a late commit."""
         state = self.status(handle)
         if state["phase"] in ("succeeded", "failed"):
@@ -124,9 +131,9 @@ class LocalCluster:
             return not any(_pid_alive(n["pid"]) for n in state.get("nodes", []) if n.get("pid"))
         return False
 
-    def find(self, labels: dict) -> list[dict]:
+    def find(self, labels: Mapping[str, str]) -> list[JobHandle]:
         """Handles of live (not finished) jobs whose labels include ``labels``."""
-        found = []
+        found: list[JobHandle] = []
         if not self.jobs_dir.exists():
             return found
         for job_dir in sorted(self.jobs_dir.iterdir()):
@@ -135,7 +142,7 @@ class LocalCluster:
                 continue
             spec_labels = json.loads(spec_file.read_text()).get("labels", {})
             if all(spec_labels.get(k) == v for k, v in labels.items()):
-                handle = {
+                handle: JobHandle = {
                     "cluster": self.name,
                     "job_id": job_dir.name,
                     "job_dir": str(job_dir),
@@ -145,7 +152,7 @@ class LocalCluster:
                     found.append(handle)
         return found
 
-    def logs_tail(self, handle: dict, lines: int = 30) -> str:
+    def logs_tail(self, handle: JobHandle, lines: int = 30) -> str:
         """The last ``lines`` lines of every node's log, each prefixed with its node."""
         out = []
         for log in sorted(Path(handle["job_dir"]).glob("node-*.log")):
@@ -154,7 +161,9 @@ class LocalCluster:
             out += [f"[{log.stem}] {line.rstrip()}" for line in tail]
         return "\n".join(out)
 
-    def log_lines(self, handle: dict, cursor: dict | None, max_lines: int = 200) -> tuple[list[str], dict]:
+    def log_lines(
+        self, handle: JobHandle, cursor: LogCursor | None, max_lines: int = 200
+    ) -> tuple[list[str], LogCursor | None]:
         """New lines of node 0's log since ``cursor`` (None: start), and the next cursor.
 
         The cursor is plain JSON, ``{"offset": <bytes of node-0.log read>}``; only whole lines
@@ -174,7 +183,8 @@ class LocalCluster:
             if offset > os.fstat(log.fileno()).st_size:
                 offset = 0  # not the file the cursor was read from
             log.seek(offset)
-            newest, total = deque(maxlen=max_lines), 0
+            newest: deque[str] = deque(maxlen=max_lines)
+            total = 0
             for raw in log:
                 if not raw.endswith(b"\n"):
                     break
@@ -185,9 +195,6 @@ class LocalCluster:
 
 def _env_with_package_path() -> dict[str, str]:
     """Children must import trainops/trainer even when they come from a plugins folder."""
-    import trainer
-    import trainops
-
     paths = [
         str(Path(trainops.__file__).resolve().parents[1]),
         str(Path(trainer.__file__).resolve().parents[1]),

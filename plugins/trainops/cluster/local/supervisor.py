@@ -7,11 +7,11 @@ then SIGKILL after the grace period), as a Job with ``backoffLimit: 0`` would be
 inject a spot preemption (SIGTERM to one node's torchrun once the run reaches a step) for demos
 and tests.
 
-Run as ``python -m trainops.cluster.local.supervisor JOB_DIR``; see :mod:`trainops.cluster.local.backend`.
+Run as ``python -m trainops.cluster.local.supervisor JOB_DIR``; see
+:mod:`trainops.cluster.local.backend`.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: TypedDict reads NotRequired at run time.
 import contextlib
 import json
 import os
@@ -23,19 +23,35 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from types import FrameType
+from typing import Any, Literal, NotRequired
 
-from trainer.contract import max_step_of_attempt, metrics_records
+from trainer.contract import max_step_of_attempt, metrics_records, torchrun_argv
+from trainer.storage import NotFound, open_storage
+from trainops.cluster.base import Chaos, JobState
 from trainops.cluster.spec import JobSpec
 
 POLL_S = 0.2
 CHAOS_POLL_S = 0.5
 
+GangPhase = Literal["running", "teardown", "succeeded", "failed"]
+
+
+class Status(JobState):
+    """``status.json``: the attempt's state as the supervisor keeps it, plus its own fields."""
+
+    job_id: str
+    supervisor_pid: NotRequired[int]
+    started_at: NotRequired[str]
+    ended_at: NotRequired[str | None]
+
 
 def now_iso() -> str:
+    """Now, in UTC, as ISO 8601 to the second."""
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def gang_phase(exit_codes: list[int | None]) -> str:
+def gang_phase(exit_codes: list[int | None]) -> GangPhase:
     """What a gang of nodes amounts to: ``running``, ``teardown``, ``succeeded`` or ``failed``.
 
     One non-zero exit fails the whole gang: the survivors cannot make progress without it.
@@ -54,16 +70,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _write_json(path: Path, data: dict) -> None:
+def _write_json(path: Path, data: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=2))
     os.replace(tmp, path)
 
 
 def node_argv(spec: JobSpec, node: int, port: int, job_id: str) -> list[str]:
-    """What a pod of this node would run, with this host's interpreter as ``python``."""
-    from trainer.contract import torchrun_argv
-
+    """What a pod of this node would run, with this host's interpreter as ``python``: the
+    same torchrun arguments, with the rendezvous on this host and node 0 as its host."""
     args = [sys.executable, *spec.args[1:]]
     if not spec.distributed:
         return args
@@ -79,13 +94,19 @@ def node_argv(spec: JobSpec, node: int, port: int, job_id: str) -> list[str]:
 
 
 class Supervisor:
+    """One job attempt's gang: starts its nodes, watches them, tears them down together.
+
+    :param job_dir: the attempt's directory, holding ``spec.json`` (and ``chaos.json``).
+    """
+
     def __init__(self, job_dir: Path):
         self.dir = job_dir
         self.spec = JobSpec.from_dict(json.loads((job_dir / "spec.json").read_text()))
         chaos_file = job_dir / "chaos.json"
-        self.chaos = json.loads(chaos_file.read_text()) if chaos_file.exists() else None
-        self.procs: list[subprocess.Popen] = []
-        self.status = {
+        self.chaos: Chaos | None = json.loads(chaos_file.read_text()) if chaos_file.exists() else None
+        self.chaos_done = False
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.status: Status = {
             "job_id": job_dir.name,
             "phase": "pending",
             "reason": None,
@@ -100,9 +121,11 @@ class Supervisor:
         self._last_chaos_poll = 0.0
 
     def save(self) -> None:
+        """Publish the status (atomically: the backend may read it at any time)."""
         _write_json(self.dir / "status.json", self.status)
 
     def start(self) -> None:
+        """Start every node: one torchrun process group each, logging to ``node-<i>.log``."""
         port = _free_port()
         base_env = {**os.environ, **self.spec.env, **self.spec.nccl_env}
         for node in range(self.spec.nodes):
@@ -131,16 +154,16 @@ class Supervisor:
         self.status["phase"] = "running"
         self.save()
 
-    def on_cancel(self, signum, frame) -> None:
+    def on_cancel(self, signum: int, frame: FrameType | None) -> None:
+        """SIGTERM to the supervisor (``LocalCluster.delete``): tear the gang down."""
         self.cancelled = True
 
     def maybe_inject(self) -> None:
+        """SIGTERM to the chaos node's torchrun once the run's metrics reach the chaos step."""
         chaos = self.chaos
-        if not chaos or chaos.get("done") or time.monotonic() - self._last_chaos_poll < CHAOS_POLL_S:
+        if not chaos or self.chaos_done or time.monotonic() - self._last_chaos_poll < CHAOS_POLL_S:
             return
         self._last_chaos_poll = time.monotonic()
-        from trainer.storage import NotFound, open_storage
-
         try:
             text = open_storage(chaos["metrics_uri"]).get(chaos["metrics_uri"]).decode()
         except NotFound:
@@ -152,7 +175,7 @@ class Supervisor:
         proc = self.procs[node]
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)  # the kubelet signals the container's PID 1 only
-        chaos["done"] = True
+        self.chaos_done = True
         self.status["disruptions"].append(
             {
                 "node": node,
@@ -164,6 +187,7 @@ class Supervisor:
         self.save()
 
     def terminate_all(self, reason: str) -> None:
+        """SIGTERM to every node still running (once), recording why."""
         if self.teardown_at is None:
             self.teardown_at = time.monotonic()
             self.status["reason"] = self.status["reason"] or reason
@@ -173,6 +197,7 @@ class Supervisor:
             self.save()
 
     def kill_stragglers(self) -> None:
+        """SIGKILL to the process groups still running a grace period after the SIGTERM."""
         grace = float(self.spec.termination_grace_seconds)
         if self.teardown_at is not None and time.monotonic() - self.teardown_at > grace:
             for proc in self.procs:
@@ -181,8 +206,22 @@ class Supervisor:
                         os.killpg(proc.pid, signal.SIGKILL)
 
     def run(self) -> int:
+        """Run the gang to its end and leave its final status; the exit code is always 0."""
         signal.signal(signal.SIGTERM, self.on_cancel)
         self.start()
+        phase = self.watch()
+        self.status["phase"] = "failed" if self.cancelled else phase
+        self.status["ended_at"] = now_iso()
+        # A pod's ephemeral storage goes with the pod: drop the nodes' scratch (shard cache,
+        # checkpoint staging) so finished attempts keep only their logs and status.
+        for node in range(self.spec.nodes):
+            shutil.rmtree(self.dir / f"node-{node}" / "cache", ignore_errors=True)
+        self.save()
+        return 0
+
+    def watch(self) -> Literal["succeeded", "failed"]:
+        """Poll the nodes until every one has exited; on a failure or a cancel, tear the rest
+        down; meanwhile inject the preemption, if any."""
         while True:
             changed = False
             for node, proc in zip(self.status["nodes"], self.procs, strict=False):
@@ -190,8 +229,8 @@ class Supervisor:
                 if code is not None and node["exit_code"] is None:
                     node["exit_code"], changed = code, True
             phase = gang_phase([n["exit_code"] for n in self.status["nodes"]])
-            if phase in ("succeeded", "failed"):
-                break
+            if phase == "succeeded" or phase == "failed":
+                return phase
             if self.cancelled:
                 self.terminate_all("cancelled")
             elif phase == "teardown":
@@ -203,17 +242,10 @@ class Supervisor:
             if changed:
                 self.save()
             time.sleep(POLL_S)
-        self.status["phase"] = "failed" if self.cancelled else phase
-        self.status["ended_at"] = now_iso()
-        # A pod's ephemeral storage goes with the pod: drop the nodes' scratch (shard cache,
-        # checkpoint staging) so finished attempts keep only their logs and status.
-        for node in range(self.spec.nodes):
-            shutil.rmtree(self.dir / f"node-{node}" / "cache", ignore_errors=True)
-        self.save()
-        return 0
 
 
 def main(argv: list[str]) -> int:
+    """``python -m trainops.cluster.local.supervisor JOB_DIR``."""
     if len(argv) != 1:
         print("usage: python -m trainops.cluster.local.supervisor JOB_DIR", file=sys.stderr)
         return 2

@@ -3,6 +3,8 @@
 ``FakeKubernetes`` stands in for the hook and its three clients. It stores what is created,
 answers with the recorded objects of tests/data/k8s, and returns what the real client does:
 model objects (``V1PodList``) from core/batch, dicts from custom objects, ``ApiException``.
+As the API server does, the items of a core/batch list carry no ``kind`` or ``apiVersion``
+(kubernetes/kubernetes#3030); custom objects keep theirs.
 """
 
 import json
@@ -114,6 +116,13 @@ class FakeKubernetes:
             if k == kind and ns == namespace and _matches(o, selector)
         ]
 
+    def _list_items(self, kind, namespace, selector):
+        """A core/batch list's items: without their type (kind, apiVersion)."""
+        return [
+            {k: v for k, v in o.items() if k not in ("kind", "apiVersion")}
+            for o in self._list(kind, namespace, selector)
+        ]
+
     def _delete(self, kind, namespace, name, **kw):
         self.calls.append(("delete", kind, name, kw.get("propagation_policy")))
         self._get(kind, namespace, name)
@@ -141,7 +150,7 @@ class FakeKubernetes:
                 "apiVersion": "v1",
                 "kind": "PodList",
                 "metadata": {},
-                "items": self._list("Pod", namespace, label_selector),
+                "items": self._list_items("Pod", namespace, label_selector),
             },
             "V1PodList",
         )
@@ -210,7 +219,7 @@ class FakeKubernetes:
                 "apiVersion": "batch/v1",
                 "kind": "JobList",
                 "metadata": {},
-                "items": self._list("Job", namespace, label_selector),
+                "items": self._list_items("Job", namespace, label_selector),
             },
             "V1JobList",
         )

@@ -5,7 +5,6 @@ import json
 import pytest
 
 from trainops.cluster.kubernetes.logs import (
-    cap_lines,
     new_lines,
     not_started,
     since_seconds,
@@ -45,6 +44,8 @@ def test_since_seconds_covers_the_cursor_and_is_at_least_one():
     assert since_seconds("2026-01-01T10:00:02.5Z", now=t + 7.2) == 9  # ceil(7.2) + 1
     assert since_seconds("2026-01-01T10:00:02.5Z", now=t + 7) == 8
     assert since_seconds("2026-01-01T10:00:02.5Z", now=t - 30) == 1  # clocks disagree
+    with pytest.raises(ValueError, match="log cursor timestamp 'yesterday' is not RFC 3339"):
+        since_seconds("yesterday", now=t)
 
 
 def test_a_first_read_returns_all_lines_without_timestamps_and_a_json_cursor():
@@ -132,21 +133,6 @@ def test_nothing_new_keeps_the_cursor():
     cursor = {"pod": POD, "ts": "2026-01-01T10:00:02Z", "n": 1}
     assert new_lines("", cursor, POD, 10) == ([], cursor)
     assert new_lines("", None, POD, 10) == ([], {"pod": POD, "ts": None, "n": 0})
-
-
-@pytest.mark.parametrize(
-    "newest, max_lines, total, expected",
-    [
-        (["a", "b"], 2, 2, ["a", "b"]),
-        (["a", "b", "c"], 2, 3, ["(… 2 earlier lines skipped)", "c"]),
-        (["b", "c"], 3, 1234, ["(… 1232 earlier lines skipped)", "b", "c"]),
-        (["a", "b", "c"], 1, 3, ["(… 3 earlier lines skipped)"]),
-        (["a", "b", "c"], 3, None, ["(… earlier lines skipped)", "b", "c"]),
-    ],
-)
-def test_cap_lines(newest, max_lines, total, expected):
-    assert cap_lines(newest, max_lines, total) == expected
-    assert len(cap_lines(newest, max_lines, total)) <= max_lines
 
 
 def test_not_started_is_the_400_of_a_waiting_container():

@@ -70,7 +70,7 @@ EXTRAS = [
 ]
 
 
-# What a TrainJob can carry (no affinity, priority class or Volcano: see test_k8s_trainjob).
+# What a TrainJob can carry (no affinity, priority class or Volcano: see test_trainjob).
 TRAINJOB_EXTRAS = [
     {"termination_grace_seconds": 30},
     {
@@ -314,72 +314,3 @@ def test_recorded_trainjobs_fit_the_pinned_schema(name):
     obj = json.loads((Path(__file__).resolve().parents[3] / "data" / "k8s" / f"{name}.json").read_text())
     crd_validator(*TRAINJOB_CRD).validate(obj)
     assert unknown_fields(obj, crd_schema(*TRAINJOB_CRD)) == []
-
-
-def test_pytorchjob_replicas_and_gang():
-    spec = JobSpec(
-        name="train-0123abcd-a1",
-        args=ARGS,
-        kind="pytorchjob",
-        nodes=4,
-        gpus_per_node=8,
-        scheduler="volcano:training",
-        priority_class="batch-low",
-    )
-    (pj,) = render_manifests(spec)
-    replicas = pj["spec"]["pytorchReplicaSpecs"]
-    assert (replicas["Master"]["replicas"], replicas["Worker"]["replicas"]) == (1, 3)
-    assert {r["restartPolicy"] for r in replicas.values()} == {"Never"}
-    assert pj["spec"]["runPolicy"]["schedulingPolicy"] == {
-        "minAvailable": 4,
-        "queue": "training",
-        "priorityClass": "batch-low",
-    }
-    for replica in replicas.values():
-        assert replica["template"]["spec"]["schedulerName"] == "volcano"
-    master = replicas["Master"]["template"]["spec"]["containers"][0]["command"]
-    worker = replicas["Worker"]["template"]["spec"]["containers"][0]["command"]
-    assert "--rdzv-endpoint=train-0123abcd-a1-master-0:29500" in master
-    assert "--rdzv-conf=is_host=1" in master and "--rdzv-conf=is_host=0" in worker
-    single = render_manifests(JobSpec(name="train-0123abcd-a1", args=ARGS, kind="pytorchjob"))[0]
-    assert list(single["spec"]["pytorchReplicaSpecs"]) == ["Master"]
-
-
-def test_indexed_job_gang_semantics_and_rendezvous():
-    spec = JobSpec(name="train-0123abcd-a1", args=ARGS, namespace="ml", nodes=4, gpus_per_node=8)
-    service, job = render_manifests(spec)
-    assert job["spec"]["completionMode"] == "Indexed"
-    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 4
-    assert job["spec"]["backoffLimit"] == 0
-    rules = job["spec"]["podFailurePolicy"]["rules"]
-    assert rules[0] == {
-        "action": "FailJob",
-        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
-    }
-    assert rules[1]["onExitCodes"] == {"operator": "NotIn", "values": [0]}
-    pod = job["spec"]["template"]
-    assert pod["spec"]["restartPolicy"] == "Never"
-    assert pod["spec"]["subdomain"] == service["metadata"]["name"]
-    assert service["spec"]["clusterIP"] == "None"
-    assert service["spec"]["publishNotReadyAddresses"] is True
-    assert service["spec"]["ports"][0]["port"] == 29500
-    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
-    argv = pod["spec"]["containers"][0]["command"]
-    assert "--rdzv-endpoint=train-0123abcd-a1-0.train-0123abcd-a1.ml.svc.cluster.local:29500" in argv
-    assert not any(a.startswith("--rdzv-conf") for a in argv)  # same args for every index
-
-
-def test_kueue_suspends_and_labels_the_job():
-    for kind in ("indexed-job", "pytorchjob", "trainjob"):
-        spec = JobSpec(
-            name="train-0123abcd-a1",
-            args=ARGS,
-            kind=kind,
-            scheduler="kueue:team-a",
-            spot_flavour="gke",
-            termination_grace_seconds=30,
-        )
-        job = render_manifests(spec)[-1]
-        assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
-        suspended = job["spec"].get("suspend") or job["spec"]["runPolicy"].get("suspend")
-        assert suspended is True

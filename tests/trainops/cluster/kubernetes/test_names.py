@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from trainops.cluster.kubernetes import names as k8s_names
+from trainops.cluster.kubernetes import names
 from trainops.cluster.kubernetes.render import render_manifests
 from trainops.cluster.spec import JobSpec
 
@@ -19,12 +19,12 @@ def test_operator_names_are_kept_and_long_names_fit(kind, nodes):
     # trainjob: JobSet names the pods <job>-node-0-<index> (job "node", its Job 0)
     place = {"spot_flavour": "gke", "termination_grace_seconds": 30}
     short = JobSpec(name="train-0123abcd-a12", args=ARGS, kind=kind, nodes=nodes, **place)
-    assert k8s_names.k8s_job_name(short) == "train-0123abcd-a12"
+    assert names.job_name(short) == "train-0123abcd-a12"
     long = JobSpec(name="evaluate-" + "x" * 50 + "-a1", args=ARGS, kind=kind, nodes=nodes, **place)
-    job = k8s_names.k8s_job_name(long)
+    job = names.job_name(long)
     assert job != long.name and job.startswith("evaluate-x")
-    assert job == k8s_names.k8s_job_name(long)  # deterministic
-    for host in k8s_names.pod_hostnames(long):
+    assert job == names.job_name(long)  # deterministic
+    for host in names.pod_hostnames(long):
         assert len(host) <= 63 and DNS_1035.match(host), host
     manifest = render_manifests(long)[-1]
     assert manifest["metadata"]["name"] == job
@@ -33,7 +33,7 @@ def test_operator_names_are_kept_and_long_names_fit(kind, nodes):
 def test_two_long_names_sharing_a_prefix_stay_distinct():
     a = JobSpec(name="train-" + "y" * 52 + "-a1", args=ARGS, nodes=4)
     b = JobSpec(name="train-" + "y" * 52 + "-a2", args=ARGS, nodes=4)
-    assert k8s_names.k8s_job_name(a) != k8s_names.k8s_job_name(b)
+    assert names.job_name(a) != names.job_name(b)
 
 
 def test_service_names_start_with_a_letter():
@@ -45,11 +45,11 @@ def test_service_names_start_with_a_letter():
 
 def test_label_values_fit_and_stay_deterministic():
     long = "manual__" + "2026-01-01T00_00_00_00_00" * 4
-    value = k8s_names.label_value(long)
-    assert len(value) <= 63 and value == k8s_names.label_value(long)
+    value = names.label_value(long)
+    assert len(value) <= 63 and value == names.label_value(long)
     assert re.match(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$", value)
-    assert k8s_names.label_value("_x") != "_x"
-    assert k8s_names.label_value("scheduled__2026") == "scheduled__2026"
+    assert names.label_value("_x") != "_x"
+    assert names.label_value("scheduled__2026") == "scheduled__2026"
     spec = JobSpec(name="train-0123abcd-a1", args=ARGS, labels={"trainops/run": long})
     assert render_manifests(spec)[-1]["metadata"]["labels"]["trainops/run"] == value
 

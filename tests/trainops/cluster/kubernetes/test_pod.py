@@ -109,12 +109,12 @@ def test_priority_volcano_and_identity():
 
 
 def test_static_command_leaves_rendezvous_to_the_runtime_and_keeps_the_shutdown_timeout():
-    from trainops.cluster.kubernetes import pod as k8s_pod
+    from trainops.cluster.kubernetes.pod import static_command
 
     spec = JobSpec(
         name="train-0123abcd-a1", args=ARGS, nodes=2, gpus_per_node=8, termination_grace_seconds=40
     )
-    assert k8s_pod.static_command(spec) == [
+    assert static_command(spec) == [
         "python",
         "-m",
         "torch.distributed.run",
@@ -128,6 +128,6 @@ def test_static_command_leaves_rendezvous_to_the_runtime_and_keeps_the_shutdown_
     ]
     # a trainer argument that looks like a torchrun flag is the trainer's, and is kept
     odd = JobSpec(name="train-0123abcd-a1", args=[*ARGS, "--rdzv-note=x"])
-    assert k8s_pod.static_command(odd)[-1] == "--rdzv-note=x"
+    assert static_command(odd)[-1] == "--rdzv-note=x"
     plain = JobSpec(name="train-0123abcd-a1", args=ARGS, distributed=False)
-    assert k8s_pod.static_command(plain) == ARGS
+    assert static_command(plain) == ARGS

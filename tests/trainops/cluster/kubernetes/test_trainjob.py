@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from trainops.cluster.kubernetes import kinds, names
+from trainops.cluster.kubernetes import names, trainjob
+from trainops.cluster.kubernetes.objects import JOB_LABEL
 from trainops.cluster.kubernetes.render import render_manifests
 from trainops.cluster.spec import JobSpec, JobSpecError
 
@@ -203,15 +204,13 @@ def test_bad_runtime_name_is_named():
 
 def test_pod_names_fit_and_pods_are_found_by_their_jobset_labels():
     long = spec(name="evaluate-" + "x" * 50 + "-a1", nodes=12)
-    job = names.k8s_job_name(long)
+    job = names.job_name(long)
     hosts = names.pod_hostnames(long)
     assert hosts[0] == f"{job}-node-0-0" and hosts[-1] == f"{job}-node-0-11"
     assert all(len(h) <= 63 for h in hosts) and job[0].isalpha()
     assert render_manifests(long)[0]["metadata"]["name"] == job
     # Trainer's pods carry JobSet's labels, not ours: the selector is JobSet's
     pod = json.loads((DATA / "pod-trainjob-running.json").read_text())
-    selector = kinds.pod_selector("trainjob", "train-5f1c2a9e-a1")
+    selector = trainjob.pod_selector("train-5f1c2a9e-a1")
     assert selector.items() <= pod["metadata"]["labels"].items()
-    assert kinds.JOB_LABEL not in pod["metadata"]["labels"]
-    assert kinds.pod_selector("indexed-job", "j") == {"trainops/job": "j"}
-    assert kinds.pod_selector("pytorchjob", "j") == {"trainops/job": "j"}
+    assert JOB_LABEL not in pod["metadata"]["labels"]

@@ -1,0 +1,96 @@
+"""The one entry point for manifests: every JobSpec kind has a builder, a job object the
+backend knows, the objects a reattached handle deletes, and a selector for its pods."""
+
+import itertools
+
+import pytest
+import yaml
+
+from trainops.cluster.kubernetes.render import (
+    BUILDERS,
+    JOB_KINDS,
+    JOB_OBJECTS,
+    job_ref,
+    object_refs,
+    pod_selector,
+    render_manifests,
+    to_yaml,
+)
+from trainops.cluster.spec import KINDS, JobSpec
+
+ARGS = ["python", "-m", "trainer", "train", "--config", "s3://bucket/runs/r1/config.yaml"]
+# what every kind can carry (a TrainJob takes a named provider and at most 30 s of grace)
+PLACEABLE = {"spot_flavour": "gke", "termination_grace_seconds": 30}
+
+
+def test_every_jobspec_kind_has_a_builder_and_a_job_object():
+    assert set(BUILDERS) == set(JOB_OBJECTS) == set(KINDS)
+    assert sorted(JOB_KINDS.values()) == sorted(KINDS)
+
+
+@pytest.mark.parametrize(
+    "kind,scheduler",
+    [
+        (kind, scheduler)
+        for kind, scheduler in itertools.product(KINDS, ("default", "volcano", "kueue:team-a"))
+        if (kind, scheduler) != ("trainjob", "volcano")  # a TrainJob takes no Volcano (test_trainjob)
+    ],
+)
+def test_the_job_object_is_last_and_a_reattached_handle_finds_everything_launched(kind, scheduler):
+    spec = JobSpec(name="train-0123abcd-a1", args=ARGS, kind=kind, nodes=2, scheduler=scheduler, **PLACEABLE)
+    manifests = render_manifests(spec)
+    launched = [
+        {"apiVersion": m["apiVersion"], "kind": m["kind"], "name": m["metadata"]["name"]} for m in manifests
+    ]
+    job = launched[-1]
+    assert job == job_ref(kind, "train-0123abcd-a1")
+    assert JOB_KINDS[job["kind"]] == kind
+    refs = object_refs(kind, job["name"])
+    assert all(ref in refs for ref in launched) and refs[-1] == job  # the job is deleted first
+
+
+def test_pods_are_selected_by_our_label_or_by_their_jobset():
+    assert pod_selector("indexed-job", "j") == {"trainops/job": "j"}
+    assert pod_selector("pytorchjob", "j") == {"trainops/job": "j"}
+    assert pod_selector("trainjob", "j") == {
+        "jobset.sigs.k8s.io/jobset-name": "j",
+        "jobset.sigs.k8s.io/replicatedjob-name": "node",
+    }
+    for kind in ("indexed-job", "pytorchjob"):  # the label the selector needs is on the pods
+        spec = JobSpec(name="train-0123abcd-a1", args=ARGS, kind=kind, nodes=2)
+        job = render_manifests(spec)[-1]
+        templates = (
+            [job["spec"]["template"]]
+            if kind == "indexed-job"
+            else [r["template"] for r in job["spec"]["pytorchReplicaSpecs"].values()]
+        )
+        for template in templates:
+            assert (
+                pod_selector(kind, job["metadata"]["name"]).items() <= template["metadata"]["labels"].items()
+            )
+
+
+def test_kueue_suspends_and_labels_the_job():
+    for kind in ("indexed-job", "pytorchjob", "trainjob"):
+        spec = JobSpec(
+            name="train-0123abcd-a1",
+            args=ARGS,
+            kind=kind,
+            scheduler="kueue:team-a",
+            spot_flavour="gke",
+            termination_grace_seconds=30,
+        )
+        job = render_manifests(spec)[-1]
+        assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+        suspended = job["spec"].get("suspend") or job["spec"]["runPolicy"].get("suspend")
+        assert suspended is True
+
+
+def test_yaml_keeps_the_build_order_and_writes_no_aliases():
+    manifests = render_manifests(JobSpec(name="train-0123abcd-a1", args=ARGS, nodes=2))
+    shared = {"key": "dedicated", "operator": "Exists"}
+    manifests[-1]["spec"]["template"]["spec"]["tolerations"] = [shared, shared]
+    text = to_yaml(manifests)
+    assert "&id" not in text and "*id" not in text
+    assert list(yaml.safe_load_all(text)) == manifests
+    assert text.index("apiVersion") < text.index("kind") < text.index("metadata") < text.index("spec")
