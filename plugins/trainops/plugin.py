@@ -8,7 +8,12 @@ are deliberately not registered here: see that module for why.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from airflow.plugins_manager import AirflowPlugin
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Receive, Scope, Send
 
 REPORTS_URL_PREFIX = "/trainops"
 
@@ -22,9 +27,9 @@ class _ReportsApp:
     """
 
     def __init__(self) -> None:
-        self._app = None
+        self._app: ASGIApp | None = None
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._app is None:
             # No await between the check and the assignment: one event loop builds it once.
             from trainops.reports.app import create_app

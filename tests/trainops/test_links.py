@@ -152,7 +152,7 @@ def test_training_pushes_its_job_json_when_the_first_attempt_is_launched(file_ro
 
     import trainops.cluster
     from tests.trainops.operators.test_train import FakeCluster, layout_of, operator
-    from tests.trainops.reports.test_pages import page_text, table_with
+    from tests.trainops.reports.helpers import page_text, table_with
     from trainer.storage import open_storage
     from trainops.reports.run_page import render_run_report
 

@@ -42,6 +42,8 @@ def load_dag(dags_folder: str, dag_id: str):
 
     path = Path(dags_folder) / f"{dag_id}.py"
     spec = importlib.util.spec_from_file_location(f"trainops_dags_{dag_id}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path} as a DAG file; pass the folder that holds {dag_id}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.dag

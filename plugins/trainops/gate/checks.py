@@ -15,13 +15,21 @@ DAG param. Kinds (every one with examples in docs/promotion.md):
 (``value``, ``tolerance``, a slice expectation's ``min_value``/``max_value``) may be a
 Jinja template such as ``"{{ params.max_eval_loss }}"`` when the operator renders the
 checks: parse-time validation (``templates="allow"``) keeps it, and the rendered checks
-are validated again (``templates="rendered"``), which reads the rendered text as a number.
+are validated again (``templates="rendered"``), which reads the rendered text as a number
+(:mod:`trainops.gate.fields`).
 """
 
 from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from trainops.gate.errors import GateConfigError, GateInputError
+from trainops.gate.fields import TEMPLATE_MODES, fmt, is_number, number_rule, show
+from trainops.gate.records import Check, CheckResult, Decision, Outcome
+from trainops.gate.slices import SLICE_KINDS, default_name, run_slice_checks, validate_slice_check
 
 __all__ = [
     "DEFAULT_CHECKS",
@@ -29,6 +37,7 @@ __all__ = [
     "KINDS",
     "METRICS",
     "OPS",
+    "SLICE_KINDS",
     "GateConfigError",
     "GateInputError",
     "check_evaluation",
@@ -38,12 +47,15 @@ __all__ = [
     "validate_checks",
 ]
 
-KINDS = ("threshold", "no_regression", "slices", "slice_no_regression")
-SLICE_KINDS = ("slices", "slice_no_regression")
-TEMPLATE_MODES = (None, "allow", "rendered")
+KINDS = ("threshold", "no_regression", *SLICE_KINDS)
 METRICS = ("eval_loss", "perplexity")
 DIRECTIONS = ("lower_is_better", "higher_is_better")
-OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
+OPS: dict[str, Callable[[float, float], bool]] = {
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+}
 
 # Both metrics we produce today are "lower is better"; the default direction follows the metric.
 _METRIC_DIRECTION = {"eval_loss": "lower_is_better", "perplexity": "lower_is_better"}
@@ -57,68 +69,21 @@ _FIELDS = {
 # GPT-2 vocabulary, so a model above 10 learned nothing. Real DAGs pass their own checks.
 DEFAULT_MAX_EVAL_LOSS = 10.0
 
-DEFAULT_CHECKS: list[dict] = [
+DEFAULT_CHECKS: list[Check] = [
     {"kind": "threshold", "metric": "eval_loss", "op": "<=", "value": DEFAULT_MAX_EVAL_LOSS},
     {"kind": "no_regression", "metric": "eval_loss", "tolerance": 0.0, "direction": "lower_is_better"},
 ]
 
 
-class GateConfigError(ValueError):
-    """A check definition is invalid; raised at DAG parse."""
-
-
-class GateInputError(ValueError):
-    """The evaluation result handed to the gate is not well formed."""
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.6g}"
-
-
-def _show(value) -> str:
-    return _fmt(value) if _is_number(value) else str(value)
-
-
-def _default_name(check: dict) -> str:
+def _default_name(check: Check) -> str:
     if check["kind"] == "threshold":
-        return f"{check['metric']} {check['op']} {_show(check['value'])}"
+        return f"{check['metric']} {check['op']} {show(check['value'])}"
     if check["kind"] in SLICE_KINDS:
-        from trainops.gate.slices import default_name
-
         return default_name(check)
-    return f"{check['metric']} no regression (tolerance {_show(check['tolerance'])})"
+    return f"{check['metric']} no regression (tolerance {show(check['tolerance'])})"
 
 
-def _is_template(value: object) -> bool:
-    return isinstance(value, str) and "{{" in value
-
-
-def _number_rule(templates: str | None):
-    """How a numeric field is read: a finite number, plus templates per ``templates``."""
-
-    def number(where: str, field: str, value: object):
-        if templates == "allow" and _is_template(value):
-            return value
-        if templates == "rendered" and isinstance(value, str):
-            try:
-                value = float(value.strip())
-            except ValueError:
-                raise GateConfigError(
-                    f"{where} field {field!r} rendered to {value!r}, which is not a number; "
-                    "fix the template or the param it reads"
-                ) from None
-        if not _is_number(value) or not math.isfinite(value):
-            raise GateConfigError(f"{where} needs a finite number in field {field!r}, got {value!r}")
-        return float(value)
-
-    return number
-
-
-def _validate_one(index: int, check: object, templates: str | None = None) -> dict:
+def _validate_one(index: int, check: object, templates: str | None = None) -> Check:
     where = f"check #{index}"
     if not isinstance(check, dict):
         raise GateConfigError(f"{where} must be a dict such as {DEFAULT_CHECKS[0]!r}, got {check!r}")
@@ -127,10 +92,8 @@ def _validate_one(index: int, check: object, templates: str | None = None) -> di
     kind = check.get("kind")
     if kind not in KINDS:
         raise GateConfigError(f"{where} has unknown kind {kind!r}; use one of {list(KINDS)}")
-    number = _number_rule(templates)
+    number = number_rule(templates)
     if kind in SLICE_KINDS:
-        from trainops.gate.slices import validate_slice_check
-
         return _named(where, check, validate_slice_check(where, check, number))
     unknown = sorted(set(check) - _FIELDS[kind])
     if unknown:
@@ -141,7 +104,7 @@ def _validate_one(index: int, check: object, templates: str | None = None) -> di
     metric = check.get("metric")
     if metric not in METRICS:
         raise GateConfigError(f"{where} has unknown metric {metric!r}; use one of {list(METRICS)}")
-    out = {"kind": kind, "metric": metric}
+    out: Check = {"kind": kind, "metric": metric}
     if kind == "threshold":
         op = check.get("op")
         if op not in OPS:
@@ -164,7 +127,7 @@ def _validate_one(index: int, check: object, templates: str | None = None) -> di
     return _named(where, check, out)
 
 
-def _named(where: str, check: dict, out: dict) -> dict:
+def _named(where: str, check: Check, out: Check) -> Check:
     name = check.get("name")
     if name is not None and (not isinstance(name, str) or not name.strip()):
         raise GateConfigError(f"{where} has field 'name' {name!r}; give a non-empty string or omit it")
@@ -172,7 +135,7 @@ def _named(where: str, check: dict, out: dict) -> dict:
     return out
 
 
-def validate_checks(checks: object, *, templates: str | None = None) -> list[dict]:
+def validate_checks(checks: object, *, templates: str | None = None) -> list[Check]:
     """Normalise check definitions (default names, tolerance, direction).
 
     Raises GateConfigError naming the check and field at fault. ``templates``: None (numbers
@@ -197,7 +160,7 @@ def validate_checks(checks: object, *, templates: str | None = None) -> list[dic
     return out
 
 
-def check_evaluation(evaluation: object, checks: list[dict]) -> dict:
+def check_evaluation(evaluation: object, checks: list[Check]) -> dict[str, Any]:
     """Check the evaluation result carries what ``checks`` need; raise GateInputError if not."""
     if not isinstance(evaluation, dict):
         raise GateInputError(
@@ -235,11 +198,11 @@ def check_evaluation(evaluation: object, checks: list[dict]) -> dict:
         if check["kind"] in SLICE_KINDS:
             _check_slices(candidate, production, check)
             continue
-        sides = [("candidate", candidate)]
+        sides: list[tuple[str, dict[str, Any]]] = [("candidate", candidate)]
         if check["kind"] == "no_regression" and production is not None:
             sides.append(("production", production))
         for side, metrics in sides:
-            if not _is_number(metrics.get(check["metric"])):
+            if not is_number(metrics.get(check["metric"])):
                 raise GateInputError(
                     f"evaluation {side} metric {check['metric']!r} must be a number for check "
                     f"{check['name']!r}, got {metrics.get(check['metric'])!r}"
@@ -247,7 +210,7 @@ def check_evaluation(evaluation: object, checks: list[dict]) -> dict:
     return evaluation
 
 
-def _check_slices(candidate: dict, production: dict | None, check: dict) -> None:
+def _check_slices(candidate: dict[str, Any], production: dict[str, Any] | None, check: Check) -> None:
     sides = [("candidate", candidate)] + ([("production", production)] if production else [])
     for side, metrics in sides:
         slices = metrics.get("slices", {} if side == "production" else None)
@@ -262,30 +225,33 @@ def _check_slices(candidate: dict, production: dict | None, check: dict) -> None
             )
 
 
-def _observed(metrics: dict, metric: str) -> tuple[float | None, str]:
+def _observed(metrics: Mapping[str, Any], metric: str) -> tuple[float | None, str]:
     """The metric as a finite float, or None and why (JSON has no NaN or infinity)."""
     value = metrics.get(metric)
-    if not _is_number(value):
+    if not is_number(value):
         return None, f"{metric} missing"
     if not math.isfinite(value):
         return None, f"{metric} is {value}"
     return float(value), ""
 
 
-def _threshold(check: dict, candidate: dict) -> dict:
+def _threshold(check: Check, candidate: Mapping[str, Any]) -> Outcome:
     observed, why = _observed(candidate, check["metric"])
     passed = observed is not None and OPS[check["op"]](observed, check["value"])
     return {
         "observed": observed,
-        "expected": f"{check['op']} {_fmt(check['value'])}",
+        "expected": f"{check['op']} {fmt(check['value'])}",
         "passed": passed,
         "note": f"candidate {why}" if why else "",
     }
 
 
 def _no_regression(
-    check: dict, candidate: dict, production: dict | None, production_version: int | None
-) -> dict:
+    check: Check,
+    candidate: Mapping[str, Any],
+    production: Mapping[str, Any] | None,
+    production_version: int | None,
+) -> Outcome:
     metric, tolerance = check["metric"], check["tolerance"]
     observed, why = _observed(candidate, metric)
     if production is None:
@@ -305,15 +271,18 @@ def _no_regression(
     else:
         op, bound = ">=", base * (1 - tolerance)
     passed = observed is not None and OPS[op](observed, bound)
-    note = f"{label} {metric} {_fmt(base)}, tolerance {tolerance:.4g}"
+    note = f"{label} {metric} {fmt(base)}, tolerance {tolerance:.4g}"
     if why:
         note = f"candidate {why}; {note}"
-    return {"observed": observed, "expected": f"{op} {_fmt(bound)}", "passed": passed, "note": note}
+    return {"observed": observed, "expected": f"{op} {fmt(bound)}", "passed": passed, "note": note}
 
 
 def decide(
-    checks: list[dict], candidate: dict, production: dict | None, production_version: int | None = None
-) -> dict:
+    checks: list[Check],
+    candidate: Mapping[str, Any],
+    production: Mapping[str, Any] | None,
+    production_version: int | None = None,
+) -> Decision:
     """Run every check (validated or raw) on the candidate's metrics; approve if all pass.
 
     ``observed`` is the candidate's value (None when it is missing or not finite, which
@@ -322,11 +291,8 @@ def decide(
     """
     checks = validate_checks(checks)
     slice_checks = [c for c in checks if c["kind"] in SLICE_KINDS]
-    if slice_checks:
-        from trainops.gate.slices import run_slice_checks
-
-        slice_outcomes = iter(run_slice_checks(slice_checks, candidate, production, production_version))
-    results = []
+    slice_outcomes = iter(run_slice_checks(slice_checks, candidate, production, production_version))
+    results: list[CheckResult] = []
     for check in checks:
         if check["kind"] == "threshold":
             outcome = _threshold(check, candidate)
@@ -349,18 +315,19 @@ def decide(
     }
 
 
-def failed_checks(decision: dict) -> list[dict]:
+def failed_checks(decision: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The checks of a decision (or of a gate result read back) that did not pass."""
     return [r for r in decision.get("checks", []) if not r.get("passed")]
 
 
-def format_table(decision: dict) -> str:
+def format_table(decision: Mapping[str, Any]) -> str:
     """A fixed-width table of the decision, for the task log."""
     header = ("check", "metric", "observed", "expected", "result", "note")
     rows = [header] + [
         (
             r["name"],
             r["metric"],
-            _fmt(r["observed"]),
+            fmt(r["observed"]),
             r["expected"] or "-",
             "pass" if r["passed"] else "FAIL",
             r.get("note") or "",

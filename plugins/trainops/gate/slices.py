@@ -39,16 +39,26 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Mapping
+from typing import Any
+
+from trainops.gate.errors import GateConfigError
+from trainops.gate.fields import NumberRule, fmt, is_number, show
+from trainops.gate.records import Check, FailingSlice, Outcome
 
 __all__ = [
     "PRODUCTION_COLUMNS",
     "SLICE_EXPECTATIONS",
+    "SLICE_KINDS",
     "TABLE_COLUMNS",
     "build_expectations",
+    "default_name",
     "run_slice_checks",
     "slice_rows",
     "validate_slice_check",
 ]
+
+SLICE_KINDS = ("slices", "slice_no_regression")
 
 TABLE_COLUMNS = (
     "slice_column",
@@ -98,24 +108,10 @@ _FIELDS = {
 _SHOWN_SLICES = 5
 
 
-def _error(message: str) -> Exception:
-    from trainops.gate.checks import GateConfigError
-
-    return GateConfigError(message)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _fmt(value) -> str:
-    return "-" if value is None else f"{value:.6g}"
-
-
 # ------------------------------------------------------------------------- validation
 
 
-def validate_slice_check(where: str, check: dict, number) -> dict:
+def validate_slice_check(where: str, check: Check, number: NumberRule) -> Check:
     """Normalise one ``slices`` or ``slice_no_regression`` check (no GX import).
 
     ``number(where, field, value)`` is the gate's numeric-field rule (templates allowed or not).
@@ -123,24 +119,24 @@ def validate_slice_check(where: str, check: dict, number) -> dict:
     kind = check["kind"]
     unknown = sorted(set(check) - _FIELDS[kind])
     if unknown:
-        raise _error(
+        raise GateConfigError(
             f"{where} has unknown field {unknown[0]!r} for kind {kind!r}; "
             f"allowed fields are {sorted(_FIELDS[kind])}"
         )
     slice_column = check.get("slice_column")
     if slice_column is not None and (not isinstance(slice_column, str) or not slice_column):
-        raise _error(
+        raise GateConfigError(
             f"{where} has slice_column {slice_column!r}; give the dataset column that "
             "defines the slices (for example 'source') or omit it for all of them"
         )
-    out = {"kind": kind, "slice_column": slice_column}
+    out: Check = {"kind": kind, "slice_column": slice_column}
     if kind == "slice_no_regression":
         metric = check.get("metric", "eval_loss")
         if metric not in _RATIO_COLUMN:
-            raise _error(f"{where} has unknown metric {metric!r}; use one of {list(_RATIO_COLUMN)}")
+            raise GateConfigError(f"{where} has unknown metric {metric!r}; use one of {list(_RATIO_COLUMN)}")
         tolerance = number(where, "tolerance", check.get("tolerance", 0.0))
         if isinstance(tolerance, float) and tolerance < 0:
-            raise _error(
+            raise GateConfigError(
                 f"{where} needs field 'tolerance' to be a number >= 0 (a fraction: "
                 f"0.05 is 5%), got {tolerance!r}"
             )
@@ -150,34 +146,36 @@ def validate_slice_check(where: str, check: dict, number) -> dict:
     return out
 
 
-def _validate_expectation(where: str, expectation: object, number) -> dict:
+def _validate_expectation(where: str, expectation: object, number: NumberRule) -> dict[str, Any]:
     example = (
         '{"type": "expect_column_values_to_be_between", "kwargs": {"column": "eval_loss", "max_value": 3.0}}'
     )
     if not isinstance(expectation, dict) or not isinstance(expectation.get("type"), str):
-        raise _error(f"{where} needs field 'expectation' as a dict such as {example}, got {expectation!r}")
+        raise GateConfigError(
+            f"{where} needs field 'expectation' as a dict such as {example}, got {expectation!r}"
+        )
     extra = sorted(set(expectation) - {"type", "kwargs", "meta"})
     if extra:
-        raise _error(f"{where} expectation has unknown key {extra[0]!r}; use 'type' and 'kwargs'")
+        raise GateConfigError(f"{where} expectation has unknown key {extra[0]!r}; use 'type' and 'kwargs'")
     etype = expectation["type"]
     if etype not in SLICE_EXPECTATIONS:
-        raise _error(
+        raise GateConfigError(
             f"{where} has expectation type {etype!r}, which the per-slice table does "
             f"not support; use one of {sorted(SLICE_EXPECTATIONS)}"
         )
     kwargs = expectation.get("kwargs", {})
     if not isinstance(kwargs, dict):
-        raise _error(f"{where} expectation {etype} has kwargs {kwargs!r}; kwargs must be a dict")
+        raise GateConfigError(f"{where} expectation {etype} has kwargs {kwargs!r}; kwargs must be a dict")
     allowed = SLICE_EXPECTATIONS[etype][1]
     unknown = sorted(set(kwargs) - set(allowed))
     if unknown:
-        raise _error(
+        raise GateConfigError(
             f"{where} expectation {etype} has unknown kwarg {unknown[0]!r}; "
             f"allowed kwargs are {list(allowed)}"
         )
     for key in _COLUMN_KWARGS:
         if key in allowed and kwargs.get(key) not in TABLE_COLUMNS:
-            raise _error(
+            raise GateConfigError(
                 f"{where} expectation {etype} has {key} {kwargs.get(key)!r}, which is "
                 f"not a column of the per-slice table; use one of {list(TABLE_COLUMNS)}"
             )
@@ -186,43 +184,42 @@ def _validate_expectation(where: str, expectation: object, number) -> dict:
         if out.get(key) is not None:
             out[key] = number(where, key, out[key])
     if "min_value" in allowed and out.get("min_value") is None and out.get("max_value") is None:
-        raise _error(f"{where} expectation {etype} needs 'min_value', 'max_value' or both")
+        raise GateConfigError(f"{where} expectation {etype} needs 'min_value', 'max_value' or both")
     mostly = out.get("mostly")
-    if mostly is not None and (not _is_number(mostly) or not 0 <= mostly <= 1):
-        raise _error(f"{where} expectation {etype} has mostly {mostly!r}; give a fraction in [0, 1]")
+    if mostly is not None and (not is_number(mostly) or not 0 <= mostly <= 1):
+        raise GateConfigError(f"{where} expectation {etype} has mostly {mostly!r}; give a fraction in [0, 1]")
     return {"type": etype, "kwargs": out}
 
 
-def default_name(check: dict) -> str:
+def default_name(check: Check) -> str:
+    """The name of a validated slice check that has none."""
     where = f" of {check['slice_column']}" if check.get("slice_column") else ""
     if check["kind"] == "slice_no_regression":
-        return f"no slice{where} regresses in {check['metric']} (tolerance {_show(check['tolerance'])})"
+        return f"no slice{where} regresses in {check['metric']} (tolerance {show(check['tolerance'])})"
     e = check["expectation"]
     column = ",".join(str(e["kwargs"][k]) for k in _COLUMN_KWARGS if k in e["kwargs"])
     return f"slices{where}: {e['type']}({column}) {expected_text(e)}".rstrip()
 
 
-def _show(value) -> str:
-    return _fmt(value) if _is_number(value) else str(value)
-
-
-def expectation_of(check: dict) -> dict:
+def expectation_of(check: Check) -> dict[str, Any]:
     """The GX expectation (as data) that a validated slice check stands for."""
     if check["kind"] == "slices":
-        return check["expectation"]
+        expectation: dict[str, Any] = check["expectation"]
+        return expectation
     return {
         "type": "expect_column_values_to_be_between",
         "kwargs": {"column": _RATIO_COLUMN[check["metric"]], "max_value": 1.0 + check["tolerance"]},
     }
 
 
-def expected_text(expectation: dict) -> str:
+def expected_text(expectation: Mapping[str, Any]) -> str:
+    """The condition an expectation sets, as text (``<= 3 for 90% of slices``)."""
     kwargs = expectation["kwargs"]
     parts = []
     if kwargs.get("min_value") is not None:
-        parts.append(f"{'>' if kwargs.get('strict_min') else '>='} {_show(kwargs['min_value'])}")
+        parts.append(f"{'>' if kwargs.get('strict_min') else '>='} {show(kwargs['min_value'])}")
     if kwargs.get("max_value") is not None:
-        parts.append(f"{'<' if kwargs.get('strict_max') else '<='} {_show(kwargs['max_value'])}")
+        parts.append(f"{'<' if kwargs.get('strict_max') else '<='} {show(kwargs['max_value'])}")
     if "value_set" in kwargs:
         parts.append(f"in {kwargs['value_set']!r}")
     if expectation["type"] == "expect_column_pair_values_a_to_be_greater_than_b":
@@ -237,12 +234,12 @@ def expected_text(expectation: dict) -> str:
 # ------------------------------------------------------------------------- the table
 
 
-def _summary(entry: object) -> dict:
+def _summary(entry: object) -> dict[str, float | None]:
     entry = entry if isinstance(entry, dict) else {}
-    out = {}
+    out: dict[str, float | None] = {}
     for key in ("eval_loss", "perplexity", "tokens"):
         value = entry.get(key)
-        out[key] = float(value) if _is_number(value) and math.isfinite(value) else None
+        out[key] = float(value) if is_number(value) and math.isfinite(value) else None
     return out
 
 
@@ -252,7 +249,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b
 
 
-def slice_rows(candidate: dict, production: dict | None) -> list[dict]:
+def slice_rows(candidate: Mapping[str, Any], production: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     """The per-slice metrics table as plain rows, in slice-column then slice order.
 
     ``candidate["slices"]`` is the evaluation's ``{column: {value: {eval_loss, perplexity,
@@ -262,7 +259,7 @@ def slice_rows(candidate: dict, production: dict | None) -> list[dict]:
     theirs = (production or {}).get("slices") or {}
     rows = []
     for column in sorted(ours):
-        base_slices = theirs.get(column) if isinstance(theirs.get(column), dict) else {}
+        base_slices = theirs[column] if isinstance(theirs.get(column), dict) else {}
         for value in sorted(ours[column]):
             mine, base = _summary(ours[column][value]), _summary(base_slices.get(value))
             rows.append(
@@ -283,7 +280,7 @@ def slice_rows(candidate: dict, production: dict | None) -> list[dict]:
 # ------------------------------------------------------------------------- GX
 
 
-def build_expectations(checks: list[dict]) -> list:
+def build_expectations(checks: list[Check]) -> list[Any]:
     """GX expectation objects for validated slice checks; GateConfigError names a bad one.
 
     Called before any check runs, so a definition GX refuses stops the gate up front.
@@ -298,7 +295,7 @@ def build_expectations(checks: list[dict]) -> list:
             out.append(cls(**e["kwargs"]))
         except Exception as exc:
             detail = " ".join(str(exc).split())
-            raise _error(
+            raise GateConfigError(
                 f"check {check['name']!r}: GX refuses expectation {e['type']} with "
                 f"kwargs {e['kwargs']!r}: {detail}"
             ) from None
@@ -306,12 +303,16 @@ def build_expectations(checks: list[dict]) -> list:
 
 
 def run_slice_checks(
-    checks: list[dict], candidate: dict, production: dict | None, production_version: int | None = None
-) -> list[dict]:
+    checks: list[Check],
+    candidate: Mapping[str, Any],
+    production: Mapping[str, Any] | None,
+    production_version: int | None = None,
+) -> list[Outcome]:
     """Outcomes (``observed``, ``expected``, ``passed``, ``note``, ``slices``) of validated
     slice checks, in order; ``slices`` lists the failing slices."""
     if not checks:
         return []
+    # pandas and GX (through staging's context builder) only when slice checks run.
     import pandas as pd
 
     from trainops.staging.gx_batch import ephemeral_context
@@ -323,7 +324,7 @@ def run_slice_checks(
     frame[numeric] = frame[numeric].astype("float64")
     definition = None
     label = "production" if production_version is None else f"production v{production_version}"
-    out = []
+    out: list[Outcome] = []
     for check, expectation in zip(checks, expectations, strict=False):
         e = expectation_of(check)
         expected = expected_text(e)
@@ -356,7 +357,9 @@ def run_slice_checks(
     return out
 
 
-def _outcome(observed, expected: str, passed: bool, note: str, slices=None) -> dict:
+def _outcome(
+    observed: float | None, expected: str, passed: bool, note: str, slices: list[FailingSlice] | None = None
+) -> Outcome:
     return {
         "observed": observed,
         "expected": expected or None,
@@ -366,24 +369,24 @@ def _outcome(observed, expected: str, passed: bool, note: str, slices=None) -> d
     }
 
 
-def _gx_error(result) -> str | None:
+def _gx_error(result: Any) -> str | None:
     info = result.exception_info or {}
     if info.get("raised_exception"):
-        return info.get("exception_message") or "GX raised an error"
+        return str(info.get("exception_message") or "GX raised an error")
     for value in info.values():
         if isinstance(value, dict) and value.get("raised_exception"):
-            return value.get("exception_message") or "GX raised an error"
+            return str(value.get("exception_message") or "GX raised an error")
     return None
 
 
-def _read_result(e: dict, result, table, label: str) -> dict:
+def _read_result(e: dict[str, Any], result: Any, table: Any, label: str) -> Outcome:
     expected = expected_text(e)
     error = _gx_error(result)
     if error:
         return _outcome(None, expected, False, f"GX error: {' '.join(error.split())[:300]}")
     details = result.result or {}
     column = e["kwargs"].get("column")
-    failing = []
+    failing: list[FailingSlice] = []
     for index in details.get("unexpected_index_list") or []:
         row = table.iloc[int(index)]
         value = row[column] if column else None
@@ -396,7 +399,7 @@ def _read_result(e: dict, result, table, label: str) -> dict:
         )
     if "observed_value" in details:
         value = details["observed_value"]
-        observed = float(value) if _is_number(value) or hasattr(value, "__float__") else None
+        observed = float(value) if is_number(value) or hasattr(value, "__float__") else None
     elif e["type"] == "expect_column_values_to_be_between":
         values = table[column].dropna()
         if values.empty:
@@ -409,7 +412,7 @@ def _read_result(e: dict, result, table, label: str) -> dict:
     checked = int(table[column].notna().sum()) if column else len(table)
     if failing:
         shown = ", ".join(
-            f"{f['slice_column']}={f['slice']} ({_fmt(f['value'])})" for f in failing[:_SHOWN_SLICES]
+            f"{f['slice_column']}={f['slice']} ({fmt(f['value'])})" for f in failing[:_SHOWN_SLICES]
         )
         more = f" and {len(failing) - _SHOWN_SLICES} more" if len(failing) > _SHOWN_SLICES else ""
         note = f"{len(failing)}/{checked} slices fail: {shown}{more}"

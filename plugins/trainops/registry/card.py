@@ -17,13 +17,17 @@ trainops version and the time. Keys (docs/promotion.md lists them with an exampl
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
-from trainer.storage import NotFound
+from trainer.storage import NotFound, Storage
+from trainops.registry.errors import PromotionError
+from trainops.registry.promotion import read_config_bytes
+from trainops.registry.regate import eval_basis
 
 __all__ = ["build_card", "validation_summary"]
 
 
-def validation_summary(storage, validation_uri: str | None) -> dict | None:
+def validation_summary(storage: Storage, validation_uri: str | None) -> dict[str, Any] | None:
     """The GX validation summary of the dataset version, or None when it has none."""
     if not validation_uri:
         return None
@@ -46,10 +50,8 @@ def validation_summary(storage, validation_uri: str | None) -> dict | None:
     }
 
 
-def _read_config(storage, config_uri: str) -> tuple[bytes, dict]:
+def _read_config(storage: Storage, config_uri: str) -> tuple[bytes, dict[str, Any]]:
     import yaml
-
-    from trainops.registry.promotion import PromotionError, read_config_bytes
 
     data = read_config_bytes(storage, config_uri)
     try:
@@ -61,10 +63,15 @@ def _read_config(storage, config_uri: str) -> tuple[bytes, dict]:
     return data, config if isinstance(config, dict) else {}
 
 
-def build_card(storage, *, gate: dict, training: dict, dataset: dict, evaluation: dict) -> dict:
+def build_card(
+    storage: Storage,
+    *,
+    gate: dict[str, Any],
+    training: dict[str, Any],
+    dataset: dict[str, Any],
+    evaluation: dict[str, Any],
+) -> dict[str, Any]:
     """The card's lineage, from the upstream results (as their operators return them)."""
-    from trainops.registry.regate import eval_basis
-
     data, config = _read_config(storage, training["config_uri"])
     return {
         "dataset": {

@@ -8,104 +8,49 @@ Layout (from :mod:`trainer.contract`)::
     <root>/models/<name>/production.json            the pointer, moved only by compare-and-swap
 
 Conditional writes are the only coordination: ``_claim.json`` with If-None-Match makes
-version numbers unique, and the pointer is written with If-Match on the etag that was
-checked, so of two promotions gated against the same production version exactly one wins.
-The other learns that production moved; with a ``regate`` callable it checks the candidate
-against the new production model and either moves the pointer from there (another
-compare-and-swap) or stops. Every move appends to the pointer's ``history``, which is
-rewritten whole under the same compare-and-swap, so no move is lost.
+version numbers unique, and the pointer is moved by :func:`trainops.registry.pointer.move_pointer`
+only while it still names the version the gate checked against, so of two promotions gated
+against the same production version exactly one wins. The other learns that production
+moved; with a ``regate`` callable it checks the candidate against the new production model
+and either moves the pointer from there (another compare-and-swap) or stops. Every move
+appends to the pointer's ``history``, which is rewritten whole under the same
+compare-and-swap, so no move is lost.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
+from typing import Any
 
 from trainer.contract import join, model_prefix, model_version_prefix, production_pointer
 from trainer.storage import NotFound, PreconditionFailed, Storage
+from trainops.registry.errors import ProductionMovedError, PromotionError, RegateRejected
+from trainops.registry.pointer import Move, Pointer, move_pointer, new_pointer, read_pointer, read_production
 
 __all__ = [
     "CARD_FORMAT",
-    "POINTER_FORMAT",
     "ProductionMovedError",
     "PromotionError",
     "RegateRejected",
     "allocate_version",
     "card_uri",
     "config_sha256",
-    "new_pointer",
     "next_version",
     "promote",
     "read_config_bytes",
-    "read_pointer",
     "read_production",
     "version_numbers",
 ]
 
-POINTER_FORMAT = "trainops.production/v1"
 CARD_FORMAT = "trainops.model-card/v1"
 CLAIM_NAME = "_claim.json"
 CARD_NAME = "card.json"
 _MAX_ALLOCATE_TRIES = 100
-_MAX_CAS_TRIES = 20
 # How often one promotion may find production moved and re-gate before it gives up.
 _MAX_REGATES = 20
-
-
-class PromotionError(Exception):
-    """Promotion could not proceed."""
-
-
-class ProductionMovedError(PromotionError):
-    """The production pointer changed after the gate compared against it.
-
-    ``pointer`` is the pointer as read (None: no production model); ``reason``, when set,
-    says why the candidate could not be re-gated against it.
-    """
-
-    def __init__(
-        self,
-        model: str,
-        expected_version: int | None,
-        current_version: int | None,
-        *,
-        pointer: dict | None = None,
-        reason: str | None = None,
-    ):
-        self.model = model
-        self.expected_version = expected_version
-        self.current_version = current_version
-        self.pointer = pointer
-        self.reason = reason
-        target = f"against v{current_version}" if current_version is not None else "with no production model"
-        moved = (
-            f"production of {model!r} moved from {_label(expected_version)} to "
-            f"{_label(current_version)} while this run was gated"
-        )
-        if reason is None:
-            message = f"{moved}; re-run to evaluate {target}"
-        else:
-            message = (
-                f"{moved}, and {reason}; the candidate must be evaluated {target}: clear "
-                "this DAG run's evaluate task (it evaluates against the current "
-                "production model) or trigger a new run"
-            )
-        super().__init__(message)
-
-
-class RegateRejected(PromotionError):
-    """Production moved, and the candidate fails its checks against the new production model."""
-
-    def __init__(self, message: str, decision: dict):
-        self.decision = decision
-        super().__init__(message)
-
-
-def _label(version: int | None) -> str:
-    return f"v{version}" if version is not None else "(none)"
 
 
 def _now() -> str:
@@ -123,7 +68,7 @@ def _trainops_version() -> str:
 # ------------------------------------------------------------------------- pure decisions
 
 
-def next_version(existing_version_numbers) -> int:
+def next_version(existing_version_numbers: Iterable[int | str]) -> int:
     """The version after the highest existing one; 1 for a new model."""
     return max((int(v) for v in existing_version_numbers), default=0) + 1
 
@@ -134,36 +79,7 @@ def _version_of(versions_prefix: str, uri: str) -> int | None:
     return int(head) if head.isdigit() else None
 
 
-def _parse_pointer(data: object, uri: str) -> dict:
-    if (
-        not isinstance(data, dict)
-        or not isinstance(data.get("version"), int)
-        or isinstance(data.get("version"), bool)
-    ):
-        raise PromotionError(
-            f"production pointer {uri!r} is malformed (no integer 'version': {str(data)[:200]}); "
-            "restore it from its history or delete it"
-        )
-    return data
-
-
-def new_pointer(previous: dict | None, *, name: str, version: int, version_uri: str, entry: dict) -> dict:
-    """The pointer after a move to ``version``; ``entry`` (``at``, ``action``, ...) joins the
-    history, and the rest of the previous history is kept as it was."""
-    history = list(previous.get("history", [])) if previous else []
-    history.append({"version": version, **entry})
-    return {
-        "format": POINTER_FORMAT,
-        "model": name,
-        "version": version,
-        "uri": version_uri,
-        "promoted_at": entry["at"],
-        "run_uri": entry.get("run_uri"),
-        "history": history,
-    }
-
-
-def _promotion_of(pointer: dict | None, run_uri: str | None) -> tuple[int, int | None] | None:
+def _promotion_of(pointer: Pointer | None, run_uri: str | None) -> tuple[int, int | None] | None:
     """(version, previous version) of this run's promotion in the history, if there is one."""
     if not pointer or not run_uri:
         return None
@@ -184,7 +100,7 @@ def version_numbers(storage: Storage, root: str, name: str) -> list[int]:
     return sorted(v for v in found if v is not None)
 
 
-def allocate_version(storage: Storage, root: str, name: str, *, claim: dict | None = None) -> int:
+def allocate_version(storage: Storage, root: str, name: str, *, claim: dict[str, Any] | None = None) -> int:
     """Claim the next free version number by creating its ``_claim.json`` (If-None-Match)."""
     version = next_version(version_numbers(storage, root, name))
     body = {"model": name, "claimed_at": _now(), **(claim or {})}
@@ -201,28 +117,8 @@ def allocate_version(storage: Storage, root: str, name: str, *, claim: dict | No
     )
 
 
-def read_production(storage: Storage, root: str, name: str) -> dict | None:
-    """The production pointer of model ``name``, or None if it has never been promoted."""
-    return read_pointer(storage, production_pointer(root, name))[0]
-
-
 def card_uri(root: str, name: str, version: int) -> str:
     return join(model_version_prefix(root, name, version), CARD_NAME)
-
-
-def read_pointer(storage: Storage, uri: str) -> tuple[dict | None, str | None]:
-    """The pointer at ``uri`` and its etag, or (None, None) when there is none."""
-    try:
-        data, etag = storage.get_with_etag(uri)
-    except NotFound:
-        return None, None
-    try:
-        obj = json.loads(data)
-    except ValueError as exc:
-        raise PromotionError(
-            f"production pointer {uri!r} is not valid JSON ({exc}); restore it or delete it"
-        ) from exc
-    return _parse_pointer(obj, uri), etag
 
 
 def read_config_bytes(storage: Storage, config_uri: str) -> bytes:
@@ -241,14 +137,14 @@ def config_sha256(storage: Storage, config_uri: str) -> str:
     return hashlib.sha256(read_config_bytes(storage, config_uri)).hexdigest()
 
 
-def _check_unmoved(pointer: dict | None, name: str, expected: int | None) -> int | None:
+def _check_unmoved(pointer: Pointer | None, name: str, expected: int | None) -> int | None:
     current = pointer["version"] if pointer else None
     if current != expected:
         raise ProductionMovedError(name, expected, current, pointer=pointer)
     return current
 
 
-def _copy_export(storage: Storage, export_uri: str, version_uri: str) -> list[dict]:
+def _copy_export(storage: Storage, export_uri: str, version_uri: str) -> list[dict[str, Any]]:
     base = export_uri.rstrip("/")
     sources = storage.list(base)
     if not sources:
@@ -287,10 +183,10 @@ def promote(
     name: str,
     *,
     export_uri: str,
-    card: dict,
+    card: dict[str, Any],
     expected_production_version: int | None,
-    regate: Callable[[dict | None], dict] | None = None,
-) -> dict:
+    regate: Callable[[Pointer | None], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """Publish ``export_uri`` as the next version of ``name`` and make it production.
 
     ``card`` holds the caller's lineage (dataset, run, config hash, metrics, gate decision);
@@ -315,7 +211,8 @@ def promote(
     done = _promotion_of(pointer, run_uri)
     if done is not None:
         return _result(root, name, done[0], done[1], regates=[])
-    expected, regates = expected_production_version, []
+    expected = expected_production_version
+    regates: list[dict[str, Any]] = []
     try:
         # Decide before copying weights when the answer is already known.
         _check_unmoved(pointer, name, expected)
@@ -372,16 +269,16 @@ def promote(
 
 
 def _card(
-    card: dict,
-    regates: list[dict],
+    card: dict[str, Any],
+    regates: list[dict[str, Any]],
     *,
     name: str,
     version: int,
     version_uri: str,
     export_uri: str,
-    files: list[dict],
+    files: list[dict[str, Any]],
     at: str,
-) -> dict:
+) -> dict[str, Any]:
     gate = dict(card.get("gate") or {})
     if regates:
         gate["regates"] = regates
@@ -399,7 +296,9 @@ def _card(
     }
 
 
-def _result(root: str, name: str, version: int, previous: int | None, *, regates: list[dict]) -> dict:
+def _result(
+    root: str, name: str, version: int, previous: int | None, *, regates: list[dict[str, Any]]
+) -> dict[str, Any]:
     return {
         "version": version,
         "version_uri": model_version_prefix(root, name, version),
@@ -418,20 +317,13 @@ def _move_pointer(
     *,
     version: int,
     version_uri: str,
-    entry: dict,
+    entry: Move,
 ) -> int | None:
-    for _ in range(_MAX_CAS_TRIES):
-        pointer, etag = read_pointer(storage, uri)
-        previous = _check_unmoved(pointer, name, expected)
-        new = new_pointer(pointer, name=name, version=version, version_uri=version_uri, entry=entry)
-        condition = {"if_match": etag} if etag is not None else {"if_none_match": True}
-        try:
-            storage.put_json(uri, new, **condition)
-            return previous
-        except PreconditionFailed:
-            # Someone wrote the pointer since we read it; the moved-check above decides.
-            continue
-    raise PromotionError(
-        f"production pointer {uri!r} kept changing over {_MAX_CAS_TRIES} compare-and-swap tries; "
-        "retry the promotion"
-    )
+    """Make ``version`` production if production still is ``expected``; the version it replaced."""
+
+    def decide(pointer: Pointer | None) -> Pointer:
+        _check_unmoved(pointer, name, expected)
+        return new_pointer(pointer, name=name, version=version, version_uri=version_uri, entry=entry)
+
+    replaced, _ = move_pointer(storage, uri, decide, action="promotion")
+    return replaced["version"] if replaced else None

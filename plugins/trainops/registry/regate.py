@@ -17,24 +17,36 @@ place of production's (threshold checks give the same answer as before). Otherwi
 is nothing honest to compare, and promotion stops saying the candidate must be evaluated
 again. Losses of models evaluated on different splits are never compared.
 
-The functions above are pure; :func:`make_regate` wires them to storage for
-:func:`trainops.registry.promotion.promote`.
+:func:`eval_basis`, :func:`comparability`, :func:`regate` and :func:`rejected_message` are
+pure; :func:`make_regate` wires them to storage for :func:`trainops.registry.promotion.promote`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from trainer.storage import NotFound, Storage
+from trainops.gate.checks import decide, failed_checks, format_table
+from trainops.registry.errors import ProductionMovedError, RegateRejected, version_label
+from trainops.registry.pointer import Pointer
+from trainops.registry.promotion import card_uri
 
 __all__ = ["BASIS_FIELDS", "comparability", "eval_basis", "make_regate", "regate", "rejected_message"]
 
 BASIS_FIELDS = ("data_uri", "seq_len", "max_batches", "batch_size")
 
 
-def eval_basis(config: dict) -> dict:
+class _Log(Protocol):
+    def info(self, event: Any, /, *args: Any) -> Any: ...
+
+
+def eval_basis(config: object) -> dict[str, Any]:
     """The evaluation basis of a run, from its resolved trainer config (``config.yaml``)."""
     config = config if isinstance(config, dict) else {}
-    train = config.get("train") if isinstance(config.get("train"), dict) else {}
-    evaluation = config.get("eval") if isinstance(config.get("eval"), dict) else {}
+    train = config["train"] if isinstance(config.get("train"), dict) else {}
+    evaluation = config["eval"] if isinstance(config.get("eval"), dict) else {}
     max_batches = int(evaluation.get("max_batches") or 0)
     return {
         "data_uri": config.get("data_uri") or None,
@@ -45,7 +57,7 @@ def eval_basis(config: dict) -> dict:
     }
 
 
-def comparability(basis: dict, candidate: dict, card: dict | None, version: int) -> str | None:
+def comparability(basis: dict[str, Any], candidate: dict[str, Any], card: object, version: int) -> str | None:
     """None when the card's metrics are comparable with the candidate's; otherwise why not,
     as a clause of a sentence (``"v3 was evaluated on ..."``)."""
     if not isinstance(card, dict):
@@ -72,14 +84,14 @@ def comparability(basis: dict, candidate: dict, card: dict | None, version: int)
     return None
 
 
-def regate(checks: list[dict], candidate: dict, card: dict, version: int) -> dict:
+def regate(
+    checks: list[dict[str, Any]], candidate: dict[str, Any], card: dict[str, Any], version: int
+) -> dict[str, Any]:
     """The gate's checks again, with production v``version``'s card metrics as production.
 
     Returns the decision plus ``production_version``, ``against`` (where the production
     metrics came from) and ``decided_at``; the caller has checked :func:`comparability`.
     """
-    from trainops.gate.checks import decide
-
     production = card["metrics"]["candidate"]
     decision = decide(checks, candidate, production, version)
     return {
@@ -89,10 +101,8 @@ def regate(checks: list[dict], candidate: dict, card: dict, version: int) -> dic
     }
 
 
-def rejected_message(model: str, expected: int | None, decision: dict) -> str:
+def rejected_message(model: str, expected: int | None, decision: dict[str, Any]) -> str:
     """Why a re-gated candidate stops: production moved and it fails against the new one."""
-    from trainops.gate.checks import failed_checks
-
     version = decision["production_version"]
     parts = []
     for check in failed_checks(decision):
@@ -103,9 +113,8 @@ def rejected_message(model: str, expected: int | None, decision: dict) -> str:
         )
         note = f"; {check['note']}" if check.get("note") else ""
         parts.append(f"{check['name']} (observed {observed}, expected {check.get('expected') or '-'}{note})")
-    was = f"v{expected}" if expected is not None else "(none)"
     return (
-        f"production of {model!r} moved from {was} to v{version} while this run was "
+        f"production of {model!r} moved from {version_label(expected)} to v{version} while this run was "
         f"gated; re-gated against v{version}, the candidate fails: " + "; ".join(parts)
     )
 
@@ -113,27 +122,33 @@ def rejected_message(model: str, expected: int | None, decision: dict) -> str:
 # ------------------------------------------------------------------------- storage I/O
 
 
-def make_regate(storage, root: str, model: str, *, gate: dict, candidate: dict, basis: dict, log):
+def make_regate(
+    storage: Storage,
+    root: str,
+    model: str,
+    *,
+    gate: dict[str, Any],
+    candidate: dict[str, Any],
+    basis: dict[str, Any],
+    log: _Log,
+) -> Callable[[Pointer | None], dict[str, Any]]:
     """The ``regate`` callable for :func:`trainops.registry.promotion.promote`.
 
     Each call gets the pointer as now read. It reads the new production version's card,
     re-runs the gate's ``check_definitions`` against it when the bases match, logs the table,
     appends the outcome to ``gate.json``'s ``regates``, and returns the decision or raises:
-    :class:`~trainops.registry.promotion.RegateRejected` when a check fails,
-    :class:`~trainops.registry.promotion.ProductionMovedError` (with the reason) when there is
+    :class:`~trainops.registry.errors.RegateRejected` when a check fails,
+    :class:`~trainops.registry.errors.ProductionMovedError` (with the reason) when there is
     nothing comparable.
     """
-    from trainer.storage import NotFound
-    from trainops.gate.checks import decide, format_table
-    from trainops.registry.promotion import ProductionMovedError, RegateRejected, card_uri
-
     definitions = gate.get("check_definitions")
-    state = {"expected": gate.get("production_version")}
+    state: dict[str, int | None] = {"expected": gate.get("production_version")}
 
-    def regate_against(pointer: dict | None) -> dict:
+    def regate_against(pointer: Pointer | None) -> dict[str, Any]:
         version = pointer["version"] if pointer else None
         expected = state["expected"]
         reason = None
+        decision: dict[str, Any] = {}
         if not definitions:
             reason = "the gate result carries no check definitions to re-run"
         elif pointer is None:
@@ -143,13 +158,10 @@ def make_regate(storage, root: str, model: str, *, gate: dict, candidate: dict, 
                 "decided_at": datetime.now(UTC).isoformat(timespec="seconds"),
             }
         else:
-            try:
-                card = storage.get_json(card_uri(root, model, version))
-            except NotFound:
-                card = None
-            reason = comparability(basis, candidate, card, version)
-            if reason is None:
-                decision = regate(definitions, candidate, card, version)
+            card = _read_card(storage, card_uri(root, model, pointer["version"]))
+            reason = comparability(basis, candidate, card, pointer["version"])
+            if reason is None and card is not None:
+                decision = regate(definitions, candidate, card, pointer["version"])
         if reason is not None:
             _record(
                 storage,
@@ -166,8 +178,8 @@ def make_regate(storage, root: str, model: str, *, gate: dict, candidate: dict, 
         log.info(
             "production of %s moved from %s to %s after this run was gated; re-gating against it\n%s",
             model,
-            _label(expected),
-            _label(version),
+            version_label(expected),
+            version_label(version),
             format_table(decision),
         )
         record = {**decision, "moved_from": expected}
@@ -180,16 +192,19 @@ def make_regate(storage, root: str, model: str, *, gate: dict, candidate: dict, 
     return regate_against
 
 
-def _label(version: int | None) -> str:
-    return f"v{version}" if version is not None else "(none)"
+def _read_card(storage: Storage, uri: str) -> dict[str, Any] | None:
+    """A version's card, or None when it has none (or it is not a JSON object)."""
+    try:
+        card = storage.get_json(uri)
+    except NotFound:
+        return None
+    return card if isinstance(card, dict) else None
 
 
-def _record(storage, gate_uri: str | None, record: dict) -> None:
+def _record(storage: Storage, gate_uri: str | None, record: dict[str, Any]) -> None:
     """Append a re-gate to the run's ``gate.json``; only this run's promotion writes there."""
     if not gate_uri:
         return
-    from trainer.storage import NotFound
-
     try:
         decision = storage.get_json(gate_uri)
     except NotFound:

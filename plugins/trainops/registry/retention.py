@@ -177,7 +177,7 @@ def apply_plan(storage, plan: list[dict], runs: list[dict], protected: set[str])
         storage.delete(layout.committed_marker(item["step"]))
         storage.delete_prefix(layout.checkpoint(item["step"]))
         deleted.append(layout.checkpoint(item["step"]))
-    doomed = {}
+    doomed: dict[str, set[int]] = {}
     for item in plan:
         doomed.setdefault(item["run_uri"], set()).add(item["step"])
     for run in runs:

@@ -1,7 +1,8 @@
 """Rollback: point production back at a version that was production before.
 
-The pointer moves through the same compare-and-swap as a promotion (If-Match on the etag
-read), and the move joins the pointer's history with who did it and why::
+The pointer moves through the same compare-and-swap as a promotion
+(:func:`trainops.registry.pointer.move_pointer`), and the move joins the pointer's history
+with who did it and why::
 
     {"version": 2, "action": "rollback", "from_version": 3, "by": "alice",
      "reason": "v3 answers in German", "at": "...", "run_uri": "<the run v2 came from>"}
@@ -22,27 +23,18 @@ Rules:
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from trainer.contract import join, model_version_prefix, production_pointer
-from trainer.storage import NotFound, PreconditionFailed
-from trainops.registry.promotion import (
-    CARD_NAME,
-    PromotionError,
-    new_pointer,
-    read_pointer,
-    version_numbers,
-)
+from trainer.storage import NotFound, Storage
+from trainops.registry.errors import PromotionError, RollbackConflict
+from trainops.registry.pointer import Move, Pointer, move_pointer, new_pointer, read_pointer
+from trainops.registry.promotion import CARD_NAME, version_numbers
 
 __all__ = ["RollbackConflict", "rollback"]
 
-_MAX_CAS_TRIES = 20
 
-
-class RollbackConflict(PromotionError):
-    """Production moved while the rollback was being written; nothing was changed."""
-
-
-def _check_target(storage, root: str, name: str, version: int, pointer: dict) -> dict:
+def _check_target(storage: Storage, root: str, name: str, version: int, pointer: Pointer) -> dict[str, Any]:
     """The target version's card, after checking it may be rolled back to."""
     history = pointer.get("history") or []
     been = sorted({h.get("version") for h in history if isinstance(h.get("version"), int)})
@@ -67,6 +59,11 @@ def _check_target(storage, root: str, name: str, version: int, pointer: dict) ->
             f"v{version} of {name!r} has no {CARD_NAME} at {version_uri}; its "
             "files are incomplete, so production cannot point at it"
         ) from None
+    if not isinstance(card, dict):
+        raise PromotionError(
+            f"v{version} of {name!r} has a {CARD_NAME} at {version_uri} that is not a JSON "
+            "object; production cannot point at it"
+        )
     for item in card.get("files") or []:
         if storage.head(join(version_uri, item["path"])) is None:
             raise PromotionError(
@@ -76,9 +73,16 @@ def _check_target(storage, root: str, name: str, version: int, pointer: dict) ->
     return card
 
 
+def _no_pointer(name: str, uri: str) -> PromotionError:
+    return PromotionError(
+        f"{name!r} has no production pointer at {uri}; nothing to roll "
+        "back (check the model name and the storage root)"
+    )
+
+
 def rollback(
-    storage, root: str, name: str, version: int, *, reason: str, by: str, via: str | None = None
-) -> dict:
+    storage: Storage, root: str, name: str, version: int, *, reason: str, by: str, via: str | None = None
+) -> dict[str, Any]:
     """Move production of ``name`` back to ``version``; see the module docstring.
 
     Returns ``{"model", "version", "previous_version", "changed", "by", "reason", "at",
@@ -95,59 +99,51 @@ def rollback(
     if not isinstance(by, str) or not by.strip():
         raise PromotionError("a rollback needs to say who does it (--by NAME)")
     uri = production_pointer(root, name)
-    started_from = None
-    for _ in range(_MAX_CAS_TRIES):
-        pointer, etag = read_pointer(storage, uri)
-        if pointer is None:
-            raise PromotionError(
-                f"{name!r} has no production pointer at {uri}; nothing to roll "
-                "back (check the model name and the storage root)"
-            )
-        current = pointer["version"]
-        if started_from is None:
-            started_from = current
-        elif current != started_from:
+    pointer = read_pointer(storage, uri)[0]
+    if pointer is None:
+        raise _no_pointer(name, uri)
+    started_from = pointer["version"]
+    at = datetime.now(UTC).isoformat(timespec="seconds")
+    out = {
+        "model": name,
+        "version": version,
+        "previous_version": started_from,
+        "by": by.strip(),
+        "reason": reason.strip(),
+        "at": at,
+        "production_uri": uri,
+    }
+    if started_from == version:
+        return {**out, "changed": False}
+    card = _check_target(storage, root, name, version, pointer)
+    entry: Move = {
+        "at": at,
+        "action": "rollback",
+        "from_version": started_from,
+        "by": by.strip(),
+        "reason": reason.strip(),
+        "run_uri": card.get("run_uri"),
+    }
+    if via:
+        entry["via"] = via
+
+    def decide(current_pointer: Pointer | None) -> Pointer:
+        if current_pointer is None:
+            raise _no_pointer(name, uri)
+        current = current_pointer["version"]
+        if current != started_from:
             raise RollbackConflict(
                 f"production of {name!r} moved from v{started_from} to v{current} while rolling "
                 f"back to v{version}; nothing was changed. Check v{current}, then run the "
                 "rollback again if you still want it"
             )
-        at = datetime.now(UTC).isoformat(timespec="seconds")
-        out = {
-            "model": name,
-            "version": version,
-            "previous_version": current,
-            "by": by.strip(),
-            "reason": reason.strip(),
-            "at": at,
-            "production_uri": uri,
-        }
-        if current == version:
-            return {**out, "changed": False}
-        card = _check_target(storage, root, name, version, pointer)
-        entry = {
-            "at": at,
-            "action": "rollback",
-            "from_version": current,
-            "by": by.strip(),
-            "reason": reason.strip(),
-            "run_uri": card.get("run_uri"),
-        }
-        if via:
-            entry["via"] = via
-        new = new_pointer(
-            pointer,
+        return new_pointer(
+            current_pointer,
             name=name,
             version=version,
             version_uri=model_version_prefix(root, name, version),
             entry=entry,
         )
-        try:
-            storage.put_json(uri, new, if_match=etag)
-        except PreconditionFailed:
-            continue
-        return {**out, "changed": True}
-    raise PromotionError(
-        f"production pointer {uri!r} kept changing over {_MAX_CAS_TRIES} "
-        "compare-and-swap tries; retry the rollback"
-    )
+
+    move_pointer(storage, uri, decide, action="rollback")
+    return {**out, "changed": True}

@@ -40,7 +40,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from fastapi import Depends, FastAPI, Query, Request
@@ -279,7 +279,7 @@ def _authorize(request: Request, user, dag_id: str | None) -> None:
         raise ReportRequestError(exc.status_code, f"user {user.get_name()!r} may not read {what}") from None
 
 
-def _error_response(status: int, message: str, headers: dict | None = None) -> HTMLResponse:
+def _error_response(status: int, message: str, headers: Mapping[str, str] | None = None) -> HTMLResponse:
     return HTMLResponse(
         pages.error_page(status, message), status_code=status, headers={**_HEADERS, **(headers or {})}
     )

@@ -1,9 +1,9 @@
-"""The training run report: a run's ``job.json`` and ``metrics.jsonl`` as one HTML page.
+"""The training run page: a run's ``job.json`` and ``metrics.jsonl`` as one HTML page.
 
 Status, the loss curve as an inline SVG (one line per attempt, so a resume after a preemption
-shows), throughput per attempt and the attempts table; pure functions, no I/O. The page
-primitives (escaping, redaction, tables, the page frame) are ``reports_render``'s, so every
-report page looks and is escaped the same way.
+shows), throughput per attempt and the attempts table; pure functions, no I/O. It is built
+from the page primitives of :mod:`trainops.reports.html`, so every report page looks and is
+escaped the same way.
 """
 
 from __future__ import annotations
@@ -11,23 +11,23 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Sequence
 
 from trainer.contract import metrics_records
-from trainops.reports.pages import (
-    TEXT_SUFFIXES,
-    _dicts,
-    _e,
-    _name,
-    _not_json_page,
-    _page,
-    _raw,
-    _report_link,
-    _scalar,
-    _table,
-    _value,
+from trainops.reports.html import (
+    dicts,
+    escape,
+    json_value,
+    not_json_page,
+    object_name,
+    page,
+    raw_json,
     redact,
-    render_report,
+    report_link,
+    scalar,
+    table,
 )
+from trainops.reports.pages import TEXT_SUFFIXES, render_report
 
 __all__ = ["CHART_COLOURS", "MAX_CHART_POINTS", "render_run_report", "run_report", "svg_line_chart"]
 
@@ -71,7 +71,7 @@ def _thin(points: list, limit: int = MAX_CHART_POINTS) -> list:
 
 
 def _svg_text(x: float, y: float, text: str, anchor: str = "start", extra: str = "") -> str:
-    return f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}"{extra}>{_e(text)}</text>'
+    return f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}"{extra}>{escape(text)}</text>'
 
 
 def _svg_frame(box: tuple[float, float, float, float]) -> str:
@@ -124,7 +124,7 @@ def _dash(i: int) -> str:
 
 
 def svg_line_chart(
-    series: list[tuple[str, list[tuple[float, float]]]],
+    series: Sequence[tuple[str, Sequence[tuple[float, float]]]],
     *,
     width: int = 720,
     height: int = 260,
@@ -150,10 +150,10 @@ def svg_line_chart(
     out = [
         f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{width}" '
         f'height="{total}" viewBox="0 0 {width} {total}" role="img" '
-        f'aria-label="{_e(title or y_label + " by " + x_label)}">'
+        f'aria-label="{escape(title or y_label + " by " + x_label)}">'
     ]
     if title:
-        out.append(f"<title>{_e(title)}</title>")
+        out.append(f"<title>{escape(title)}</title>")
     xs = [x for _, points in series for x, _ in points]
     ys = [y for _, points in series for _, y in points]
     if not xs:
@@ -176,7 +176,7 @@ def svg_line_chart(
         scaled = [at(x, y) for x, y in _thin(sorted(points))]
         coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in scaled)
         out.append(
-            f'<polyline data-series="{_e(label)}" points="{coords}" fill="none" '
+            f'<polyline data-series="{escape(label)}" points="{coords}" fill="none" '
             f'stroke="{colour}" stroke-width="1.5" stroke-linejoin="round"{_dash(i)}/>'
         )
         out.append(f'<circle cx="{scaled[0][0]:.1f}" cy="{scaled[0][1]:.1f}" r="3" fill="{colour}"/>')
@@ -216,34 +216,37 @@ def _loss_points(recs: list[dict]) -> list[tuple[int, float]]:
 
 def _outcome(value: object) -> str:
     css = _OUTCOME_CLASS.get(str(value))
-    return f'<span class="{css}">{_e(value)}</span>' if css else _scalar(value)
+    return f'<span class="{css}">{escape(value)}</span>' if css else scalar(value)
 
 
 def _run_summary(uri: str, job: dict, final: dict | None, metrics_read: bool) -> str:
-    attempts = _dicts(job.get("attempts"))
-    lost = [a.get("steps_lost") for a in attempts if _finite(a.get("steps_lost"))]
+    attempts = dicts(job.get("attempts"))
+    lost = [a["steps_lost"] for a in attempts if _finite(a.get("steps_lost"))]
     rows = [
         ("Status", _outcome(job.get("status", "unknown"))),
-        ("Attempts", _scalar(len(attempts))),
-        ("Preemptions", _scalar(job.get("preemptions"))),
-        ("Infrastructure failures", _scalar(job.get("infra_failures"))),
-        ("Steps lost to interruptions", _scalar(sum(lost)) if lost else None),
-        ("Last logged step", _scalar(final["step"]) if final else None),
-        ("Loss at that step", _scalar(final.get("loss")) if final else None),
-        ("Cluster", _scalar(job.get("cluster")) if "cluster" in job else None),
-        ("Capacity (latest)", _scalar(job.get("capacity")) if "capacity" in job else None),
+        ("Attempts", scalar(len(attempts))),
+        ("Preemptions", scalar(job.get("preemptions"))),
+        ("Infrastructure failures", scalar(job.get("infra_failures"))),
+        ("Steps lost to interruptions", scalar(sum(lost)) if lost else None),
+        ("Last logged step", scalar(final["step"]) if final else None),
+        ("Loss at that step", scalar(final.get("loss")) if final else None),
+        ("Cluster", scalar(job.get("cluster")) if "cluster" in job else None),
+        ("Capacity (latest)", scalar(job.get("capacity")) if "capacity" in job else None),
     ]
     for label, key in (("Config", "config_uri"), ("Run prefix", "run_uri")):
         value = job.get(key)
         if isinstance(value, str) and value:
             rows.append(
-                (label, _report_link(value) if value.endswith(TEXT_SUFFIXES) else f"<code>{_e(value)}</code>")
+                (
+                    label,
+                    report_link(value) if value.endswith(TEXT_SUFFIXES) else f"<code>{escape(value)}</code>",
+                )
             )
     if uri.endswith("/job.json") and metrics_read:
-        rows.append(("Metrics", _report_link(uri[: -len("job.json")] + "metrics.jsonl")))
+        rows.append(("Metrics", report_link(uri[: -len("job.json")] + "metrics.jsonl")))
     return (
         "<table>"
-        + "".join(f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in rows if v is not None)
+        + "".join(f"<tr><th>{escape(k)}</th><td>{v}</td></tr>" for k, v in rows if v is not None)
         + "</table>"
     )
 
@@ -252,7 +255,7 @@ def _loss_section(groups: dict, metrics_text: str | None, metrics_problem: str |
     head = "<h2>Loss</h2>"
     if metrics_text is None:
         why = metrics_problem or "metrics.jsonl was not found next to job.json"
-        return f'{head}<p class="muted">No loss curve: {_e(why)}.</p>'
+        return f'{head}<p class="muted">No loss curve: {escape(why)}.</p>'
     series = [
         (_attempt_name(a) + (f" ({outcomes[a]})" if a in outcomes else ""), _loss_points(recs))
         for a, recs in groups.items()
@@ -264,8 +267,8 @@ def _loss_section(groups: dict, metrics_text: str | None, metrics_problem: str |
     if bad:
         note = (
             f'<p class="fail">The loss was not a finite number (NaN or infinite) at '
-            f"{len(bad)} logged step(s), first at step {_e(bad[0][1])} of "
-            f"{_e(_attempt_name(bad[0][0]))}; those steps are not drawn.</p>"
+            f"{len(bad)} logged step(s), first at step {escape(bad[0][1])} of "
+            f"{escape(_attempt_name(bad[0][0]))}; those steps are not drawn.</p>"
         )
     if not any(points for _, points in series):
         return f'{head}{note}<p class="muted">No loss values have been logged yet.</p>'
@@ -290,43 +293,43 @@ def _throughput(groups: dict) -> str:
         speeds = [r["tokens_per_s"] for r in recs if _finite(r.get("tokens_per_s"))]
         mfus = [r["mfu"] for r in recs if _finite(r.get("mfu"))]
         row = [
-            _e(_attempt_name(attempt)),
-            _scalar(len(recs)),
-            _e(f"{min(r['step'] for r in recs)} to {last['step']}"),
+            escape(_attempt_name(attempt)),
+            scalar(len(recs)),
+            escape(f"{min(r['step'] for r in recs)} to {last['step']}"),
             _rate(statistics.median(speeds)) if speeds else "-",
             _rate(last.get("tokens_per_s")),
-            _scalar(last.get("loss")),
+            scalar(last.get("loss")),
         ]
         if has_mfu:
-            row.append(_e(f"{100 * statistics.median(mfus):.1f}%") if mfus else "-")
+            row.append(escape(f"{100 * statistics.median(mfus):.1f}%") if mfus else "-")
         rows.append(row)
     if not rows:
         return ""
-    return f"<h2>Throughput</h2>{_table([_e(h) for h in header], rows)}"
+    return f"<h2>Throughput</h2>{table([escape(h) for h in header], rows)}"
 
 
 def _rate(value: object) -> str:
-    return _e(f"{value:,.0f}") if _finite(value) else _scalar(value)
+    return escape(f"{value:,.0f}") if _finite(value) else scalar(value)
 
 
 def _cell(value: object) -> str:
-    return '<span class="muted">-</span>' if value is None else _scalar(value)
+    return '<span class="muted">-</span>' if value is None else scalar(value)
 
 
 def _node_types(value: object) -> str:
-    nodes = _dicts(value)
+    nodes = dicts(value)
     if not nodes:
-        return '<span class="muted">-</span>' if not value else _value(value)
+        return '<span class="muted">-</span>' if not value else json_value(value)
     parts = []
     for node in nodes:
         kind = node.get("instance_type") or "?"
         capacity = f" ({node['capacity_type']})" if node.get("capacity_type") else ""
         parts.append(f"node {node.get('index', '?')}: {kind}{capacity}")
-    return "<br>".join(_e(p) for p in parts)
+    return "<br>".join(escape(p) for p in parts)
 
 
 def _attempts_table(job: dict) -> str:
-    attempts = _dicts(job.get("attempts"))
+    attempts = dicts(job.get("attempts"))
     if not attempts:
         return '<h2>Attempts</h2><p class="muted">No attempt has been launched yet.</p>'
     running = job.get("status") == "running"
@@ -364,7 +367,7 @@ def _attempts_table(job: dict) -> str:
         "Node types",
         "Decision",
     ]
-    return f"<h2>Attempts</h2>{_table(header, rows)}"
+    return f"<h2>Attempts</h2>{table(header, rows)}"
 
 
 def run_report(
@@ -377,12 +380,13 @@ def run_report(
         then says so, with ``metrics_problem`` as the reason, and draws no curve).
     :param uri: the job.json's storage URI, for links to the config and the metrics.
     """
-    job = redact(job)
+    redacted = redact(job)
+    job = redacted if isinstance(redacted, dict) else {}  # redact keeps a dict a dict
     groups = _by_attempt(metrics_records(metrics_text or ""))
     final = _last([r for recs in groups.values() for r in recs]) if groups else None
     outcomes = {
         a.get("attempt"): a["classification"]
-        for a in _dicts(job.get("attempts"))
+        for a in dicts(job.get("attempts"))
         if isinstance(a.get("classification"), str)
     }
     return (
@@ -397,7 +401,7 @@ def _run_title(uri: str) -> str:
     parts = uri.split("/")
     if len(parts) >= 6 and parts[-5] == "runs":
         return f"Training run: {parts[-4]} / {parts[-3]} / {parts[-2]}"
-    return f"Training run: {_name(uri)}"
+    return f"Training run: {object_name(uri)}"
 
 
 def render_run_report(
@@ -412,8 +416,8 @@ def render_run_report(
     try:
         job = redact(json.loads(text))
     except (ValueError, RecursionError) as exc:
-        return _not_json_page(uri, text, exc)
+        return not_json_page(uri, text, exc)
     if not isinstance(job, dict):
         return render_report(uri, data)
     body = run_report(job, metrics_text, uri=uri, metrics_problem=metrics_problem)
-    return _page(_run_title(uri), uri, body + _raw(job))
+    return page(_run_title(uri), uri, body + raw_json(job))

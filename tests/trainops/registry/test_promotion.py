@@ -5,8 +5,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import logging
-import math
 import os
 import random
 import re
@@ -17,13 +15,21 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import yaml
 
 import trainops
-from trainer.contract import RunLayout, join, model_version_prefix, production_pointer
+from tests.trainops.registry.helpers import (
+    BeforePointerWrite,
+    Candidate,
+    card_for,
+    do_promote,
+    gate_for,
+    make_run,
+    promote_candidate,
+    rival_first,
+    two_candidates_gated_against_v1,
+)
+from trainer.contract import join, model_version_prefix, production_pointer
 from trainer.storage import open_storage
-from trainops.gate.checks import decide, validate_checks
-from trainops.registry.card import build_card
 from trainops.registry.promotion import (
     ProductionMovedError,
     PromotionError,
@@ -35,46 +41,8 @@ from trainops.registry.promotion import (
     read_production,
     version_numbers,
 )
-from trainops.registry.regate import make_regate
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-
-@pytest.fixture(params=["file", "s3"])
-def root(request):
-    return request.getfixturevalue(f"{request.param}_root")
-
-
-def make_run(storage, root: str, name: str = "run-1", *, small: bool = False) -> str:
-    """A finished training run: an export and the resolved config."""
-    run_uri = join(root, "runs", "retrain", name, "train")
-    storage.put(join(run_uri, "export", "model.safetensors"), f"weights of {name}".encode())
-    if not small:
-        storage.put(join(run_uri, "export", "tokenizer", "vocab.json"), b'{"a": 1}')
-    storage.put(join(run_uri, "config.yaml"), f"model: tiny\nrun: {name}\n".encode())
-    return run_uri
-
-
-def card_for(run_uri: str) -> dict:
-    return {
-        "run_uri": run_uri,
-        "config_uri": join(run_uri, "config.yaml"),
-        "dataset": {"dataset_name": "demo", "version": "v3", "uri": "file:///d"},
-        "metrics": {"candidate": {"eval_loss": 3.0}},
-        "steps": 100,
-        "preemptions_survived": 2,
-    }
-
-
-def do_promote(storage, root, run_uri, expected, name="demo-lm"):
-    return promote(
-        storage,
-        root,
-        name,
-        export_uri=join(run_uri, "export"),
-        card=card_for(run_uri),
-        expected_production_version=expected,
-    )
 
 
 # ------------------------------------------------------------------------------ pure
@@ -209,33 +177,6 @@ def test_empty_export_is_refused_and_its_version_is_not_reused(file_root):
     assert do_promote(storage, file_root, make_run(storage, file_root), None)["version"] == 2
 
 
-class BeforePointerWrite:
-    """Real storage that runs ``action`` once, just before its first write of ``pointer_uri``.
-
-    Promotion reads the pointer and then writes it; running code in between is how these
-    tests put a rival's write (or a barrier) exactly into that window.
-    """
-
-    def __init__(self, storage, pointer_uri, action):
-        self._storage, self._pointer_uri, self._action = storage, pointer_uri, action
-
-    def _maybe_run(self, uri):
-        if self._action and uri == self._pointer_uri:
-            action, self._action = self._action, None
-            action()
-
-    def put(self, uri, data, **conditions):
-        self._maybe_run(uri)
-        return self._storage.put(uri, data, **conditions)
-
-    def put_json(self, uri, obj, **conditions):
-        self._maybe_run(uri)
-        return self._storage.put_json(uri, obj, **conditions)
-
-    def __getattr__(self, name):
-        return getattr(self._storage, name)
-
-
 def test_lost_compare_and_swap_rereads_and_reports_the_winner(root):
     storage = open_storage(root)
     do_promote(storage, root, make_run(storage, root, "run-1"), None)
@@ -270,13 +211,6 @@ def test_pointer_rewritten_without_moving_does_not_block_promotion(file_root):
     # The compare-and-swap lost to the rewrite, re-read, and then replaced it.
     assert pointer["version"] == 2 and "note" not in pointer
     assert [h["version"] for h in pointer["history"]] == [1, 2]
-
-
-def test_malformed_pointer_is_reported(file_root):
-    storage = open_storage(file_root)
-    storage.put(production_pointer(file_root, "demo-lm"), b'{"version": "two"}')
-    with pytest.raises(PromotionError, match=r"production\.json.*malformed.*'two'"):
-        read_production(storage, file_root, "demo-lm")
 
 
 # --------------------------------------------------------------------------- races
@@ -392,160 +326,7 @@ def test_twenty_thread_races_on_s3_each_have_exactly_one_winner(s3_root):
         assert len(read_production(storage, s3_root, name)["history"]) == 1
 
 
-# ------------------------------------------------------------------ re-gate on a lost race
-
-LOG = logging.getLogger("tests.promotion")
-DATA_URI = "file:///datasets/demo-text/3f2a"
-CHECKS = [
-    {"name": "loss cap", "kind": "threshold", "metric": "eval_loss", "op": "<=", "value": 4.0},
-    {"name": "no regression", "kind": "no_regression", "metric": "eval_loss", "tolerance": 0.0},
-]
-
-
-class Candidate:
-    """A finished, evaluated training run: export, resolved config and upstream results."""
-
-    def __init__(
-        self, storage, root: str, name: str, loss: float, *, data_uri: str = DATA_URI, tokens: int = 4096
-    ):
-        self.run_uri = join(root, "runs", "retrain", name, "train")
-        storage.put(join(self.run_uri, "export", "model.safetensors"), f"weights {name}".encode())
-        config = {
-            "run_uri": self.run_uri,
-            "data_uri": data_uri,
-            "train": {"seq_len": 64},
-            "eval": {"batch_size": 8, "max_batches": 0},
-        }
-        storage.put(join(self.run_uri, "config.yaml"), yaml.safe_dump(config).encode())
-        self.loss = loss
-        self.metrics = {"eval_loss": loss, "perplexity": math.exp(loss), "tokens": tokens, "slices": {}}
-        self.training = {
-            "run_uri": self.run_uri,
-            "export_uri": join(self.run_uri, "export"),
-            "config_uri": join(self.run_uri, "config.yaml"),
-            "steps": 40,
-            "preemptions": 1,
-        }
-        self.dataset = {"dataset_name": "demo-text", "version": "3f2a", "uri": data_uri}
-
-
-def gate_for(
-    storage, cand: Candidate, production: Candidate | None, version: int | None, model: str = "demo-lm"
-) -> dict:
-    """What EvaluationGateOperator returns (and writes to gate.json) for ``cand``."""
-    definitions = validate_checks(CHECKS)
-    decision = decide(definitions, cand.metrics, production and production.metrics, version)
-    gate_uri = RunLayout(cand.run_uri).eval_gate
-    storage.put_json(gate_uri, {**decision, "model_name": model, "check_definitions": definitions})
-    return {
-        **decision,
-        "gate_uri": gate_uri,
-        "check_definitions": definitions,
-        "model_name": model,
-        "run_uri": cand.run_uri,
-    }
-
-
-def promote_candidate(storage, root: str, cand: Candidate, gate: dict, model: str = "demo-lm"):
-    card = build_card(
-        storage,
-        gate=gate,
-        training=cand.training,
-        dataset=cand.dataset,
-        evaluation={"candidate": cand.metrics},
-    )
-    regate = make_regate(
-        storage, root, model, gate=gate, candidate=cand.metrics, basis=card["eval_basis"], log=LOG
-    )
-    return promote(
-        storage,
-        root,
-        model,
-        export_uri=cand.training["export_uri"],
-        card=card,
-        expected_production_version=gate["production_version"],
-        regate=regate,
-    )
-
-
-def two_candidates_gated_against_v1(storage, root, mine_loss, rival_loss, **mine_kwargs):
-    base = Candidate(storage, root, "base", 3.0)
-    promote_candidate(storage, root, base, gate_for(storage, base, None, None))
-    mine = Candidate(storage, root, "mine", mine_loss, **mine_kwargs)
-    rival = Candidate(storage, root, "rival", rival_loss)
-    return base, mine, rival, gate_for(storage, mine, base, 1), gate_for(storage, rival, base, 1)
-
-
-def rival_first(storage, root, rival, rival_gate):
-    """Storage on which the rival promotes just before this promotion writes the pointer."""
-    return BeforePointerWrite(
-        storage,
-        production_pointer(root, "demo-lm"),
-        lambda: promote_candidate(storage, root, rival, rival_gate),
-    )
-
-
-def test_lost_race_regates_against_the_winner_and_promotes_when_still_better(root):
-    storage = open_storage(root)
-    _, mine, rival, my_gate, rival_gate = two_candidates_gated_against_v1(storage, root, 2.5, 2.8)
-    result = promote_candidate(rival_first(storage, root, rival, rival_gate), root, mine, my_gate)
-    # I claimed v2 first; the rival took v3 and won the pointer; I re-gated against v3.
-    assert (result["version"], result["previous_version"], result["regated_against"]) == (2, 3, [3])
-    pointer = read_production(storage, root, "demo-lm")
-    assert [(h["version"], h["run_uri"]) for h in pointer["history"]] == [
-        (1, join(root, "runs", "retrain", "base", "train")),
-        (3, rival.run_uri),
-        (2, mine.run_uri),
-    ]
-    card = storage.get_json(result["card_uri"])
-    [regate] = card["gate"]["regates"]
-    assert regate["production_version"] == 3 and regate["moved_from"] == 1
-    assert regate["approved"] is True
-    assert regate["checks"][1]["expected"] == "<= 2.8"  # the rival's loss, from its card
-    assert card["gate"]["production_version"] == 1  # what the gate itself compared against
-    # The run's gate.json shows the re-gate too.
-    assert storage.get_json(my_gate["gate_uri"])["regates"][0]["production_version"] == 3
-
-
-def test_lost_race_regate_rejection_stops_and_leaves_the_winner(root):
-    storage = open_storage(root)
-    _, mine, rival, my_gate, rival_gate = two_candidates_gated_against_v1(storage, root, 2.9, 2.5)
-    with pytest.raises(RegateRejected) as err:
-        promote_candidate(rival_first(storage, root, rival, rival_gate), root, mine, my_gate)
-    assert str(err.value) == (
-        "production of 'demo-lm' moved from v1 to v3 while this run was gated; re-gated against "
-        "v3, the candidate fails: no regression (observed 2.9, expected <= 2.5; production v3 "
-        "eval_loss 2.5, tolerance 0)"
-    )
-    pointer = read_production(storage, root, "demo-lm")
-    assert pointer["version"] == 3 and len(pointer["history"]) == 2
-    loser = model_version_prefix(root, "demo-lm", 2)
-    assert storage.list(loser) == [join(loser, "_claim.json")]
-    assert "re-gated against v3" in storage.get_json(join(loser, "_claim.json"))["reason"]
-    recorded = storage.get_json(my_gate["gate_uri"])
-    assert recorded["approved"] is True  # the gate's own decision stands as it was made
-    assert recorded["regates"][0]["approved"] is False
-
-
-def test_lost_race_against_a_model_evaluated_on_other_data_stops_asking_for_re_evaluation(file_root):
-    storage = open_storage(file_root)
-    _, mine, rival, my_gate, rival_gate = two_candidates_gated_against_v1(
-        storage, file_root, 2.5, 2.8, data_uri="file:///datasets/demo-text/9e9e"
-    )
-    with pytest.raises(ProductionMovedError) as err:
-        promote_candidate(rival_first(storage, file_root, rival, rival_gate), file_root, mine, my_gate)
-    message = str(err.value)
-    assert message.startswith(
-        "production of 'demo-lm' moved from v1 to v3 while this run was "
-        "gated, and v3 was evaluated with data_uri "
-        "'file:///datasets/demo-text/3f2a', this candidate with "
-        "'file:///datasets/demo-text/9e9e'"
-    )
-    assert "must be evaluated against v3: clear this DAG run's evaluate task" in message
-    assert read_production(storage, file_root, "demo-lm")["version"] == 3
-    assert storage.get_json(my_gate["gate_uri"])["regates"][0]["reason"].startswith(
-        "v3 was evaluated with data_uri"
-    )
+# ----------------------------------------------------------------- promotion with a re-gate
 
 
 def test_production_that_moved_before_promotion_started_is_regated_before_copying(file_root):

@@ -1,44 +1,14 @@
-"""Rollback through the pointer's compare-and-swap, and ``python -m trainops rollback``."""
+"""Rollback through the pointer's compare-and-swap."""
 
 from __future__ import annotations
 
-import getpass
-import os
-import subprocess
-import sys
-
 import pytest
 
+from tests.trainops.registry.helpers import BeforePointerWrite, promote_runs
 from trainer.contract import join, model_version_prefix, production_pointer
 from trainer.storage import open_storage
-from trainops.cli.main import main
-from trainops.registry.promotion import PromotionError, promote, read_production
+from trainops.registry.promotion import PromotionError, read_production
 from trainops.registry.rollback import RollbackConflict, rollback
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-
-@pytest.fixture(params=["file", "s3"])
-def root(request):
-    return request.getfixturevalue(f"{request.param}_root")
-
-
-def promote_runs(storage, root: str, count: int, name: str = "demo-lm") -> list[str]:
-    """Promote ``count`` runs one after the other: production ends at v``count``."""
-    runs = []
-    for n in range(1, count + 1):
-        run_uri = join(root, "runs", "retrain", f"run-{n}", "train")
-        storage.put(join(run_uri, "export", "model.safetensors"), f"weights {n}".encode())
-        promote(
-            storage,
-            root,
-            name,
-            export_uri=join(run_uri, "export"),
-            card={"run_uri": run_uri},
-            expected_production_version=n - 1 if n > 1 else None,
-        )
-        runs.append(run_uri)
-    return runs
 
 
 def test_rollback_moves_the_pointer_and_records_who_and_why(root):
@@ -122,32 +92,27 @@ def test_an_incomplete_target_is_refused(file_root):
     assert read_production(storage, file_root, "demo-lm")["version"] == 2
 
 
+def test_a_target_whose_card_is_not_an_object_is_refused(file_root):
+    storage = open_storage(file_root)
+    promote_runs(storage, file_root, 2)
+    storage.put_json(join(model_version_prefix(file_root, "demo-lm", 1), "card.json"), ["not", "a", "card"])
+    with pytest.raises(
+        PromotionError, match=r"v1 of 'demo-lm' has a card.json at .* that is not a JSON object"
+    ):
+        rollback(storage, file_root, "demo-lm", 1, reason="r", by="a")
+    assert read_production(storage, file_root, "demo-lm")["version"] == 2
+
+
 def test_no_pointer_is_reported(file_root):
     with pytest.raises(PromotionError, match=r"'demo-lm' has no production pointer"):
         rollback(open_storage(file_root), file_root, "demo-lm", 1, reason="r", by="a")
-
-
-class MovesBeforeWrite:
-    """Real storage on which ``action`` runs just before the first write of the pointer."""
-
-    def __init__(self, storage, pointer_uri, action):
-        self._storage, self._uri, self._action = storage, pointer_uri, action
-
-    def put_json(self, uri, obj, **conditions):
-        if uri == self._uri and self._action:
-            action, self._action = self._action, None
-            action()
-        return self._storage.put_json(uri, obj, **conditions)
-
-    def __getattr__(self, name):
-        return getattr(self._storage, name)
 
 
 def test_production_moving_during_a_rollback_changes_nothing_and_says_so(root):
     storage = open_storage(root)
     promote_runs(storage, root, 3)
     uri = production_pointer(root, "demo-lm")
-    racy = MovesBeforeWrite(
+    racy = BeforePointerWrite(
         storage, uri, lambda: rollback(storage, root, "demo-lm", 1, reason="other", by="bob")
     )
     with pytest.raises(
@@ -165,58 +130,8 @@ def test_a_rewrite_that_does_not_move_production_is_retried(file_root):
     storage = open_storage(file_root)
     promote_runs(storage, file_root, 2)
     uri = production_pointer(file_root, "demo-lm")
-    racy = MovesBeforeWrite(
+    racy = BeforePointerWrite(
         storage, uri, lambda: storage.put_json(uri, {**storage.get_json(uri), "note": "annotated"})
     )
     assert rollback(racy, file_root, "demo-lm", 1, reason="r", by="a")["changed"] is True
     assert read_production(storage, file_root, "demo-lm")["version"] == 1
-
-
-# ------------------------------------------------------------------------------ CLI
-
-
-def test_cli_rolls_back_and_prints_what_changed(file_root, capsys):
-    storage = open_storage(file_root)
-    promote_runs(storage, file_root, 2)
-    code = main(["rollback", "demo-lm", "1", "--reason", "v2 regressed", "--storage-root", file_root])
-    out = capsys.readouterr().out
-    assert code == 0
-    assert out.startswith("demo-lm: production is now v1 (was v2); recorded in ")
-    assert f"as rollback by {getpass.getuser()}: v2 regressed" in out
-    assert read_production(storage, file_root, "demo-lm")["history"][-1]["by"] == getpass.getuser()
-
-
-def test_cli_reports_a_refusal_on_stderr_with_status_1(file_root, capsys):
-    promote_runs(open_storage(file_root), file_root, 1)
-    code = main(["rollback", "demo-lm", "5", "--reason", "x", "--by", "ci", "--storage-root", file_root])
-    assert code == 1
-    assert "rollback failed: 'demo-lm' has no version 5" in capsys.readouterr().err
-
-
-def test_python_m_trainops_rollback_uses_the_default_storage_root(file_root):
-    storage = open_storage(file_root)
-    promote_runs(storage, file_root, 2)
-    env = {**os.environ, "TRAINOPS_STORAGE_ROOT": file_root}
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "trainops",
-            "rollback",
-            "demo-lm",
-            "1",
-            "--reason",
-            "bad answers",
-            "--by",
-            "oncall",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    assert "production is now v1 (was v2)" in out.stdout
-    entry = read_production(storage, file_root, "demo-lm")["history"][-1]
-    assert (entry["by"], entry["reason"], entry["action"]) == ("oncall", "bad answers", "rollback")

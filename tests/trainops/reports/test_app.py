@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.trainops.reports.test_pages import (
+from tests.trainops.reports.helpers import (
     RUN_METRICS,
     page_tables,
     page_text,

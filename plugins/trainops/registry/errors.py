@@ -1,0 +1,78 @@
+"""The model registry's errors: what promotion, re-gating and rollback raise.
+
+Every one is a :class:`PromotionError`, so a caller that only reports catches that; each
+message says what went wrong and what to do next.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainops.registry.pointer import Pointer
+
+__all__ = [
+    "ProductionMovedError",
+    "PromotionError",
+    "RegateRejected",
+    "RollbackConflict",
+    "version_label",
+]
+
+
+def version_label(version: int | None) -> str:
+    """How messages name a production version: ``v3``, or ``(none)`` before the first one."""
+    return f"v{version}" if version is not None else "(none)"
+
+
+class PromotionError(Exception):
+    """Promotion could not proceed."""
+
+
+class ProductionMovedError(PromotionError):
+    """The production pointer changed after the gate compared against it.
+
+    ``pointer`` is the pointer as read (None: no production model); ``reason``, when set,
+    says why the candidate could not be re-gated against it.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        expected_version: int | None,
+        current_version: int | None,
+        *,
+        pointer: Pointer | None = None,
+        reason: str | None = None,
+    ):
+        self.model = model
+        self.expected_version = expected_version
+        self.current_version = current_version
+        self.pointer = pointer
+        self.reason = reason
+        target = f"against v{current_version}" if current_version is not None else "with no production model"
+        moved = (
+            f"production of {model!r} moved from {version_label(expected_version)} to "
+            f"{version_label(current_version)} while this run was gated"
+        )
+        if reason is None:
+            message = f"{moved}; re-run to evaluate {target}"
+        else:
+            message = (
+                f"{moved}, and {reason}; the candidate must be evaluated {target}: clear "
+                "this DAG run's evaluate task (it evaluates against the current "
+                "production model) or trigger a new run"
+            )
+        super().__init__(message)
+
+
+class RegateRejected(PromotionError):
+    """Production moved, and the candidate fails its checks against the new production model."""
+
+    def __init__(self, message: str, decision: dict[str, Any]):
+        self.decision = decision
+        super().__init__(message)
+
+
+class RollbackConflict(PromotionError):
+    """Production moved while the rollback was being written; nothing was changed."""

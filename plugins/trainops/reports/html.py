@@ -1,0 +1,213 @@
+"""The page primitives every report page is built from: escaping, redaction, values and
+tables, links through the report app, and the page frame with its CSS. Pure, no I/O.
+
+Report contents are data and may be hostile (a sample id can be ``<script>``), so every
+value goes through :func:`escape`, and :func:`redact` replaces values under credential-like
+keys, and passwords inside URLs, by ``***`` before anything is shown. Functions that take
+HTML (``table``'s cells, ``page``'s body) say so; everything else takes plain values.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from typing import Any
+from urllib.parse import urlencode
+
+__all__ = [
+    "CSS",
+    "REDACTED",
+    "dicts",
+    "escape",
+    "json_value",
+    "kv_table",
+    "list_of",
+    "not_json_page",
+    "object_name",
+    "other_fields",
+    "page",
+    "pretty_json",
+    "raw_json",
+    "redact",
+    "report_link",
+    "scalar",
+    "table",
+    "verdict",
+]
+
+REDACTED = "***"
+
+_SECRET_PARTS = (
+    "password",
+    "passwd",
+    "secret",
+    "credential",
+    "private_key",
+    "access_key",
+    "authorization",
+    "api_key",
+    "apikey",
+)
+_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/@\s:]+:)[^/@\s]+@")
+# Dicts nested deeper are shown as JSON text rather than as tables in tables.
+_MAX_DEPTH = 5
+
+CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:1.5rem;color:#1f2328;max-width:80rem}
+h1{font-size:1.4rem;margin:0 0 .2rem}h2{font-size:1.1rem;margin:1.6rem 0 .5rem}
+code,pre{font:12px/1.4 ui-monospace,monospace}
+pre{background:#f6f8fa;padding:.8rem;overflow:auto;white-space:pre-wrap;word-break:break-all}
+table{border-collapse:collapse;margin:.3rem 0}
+th,td{border:1px solid #d0d7de;padding:.25rem .5rem;text-align:left;vertical-align:top}
+th{background:#f6f8fa}.muted{color:#6e7781}.uri{color:#57606a;word-break:break-all}
+.pass{color:#1a7f37;font-weight:600}.fail{color:#cf222e;font-weight:600}
+svg.chart{display:block;max-width:100%;height:auto;margin:.3rem 0}
+svg.chart text{font:11px system-ui,sans-serif;fill:#57606a}
+"""
+
+
+# ----------------------------------------------------------------------------- values
+
+
+def escape(value: object) -> str:
+    """``value`` as text, HTML-escaped (quotes too, so it is safe in attributes)."""
+    return html.escape(str(value), quote=True)
+
+
+def _is_secret_key(key: str) -> bool:
+    name = key.lower()
+    return any(part in name for part in _SECRET_PARTS) or name == "token" or name.endswith("_token")
+
+
+def redact(value: object) -> object:
+    """A copy of ``value`` with credential-like keys and URL passwords replaced by ``***``."""
+    if isinstance(value, dict):
+        return {
+            k: REDACTED if _is_secret_key(str(k)) and v not in (None, "") else redact(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    if isinstance(value, str):
+        return _URL_PASSWORD.sub(rf"\g<head>{REDACTED}@", value)
+    return value
+
+
+def verdict(ok: object, yes: str = "PASS", no: str = "FAIL") -> str:
+    """``yes`` in green when ``ok``, ``no`` in red when not, "unknown" when None."""
+    if ok is None:
+        return '<span class="muted">unknown</span>'
+    return f'<span class="pass">{yes}</span>' if ok else f'<span class="fail">{no}</span>'
+
+
+def scalar(value: object) -> str:
+    """A JSON scalar: null and booleans as JSON writes them, floats with 6 significant digits."""
+    if value is None:
+        return '<span class="muted">null</span>'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return escape(f"{value:.6g}")
+    return escape(value)
+
+
+def pretty_json(value: object) -> str:
+    """``value`` as indented JSON text (not escaped)."""
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def json_value(value: object, depth: int = 0) -> str:
+    """Any JSON value as HTML: dicts as key/value tables, lists of dicts as tables."""
+    if isinstance(value, dict):
+        if not value:
+            return '<span class="muted">{}</span>'
+        if depth >= _MAX_DEPTH:
+            return f"<pre>{escape(pretty_json(value))}</pre>"
+        return kv_table(value, depth + 1)
+    if isinstance(value, list):
+        if not value:
+            return '<span class="muted">[]</span>'
+        if all(not isinstance(v, (dict, list)) for v in value):
+            return ", ".join(scalar(v) for v in value)
+        if all(isinstance(v, dict) for v in value) and depth < _MAX_DEPTH:
+            columns = list(dict.fromkeys(k for v in value for k in v))
+            rows = [[json_value(v.get(c), depth + 1) for c in columns] for v in value]
+            return table([escape(c) for c in columns], rows)
+        items = "".join(f"<li>{json_value(v, depth + 1)}</li>" for v in value)
+        return f"<ol>{items}</ol>"
+    return scalar(value)
+
+
+def dicts(value: object) -> list[dict[Any, Any]]:
+    """The dicts in ``value`` when it is a list; [] for anything else."""
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def list_of(value: object) -> list[Any]:
+    """``value`` when it is a list; [] for anything else."""
+    return value if isinstance(value, list) else []
+
+
+def object_name(uri: str) -> str:
+    """The last segment of a storage URI (``validation.json``)."""
+    return uri.rstrip("/").rsplit("/", 1)[-1]
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def kv_table(mapping: dict[Any, Any], depth: int = 0) -> str:
+    """A two-column table: each key, escaped, beside its value as :func:`json_value` shows it."""
+    rows = "".join(
+        f"<tr><th>{escape(k)}</th><td>{json_value(v, depth)}</td></tr>" for k, v in mapping.items()
+    )
+    return f"<table>{rows}</table>"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    """A table from already-escaped header and cell HTML."""
+    head = "".join(f"<th>{h}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def other_fields(report: dict[Any, Any], shown: set[str]) -> str:
+    """The report's fields a page did not show otherwise, under "Other fields"."""
+    rest = {k: v for k, v in report.items() if k not in shown}
+    return f"<h2>Other fields</h2>{kv_table(rest)}" if rest else ""
+
+
+def raw_json(report: object) -> str:
+    """The "Raw JSON" section that ends every JSON page."""
+    return f"<h2>Raw JSON</h2><pre>{escape(pretty_json(report))}</pre>"
+
+
+def report_link(uri: str) -> str:
+    """A link to another stored object through this app (relative, so proxies keep working)."""
+    href = "report?" + urlencode({"uri": uri})
+    return f'<a href="{escape(href)}"><code>{escape(uri)}</code></a>'
+
+
+# ----------------------------------------------------------------------------- pages
+
+
+def page(title: str, uri: str, body: str) -> str:
+    """The whole HTML document: ``title``, the object's ``uri`` (if any) and ``body`` (HTML)."""
+    return (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{escape(title)} - trainops</title><style>{CSS}</style></head><body>"
+        f"<header><h1>{escape(title)}</h1>"
+        + (f'<p class="uri"><code>{escape(uri)}</code></p>' if uri else "")
+        + f"</header>{body}</body></html>"
+    )
+
+
+def not_json_page(uri: str, text: str, exc: Exception) -> str:
+    """The page for a ``.json`` object that does not parse: the error, then its text."""
+    body = (
+        f'<p class="fail">This object is not valid JSON ({escape(exc)}); its text follows.'
+        f"</p><pre>{escape(redact(text))}</pre>"
+    )
+    return page(object_name(uri), uri, body)

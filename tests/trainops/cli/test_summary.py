@@ -1,0 +1,109 @@
+"""The demo's closing summary, as a person reads it after a run."""
+
+from __future__ import annotations
+
+from tests.trainops.registry.helpers import promote_runs
+from trainer.contract import model_version_prefix
+from trainer.storage import open_storage
+from trainops.cli.summary import collect, render
+
+STAGE = {
+    "dataset_name": "demo-text",
+    "version": "3f2a",
+    "rows": 12000,
+    "train_tokens": 1_500_000,
+    "eval_tokens": 80_000,
+    "reused": False,
+    "uri": "file:///s/datasets/demo-text/3f2a",
+}
+TRAIN = {
+    "steps": 40,
+    "attempts": 2,
+    "preemptions": 1,
+    "steps_lost": 3,
+    "final_loss": 2.51234,
+    "run_uri": "file:///s/runs/trainops_demo/r1/train",
+}
+EVALUATE = {
+    "candidate": {"eval_loss": 2.6, "perplexity": 13.46, "tokens": 4096},
+    "production": {"eval_loss": 2.7},
+    "production_version": 1,
+}
+GATE = {
+    "approved": True,
+    "checks": [{"name": "loss cap", "passed": True}, {"name": "no regression", "passed": True}],
+}
+
+
+def facts(**overrides) -> dict:
+    return {
+        "model_name": "demo-lm",
+        "root": "file:///s",
+        "stage": STAGE,
+        "train": TRAIN,
+        "evaluate": EVALUATE,
+        "gate": GATE,
+        "promote": {"version": 2, "previous_version": 1},
+        "production": {"uri": "file:///s/models/demo-lm/versions/2"},
+        **overrides,
+    }
+
+
+def test_a_promoted_run_is_summed_up_line_by_line():
+    assert render(facts()).splitlines() == [
+        "",
+        "trainops demo summary",
+        "---------------------",
+        "dataset          demo-text version 3f2a: 12,000 rows, 1,500,000 train / 80,000 eval tokens, "
+        "staged and validated",
+        "training         40 steps in 2 attempt(s); preemptions survived 1, steps lost 3",
+        "final train loss 2.5123",
+        "eval loss        2.6000 (perplexity 13.46, 4,096 tokens); production v1: 2.7000",
+        "gate             approved (loss cap: pass, no regression: pass)",
+        "promoted         demo-lm v2 (was v1)",
+        "artifacts",
+        "  dataset        file:///s/datasets/demo-text/3f2a",
+        "  run            file:///s/runs/trainops_demo/r1/train",
+        "  production     file:///s/models/demo-lm/versions/2",
+    ]
+
+
+def test_the_first_promotion_and_a_reused_dataset_say_so():
+    text = render(
+        facts(
+            stage={**STAGE, "reused": True},
+            evaluate={**EVALUATE, "production": None, "production_version": None},
+            promote={"version": 1, "previous_version": None},
+        )
+    )
+    assert "eval tokens, reused (unchanged input)" in text
+    assert "4,096 tokens); no production model yet" in text
+    assert "promoted         demo-lm v1 (first production version)" in text
+
+
+def test_a_rejected_candidate_promotes_nothing():
+    checks = [{"name": "loss cap", "passed": False}]
+    text = render(facts(gate={"approved": False, "checks": checks}, promote=None, production=None))
+    assert "gate             REJECTED (loss cap: FAIL)" in text
+    assert "promoted         nothing: the gate rejected the candidate" in text
+    assert "production     " not in text
+
+
+def test_data_rejected_by_staging_trains_nothing():
+    text = render(facts(stage=None, train=None, evaluate=None, gate=None, promote=None, production=None))
+    assert text.splitlines()[3] == (
+        "dataset          REJECTED by staging (the stage task's log lists the failed expectations); "
+        "nothing was trained or written"
+    )
+    assert text.endswith("artifacts\n")
+
+
+def test_collect_reads_the_production_pointer_beside_the_task_results(file_root):
+    storage = open_storage(file_root)
+    results = {"stage": STAGE, "train": TRAIN, "gate": GATE, "other": "ignored"}
+    before = collect(storage, file_root, results, "demo-lm")
+    assert before["production"] is None and before["evaluate"] is None
+    assert before["stage"] is STAGE and "other" not in before
+    promote_runs(storage, file_root, 2)
+    after = collect(storage, file_root, results, "demo-lm")
+    assert after["production"]["uri"] == model_version_prefix(file_root, "demo-lm", 2)

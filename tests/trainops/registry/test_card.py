@@ -1,0 +1,134 @@
+"""The lineage card: what the upstream results and the run's stored records put into it."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from trainer.contract import join
+from trainer.storage import open_storage
+from trainops.registry.card import build_card, validation_summary
+from trainops.registry.promotion import PromotionError
+
+CONFIG = (
+    b"data_uri: file:///datasets/demo/3f2a\nmodel:\n  preset: tiny\n"
+    b"train:\n  seq_len: 64\neval:\n  batch_size: 8\n  max_batches: 4\n"
+)
+
+
+def upstream(root: str, storage, *, config: bytes = CONFIG) -> dict:
+    """The results of the stage, train, evaluate and gate tasks, and what they stored."""
+    run_uri = join(root, "runs", "retrain", "manual_1", "train")
+    storage.put(join(run_uri, "config.yaml"), config)
+    validation_uri = join(root, "datasets", "demo", "3f2a", "validation.json")
+    storage.put_json(
+        validation_uri,
+        {
+            "success": True,
+            "evaluated_expectations": 6,
+            "successful_expectations": 5,
+            "rows": 500,
+            "failed": [
+                {"expectation": "expect_column_values_to_not_be_null", "column": "id"},
+                {"expectation": "expect_table_row_count_to_be_between"},
+            ],
+        },
+    )
+    return {
+        "gate": {
+            "approved": True,
+            "checks": [{"name": "loss cap", "passed": True}],
+            "gate_uri": join(run_uri, "eval", "gate.json"),
+            "production_version": 2,
+            "check_definitions": [{"name": "loss cap", "kind": "threshold"}],
+        },
+        "training": {
+            "run_uri": run_uri,
+            "config_uri": join(run_uri, "config.yaml"),
+            "export_uri": join(run_uri, "export"),
+            "steps": 40,
+            "attempts": 2,
+            "preemptions": 1,
+            "steps_lost": 3,
+            "final_loss": 2.5,
+            "job_uri": join(run_uri, "job.json"),
+        },
+        "dataset": {
+            "dataset_name": "demo",
+            "version": "3f2a",
+            "uri": join(root, "datasets", "demo", "3f2a"),
+            "rows": 500,
+            "train_tokens": 9000,
+            "eval_tokens": 1000,
+            "validation_uri": validation_uri,
+        },
+        "evaluation": {
+            "candidate": {"eval_loss": 2.6, "tokens": 4096},
+            "production": {"eval_loss": 2.7, "tokens": 4096},
+            "production_version": 2,
+            "metrics_uri": join(run_uri, "eval", "metrics.json"),
+        },
+    }
+
+
+def test_the_card_records_dataset_run_config_basis_metrics_gate_and_training(file_root):
+    storage = open_storage(file_root)
+    results = upstream(file_root, storage)
+    card = build_card(storage, **results)
+    training = results["training"]
+    assert card["run_uri"] == training["run_uri"] and card["config_uri"] == training["config_uri"]
+    assert card["config_sha256"] == hashlib.sha256(CONFIG).hexdigest()
+    assert card["config"]["model"] == {"preset": "tiny"}
+    assert card["eval_basis"] == {
+        "data_uri": "file:///datasets/demo/3f2a",
+        "seq_len": 64,
+        "max_batches": 4,
+        "batch_size": 8,
+    }
+    assert card["dataset"]["version"] == "3f2a" and card["dataset"]["quarantined_rows"] is None
+    assert card["dataset"]["validation"] == {
+        "uri": results["dataset"]["validation_uri"],
+        "success": True,
+        "evaluated_expectations": 6,
+        "successful_expectations": 5,
+        "rows": 500,
+        "failed": ["expect_column_values_to_not_be_null(id)", "expect_table_row_count_to_be_between"],
+    }
+    assert card["metrics"] == {
+        "candidate": {"eval_loss": 2.6, "tokens": 4096},
+        "production": {"eval_loss": 2.7, "tokens": 4096},
+        "production_version": 2,
+        "metrics_uri": results["evaluation"]["metrics_uri"],
+    }
+    assert card["gate"] == {
+        "approved": True,
+        "checks": results["gate"]["checks"],
+        "gate_uri": results["gate"]["gate_uri"],
+        "production_version": 2,
+        "check_definitions": results["gate"]["check_definitions"],
+    }
+    assert card["training"] == {
+        key: training[key]
+        for key in ("steps", "attempts", "preemptions", "steps_lost", "final_loss", "job_uri")
+    }
+    assert (card["preemptions_survived"], card["steps"]) == (1, 40)
+
+
+def test_validation_summary_of_no_report_and_of_a_missing_one(file_root):
+    storage = open_storage(file_root)
+    assert validation_summary(storage, None) is None
+    missing = join(file_root, "datasets", "d", "v", "validation.json")
+    assert validation_summary(storage, missing) == {"uri": missing, "missing": True}
+
+
+def test_a_missing_or_broken_trainer_config_is_named(file_root):
+    storage = open_storage(file_root)
+    results = upstream(file_root, storage, config=b"train: [unclosed\n")
+    with pytest.raises(PromotionError, match=r"config\.yaml' is not valid YAML"):
+        build_card(storage, **results)
+    results["training"]["config_uri"] = join(file_root, "runs", "nowhere", "config.yaml")
+    with pytest.raises(
+        PromotionError, match=r"nowhere/config\.yaml' does not exist; pass the training result"
+    ):
+        build_card(storage, **results)

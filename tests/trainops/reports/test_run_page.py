@@ -1,0 +1,199 @@
+"""The training run page as a reader sees it: summary, loss curve, throughput and attempts."""
+
+from __future__ import annotations
+
+import json
+
+from tests.trainops.reports.helpers import (
+    JOB_URI,
+    RUN_METRICS,
+    Svg,
+    metrics_jsonl,
+    page_tables,
+    page_text,
+    run_job,
+    table_with,
+)
+from trainops.reports.run_page import MAX_CHART_POINTS, render_run_report, svg_line_chart
+
+ATTACK = "<script>alert(1)</script>"
+
+
+def test_run_report_shows_status_counts_curve_throughput_and_attempts():
+    html = render_run_report(JOB_URI, json.dumps(run_job()).encode(), RUN_METRICS)
+    text = page_text(html)
+    assert text.startswith(f"Training run: retrain / manual_1 / train {JOB_URI} Status succeeded")
+
+    summary = dict(page_tables(html)[0])
+    assert {
+        k: summary[k]
+        for k in (
+            "Status",
+            "Attempts",
+            "Preemptions",
+            "Infrastructure failures",
+            "Steps lost to interruptions",
+            "Last logged step",
+            "Loss at that step",
+        )
+    } == {
+        "Status": "succeeded",
+        "Attempts": "2",
+        "Preemptions": "1",
+        "Infrastructure failures": "0",
+        "Steps lost to interruptions": "1",
+        "Last logged step": "10",
+        "Loss at that step": "2.5",
+    }
+    assert summary["Metrics"] == "s3://bucket/root/runs/retrain/manual_1/train/metrics.jsonl"
+    assert (
+        'href="report?uri=s3%3A%2F%2Fbucket%2Froot%2Fruns%2Fretrain%2Fmanual_1%2Ftrain%2Fconfig.yaml"'
+    ) in html
+
+    chart = Svg(html)
+    assert chart.svgs == 1
+    assert [(name, len(points)) for name, points in chart.lines] == [
+        ("attempt 1 (preempted)", 6),
+        ("attempt 2 (succeeded)", 5),
+    ]
+    assert chart.legend == ["attempt 1 (preempted)", "attempt 2 (succeeded)"]
+    assert chart.ticks == {"y-max": "4", "y-min": "2.5", "x-min": "1", "x-max": "10"}
+    first, second = (points for _, points in chart.lines)
+    assert [p[0] for p in first] == sorted(p[0] for p in first)  # drawn left to right
+    assert first[0][1] < first[-1][1] < second[-1][1]  # loss goes down (SVG y grows down)
+    assert second[0][0] == first[-1][0]  # attempt 2 resumes at step 6, which attempt 1 logged
+    assert chart.dots == [first[0], second[0]]  # a dot where each attempt starts
+    assert [p[1] for p in first].index(min(p[1] for p in first)) == 0  # highest loss on top
+
+    assert table_with(html, "Attempt")[1:] == [
+        ["attempt 1", "6", "1 to 6", "3,000", "3,000", "3.05"],
+        ["attempt 2", "5", "6 to 10", "4,000", "4,200", "2.5"],
+    ]
+    attempts = table_with(html, "Attempt", skip=1)
+    assert attempts[0] == [
+        "Attempt",
+        "Capacity",
+        "Launched",
+        "Ended",
+        "Classification",
+        "Reason",
+        "Steps lost",
+        "Node types",
+        "Decision",
+    ]
+    assert attempts[1] == [
+        "1",
+        "spot",
+        "2026-01-01T00:00:00+00:00",
+        "2026-01-01T00:10:00+00:00",
+        "preempted",
+        "spot interruption notice",
+        "1",
+        "node 0: g5.xlarge (spot)",
+        "preemption 1 of at most 3: relaunching to resume",
+    ]
+    assert attempts[2][:7] == [
+        "2",
+        "on-demand",
+        "2026-01-01T00:11:00+00:00",
+        "2026-01-01T00:20:00+00:00",
+        "succeeded",
+        "the trainer completed every step",
+        "0",
+    ]
+    assert "Raw JSON" in text and text.index("Attempts Attempt") < text.index("Raw JSON")
+    assert "SECRET-1" not in html and "<script" not in html
+
+
+def test_run_report_escapes_hostile_values_in_the_table_and_the_chart():
+    job = run_job(status=ATTACK)
+    job["attempts"][0].update(
+        reason=ATTACK, classification=ATTACK, node_types=[{"index": 0, "instance_type": ATTACK}]
+    )
+    metrics = RUN_METRICS + json.dumps({"step": 11, "loss": 2.4, "attempt": ATTACK}) + "\n"
+    html = render_run_report(f"file:///r/runs/{ATTACK}/r/t/job.json", json.dumps(job).encode(), metrics)
+    assert "<script" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    attempts = table_with(html, "Attempt", skip=1)
+    assert attempts[1][4:6] == [ATTACK, ATTACK]
+    assert attempts[1][7] == f"node 0: {ATTACK}"
+    assert dict(page_tables(html)[0])["Status"] == ATTACK
+    assert f"attempt {ATTACK}" in Svg(html).legend
+
+
+def test_run_report_without_metrics_says_why_and_draws_nothing():
+    job = json.dumps(run_job()).encode()
+    missing = render_run_report(JOB_URI, job, None)
+    assert "<svg" not in missing
+    assert "No loss curve: metrics.jsonl was not found next to job.json." in page_text(missing)
+    assert table_with(missing, "Attempt")[1][0] == "1"  # the attempts table is still there
+    assert "Throughput" not in page_text(missing)
+
+    refused = render_run_report(JOB_URI, job, None, metrics_problem=f"refused {ATTACK}")
+    assert f"No loss curve: refused {ATTACK}." in page_text(refused)
+
+    for empty in ("", "\n", "not json\n", '{"loss": 1.0}\n'):
+        html = render_run_report(JOB_URI, job, empty)
+        assert "<svg" not in html and "Throughput" not in page_text(html)
+        assert "No loss values have been logged yet." in page_text(html)
+        assert "Preemptions 1" in page_text(html)
+
+
+def test_non_finite_losses_are_reported_and_left_out_of_the_curve():
+    metrics = metrics_jsonl(
+        (1, 1, 3.0, 10.0),
+        (1, 2, float("nan"), 10.0),
+        (1, 3, 2.0, 10.0),
+        (1, 4, float("inf"), 10.0),
+        (1, 5, 1.0, 10.0),
+    )
+    assert "NaN" in metrics and "Infinity" in metrics  # as json.dumps writes them
+    html = render_run_report(JOB_URI, json.dumps(run_job()).encode(), metrics)
+    assert (
+        "The loss was not a finite number (NaN or infinite) at 2 logged step(s), first at "
+        "step 2 of attempt 1; those steps are not drawn."
+    ) in page_text(html)
+    chart = Svg(html)
+    assert [len(points) for _, points in chart.lines] == [3]
+    assert (chart.ticks["y-min"], chart.ticks["y-max"]) == ("1", "3")
+
+    only_nan = render_run_report(
+        JOB_URI, json.dumps(run_job()).encode(), metrics_jsonl((1, 1, float("nan"), 10.0))
+    )
+    assert "<svg" not in only_nan and "No loss values have been logged yet." in page_text(only_nan)
+
+
+def test_a_single_logged_step_is_a_dot_on_a_widened_axis():
+    job = run_job(status="running", preemptions=0)
+    job["attempts"] = [{"attempt": 1, "capacity": "spot", "launched_at": "2026-01-01T00:00:00+00:00"}]
+    html = render_run_report(JOB_URI, json.dumps(job).encode(), metrics_jsonl((1, 7, 2.5, 10.0)))
+    chart = Svg(html)
+    assert [(name, len(points)) for name, points in chart.lines] == [("attempt 1", 1)]
+    assert len(chart.dots) == 1
+    assert chart.ticks == {"y-max": "2.75", "y-min": "2.25", "x-min": "6", "x-max": "8"}
+    assert table_with(html, "Attempt", skip=1)[1][:5] == [
+        "1",
+        "spot",
+        "2026-01-01T00:00:00+00:00",
+        "running",
+        "-",
+    ]
+
+
+def test_svg_line_chart_without_points_and_with_long_series():
+    empty = svg_line_chart([("attempt 1", [])])
+    assert "<polyline" not in empty and ">no data</text>" in empty
+    assert svg_line_chart([]).count("<svg") == 1
+
+    long = [(step, 1.0 / step) for step in range(1, 5001)]
+    chart = Svg(svg_line_chart([("a", long), ("b", [(1, float("nan")), (2, 0.5)])]))
+    (_, thinned), (_, short) = chart.lines
+    assert len(thinned) <= MAX_CHART_POINTS + 1 and len(short) == 1
+    assert (chart.ticks["x-min"], chart.ticks["x-max"]) == ("1", "5000")
+    assert (chart.ticks["y-min"], chart.ticks["y-max"]) == ("0.0002", "1")
+
+
+def test_job_json_that_is_not_an_object_falls_back_to_the_plain_page():
+    assert "This object is not valid JSON" in page_text(render_run_report(JOB_URI, b"{", None))
+    listed = page_text(render_run_report(JOB_URI, b"[1, 2]", None))
+    assert listed.startswith(f"Stored report: job.json {JOB_URI}") and "1, 2" in listed
