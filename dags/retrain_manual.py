@@ -64,13 +64,13 @@ with DAG(
         return "dry_run" if dry_run else "source"
 
     @task
-    def dry_run(run_plan: dict, dag_run=None) -> dict:
-        """Render what would be launched; launch nothing."""
+    def dry_run(run_plan: dict, dag=None, dag_run=None) -> dict:
+        """Render what the train task would launch; launch nothing."""
         import json
 
         import yaml
 
-        report = dry_run_report(run_plan, dag_id=dag_run.dag_id, run_id=dag_run.run_id)
+        report = dry_run_report(run_plan, dag.get_task("train"), dag_id=dag_run.dag_id, run_id=dag_run.run_id)
         print(f"DRY RUN on cluster {report['cluster']!r}: nothing is staged or launched.")
         print("resolved trainer config:\n" + yaml.safe_dump(report["trainer_config"], sort_keys=False))
         print("JobSpec of attempt 1:\n" + json.dumps(report["job_spec"], indent=2))

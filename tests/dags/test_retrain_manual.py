@@ -1,4 +1,6 @@
-"""retrain_manual: its form refuses bad values by name, and a dry run launches nothing."""
+"""retrain_manual: its form refuses bad values by name, and a dry run launches nothing.
+
+The settings, plan, sources and dry run it is made of are tested in tests/trainops/recipes/."""
 
 from __future__ import annotations
 
@@ -7,7 +9,6 @@ import os
 import pytest
 
 from trainops.cli.main import load_dag, xcom_results
-from trainops.recipes import form, sources
 
 DAG_ID = "retrain_manual"
 
@@ -82,54 +83,6 @@ def test_a_bad_value_is_refused_naming_the_field(server_params, field, value):
 
     with pytest.raises(ParamValidationError, match=f"Invalid input for param {field}:"):
         validate(server_params, {field: value})
-
-
-def test_unknown_keys_are_refused_by_the_plan_with_a_suggestion(storage):
-    with pytest.raises(form.SettingsError) as err:
-        form.check_settings({"max_step": 5, "nodes": 2}, source="retrain_manual conf")
-    assert "unknown setting(s) 'max_step' (did you mean 'max_steps'?)" in str(err.value)
-
-
-@pytest.mark.parametrize(
-    "uri, name",
-    [
-        ("file:///data/raw/demo-text", "demo-text"),
-        ("file:///data/raw/demo-text/", "demo-text"),
-        ("s3://raw/tickets/2026-*/*.parquet", "tickets"),
-        ("s3://lake/exports/support tickets.jsonl", "support_tickets"),
-    ],
-)
-def test_the_dataset_is_named_after_the_raw_data(uri, name):
-    assert form.dataset_name_for(uri) == name
-
-
-def test_a_glob_right_after_the_bucket_cannot_name_a_dataset():
-    with pytest.raises(form.SettingsError, match="cannot name a dataset"):
-        form.dataset_name_for("s3://raw/*.parquet")
-
-
-@pytest.mark.parametrize("preset", form.SETTINGS["model_preset"]["schema"]["enum"])
-@pytest.mark.parametrize("max_steps", [1, 60, 100_000])
-def test_every_form_choice_makes_a_config_the_trainer_accepts(preset, max_steps):
-    from trainops.operators._jobs import resolve_trainer_config
-
-    config = form.trainer_config(preset, 0.003, max_steps)
-    resolve_trainer_config({"run_uri": "file:///r", "data_uri": "file:///d", **config}, 8)
-
-
-def test_the_demo_data_is_written_once_and_only_at_its_default_place(storage):
-    from trainer.storage import open_storage
-
-    store = open_storage(storage)
-    demo = form.demo_source_uri()
-    assert sources.ensure_source(demo) == demo
-    parts = store.list(demo)
-    assert len(parts) == 2 and all(p.endswith(".parquet") for p in parts)
-    before = [store.head(p) for p in parts]
-    sources.ensure_source(demo)
-    assert [store.head(p) for p in parts] == before  # not rewritten
-    other = f"{storage}/raw/somewhere-else"
-    assert sources.ensure_source(other) == other and store.list(other) == []
 
 
 @pytest.mark.slow

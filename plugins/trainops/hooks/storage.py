@@ -10,10 +10,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from typing import Any
 
 from trainer.storage import Storage, open_storage
 
-__all__ = ["job_env_for", "root_and_storage", "storage_for"]
+__all__ = ["get_json_object", "job_env_for", "root_and_storage", "storage_for"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,15 @@ def root_and_storage(
 
     root = resolve_storage_root(storage_root)
     return root, storage_for(root, aws_conn_id)
+
+
+def get_json_object(storage: Storage, uri: str) -> dict[str, Any]:
+    """The JSON object stored at ``uri`` (``NotFound`` when there is none); ValueError naming
+    the file when it holds another JSON value, so a damaged record is not read as empty."""
+    data = storage.get_json(uri)
+    if not isinstance(data, dict):
+        raise ValueError(f"{uri} holds a JSON {type(data).__name__}, not an object; restore or delete it")
+    return data
 
 
 def job_env_for(root_uri: str, aws_conn_id: str | None = "aws_default") -> dict[str, str]:

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseOperator
+from trainops.cluster.spec import CAPACITIES
+from trainops.hooks.storage import get_json_object, root_and_storage
+from trainops.operators.base import DEFAULT_IMAGE, ClusterJobOperator
+from trainops.operators.job_options import check_renders
 
-from trainops.hooks.storage import root_and_storage
-from trainops.operators import _jobs
+if TYPE_CHECKING:
+    from trainer.contract import RunLayout
+
+# An evaluation is one short job that is never relaunched, so a capacity that changes between
+# attempts (spot-then-on-demand) means nothing for it.
+EVALUATION_CAPACITIES = tuple(c for c in CAPACITIES if c != "spot-then-on-demand")
 
 
-class EvaluateModelOperator(BaseOperator):
+class EvaluateModelOperator(ClusterJobOperator):
     """Run ``python -m trainer evaluate`` as a job on the cluster backend and defer until done.
 
     It evaluates the candidate (the training run's export) and, when the model already has a
@@ -48,31 +55,40 @@ class EvaluateModelOperator(BaseOperator):
         training: Any,
         model_name: str,
         cluster: str = "local",
-        image: str = "trainops-trainer:latest",
+        image: str = DEFAULT_IMAGE,
         namespace: str = "default",
         gpus_per_node: int = 0,
         capacity: str = "on-demand",
-        job_options: dict | None = None,
+        job_options: dict[str, Any] | None = None,
         deferrable: bool | None = None,
         poll_interval: float = 5.0,
         job_timeout: float | None = None,
         storage_root: str | None = None,
         aws_conn_id: str | None = "aws_default",
         kubernetes_conn_id: str | None = "kubernetes_default",
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        if capacity not in ("spot", "on-demand"):
-            raise ValueError(f"capacity {capacity!r}: an evaluation runs on 'on-demand' or 'spot'")
+        **kwargs: Any,
+    ) -> None:
+        if capacity not in EVALUATION_CAPACITIES:
+            raise ValueError(
+                f"capacity {capacity!r}: an evaluation runs on "
+                f"{' or '.join(repr(c) for c in EVALUATION_CAPACITIES)}"
+            )
+        super().__init__(
+            cluster=cluster,
+            image=image,
+            namespace=namespace,
+            job_options=job_options,
+            deferrable=deferrable,
+            poll_interval=poll_interval,
+            storage_root=storage_root,
+            aws_conn_id=aws_conn_id,
+            kubernetes_conn_id=kubernetes_conn_id,
+            **kwargs,
+        )
         self.gpus_per_node, self.capacity = gpus_per_node, capacity
-        self.job_options = _jobs.check_job_options(job_options)
-        self.deferrable = _jobs.default_deferrable() if deferrable is None else deferrable
-        self.training, self.model_name, self.cluster = training, model_name, cluster
-        self.image, self.namespace = image, namespace
-        self.poll_interval, self.job_timeout = poll_interval, job_timeout
-        self.storage_root, self.aws_conn_id = storage_root, aws_conn_id
-        self.kubernetes_conn_id = kubernetes_conn_id
-        _jobs.check_renders(
+        self.training, self.model_name = training, model_name
+        self.job_timeout = job_timeout
+        check_renders(
             cluster,
             distributed=False,
             gpus_per_node=gpus_per_node,
@@ -82,16 +98,12 @@ class EvaluateModelOperator(BaseOperator):
             **self.job_options,
         )
 
-    def _cluster_options(self) -> dict:
-        return _jobs.cluster_options(self.cluster, self.kubernetes_conn_id, self.namespace)
-
-    def execute(self, context):
+    def execute(self, context: Any) -> Any:
         from trainer.contract import RunLayout, trainer_argv
-        from trainops.cluster import get_cluster
-        from trainops.cluster.spec import JobSpec
         from trainops.hooks.storage import job_env_for
+        from trainops.operators.base import task_identity
+        from trainops.operators.launch_plan import one_process_job
         from trainops.registry.promotion import read_production
-        from trainops.triggers.job import JobTrigger
 
         for key in ("run_uri", "config_uri", "export_uri"):
             if not isinstance(self.training, dict) or not self.training.get(key):
@@ -111,19 +123,18 @@ class EvaluateModelOperator(BaseOperator):
             )
         else:
             self.log.info("%s has no production version yet: evaluating the candidate only", self.model_name)
-        identity = _jobs.task_identity(context)
-        spec = JobSpec(
-            name=_jobs.job_name("eval", identity, 1),
+        spec = one_process_job(
+            "eval",
+            identity=task_identity(context),
+            attempt=1,
             args=trainer_argv("evaluate", self.training["config_uri"], overrides),
-            nodes=1,
-            gpus_per_node=self.gpus_per_node,
-            distributed=False,
+            labels=self.task_labels(context),
             image=self.image,
             namespace=self.namespace,
             capacity=self.capacity,
-            **_jobs.merge_job_options(
-                self.job_options, env=job_env_for(root, self.aws_conn_id), labels=_jobs.job_labels(identity)
-            ),
+            job_options=self.job_options,
+            storage_env=job_env_for(root, self.aws_conn_id),
+            gpus_per_node=self.gpus_per_node,
         )
         # What is being compared, stored beside the results: the resumed operator reads it
         # back (deferral kwargs do not survive every runner) and it is lineage for later.
@@ -135,44 +146,35 @@ class EvaluateModelOperator(BaseOperator):
                 "production_version": production["version"] if production else None,
             },
         )
-        handle = get_cluster(self.cluster, **self._cluster_options()).launch(spec)
+        handle = self.backend.launch(spec)
         self.log.info("evaluation job %s launched", handle["job_id"])
-        trigger = JobTrigger(
-            handle=handle,
-            poll_interval=self.poll_interval,
-            timeout=self.job_timeout,
-            cluster_options=self._cluster_options(),
-            stream_logs=True,
-        )
-        if self.deferrable:
-            self.defer(trigger=trigger, method_name="execute_complete")
-        return self.execute_complete(context, _jobs.wait_here(trigger))
+        return self.wait_for(context, handle, timeout=self.job_timeout)
 
     @staticmethod
-    def _request_uri(layout) -> str:
+    def _request_uri(layout: RunLayout) -> str:
         from trainer.contract import join
 
         return join(layout.run_uri, "eval", "request.json")
 
-    def execute_complete(self, context, event: dict | None = None):
+    def execute_complete(self, context: Any, event: object = None) -> dict[str, Any]:
         from trainer.contract import RunLayout
-        from trainops.cluster import get_cluster
+        from trainops.triggers.events import check_event
 
-        event = _jobs.check_event(event)
-        cluster = get_cluster(self.cluster, **self._cluster_options())
-        if event["status"] != "finished" or event["state"]["phase"] != "succeeded":
-            if event["status"] != "finished":
-                cluster.delete(event["handle"])
-            tail = cluster.logs_tail(event["handle"], lines=20)
+        checked = check_event(event, expected=("finished", "timeout", "error"))
+        handle, state = checked["handle"], checked.get("state")
+        if checked["status"] != "finished" or state is None or state["phase"] != "succeeded":
+            if checked["status"] != "finished":
+                self.backend.delete(handle)
+            tail = self.backend.logs_tail(handle, lines=20)
+            seen = (state.get("reason") or state["phase"]) if state else checked["status"]
             raise RuntimeError(
-                f"evaluation job {event['handle']['job_id']} did not succeed "
-                f"({event.get('message') or event['state'].get('reason') or event['state']['phase']}).\n"
-                f"Last log lines:\n{tail}"
+                f"evaluation job {handle['job_id']} did not succeed "
+                f"({checked.get('message') or seen}).\nLast log lines:\n{tail}"
             )
         _, store = root_and_storage(self.storage_root, self.aws_conn_id)
         layout = RunLayout(self.training["run_uri"])
-        metrics = store.get_json(layout.eval_metrics)
-        production_version = store.get_json(self._request_uri(layout))["production_version"]
+        metrics = get_json_object(store, layout.eval_metrics)
+        production_version = get_json_object(store, self._request_uri(layout))["production_version"]
         result = {
             "metrics_uri": layout.eval_metrics,
             "run_uri": layout.run_uri,

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
 
-from airflow.sdk import Asset, AssetAlias, BaseOperator, Context
+from airflow.sdk import Asset, AssetAlias, Context
 
 from trainops.links import ValidationReportLink
+from trainops.operators.base import DEFAULT_IMAGE, ClusterJobOperator
+from trainops.operators.job_options import check_renders
 from trainops.staging.assets import ASSET_ALIAS, asset_name, asset_uri, event_extra, is_runtime_name
 from trainops.staging.options import check_options, check_quarantine, check_tokenizer
 from trainops.staging.reader import DEFAULT_BATCH_ROWS
@@ -16,7 +18,6 @@ from trainops.staging.tokenize import DEFAULT_EVAL_PERCENT, DEFAULT_SHARD_TOKENS
 
 __all__ = ["StageDatasetOperator", "dataset_asset"]
 
-_CLUSTERS = ("local", "kubernetes")
 # The report app's XCom key for a staging task's validation report (see trainops.links).
 VALIDATION_REPORT_KEY = "trainops_validation_report"
 
@@ -29,7 +30,7 @@ def dataset_asset(dataset_name: str) -> Asset:
     return Asset(name=asset_name(dataset_name), uri=asset_uri(dataset_name))
 
 
-class StageDatasetOperator(BaseOperator):
+class StageDatasetOperator(ClusterJobOperator):
     """Validate ``source_uri`` with great-expectations, then tokenize and pack it into shards.
 
     The result is a content-addressed dataset version under
@@ -101,6 +102,7 @@ class StageDatasetOperator(BaseOperator):
     operator_extra_links = (ValidationReportLink(),)
     template_fields: Sequence[str] = ("source_uri", "dataset_name", "storage_root")
     ui_color = "#e8f4e8"
+    job_role_labels: ClassVar[Mapping[str, str]] = {"trainops/role": "stage"}
 
     def __init__(
         self,
@@ -117,23 +119,30 @@ class StageDatasetOperator(BaseOperator):
         aws_conn_id: str | None = "aws_default",
         cluster: str = "local",
         job_threshold_bytes: int | None = 1 << 30,
-        image: str = "trainops-trainer:latest",
+        image: str = DEFAULT_IMAGE,
         namespace: str = "default",
-        job_options: dict | None = None,
+        job_options: dict[str, Any] | None = None,
         deferrable: bool | None = None,
         poll_interval: float = 5.0,
         kubernetes_conn_id: str | None = "kubernetes_default",
         **kwargs: Any,
     ) -> None:
-        from trainops.operators import _jobs
-
         check_options(eval_percent=eval_percent, shard_tokens=shard_tokens, slice_columns=slice_columns)
-        if cluster not in _CLUSTERS:
-            raise ValueError(f"cluster must be one of {_CLUSTERS}, got {cluster!r}")
         alias = is_runtime_name(dataset_name)
         outlet = AssetAlias(ASSET_ALIAS) if alias else dataset_asset(dataset_name)
         kwargs["outlets"] = [*_as_list(kwargs.get("outlets")), outlet]
-        super().__init__(**kwargs)
+        super().__init__(
+            cluster=cluster,
+            image=image,
+            namespace=namespace,
+            job_options=job_options,
+            deferrable=deferrable,
+            poll_interval=poll_interval,
+            storage_root=storage_root,
+            aws_conn_id=aws_conn_id,
+            kubernetes_conn_id=kubernetes_conn_id,
+            **kwargs,
+        )
         self._alias = alias
         self.source_uri = source_uri
         self.dataset_name = dataset_name
@@ -144,9 +153,6 @@ class StageDatasetOperator(BaseOperator):
         self.eval_percent = eval_percent
         self.slice_columns = list(slice_columns)
         self.shard_tokens = shard_tokens
-        self.storage_root = storage_root
-        self.aws_conn_id = aws_conn_id
-        self.cluster = cluster
         if job_threshold_bytes is not None and (
             isinstance(job_threshold_bytes, bool)
             or not isinstance(job_threshold_bytes, int)
@@ -156,12 +162,7 @@ class StageDatasetOperator(BaseOperator):
                 f"job_threshold_bytes must be None or an integer >= 0, got {job_threshold_bytes!r}"
             )
         self.job_threshold_bytes = job_threshold_bytes
-        self.image, self.namespace = image, namespace
-        self.job_options = _jobs.check_job_options(job_options)
-        self.deferrable = _jobs.default_deferrable() if deferrable is None else deferrable
-        self.poll_interval = poll_interval
-        self.kubernetes_conn_id = kubernetes_conn_id
-        _jobs.check_renders(
+        check_renders(
             cluster,
             distributed=False,
             image=image,
@@ -183,14 +184,14 @@ class StageDatasetOperator(BaseOperator):
                 f"dataset_name {self.dataset_name!r} is empty: give the dataset a name such as 'demo'"
             )
         root = resolve_storage_root(self.storage_root)
+        threshold = self.job_threshold_bytes
         try:
-            size = self._source_bytes()
-            if size is not None and size > self.job_threshold_bytes:
+            if threshold is not None and (size := self._source_bytes()) > threshold:
                 self.log.info(
                     "source is %.1f MiB, over job_threshold_bytes (%.1f MiB): staging "
                     "as a job on the %s cluster",
                     size / 2**20,
-                    self.job_threshold_bytes / 2**20,
+                    threshold / 2**20,
                     self.cluster,
                 )
                 return self._stage_in_job(context, root)
@@ -208,7 +209,8 @@ class StageDatasetOperator(BaseOperator):
                 shard_tokens=self.shard_tokens,
                 batch_rows=DEFAULT_BATCH_ROWS,
                 open_storage=lambda uri: storage_for(uri, self.aws_conn_id),
-                log=self.log,
+                # Airflow's task logger; stage_dataset only calls .info and .warning on it.
+                log=self.log,  # type: ignore[arg-type]
             )
         except DataValidationError as exc:
             _push_report(context, exc.report_uri)
@@ -235,44 +237,32 @@ class StageDatasetOperator(BaseOperator):
         return result
 
     # -- staging as a job ---------------------------------------------------------------
-    def _source_bytes(self) -> int | None:
-        """The source's total size, or None when no job threshold applies."""
-        if self.job_threshold_bytes is None:
-            return None
+    def _source_bytes(self) -> int:
+        """The source's total size (the sum of its objects' sizes)."""
         from trainops.hooks.storage import storage_for
         from trainops.staging.reader import list_source_objects
 
         objects = list_source_objects(storage_for(self.source_uri, self.aws_conn_id), self.source_uri)
         return sum(int(o.size or 0) for o in objects)
 
-    def _cluster_options(self) -> dict:
-        from trainops.operators import _jobs
-
-        return _jobs.cluster_options(self.cluster, self.kubernetes_conn_id, self.namespace)
-
     def _job_uris(self, context: Context, root: str) -> tuple[str, str]:
         from trainer.contract import join, run_prefix
-        from trainops.operators import _jobs
+        from trainops.operators.base import task_identity
 
-        i = _jobs.task_identity(context)
+        i = task_identity(context)
         prefix = join(run_prefix(root, i["dag_id"], i["run_id"], i["task_id"], i["map_index"]), "stage")
         return join(prefix, "request.json"), join(prefix, "result.json")
 
-    def _stage_in_job(self, context: Context, root: str):
-        from trainops.cluster import get_cluster
-        from trainops.cluster.spec import JobSpec
+    def _stage_in_job(self, context: Context, root: str) -> dict:
         from trainops.hooks.storage import job_env_for, storage_for
-        from trainops.operators import _jobs
+        from trainops.operators.base import task_identity
+        from trainops.operators.launch_plan import one_process_job
         from trainops.staging.job import build_request
         from trainops.staging.suite import resolve_suite
-        from trainops.triggers.job import JobTrigger
 
-        identity = _jobs.task_identity(context)
         request_uri, result_uri = self._job_uris(context, root)
         store = storage_for(root, self.aws_conn_id)
-        cluster = get_cluster(self.cluster, **self._cluster_options())
-        self._labels = {**_jobs.job_labels(identity), "trainops/role": "stage"}
-        live = cluster.find(self._labels)
+        live = self.live_jobs(context)
         if live:
             self.log.info("reattaching to the live staging job %s", live[0]["job_id"])
             handle = live[0]
@@ -297,63 +287,51 @@ class StageDatasetOperator(BaseOperator):
             )
             store.delete(result_uri)  # a previous try's result must not be read as this one's
             try_number = int(getattr(context.get("ti"), "try_number", None) or 1)
-            spec = JobSpec(
-                name=_jobs.job_name("stage", identity, try_number),
+            spec = one_process_job(
+                "stage",
+                identity=task_identity(context),
+                attempt=try_number,
                 args=["python", "-m", "trainops.staging.job", "--request", request_uri],
-                nodes=1,
-                distributed=False,
+                labels={**self.task_labels(context), "trainops/attempt": str(try_number)},
                 image=self.image,
                 namespace=self.namespace,
                 capacity="on-demand",
-                **_jobs.merge_job_options(
-                    self.job_options,
-                    env=job_env_for(root, self.aws_conn_id),
-                    labels={**self._labels, "trainops/attempt": str(try_number)},
-                ),
+                job_options=self.job_options,
+                storage_env=job_env_for(root, self.aws_conn_id),
             )
-            handle = cluster.launch(spec)
+            handle = self.backend.launch(spec)
             self.log.info("staging job %s launched (request %s)", handle["job_id"], request_uri)
-        trigger = JobTrigger(
-            handle=handle,
-            poll_interval=self.poll_interval,
-            cluster_options=self._cluster_options(),
-            stream_logs=True,
-        )
-        if self.deferrable:
-            self.defer(trigger=trigger, method_name="execute_complete")
-        return self.execute_complete(context, _jobs.wait_here(trigger))
+        return self.wait_for(context, handle)
 
-    def execute_complete(self, context: Context, event: dict | None = None) -> dict:
+    def execute_complete(self, context: Context, event: object = None) -> dict:
         """The staging job ended: read its result record and finish as staging in the worker would."""
         from airflow.sdk.exceptions import AirflowFailException
 
         from trainer.storage import NotFound
-        from trainops.cluster import get_cluster
-        from trainops.hooks.storage import storage_for
-        from trainops.operators import _jobs
+        from trainops.hooks.storage import get_json_object, storage_for
         from trainops.settings import resolve_storage_root
+        from trainops.triggers.events import check_event
 
-        event = _jobs.check_event(event)
-        handle = event["handle"]
-        cluster = get_cluster(self.cluster, **self._cluster_options())
-        if event["status"] != "finished":
-            cluster.delete(handle)
+        checked = check_event(event, expected=("finished", "timeout", "error"))
+        handle = checked["handle"]
+        if checked["status"] != "finished":
+            self.backend.delete(handle)
             raise RuntimeError(
-                f"staging job {handle['job_id']} {event['status']}: "
-                f"{event.get('message')}; the job was deleted"
+                f"staging job {handle['job_id']} {checked['status']}: "
+                f"{checked.get('message')}; the job was deleted"
             )
         root = resolve_storage_root(self.storage_root)
         _, result_uri = self._job_uris(context, root)
         try:
-            record = storage_for(root, self.aws_conn_id).get_json(result_uri)
+            record: dict[str, Any] | None = get_json_object(storage_for(root, self.aws_conn_id), result_uri)
         except NotFound:
             record = None
         if record is None:
-            state = event["state"]
+            state = checked["state"]
             raise RuntimeError(
                 f"staging job {handle['job_id']} ended {state['phase']} "
                 f"({state.get('reason') or 'no reason given'}) without a result at {result_uri}; "
-                f"last log lines:\n{cluster.logs_tail(handle, lines=20)}"
+                f"last log lines:\n{self.backend.logs_tail(handle, lines=20)}"
             )
         if record["status"] == "staged":
             return self._finish(context, record["result"])
@@ -361,19 +339,6 @@ class StageDatasetOperator(BaseOperator):
         if record["error"] in ("DataValidationError", "QuarantineExceeded", "StagingError"):
             raise AirflowFailException(record["message"])  # the same data fails the same way
         raise RuntimeError(f"staging job {handle['job_id']} failed: {record['message']}")
-
-    def on_kill(self) -> None:
-        """Killing the task deletes its live staging job."""
-        try:
-            labels = getattr(self, "_labels", None)
-            if labels:
-                from trainops.cluster import get_cluster
-
-                cluster = get_cluster(self.cluster, **self._cluster_options())
-                for handle in cluster.find(labels):
-                    cluster.delete(handle)
-        except Exception:  # best effort: on_kill must not raise
-            self.log.exception("could not delete the staging job")
 
     def _emit_asset_event(self, context: Context, result: dict) -> None:
         events = context.get("outlet_events")

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseOperator
-
-from trainops.hooks.storage import root_and_storage
+from trainops.cluster.spec import CAPACITIES
+from trainops.hooks.storage import get_json_object, root_and_storage
 from trainops.links import RUN_REPORT_KEY, RunReportLink
-from trainops.operators import _jobs
+from trainops.operators.base import DEFAULT_IMAGE, ClusterJobOperator, TaskIdentity, now_iso, task_identity
+from trainops.operators.job_options import check_renders
+
+if TYPE_CHECKING:
+    from trainer.contract import RunLayout
+    from trainer.storage import Storage
+    from trainops.cluster.base import JobHandle
+    from trainops.operators.launch_plan import LaunchSettings
+    from trainops.recovery.classify import AttemptRecord
+    from trainops.recovery.record import Budgets, JobRecord, Progress
 
 
-class FSDPTrainingOperator(BaseOperator):
+class FSDPTrainingOperator(ClusterJobOperator):
     """Train with the trainops FSDP trainer (torchrun) and relaunch it after every preemption.
 
     The operator writes the resolved ``config.yaml`` under the run prefix
@@ -77,7 +86,7 @@ class FSDPTrainingOperator(BaseOperator):
         self,
         *,
         dataset: Any,
-        trainer_config: dict | None = None,
+        trainer_config: dict[str, Any] | None = None,
         nodes: int = 1,
         gpus_per_node: int = 0,
         cluster: str = "local",
@@ -86,56 +95,57 @@ class FSDPTrainingOperator(BaseOperator):
         max_infra_retries: int = 2,
         fallback_after: int | None = None,
         unschedulable_timeout: float = 900,
-        image: str = "trainops-trainer:latest",
+        image: str = DEFAULT_IMAGE,
         namespace: str = "default",
         termination_grace_seconds: int = 60,
-        job_options: dict | None = None,
+        job_options: dict[str, Any] | None = None,
         deferrable: bool | None = None,
-        inject_preemption: dict | None = None,
+        inject_preemption: dict[str, Any] | None = None,
         poll_interval: float = 5.0,
         progress_every: float = 30.0,
         job_timeout: float | None = None,
         storage_root: str | None = None,
         aws_conn_id: str | None = "aws_default",
         kubernetes_conn_id: str | None = "kubernetes_default",
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        from trainops.cluster import CLUSTERS
-
-        if cluster not in CLUSTERS:
-            raise ValueError(f"cluster {cluster!r} is not one of {CLUSTERS}")
+        **kwargs: Any,
+    ) -> None:
         if inject_preemption is not None and cluster != "local":
             raise ValueError("inject_preemption works only with cluster='local' (a demo and test aid)")
-        self.job_options = _jobs.check_job_options(job_options)
-        self.deferrable = _jobs.default_deferrable() if deferrable is None else deferrable
+        super().__init__(
+            cluster=cluster,
+            image=image,
+            namespace=namespace,
+            job_options=job_options,
+            deferrable=deferrable,
+            poll_interval=poll_interval,
+            storage_root=storage_root,
+            aws_conn_id=aws_conn_id,
+            kubernetes_conn_id=kubernetes_conn_id,
+            **kwargs,
+        )
         self.dataset = dataset
         self.trainer_config = trainer_config or {}
-        self.nodes, self.gpus_per_node, self.cluster = nodes, gpus_per_node, cluster
+        self.nodes, self.gpus_per_node = nodes, gpus_per_node
         self.capacity, self.fallback_after = capacity, fallback_after
         self.max_preemptions, self.max_infra_retries = max_preemptions, max_infra_retries
-        self.image, self.namespace = image, namespace
         self.termination_grace_seconds = termination_grace_seconds
         self.inject_preemption = inject_preemption
-        self.poll_interval, self.job_timeout = poll_interval, job_timeout
-        self.progress_every = progress_every
-        self.storage_root, self.aws_conn_id = storage_root, aws_conn_id
-        self.kubernetes_conn_id = kubernetes_conn_id
+        self.job_timeout, self.progress_every = job_timeout, progress_every
         self.unschedulable_timeout = unschedulable_timeout
-        if not any(_jobs.known_at_run_time(v) for v in (nodes, gpus_per_node, capacity, max_preemptions)):
+        if not any(_known_at_run_time(v) for v in (nodes, gpus_per_node, capacity, max_preemptions)):
             self._check_settings()  # else when the task runs, once the templates are rendered
 
     def _check_settings(self) -> None:
         """Check (and, from rendered templates, convert) the sizing settings; on Kubernetes,
         render a trial JobSpec too. At DAG parse for plain values, else when the task runs."""
-        self.nodes = _jobs.as_int("nodes", self.nodes, minimum=1)
-        self.gpus_per_node = _jobs.as_int("gpus_per_node", self.gpus_per_node, minimum=0)
-        self.max_preemptions = _jobs.as_int("max_preemptions", self.max_preemptions, minimum=0)
-        if self.capacity not in ("spot", "on-demand", "spot-then-on-demand"):
+        self.nodes = _as_int("nodes", self.nodes, minimum=1)
+        self.gpus_per_node = _as_int("gpus_per_node", self.gpus_per_node, minimum=0)
+        self.max_preemptions = _as_int("max_preemptions", self.max_preemptions, minimum=0)
+        if self.capacity not in CAPACITIES:
             raise ValueError(
-                f"capacity {self.capacity!r} is not one of 'spot', 'on-demand', 'spot-then-on-demand'"
+                f"capacity {self.capacity!r} is not one of {', '.join(repr(c) for c in CAPACITIES)}"
             )
-        _jobs.check_renders(
+        check_renders(
             self.cluster,
             nodes=self.nodes,
             gpus_per_node=self.gpus_per_node,
@@ -146,16 +156,33 @@ class FSDPTrainingOperator(BaseOperator):
             **self.job_options,
         )
 
-    # -- helpers -----------------------------------------------------------------------
-    def _cluster_options(self) -> dict:
-        return _jobs.cluster_options(
-            self.cluster, self.kubernetes_conn_id, self.namespace, self.unschedulable_timeout
+    def cluster_options(self) -> dict[str, Any]:
+        options = super().cluster_options()
+        if self.cluster == "kubernetes" and self.unschedulable_timeout is not None:
+            options["unschedulable_deadline_s"] = self.unschedulable_timeout
+        return options
+
+    def launch_settings(self) -> LaunchSettings:
+        """What every attempt's job is made of (once :meth:`_check_settings` has run)."""
+        from trainops.operators.launch_plan import LaunchSettings
+
+        return LaunchSettings(
+            nodes=self.nodes,
+            gpus_per_node=self.gpus_per_node,
+            image=self.image,
+            namespace=self.namespace,
+            termination_grace_seconds=self.termination_grace_seconds,
+            job_options=self.job_options,
+            inject_preemption=self.inject_preemption,
         )
 
-    def _cluster(self):
-        from trainops.cluster import get_cluster
-
-        return get_cluster(self.cluster, **self._cluster_options())
+    def budgets(self) -> Budgets:
+        """The recovery budgets, separate from Airflow's retries."""
+        return {
+            "max_preemptions": self.max_preemptions,
+            "max_infra_retries": self.max_infra_retries,
+            "fallback_after": self.fallback_after,
+        }
 
     def _data_uri(self) -> str:
         uri = self.dataset.get("uri") if isinstance(self.dataset, dict) else self.dataset
@@ -165,247 +192,193 @@ class FSDPTrainingOperator(BaseOperator):
             )
         return uri
 
-    # -- execute -----------------------------------------------------------------------
-    def execute(self, context):
+    def _run(self, context: Mapping[str, Any]) -> tuple[Storage, RunLayout, TaskIdentity]:
+        """The storage client, the run's layout and the task's identity."""
         from trainer.contract import RunLayout, run_prefix
 
-        self._check_settings()
-        identity = _jobs.task_identity(context)
+        identity = task_identity(context)
         root, store = root_and_storage(self.storage_root, self.aws_conn_id)
         run_uri = run_prefix(
             root, identity["dag_id"], identity["run_id"], identity["task_id"], identity["map_index"]
         )
-        layout = RunLayout(run_uri)
-        user = _jobs.nest(self.trainer_config)
-        for key in ("run_uri", "data_uri"):
-            if key in user:
-                raise ValueError(
-                    f"trainer_config must not set {key!r}: the operator derives it "
-                    "from the run prefix and the dataset"
-                )
-        base = {"run_uri": run_uri, "data_uri": self._data_uri(), **user}
-        world_size = self.nodes * max(1, self.gpus_per_node)
-        resolved = _jobs.resolve_trainer_config(base, world_size)  # bad config fails here, before any launch
+        return store, RunLayout(run_uri), identity
+
+    # -- execute -----------------------------------------------------------------------
+    def execute(self, context: Any) -> Any:
+        from trainops.operators.launch_plan import run_config
+        from trainops.recovery.record import start_record
+
+        self._check_settings()
+        store, layout, identity = self._run(context)
+        settings = self.launch_settings()
+        resolved = run_config(  # a bad config fails here, before any launch
+            self.trainer_config,
+            run_uri=layout.run_uri,
+            data_uri=self._data_uri(),
+            world_size=settings.world_size,
+        )
         store.put(layout.config, resolved.encode())
         self.log.info("trainer config written to %s", layout.config)
 
-        job = self._read_job(store, layout) or {
-            "run_uri": run_uri,
-            "config_uri": layout.config,
-            "cluster": self.cluster,
-            "capacity": self.capacity,
-            "preemptions": 0,
-            "infra_failures": 0,
-            "status": "running",
-            "attempts": [],
-        }
+        job = self._read_job(store, layout) or start_record(
+            run_uri=layout.run_uri, config_uri=layout.config, cluster=self.cluster, capacity=self.capacity
+        )
         if callable(getattr(context.get("ti"), "xcom_push", None)):  # the "Training report" link,
             context["ti"].xcom_push(key=RUN_REPORT_KEY, value=layout.job)  # on a reattach too
-        cluster = self._cluster()
-        self._labels = _jobs.job_labels(identity)
-        live = cluster.find(self._labels)
+        live = self.live_jobs(context)
         if live:
             self.log.info("reattaching to live job %s instead of launching a second one", live[0]["job_id"])
-            return self._wait(context, live[0], layout.metrics)
+            return self._wait(context, live[0], layout)
         return self._launch(context, store, layout, job, identity)
 
-    def _read_job(self, store, layout) -> dict | None:
+    def _read_job(self, store: Storage, layout: RunLayout) -> JobRecord | None:
         from trainer.storage import NotFound
+        from trainops.recovery.record import as_job_record
 
         try:
-            return store.get_json(layout.job)
+            return as_job_record(store.get_json(layout.job), layout.job)
         except NotFound:
             return None
 
-    def _launch(self, context, store, layout, job: dict, identity: dict):
-        from trainer.contract import ENV_ATTEMPT, trainer_argv
-        from trainops.cluster.spec import JobSpec
-        from trainops.hooks.storage import job_env_for
+    def _job(self, store: Storage, layout: RunLayout) -> JobRecord:
+        """The run's job.json, which exists once an attempt was launched."""
+        job = self._read_job(store, layout)
+        if job is None:
+            raise RuntimeError(
+                f"{layout.job} is missing, so this run's attempts are unknown; clear the task to start afresh"
+            )
+        return job
 
-        attempt = len(job["attempts"]) + 1
-        labels = {**_jobs.job_labels(identity), "trainops/attempt": str(attempt)}
-        env = {**job_env_for(layout.run_uri, self.aws_conn_id), ENV_ATTEMPT: str(attempt)}
-        spec = JobSpec(
-            name=_jobs.job_name("train", identity, attempt),
-            args=trainer_argv("train", layout.config),
-            nodes=self.nodes,
-            gpus_per_node=self.gpus_per_node,
-            distributed=True,
-            image=self.image,
-            namespace=self.namespace,
+    def _launch(
+        self, context: Any, store: Storage, layout: RunLayout, job: JobRecord, identity: TaskIdentity
+    ) -> Any:
+        from trainops.hooks.storage import job_env_for
+        from trainops.operators.launch_plan import manifests_of, training_attempt
+        from trainops.recovery.record import append_attempt, next_attempt
+
+        attempt = next_attempt(job)
+        launch = training_attempt(
+            self.launch_settings(),
+            identity=identity,
+            run_uri=layout.run_uri,
+            attempt=attempt,
             capacity=job["capacity"],
-            termination_grace_seconds=self.termination_grace_seconds,
-            **_jobs.merge_job_options(self.job_options, env=env, labels=labels),
+            storage_env=job_env_for(layout.run_uri, self.aws_conn_id),
         )
-        chaos = None
-        if self.inject_preemption and int(self.inject_preemption.get("attempt", 1)) == attempt:
-            chaos = {"node": 0, **self.inject_preemption, "attempt": attempt, "metrics_uri": layout.metrics}
-        cluster = self._cluster()
-        handle = cluster.launch(spec, chaos=chaos) if chaos else cluster.launch(spec)
-        job["attempts"].append(
-            {
-                "attempt": attempt,
-                "job": handle,
-                "capacity": job["capacity"],
-                "nodes": self.nodes,
-                "gpus_per_node": self.gpus_per_node,
-                "args": spec.args,
-                "spec": spec.to_dict(),
-                "manifests": _jobs.manifests_of(self.cluster, spec),
-                "launched_at": _jobs.now_iso(),
-            }
+        spec, chaos = launch.spec, launch.chaos
+        self.task_labels(context)  # on_kill finds every attempt's job by them
+        handle = self.backend.launch(spec, chaos=chaos)
+        job = append_attempt(
+            job, spec=spec, handle=handle, manifests=manifests_of(self.cluster, spec), at=now_iso()
         )
         store.put_json(layout.job, job)
         self.log.info(
             "attempt %d: launched %s (%d node(s) x %d process(es), %s capacity)%s",
             attempt,
             handle["job_id"],
-            self.nodes,
+            spec.nodes,
             spec.procs_per_node,
-            job["capacity"],
+            spec.capacity,
             f"; will inject a preemption at step {chaos['at_step']}" if chaos else "",
         )
-        return self._wait(context, handle, layout.metrics)
+        return self._wait(context, handle, layout)
 
-    def _wait(self, context, handle: dict, metrics_uri: str):
-        """Wait for the attempt: in the triggerer (deferrable) or here, then decide."""
-        from trainops.triggers.job import JobTrigger
-
-        trigger = JobTrigger(
-            handle=handle,
-            poll_interval=self.poll_interval,
+    def _wait(self, context: Any, handle: JobHandle, layout: RunLayout) -> Any:
+        """Wait for the attempt, with its progress lines in the task log, then decide."""
+        return self.wait_for(
+            context,
+            handle,
             timeout=self.job_timeout,
-            progress_uri=metrics_uri,
+            progress_uri=layout.metrics,
             progress_every=self.progress_every,
             aws_conn_id=self.aws_conn_id,
-            cluster_options=self._cluster_options(),
-            stream_logs=True,
         )
-        if self.deferrable:
-            self.defer(trigger=trigger, method_name="execute_complete")
-        return self.execute_complete(context, _jobs.wait_here(trigger))
 
-    def _retire(self, context, handle: dict, delay_s: float | None):
+    def _retire(self, context: Any, handle: JobHandle, delay_s: float | None) -> Any:
         """Delete the attempt's job; relaunch once every pod of it is gone (and any back-off
         is over): no old pod may still be writing its emergency checkpoint."""
         import time
 
         from trainops.triggers.job import JobGoneTrigger
 
-        self._cluster().delete(handle)
+        self.backend.delete(handle)
         trigger = JobGoneTrigger(
-            handle=handle,
-            cluster_options=self._cluster_options(),
+            handle=dict(handle),
+            cluster_options=self.cluster_options(),
             not_before=time.time() + delay_s if delay_s else None,
             deadline_s=self.termination_grace_seconds + 120,
         )
-        if self.deferrable:
-            self.defer(trigger=trigger, method_name="relaunch_when_gone")
-        return self.relaunch_when_gone(context, _jobs.wait_here(trigger))
+        return self.defer_or_wait(context, trigger, "relaunch_when_gone")
 
     # -- after each attempt ------------------------------------------------------------
-    def execute_complete(self, context, event: dict | None = None):
-        from trainer.contract import RunLayout, run_prefix
-        from trainops.recovery.classify import INFRA, PREEMPTED, classify_attempt
-        from trainops.recovery.policy import decide, is_capacity_fallback
+    def execute_complete(self, context: Any, event: object = None) -> Any:
+        """An attempt ended: fold it into job.json, then finish, relaunch or fail."""
+        from trainops.recovery.record import abandon_attempt, fold_finished
+        from trainops.triggers.events import check_event
 
-        event = _jobs.check_event(event)
-        if event["status"] == "gone":
-            raise RuntimeError(f"unexpected trigger event {event!r} for execute_complete")
+        checked = check_event(event, expected=("finished", "timeout", "error"))
         self._check_settings()
-        identity = _jobs.task_identity(context)
-        root, store = root_and_storage(self.storage_root, self.aws_conn_id)
-        layout = RunLayout(
-            run_prefix(
-                root, identity["dag_id"], identity["run_id"], identity["task_id"], identity["map_index"]
-            )
-        )
-        job = self._read_job(store, layout)
-        entry = job["attempts"][-1]
-        cluster = self._cluster()
-        if event["status"] != "finished":
-            cluster.delete(event["handle"])
-            entry.update(ended_at=_jobs.now_iso(), classification="error", reason=event.get("message"))
-            job["status"] = "failed"
-            store.put_json(layout.job, job)
+        store, layout, _ = self._run(context)
+        job = self._job(store, layout)
+        attempt = job["attempts"][-1]["attempt"]
+        if checked["status"] != "finished":
+            self.backend.delete(checked["handle"])
+            store.put_json(layout.job, abandon_attempt(job, reason=checked.get("message"), at=now_iso()))
             raise RuntimeError(
-                f"training attempt {entry['attempt']} {event['status']}: "
-                f"{event.get('message')}; the job was deleted"
+                f"training attempt {attempt} {checked['status']}: "
+                f"{checked.get('message')}; the job was deleted"
             )
 
-        state = event["state"]
-        record = self._read_record(store, layout, entry["attempt"])
-        verdict = classify_attempt(state, record)
-        fallback = is_capacity_fallback(verdict["classification"], state, job["capacity"])
-        job["preemptions"] += verdict["classification"] == PREEMPTED
-        job["infra_failures"] += verdict["classification"] == INFRA and not fallback
-        decision = decide(
-            verdict["classification"],
-            preemptions=job["preemptions"],
-            max_preemptions=self.max_preemptions,
-            infra_failures=job["infra_failures"],
-            max_infra_retries=self.max_infra_retries,
-            capacity=job["capacity"],
-            fallback_after=self.fallback_after,
-            unschedulable=bool(state.get("unschedulable")),
-        )
-        entry.update(
-            ended_at=_jobs.now_iso(),
-            state=state,
+        record = self._read_record(store, layout, attempt)
+        progress = None if record is not None else self._progress(store, layout, attempt)
+        job, decision = fold_finished(
+            job,
+            state=checked["state"],
             record=record,
-            steps_lost=self._steps_lost(store, layout, entry["attempt"], record),
-            node_types=_jobs.node_types(state),
-            decision=decision,
-            **verdict,
+            progress=progress,
+            budgets=self.budgets(),
+            at=now_iso(),
         )
+        store.put_json(layout.job, job)
+        entry = job["attempts"][-1]
         self.log.info(
             "attempt %d: %s (%s); %s",
-            entry["attempt"],
-            verdict["classification"],
-            verdict["reason"],
+            attempt,
+            entry.get("classification"),
+            entry.get("reason"),
             decision["reason"],
         )
         if decision["action"] == "relaunch":
-            job["capacity"] = decision["capacity"]
-            store.put_json(layout.job, job)
-            return self._retire(context, event["handle"], decision.get("delay_s"))
-        job["status"] = "succeeded" if decision["action"] == "finish" else "failed"
-        store.put_json(layout.job, job)
+            return self._retire(context, checked["handle"], decision.get("delay_s"))
         if decision["action"] == "fail":
-            tail = cluster.logs_tail(event["handle"], lines=20)
+            tail = self.backend.logs_tail(checked["handle"], lines=20)
             raise RuntimeError(
-                f"training failed on attempt {entry['attempt']}: {verdict['reason']}. "
+                f"training failed on attempt {attempt}: {entry.get('reason')}. "
                 f"{decision['reason']}.\nLast log lines:\n{tail}"
             )
+        assert record is not None, "an attempt finishes only with the trainer's 'completed' record"
         return self._result(store, layout, job, record)
 
-    def relaunch_when_gone(self, context, event=None):
+    def relaunch_when_gone(self, context: Any, event: object = None) -> Any:
         """The old attempt's pods are gone (and any back-off is over): launch the next attempt."""
-        from trainer.contract import RunLayout, run_prefix
+        from trainops.recovery.record import mark_failed
+        from trainops.triggers.events import check_event
 
-        event = _jobs.check_event(event)
+        checked = check_event(event)
         self._check_settings()
-        identity = _jobs.task_identity(context)
-        root, store = root_and_storage(self.storage_root, self.aws_conn_id)
-        layout = RunLayout(
-            run_prefix(
-                root, identity["dag_id"], identity["run_id"], identity["task_id"], identity["map_index"]
-            )
-        )
-        job = self._read_job(store, layout)
-        if event["status"] != "gone":
-            job["status"] = "failed"
-            store.put_json(layout.job, job)
-            raise RuntimeError(f"not relaunching: {event.get('message') or event['status']}")
-        self._labels = _jobs.job_labels(identity)
+        store, layout, identity = self._run(context)
+        job = self._job(store, layout)
+        if checked["status"] != "gone":
+            store.put_json(layout.job, mark_failed(job))
+            raise RuntimeError(f"not relaunching: {checked.get('message') or checked['status']}")
         return self._launch(context, store, layout, job, identity)
 
-    def _read_record(self, store, layout, attempt: int) -> dict | None:
+    def _read_record(self, store: Storage, layout: RunLayout, attempt: int) -> AttemptRecord | None:
         from trainer.contract import parse_attempt_record
         from trainer.storage import NotFound
 
         try:
-            return parse_attempt_record(store.get_json(layout.attempt(attempt)))
+            return parse_attempt_record(get_json_object(store, layout.attempt(attempt)))
         except NotFound:
             return None
         except ValueError as exc:
@@ -413,27 +386,27 @@ class FSDPTrainingOperator(BaseOperator):
             return None
 
     @staticmethod
-    def _steps_lost(store, layout, attempt: int, record: dict | None) -> int:
-        """From the record, or (no record: SIGKILL) from metrics vs the latest committed step."""
-        if record is not None:
-            return record["steps_lost"]
+    def _progress(store: Storage, layout: RunLayout, attempt: int) -> Progress | None:
+        """What storage shows of an attempt that wrote no record (SIGKILL): its last logged
+        step and the newest committed checkpoint (None: it logged nothing)."""
         from trainer.contract import max_step_of_attempt, metrics_records
         from trainer.storage import NotFound
 
         try:
             last = max_step_of_attempt(metrics_records(store.get(layout.metrics).decode()), attempt)
         except NotFound:
-            return 0
+            return None
         try:
-            committed = int(store.get_json(layout.latest).get("step", 0))
+            committed = int(get_json_object(store, layout.latest).get("step", 0))
         except NotFound:
             committed = 0
-        return max(0, last - committed)
+        return {"last_step": last, "committed_step": committed}
 
     @staticmethod
-    def _result(store, layout, job: dict, record: dict) -> dict:
+    def _result(store: Storage, layout: RunLayout, job: JobRecord, record: AttemptRecord) -> dict[str, Any]:
         from trainer.contract import metrics_by_step, metrics_records
         from trainer.storage import NotFound
+        from trainops.recovery.record import total_steps_lost
 
         try:
             by_step = metrics_by_step(metrics_records(store.get(layout.metrics).decode()))
@@ -450,18 +423,24 @@ class FSDPTrainingOperator(BaseOperator):
             "checkpoint_step": record["checkpoint_step"],
             "attempts": len(job["attempts"]),
             "preemptions": job["preemptions"],
-            "steps_lost": sum(a.get("steps_lost") or 0 for a in job["attempts"]),
+            "steps_lost": total_steps_lost(job),
             "final_loss": final_loss,
         }
 
-    def on_kill(self) -> None:
-        """Killing the task deletes its live job (all nodes), so nothing trains unwatched."""
-        try:
-            labels = getattr(self, "_labels", None)
-            if not labels:
-                return
-            cluster = self._cluster()
-            for handle in cluster.find(labels):
-                cluster.delete(handle)
-        except Exception:  # best effort: on_kill must not raise
-            self.log.exception("could not delete the training job")
+
+def _known_at_run_time(value: object) -> bool:
+    """A Jinja template or an XComArg: its value exists only once the task runs."""
+    return (isinstance(value, str) and "{{" in value) or callable(getattr(value, "resolve", None))
+
+
+def _as_int(name: str, value: object, *, minimum: int) -> int:
+    """``value`` (an int, or a rendered template's text such as ``"2"``) as an int >= minimum."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        number = int(value)
+    else:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if number < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {number}")
+    return number

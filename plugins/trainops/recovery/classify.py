@@ -5,23 +5,40 @@ node that vanished) and the trainer's own attempt record together say what happe
 codes alone cannot, because torchrun exits 1 on SIGTERM whatever its workers did.
 """
 
-from __future__ import annotations
+# No ``from __future__ import annotations``: TypedDict reads its annotations at run time.
+from collections.abc import Mapping
+from typing import Any, Final, Literal, TypedDict
 
-SUCCEEDED, PREEMPTED, INFRA, ERROR = "succeeded", "preempted", "infra", "error"
+from trainops.cluster.base import JobState
+
+Classification = Literal["succeeded", "preempted", "infra", "error"]
+SUCCEEDED: Final = "succeeded"
+PREEMPTED: Final = "preempted"
+INFRA: Final = "infra"
+ERROR: Final = "error"
+
+# The trainer's attempt record (``trainer.contract.attempt_record``), as read from storage.
+AttemptRecord = Mapping[str, Any]
 
 
-def classify_attempt(state: dict, record: dict | None) -> dict:
+class Verdict(TypedDict):
+    """What happened to an attempt, and why, in a sentence for the task log and job.json."""
+
+    classification: Classification
+    reason: str
+
+
+def classify_attempt(state: JobState, record: AttemptRecord | None) -> Verdict:
     """Classify one finished attempt.
 
     :param state: the backend's final job state (``phase``, ``reason``, ``nodes``, ``disruptions``).
     :param record: the attempt record the trainer wrote, or None if it could not write one.
-    :return: ``{"classification": ..., "reason": ...}``
     """
-    outcome = (record or {}).get("outcome")
+    outcome = record.get("outcome") if record is not None else None
     disruptions = state.get("disruptions") or []
     if outcome == "completed":
         return {"classification": SUCCEEDED, "reason": "the trainer completed every step"}
-    if outcome == "preempted":
+    if record is not None and outcome == "preempted":
         why = (
             disruptions[0]["message"]
             if disruptions
@@ -39,14 +56,15 @@ def classify_attempt(state: dict, record: dict | None) -> dict:
         }
     if state.get("phase") == "lost":
         return {"classification": PREEMPTED, "reason": f"node lost: {state.get('reason')}"}
-    if outcome == "failed":
+    if record is not None and outcome == "failed":
         hint = record.get("hint")
         return {
             "classification": ERROR,
             "reason": f"{record.get('error') or 'the trainer failed'}" + (f"; hint: {hint}" if hint else ""),
         }
-    if state.get("infra_reason"):
-        return {"classification": INFRA, "reason": state["infra_reason"]}
+    infra_reason = state.get("infra_reason")
+    if infra_reason:
+        return {"classification": INFRA, "reason": infra_reason}
     codes = [n.get("exit_code") for n in state.get("nodes", [])]
     if state.get("phase") == "succeeded":
         return {

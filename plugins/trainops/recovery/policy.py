@@ -2,9 +2,23 @@
 or fail. Pure; preemptions and infrastructure failures have budgets of their own, separate
 from Airflow's retries."""
 
-from __future__ import annotations
+# No ``from __future__ import annotations``: TypedDict reads its annotations at run time.
+from collections.abc import Mapping
+from typing import Any, Literal, NotRequired, TypedDict
 
 from trainops.recovery.classify import INFRA, PREEMPTED, SUCCEEDED
+
+Action = Literal["finish", "relaunch", "fail"]
+
+
+class Decision(TypedDict):
+    """What to do after an attempt. ``capacity`` is for the next attempt; ``delay_s``, when
+    set, is how long to wait before relaunching (an infrastructure back-off)."""
+
+    action: Action
+    capacity: str
+    reason: str
+    delay_s: NotRequired[float]
 
 
 def infra_backoff_s(failures: int, base_s: float = 30.0, cap_s: float = 600.0) -> float:
@@ -13,10 +27,10 @@ def infra_backoff_s(failures: int, base_s: float = 30.0, cap_s: float = 600.0) -
     A failing image pull or a full node pool rarely clears at once; relaunching at once only
     burns the retry budget.
     """
-    return min(cap_s, base_s * 2 ** max(0, failures - 1))
+    return float(min(cap_s, base_s * 2 ** max(0, failures - 1)))
 
 
-def is_capacity_fallback(classification: str, state: dict, capacity: str) -> bool:
+def is_capacity_fallback(classification: str, state: Mapping[str, Any], capacity: str) -> bool:
     """True when spot capacity never came (pods unschedulable past the deadline) and the
     job may move to on-demand: that is a fallback, not an infrastructure failure to count."""
     return classification == INFRA and bool(state.get("unschedulable")) and capacity == "spot-then-on-demand"
@@ -32,7 +46,7 @@ def decide(
     capacity: str = "spot",
     fallback_after: int | None = None,
     unschedulable: bool = False,
-) -> dict:
+) -> Decision:
     """What to do after an attempt: ``finish``, ``relaunch`` or ``fail``.
 
     :param preemptions: preemptions so far, this one included.
@@ -42,8 +56,7 @@ def decide(
         this many preemptions.
     :param unschedulable: the attempt's pods found no node before the deadline; with
         ``spot-then-on-demand`` the next attempt runs on-demand at once.
-    :return: ``{"action", "capacity", "reason"}`` and, for a delayed relaunch, ``delay_s``;
-        ``capacity`` is for the next attempt.
+    :return: the :class:`Decision`; ``delay_s`` only for a delayed relaunch.
     """
     if is_capacity_fallback(classification, {"unschedulable": unschedulable}, capacity):
         return {

@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from trainer.storage import open_storage
-from trainops.hooks.storage import job_env_for, storage_for
+from trainer.storage import NotFound, open_storage
+from trainops.hooks.storage import get_json_object, job_env_for, root_and_storage, storage_for
 
 
 def _define_connection(monkeypatch, conn_id: str, **fields) -> None:
@@ -123,3 +123,22 @@ def test_job_env_for_real_aws_without_settings_is_empty(monkeypatch):
 
 def test_job_env_for_file_root_is_empty(tmp_path):
     assert job_env_for(f"file://{tmp_path}", "trainops_s3") == {}
+
+
+def test_an_operators_storage_is_its_root_or_the_default_one(file_root, monkeypatch):
+    monkeypatch.setenv("TRAINOPS_STORAGE_ROOT", file_root)
+    root, store = root_and_storage(None, None)
+    assert root == file_root
+    store.put_json(f"{root}/record.json", {"status": "running"})
+    assert root_and_storage(file_root, None)[1].get_json(f"{root}/record.json") == {"status": "running"}
+
+
+def test_a_record_must_be_a_json_object(file_root):
+    store = open_storage(file_root)
+    store.put_json(f"{file_root}/ok.json", {"step": 3})
+    store.put_json(f"{file_root}/list.json", [3])
+    assert get_json_object(store, f"{file_root}/ok.json") == {"step": 3}
+    with pytest.raises(ValueError, match=r"list.json holds a JSON list, not an object"):
+        get_json_object(store, f"{file_root}/list.json")
+    with pytest.raises(NotFound):
+        get_json_object(store, f"{file_root}/missing.json")

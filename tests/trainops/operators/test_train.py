@@ -1,7 +1,8 @@
 """FSDPTrainingOperator's decisions, with a fake cluster at the backend boundary.
 
-The fake returns job states shaped like the local backend's status.json; the attempt records
-are real ones (trainer.contract.attempt_record) in real file:// storage.
+The fake (tests/trainops/cluster/fake_backend.py) returns job states shaped like the local
+backend's status.json; the attempt records are real ones (trainer.contract.attempt_record) in
+real file:// storage.
 """
 
 import asyncio
@@ -11,7 +12,10 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
-import trainops.cluster
+from tests.trainops.cluster.fake_backend import (
+    FakeCluster,  # noqa: F401  (test_links.py imports it here)
+    use_fake_cluster,
+)
 from trainer.contract import RunLayout, attempt_record, run_prefix
 from trainer.storage import open_storage
 from trainops.operators import FSDPTrainingOperator
@@ -19,37 +23,9 @@ from trainops.operators import FSDPTrainingOperator
 DATA_URI = "file:///data/datasets/demo/abc"
 
 
-class FakeCluster:
-    def __init__(self):
-        self.launched, self.deleted, self.live = [], [], []
-        self.states = {}  # attempt number -> final state reported by status()
-
-    def launch(self, spec, chaos=None):
-        self.launched.append((spec, chaos))
-        return {"cluster": "local", "job_id": f"{spec.name}-x", "job_dir": "/nowhere", "labels": spec.labels}
-
-    def status(self, handle):
-        attempt = int(handle["labels"]["trainops/attempt"])
-        return self.states.get(attempt, {"phase": "running", "reason": None, "nodes": [], "disruptions": []})
-
-    def find(self, labels):
-        return self.live
-
-    def delete(self, handle):
-        self.deleted.append(handle["job_id"])
-
-    def all_gone(self, handle):
-        return handle["job_id"] in self.deleted  # gone once deleted, as pods are
-
-    def logs_tail(self, handle, lines=30):
-        return "[node-0] RuntimeError: CUDA out of memory"
-
-
 @pytest.fixture
 def cluster(monkeypatch):
-    fake = FakeCluster()
-    monkeypatch.setattr(trainops.cluster, "get_cluster", lambda name, **kw: fake)
-    return fake
+    return use_fake_cluster(monkeypatch)
 
 
 @pytest.fixture

@@ -1,0 +1,193 @@
+"""The launch plan: the one place a training run's config is resolved and an attempt's JobSpec
+is built, for :class:`~trainops.operators.train.FSDPTrainingOperator` and for the dry run
+(:mod:`trainops.recipes.dry_run`), so a dry run shows exactly what attempt 1 launches.
+The one-process jobs of staging and evaluation are built here too.
+
+Pure apart from reading the trainer's schema: the storage environment (which needs the
+Airflow connection) is passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from trainops.operators.base import TaskIdentity, job_labels, job_name
+from trainops.operators.job_options import merge_job_options
+
+if TYPE_CHECKING:
+    from trainops.cluster.spec import JobSpec
+
+# trainer_config keys the operator derives itself (from the run prefix and the dataset).
+DERIVED_KEYS = ("run_uri", "data_uri")
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """What the training operator's parameters say about every attempt's job.
+
+    :param inject_preemption: the local cluster's injected preemption (a demo and test aid):
+        ``{"node": 1, "at_step": 40}``, for attempt ``"attempt"`` (default 1).
+    """
+
+    nodes: int
+    gpus_per_node: int
+    image: str
+    namespace: str
+    termination_grace_seconds: int
+    job_options: Mapping[str, Any] = field(default_factory=dict)
+    inject_preemption: Mapping[str, Any] | None = None
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of the gang: one per GPU, or one per node on CPU."""
+        return self.nodes * max(1, self.gpus_per_node)
+
+
+@dataclass(frozen=True)
+class AttemptLaunch:
+    """One attempt as it is launched: the JobSpec, and the injected preemption (None: none)."""
+
+    spec: JobSpec
+    chaos: dict[str, Any] | None
+
+
+def nest(flat_or_nested: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Accept ``{"train.lr": 1e-3}`` and ``{"train": {"lr": 1e-3}}`` alike; return nested."""
+    out: dict[str, Any] = {}
+    for key, value in (flat_or_nested or {}).items():
+        if isinstance(value, dict):
+            value = nest(value)
+        node = out
+        *parents, leaf = str(key).split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        if isinstance(value, dict) and isinstance(node.get(leaf), dict):
+            node[leaf].update(value)
+        else:
+            node[leaf] = value
+    return out
+
+
+def resolve_trainer_config(base: Mapping[str, Any], world_size: int) -> str:
+    """Validate a trainer config (defaults < ``base``) for ``world_size`` ranks; the resolved YAML.
+
+    Uses the trainer's own schema (``trainer.config``: dataclasses and PyYAML, no torch), so
+    an unknown key, a wrong type or a global batch the ranks cannot split fails here, naming
+    the key, before any job is launched.
+    """
+    import os
+    import tempfile
+
+    import yaml
+
+    from trainer.config import accumulation_steps, dump_yaml, load_config
+
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump(dict(base), f)
+        path = f.name
+    try:
+        config = load_config(path, [])
+    finally:
+        os.unlink(path)
+    accumulation_steps(config.train, world_size)
+    return str(dump_yaml(config))
+
+
+def run_config(user: Mapping[str, Any] | None, *, run_uri: str, data_uri: str, world_size: int) -> str:
+    """The resolved ``config.yaml`` of a training run: the user's ``trainer_config`` (nested or
+    dotted) with the run prefix and the dataset the operator derives, checked by the trainer's
+    schema for ``world_size`` ranks."""
+    nested = nest(user)
+    for key in DERIVED_KEYS:
+        if key in nested:
+            raise ValueError(
+                f"trainer_config must not set {key!r}: the operator derives it "
+                "from the run prefix and the dataset"
+            )
+    return resolve_trainer_config({"run_uri": run_uri, "data_uri": data_uri, **nested}, world_size)
+
+
+def training_attempt(
+    settings: LaunchSettings,
+    *,
+    identity: TaskIdentity,
+    run_uri: str,
+    attempt: int,
+    capacity: str,
+    storage_env: Mapping[str, str],
+) -> AttemptLaunch:
+    """Attempt ``attempt`` of the training run under ``run_uri``.
+
+    :param capacity: the run's capacity now (``spot-then-on-demand`` moves to ``on-demand``).
+    :param storage_env: the storage endpoint and region (``trainops.hooks.storage.job_env_for``).
+    """
+    from trainer.contract import ENV_ATTEMPT, RunLayout, trainer_argv
+    from trainops.cluster.spec import JobSpec
+
+    layout = RunLayout(run_uri)
+    spec = JobSpec(
+        name=job_name("train", identity, attempt),
+        args=trainer_argv("train", layout.config),
+        nodes=settings.nodes,
+        gpus_per_node=settings.gpus_per_node,
+        distributed=True,
+        image=settings.image,
+        namespace=settings.namespace,
+        capacity=capacity,
+        termination_grace_seconds=settings.termination_grace_seconds,
+        **merge_job_options(
+            settings.job_options,
+            env={**storage_env, ENV_ATTEMPT: str(attempt)},
+            labels={**job_labels(identity), "trainops/attempt": str(attempt)},
+        ),
+    )
+    inject = settings.inject_preemption
+    chaos = None
+    if inject and int(inject.get("attempt", 1)) == attempt:
+        chaos = {"node": 0, **inject, "attempt": attempt, "metrics_uri": layout.metrics}
+    return AttemptLaunch(spec=spec, chaos=chaos)
+
+
+def one_process_job(
+    prefix: str,
+    *,
+    identity: TaskIdentity,
+    attempt: int,
+    args: list[str],
+    labels: Mapping[str, str],
+    image: str,
+    namespace: str,
+    capacity: str,
+    job_options: Mapping[str, Any],
+    storage_env: Mapping[str, str],
+    gpus_per_node: int = 0,
+) -> JobSpec:
+    """A one-node, one-process job (staging, evaluation) named ``<prefix>-<hash>-a<attempt>``.
+
+    :param labels: the job's labels (the task's, and whatever else marks this job).
+    """
+    from trainops.cluster.spec import JobSpec
+
+    return JobSpec(
+        name=job_name(prefix, identity, attempt),
+        args=args,
+        nodes=1,
+        gpus_per_node=gpus_per_node,
+        distributed=False,
+        image=image,
+        namespace=namespace,
+        capacity=capacity,
+        **merge_job_options(job_options, env=storage_env, labels=labels),
+    )
+
+
+def manifests_of(cluster: str, spec: JobSpec) -> list[dict[str, Any]]:
+    """The manifests a Kubernetes attempt submits (for job.json and the dry run; no secret
+    values are ever in them, only references); nothing for other backends."""
+    if cluster != "kubernetes":
+        return []
+    from trainops.cluster.kubernetes.render import render_manifests
+
+    return list(render_manifests(spec))

@@ -1,0 +1,240 @@
+"""The training run's ``job.json``: every attempt, what became of it and what was decided.
+
+The record is a fold over attempts. The operator starts it, appends each attempt it launches,
+folds in each attempt that finished (classification, recovery decision, counters, steps lost,
+node types) and writes the result; these functions only compute the next record from the
+last one, so the bookkeeping is tested over plain data. The report pages and the cost
+accounting read the same fields back.
+"""
+
+# No ``from __future__ import annotations``: TypedDict reads its annotations at run time.
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict, cast
+
+from trainops.cluster.base import JobHandle, JobState
+from trainops.recovery.classify import INFRA, PREEMPTED, AttemptRecord, Classification, classify_attempt
+from trainops.recovery.policy import Decision, decide, is_capacity_fallback
+
+if TYPE_CHECKING:
+    from trainops.cluster.spec import JobSpec
+
+Status = Literal["running", "succeeded", "failed"]
+
+
+class NodeType(TypedDict):
+    """The machine one node of an attempt ran on: the raw material of the cost report."""
+
+    index: int | None
+    node_name: str | None
+    instance_type: str | None
+    capacity_type: str | None
+
+
+class AttemptEntry(TypedDict):
+    """One attempt in ``job.json``: what was launched, and, once it ended, what happened.
+
+    ``manifests`` are the Kubernetes objects submitted (references to secrets only, never
+    their values); ``record`` is the trainer's own attempt record (None: it wrote none, for
+    example when it was SIGKILLed)."""
+
+    attempt: int
+    job: JobHandle
+    capacity: str
+    nodes: int
+    gpus_per_node: int
+    args: list[str]
+    spec: dict[str, Any]
+    manifests: list[dict[str, Any]]
+    launched_at: str
+    ended_at: NotRequired[str]
+    state: NotRequired[JobState]
+    record: NotRequired[dict[str, Any] | None]
+    steps_lost: NotRequired[int]
+    node_types: NotRequired[list[NodeType]]
+    decision: NotRequired[Decision]
+    classification: NotRequired[Classification]
+    reason: NotRequired[str | None]
+
+
+class JobRecord(TypedDict):
+    """A training run's ``job.json``. ``capacity`` is the next attempt's (it moves to
+    on-demand on a fallback); ``preemptions`` and ``infra_failures`` count against their
+    budgets (a capacity fallback is not an infrastructure failure)."""
+
+    run_uri: str
+    config_uri: str
+    cluster: str
+    capacity: str
+    preemptions: int
+    infra_failures: int
+    status: Status
+    attempts: list[AttemptEntry]
+
+
+class Progress(TypedDict):
+    """What storage shows of an attempt that left no record: the last step it logged to
+    ``metrics.jsonl`` and the newest committed checkpoint's step (0: none)."""
+
+    last_step: int
+    committed_step: int
+
+
+class Budgets(TypedDict):
+    """The operator's recovery settings (see :func:`trainops.recovery.policy.decide`)."""
+
+    max_preemptions: int
+    max_infra_retries: int
+    fallback_after: int | None
+
+
+def start_record(*, run_uri: str, config_uri: str, cluster: str, capacity: str) -> JobRecord:
+    """The record of a run that has launched nothing yet."""
+    return {
+        "run_uri": run_uri,
+        "config_uri": config_uri,
+        "cluster": cluster,
+        "capacity": capacity,
+        "preemptions": 0,
+        "infra_failures": 0,
+        "status": "running",
+        "attempts": [],
+    }
+
+
+def as_job_record(data: object, uri: str) -> JobRecord:
+    """``data`` read from ``uri`` as a :class:`JobRecord`, or ValueError saying what is off."""
+    missing = (
+        sorted(set(JobRecord.__required_keys__) - set(data))
+        if isinstance(data, dict)
+        else sorted(JobRecord.__required_keys__)
+    )
+    if not isinstance(data, dict) or missing or not isinstance(data.get("attempts"), list):
+        raise ValueError(
+            f"{uri} is not a trainops job record (missing {missing or ['a list of attempts']}); "
+            "move it aside to start the run's bookkeeping afresh"
+        )
+    return cast(JobRecord, data)
+
+
+def next_attempt(job: JobRecord) -> int:
+    """The number of the attempt to launch next (1-based)."""
+    return len(job["attempts"]) + 1
+
+
+def append_attempt(
+    job: JobRecord, *, spec: "JobSpec", handle: JobHandle, manifests: list[dict[str, Any]], at: str
+) -> JobRecord:
+    """``job`` with attempt :func:`next_attempt` launched at ``at`` as ``spec`` (``handle``)."""
+    entry: AttemptEntry = {
+        "attempt": next_attempt(job),
+        "job": handle,
+        "capacity": job["capacity"],
+        "nodes": spec.nodes,
+        "gpus_per_node": spec.gpus_per_node,
+        "args": list(spec.args),
+        "spec": spec.to_dict(),
+        "manifests": manifests,
+        "launched_at": at,
+    }
+    return {**job, "attempts": [*job["attempts"], entry]}
+
+
+def node_types(state: JobState) -> list[NodeType]:
+    """Per node of a finished attempt: instance type and capacity type, when the backend knows
+    them (Kubernetes, with permission to read nodes)."""
+    return [
+        {
+            "index": n.get("index"),
+            "node_name": n.get("node_name"),
+            "instance_type": n.get("instance_type"),
+            "capacity_type": n.get("capacity_type"),
+        }
+        for n in state.get("nodes") or []
+        if n.get("instance_type") or n.get("capacity_type")
+    ]
+
+
+def steps_lost(record: AttemptRecord | None, progress: Progress | None) -> int:
+    """Steps the attempt trained after its last committed checkpoint: the next attempt replays
+    them. From the trainer's record; without one (SIGKILL), from what storage shows."""
+    if record is not None:
+        return int(record["steps_lost"])
+    if progress is None:
+        return 0
+    return max(0, progress["last_step"] - progress["committed_step"])
+
+
+def fold_finished(
+    job: JobRecord,
+    *,
+    state: JobState,
+    record: AttemptRecord | None,
+    progress: Progress | None,
+    budgets: Budgets,
+    at: str,
+) -> tuple[JobRecord, Decision]:
+    """Fold the newest attempt's end into ``job``: classify it, count it against its budget,
+    decide what comes next, and record all of that in its entry.
+
+    :param state: the backend's final state of the attempt.
+    :param record: the trainer's attempt record, or None if it wrote none.
+    :param progress: what storage shows of an attempt without a record (None: nothing).
+    :param at: when the attempt was seen to end (ISO 8601).
+    :return: the new record (``status`` set when the run is over, ``capacity`` moved when the
+        next attempt runs elsewhere) and the decision to act on.
+    """
+    *earlier, entry = job["attempts"]
+    verdict = classify_attempt(state, record)
+    kind = verdict["classification"]
+    fallback = is_capacity_fallback(kind, state, job["capacity"])
+    preemptions = job["preemptions"] + (kind == PREEMPTED)
+    infra_failures = job["infra_failures"] + (kind == INFRA and not fallback)
+    decision = decide(
+        kind,
+        preemptions=preemptions,
+        max_preemptions=budgets["max_preemptions"],
+        infra_failures=infra_failures,
+        max_infra_retries=budgets["max_infra_retries"],
+        capacity=job["capacity"],
+        fallback_after=budgets["fallback_after"],
+        unschedulable=bool(state.get("unschedulable")),
+    )
+    ended: AttemptEntry = {
+        **entry,
+        "ended_at": at,
+        "state": state,
+        "record": dict(record) if record is not None else None,
+        "steps_lost": steps_lost(record, progress),
+        "node_types": node_types(state),
+        "decision": decision,
+        "classification": kind,
+        "reason": verdict["reason"],
+    }
+    folded: JobRecord = {
+        **job,
+        "preemptions": preemptions,
+        "infra_failures": infra_failures,
+        "attempts": [*earlier, ended],
+    }
+    if decision["action"] == "relaunch":
+        folded["capacity"] = decision["capacity"]
+    else:
+        folded["status"] = "succeeded" if decision["action"] == "finish" else "failed"
+    return folded, decision
+
+
+def abandon_attempt(job: JobRecord, *, reason: str | None, at: str) -> JobRecord:
+    """``job`` after waiting for its newest attempt failed (timeout, or the trigger's error):
+    the attempt is recorded as an error with ``reason`` and the run as failed."""
+    *earlier, entry = job["attempts"]
+    ended: AttemptEntry = {**entry, "ended_at": at, "classification": "error", "reason": reason}
+    return {**job, "status": "failed", "attempts": [*earlier, ended]}
+
+
+def mark_failed(job: JobRecord) -> JobRecord:
+    """``job`` with the run failed and its attempts as they were (no relaunch came)."""
+    return {**job, "status": "failed"}
+
+
+def total_steps_lost(job: JobRecord) -> int:
+    """Steps lost over every attempt of the run."""
+    return sum(a.get("steps_lost") or 0 for a in job["attempts"])

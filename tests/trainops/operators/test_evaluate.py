@@ -1,0 +1,171 @@
+"""EvaluateModelOperator: one evaluation job for the candidate and production, on the fake cluster.
+
+The test plays the job: it writes ``eval/metrics.json`` as ``python -m trainer evaluate`` does.
+"""
+
+from types import SimpleNamespace
+
+import pytest
+from airflow.sdk.exceptions import TaskDeferred
+
+from tests.trainops.cluster.fake_backend import LOG_TAIL, use_fake_cluster
+from trainer.contract import RunLayout, model_version_prefix, production_pointer, run_prefix
+from trainer.storage import open_storage
+from trainops.operators import EvaluateModelOperator
+from trainops.registry.promotion import new_pointer
+
+MODEL = "retrain-lm"
+CANDIDATE = {"eval_loss": 2.1, "perplexity": 8.17, "tokens": 4096, "slices": {}}
+PRODUCTION = {"eval_loss": 2.3, "perplexity": 9.97, "tokens": 4096, "slices": {}}
+
+
+@pytest.fixture
+def cluster(monkeypatch):
+    return use_fake_cluster(monkeypatch)
+
+
+@pytest.fixture
+def context():
+    return {"ti": SimpleNamespace(dag_id="retrain", run_id="manual__1", task_id="evaluate", map_index=-1)}
+
+
+def training(root):
+    run_uri = run_prefix(root, "retrain", "manual__1", "train")
+    layout = RunLayout(run_uri)
+    return {"run_uri": run_uri, "config_uri": layout.config, "export_uri": layout.export}
+
+
+def operator(root, **kw):
+    return EvaluateModelOperator(
+        task_id="evaluate", training=training(root), model_name=MODEL, storage_root=root, **kw
+    )
+
+
+def promote_by_hand(root, version):
+    """The production pointer as promotion leaves it, at ``version``."""
+    uri = model_version_prefix(root, MODEL, version)
+    pointer = new_pointer(
+        None, name=MODEL, version=version, version_uri=uri, entry={"at": "t", "action": "promote"}
+    )
+    open_storage(root).put_json(production_pointer(root, MODEL), pointer)
+    return uri
+
+
+def job_ran(root, baseline=None):
+    """What the evaluation job writes when it succeeds."""
+    layout = RunLayout(training(root)["run_uri"])
+    open_storage(root).put_json(layout.eval_metrics, {"candidate": CANDIDATE, "baseline": baseline})
+
+
+def finished(handle, phase="succeeded", reason=None):
+    state = {"phase": phase, "reason": reason, "nodes": [], "disruptions": []}
+    return {"status": "finished", "handle": handle, "state": state}
+
+
+def test_the_first_evaluation_launches_one_job_for_the_candidate_and_defers(file_root, cluster, context):
+    with pytest.raises(TaskDeferred) as deferred:
+        operator(file_root, job_timeout=600).execute(context)
+    ((spec, _),) = cluster.launched
+    train = training(file_root)
+    assert spec.args == [
+        "python",
+        "-m",
+        "trainer",
+        "evaluate",
+        "--config",
+        train["config_uri"],
+        f"eval.model_uri={train['export_uri']}",
+        f"eval.output_uri={RunLayout(train['run_uri']).eval_metrics}",
+    ]
+    assert (spec.nodes, spec.distributed, spec.capacity) == (1, False, "on-demand")
+    assert spec.name.startswith("eval-") and spec.labels["trainops/task"] == "evaluate"
+    trigger = deferred.value.trigger.serialize()[1]
+    assert (trigger["handle"]["job_id"], trigger["timeout"]) == (spec.name + "-x", 600)
+
+    job_ran(file_root)
+    result = operator(file_root).execute_complete(context, finished(trigger["handle"]))
+    assert result == {
+        "metrics_uri": RunLayout(train["run_uri"]).eval_metrics,
+        "run_uri": train["run_uri"],
+        "model_name": MODEL,
+        "candidate": CANDIDATE,
+        "production": None,
+        "production_version": None,
+    }
+
+
+def test_production_is_evaluated_by_the_same_job_on_the_candidates_split(file_root, cluster, context):
+    production_uri = promote_by_hand(file_root, 3)
+    with pytest.raises(TaskDeferred) as deferred:
+        operator(file_root).execute(context)
+    ((spec, _),) = cluster.launched
+    # One command, the candidate's config (its data and eval split), both models.
+    assert spec.args[spec.args.index("--config") + 1] == training(file_root)["config_uri"]
+    assert f"eval.baseline_uri={production_uri}" in spec.args
+    assert f"eval.model_uri={training(file_root)['export_uri']}" in spec.args
+
+    promote_by_hand(file_root, 4)  # another run promotes while this evaluation runs
+    job_ran(file_root, baseline=PRODUCTION)
+    resumed = operator(file_root)  # after the deferral: a fresh operator, nothing in memory
+    result = resumed.execute_complete(context, finished(deferred.value.trigger.handle))
+    # The version that was evaluated, read back from eval/request.json, not the pointer now.
+    assert (result["production"], result["production_version"]) == (PRODUCTION, 3)
+    request = open_storage(file_root).get_json(f"{training(file_root)['run_uri']}/eval/request.json")
+    assert request == {
+        "candidate_uri": training(file_root)["export_uri"],
+        "production_uri": production_uri,
+        "production_version": 3,
+    }
+
+
+def test_not_deferrable_waits_in_the_worker(file_root, cluster, context):
+    cluster.states[1] = {"phase": "succeeded", "reason": None, "nodes": [], "disruptions": []}
+    job_ran(file_root)
+    result = operator(file_root, deferrable=False, poll_interval=0.01).execute(context)
+    assert result["candidate"] == CANDIDATE and len(cluster.launched) == 1
+
+
+def test_a_failed_evaluation_fails_with_the_jobs_reason_and_last_lines(file_root, cluster, context):
+    with pytest.raises(TaskDeferred) as deferred:
+        operator(file_root).execute(context)
+    handle = deferred.value.trigger.handle
+    with pytest.raises(RuntimeError) as failure:
+        operator(file_root).execute_complete(context, finished(handle, "failed", "OOMKilled"))
+    message = str(failure.value)
+    assert f"evaluation job {handle['job_id']} did not succeed (OOMKilled)" in message
+    assert LOG_TAIL in message
+    assert cluster.deleted == []  # a finished job is left for its logs
+
+
+def test_a_timed_out_evaluation_is_deleted(file_root, cluster, context):
+    with pytest.raises(TaskDeferred) as deferred:
+        operator(file_root).execute(context)
+    handle = deferred.value.trigger.handle
+    timeout = {"status": "timeout", "handle": handle, "message": "job still running after 600s"}
+    with pytest.raises(RuntimeError, match=r"did not succeed \(job still running after 600s\)"):
+        operator(file_root).execute_complete(context, timeout)
+    assert cluster.deleted == [handle["job_id"]]
+
+
+def test_training_that_is_not_a_training_result_is_refused_before_anything_runs(file_root, cluster, context):
+    op = EvaluateModelOperator(task_id="evaluate", training={"run_uri": "x"}, model_name=MODEL)
+    with pytest.raises(ValueError, match="training must be an FSDPTrainingOperator result with 'config_uri'"):
+        op.execute(context)
+    assert cluster.launched == []
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"capacity": "spot-then-on-demand"}, "an evaluation runs on 'spot' or 'on-demand'"),
+        ({"cluster": "slurm"}, "cluster must be one of"),
+        ({"job_options": {"nodes": 2}}, "must not set 'nodes'"),
+        (
+            {"cluster": "kubernetes", "job_options": {"env": {"AWS_SECRET_ACCESS_KEY": "abc"}}},
+            "AWS_SECRET_ACCESS_KEY",
+        ),
+    ],
+)
+def test_bad_parameters_are_refused_when_the_dag_is_parsed(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        EvaluateModelOperator(task_id="evaluate", training={}, model_name=MODEL, **kwargs)

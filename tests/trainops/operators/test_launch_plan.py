@@ -1,0 +1,149 @@
+"""The launch plan: the resolved trainer config and each attempt's JobSpec, built in one place."""
+
+import pytest
+import yaml
+
+from trainops.operators.launch_plan import (
+    LaunchSettings,
+    manifests_of,
+    nest,
+    one_process_job,
+    run_config,
+    training_attempt,
+)
+
+IDENTITY = {"dag_id": "retrain", "run_id": "manual__1", "task_id": "train", "map_index": -1}
+RUN_URI = "s3://lake/trainops/runs/retrain/manual__1/train"
+
+
+def settings(**kw):
+    return LaunchSettings(
+        **{
+            "nodes": 2,
+            "gpus_per_node": 8,
+            "image": "registry.example.com/trainer:1.4",
+            "namespace": "ml",
+            "termination_grace_seconds": 45,
+            **kw,
+        }
+    )
+
+
+def attempt(n=1, capacity="spot", **kw):
+    return training_attempt(
+        settings(**kw),
+        identity=IDENTITY,
+        run_uri=RUN_URI,
+        attempt=n,
+        capacity=capacity,
+        storage_env={"AWS_ENDPOINT_URL_S3": "http://minio:9000"},
+    )
+
+
+def test_dotted_and_nested_trainer_settings_mean_the_same():
+    assert nest({"train.lr": 0.1, "train": {"max_steps": 5}, "model": {"preset": "tiny"}}) == {
+        "train": {"lr": 0.1, "max_steps": 5},
+        "model": {"preset": "tiny"},
+    }
+
+
+def test_the_run_config_is_the_trainers_own_resolved_schema_with_the_derived_uris():
+    config = yaml.safe_load(
+        run_config({"train.max_steps": 7}, run_uri=RUN_URI, data_uri="s3://lake/datasets/d/v1", world_size=2)
+    )
+    assert (config["run_uri"], config["data_uri"], config["train"]["max_steps"]) == (
+        RUN_URI,
+        "s3://lake/datasets/d/v1",
+        7,
+    )
+    assert "lr" in config["train"]  # the trainer's defaults are filled in
+
+
+@pytest.mark.parametrize(
+    "user, world_size, message",
+    [
+        ({"train": {"lrr": 0.1}}, 1, r"train\.lrr"),
+        ({"run_uri": "s3://elsewhere"}, 1, "trainer_config must not set 'run_uri'"),
+        ({"data_uri": "s3://elsewhere"}, 1, "trainer_config must not set 'data_uri'"),
+        (
+            {"train": {"micro_batch_size": 4, "global_batch_size": 12}},
+            8,
+            r"global_batch_size=12 is not a multiple of .* world size 8",
+        ),
+    ],
+)
+def test_a_config_the_trainer_would_refuse_fails_here(user, world_size, message):
+    with pytest.raises(ValueError, match=message):
+        run_config(user, run_uri=RUN_URI, data_uri="s3://d", world_size=world_size)
+
+
+def test_an_attempts_job_carries_its_number_the_tasks_labels_and_the_operators_settings():
+    spec = attempt(2, capacity="on-demand").spec
+    assert spec.name.startswith("train-") and spec.name.endswith("-a2")
+    assert spec.args == ["python", "-m", "trainer", "train", "--config", f"{RUN_URI}/config.yaml"]
+    assert (spec.nodes, spec.gpus_per_node, spec.distributed) == (2, 8, True)
+    assert (spec.image, spec.namespace, spec.capacity, spec.termination_grace_seconds) == (
+        "registry.example.com/trainer:1.4",
+        "ml",
+        "on-demand",
+        45,
+    )
+    assert spec.env == {"AWS_ENDPOINT_URL_S3": "http://minio:9000", "TRAINOPS_ATTEMPT": "2"}
+    assert spec.labels == {
+        "trainops/dag": "retrain",
+        "trainops/run": "manual__1",
+        "trainops/task": "train",
+        "trainops/map-index": "-1",
+        "trainops/attempt": "2",
+    }
+    assert settings().world_size == 16 and settings(gpus_per_node=0).world_size == 2
+
+
+def test_job_options_are_merged_with_what_the_operator_sets():
+    spec = attempt(
+        job_options={
+            "kind": "pytorchjob",
+            "scheduler": "kueue:gpu-queue",
+            "env": {"HF_HOME": "/cache"},
+            "labels": {"team": "search"},
+        }
+    ).spec
+    assert (spec.kind, spec.scheduler) == ("pytorchjob", "kueue:gpu-queue")
+    assert spec.env["HF_HOME"] == "/cache" and spec.env["TRAINOPS_ATTEMPT"] == "1"
+    assert spec.labels["team"] == "search" and spec.labels["trainops/attempt"] == "1"
+    with pytest.raises(ValueError, match=r"job_options labels sets \['trainops/attempt'\]"):
+        attempt(job_options={"labels": {"trainops/attempt": "9"}})
+
+
+def test_an_injected_preemption_goes_to_the_attempt_it_names_only():
+    inject = {"node": 1, "at_step": 40}
+    first = attempt(1, inject_preemption=inject).chaos
+    assert first == {"node": 1, "at_step": 40, "attempt": 1, "metrics_uri": f"{RUN_URI}/metrics.jsonl"}
+    assert attempt(2, inject_preemption=inject).chaos is None
+    assert attempt(2, inject_preemption={**inject, "attempt": 2}).chaos["attempt"] == 2
+    assert attempt(1).chaos is None
+
+
+def test_a_one_process_job_is_one_node_without_torchrun():
+    spec = one_process_job(
+        "eval",
+        identity=IDENTITY,
+        attempt=1,
+        args=["python", "-m", "trainer", "evaluate"],
+        labels={"trainops/task": "evaluate"},
+        image="img",
+        namespace="ml",
+        capacity="spot",
+        job_options={"cpu": "4"},
+        storage_env={"AWS_REGION": "eu-west-1"},
+        gpus_per_node=1,
+    )
+    assert (spec.nodes, spec.distributed, spec.gpus_per_node, spec.cpu) == (1, False, 1, "4")
+    assert spec.name.startswith("eval-") and spec.name.endswith("-a1")
+    assert spec.env == {"AWS_REGION": "eu-west-1"} and spec.labels == {"trainops/task": "evaluate"}
+
+
+def test_only_a_kubernetes_attempt_records_manifests():
+    spec = attempt().spec
+    assert manifests_of("local", spec) == []
+    assert [m["kind"] for m in manifests_of("kubernetes", spec)] == ["Service", "Job"]

@@ -1,0 +1,65 @@
+"""The chain every retraining DAG shares, and where its jobs run."""
+
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import DAG
+
+from trainops.gate.checks import validate_checks
+from trainops.operators import StageDatasetOperator
+from trainops.recipes.pipeline import GATE_CHECKS, deployment, train_evaluate_gate_promote
+
+ARGS = {
+    "nodes": 2,
+    "gpus_per_node": 0,
+    "capacity": "spot-then-on-demand",
+    "max_preemptions": 5,
+    "trainer_config": {"train": {"max_steps": 10}},
+}
+
+
+def test_the_shared_gate_is_a_valid_one():
+    checks = validate_checks(GATE_CHECKS)
+    assert [c["kind"] for c in checks] == ["threshold", "no_regression"]
+
+
+def test_jobs_run_where_the_trainops_config_says(monkeypatch):
+    assert deployment() == {
+        "cluster": "local",
+        "image": "trainops-trainer:latest",
+        "namespace": "default",
+        "poll_interval": 1.0,
+    }
+    monkeypatch.setenv("AIRFLOW__TRAINOPS__CLUSTER", "kubernetes")
+    monkeypatch.setenv("AIRFLOW__TRAINOPS__IMAGE", "registry.example.com/trainer:1.4")
+    monkeypatch.setenv("AIRFLOW__TRAINOPS__NAMESPACE", "ml")
+    assert deployment() == {
+        "cluster": "kubernetes",
+        "image": "registry.example.com/trainer:1.4",
+        "namespace": "ml",
+        "poll_interval": 5.0,  # the Kubernetes API is not polled every second
+    }
+
+
+def test_train_evaluate_gate_promote_wires_four_tasks_on_one_deployment():
+    place = {"cluster": "local", "image": "img:1", "namespace": "ml", "poll_interval": 2.0}
+    with DAG("pipeline_probe", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")) as dag:
+        stage = StageDatasetOperator(task_id="stage", source_uri="file:///raw", dataset_name="demo")
+        tasks = train_evaluate_gate_promote(stage, ARGS, model="m", place=place, progress_every=10.0)
+    assert set(tasks) == {"train", "evaluate", "gate", "promote"}
+    assert set(dag.task_ids) == {"stage", "train", "evaluate", "gate", "promote"}
+    train, evaluate, promote = tasks["train"], tasks["evaluate"], tasks["promote"]
+    assert train.retries == 0  # preemptions have their own budget inside the task
+    assert (train.nodes, train.capacity, train.max_preemptions, train.progress_every) == (
+        2,
+        "spot-then-on-demand",
+        5,
+        10.0,
+    )
+    for task in (train, evaluate):
+        assert (task.cluster, task.image, task.namespace, task.poll_interval) == ("local", "img:1", "ml", 2.0)
+    assert evaluate.model_name == "m" and promote.model_name == "m"
+    assert train.upstream_task_ids == {"stage"}
+    assert evaluate.upstream_task_ids == {"train"}
+    assert tasks["gate"].upstream_task_ids == {"evaluate"}
+    assert promote.upstream_task_ids == {"stage", "train", "evaluate", "gate"}

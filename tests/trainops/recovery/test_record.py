@@ -1,0 +1,240 @@
+"""The job.json record as a fold over attempts, over plain data: no storage, no cluster."""
+
+import json
+
+import pytest
+
+from trainer.contract import attempt_record
+from trainops.cluster.spec import JobSpec
+from trainops.recovery.record import (
+    abandon_attempt,
+    append_attempt,
+    as_job_record,
+    fold_finished,
+    mark_failed,
+    next_attempt,
+    node_types,
+    start_record,
+    steps_lost,
+    total_steps_lost,
+)
+
+BUDGETS = {"max_preemptions": 2, "max_infra_retries": 1, "fallback_after": None}
+SPOT = {"node": 1, "reason": "SpotInterruption", "message": "spot interruption notice"}
+
+
+def state(phase="failed", *, disruptions=(), nodes=(), **extra):
+    return {"phase": phase, "reason": None, "nodes": list(nodes), "disruptions": list(disruptions), **extra}
+
+
+def record(outcome, **kw):
+    return attempt_record(
+        attempt=1, outcome=outcome, world_size=2, **{"last_step": 50, "checkpoint_step": 40, **kw}
+    )
+
+
+def launched(job, capacity=None):
+    """``job`` with its next attempt launched, as the operator appends it."""
+    n = next_attempt(job)
+    spec = JobSpec(
+        name=f"train-0a1b2c3d-a{n}",
+        args=["python", "-m", "trainer", "train"],
+        nodes=2,
+        capacity=capacity or job["capacity"],
+    )
+    handle = {"cluster": "local", "job_id": f"{spec.name}-x", "labels": {"trainops/attempt": str(n)}}
+    return append_attempt(job, spec=spec, handle=handle, manifests=[], at=f"2026-01-01T00:0{n}:00+00:00")
+
+
+def fresh(capacity="spot"):
+    return start_record(
+        run_uri="file:///r/runs/d/r/train",
+        config_uri="file:///r/runs/d/r/train/config.yaml",
+        cluster="local",
+        capacity=capacity,
+    )
+
+
+def test_a_new_record_has_no_attempts_and_is_running():
+    job = fresh()
+    assert (job["status"], job["attempts"], job["preemptions"], job["infra_failures"]) == (
+        "running",
+        [],
+        0,
+        0,
+    )
+    assert next_attempt(job) == 1
+    assert json.loads(json.dumps(job)) == job  # job.json is plain JSON
+
+
+def test_a_launched_attempt_is_appended_with_what_was_launched_and_the_old_record_is_unchanged():
+    job = fresh()
+    after = launched(job)
+    assert job["attempts"] == []  # a fold returns a new record
+    entry = after["attempts"][0]
+    assert (entry["attempt"], entry["capacity"], entry["nodes"], entry["gpus_per_node"]) == (1, "spot", 2, 0)
+    assert entry["args"] == ["python", "-m", "trainer", "train"] and entry["spec"]["nodes"] == 2
+    assert entry["job"]["job_id"] == "train-0a1b2c3d-a1-x" and entry["launched_at"].endswith("00:01:00+00:00")
+    assert "ended_at" not in entry and next_attempt(after) == 2
+
+
+def test_a_completed_attempt_finishes_the_run():
+    job, decision = fold_finished(
+        launched(fresh()),
+        state=state("succeeded"),
+        record=record("completed", last_step=100, checkpoint_step=100),
+        progress=None,
+        budgets=BUDGETS,
+        at="2026-01-01T01:00:00+00:00",
+    )
+    assert decision["action"] == "finish" and job["status"] == "succeeded"
+    entry = job["attempts"][0]
+    assert (entry["classification"], entry["steps_lost"], entry["ended_at"]) == (
+        "succeeded",
+        0,
+        "2026-01-01T01:00:00+00:00",
+    )
+    assert entry["record"]["last_step"] == 100 and entry["decision"] == decision
+
+
+def test_a_preemption_counts_against_its_budget_and_relaunches_until_it_is_spent():
+    job = launched(fresh())
+    for n in (1, 2):
+        job, decision = fold_finished(
+            job,
+            state=state(disruptions=[SPOT]),
+            record=record("preempted", signal="SIGTERM"),
+            progress=None,
+            budgets=BUDGETS,
+            at="t",
+        )
+        assert (decision["action"], job["preemptions"], job["status"]) == ("relaunch", n, "running")
+        job = launched(job)
+    job, decision = fold_finished(
+        job, state=state(disruptions=[SPOT]), record=None, progress=None, budgets=BUDGETS, at="t"
+    )
+    assert decision["action"] == "fail" and "preempted 3 times, over the budget of 2" in decision["reason"]
+    assert (job["status"], job["preemptions"], len(job["attempts"])) == ("failed", 3, 3)
+    assert [a["classification"] for a in job["attempts"]] == ["preempted"] * 3
+    assert "spot interruption notice" in job["attempts"][0]["reason"]
+
+
+def test_steps_lost_come_from_the_record_or_without_one_from_what_storage_shows():
+    assert steps_lost(record("preempted", last_step=57, checkpoint_step=50), None) == 7
+    assert steps_lost(None, {"last_step": 57, "committed_step": 40}) == 17
+    assert steps_lost(None, {"last_step": 30, "committed_step": 40}) == 0  # nothing after the commit
+    assert steps_lost(None, None) == 0  # no record, nothing logged
+    job = launched(fresh())
+    job, _ = fold_finished(
+        job,
+        state=state(disruptions=[SPOT]),
+        record=None,  # SIGKILLed before it could write one
+        progress={"last_step": 57, "committed_step": 40},
+        budgets=BUDGETS,
+        at="t",
+    )
+    job = launched(job)
+    job, _ = fold_finished(
+        job,
+        state=state("succeeded"),
+        record=record("completed", last_step=100, checkpoint_step=100),
+        progress=None,
+        budgets=BUDGETS,
+        at="t",
+    )
+    assert [a["steps_lost"] for a in job["attempts"]] == [17, 0] and total_steps_lost(job) == 17
+
+
+def test_spot_then_on_demand_moves_the_next_attempts_capacity_after_n_preemptions():
+    job = launched(fresh("spot-then-on-demand"))
+    job, decision = fold_finished(
+        job,
+        state=state(disruptions=[SPOT]),
+        record=record("preempted"),
+        progress=None,
+        budgets={**BUDGETS, "fallback_after": 1},
+        at="t",
+    )
+    assert (decision["capacity"], job["capacity"]) == ("on-demand", "on-demand")
+    assert job["attempts"][0]["capacity"] == "spot-then-on-demand"  # what attempt 1 ran on
+    assert launched(job)["attempts"][1]["capacity"] == "on-demand"
+
+
+def test_spot_that_never_comes_is_a_fallback_not_an_infrastructure_failure():
+    stuck = state(infra_reason="Unschedulable: no node for 901s", unschedulable=True)
+    job, decision = fold_finished(
+        launched(fresh("spot-then-on-demand")),
+        state=stuck,
+        record=None,
+        progress=None,
+        budgets={**BUDGETS, "max_infra_retries": 0},
+        at="t",
+    )
+    assert (decision["action"], job["capacity"], job["infra_failures"]) == ("relaunch", "on-demand", 0)
+    assert job["attempts"][0]["classification"] == "infra" and "delay_s" not in decision
+
+    plain, decision = fold_finished(
+        launched(fresh("spot")), state=stuck, record=None, progress=None, budgets=BUDGETS, at="t"
+    )
+    assert (decision["action"], decision["delay_s"], plain["infra_failures"]) == ("relaunch", 30, 1)
+    assert plain["capacity"] == "spot"
+
+
+def test_a_trainer_error_fails_the_run_with_its_hint():
+    job, decision = fold_finished(
+        launched(fresh()),
+        state=state(nodes=[{"index": 0, "exit_code": 1}]),
+        record=record("failed", error="OutOfMemoryError", hint="reduce train.micro_batch_size"),
+        progress=None,
+        budgets=BUDGETS,
+        at="t",
+    )
+    assert decision["action"] == "fail" and job["status"] == "failed"
+    assert "reduce train.micro_batch_size" in job["attempts"][0]["reason"]
+
+
+def test_node_types_keep_only_nodes_whose_machine_is_known():
+    nodes = [
+        {
+            "index": 0,
+            "node_name": "ip-1",
+            "instance_type": "p5.48xlarge",
+            "capacity_type": "spot",
+            "exit_code": 0,
+        },
+        {"index": 1, "node_name": None, "exit_code": 0},
+    ]
+    assert node_types(state("succeeded", nodes=nodes)) == [
+        {"index": 0, "node_name": "ip-1", "instance_type": "p5.48xlarge", "capacity_type": "spot"}
+    ]
+    job, _ = fold_finished(
+        launched(fresh()),
+        state=state("succeeded", nodes=nodes),
+        record=record("completed"),
+        progress=None,
+        budgets=BUDGETS,
+        at="t",
+    )
+    assert [n["instance_type"] for n in job["attempts"][0]["node_types"]] == ["p5.48xlarge"]
+
+
+def test_an_abandoned_attempt_is_an_error_and_a_failed_relaunch_fails_the_run():
+    job = abandon_attempt(launched(fresh()), reason="job j still running after 60s", at="t")
+    entry = job["attempts"][0]
+    assert (job["status"], entry["classification"], entry["reason"]) == (
+        "failed",
+        "error",
+        "job j still running after 60s",
+    )
+    relaunching = launched(fresh())
+    failed = mark_failed(relaunching)
+    assert failed["status"] == "failed" and failed["attempts"] == relaunching["attempts"]
+
+
+def test_a_stored_record_is_checked_when_it_is_read_back():
+    job = launched(fresh())
+    assert as_job_record(json.loads(json.dumps(job)), "file:///r/job.json") == job
+    with pytest.raises(ValueError, match=r"file:///r/job.json is not a trainops job record .*'attempts'"):
+        as_job_record({"run_uri": "x"}, "file:///r/job.json")
+    with pytest.raises(ValueError, match="is not a trainops job record"):
+        as_job_record([1, 2], "file:///r/job.json")
