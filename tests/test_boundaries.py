@@ -39,7 +39,9 @@ def test_the_airflow_side_imports_only_the_shared_trainer_modules():
     }
     assert {k: v for k, v in crossing.items() if v} == {}
     dag_imports = {
-        p.name: sorted(m for m in imports_of("dags", p, modules) if m.startswith("trainer") and not _shared(m))
+        p.name: sorted(
+            m for m in imports_of("dags", p, modules) if m.startswith("trainer") and not _shared(m)
+        )
         for p in (REPO / "dags").glob("*.py")
     }
     assert {k: v for k, v in dag_imports.items() if v} == {}
@@ -47,10 +49,14 @@ def test_the_airflow_side_imports_only_the_shared_trainer_modules():
 
 def test_the_airflow_side_never_imports_torch_and_the_trainer_never_imports_airflow():
     modules = project_modules()
-    airflow_side = [p for n, p in modules.items() if n.startswith("trainops")] + list((REPO / "dags").glob("*.py"))
+    airflow_side = [p for n, p in modules.items() if n.startswith("trainops")] + list(
+        (REPO / "dags").glob("*.py")
+    )
     assert [str(p.relative_to(REPO)) for p in airflow_side if "torch" in _external_imports(p)] == []
     trainer_side = [p for n, p in modules.items() if n.startswith("trainer")]
-    leaks = {str(p.relative_to(REPO)): sorted(_external_imports(p) & {"airflow", "trainops"}) for p in trainer_side}
+    leaks = {
+        str(p.relative_to(REPO)): sorted(_external_imports(p) & {"airflow", "trainops"}) for p in trainer_side
+    }
     assert {k: v for k, v in leaks.items() if v} == {}
 
 

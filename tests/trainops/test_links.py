@@ -151,7 +151,8 @@ def test_training_pushes_its_job_json_when_the_first_attempt_is_launched(file_ro
     from airflow.sdk.exceptions import TaskDeferred
 
     import trainops.cluster
-    from tests.trainops.operators.test_train import FakeCluster, layout_of, operator
+    from tests.trainops.cluster.fake_backend import FakeCluster
+    from tests.trainops.operators.test_train import layout_of, operator
     from tests.trainops.reports.helpers import page_text, table_with
     from trainer.storage import open_storage
     from trainops.reports.run_page import render_run_report

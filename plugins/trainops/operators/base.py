@@ -170,7 +170,7 @@ class ClusterJobOperator(BaseOperator):
         from trainops.triggers.job import JobTrigger
 
         trigger = JobTrigger(
-            handle=dict(handle),
+            handle=handle,
             poll_interval=self.poll_interval,
             cluster_options=self.cluster_options(),
             stream_logs=True,

@@ -17,6 +17,7 @@ from trainops.operators.base import TaskIdentity, job_labels, job_name
 from trainops.operators.job_options import merge_job_options
 
 if TYPE_CHECKING:
+    from trainops.cluster.base import Chaos
     from trainops.cluster.spec import JobSpec
 
 # trainer_config keys the operator derives itself (from the run prefix and the dataset).
@@ -50,7 +51,7 @@ class AttemptLaunch:
     """One attempt as it is launched: the JobSpec, and the injected preemption (None: none)."""
 
     spec: JobSpec
-    chaos: dict[str, Any] | None
+    chaos: Chaos | None
 
 
 def nest(flat_or_nested: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -144,9 +145,18 @@ def training_attempt(
         ),
     )
     inject = settings.inject_preemption
-    chaos = None
+    chaos: Chaos | None = None
     if inject and int(inject.get("attempt", 1)) == attempt:
-        chaos = {"node": 0, **inject, "attempt": attempt, "metrics_uri": layout.metrics}
+        if not isinstance(inject.get("at_step"), int):
+            raise ValueError(
+                f"inject_preemption needs an integer 'at_step' (the step to preempt at), got {inject!r}"
+            )
+        chaos = {
+            "at_step": inject["at_step"],
+            "node": int(inject.get("node", 0)),
+            "attempt": attempt,
+            "metrics_uri": layout.metrics,
+        }
     return AttemptLaunch(spec=spec, chaos=chaos)
 
 

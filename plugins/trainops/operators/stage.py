@@ -209,8 +209,7 @@ class StageDatasetOperator(ClusterJobOperator):
                 shard_tokens=self.shard_tokens,
                 batch_rows=DEFAULT_BATCH_ROWS,
                 open_storage=lambda uri: storage_for(uri, self.aws_conn_id),
-                # Airflow's task logger; stage_dataset only calls .info and .warning on it.
-                log=self.log,  # type: ignore[arg-type]
+                log=self.log,
             )
         except DataValidationError as exc:
             _push_report(context, exc.report_uri)

@@ -303,7 +303,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
 
         self.backend.delete(handle)
         trigger = JobGoneTrigger(
-            handle=dict(handle),
+            handle=handle,
             cluster_options=self.cluster_options(),
             not_before=time.time() + delay_s if delay_s else None,
             deadline_s=self.termination_grace_seconds + 120,

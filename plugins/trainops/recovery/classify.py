@@ -6,9 +6,9 @@ codes alone cannot, because torchrun exits 1 on SIGTERM whatever its workers did
 """
 
 # No ``from __future__ import annotations``: TypedDict reads its annotations at run time.
-from collections.abc import Mapping
-from typing import Any, Final, Literal, TypedDict
+from typing import Final, Literal, TypedDict
 
+from trainer.contract import AttemptRecord
 from trainops.cluster.base import JobState
 
 Classification = Literal["succeeded", "preempted", "infra", "error"]
@@ -16,9 +16,6 @@ SUCCEEDED: Final = "succeeded"
 PREEMPTED: Final = "preempted"
 INFRA: Final = "infra"
 ERROR: Final = "error"
-
-# The trainer's attempt record (``trainer.contract.attempt_record``), as read from storage.
-AttemptRecord = Mapping[str, Any]
 
 
 class Verdict(TypedDict):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainops.staging.encoders import ByteTokenizer
 from trainops.staging.pack import Packer
@@ -20,6 +20,9 @@ from trainops.staging.reader import iter_file_batches, local_copy, read_schema
 from trainops.staging.schema import check_schema
 from trainops.staging.uniqueness import partitions_for
 from trainops.staging.validation import DatasetValidator
+
+if TYPE_CHECKING:
+    from trainops.staging.stage import TaskLog
 
 
 def run_pass(
@@ -37,7 +40,7 @@ def run_pass(
     id_column: str = "id",
     text_column: str = "text",
     quarantine: dict | None = None,
-    log: logging.Logger | None = None,
+    log: TaskLog | None = None,
 ) -> dict:
     """Read every object once; return ``{"summary", "packed", "quarantine", "problem"}``.
 

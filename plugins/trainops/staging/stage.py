@@ -24,6 +24,7 @@ import tempfile
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from typing import Protocol
 
 from trainer.contract import MANIFEST_NAME, dataset_prefix, join, safe_segment
 from trainer.storage import NotFound, PreconditionFailed
@@ -35,6 +36,15 @@ from trainops.staging.reader import DEFAULT_BATCH_ROWS, list_source_objects
 from trainops.staging.tokenize import DEFAULT_EVAL_PERCENT, DEFAULT_SHARD_TOKENS, split_rule
 from trainops.staging.validation import describe_failures
 from trainops.staging.version import dataset_version, version_inputs
+
+
+class TaskLog(Protocol):
+    """What staging logs to: a ``logging.Logger``, or Airflow's task logger."""
+
+    def info(self, msg: str, /, *args: object) -> object: ...
+
+    def warning(self, msg: str, /, *args: object) -> object: ...
+
 
 __all__ = ["check_options", "stage_dataset"]
 
@@ -59,7 +69,7 @@ def stage_dataset(
     quarantine: dict | None = None,
     open_storage: Callable | None = None,
     scratch_dir: str | None = None,
-    log: logging.Logger | None = None,
+    log: TaskLog | None = None,
 ) -> dict:
     """Stage ``source_uri`` as dataset ``name`` under ``root``; reuse an identical version.
 
@@ -207,7 +217,7 @@ def _failure(source_uri: str, summary: dict, qsum: dict | None) -> tuple[type, s
     return None
 
 
-def _write_report(storage, prefix: str, summary: dict, sample: str | None, log: logging.Logger) -> str | None:
+def _write_report(storage, prefix: str, summary: dict, sample: str | None, log: TaskLog) -> str | None:
     """Keep a failed validation's report where the version would be; no manifest beside it."""
     uri = join(prefix, VALIDATION_NAME)
     try:
@@ -229,7 +239,7 @@ def _publish(
     files: list[str],
     manifest: dict,
     summary: dict,
-    log: logging.Logger,
+    log: TaskLog,
 ) -> dict:
     """Upload, copy into place, commit the manifest; return the manifest that won."""
     prefix = dataset_prefix(root, name, version)

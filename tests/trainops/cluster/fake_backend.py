@@ -9,10 +9,10 @@ that attempt's job is polled (running until then).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trainops.cluster
-from trainops.cluster.base import ClusterBackend, JobHandle, JobState, LogCursor
+from trainops.cluster.base import Chaos, ClusterBackend, JobHandle, JobState, LogCursor
 
 if TYPE_CHECKING:
     import pytest
@@ -28,12 +28,12 @@ class FakeCluster:
     name = "local"
 
     def __init__(self) -> None:
-        self.launched: list[tuple[JobSpec, dict[str, Any] | None]] = []
+        self.launched: list[tuple[JobSpec, Chaos | None]] = []
         self.deleted: list[str] = []
         self.live: list[JobHandle] = []
         self.states: dict[int, JobState] = {}  # attempt number -> final state reported by status()
 
-    def launch(self, spec: JobSpec, *, chaos: dict[str, Any] | None = None) -> JobHandle:
+    def launch(self, spec: JobSpec, *, chaos: Chaos | None = None) -> JobHandle:
         self.launched.append((spec, chaos))
         return {"cluster": "local", "job_id": f"{spec.name}-x", "job_dir": "/nowhere", "labels": spec.labels}
 

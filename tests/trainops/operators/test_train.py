@@ -12,10 +12,7 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
-from tests.trainops.cluster.fake_backend import (
-    FakeCluster,  # noqa: F401  (test_links.py imports it here)
-    use_fake_cluster,
-)
+from tests.trainops.cluster.fake_backend import use_fake_cluster
 from trainer.contract import RunLayout, attempt_record, run_prefix
 from trainer.storage import open_storage
 from trainops.operators import FSDPTrainingOperator

@@ -219,7 +219,7 @@ def test_settle_time_defaults_to_the_trainops_setting(monkeypatch):
 
 
 def test_waiting_in_the_worker_does_not_settle(tmp_path):
-    from trainops.operators._jobs import wait_here
+    from trainops.operators.base import wait_here
 
     cluster = LocalCluster(tmp_path)
     handle = cluster.launch(JobSpec(name="quick", args=["python", "-c", "pass"], distributed=False))
