@@ -4,12 +4,14 @@
 2. The ``1b`` preset at sequence length 2048 in bf16 (FSDP2 mixed precision, world of one),
    without and with ``torch.compile`` per block: tokens/s, MFU and peak memory. MFU is counted
    against the dense bf16 spec peak (989 TFLOP/s for H100/H200) and against the measured rate.
-3. The seed's claim as a table: ``bert-large-size`` in fp32 without activation checkpointing
+3. A claim checked as a table: ``bert-large-size`` in fp32 without activation checkpointing
    against bf16 with full activation checkpointing, same batch: memory and throughput (claimed:
-   memory halves, throughput x1.7). TF32 matmuls are on for fp32, and the table says so.
+   memory halves, throughput x1.7; ``seed_claim`` in the JSON). TF32 matmuls are on for fp32,
+   and the table says so.
 
 It runs on the device's own Python and torch as it is: only torch and this checkout's
-``trainer`` model code (which needs torch alone) are imported. ``--smoke`` runs every path on
+``trainer`` model, parallelism and config dataclasses (torch and the standard library alone)
+are imported. ``--smoke`` runs every path on
 the CPU with the tiny preset, to check the script without a GPU.
 
     python bench/gpu.py [--out DIR] [--smoke]
@@ -68,16 +70,14 @@ def measure(
 
     from trainer import parallel
     from trainer.builder import build_model
+    from trainer.config import Config, TrainConfig
     from trainer.optim import build_optimizer
 
     torch.manual_seed(0)
     built = build_model(preset, None, 32000, seq_len)
     model = built.model.to(device)
-    if ac != "none":
-        parallel.apply_activation_checkpointing(model, built.block_names, ac)
-    if compiled:
-        parallel.apply_compile(model, built.block_names)
-    parallel.apply_fsdp(model, built.block_names, precision)
+    config = Config(precision=precision, train=TrainConfig(activation_checkpointing=ac, compile=compiled))
+    parallel.parallelize(model, built.block_names, config)
     optimizer = build_optimizer(model, 1e-4, 0.1)
     tokens = torch.randint(0, 32000, (micro_batch, seq_len + 1), device=device)
     if device.type == "cuda":
@@ -199,7 +199,7 @@ def main() -> None:
     speedup = claim[1]["tokens_per_s"] / claim[0]["tokens_per_s"]
     print(
         f"{tiny}: fp32 (TF32 matmuls), no AC -> bf16, full AC: memory x{memory_ratio or float('nan'):.2f}, "
-        f"throughput x{speedup:.2f} (the seed claims x0.5 and x1.7)",
+        f"throughput x{speedup:.2f} (claimed: x0.5 and x1.7)",
         flush=True,
     )
 

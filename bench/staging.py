@@ -7,7 +7,7 @@ child process, so its peak RSS is its own (``os.wait4``). As the baseline, a chi
 the same files in the same batches and only runs the GX row expectations on them: the
 difference is what the rest of staging costs (uniqueness spill, tokenizing, writing).
 
-Goals (issue #5): peak RSS <= 1024 MB at both sizes and not growing with N; time growing
+Goals: peak RSS <= 1024 MB at both sizes and not growing with N; time growing
 at most linearly.
 
     .venv/bin/python bench/staging.py [--rows 1000000] [--json bench/results/staging-X.json]

@@ -5,7 +5,8 @@ Train it with ``model.builder=custom_model:build`` and this folder on ``PYTHONPA
 rank after seeding torch the same way, and expects ``(model, blocks)``:
 
 - ``model(tokens)`` maps token ids ``(batch, seq)`` to logits ``(batch, seq, vocab_size)``;
-- ``blocks`` are the submodules sharded with FSDP2, checkpointed and compiled one by one.
+- ``blocks`` are the submodules that activation checkpointing wraps, ``torch.compile`` compiles
+  and FSDP2 shards, one by one and in that order (``trainer.parallel.parallelize``).
 
 The model itself knows nothing about distribution or precision; the trainer applies those.
 """

@@ -7,9 +7,10 @@ import datetime as dt
 import os
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from trainer.contract import ENV_ATTEMPT, RunLayout, attempt_record
-from trainer.storage import PreconditionFailed
+from trainer.storage import PreconditionFailed, Storage
 
 _ATTEMPT_FILE = re.compile(r"/(\d+)\.json$")
 
@@ -24,7 +25,7 @@ def next_attempt_number(existing_uris: list[str]) -> int:
     return max(numbers, default=0) + 1
 
 
-def attempt_number(storage, layout: RunLayout) -> int:
+def attempt_number(storage: Storage, layout: RunLayout) -> int:
     """``$TRAINOPS_ATTEMPT`` as set by the launcher, else the next free number."""
     value = os.environ.get(ENV_ATTEMPT)
     if value:
@@ -41,6 +42,8 @@ def attempt_number(storage, layout: RunLayout) -> int:
 
 
 class NonFiniteLoss(RuntimeError):
+    """The mean loss of a step is NaN or infinite: training cannot go on from these weights."""
+
     def __init__(self, step: int, loss: float):
         super().__init__(f"loss is {loss} at step {step}")
         self.step, self.loss = step, loss
@@ -118,7 +121,7 @@ def failure_hint(exc: BaseException) -> str | None:
 class Attempt:
     """What the record needs, filled in as the attempt goes."""
 
-    storage: object
+    storage: Storage
     layout: RunLayout
     number: int
     world_size: int
@@ -126,6 +129,10 @@ class Attempt:
     resumed_from_step: int | None = None
     last_step: int = 0
     checkpoint_step: int | None = None
+
+    def committed(self, step: int) -> None:
+        """A checkpoint of ``step`` was committed (the checkpointer's ``on_commit``)."""
+        self.checkpoint_step = step
 
     def write(
         self,
@@ -135,7 +142,8 @@ class Attempt:
         hint: str | None = None,
         error: str | None = None,
         exclusive: bool = False,
-    ) -> dict:
+    ) -> dict[str, Any]:
+        """Write ``attempts/<n>.json`` with ``outcome`` and what the attempt got to; the record."""
         record = attempt_record(
             attempt=self.number,
             outcome=outcome,

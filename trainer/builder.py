@@ -2,9 +2,9 @@
 
 A builder is called as ``function(vocab_size=..., seq_len=...)`` and returns
 ``(model, blocks)``: an ``nn.Module`` whose forward maps token ids ``(batch, seq)`` (int64)
-to logits ``(batch, seq, vocab_size)``, and the list of its submodules that FSDP2 shards,
-activation checkpointing wraps and ``torch.compile`` compiles one by one (usually the
-repeated layers). Every rank calls it after seeding torch identically, so it must build the
+to logits ``(batch, seq, vocab_size)``, and the list of its submodules that activation
+checkpointing wraps, ``torch.compile`` compiles and FSDP2 shards one by one (usually the
+repeated layers; ``trainer.parallel.parallelize``). Every rank calls it after seeding torch identically, so it must build the
 same initial weights from torch's RNG. See docs/models.md.
 """
 
@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import importlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -87,7 +89,7 @@ def build_from_spec(spec: dict) -> BuiltModel:
     return build_preset(ModelArgs.from_dict(spec))
 
 
-def load_builder(builder: str):
+def load_builder(builder: str) -> Callable[..., Any]:
     """The function named by ``module:function``; errors name the string and what to fix."""
     if not isinstance(builder, str) or not _BUILDER.match(builder):
         raise ValueError(f"model.builder must look like 'package.module:function', got {builder!r}")

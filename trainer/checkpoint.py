@@ -1,91 +1,123 @@
 """Checkpoints in storage with a commit protocol (DESIGN.md, "Checkpoint commit protocol").
 
-Save (collective): every rank writes its DCP shard and a small ``extra_rank<r>.pt`` (step,
-cursor, scheduler, scaler, RNG) into its own node-local staging dir, uploads them, and only
-when every rank is done does rank 0 write ``_COMMITTED`` and then ``latest.json``, then
-prune. Regular saves are asynchronous: the loop waits only while DCP copies the state to
-CPU memory ("staging"); writing, uploading and the commit run in a background thread, on a
-process group of their own. One save is in flight at most. The emergency (preemption) and
-final saves are synchronous.
+A :class:`Checkpointer` is built once with the states it owns (``trainer.state``): ``model``
+and ``optim`` go through DCP, every rank writing its shards; the others (train state,
+scheduler, scaler) are small and per rank, in ``extra_rank<r>.pt``.
+
+Save (collective): every rank writes its files into its own node-local staging dir and
+uploads them; only when every rank is done does rank 0 write ``_COMMITTED`` and then
+``latest.json``, then prune. Regular saves are asynchronous: the loop waits only while DCP
+copies the state to CPU memory ("staging"); writing, uploading and the commit run in a
+background thread, on a process group of their own. One save is in flight at most. The
+emergency (preemption) and final saves are synchronous.
 
 Load: rank 0 picks the newest checkpoint whose ``_COMMITTED`` checks out and tells the
 others; each rank downloads it into its cache and DCP loads it, resharding as needed. A
 checkpoint whose files fail their checksums on any rank is skipped for the next older one.
+Picking and fetching are ``trainer.checkpoint_files``, which single processes use too.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import shutil
 import threading
 import time
-import warnings
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
 
 from trainer import commit, parallel
+from trainer.checkpoint_files import (
+    CorruptCheckpoint,
+    download,
+    find_latest,
+    fresh_dir,
+    local_root,
+    per_rank_file,
+    per_rank_state_dicts,
+)
 from trainer.contract import RunLayout, join
-from trainer.data import cache_dir
-from trainer.storage import NotFound, sha256_file
+from trainer.state import TrainState
+from trainer.storage import Storage, sha256_file
 
 log = logging.getLogger("trainer.checkpoint")
+
+# The states DCP saves and reshards; their names are the top-level keys of its state dict.
+SHARDED = ("model", "optim")
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written or committed; the previous committed one stays valid."""
 
 
-class CorruptCheckpoint(RuntimeError):
-    """A committed checkpoint's file does not match the checksum in its ``_COMMITTED``."""
-
-
-def _fresh_dir(path: Path) -> Path:
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
-    return path
-
-
-def _run_key(run_uri: str) -> str:
-    return hashlib.sha256(run_uri.encode()).hexdigest()[:16]
-
-
 class Checkpointer:
-    def __init__(self, storage, run_uri: str, rank: int, world_size: int, keep: int, on_commit=None):
+    """Saves and restores the states it was built with; every rank builds one at the same point.
+
+    :param states: what a checkpoint holds, by name (``trainer.state.checkpoint_states``);
+        ``model`` and ``optim`` are required.
+    :param meta: fields for the ``_COMMITTED`` marker (what rebuilds the model: ``model``,
+        ``data_uri``, ``precision``); the train state's ``cursor`` is added at every save.
+    :param on_commit: called with the step on every rank once a commit is agreed.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        run_uri: str,
+        rank: int,
+        world_size: int,
+        keep: int,
+        states: Mapping[str, Stateful],
+        meta: Mapping[str, Any] | None = None,
+        on_commit: Callable[[int], None] | None = None,
+    ):
+        missing = [name for name in SHARDED if name not in states]
+        if missing:
+            raise ValueError(f"a Checkpointer needs the states {list(SHARDED)}; {missing} missing")
         self.storage, self.layout = storage, RunLayout(run_uri)
         self.rank, self.world_size, self.keep = rank, world_size, keep
-        # Rank-specific: ranks sharing a node must not clobber each other's files.
-        self.local_root = cache_dir() / "checkpoints" / _run_key(run_uri) / f"rank{rank}"
+        self.sharded = {name: states[name] for name in SHARDED}
+        self.per_rank = {name: state for name, state in states.items() if name not in SHARDED}
+        self.meta, self.on_commit = dict(meta or {}), on_commit
+        self.local_root = local_root(run_uri, rank)
         self.last_committed: int | None = None
-        self.on_commit = on_commit  # called with the step on every rank once a commit is agreed
         # Background saves run collectives while the loop runs its own: never on the training
         # group (collectives on one group must be issued in the same order by every rank). A
         # collective call: every rank constructs its Checkpointer at the same point.
-        # (A plain process, such as ``trainer export``, only reads and needs none.)
-        self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        self.group = dist.new_group(backend="gloo")
         self._thread: threading.Thread | None = None
         self._in_flight_step: int | None = None
         self._error: BaseException | None = None
 
-    # --- save (collective) -----------------------------------------------------------
-    def save(self, step: int, model, optimizer, extras: dict, meta: dict | None = None) -> None:
-        """Write, upload and commit the checkpoint for ``step`` now; every rank must call it."""
-        self.wait()
-        staging = _fresh_dir(self.local_root / "save")
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        dcp.save(
-            {"model": model_sd, "optim": optim_sd},
-            storage_writer=dcp.FileSystemWriter(staging),
-            process_group=self.group,
-        )
-        torch.save(extras, staging / f"extra_rank{self.rank}.pt")
-        self._upload_and_commit(step, staging, meta)
+    def _marker_meta(self) -> dict[str, Any]:
+        train_state = self.per_rank.get("train_state")
+        cursor = {"cursor": train_state.cursor} if isinstance(train_state, TrainState) else {}
+        return {**self.meta, **cursor}
 
-    def save_async(self, step: int, model, optimizer, extras: dict, meta: dict | None = None) -> float:
+    def _per_rank_snapshot(self) -> dict[str, Any]:
+        # Taken before DCP starts, so that the RNG state is the loop's, whatever DCP does.
+        return {name: state.state_dict() for name, state in self.per_rank.items()}
+
+    def save(self, step: int) -> None:
+        """Write, upload and commit the checkpoint for ``step`` now; every rank must call it.
+
+        Waits for any save in flight first.
+        """
+        self.wait()
+        staging = fresh_dir(self.local_root / "save")
+        per_rank = self._per_rank_snapshot()
+        dcp.save(dict(self.sharded), storage_writer=dcp.FileSystemWriter(staging), process_group=self.group)
+        torch.save(per_rank, staging / per_rank_file(self.rank))
+        self._upload_and_commit(step, staging, self._marker_meta())
+
+    def save_async(self, step: int) -> float:
         """Start the checkpoint for ``step``; returns the seconds the caller was blocked.
 
         Waits for the previous save first. Returns once the state is copied to CPU memory, so
@@ -94,15 +126,14 @@ class Checkpointer:
         started = time.monotonic()
         self.wait()
         waited = time.monotonic() - started
-        staging = _fresh_dir(self.local_root / "save")
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        staging = fresh_dir(self.local_root / "save")
+        meta, per_rank = self._marker_meta(), self._per_rank_snapshot()
         result = dcp.async_save(
-            {"model": model_sd, "optim": optim_sd},
-            storage_writer=dcp.FileSystemWriter(staging),
-            process_group=self.group,
+            dict(self.sharded), storage_writer=dcp.FileSystemWriter(staging), process_group=self.group
         )
-        upload = getattr(result, "upload_completion", result)  # newer stagers answer with a pair
-        torch.save(extras, staging / f"extra_rank{self.rank}.pt")
+        # Newer torch answers with a pair of futures (staged, uploaded); older with the upload's.
+        upload: Future[Any] = result if isinstance(result, Future) else result.upload_completion
+        torch.save(per_rank, staging / per_rank_file(self.rank))
         blocked = time.monotonic() - started
         self._error, self._in_flight_step = None, step
         self._thread = threading.Thread(
@@ -117,9 +148,9 @@ class Checkpointer:
     def _finish(
         self,
         step: int,
-        upload,
+        upload: Future[Any],
         staging: Path,
-        meta: dict | None,
+        meta: dict[str, Any],
         staged: float,
         waited: float,
         started: float,
@@ -159,14 +190,15 @@ class Checkpointer:
             ) from error
         return True
 
-    def _upload_and_commit(self, step: int, staging: Path, meta: dict | None) -> None:
+    def _upload_and_commit(self, step: int, staging: Path, meta: dict[str, Any]) -> None:
         """Upload this rank's files; rank 0 commits once every rank's upload succeeded (collective)."""
         prefix = self.layout.checkpoint(step)
         if self.rank == 0:
             # An earlier attempt may have left a partial (or even committed) folder for this step.
             self.storage.delete_prefix(prefix)
         dist.barrier(group=self.group)
-        files, problem = [], None
+        files: list[dict[str, Any]] = []
+        problem: str | None = None
         try:
             for path in sorted(staging.iterdir()):
                 files.append({"name": path.name, "size": path.stat().st_size, "sha256": sha256_file(path)})
@@ -174,8 +206,8 @@ class Checkpointer:
                 self.storage.upload_file(path, join(prefix, path.name), move=True)
         except Exception as exc:  # every rank must still reach the gather below
             problem = f"rank {self.rank}: {type(exc).__name__}: {exc}"
-        gathered = [None] * self.world_size if self.rank == 0 else None
-        dist.gather_object((files, problem), gathered, dst=0, group=self.group)
+        gathered: list[Any] = [None] * self.world_size
+        dist.gather_object((files, problem), gathered if self.rank == 0 else None, dst=0, group=self.group)
         if self.rank == 0:
             problem = next((p for _, p in gathered if p), None)
             if problem is None:
@@ -192,9 +224,9 @@ class Checkpointer:
         if self.on_commit is not None:
             self.on_commit(step)
 
-    def _commit(self, step: int, prefix: str, files: list[dict], meta: dict | None) -> None:
+    def _commit(self, step: int, prefix: str, files: list[dict[str, Any]], meta: dict[str, Any]) -> None:
         marker = commit.commit_marker(
-            step=step, files=files, world_size=self.world_size, time=time.time(), **(meta or {})
+            step=step, files=files, world_size=self.world_size, time=time.time(), **meta
         )
         self.storage.put_json(self.layout.committed_marker(step), marker)
         self.storage.put_json(self.layout.latest, {"step": step, "uri": prefix})
@@ -208,88 +240,56 @@ class Checkpointer:
             self.storage.delete_prefix(self.layout.checkpoint(step))
             log.info("checkpoint: pruned step %d (keeping the newest %d)", step, self.keep)
 
-    # --- choose (any single process) -----------------------------------------------------
-    def find_latest(self, exclude: frozenset[int] = frozenset()) -> tuple[int | None, dict | None]:
-        """The newest trustworthy checkpoint as (step, marker); (None, None) when there is none."""
-        by_step = commit.group_by_step(self.storage.list(self.layout.checkpoints), self.layout.checkpoints)
-        skipped = []
-        for step in commit.newest_first(by_step):
-            if step in exclude:
-                continue
-            marker = None
-            if commit.COMMITTED in by_step[step]:
-                try:
-                    marker = self.storage.get_json(self.layout.committed_marker(step))
-                except (NotFound, ValueError):
-                    marker = None
-            sizes = {}
-            for entry in (marker or {}).get("files", []) if isinstance(marker, dict) else []:
-                head = self.storage.head(join(self.layout.checkpoint(step), entry["name"]))
-                sizes[entry["name"]] = head["size"] if head else None
-            problem = commit.marker_problem(marker, sizes, step)
-            if problem is None:
-                for old_step, reason in skipped:
-                    log.warning("checkpoint: skipped step %d: %s", old_step, reason)
-                log.info("checkpoint: picked step %d at %s", step, self.layout.checkpoint(step))
-                return step, marker
-            skipped.append((step, problem))
-        for old_step, reason in skipped:
-            log.warning("checkpoint: skipped step %d: %s", old_step, reason)
-        return None, None
+    def load_latest(self) -> int | None:
+        """Restore every state from the newest valid checkpoint; its step, or None (a fresh start).
 
-    def download(self, step: int, marker: dict) -> Path:
-        """Fetch every file of the committed checkpoint into this rank's cache, checksummed."""
-        local = _fresh_dir(self.local_root / "load" / f"step_{step:08d}")
-        for entry in marker["files"]:
-            uri = join(self.layout.checkpoint(step), entry["name"])
-            path = local / entry["name"]
-            self.storage.download_file(uri, path)
-            got = sha256_file(path)
-            if got != entry["sha256"]:
-                raise CorruptCheckpoint(
-                    f"checkpoint file {uri} has sha256 {got}, _COMMITTED says {entry['sha256']}; "
-                    f"the checkpoint is corrupt: delete its _COMMITTED to fall back to an older one"
+        A different world size resumes too: the sharded states are resharded, and a rank with
+        no per-rank file of its own takes rank 0's (step, cursor and schedule are global).
+        """
+        agreed = self._download_agreed()
+        if agreed is None:
+            return None
+        step, local = agreed
+        dcp.load(dict(self.sharded), storage_reader=dcp.FileSystemReader(local))
+        mine = local / per_rank_file(self.rank)
+        saved = per_rank_state_dicts(
+            torch.load(mine if mine.exists() else local / per_rank_file(0), weights_only=True)
+        )
+        for name, state in self.per_rank.items():
+            if saved.get(name):
+                state.load_state_dict(saved[name])
+            elif name == "scaler":  # the run switched to fp16 since: the loss scale starts afresh
+                log.warning("checkpoint: step %d holds no scaler state; it starts fresh", step)
+            else:  # resuming weights without their step, cursor or schedule would be a lie
+                raise CheckpointError(
+                    f"checkpoint step {step} holds no {name!r} state (it holds {sorted(saved)}): it "
+                    "was not written by this trainer; resume from a checkpoint this trainer wrote, "
+                    "or start the run under a new prefix"
                 )
-        return local
-
-    # --- load (collective) -----------------------------------------------------------
-    def load_latest(self, model, optimizer) -> tuple[int, dict] | None:
-        """Restore model and optimizer from the newest valid checkpoint; (step, extras) or None."""
-        corrupt: set[int] = set()
-        while True:
-            step, marker = self.find_latest(frozenset(corrupt)) if self.rank == 0 else (None, None)
-            step, marker = parallel.broadcast_object((step, marker))
-            if step is None:
-                return None
-            try:
-                local, problem = self.download(step, marker), None
-            except CorruptCheckpoint as exc:
-                local, problem = None, str(exc)
-            problems = [None] * self.world_size
-            dist.all_gather_object(problems, problem)  # all ranks load the same one, or none
-            problems = [p for p in problems if p]
-            if not problems:
-                break
-            if self.rank == 0:
-                log.warning("checkpoint: skipped step %d: %s", step, problems[0])
-            corrupt.add(step)
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, storage_reader=dcp.FileSystemReader(local))
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        # A different world size resumes too: step, cursor and schedule are global; RNG is per rank.
-        extra = local / f"extra_rank{self.rank}.pt"
-        extras = torch.load(extra if extra.exists() else local / "extra_rank0.pt", weights_only=True)
         self.last_committed = step
         shutil.rmtree(local, ignore_errors=True)
-        return step, extras
+        return step
 
-
-def load_model_weights(local_dir: Path, model) -> None:
-    """Fill a plain (unsharded) model from a downloaded DCP checkpoint, in a single process."""
-    state = {"model": model.state_dict()}
-    with warnings.catch_warnings():
-        # DCP warns that it found no process group; a single process is exactly what we mean.
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, storage_reader=dcp.FileSystemReader(local_dir), no_dist=True)
-    model.load_state_dict(state["model"])
+    def _download_agreed(self) -> tuple[int, Path] | None:
+        """The newest checkpoint that every rank downloaded intact, as (step, local folder)."""
+        corrupt: set[int] = set()
+        while True:
+            found = find_latest(self.storage, self.layout, frozenset(corrupt)) if self.rank == 0 else None
+            found = parallel.broadcast_object(found)
+            if found is None:
+                return None
+            step, marker = found
+            local: Path | None = None
+            problem: str | None = None
+            try:
+                local = download(self.storage, self.layout, step, marker, self.local_root)
+            except CorruptCheckpoint as exc:
+                problem = str(exc)
+            problems: list[str | None] = [None] * self.world_size
+            dist.all_gather_object(problems, problem)  # all ranks load the same one, or none
+            reasons = [p for p in problems if p]
+            if local is not None and not reasons:
+                return step, local
+            if self.rank == 0:
+                log.warning("checkpoint: skipped step %d: %s", step, reasons[0])
+            corrupt.add(step)

@@ -1,7 +1,9 @@
 """The trainer's configuration: dataclasses, loaded as defaults < YAML file < overrides.
 
 Light on purpose (yaml and the standard library only): the CLI validates a config and
-exits before torch is imported, and the Airflow side may resolve configs too.
+exits before torch is imported, and the Airflow side may resolve configs too. yaml is
+imported where files are read or written, so the dataclasses alone need only the standard
+library (``bench/gpu.py`` builds them on a device's bare torch install).
 """
 
 from __future__ import annotations
@@ -12,8 +14,7 @@ import re
 import types
 import typing
 from dataclasses import dataclass, field
-
-import yaml
+from typing import Any
 
 from trainer.presets import PRESETS
 
@@ -87,7 +88,7 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -126,7 +127,8 @@ NON_NEGATIVE = (
 _NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
 
-def _hint(cls: type, name: str):
+def _hint(cls: object, name: str) -> Any:
+    """The resolved type of field ``name`` of the dataclass ``cls``."""
     return typing.get_type_hints(cls)[name]
 
 
@@ -148,7 +150,7 @@ def _unknown(key: str) -> ConfigError:
     return ConfigError(f"unknown key {key!r}{hint}")
 
 
-def _coerce(key: str, value, hint):
+def _coerce(key: str, value: Any, hint: Any) -> Any:
     """``value`` as the type ``hint`` wants, or a ConfigError naming key, value and type."""
     if isinstance(value, bool) and key in ALIASES:
         value = ALIASES[key][value]
@@ -177,7 +179,7 @@ def _coerce(key: str, value, hint):
     raise TypeError(f"config field {key} has an unsupported type {hint!r}")
 
 
-def _apply(config: Config, data: dict, source: str) -> None:
+def _apply(config: Config, data: object, source: str) -> None:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping of config keys, got {data!r}")
     for name, value in data.items():
@@ -199,8 +201,9 @@ def _apply(config: Config, data: dict, source: str) -> None:
             setattr(config, name, _coerce(name, value, hint))
 
 
-def get_key(config: Config, key: str):
-    obj = config
+def get_key(config: Config, key: str) -> Any:
+    """The value at a dotted key (``train.lr``)."""
+    obj: Any = config
     for part in key.split("."):
         obj = getattr(obj, part)
     return obj
@@ -257,8 +260,10 @@ def accumulation_steps(train: TrainConfig, world_size: int) -> int:
     return steps
 
 
-def parse_override(text: str) -> dict:
+def parse_override(text: str) -> dict[str, Any]:
     """``a.b=value`` as ``{"a": {"b": value}}``, the value parsed as YAML."""
+    import yaml
+
     key, sep, raw = text.partition("=")
     key = key.strip()
     if not sep or not key:
@@ -290,6 +295,8 @@ def read_text(path_or_uri: str) -> str:
 
 def load_config(path_or_uri: str | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Defaults, then the YAML file (local path or storage URI; None for none), then overrides."""
+    import yaml
+
     config = Config()
     if path_or_uri:
         try:
@@ -306,6 +313,8 @@ def load_config(path_or_uri: str | None, overrides: list[str] | tuple[str, ...] 
 
 def dump_yaml(config: Config) -> str:
     """The resolved config as YAML; :func:`load_config` reads it back to an equal Config."""
+    import yaml
+
     return yaml.safe_dump(config.to_dict(), sort_keys=False)
 
 

@@ -14,12 +14,13 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from trainer.contract import ENV_CACHE_DIR, MANIFEST_FORMAT, MANIFEST_NAME, join
-from trainer.storage import sha256_file
+from trainer.storage import Storage, sha256_file
 
 
 class DataError(ValueError):
@@ -34,7 +35,7 @@ def cache_dir() -> Path:
 
 
 # --- manifest and shards (I/O) ---------------------------------------------------
-def read_manifest(storage, data_uri: str) -> dict:
+def read_manifest(storage: Storage, data_uri: str) -> dict[str, Any]:
     from trainer.storage import NotFound
 
     uri = join(data_uri, MANIFEST_NAME)
@@ -59,7 +60,7 @@ def split_info(manifest: dict, split: str, data_uri: str) -> dict:
     return info
 
 
-def fetch_split(storage, data_uri: str, manifest: dict, split: str) -> list[Path]:
+def fetch_split(storage: Storage, data_uri: str, manifest: dict[str, Any], split: str) -> list[Path]:
     """Download the split's shards into the cache (content-addressed by sha256, verified)."""
     folder = cache_dir() / "shards"
     folder.mkdir(parents=True, exist_ok=True)
@@ -83,7 +84,9 @@ def fetch_split(storage, data_uri: str, manifest: dict, split: str) -> list[Path
     return paths
 
 
-def read_eval_index(storage, data_uri: str, manifest: dict) -> tuple[list[dict], list[str]]:
+def read_eval_index(
+    storage: Storage, data_uri: str, manifest: dict[str, Any]
+) -> tuple[list[dict[str, Any]], list[str]]:
     """The eval records (id, slice columns, start, end) and the slice column names."""
     index = manifest.get("eval_index")
     if not index:
@@ -118,7 +121,7 @@ class TokenStream:
         return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
 
 
-def open_split(storage, data_uri: str, manifest: dict, split: str) -> TokenStream:
+def open_split(storage: Storage, data_uri: str, manifest: dict[str, Any], split: str) -> TokenStream:
     return TokenStream(fetch_split(storage, data_uri, manifest, split), manifest.get("token_dtype", "uint16"))
 
 
@@ -162,9 +165,11 @@ class SampleOrder:
 
     def sample_id(self, position: int) -> int:
         epoch, offset = divmod(position, self.num_samples)
-        if epoch != self._epoch:
-            self._epoch, self._perm = epoch, sample_order(self.num_samples, self.seed, epoch)
-        return int(self._perm[offset])
+        perm = self._perm
+        if epoch != self._epoch or perm is None:
+            perm = sample_order(self.num_samples, self.seed, epoch)
+            self._epoch, self._perm = epoch, perm
+        return int(perm[offset])
 
 
 class TrainBatches:

@@ -19,14 +19,21 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file, save_file
+from torch import nn
 
 from trainer import hf
 from trainer.contract import RunLayout, checkpoint_step_of, join
 from trainer.data import cache_dir
 from trainer.presets import ModelArgs
+from trainer.storage import Storage
+
+if TYPE_CHECKING:
+    from trainer.builder import BuiltModel
+    from trainer.config import Config
 
 log = logging.getLogger("trainer.export")
 
@@ -37,7 +44,7 @@ INFO = "export.json"
 DEFAULT_MAX_POSITIONS = 2048  # config.json's max_position_embeddings when the context is unknown
 
 
-def _spec_of(model) -> tuple[ModelArgs | None, dict]:
+def _spec_of(model: ModelArgs | BuiltModel) -> tuple[ModelArgs | None, dict[str, Any]]:
     """(preset args or None, rebuild spec) for a ``ModelArgs`` or a ``BuiltModel``."""
     if isinstance(model, ModelArgs):
         return model, model.to_dict()
@@ -45,17 +52,17 @@ def _spec_of(model) -> tuple[ModelArgs | None, dict]:
 
 
 def write_export(
-    storage,
+    storage: Storage,
     export_uri: str,
-    state_dict: dict,
-    model,
+    state_dict: dict[str, torch.Tensor],
+    model: ModelArgs | BuiltModel,
     *,
     step: int,
     data_uri: str,
     run_uri: str,
     precision: str,
     seq_len: int | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Write the export folder; ``model`` is the preset's ``ModelArgs`` or a ``BuiltModel``.
 
     ``seq_len`` (the training context) becomes ``max_position_embeddings`` in ``config.json``.
@@ -64,7 +71,7 @@ def write_export(
     tensors = {hf.clean_name(name): t.detach().to("cpu", torch.float32) for name, t in state_dict.items()}
     if args is not None:
         tensors = hf.to_hf_state_dict(tensors, args)
-    tensors, seen = {name: t.contiguous() for name, t in tensors.items()}, set()
+    tensors, seen = {name: t.contiguous() for name, t in tensors.items()}, set[int]()
     for name, t in tensors.items():  # safetensors refuses shared storage (tied weights): copy repeats
         if t.data_ptr() in seen:
             tensors[name] = t.clone()
@@ -96,7 +103,7 @@ def write_export(
     return info
 
 
-def load_export(storage, export_uri: str):
+def load_export(storage: Storage, export_uri: str) -> tuple[nn.Module, ModelArgs | None]:
     """``(model, args)`` from an export folder: an fp32 model in eval mode, ``args`` None for a user model.
 
     Also reads exports written before the HF layout (our own names) and plain HF Llama folders.
@@ -110,10 +117,9 @@ def load_export(storage, export_uri: str):
             f"checkpoints/ prefix (the newest committed one)"
         )
     if storage.head(join(export_uri, MODEL_CONFIG)) is not None:
-        spec = storage.get_json(join(export_uri, MODEL_CONFIG))
-        built = build_from_spec(spec)
+        built = build_from_spec(_json_object(storage, join(export_uri, MODEL_CONFIG)))
     else:
-        built = build_preset(hf.args_from_hf_config(storage.get_json(join(export_uri, HF_CONFIG))))
+        built = build_preset(hf.args_from_hf_config(_json_object(storage, join(export_uri, HF_CONFIG))))
     with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
         path = f"{tmp}/{WEIGHTS}"
         storage.download_file(join(export_uri, WEIGHTS), path)
@@ -124,57 +130,45 @@ def load_export(storage, export_uri: str):
     return built.model.eval(), built.args
 
 
-def _checkpointer(storage, run_uri: str):
-    from trainer.checkpoint import Checkpointer
-
-    return Checkpointer(storage, run_uri, rank=0, world_size=1, keep=1)
-
-
-def _checked_marker(storage, layout: RunLayout, step: int) -> dict:
-    """The ``_COMMITTED`` marker of one named checkpoint, or an error saying why it is not trusted."""
-    from trainer import commit
-    from trainer.storage import NotFound
-
-    try:
-        marker = storage.get_json(layout.committed_marker(step))
-    except (NotFound, ValueError):
-        marker = None
-    sizes = {}
-    for entry in marker.get("files", []) if isinstance(marker, dict) else []:
-        head = storage.head(join(layout.checkpoint(step), entry["name"]))
-        sizes[entry["name"]] = head["size"] if head else None
-    problem = commit.marker_problem(marker, sizes, step)
-    if problem:
-        raise RuntimeError(
-            f"checkpoint {layout.checkpoint(step)} cannot be used: {problem}; "
-            f"pick a committed one or the run's checkpoints/ prefix (the newest valid one)"
-        )
-    return marker
+def _json_object(storage: Storage, uri: str) -> dict[str, Any]:
+    document = storage.get_json(uri)
+    if not isinstance(document, dict):
+        raise ValueError(f"{uri} holds {type(document).__name__} JSON, not an object; re-export the model")
+    return document
 
 
-def load_checkpoint_model(storage, checkpoint_uri: str):
+def load_checkpoint_model(storage: Storage, checkpoint_uri: str) -> tuple[BuiltModel, int, dict[str, Any]]:
     """``(BuiltModel, step, marker)`` from ``.../checkpoints/step_<N>`` or ``.../checkpoints`` (newest valid).
 
     A single process reads the DCP shards of every rank into one unsharded fp32 model.
     """
     from trainer.builder import build_from_spec
-    from trainer.checkpoint import load_model_weights
+    from trainer.checkpoint_files import checked_marker, download, find_latest, load_model_weights, local_root
 
     uri = checkpoint_uri.rstrip("/")
     if uri.endswith("/checkpoints"):
         layout = RunLayout(uri[: -len("/checkpoints")])
-        step, marker = _checkpointer(storage, layout.run_uri).find_latest()
-        if step is None:
+        found = find_latest(storage, layout)
+        if found is None:
             raise RuntimeError(
                 f"no committed checkpoint under {layout.checkpoints}; "
                 f"run `trainer train` first or check the URI"
             )
+        step, marker = found
     else:
-        step = checkpoint_step_of(uri)
+        named_step = checkpoint_step_of(uri)
+        if named_step is None:
+            raise ValueError(f"{checkpoint_uri} is not a checkpoint: expected .../checkpoints[/step_<N>]")
         layout = RunLayout(uri.rsplit("/", 2)[0])
-        marker = _checked_marker(storage, layout, step)
+        named, problem = checked_marker(storage, layout, named_step)
+        if problem or named is None:
+            raise RuntimeError(
+                f"checkpoint {layout.checkpoint(named_step)} cannot be used: {problem}; "
+                f"pick a committed one or the run's checkpoints/ prefix (the newest valid one)"
+            )
+        step, marker = named_step, named
     built = build_from_spec(marker["model"])
-    local = _checkpointer(storage, layout.run_uri).download(step, marker)
+    local = download(storage, layout, step, marker, local_root(layout.run_uri, 0))
     try:
         load_model_weights(local, built.model)
     finally:
@@ -190,7 +184,7 @@ def is_checkpoint_uri(uri: str) -> bool:
     )
 
 
-def load_model(storage, model_uri: str):
+def load_model(storage: Storage, model_uri: str) -> tuple[nn.Module, ModelArgs | None]:
     """``(model, args)`` in eval mode from an export folder or a checkpoint URI (see ``is_checkpoint_uri``)."""
     if is_checkpoint_uri(model_uri):
         built, step, _ = load_checkpoint_model(storage, model_uri)
@@ -199,7 +193,7 @@ def load_model(storage, model_uri: str):
     return load_export(storage, model_uri)
 
 
-def export_from_checkpoint(config) -> dict:
+def export_from_checkpoint(config: Config) -> dict[str, Any]:
     """The ``export`` command: newest valid checkpoint of ``config.run_uri`` -> ``<run_uri>/export``."""
     from trainer.storage import open_storage
 

@@ -11,7 +11,7 @@ import json
 import logging
 
 from trainer.contract import metrics_records
-from trainer.storage import NotFound
+from trainer.storage import NotFound, Storage
 
 log = logging.getLogger("trainer.metrics")
 
@@ -19,7 +19,7 @@ log = logging.getLogger("trainer.metrics")
 class MetricsLog:
     """Rank 0's metrics file writer."""
 
-    def __init__(self, storage, uri: str, attempt: int, flush_every: int):
+    def __init__(self, storage: Storage, uri: str, attempt: int, flush_every: int):
         self.storage, self.uri, self.attempt, self.flush_every = storage, uri, attempt, flush_every
         try:
             self.records = metrics_records(storage.get(uri).decode("utf-8"))

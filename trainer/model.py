@@ -28,7 +28,9 @@ class RMSNorm(nn.Module):
         return out.type_as(x) * self.weight
 
 
-def rope_tables(seq_len: int, head_dim: int, theta: float, device) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(
+    seq_len: int, head_dim: int, theta: float, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
     angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), freqs)
     return angles.cos(), angles.sin()
@@ -51,7 +53,7 @@ class Attention(nn.Module):
         self.wv = nn.Linear(args.dim, args.kv_heads * args.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
 
-    def forward(self, x, cos, sin):
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         q = apply_rope(self.wq(x).view(b, t, self.n_heads, self.head_dim), cos, sin)
         k = apply_rope(self.wk(x).view(b, t, self.kv_heads, self.head_dim), cos, sin)
@@ -72,7 +74,7 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(args.hidden, args.dim, bias=False)
         self.w3 = nn.Linear(args.dim, args.hidden, bias=False)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
@@ -84,7 +86,7 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.feed_forward = FeedForward(args)
 
-    def forward(self, x, cos, sin):
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin)
         return x + self.feed_forward(self.ffn_norm(x))
 

@@ -31,7 +31,10 @@ def build_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.o
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=fused or None)
 
 
-def build_scheduler(optimizer, *, warmup_steps: int, max_steps: int, min_lr_ratio: float):
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, *, warmup_steps: int, max_steps: int, min_lr_ratio: float
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """The LR schedule of :func:`lr_multiplier` on the optimizer's peak LR, stepped once per optimizer step."""
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer,
         lambda step: lr_multiplier(

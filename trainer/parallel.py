@@ -1,6 +1,7 @@
-"""Process group setup and FSDP2 sharding, applied to a plain model from outside.
+"""Process groups, and the one place that applies parallelism to a plain model (:func:`parallelize`).
 
-Under torchrun the environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) says who
+The model code knows nothing about distribution: activation checkpointing, ``torch.compile``
+and FSDP2 are applied here, from outside, from the config. Under torchrun the environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) says who
 we are; without it the trainer runs as a world of one, so ``python -m trainer train``
 works on a laptop too.
 """
@@ -12,17 +13,28 @@ import signal
 import sys
 import tempfile
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-PARAM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
+if TYPE_CHECKING:
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    from trainer.config import Config
+
+T = TypeVar("T")
+
+# The compute dtype per precision; None keeps fp32 (no casting).
+PARAM_DTYPES: dict[str, torch.dtype | None] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 
 
 @dataclass(frozen=True)
 class DistEnv:
+    """Who this process is in the job, and the device it trains on."""
+
     rank: int
     world_size: int
     local_rank: int
@@ -103,16 +115,32 @@ def describe_step_options(
     return ", ".join(parts)
 
 
+def parallelize(model: nn.Module, block_names: list[str], config: Config) -> nn.Module:
+    """Apply what ``config`` asks for to a plain model, in place and in this order (as torchtitan):
+    activation checkpointing (``train.activation_checkpointing``), ``torch.compile`` per block
+    (``train.compile``), then FSDP2 with ``precision``'s mixed-precision policy.
+
+    Compile comes after the checkpoint wrappers so that each compiled graph holds its
+    recomputation, and before sharding so that FSDP's hooks stay outside the graphs.
+
+    :param block_names: qualified names of the model's blocks (``"layers.0"``, ...), in order.
+    """
+    if config.precision not in PARAM_DTYPES:
+        raise ValueError(f"precision must be one of {sorted(PARAM_DTYPES)}, got {config.precision!r}")
+    _apply_activation_checkpointing(model, block_names, config.train.activation_checkpointing)
+    if config.train.compile:
+        _apply_compile(model, block_names)
+    _apply_fsdp(model, block_names, config.precision)
+    return model
+
+
 def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
     parent, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, child, module)
 
 
-def apply_activation_checkpointing(model: nn.Module, block_names: list[str], mode: str = "full") -> None:
-    """Recompute the chosen blocks' activations in backward instead of keeping them.
-
-    :param block_names: qualified names of the model's blocks (``"layers.0"``, ...), in order.
-    """
+def _apply_activation_checkpointing(model: nn.Module, block_names: list[str], mode: str) -> None:
+    """Recompute the chosen blocks' activations in backward instead of keeping them."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     for index in checkpointed_blocks(mode, len(block_names)):
@@ -120,21 +148,18 @@ def apply_activation_checkpointing(model: nn.Module, block_names: list[str], mod
         _replace(model, name, checkpoint_wrapper(model.get_submodule(name), preserve_rng_state=False))
 
 
-def apply_compile(model: nn.Module, block_names: list[str]) -> None:
-    """Compile each block on its own (before sharding, as torchtitan does): blocks repeat, so one
-    compiled graph serves them all, and FSDP's hooks stay outside the graphs."""
+def _apply_compile(model: nn.Module, block_names: list[str]) -> None:
+    """Compile each block on its own: blocks repeat, so one compiled graph serves them all."""
     for name in block_names:
         model.get_submodule(name).compile()  # in place: state-dict names stay the same
 
 
-def apply_fsdp(model: nn.Module, block_names: list[str], precision: str) -> nn.Module:
+def _apply_fsdp(model: nn.Module, block_names: list[str], precision: str) -> None:
     """Shard each block (by qualified name), then the root (embeddings, final norm, output).
 
     Parameters stay fp32 (the optimizer's master copy); bf16/fp16 are the compute dtype,
     and gradients are reduced in fp32.
     """
-    if precision not in PARAM_DTYPES:
-        raise ValueError(f"precision must be one of {sorted(PARAM_DTYPES)}, got {precision!r}")
     param_dtype = PARAM_DTYPES[precision]
     policy = (
         MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
@@ -144,15 +169,18 @@ def apply_fsdp(model: nn.Module, block_names: list[str], precision: str) -> nn.M
     for name in block_names:
         fully_shard(model.get_submodule(name), mp_policy=policy)
     fully_shard(model, mp_policy=policy)
-    return model
 
 
 def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
     """FSDP2: whether the next backward reduce-scatters gradients (False: keep them unsharded)."""
+    if not isinstance(model, FSDPModule):
+        raise TypeError(
+            f"skipping the gradient sync needs an FSDP2-sharded model, got {type(model).__name__}"
+        )
     model.set_requires_gradient_sync(enabled)
 
 
-def grad_scaler(precision: str):
+def grad_scaler(precision: str) -> ShardedGradScaler | None:
     """fp16 gradients underflow without loss scaling; bf16 and fp32 need none."""
     if precision != "fp16":
         return None
@@ -165,7 +193,7 @@ def barrier() -> None:
     dist.barrier()
 
 
-def broadcast_object(obj, src: int = 0):
+def broadcast_object(obj: T, src: int = 0) -> T:
     """``obj`` from rank ``src`` on every rank."""
     box = [obj]
     dist.broadcast_object_list(box, src=src)
@@ -173,6 +201,7 @@ def broadcast_object(obj, src: int = 0):
 
 
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    """The element-wise sum of ``values`` over all ranks, in float64 (one collective)."""
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor.tolist()

@@ -9,19 +9,20 @@ take one emergency checkpoint together.
 from __future__ import annotations
 
 import signal
+from types import FrameType
 
 
 class StopFlag:
     """Set by SIGTERM/SIGINT; remembers which signal came first."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.signal_name: str | None = None
 
     @property
     def is_set(self) -> bool:
         return self.signal_name is not None
 
-    def _handle(self, signum, _frame) -> None:
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
         if self.signal_name is None:
             self.signal_name = signal.Signals(signum).name
 

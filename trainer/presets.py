@@ -7,6 +7,7 @@ jobs from it, so it must not import torch.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -38,11 +39,11 @@ class ModelArgs:
         hidden = int(2 * 4 * self.dim / 3)
         return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> ModelArgs:
+    def from_dict(cls, data: dict[str, Any]) -> ModelArgs:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

@@ -7,18 +7,24 @@ runs exactly the code that trains.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from trainer import parallel
 
+if TYPE_CHECKING:
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+    from torch.optim.lr_scheduler import LRScheduler
+
 
 def forward_backward(
-    model,
+    model: nn.Module,
     micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
     accum_steps: int,
-    scaler=None,
+    scaler: ShardedGradScaler | None = None,
     skip_grad_sync: bool = False,
 ) -> torch.Tensor:
     """Backward every micro-batch of one step; the step's mean loss on this rank (a 0-d tensor).
@@ -27,7 +33,7 @@ def forward_backward(
     gradients are those of the mean loss over the global batch. With ``skip_grad_sync`` only the
     last micro-step reduce-scatters; the earlier ones accumulate unsharded gradients locally.
     """
-    loss_sum = None
+    loss_sum: torch.Tensor | None = None
     for micro, (inputs, targets) in enumerate(micro_batches):
         if skip_grad_sync:
             parallel.set_gradient_sync(model, micro == accum_steps - 1)
@@ -37,16 +43,26 @@ def forward_backward(
         loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
     if skip_grad_sync:
         parallel.set_gradient_sync(model, True)
+    if loss_sum is None:
+        raise ValueError(
+            f"a step needs at least one micro-batch; got none for {accum_steps} accumulation steps"
+        )
     return loss_sum
 
 
-def unscale(optimizer, scaler) -> None:
+def unscale(optimizer: torch.optim.Optimizer, scaler: ShardedGradScaler | None) -> None:
     """fp16: divide the gradients by the loss scale (before clipping or reading them)."""
     if scaler is not None:
         scaler.unscale_(optimizer)
 
 
-def apply_gradients(model, optimizer, scheduler, scaler, grad_clip: float) -> None:
+def apply_gradients(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
+    scaler: ShardedGradScaler | None,
+    grad_clip: float,
+) -> None:
     """Clip, step (the fp16 scaler skips steps with inf/NaN gradients), advance the LR, zero."""
     unscale(optimizer, scaler)
     torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)

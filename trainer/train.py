@@ -1,8 +1,11 @@
-"""``trainer train``: the training loop, top to bottom.
+"""``trainer train``: setup, one optimizer step, and the loop.
 
-setup -> resume -> (step, agree to stop, log, checkpoint)* -> final checkpoint, export,
-attempt record. Every attempt ends with an attempt record in storage, because torchrun's
-exit code cannot say whether we were preempted.
+:func:`setup` builds what the loop needs (a :class:`Training`) and resumes it from the newest
+committed checkpoint; :func:`train_step` does one optimizer step on every rank;
+:func:`train_loop` steps, logs and checkpoints until ``train.max_steps`` or a preemption, then
+finishes: final checkpoint, export, attempt record. Every attempt ends with an attempt record
+in storage (:func:`run_train` writes the failed one), because torchrun's exit code cannot say
+whether we were preempted.
 """
 
 from __future__ import annotations
@@ -12,13 +15,16 @@ import math
 import sys
 import time
 import traceback
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
+from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from trainer import data, parallel
 from trainer.attempts import Attempt, NonFiniteLoss, attempt_number, failure_hint, now_iso
-from trainer.builder import build_model
+from trainer.builder import BuiltModel, build_model
 from trainer.checkpoint import Checkpointer
 from trainer.config import Config, accumulation_steps
 from trainer.contract import RunLayout
@@ -28,8 +34,13 @@ from trainer.metrics import MetricsLog
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.preemption import StopFlag, stop_decision
 from trainer.progress import progress_line
+from trainer.state import TrainState, checkpoint_states
 from trainer.step import apply_gradients, forward_backward
 from trainer.storage import open_storage
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+    from torch.optim.lr_scheduler import LRScheduler
 
 log = logging.getLogger("trainer.train")
 
@@ -43,74 +54,64 @@ FAILED_SAVE_WAIT_S = 120.0
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM, the shell's convention
 
 
+@dataclass
+class Training:
+    """Everything the loop needs, as :func:`setup` built it."""
+
+    config: Config
+    env: parallel.DistEnv
+    attempt: Attempt
+    built: BuiltModel
+    model: nn.Module  # ``built.model``, parallelized
+    optimizer: torch.optim.Optimizer
+    scheduler: LRScheduler
+    scaler: ShardedGradScaler | None  # fp16 only
+    batches: data.TrainBatches
+    accum: int  # micro-steps per optimizer step on this world size
+    global_batch: int  # samples per optimizer step, all ranks together
+    state: TrainState
+    checkpointer: Checkpointer
+    metrics: MetricsLog | None  # rank 0's; the other ranks neither log nor write the record
+    flops_per_token: float
+    device_peak: float | None  # peak FLOP/s of one device; None where unknown (no MFU)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    loss: float  # the step's mean loss over all ranks
+    lr: float  # the learning rate the step used
+    stop_votes: float  # how many ranks were signalled to stop (the same sum on every rank)
+
+
 def run_train(config: Config) -> int:
     """Train per ``config``; the exit code for the CLI (``PREEMPTED_EXIT_CODE`` when preempted)."""
     flag = StopFlag().install()  # first: a SIGTERM during setup must not kill us unsaved
     env = parallel.init_distributed()
     logging.getLogger("trainer").setLevel(logging.INFO if env.is_main else logging.WARNING)
-    storage = open_storage(config.run_uri)
-    layout = RunLayout(config.run_uri)
-    attempt = checkpointer = None
+    storage, layout = open_storage(config.run_uri), RunLayout(config.run_uri)
+    attempt: Attempt | None = None
+    training: Training | None = None
     try:
-        number = parallel.broadcast_object(attempt_number(storage, layout) if env.is_main else None)
+        number = parallel.broadcast_object(attempt_number(storage, layout) if env.is_main else 0)
         attempt = Attempt(storage, layout, number, env.world_size, started_at=now_iso())
-        checkpointer = Checkpointer(
-            storage,
-            config.run_uri,
-            env.rank,
-            env.world_size,
-            config.checkpoint.keep,
-            on_commit=lambda step: setattr(attempt, "checkpoint_step", step),
-        )
-        outcome = _train(config, env, storage, attempt, flag, checkpointer)
+        training = setup(config, env, attempt)
+        outcome = train_loop(training, flag)
         return PREEMPTED_EXIT_CODE if outcome == "preempted" else 0
     except Exception as exc:
         traceback.print_exc()
-        if checkpointer is not None:
-            try:  # a save in flight is a good checkpoint: let it commit if the others can too
-                if not checkpointer.wait(timeout=FAILED_SAVE_WAIT_S):
-                    print("trainer: gave up waiting for the checkpoint in flight", file=sys.stderr)
-            except Exception as save_error:
-                print(f"trainer: {save_error}", file=sys.stderr)
-        step = attempt.last_step if attempt else 0
-        hint = failure_hint(exc)
-        if attempt is not None:
-            try:
-                attempt.write(
-                    "failed", error=f"{type(exc).__name__}: {exc}", hint=hint, exclusive=not env.is_main
-                )
-            except Exception as write_error:  # the storage may be what failed; still say what happened
-                print(f"trainer: could not write the attempt record: {write_error}", file=sys.stderr)
-        print(
-            f"trainer: failed at step {step}: {hint or f'{type(exc).__name__}: {exc}'}",
-            file=sys.stderr,
-            flush=True,
-        )
+        _record_failure(exc, env, attempt, training.checkpointer if training else None)
         return 1
     finally:
         parallel.shutdown()
 
 
-def _train(
-    config: Config,
-    env: parallel.DistEnv,
-    storage,
-    attempt: Attempt,
-    flag: StopFlag,
-    checkpointer: Checkpointer,
-) -> str:
+# --- setup ---------------------------------------------------------------------------------
+def setup(config: Config, env: parallel.DistEnv, attempt: Attempt) -> Training:
+    """Build data, model, optimizer and checkpointer on every rank, then resume from the newest
+    committed checkpoint (``resume: auto``)."""
     t = config.train
     accum = accumulation_steps(t, env.world_size)  # before anything slow: a bad batch fails fast
-    data_storage = open_storage(config.data_uri)  # the dataset may live on another scheme than the run
-    manifest = data.read_manifest(data_storage, config.data_uri)
-    vocab = config.model.vocab_size or manifest["tokenizer"]["vocab_size"]
-    if vocab < manifest["tokenizer"]["vocab_size"]:
-        raise ValueError(
-            f"model.vocab_size={vocab} is smaller than the dataset's tokenizer "
-            f"({manifest['tokenizer']['vocab_size']}); set model.vocab_size=0 to take the dataset's"
-        )
-    stream = data.open_split(data_storage, config.data_uri, manifest, "train")
-    batches = data.TrainBatches(stream, t.seq_len, config.seed, t.micro_batch_size, env.world_size, env.rank)
+    batches, vocab = _train_batches(config, env)
     global_batch = data.global_batch_size(t.micro_batch_size, accum, env.world_size)
     log.info(
         "batch: %d samples per step = micro batch %d x %d accumulation steps x %d ranks",
@@ -124,23 +125,13 @@ def _train(
     built = build_model(config.model.preset, config.model.builder, vocab, t.seq_len)
     model = built.model.to(env.device)
     log.info("model: %s, precision %s, world size %d", built.describe(), config.precision, env.world_size)
-    if t.activation_checkpointing != "none":
-        parallel.apply_activation_checkpointing(model, built.block_names, t.activation_checkpointing)
-    if t.compile:
-        parallel.apply_compile(model, built.block_names)
-    parallel.apply_fsdp(model, built.block_names, config.precision)
+    parallel.parallelize(model, built.block_names, config)
+    skip_sync = t.skip_grad_sync_in_accum and accum > 1
     log.info(
         "step options: %s",
         parallel.describe_step_options(
-            t.activation_checkpointing,
-            len(built.block_names),
-            t.compile,
-            t.skip_grad_sync_in_accum and accum > 1,
+            t.activation_checkpointing, len(built.block_names), t.compile, skip_sync
         ),
-    )
-    flops_per_token = built.flops_per_token(t.seq_len)
-    device_peak = peak_flops(
-        torch.cuda.get_device_name(env.device) if torch.cuda.is_available() else None, config.precision
     )
     optimizer = build_optimizer(model, t.lr, t.weight_decay)
     scheduler = build_scheduler(
@@ -148,131 +139,223 @@ def _train(
     )
     scaler = parallel.grad_scaler(config.precision)
 
-    step, cursor = 0, 0
+    state = TrainState(env.device)
+    storage = open_storage(config.run_uri)
+    checkpointer = Checkpointer(
+        storage,
+        config.run_uri,
+        env.rank,
+        env.world_size,
+        config.checkpoint.keep,
+        states=checkpoint_states(model, optimizer, scheduler, scaler, state),
+        meta={"model": built.spec, "data_uri": config.data_uri, "precision": config.precision},
+        on_commit=attempt.committed,
+    )
     if config.resume == "auto":
-        restored = checkpointer.load_latest(model, optimizer)
-        if restored is not None:
-            step, extras = restored
-            cursor = extras["cursor"]
-            scheduler.load_state_dict(extras["scheduler"])
-            if scaler is not None and extras.get("scaler"):
-                scaler.load_state_dict(extras["scaler"])
-            torch.set_rng_state(extras["rng"]["torch"])
-            if extras["rng"].get("cuda") is not None and torch.cuda.is_available():
-                torch.cuda.set_rng_state(extras["rng"]["cuda"], env.device)
-            attempt.resumed_from_step = attempt.checkpoint_step = step
-            log.info("resume: step %d, data cursor %d", step, cursor)
-    attempt.last_step = step
+        resumed = checkpointer.load_latest()
+        if resumed is not None:
+            attempt.resumed_from_step = attempt.checkpoint_step = resumed
+            log.info("resume: step %d, data cursor %d", state.step, state.cursor)
+    attempt.last_step = state.step
     metrics = (
         MetricsLog(storage, RunLayout(config.run_uri).metrics, attempt.number, config.metrics.flush_every)
         if env.is_main
         else None
     )
-    meta = {"model": built.spec, "data_uri": config.data_uri, "precision": config.precision}
+    device_name = torch.cuda.get_device_name(env.device) if torch.cuda.is_available() else None
+    return Training(
+        config,
+        env,
+        attempt,
+        built,
+        model,
+        optimizer,
+        scheduler,
+        scaler,
+        batches,
+        accum,
+        global_batch,
+        state,
+        checkpointer,
+        metrics,
+        flops_per_token=built.flops_per_token(t.seq_len),
+        device_peak=peak_flops(device_name, config.precision),
+    )
 
-    def save(at_step: int, background: bool) -> None:
-        extras = {
-            "step": at_step,
-            "cursor": cursor,
-            "scheduler": scheduler.state_dict(),
-            "scaler": scaler.state_dict() if scaler is not None else None,
-            "world_size": env.world_size,
-            "rng": {
-                "torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state(env.device) if torch.cuda.is_available() else None,
-            },
-        }
-        if background:
-            checkpointer.save_async(at_step, model, optimizer, extras, {**meta, "cursor": cursor})
-        else:  # waits for any save in flight first
-            checkpointer.save(at_step, model, optimizer, extras, {**meta, "cursor": cursor})
 
-    started, first_step = time.monotonic(), step
-    while step < t.max_steps:
+def _train_batches(config: Config, env: parallel.DistEnv) -> tuple[data.TrainBatches, int]:
+    """This rank's batches of the dataset's train split, and the model's vocabulary size."""
+    data_storage = open_storage(config.data_uri)  # the dataset may live on another scheme than the run
+    manifest = data.read_manifest(data_storage, config.data_uri)
+    dataset_vocab = manifest["tokenizer"]["vocab_size"]
+    vocab = config.model.vocab_size or dataset_vocab
+    if vocab < dataset_vocab:
+        raise ValueError(
+            f"model.vocab_size={vocab} is smaller than the dataset's tokenizer "
+            f"({dataset_vocab}); set model.vocab_size=0 to take the dataset's"
+        )
+    t = config.train
+    stream = data.open_split(data_storage, config.data_uri, manifest, "train")
+    return data.TrainBatches(
+        stream, t.seq_len, config.seed, t.micro_batch_size, env.world_size, env.rank
+    ), vocab
+
+
+# --- one step ------------------------------------------------------------------------------
+def train_step(tr: Training, flag: StopFlag) -> StepResult:
+    """One optimizer step on every rank: the micro-batches' forward and backward, clip and step,
+    then the step's one collective, which agrees on the stop flag and the loss.
+
+    The flag is read after the backward: a signal that lands during the step stops after it.
+    Raises :class:`NonFiniteLoss` (on every rank alike) when the mean loss is NaN or infinite.
+    """
+    t, state, device = tr.config.train, tr.state, tr.env.device
+    lr = float(tr.scheduler.get_last_lr()[0])
+    micro_batches = (
+        (inputs.to(device), targets.to(device))
+        for inputs, targets in (tr.batches.micro_batch(state.cursor, micro) for micro in range(tr.accum))
+    )
+    loss_sum = forward_backward(tr.model, micro_batches, tr.accum, tr.scaler, t.skip_grad_sync_in_accum)
+    apply_gradients(tr.model, tr.optimizer, tr.scheduler, tr.scaler, t.grad_clip)
+    state.step, state.cursor = state.step + 1, state.cursor + tr.global_batch
+    tr.attempt.last_step = state.step
+
+    votes, loss_total = parallel.all_reduce_sum([1.0 if flag.is_set else 0.0, loss_sum.item()], device)
+    loss = loss_total / tr.env.world_size
+    if not math.isfinite(loss):
+        raise NonFiniteLoss(state.step, loss)
+    return StepResult(loss, lr, votes)
+
+
+# --- the loop ------------------------------------------------------------------------------
+def train_loop(tr: Training, flag: StopFlag) -> str:
+    """Step, log and checkpoint until ``train.max_steps`` (``"completed"``) or until a rank is
+    signalled (``"preempted"``: all ranks stop after the same step)."""
+    t, state = tr.config.train, tr.state
+    started, first_step = time.monotonic(), state.step
+    while state.step < t.max_steps:
         step_started = time.monotonic()
-        lr = scheduler.get_last_lr()[0]
-        micro_batches = (
-            tuple(x.to(env.device) for x in batches.micro_batch(cursor, micro)) for micro in range(accum)
-        )
-        loss_sum = forward_backward(model, micro_batches, accum, scaler, t.skip_grad_sync_in_accum)
-        apply_gradients(model, optimizer, scheduler, scaler, t.grad_clip)
-        step, cursor = step + 1, cursor + global_batch
-        attempt.last_step = step
-
-        # One collective per step: the stop flag and the loss, so all ranks agree on both.
-        flag_sum, loss_total = parallel.all_reduce_sum(
-            [1.0 if flag.is_set else 0.0, loss_sum.item()], env.device
-        )
-        loss_mean = loss_total / env.world_size
-        if not math.isfinite(loss_mean):
-            raise NonFiniteLoss(step, loss_mean)
-        stop, signal_name = stop_decision(flag_sum, flag.signal_name)
-        stop = stop and step < t.max_steps  # on the last step, finishing is the quickest way out
-
-        if env.is_main:
-            now = time.monotonic()
-            tokens_per_s = global_batch * t.seq_len / max(now - step_started, 1e-9)
-            step_mfu = mfu(
-                tokens_per_s, flops_per_token, device_peak * env.world_size if device_peak else None
-            )
-            peak_mem = (
-                torch.cuda.max_memory_allocated(env.device) / 2**30 if torch.cuda.is_available() else None
-            )
-            metrics.add(
-                step=step,
-                loss=loss_mean,
-                lr=lr,
-                tokens_per_s=tokens_per_s,
-                time=time.time(),
-                **({"mfu": step_mfu} if step_mfu is not None else {}),
-                **({"peak_mem_gib": peak_mem} if peak_mem is not None else {}),
-            )
-            if step % t.log_every == 0 or step == t.max_steps or stop:
-                print(
-                    progress_line(
-                        step,
-                        t.max_steps,
-                        loss_mean,
-                        lr,
-                        tokens_per_s,
-                        now - started,
-                        step - first_step,
-                        mfu=step_mfu,
-                        peak_mem_gib=peak_mem,
-                    ),
-                    flush=True,
-                )
-        if step == t.max_steps:
-            save(step, background=False)  # the final checkpoint: the export and the record follow it
-        elif step % config.checkpoint.every_steps == 0:
-            save(step, background=True)  # the loop waits only while the state is copied
+        result = train_step(tr, flag)
+        stop, signal_name = stop_decision(result.stop_votes, flag.signal_name)
+        stop = stop and state.step < t.max_steps  # on the last step, finishing is the quickest way out
+        if tr.metrics is not None:
+            _log_step(tr, tr.metrics, result, step_started, started, first_step, force=stop)
+        if state.step % tr.config.checkpoint.every_steps == 0 and state.step < t.max_steps:
+            tr.checkpointer.save_async(state.step)  # the loop waits only while the state is copied
         if stop:
-            checkpointer.wait()  # a regular save of this very step may still be in flight
-            if checkpointer.last_committed != step:
-                save(step, background=False)  # the emergency checkpoint: synchronous, so nothing is lost
-            if env.is_main:
-                metrics.flush()
-                attempt.write("preempted", signal=signal_name)
-                log.info("preempted by %s: committed step %d, exiting", signal_name, step)
-            parallel.barrier()  # no rank may exit before the record exists
+            _stop_preempted(tr, signal_name)
             return "preempted"
+    _finish(tr)
+    return "completed"
 
-    # The loop saved step max_steps; a relaunch of a finished run only re-exports.
-    full_state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if env.is_main:
+
+def _log_step(
+    tr: Training,
+    metrics: MetricsLog,
+    result: StepResult,
+    step_started: float,
+    started: float,
+    first_step: int,
+    force: bool,
+) -> None:
+    """Rank 0: the step's metrics record, and the progress line every ``train.log_every`` steps
+    (and on the last step, or when ``force``)."""
+    t, step, now = tr.config.train, tr.state.step, time.monotonic()
+    tokens_per_s = tr.global_batch * t.seq_len / max(now - step_started, 1e-9)
+    all_devices_peak = tr.device_peak * tr.env.world_size if tr.device_peak else None
+    step_mfu = mfu(tokens_per_s, tr.flops_per_token, all_devices_peak)
+    peak_mem = torch.cuda.max_memory_allocated(tr.env.device) / 2**30 if torch.cuda.is_available() else None
+    metrics.add(
+        step=step,
+        loss=result.loss,
+        lr=result.lr,
+        tokens_per_s=tokens_per_s,
+        time=time.time(),
+        **({"mfu": step_mfu} if step_mfu is not None else {}),
+        **({"peak_mem_gib": peak_mem} if peak_mem is not None else {}),
+    )
+    if step % t.log_every == 0 or step == t.max_steps or force:
+        line = progress_line(
+            step,
+            t.max_steps,
+            result.loss,
+            result.lr,
+            tokens_per_s,
+            now - started,
+            step - first_step,
+            mfu=step_mfu,
+            peak_mem_gib=peak_mem,
+        )
+        print(line, flush=True)
+
+
+def _stop_preempted(tr: Training, signal_name: str | None) -> None:
+    """Commit this step (the emergency checkpoint, unless a regular save already holds it),
+    then rank 0 writes the preempted record; no rank exits before it exists."""
+    step = tr.state.step
+    tr.checkpointer.wait()  # a regular save of this very step may still be in flight
+    if tr.checkpointer.last_committed != step:
+        tr.checkpointer.save(step)  # synchronous, so nothing is lost
+    if tr.metrics is not None:
+        tr.metrics.flush()
+        tr.attempt.write("preempted", signal=signal_name)
+        log.info("preempted by %s: committed step %d, exiting", signal_name, step)
+    parallel.barrier()
+
+
+def _finish(tr: Training) -> None:
+    """The final checkpoint, then rank 0 writes the export and the completed record.
+
+    A relaunch of a finished run resumes at its final checkpoint: it only re-exports.
+    """
+    step, config = tr.state.step, tr.config
+    if tr.checkpointer.last_committed != step:
+        tr.checkpointer.save(step)  # synchronous: the export and the record follow it
+    # Every rank takes part in gathering the full weights; rank 0 keeps them (on the CPU).
+    full_state = get_model_state_dict(
+        tr.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+    if tr.metrics is not None:
         write_export(
-            storage,
+            open_storage(config.run_uri),
             RunLayout(config.run_uri).export,
-            full_state,
-            built,
+            cast("dict[str, torch.Tensor]", full_state),  # a model's full state dict holds tensors only
+            tr.built,
             step=step,
             data_uri=config.data_uri,
             run_uri=config.run_uri,
             precision=config.precision,
-            seq_len=t.seq_len,
+            seq_len=config.train.seq_len,
         )
-        metrics.flush()
-        attempt.write("completed")
+        tr.metrics.flush()
+        tr.attempt.write("completed")
         log.info("completed: %d steps, checkpoint and export committed", step)
     parallel.barrier()
-    return "completed"
+
+
+# --- the failure path ----------------------------------------------------------------------
+def _record_failure(
+    exc: Exception, env: parallel.DistEnv, attempt: Attempt | None, checkpointer: Checkpointer | None
+) -> None:
+    """Let a save in flight commit, write the failed record (first rank wins), and say on
+    stderr's last line where it failed and what to try."""
+    if checkpointer is not None:
+        try:  # a save in flight is a good checkpoint: let it commit if the others can too
+            if not checkpointer.wait(timeout=FAILED_SAVE_WAIT_S):
+                print("trainer: gave up waiting for the checkpoint in flight", file=sys.stderr)
+        except Exception as save_error:
+            print(f"trainer: {save_error}", file=sys.stderr)
+    hint = failure_hint(exc)
+    if attempt is not None:
+        try:
+            attempt.write(
+                "failed", error=f"{type(exc).__name__}: {exc}", hint=hint, exclusive=not env.is_main
+            )
+        except Exception as write_error:  # the storage may be what failed; still say what happened
+            print(f"trainer: could not write the attempt record: {write_error}", file=sys.stderr)
+    step = attempt.last_step if attempt else 0
+    print(
+        f"trainer: failed at step {step}: {hint or f'{type(exc).__name__}: {exc}'}",
+        file=sys.stderr,
+        flush=True,
+    )

@@ -1,4 +1,5 @@
-"""Fixtures for the trainer tests: a learnable dataset on file:// and one shared training run."""
+"""Fixtures for the trainer tests: a learnable dataset on file://, a world of one, and one shared
+training run."""
 
 from __future__ import annotations
 
@@ -12,6 +13,16 @@ from tests.trainer.helpers import INSTRUMENTED, run_config, torchrun_argv, train
 @pytest.fixture(scope="session")
 def dataset_uri(tmp_path_factory) -> str:
     return write_dataset(tmp_path_factory.mktemp("dataset") / "demo" / "v1")
+
+
+@pytest.fixture
+def world_of_one():
+    """A process group of one in this process (gloo), as ``python -m trainer train`` makes without torchrun."""
+    from trainer import parallel
+
+    env = parallel.init_distributed()
+    yield env
+    parallel.shutdown()
 
 
 @pytest.fixture(autouse=True)

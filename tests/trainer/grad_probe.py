@@ -63,15 +63,16 @@ def run_case(name: str, case: dict, rank: int, world_size: int, out_dir: Path) -
     import torch.distributed as dist
 
     from trainer import data, parallel
+    from trainer.config import Config, TrainConfig
     from trainer.optim import build_optimizer, build_scheduler
     from trainer.step import apply_gradients, forward_backward
 
     micro = case.get("micro_batch_size", GLOBAL_BATCH // world_size)
     accum = GLOBAL_BATCH // (micro * world_size)
     model = new_model()
-    if case.get("activation_checkpointing", "none") != "none":
-        parallel.apply_activation_checkpointing(model, BLOCKS, case["activation_checkpointing"])
-    parallel.apply_fsdp(model, BLOCKS, case["precision"])
+    checkpointing = case.get("activation_checkpointing", "none")
+    config = Config(precision=case["precision"], train=TrainConfig(activation_checkpointing=checkpointing))
+    parallel.parallelize(model, BLOCKS, config)
     optimizer = build_optimizer(model, LR, weight_decay=0.1)
     scheduler = build_scheduler(optimizer, warmup_steps=0, max_steps=STEPS, min_lr_ratio=0.1)
     scaler = parallel.grad_scaler(case["precision"])

@@ -7,20 +7,14 @@ import re
 import pytest
 import torch
 
-from trainer import parallel
 from trainer.checkpoint import Checkpointer, CheckpointError
+from trainer.checkpoint_files import find_latest
 from trainer.contract import RunLayout
 from trainer.model import Transformer
 from trainer.optim import build_optimizer
 from trainer.presets import PRESETS
+from trainer.state import ModelState, OptimizerState, TrainState
 from trainer.storage import open_storage
-
-
-@pytest.fixture
-def world_of_one():
-    env = parallel.init_distributed()
-    yield env
-    parallel.shutdown()
 
 
 def train_one_step(model, optimizer):
@@ -36,15 +30,27 @@ def fresh(seed):
     return model, build_optimizer(model, lr=1e-2, weight_decay=0.1)
 
 
+def checkpointer(storage, run_uri, model, optimizer, keep, meta=None):
+    """A Checkpointer owning the model, its optimizer and a train state; (checkpointer, state)."""
+    state = TrainState(torch.device("cpu"))
+    states = {"model": ModelState(model), "optim": OptimizerState(model, optimizer), "train_state": state}
+    return Checkpointer(storage, run_uri, rank=0, world_size=1, keep=keep, states=states, meta=meta), state
+
+
+def advance(state, step, cursor):
+    state.step, state.cursor = step, cursor
+
+
 def test_save_commit_prune_and_load(world_of_one, tmp_path, caplog):
     run_uri = (tmp_path / "run").as_uri()
     layout, storage = RunLayout(run_uri), open_storage(run_uri)
     model, optimizer = fresh(0)
-    ckpt = Checkpointer(storage, run_uri, rank=0, world_size=1, keep=2)
+    ckpt, state = checkpointer(storage, run_uri, model, optimizer, keep=2, meta={"model": {"dim": 64}})
     saved = {}
     for step in (5, 10, 15):
         train_one_step(model, optimizer)
-        ckpt.save(step, model, optimizer, {"step": step, "cursor": step * 8}, {"model": {"dim": 64}})
+        advance(state, step, step * 8)
+        ckpt.save(step)
         saved[step] = {k: v.clone() for k, v in model.state_dict().items()}
 
     steps = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir() if p.is_dir())
@@ -54,14 +60,20 @@ def test_save_commit_prune_and_load(world_of_one, tmp_path, caplog):
         "uri": layout.checkpoint(15),
     }
     marker = json.loads((tmp_path / "run/checkpoints/step_00000015/_COMMITTED").read_text())
-    assert (marker["step"], marker["world_size"], marker["model"]) == (15, 1, {"dim": 64})
+    assert (marker["step"], marker["world_size"], marker["model"], marker["cursor"]) == (
+        15,
+        1,
+        {"dim": 64},
+        120,
+    )
     for entry in marker["files"]:
         assert (tmp_path / "run/checkpoints/step_00000015" / entry["name"]).stat().st_size == entry["size"]
     assert {e["name"] for e in marker["files"]} == {".metadata", "__0_0.distcp", "extra_rank0.pt"}
 
     other, other_opt = fresh(1)
-    step, extras = ckpt.load_latest(other, other_opt)
-    assert (step, extras["cursor"]) == (15, 120)
+    loader, loaded = checkpointer(storage, run_uri, other, other_opt, keep=2)
+    step = loader.load_latest()
+    assert (step, loaded.step, loaded.cursor) == (15, 15, 120)
     for name, tensor in other.state_dict().items():
         assert torch.equal(tensor, saved[15][name]), name
     # the optimizer resumes too: one more identical step keeps the two models identical
@@ -75,7 +87,7 @@ def test_save_commit_prune_and_load(world_of_one, tmp_path, caplog):
     (tmp_path / "run/checkpoints/step_00000015/__0_0.distcp").write_bytes(b"short")
     storage.put(layout.checkpoint(20) + "/__0_0.distcp", b"partial")
     with caplog.at_level(logging.INFO, logger="trainer.checkpoint"):
-        step, _ = ckpt.find_latest()
+        step, _ = find_latest(storage, layout)
     assert step == 10
     assert "skipped step 20: no _COMMITTED marker (its save did not finish)" in caplog.text
     assert "skipped step 15: file __0_0.distcp has 5 bytes, _COMMITTED says" in caplog.text
@@ -85,7 +97,9 @@ def test_save_commit_prune_and_load(world_of_one, tmp_path, caplog):
 def test_no_checkpoint_means_a_fresh_start(world_of_one, tmp_path):
     run_uri = (tmp_path / "run").as_uri()
     model, optimizer = fresh(0)
-    assert Checkpointer(open_storage(run_uri), run_uri, 0, 1, keep=1).load_latest(model, optimizer) is None
+    ckpt, state = checkpointer(open_storage(run_uri), run_uri, model, optimizer, keep=1)
+    assert ckpt.load_latest() is None
+    assert (state.step, state.cursor) == (0, 0)
 
 
 def snapshot(model):
@@ -95,13 +109,15 @@ def snapshot(model):
 def test_async_save_keeps_the_state_of_its_step_while_training_goes_on(world_of_one, tmp_path, caplog):
     run_uri = (tmp_path / "run").as_uri()
     model, optimizer = fresh(0)
-    ckpt = Checkpointer(open_storage(run_uri), run_uri, rank=0, world_size=1, keep=3)
+    ckpt, state = checkpointer(open_storage(run_uri), run_uri, model, optimizer, keep=3)
     train_one_step(model, optimizer)
     at_save = snapshot(model)
     with caplog.at_level(logging.INFO, logger="trainer.checkpoint"):
-        blocked = ckpt.save_async(10, model, optimizer, {"step": 10, "cursor": 80})
+        advance(state, 10, 80)
+        blocked = ckpt.save_async(10)
         train_one_step(model, optimizer)  # the weights change while the save is in flight
-        ckpt.save_async(20, model, optimizer, {"step": 20, "cursor": 160})  # waits for step 10 first
+        advance(state, 20, 160)
+        ckpt.save_async(20)  # waits for step 10 first
         assert ckpt.last_committed == 10
         assert ckpt.wait() and ckpt.last_committed == 20
     assert blocked >= 0.0
@@ -112,8 +128,8 @@ def test_async_save_keeps_the_state_of_its_step_while_training_goes_on(world_of_
 
     other, other_opt = fresh(1)
     (tmp_path / "run/checkpoints/step_00000020/_COMMITTED").unlink()  # fall back to step 10
-    step, extras = ckpt.load_latest(other, other_opt)
-    assert (step, extras["cursor"]) == (10, 80)
+    loader, loaded = checkpointer(open_storage(run_uri), run_uri, other, other_opt, keep=3)
+    assert (loader.load_latest(), loaded.cursor) == (10, 80)
     for name, tensor in other.state_dict().items():
         assert torch.equal(tensor, at_save[name]), name
 
@@ -135,9 +151,12 @@ def test_a_failed_background_save_is_reported_and_the_last_commit_stays(world_of
     run_uri = (tmp_path / "run").as_uri()
     storage = open_storage(run_uri)
     model, optimizer = fresh(0)
-    Checkpointer(storage, run_uri, 0, 1, keep=2).save(5, model, optimizer, {"step": 5, "cursor": 40})
-    ckpt = Checkpointer(FailingUploads(storage), run_uri, 0, 1, keep=2)
-    ckpt.save_async(10, model, optimizer, {"step": 10, "cursor": 80})
+    good, state = checkpointer(storage, run_uri, model, optimizer, keep=2)
+    advance(state, 5, 40)
+    good.save(5)
+    ckpt, state = checkpointer(FailingUploads(storage), run_uri, model, optimizer, keep=2)
+    advance(state, 10, 80)
+    ckpt.save_async(10)
     with pytest.raises(
         CheckpointError,
         match=r"^the checkpoint of step 10 failed in the background "
@@ -148,16 +167,17 @@ def test_a_failed_background_save_is_reported_and_the_last_commit_stays(world_of
     assert ckpt.wait()  # reported once
     assert json.loads((tmp_path / "run/checkpoints/latest.json").read_text())["step"] == 5
     assert not (tmp_path / "run/checkpoints/step_00000010/_COMMITTED").exists()
-    assert ckpt.find_latest()[0] == 5
+    assert find_latest(storage, RunLayout(run_uri))[0] == 5
 
 
 def test_missing_shard_or_bad_checksum_is_never_loaded(world_of_one, tmp_path, caplog):
     run_uri = (tmp_path / "run").as_uri()
     model, optimizer = fresh(0)
-    ckpt = Checkpointer(open_storage(run_uri), run_uri, rank=0, world_size=1, keep=5)
+    ckpt, state = checkpointer(open_storage(run_uri), run_uri, model, optimizer, keep=5)
     for step in (10, 20, 30):
         train_one_step(model, optimizer)
-        ckpt.save(step, model, optimizer, {"step": step, "cursor": step})
+        advance(state, step, step)
+        ckpt.save(step)
         if step == 10:
             at_10 = snapshot(model)
     (tmp_path / "run/checkpoints/step_00000030/__0_0.distcp").unlink()  # a shard lost
@@ -167,12 +187,144 @@ def test_missing_shard_or_bad_checksum_is_never_loaded(world_of_one, tmp_path, c
     shard.write_bytes(bytes(data))
 
     other, other_opt = fresh(1)
+    loader, loaded = checkpointer(open_storage(run_uri), run_uri, other, other_opt, keep=5)
     with caplog.at_level(logging.INFO, logger="trainer.checkpoint"):
-        step, extras = ckpt.load_latest(other, other_opt)
-    assert (step, extras["cursor"]) == (10, 10)
+        step = loader.load_latest()
+    assert (step, loaded.cursor) == (10, 10)
     assert "skipped step 30: file __0_0.distcp listed in _COMMITTED is missing" in caplog.text
     assert re.search(
         r"skipped step 20: checkpoint file .*__0_0.distcp has sha256 \w+, _COMMITTED says \w+", caplog.text
     )
     for name, tensor in other.state_dict().items():
         assert torch.equal(tensor, at_10[name]), name
+
+
+def write_checkpoint_before_named_states(tmp_path, run_uri, step, model, optimizer, extras, meta):
+    """A checkpoint as the trainer wrote them before the Checkpointer owned its states: DCP's
+    ``{"model", "optim"}`` and one flat ``extra_rank0.pt``, then ``_COMMITTED`` and ``latest.json``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from trainer import commit
+    from trainer.storage import sha256_file
+
+    layout, storage = RunLayout(run_uri), open_storage(run_uri)
+    staging = tmp_path / "legacy"
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=dcp.FileSystemWriter(staging))
+    torch.save(extras, staging / "extra_rank0.pt")
+    files = []
+    for path in sorted(staging.iterdir()):
+        files.append({"name": path.name, "size": path.stat().st_size, "sha256": sha256_file(path)})
+        storage.upload_file(path, f"{layout.checkpoint(step)}/{path.name}")
+    marker = commit.commit_marker(step=step, files=files, world_size=1, time=0.0, **meta)
+    storage.put_json(layout.committed_marker(step), marker)
+    storage.put_json(layout.latest, {"step": step, "uri": layout.checkpoint(step)})
+
+
+def test_a_checkpoint_written_before_the_states_had_names_still_resumes(world_of_one, tmp_path):
+    from trainer.optim import build_scheduler
+    from trainer.state import checkpoint_states
+
+    run_uri = (tmp_path / "run").as_uri()
+    model, optimizer = fresh(0)
+    scheduler = build_scheduler(optimizer, warmup_steps=4, max_steps=20, min_lr_ratio=0.1)
+    for _ in range(3):
+        train_one_step(model, optimizer)
+        scheduler.step()
+    torch.manual_seed(11)
+    rng = torch.get_rng_state()
+    next_draw = torch.rand(4)
+    extras = {
+        "step": 3,
+        "cursor": 48,
+        "scheduler": scheduler.state_dict(),
+        "scaler": None,
+        "world_size": 1,
+        "rng": {"torch": rng, "cuda": None},
+    }
+    write_checkpoint_before_named_states(tmp_path, run_uri, 3, model, optimizer, extras, {"cursor": 48})
+
+    other, other_opt = fresh(1)
+    other_scheduler = build_scheduler(other_opt, warmup_steps=4, max_steps=20, min_lr_ratio=0.1)
+    state = TrainState(torch.device("cpu"))
+    ckpt = Checkpointer(
+        open_storage(run_uri),
+        run_uri,
+        rank=0,
+        world_size=1,
+        keep=2,
+        states=checkpoint_states(other, other_opt, other_scheduler, None, state),
+    )
+    assert ckpt.load_latest() == 3
+    assert (state.step, state.cursor) == (3, 48)
+    assert other_scheduler.last_epoch == scheduler.last_epoch == 3
+    assert other_scheduler.get_last_lr() == scheduler.get_last_lr()
+    assert torch.equal(torch.rand(4), next_draw)  # the RNG goes on where the saved one was
+    for name, tensor in other.state_dict().items():
+        assert torch.equal(tensor, model.state_dict()[name]), name
+    for m, opt in ((model, optimizer), (other, other_opt)):  # the optimizer's moments came back too
+        torch.manual_seed(3)
+        train_one_step(m, opt)
+    for name, tensor in other.state_dict().items():
+        assert torch.equal(tensor, model.state_dict()[name]), name
+
+
+def test_a_checkpoint_missing_a_state_is_refused_rather_than_resumed_in_part(world_of_one, tmp_path):
+    """Weights without their schedule (or step, or cursor) would resume a lie: refused."""
+    from trainer.checkpoint import CheckpointError
+    from trainer.optim import build_scheduler
+    from trainer.state import checkpoint_states
+
+    run_uri = (tmp_path / "run").as_uri()
+    model, optimizer = fresh(0)
+    build_scheduler(optimizer, warmup_steps=4, max_steps=20, min_lr_ratio=0.1)  # as training had
+    train_one_step(model, optimizer)
+    train_state = {"step": 3, "cursor": 48, "rng": {"torch": torch.get_rng_state(), "cuda": None}}
+    write_checkpoint_before_named_states(  # a per-rank file with named states, one of them missing
+        tmp_path, run_uri, 3, model, optimizer, {"train_state": train_state}, {"cursor": 48}
+    )
+    other, other_opt = fresh(1)
+    scheduler = build_scheduler(other_opt, warmup_steps=4, max_steps=20, min_lr_ratio=0.1)
+    state = TrainState(torch.device("cpu"))
+    ckpt = Checkpointer(
+        open_storage(run_uri),
+        run_uri,
+        rank=0,
+        world_size=1,
+        keep=2,
+        states=checkpoint_states(other, other_opt, scheduler, None, state),
+    )
+    with pytest.raises(CheckpointError, match=r"checkpoint step 3 holds no 'scheduler' state"):
+        ckpt.load_latest()
+    assert (state.step, state.cursor) == (0, 0)
+
+
+def test_the_per_rank_file_holds_the_named_states_and_restores_the_rng(world_of_one, tmp_path):
+    from trainer.optim import build_scheduler
+    from trainer.state import checkpoint_states
+
+    run_uri = (tmp_path / "run").as_uri()
+    model, optimizer = fresh(0)
+    scheduler = build_scheduler(optimizer, warmup_steps=4, max_steps=20, min_lr_ratio=0.1)
+    state = TrainState(torch.device("cpu"), step=6, cursor=96)
+    states = checkpoint_states(model, optimizer, scheduler, None, state)
+    ckpt = Checkpointer(open_storage(run_uri), run_uri, rank=0, world_size=1, keep=2, states=states)
+    torch.manual_seed(5)
+    ckpt.save(6)
+    after_save = torch.rand(3)
+    saved = torch.load(tmp_path / "run/checkpoints/step_00000006/extra_rank0.pt", weights_only=True)
+    assert set(saved) == {"scheduler", "train_state"}
+    assert (saved["train_state"]["step"], saved["train_state"]["cursor"]) == (6, 96)
+
+    torch.manual_seed(99)  # a fresh process would have another RNG state
+    state.step = state.cursor = 0
+    assert ckpt.load_latest() == 6
+    assert (state.step, state.cursor) == (6, 96)
+    assert torch.equal(torch.rand(3), after_save)
+
+
+def test_a_checkpointer_needs_the_model_and_the_optimizer(world_of_one, tmp_path):
+    run_uri = (tmp_path / "run").as_uri()
+    with pytest.raises(ValueError, match=r"needs the states \['model', 'optim'\]; \['optim'\] missing"):
+        Checkpointer(open_storage(run_uri), run_uri, 0, 1, keep=1, states={"model": ModelState(fresh(0)[0])})

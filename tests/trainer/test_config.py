@@ -1,10 +1,9 @@
-import subprocess
-import sys
+"""The config: defaults < YAML file < overrides, checked with errors that name the key."""
 
 import pytest
 import yaml
 
-from tests.trainer.helpers import REPO, write_config
+from tests.trainer.helpers import write_config
 from trainer.config import Config, ConfigError, accumulation_steps, dump_yaml, load_config, resolved_eval_uris
 from trainer.presets import PRESETS
 
@@ -100,37 +99,6 @@ def test_required_keys_and_user_builders():
         load_config(None, ["run_uri=file:///r", "data_uri=file:///d", "model.builder=pkg.mod.build"])
     config = load_config(None, ["run_uri=file:///r", "data_uri=file:///d", "model.builder=pkg.mod:build"])
     assert config.model.builder == "pkg.mod:build"  # imported when training starts, not here
-
-
-def test_cli_exits_2_with_one_line_before_importing_torch(tmp_path):
-    path = write_config(tmp_path / "c.yaml", **MINIMAL)
-    code = (
-        "import sys; from trainer.cli import main; rc = main(sys.argv[1:]); "
-        "print('torch imported' if 'torch' in sys.modules else 'torch not imported'); sys.exit(rc)"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", code, "train", "--config", str(path), "train.lrr=0.1"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
-    )
-    assert proc.returncode == 2
-    assert proc.stderr == "error: unknown key 'train.lrr' (did you mean 'train.lr'?)\n"
-    assert proc.stdout.strip() == "torch not imported"
-
-
-def test_cli_help_lists_commands_and_keys():
-    proc = subprocess.run(
-        [sys.executable, "-m", "trainer", "--help"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
-    )
-    assert proc.returncode == 0
-    for word in ("train", "evaluate", "export", "checkpoint.every_steps"):
-        assert word in proc.stdout
 
 
 def test_config_dataclass_defaults_match_the_spec():

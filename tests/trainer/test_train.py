@@ -1,8 +1,10 @@
-"""The trainer under torchrun: 2 CPU ranks, uninterrupted, preempted (SIGTERM) and killed (SIGKILL)."""
+"""``trainer train``: setup, one step and the loop in this process (a world of one), then the whole
+trainer under torchrun: 2 CPU ranks, uninterrupted, preempted (SIGTERM) and killed (SIGKILL)."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -22,9 +24,12 @@ from tests.trainer.helpers import (
     torchrun_argv,
     trainer_env,
 )
-from trainer.attempts import NON_FINITE_HINT
-
-pytestmark = pytest.mark.slow
+from trainer.attempts import NON_FINITE_HINT, Attempt, now_iso
+from trainer.config import load_config
+from trainer.contract import RunLayout
+from trainer.preemption import StopFlag
+from trainer.storage import open_storage
+from trainer.train import setup, train_loop, train_step
 
 MAX_STEPS = 40
 
@@ -83,6 +88,87 @@ def relaunch_to_completion(config: Path, tmp: Path, attempt: int) -> str:
     return proc.stdout
 
 
+# --- in this process: setup, one step, the loop ------------------------------------------------
+def start(tmp_path, dataset_uri, env, attempt_number, *overrides):
+    """``setup`` for a small fp32 run (2 accumulation steps of 2 samples) in a world of one."""
+    run_uri = (tmp_path / "run").as_uri()
+    config = load_config(
+        None,
+        [
+            f"run_uri={run_uri}",
+            f"data_uri={dataset_uri}",
+            "precision=fp32",
+            "train.max_steps=3",
+            "train.micro_batch_size=2",
+            "train.global_batch_size=4",
+            "train.seq_len=16",
+            "train.warmup_steps=1",
+            "checkpoint.every_steps=2",
+            "metrics.flush_every=1",
+            *overrides,
+        ],
+    )
+    layout = RunLayout(run_uri)
+    attempt = Attempt(open_storage(run_uri), layout, attempt_number, env.world_size, started_at=now_iso())
+    return setup(config, env, attempt), attempt
+
+
+def test_train_step_does_one_optimizer_step_and_counts_the_stop_votes(world_of_one, tmp_path, dataset_uri):
+    training, attempt = start(tmp_path, dataset_uri, world_of_one, 1)
+    assert (training.accum, training.global_batch, training.state.step, training.state.cursor) == (2, 4, 0, 0)
+    flag = StopFlag()  # not installed: the test sets it as its handler would
+    first = train_step(training, flag)
+    assert (training.state.step, training.state.cursor, attempt.last_step) == (1, 4, 1)
+    assert first.stop_votes == 0.0 and math.isfinite(first.loss) and first.lr == pytest.approx(3e-3)
+    flag.signal_name = "SIGTERM"
+    second = train_step(training, flag)
+    assert (second.stop_votes, training.state.cursor) == (1.0, 8)
+    assert second.loss != first.loss  # other samples, updated weights
+
+
+def test_the_loop_completes_with_a_final_checkpoint_export_and_record_and_a_relaunch_only_re_exports(
+    world_of_one, tmp_path, dataset_uri
+):
+    run = tmp_path / "run"
+    training, _ = start(tmp_path, dataset_uri, world_of_one, 1)
+    assert train_loop(training, StopFlag()) == "completed"
+    record = read_json(run / "attempts" / "1.json")
+    assert (record["outcome"], record["last_step"], record["checkpoint_step"]) == ("completed", 3, 3)
+    assert committed_steps(run) == [2, 3]  # every_steps=2, then the final one
+    assert read_json(run / "export" / "export.json")["step"] == 3
+    assert sorted(metrics_of(run)) == [1, 2, 3]
+
+    relaunched, attempt = start(tmp_path, dataset_uri, world_of_one, 2)
+    assert (attempt.resumed_from_step, relaunched.state.step, relaunched.state.cursor) == (3, 3, 12)
+    assert train_loop(relaunched, StopFlag()) == "completed"
+    second = read_json(run / "attempts" / "2.json")
+    assert (second["outcome"], second["resumed_from_step"], second["last_step"]) == ("completed", 3, 3)
+    assert {r["attempt"] for r in metrics_of(run).values()} == {1}  # it trained no step
+    assert committed_steps(run) == [2, 3]
+
+
+def test_a_signalled_loop_stops_after_the_step_with_an_emergency_checkpoint(
+    world_of_one, tmp_path, dataset_uri
+):
+    run = tmp_path / "run"
+    training, _ = start(
+        tmp_path, dataset_uri, world_of_one, 1, "train.max_steps=10", "checkpoint.every_steps=5"
+    )
+    flag = StopFlag()
+    flag.signal_name = "SIGINT"
+    assert train_loop(training, flag) == "preempted"
+    record = read_json(run / "attempts" / "1.json")
+    assert (record["outcome"], record["signal"], record["last_step"], record["checkpoint_step"]) == (
+        "preempted",
+        "SIGINT",
+        1,
+        1,
+    )
+    assert committed_steps(run) == [1] and not (run / "export").exists()
+
+
+# --- under torchrun ------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_uninterrupted_run(reference_run):
     run = reference_run["run_dir"]
     record = read_json(run / "attempts" / "1.json")
@@ -123,6 +209,7 @@ def test_uninterrupted_run(reference_run):
     assert (run / "export" / "model.safetensors").stat().st_size > 139_712 * 4
 
 
+@pytest.mark.slow
 def test_sigterm_saves_then_relaunch_ends_identical(tmp_path, dataset_uri, reference_run):
     config, _ = run_config(tmp_path, dataset_uri, "run")
     run = tmp_path / "run"
@@ -156,6 +243,7 @@ def test_sigterm_saves_then_relaunch_ends_identical(tmp_path, dataset_uri, refer
     assert {metrics[s]["attempt"] for s in range(first["last_step"] + 1, MAX_STEPS + 1)} == {2}
 
 
+@pytest.mark.slow
 def test_sigkill_relaunch_resumes_from_last_commit_and_ends_identical(tmp_path, dataset_uri, reference_run):
     config, _ = run_config(tmp_path, dataset_uri, "run")
     run = tmp_path / "run"
@@ -183,6 +271,7 @@ def test_sigkill_relaunch_resumes_from_last_commit_and_ends_identical(tmp_path, 
     ).read_bytes()
 
 
+@pytest.mark.slow
 def test_non_finite_loss_fails_with_a_hint_and_keeps_the_last_checkpoint(tmp_path, dataset_uri):
     config, _ = run_config(tmp_path, dataset_uri, "run")
     run = tmp_path / "run"
@@ -217,6 +306,7 @@ def test_non_finite_loss_fails_with_a_hint_and_keeps_the_last_checkpoint(tmp_pat
     assert proc.stderr.strip().splitlines()[-1] == f"trainer: failed at step {step}: {record['hint']}"
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_single_process_bf16_training_on_cuda(tmp_path, dataset_uri):
     import torch
@@ -238,6 +328,7 @@ def test_single_process_bf16_training_on_cuda(tmp_path, dataset_uri):
     assert metrics[20]["loss"] < metrics[1]["loss"] - 1.0
 
 
+@pytest.mark.slow
 def test_compiled_checkpointed_unsynced_run_follows_the_reference(tmp_path, dataset_uri, reference_run):
     # One process with every step option on: torch.compile per block (the slow part: inductor
     # builds C++ kernels), selective activation checkpointing, and gradient sync only on the

@@ -8,8 +8,10 @@ inside :class:`S3Storage`.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
+from collections.abc import Callable
 
 from trainer.storage.base import (
     NotFound,
@@ -34,7 +36,7 @@ __all__ = [
 ]
 
 
-_cache: dict[tuple, Storage] = {}
+_cache: dict[tuple[object, ...], Storage] = {}
 _cache_lock = threading.Lock()
 
 
@@ -50,8 +52,8 @@ def open_storage(
     """Return the (cached, thread-safe) client for ``uri``'s scheme and options."""
     if uri.startswith("file://"):
         _file_path(uri)
-        key: tuple = ("file",)
-        factory = FileStorage
+        key: tuple[object, ...] = ("file",)
+        factory: Callable[[], Storage] = FileStorage
     elif uri.startswith("s3://"):
         if not uri[len("s3://") :].split("/", 1)[0]:
             raise StorageError(f"S3 URI {uri!r} has no bucket: use s3://bucket/prefix")
@@ -73,14 +75,14 @@ def open_storage(
         )
         key = ("s3", endpoint_url, region, creds, env if not any(creds) else None)
 
-        def factory() -> Storage:
-            return S3Storage(
-                endpoint_url=endpoint_url,
-                region=region,
-                aws_access_key_id=aws_access_key_id,
-                aws_secret_access_key=aws_secret_access_key,
-                aws_session_token=aws_session_token,
-            )
+        factory = functools.partial(
+            S3Storage,
+            endpoint_url=endpoint_url,
+            region=region,
+            aws_access_key_id=aws_access_key_id,
+            aws_secret_access_key=aws_secret_access_key,
+            aws_session_token=aws_session_token,
+        )
     else:
         raise _unsupported(uri)
     with _cache_lock:

@@ -1,4 +1,4 @@
-"""Plain parts of the loop: LR schedule, progress line, metrics file, attempt bookkeeping."""
+"""The trainer's account of an attempt: its number, the failure's kind and hint, the record."""
 
 import json
 
@@ -15,59 +15,8 @@ from trainer.attempts import (
     failure_hint,
     next_attempt_number,
 )
-from trainer.contract import RunLayout, metrics_by_step, metrics_records
-from trainer.metrics import MetricsLog
-from trainer.optim import lr_multiplier
-from trainer.preemption import stop_decision
-from trainer.progress import format_duration, progress_line
+from trainer.contract import RunLayout
 from trainer.storage import open_storage
-
-
-def test_lr_warms_up_linearly_then_follows_a_cosine_to_the_floor():
-    kw = {"warmup_steps": 4, "max_steps": 14, "min_lr_ratio": 0.1}
-    assert [lr_multiplier(s, **kw) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
-    assert lr_multiplier(4, **kw) == 1.0
-    assert lr_multiplier(9, **kw) == pytest.approx(0.55)  # halfway down the cosine
-    assert lr_multiplier(14, **kw) == pytest.approx(0.1)
-    assert lr_multiplier(20, **kw) == pytest.approx(0.1)
-    assert lr_multiplier(0, warmup_steps=0, max_steps=10, min_lr_ratio=0.0) == 1.0
-
-
-def test_progress_line_format():
-    line = progress_line(40, 100, 2.3141, 2.1e-3, 12345.4, 12.2, 40)
-    assert line == "step 40/100 loss 2.314 lr 2.1e-03 tok/s 12,345 elapsed 12s eta 18s"
-    # a resumed attempt extrapolates from its own steps only
-    assert progress_line(90, 100, 1.0, 1e-4, 10, 20, 10).endswith("elapsed 20s eta 20s")
-    assert [format_duration(s) for s in (0, 59.6, 61, 3725)] == ["0s", "1m00s", "1m01s", "1h02m"]
-
-
-def test_metrics_keep_earlier_attempts_and_readers_take_the_last(tmp_path):
-    uri = (tmp_path / "metrics.jsonl").as_uri()
-    storage = open_storage(uri)
-    first = MetricsLog(storage, uri, attempt=1, flush_every=2)
-    for step in (1, 2, 3):
-        first.add(step=step, loss=5.0 - step, lr=1e-3, tokens_per_s=10.0, time=0.0)
-    assert [r["step"] for r in metrics_records((tmp_path / "metrics.jsonl").read_text())] == [
-        1,
-        2,
-    ]  # step 3 not flushed
-    first.flush()
-    second = MetricsLog(storage, uri, attempt=2, flush_every=1)  # resumed from step 2
-    second.add(step=3, loss=0.5, lr=1e-3, tokens_per_s=10.0, time=0.0)
-    records = metrics_records(
-        (tmp_path / "metrics.jsonl").read_text() + '{"step": 9, "lo'
-    )  # a torn tail is skipped
-    assert [(r["step"], r["attempt"]) for r in records] == [(1, 1), (2, 1), (3, 1), (3, 2)]
-    by_step = metrics_by_step(records)
-    assert (by_step[3]["attempt"], by_step[3]["loss"], by_step[2]["attempt"]) == (2, 0.5, 1)
-    assert set(json.loads(json.dumps(records[0]))) == {
-        "step",
-        "loss",
-        "lr",
-        "tokens_per_s",
-        "attempt",
-        "time",
-    }
 
 
 def test_attempt_number_from_env_or_next_free(tmp_path, monkeypatch):
@@ -174,7 +123,30 @@ def test_failures_are_classified_from_their_type_and_message(exc, kind):
     assert (hint is None) if expected is None else hint.endswith(expected)
 
 
-def test_any_rank_signal_stops_all():
-    assert stop_decision(0.0, None) == (False, None)
-    assert stop_decision(1.0, None) == (True, "SIGTERM")  # this rank saw nothing; a peer did
-    assert stop_decision(2.0, "SIGINT") == (True, "SIGINT")
+def test_the_record_says_how_far_the_attempt_got_and_the_first_failing_rank_wins(tmp_path):
+    from trainer.attempts import Attempt
+
+    layout = RunLayout((tmp_path / "run").as_uri())
+    attempt = Attempt(
+        open_storage(layout.run_uri), layout, 3, world_size=2, started_at="2026-01-01T00:00:00+00:00"
+    )
+    attempt.resumed_from_step, attempt.last_step = 20, 27
+    attempt.committed(25)  # the checkpointer's on_commit
+    record = attempt.write("failed", error="RuntimeError: boom", hint=None, exclusive=True)
+    stored = json.loads((tmp_path / "run" / "attempts" / "3.json").read_text())
+    assert stored == record
+    assert (
+        stored["outcome"],
+        stored["checkpoint_step"],
+        stored["steps_lost"],
+        stored["resumed_from_step"],
+    ) == (
+        "failed",
+        25,
+        2,
+        20,
+    )
+    assert stored["started_at"] == "2026-01-01T00:00:00+00:00" and stored["ended_at"]
+    # another rank reporting the same failure later does not overwrite the first account
+    attempt.write("failed", error="DistBackendError: peer gone", exclusive=True)
+    assert json.loads((tmp_path / "run" / "attempts" / "3.json").read_text())["error"] == "RuntimeError: boom"

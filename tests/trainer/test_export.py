@@ -1,15 +1,18 @@
-"""The export folder is a Hugging Face Llama folder: names, config, RoPE order, same logits."""
+"""``<run_uri>/export``: a Hugging Face Llama folder (names, config, RoPE order, same logits), written at
+the end of training or by ``trainer export`` from the newest committed checkpoint."""
 
 import json
+import shutil
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.trainer.helpers import REPO
+from tests.trainer.helpers import REPO, run_config
 from trainer.builder import build_model
+from trainer.cli import main
 from trainer.export import load_export, write_export
-from trainer.hf import from_hf_state_dict, half_to_interleaved, interleaved_to_half, to_hf_state_dict
+from trainer.hf import half_to_interleaved
 from trainer.model import Transformer
 from trainer.presets import ModelArgs
 from trainer.storage import open_storage
@@ -82,16 +85,6 @@ def test_export_has_hf_names_and_llama_config(tmp_path):
     )
 
 
-def test_rope_permutation_round_trips_and_is_not_the_identity():
-    weight = torch.arange(8 * 3, dtype=torch.float32).reshape(8, 3)  # 2 heads of head_dim 4
-    half = interleaved_to_half(weight, n_heads=2)
-    assert half[:, 0].tolist() == [0, 6, 3, 9, 12, 18, 15, 21]  # rows 0,2,1,3 then 4,6,5,7
-    assert torch.equal(half_to_interleaved(half, n_heads=2), weight)
-    state = Transformer(ARGS).state_dict()
-    back = from_hf_state_dict(to_hf_state_dict(state, ARGS), ARGS)
-    assert back.keys() == state.keys() and all(torch.equal(back[k], state[k]) for k in state)
-
-
 def test_load_export_gives_the_same_logits_from_every_layout(tmp_path):
     torch.manual_seed(0)
     model = Transformer(ARGS).eval()
@@ -159,3 +152,31 @@ def test_transformers_loads_the_export_as_llama_with_the_same_logits(tmp_path, a
     ).eval()
     with torch.no_grad():
         assert (unpermuted(tokens).logits - ours).abs().max() > 1e-3
+
+
+@pytest.mark.slow
+def test_export_cli_rebuilds_the_same_weights_from_the_checkpoint(reference_run, tmp_path, dataset_uri):
+    config, _ = run_config(tmp_path, dataset_uri, "copy")
+    shutil.copytree(reference_run["run_dir"] / "checkpoints", tmp_path / "copy" / "checkpoints")
+    assert main(["export", "--config", str(config)]) == 0
+    exported = tmp_path / "copy" / "export"
+    assert (exported / "model.safetensors").read_bytes() == (
+        reference_run["run_dir"] / "export" / "model.safetensors"
+    ).read_bytes()
+    info = json.loads((exported / "export.json").read_text())
+    assert (info["step"], info["precision"], info["param_count"]) == (40, "bf16", 139_712)
+    assert json.loads((exported / "model_config.json").read_text()) == json.loads(
+        (reference_run["run_dir"] / "export" / "model_config.json").read_text()
+    )
+    hf_config = json.loads((exported / "config.json").read_text())
+    assert hf_config.pop("max_position_embeddings") == 32  # the run's train.seq_len
+    trained = json.loads((reference_run["run_dir"] / "export" / "config.json").read_text())
+    assert hf_config == {k: v for k, v in trained.items() if k != "max_position_embeddings"}
+
+
+def test_export_without_checkpoints_says_so(tmp_path, dataset_uri):
+    config, run_uri = run_config(tmp_path, dataset_uri, "empty")
+    with pytest.raises(
+        RuntimeError, match=f"no committed checkpoint under {run_uri}/checkpoints; run `trainer train` first"
+    ):
+        main(["export", "--config", str(config)])

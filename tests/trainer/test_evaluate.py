@@ -1,4 +1,5 @@
-"""``trainer evaluate`` and ``trainer export`` on the shared trained run (single process, in-process CLI)."""
+"""``trainer evaluate`` on the shared trained run (single process, in-process CLI): windows, slices,
+exports and checkpoints as model URIs."""
 
 import json
 import math
@@ -8,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from tests.trainer.helpers import run_config
 from trainer.cli import main
 from trainer.evaluate import eval_windows, slice_summaries, token_owners
 from trainer.export import write_export
@@ -95,34 +95,6 @@ def test_evaluate_defaults_to_the_run_export_and_eval_folder(reference_run):
     report = json.loads((reference_run["run_dir"] / "eval" / "metrics.json").read_text())
     assert report["baseline"] is None
     assert report["candidate"]["tokens"] == 2 * 4 * 32  # two full batches of 4 windows of seq_len 32
-
-
-@pytest.mark.slow
-def test_export_cli_rebuilds_the_same_weights_from_the_checkpoint(reference_run, tmp_path, dataset_uri):
-    config, _ = run_config(tmp_path, dataset_uri, "copy")
-    shutil.copytree(reference_run["run_dir"] / "checkpoints", tmp_path / "copy" / "checkpoints")
-    assert main(["export", "--config", str(config)]) == 0
-    exported = tmp_path / "copy" / "export"
-    assert (exported / "model.safetensors").read_bytes() == (
-        reference_run["run_dir"] / "export" / "model.safetensors"
-    ).read_bytes()
-    info = json.loads((exported / "export.json").read_text())
-    assert (info["step"], info["precision"], info["param_count"]) == (40, "bf16", 139_712)
-    assert json.loads((exported / "model_config.json").read_text()) == json.loads(
-        (reference_run["run_dir"] / "export" / "model_config.json").read_text()
-    )
-    hf_config = json.loads((exported / "config.json").read_text())
-    assert hf_config.pop("max_position_embeddings") == 32  # the run's train.seq_len
-    trained = json.loads((reference_run["run_dir"] / "export" / "config.json").read_text())
-    assert hf_config == {k: v for k, v in trained.items() if k != "max_position_embeddings"}
-
-
-def test_export_without_checkpoints_says_so(tmp_path, dataset_uri):
-    config, run_uri = run_config(tmp_path, dataset_uri, "empty")
-    with pytest.raises(
-        RuntimeError, match=f"no committed checkpoint under {run_uri}/checkpoints; run `trainer train` first"
-    ):
-        main(["export", "--config", str(config)])
 
 
 def _evaluate(config, tmp_path, name, *overrides) -> dict:

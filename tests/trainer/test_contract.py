@@ -1,0 +1,188 @@
+"""The run contract: command lines, the storage layout, attempt records and the metrics reader."""
+
+import pytest
+
+from trainer.contract import (
+    ATTEMPT_FORMAT,
+    RunLayout,
+    attempt_record,
+    checkpoint_step_of,
+    dataset_prefix,
+    join,
+    latest_of_attempt,
+    max_step_of_attempt,
+    metrics_by_step,
+    metrics_records,
+    model_version_prefix,
+    parse_attempt_record,
+    production_pointer,
+    run_prefix,
+    safe_segment,
+    torchrun_argv,
+    trainer_argv,
+)
+
+
+# --- 1. command line ------------------------------------------------------------------------
+def test_trainer_argv_is_an_argument_list_with_yaml_spelled_overrides():
+    argv = trainer_argv(
+        "train",
+        "s3://b/runs/r/config.yaml",
+        {"train.lr": 0.001, "train.compile": True, "eval.baseline_uri": None},
+    )
+    assert argv == [
+        "python",
+        "-m",
+        "trainer",
+        "train",
+        "--config",
+        "s3://b/runs/r/config.yaml",
+        "train.lr=0.001",
+        "train.compile=true",
+        "eval.baseline_uri=null",
+    ]
+    assert trainer_argv("export", "file:///c.yaml", python="/venv/bin/python")[0] == "/venv/bin/python"
+    with pytest.raises(
+        ValueError, match=r"unknown trainer command 'fit'; expected one of \('train', 'evaluate', 'export'\)"
+    ):
+        trainer_argv("fit", "file:///c.yaml")
+
+
+def test_torchrun_argv_wraps_the_trainer_for_a_whole_gang_relaunch():
+    trainer = trainer_argv("train", "file:///c.yaml", {"train.lr": 0.1})
+    argv = torchrun_argv(
+        trainer, nnodes=2, nproc_per_node=8, rdzv_endpoint="head:29500", rdzv_id="r1", shutdown_timeout_s=20
+    )
+    assert argv == [
+        "python",
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--nproc-per-node=8",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=head:29500",
+        "--rdzv-id=r1",
+        "--shutdown-timeout=20",
+        "--max-restarts=0",
+        "-m",
+        "trainer",
+        "train",
+        "--config",
+        "file:///c.yaml",
+        "train.lr=0.1",
+    ]
+    pinned = torchrun_argv(
+        trainer, nnodes=2, nproc_per_node=1, rdzv_endpoint="h:1", rdzv_id="r", node_rank=1, is_host=False
+    )
+    assert pinned[pinned.index("--max-restarts=0") + 1 : pinned.index("-m", 3)] == [
+        "--node-rank=1",
+        "--rdzv-conf=is_host=0",
+    ]
+    with pytest.raises(ValueError, match=r"expected 'python -m trainer ...', got \['python', '-c', 'x'\]"):
+        torchrun_argv(["python", "-c", "x"], nnodes=1, nproc_per_node=1, rdzv_endpoint="h:1", rdzv_id="r")
+
+
+# --- 3. layout --------------------------------------------------------------------------------
+def test_segments_are_the_same_on_every_scheme_and_never_empty():
+    assert safe_segment("manual__2026-01-01T00:00:00+00:00") == "manual__2026-01-01T00_00_00_00_00"
+    assert safe_segment("a/b c") == "a_b_c"
+    with pytest.raises(ValueError, match="must not be empty"):
+        safe_segment("")
+    assert join("file:///a/", "/b/", "", "c") == "file:///a/b/c"
+    assert join("s3://bucket", "x") == "s3://bucket/x"
+
+
+def test_prefixes_under_a_root():
+    root = "s3://b/trainops"
+    assert dataset_prefix(root, "demo data", "v1") == "s3://b/trainops/datasets/demo_data/v1"
+    assert model_version_prefix(root, "m", 3) == "s3://b/trainops/models/m/versions/3"
+    assert production_pointer(root, "m") == "s3://b/trainops/models/m/production.json"
+    assert run_prefix(root, "retrain", "manual__1", "train") == "s3://b/trainops/runs/retrain/manual__1/train"
+    assert run_prefix(root, "retrain", "r", "train", map_index=2).endswith("/runs/retrain/r/train.2")
+    assert run_prefix(root, "retrain", "r", "train", map_index=-1).endswith("/runs/retrain/r/train")
+
+
+def test_run_layout_names_every_file_of_a_run():
+    layout = RunLayout("file:///runs/r1")
+    assert (layout.config, layout.job, layout.metrics, layout.export) == (
+        "file:///runs/r1/config.yaml",
+        "file:///runs/r1/job.json",
+        "file:///runs/r1/metrics.jsonl",
+        "file:///runs/r1/export",
+    )
+    assert layout.attempt(3) == "file:///runs/r1/attempts/3.json"
+    assert layout.checkpoint(40) == "file:///runs/r1/checkpoints/step_00000040"
+    assert layout.committed_marker(40) == "file:///runs/r1/checkpoints/step_00000040/_COMMITTED"
+    assert layout.latest == "file:///runs/r1/checkpoints/latest.json"
+    assert (layout.eval_metrics, layout.eval_gate) == (
+        "file:///runs/r1/eval/metrics.json",
+        "file:///runs/r1/eval/gate.json",
+    )
+    assert checkpoint_step_of(layout.checkpoint(40) + "/") == 40
+    assert checkpoint_step_of(layout.checkpoints) is None
+
+
+# --- 4. attempt records ---------------------------------------------------------------------
+def test_an_attempt_record_counts_the_steps_the_next_attempt_replays():
+    record = attempt_record(
+        attempt=2, outcome="preempted", last_step=23, checkpoint_step=20, world_size=4, signal="SIGTERM"
+    )
+    assert (record["format"], record["steps_lost"], record["signal"], record["resumed_from_step"]) == (
+        ATTEMPT_FORMAT,
+        3,
+        "SIGTERM",
+        None,
+    )
+    assert (
+        attempt_record(attempt=1, outcome="failed", last_step=7, checkpoint_step=None, world_size=1)[
+            "steps_lost"
+        ]
+        == 7
+    )
+    assert parse_attempt_record(record) == record
+    with pytest.raises(ValueError, match=r"unknown attempt outcome 'crashed'"):
+        attempt_record(attempt=1, outcome="crashed", last_step=0, checkpoint_step=None, world_size=1)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"format": "other/v1"}, "not a trainops.attempt/v1 record"),
+        ({"outcome": "gone"}, "unknown outcome 'gone'"),
+        ({"last_step": "7"}, "field 'last_step' must be an integer, got '7'"),
+    ],
+)
+def test_a_malformed_attempt_record_is_refused_with_what_is_wrong(change, message):
+    record = attempt_record(attempt=1, outcome="completed", last_step=7, checkpoint_step=7, world_size=1)
+    with pytest.raises(ValueError, match=message):
+        parse_attempt_record({**record, **change})
+
+
+# --- 5. metrics.jsonl ----------------------------------------------------------------------
+TEXT = (
+    '{"step": 1, "loss": 5.0, "attempt": 1}\n{"step": 2, "loss": 4.0, "attempt": 1}\n'
+    '{"step": 2, "loss": 3.9, "attempt": 2}\nnot json\n{"step": 3, "loss": 3.5, "attempt": 2}\n'
+    '["a list"]\n{"step": "5"}\n{"step": 4, "lo'
+)  # a torn last line, as a reader may see mid-rewrite
+
+
+def test_attempts_are_kept_apart_and_garbage_is_skipped():
+    records = metrics_records(TEXT)
+    assert [(r["step"], r["attempt"]) for r in records] == [(1, 1), (2, 1), (2, 2), (3, 2)]
+    assert max_step_of_attempt(records, 1) == 2
+    assert max_step_of_attempt(records, 2) == 3
+    assert max_step_of_attempt(records, 3) == 0
+    assert latest_of_attempt(records, 2)["loss"] == 3.5
+    assert latest_of_attempt(records, 9) is None
+
+
+def test_later_attempt_wins_a_replayed_step():
+    by_step = metrics_by_step(metrics_records(TEXT))
+    assert sorted(by_step) == [1, 2, 3]
+    assert by_step[2]["loss"] == 3.9
+
+
+def test_the_highest_attempt_wins_even_when_an_older_record_comes_later():
+    # an older attempt's record after a newer one's (a late write from a fenced gang) loses
+    text = '{"step": 2, "loss": 3.9, "attempt": 2}\n{"step": 2, "loss": 4.0, "attempt": 1}\n'
+    assert metrics_by_step(metrics_records(text))[2]["loss"] == 3.9

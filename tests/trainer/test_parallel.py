@@ -1,0 +1,84 @@
+"""Parallelism applied from outside: ``parallelize`` wraps, compiles and shards a plain model from the
+config; collectives in a world of one."""
+
+import pytest
+import torch
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+
+from trainer import parallel
+from trainer.config import Config, TrainConfig
+from trainer.model import Transformer
+from trainer.presets import ModelArgs
+
+ARGS = ModelArgs(dim=32, n_layers=4, n_heads=4, vocab_size=97)
+BLOCKS = [f"layers.{i}" for i in range(ARGS.n_layers)]
+
+
+def plain_model() -> Transformer:
+    torch.manual_seed(0)
+    return Transformer(ARGS)
+
+
+def test_checkpointed_blocks_per_mode():
+    assert parallel.checkpointed_blocks("full", 4) == [0, 1, 2, 3]
+    assert parallel.checkpointed_blocks("selective", 4) == [1, 3]
+    assert parallel.checkpointed_blocks("none", 4) == []
+    with pytest.raises(ValueError, match=r"must be none, full or selective, got 'some'"):
+        parallel.checkpointed_blocks("some", 4)
+
+
+def test_step_options_line_names_what_was_applied():
+    assert parallel.describe_step_options("selective", 4, True, True) == (
+        "activation checkpointing selective (blocks 1, 3 of 4), torch.compile per block, "
+        "gradient sync on the last micro-step only"
+    )
+    assert parallel.describe_step_options("none", 4, False, False) == (
+        "activation checkpointing none, gradient sync every micro-step"
+    )
+
+
+def test_parallelize_checkpoints_then_compiles_then_shards(world_of_one):
+    model = plain_model()
+    config = Config(precision="fp32", train=TrainConfig(activation_checkpointing="selective", compile=True))
+    assert parallel.parallelize(model, BLOCKS, config) is model
+
+    wrapped = [isinstance(block, CheckpointWrapper) for block in model.layers]
+    assert wrapped == [False, True, False, True]
+    # compiled after wrapping: the compiled module is the wrapper itself, so its graph holds the recompute
+    assert all(block._compiled_call_impl is not None for block in model.layers)
+    assert isinstance(model, FSDPModule) and all(isinstance(block, FSDPModule) for block in model.layers)
+    assert all(isinstance(p, DTensor) for p in model.parameters())
+    assert set(model.state_dict()) == set(plain_model().state_dict())  # names as a plain model has them
+
+
+def test_a_parallelized_model_computes_what_the_plain_one_does(world_of_one):
+    tokens = torch.randint(0, 97, (2, 8))
+    expected = plain_model()(tokens)
+    model = parallel.parallelize(plain_model(), BLOCKS, Config(precision="fp32"))
+    torch.testing.assert_close(model(tokens), expected, rtol=0, atol=1e-6)
+    with pytest.raises(TypeError, match="needs an FSDP2-sharded model, got Transformer"):
+        parallel.set_gradient_sync(plain_model(), False)
+
+
+def test_an_unknown_precision_is_refused_before_the_model_is_touched(world_of_one):
+    model = plain_model()
+    with pytest.raises(ValueError, match=r"precision must be one of \['bf16', 'fp16', 'fp32'\], got 'int8'"):
+        parallel.parallelize(
+            model, BLOCKS, Config(precision="int8", train=TrainConfig(activation_checkpointing="full"))
+        )
+    assert not any(isinstance(block, CheckpointWrapper) for block in model.layers)
+
+
+def test_only_fp16_gets_a_grad_scaler():
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    assert parallel.grad_scaler("bf16") is None and parallel.grad_scaler("fp32") is None
+    assert isinstance(parallel.grad_scaler("fp16"), ShardedGradScaler)
+
+
+def test_collectives_in_a_world_of_one(world_of_one):
+    assert (world_of_one.rank, world_of_one.world_size, world_of_one.is_main) == (0, 1, True)
+    assert parallel.broadcast_object({"step": 3}) == {"step": 3}
+    assert parallel.all_reduce_sum([1.0, 2.5], world_of_one.device) == [1.0, 2.5]
