@@ -7,9 +7,8 @@ import datetime as dt
 import os
 import re
 from dataclasses import dataclass
-from typing import Any
 
-from trainer.contract import ENV_ATTEMPT, RunLayout, attempt_record
+from trainer.contract import ENV_ATTEMPT, AttemptRecord, RunLayout, attempt_record
 from trainer.storage import PreconditionFailed, Storage
 
 _ATTEMPT_FILE = re.compile(r"/(\d+)\.json$")
@@ -142,7 +141,7 @@ class Attempt:
         hint: str | None = None,
         error: str | None = None,
         exclusive: bool = False,
-    ) -> dict[str, Any]:
+    ) -> AttemptRecord:
         """Write ``attempts/<n>.json`` with ``outcome`` and what the attempt got to; the record."""
         record = attempt_record(
             attempt=self.number,
