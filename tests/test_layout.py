@@ -139,27 +139,65 @@ def test_every_package_is_shipped():
     assert listed == on_disk
 
 
-def test_every_module_of_the_airflow_side_and_the_trainer_has_a_test_file():
-    """Tests mirror the layout: ``plugins/trainops/a/b.py`` -> ``tests/trainops/a/test_b.py``
-    (a package's ``__init__``, ``__main__`` and a few thin re-export or wiring modules have
-    none; each exception is named here)."""
-    untested = {
-        "trainops",
-        "trainops.__main__",
-        "trainops.plugin",
-        "trainops.provider",
-        "trainer",
-        "trainer.__main__",
-    }
+# Modules whose tests live in a file not named after them, and what that file must mention.
+TESTED_ELSEWHERE = {
+    "trainops.__main__": ("tests/trainops/cli/test_main.py", '"-m", "trainops"'),
+    "trainops.provider": ("tests/deploy/test_provider.py", "trainops.provider"),
+    "trainops.gate.errors": ("tests/trainops/gate/test_checks.py", "GateConfigError"),
+    "trainer.__main__": ("tests/trainer/test_cli.py", '"-m", "trainer"'),
+}
+
+
+def expected_test_file(module: str) -> Path:
+    """``trainops.a.b`` -> ``tests/trainops/a/test_b.py``; ``trainer.x`` -> ``tests/trainer/test_x.py``."""
+    package, _, leaf = module.rpartition(".")
+    return REPO / "tests" / Path(*package.split(".")) / f"test_{leaf}.py"
+
+
+def test_every_module_has_a_test_file_named_after_it():
+    """Tests mirror the layout, so the tests of a module are where a reader looks for them.
+    A few modules are tested where their behaviour is (``TESTED_ELSEWHERE`` says where)."""
     missing = []
     for name, path in project_modules().items():
-        if path.name == "__init__.py" or name in untested:
+        if path.name == "__init__.py":
             continue
-        package, _, leaf = name.rpartition(".")
-        expected = REPO / "tests" / Path(*package.split(".")) / f"test_{leaf}.py"
+        if name in TESTED_ELSEWHERE:
+            where, mention = TESTED_ELSEWHERE[name]
+            assert mention in (REPO / where).read_text(), (name, where)
+            continue
+        expected = expected_test_file(name)
         if not expected.exists():
             missing.append(str(expected.relative_to(REPO)))
     assert missing == []
+
+
+# Test files named after a behaviour that spans modules, not after one module.
+BEHAVIOUR_TESTS = {
+    "tests/trainops/cluster/kubernetes/test_manifests.py": "every kind and option against the real schemas",
+    "tests/trainops/operators/test_stage_job.py": "StageDatasetOperator staging as a cluster job",
+    "tests/trainops/operators/test_train_k8s_scenarios.py": "operator, triggers and backend on a fake API",
+    "tests/trainops/staging/test_bad_inputs.py": "every bad input users meet, end to end",
+    "tests/trainer/test_gradients.py": "each precision's gradients against a one-process reference",
+    "tests/trainer/test_resume.py": "bitwise and elastic resume under torchrun",
+    "tests/trainer/test_s3_run.py": "a run with its prefix on S3",
+}
+
+
+def test_every_test_file_named_after_a_module_has_that_module():
+    """A test file left behind by a rename or a deletion would mirror nothing; the files named
+    after a behaviour are listed in ``BEHAVIOUR_TESTS``."""
+    modules = set(project_modules())
+    for listed in BEHAVIOUR_TESTS:
+        assert (REPO / listed).exists(), listed
+    orphans = []
+    for base in ("trainops", "trainer"):
+        for test in sorted((REPO / "tests" / base).rglob("test_*.py")):
+            rel = test.relative_to(REPO / "tests").with_suffix("")
+            module = ".".join([*rel.parts[:-1], rel.parts[-1].removeprefix("test_")])
+            listed = str(test.relative_to(REPO)) in BEHAVIOUR_TESTS
+            if module not in modules and not listed:
+                orphans.append(str(test.relative_to(REPO)))
+    assert orphans == []
 
 
 if __name__ == "__main__":
