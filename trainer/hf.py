@@ -44,7 +44,7 @@ _HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
 def clean_name(name: str) -> str:
     """A parameter name without wrapper segments (``layers.0._checkpoint_wrapped_module.x`` -> ``layers.0.x``)."""
-    return _WRAPPER_SEGMENTS.sub(r"\1", name).lstrip(".")
+    return _WRAPPER_SEGMENTS.sub("", name).lstrip(".")
 
 
 def interleaved_to_half(weight: torch.Tensor, n_heads: int) -> torch.Tensor:

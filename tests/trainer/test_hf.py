@@ -54,3 +54,14 @@ def test_names_outside_the_llama_layout_are_refused_by_name():
     # older Hugging Face checkpoints store the RoPE table: it is not a weight, and is skipped
     table = {"model.layers.0.self_attn.rotary_emb.inv_freq": torch.zeros(8)}
     assert from_hf_state_dict({**tensors, **table}, ARGS).keys() == state.keys()
+
+
+def test_clean_name_drops_every_wrapper_segment():
+    from trainer.hf import clean_name
+
+    assert (
+        clean_name("layers.0._checkpoint_wrapped_module.attention.wq.weight")
+        == "layers.0.attention.wq.weight"
+    )
+    assert clean_name("_orig_mod.layers.1._fsdp_wrapped_module.ffn.w1.weight") == "layers.1.ffn.w1.weight"
+    assert clean_name("tok_embeddings.weight") == "tok_embeddings.weight"
