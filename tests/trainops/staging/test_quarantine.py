@@ -7,7 +7,6 @@ from trainer.contract import join
 from trainer.storage import open_storage
 from trainops.staging.demo_data import demo_rows
 from trainops.staging.errors import DataValidationError, QuarantineExceeded
-from trainops.staging.options import check_quarantine
 from trainops.staging.quarantine import over_limit
 from trainops.staging.stage import stage_dataset
 
@@ -121,11 +120,6 @@ def test_quarantine_cannot_hide_duplicate_ids(file_root, tmp_path):
     assert_nothing_valid_looking(storage, file_root)
 
 
-def test_quarantine_options_are_checked_and_the_limit_is_exclusive():
-    assert check_quarantine({"max_fraction": 0}) == {"max_fraction": 0.0, "sample_rows": 100}
-    with pytest.raises(ValueError, match="needs 'max_fraction'"):
-        check_quarantine({"sample_rows": 3})
-    with pytest.raises(ValueError, match="sample_rows must be a non-negative integer"):
-        check_quarantine({"max_fraction": 0.1, "sample_rows": -1})
+def test_the_quarantine_limit_is_exclusive():
     assert not over_limit(1, 100, 0.01) and over_limit(2, 100, 0.01)
     assert not over_limit(0, 0, 0.0)

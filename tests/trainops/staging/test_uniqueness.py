@@ -1,11 +1,9 @@
 import os
 
 import numpy as np
-import pyarrow as pa
 import pytest
 
 from tests.trainops.staging.helpers import record_batches
-from trainops.staging.aggregates import NullProportionCheck
 from trainops.staging.expectations import normalize_expectations
 from trainops.staging.uniqueness import UniqueCheck, partitions_for
 from trainops.staging.validation import validate_batches
@@ -67,19 +65,6 @@ def test_partitions_grow_with_the_source_but_stay_bounded():
     assert partitions_for(0) == 16
     assert partitions_for(10 << 30) == 256
     assert partitions_for(2 << 30) == 32
-
-
-def test_null_share_is_computed_over_the_whole_dataset():
-    expectation = {
-        "type": "expect_column_proportion_of_non_null_values_to_be_between",
-        "kwargs": {"column": "text", "min_value": 0.9},
-    }
-    check = NullProportionCheck(expectation)
-    for texts in (["a"] * 10, [None] * 3 + ["b"] * 7):  # 30% nulls in one batch, 15% overall
-        check.update(pa.RecordBatch.from_pydict({"text": texts}))
-    assert check.result() == {"success": False, "observed_value": 0.85, "unexpected_count": 3}
-    expectation["kwargs"]["min_value"] = 0.8
-    assert NullProportionCheck(expectation).result()["success"] is False  # no rows: no share
 
 
 def test_dataset_level_expectations_in_one_summary(tmp_path):

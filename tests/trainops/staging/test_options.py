@@ -1,0 +1,138 @@
+import re
+
+import pytest
+
+from trainops.staging.options import check_options, check_quarantine, check_tokenizer
+
+GOOD = {"eval_percent": 10, "shard_tokens": 4096, "slice_columns": ["source"]}
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        GOOD,
+        {**GOOD, "eval_percent": 1},
+        {**GOOD, "eval_percent": 50, "shard_tokens": 1},
+        {**GOOD, "slice_columns": ()},
+    ],
+)
+def test_good_split_shard_and_slice_options_pass(options):
+    check_options(**options)  # raises for a bad value; nothing to return
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"eval_percent": 0}, "eval_percent must be an integer from 1 to 50, got 0"),
+        ({"eval_percent": 51}, "eval_percent must be an integer from 1 to 50, got 51"),
+        ({"eval_percent": 10.0}, "eval_percent must be an integer from 1 to 50, got 10.0"),
+        ({"eval_percent": "10"}, "eval_percent must be an integer from 1 to 50, got '10'"),
+        ({"eval_percent": True}, "eval_percent must be an integer from 1 to 50, got True"),
+        ({"shard_tokens": 0}, "shard_tokens must be a positive integer, got 0"),
+        ({"shard_tokens": False}, "shard_tokens must be a positive integer, got False"),
+        ({"shard_tokens": 1e6}, "shard_tokens must be a positive integer, got 1000000.0"),
+        (
+            {"slice_columns": "source"},
+            "slice_columns must be a list of column names, got the string 'source'",
+        ),
+        (
+            {"slice_columns": ["source", "id"]},
+            "slice column 'id' is not allowed: use a column name other than id, start, end",
+        ),
+        ({"slice_columns": ["end"]}, "slice column 'end' is not allowed"),
+        ({"slice_columns": [3]}, "slice column 3 is not allowed"),
+    ],
+)
+def test_bad_options_name_the_value(change, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_options(**{**GOOD, **change})
+
+
+@pytest.mark.parametrize(
+    "quarantine, checked",
+    [
+        (None, None),
+        ({"max_fraction": 0.25, "sample_rows": 0}, {"max_fraction": 0.25, "sample_rows": 0}),
+    ],
+)
+def test_quarantine_is_off_or_a_limit_with_a_sample_size(quarantine, checked):
+    assert check_quarantine(quarantine) == checked
+
+
+def test_quarantine_options_are_checked():
+    assert check_quarantine({"max_fraction": 0}) == {"max_fraction": 0.0, "sample_rows": 100}
+    with pytest.raises(ValueError, match="needs 'max_fraction'"):
+        check_quarantine({"sample_rows": 3})
+    with pytest.raises(ValueError, match="sample_rows must be a non-negative integer"):
+        check_quarantine({"max_fraction": 0.1, "sample_rows": -1})
+
+
+@pytest.mark.parametrize(
+    "quarantine, message",
+    [
+        (0.01, "quarantine must be None or a dict such as {'max_fraction': 0.01}, got 0.01"),
+        (
+            {"max_fraction": 0.1, "rows": 3},
+            "quarantine has unknown keys ['rows']: use 'max_fraction' and 'sample_rows'",
+        ),
+        (
+            {"max_fraction": 1},
+            "quarantine max_fraction must be a number from 0 up to (not including) 1, got 1",
+        ),
+        (
+            {"max_fraction": -0.1},
+            "quarantine max_fraction must be a number from 0 up to (not including) 1, got -0.1",
+        ),
+        ({"max_fraction": True}, "got True"),
+        ({"max_fraction": "1%"}, "got '1%'"),
+        (
+            {"max_fraction": 0.1, "sample_rows": 2.5},
+            "quarantine sample_rows must be a non-negative integer, got 2.5",
+        ),
+    ],
+)
+def test_bad_quarantine_options_name_the_value(quarantine, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_quarantine(quarantine)
+
+
+@pytest.mark.parametrize(
+    "tokenizer, checked",
+    [
+        (None, {"kind": "byte"}),
+        ("byte", {"kind": "byte"}),
+        (
+            "s3://b/tok/tokenizer.json",
+            {"kind": "huggingface", "uri": "s3://b/tok/tokenizer.json", "eos_token": None},
+        ),
+        (
+            {"uri": "file:///models/tokenizer.json", "eos_token": "<|endoftext|>"},
+            {"kind": "huggingface", "uri": "file:///models/tokenizer.json", "eos_token": "<|endoftext|>"},
+        ),
+    ],
+)
+def test_the_tokenizer_is_the_byte_one_or_a_hugging_face_file(tokenizer, checked):
+    assert check_tokenizer(tokenizer) == checked
+
+
+@pytest.mark.parametrize(
+    "tokenizer, message",
+    [
+        (42, "tokenizer must be None, 'byte', a tokenizer.json URI or a dict, got 42"),
+        (
+            {"uri": "s3://b/t.json", "eos": "</s>"},
+            "tokenizer has unknown keys ['eos']: use 'uri' and 'eos_token'",
+        ),
+        ("gpt2", "tokenizer uri must be a file:// or s3:// URI of a Hugging Face tokenizer.json, got 'gpt2'"),
+        (
+            {"eos_token": "</s>"},
+            "tokenizer uri must be a file:// or s3:// URI of a Hugging Face tokenizer.json, got None",
+        ),
+        ("https://hf.co/t.json", "got 'https://hf.co/t.json'"),
+        ({"uri": "s3://b/t.json", "eos_token": ""}, "tokenizer eos_token must be a non-empty string, got ''"),
+        ({"uri": "s3://b/t.json", "eos_token": 2}, "tokenizer eos_token must be a non-empty string, got 2"),
+    ],
+)
+def test_bad_tokenizers_name_the_value(tokenizer, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_tokenizer(tokenizer)
