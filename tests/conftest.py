@@ -130,3 +130,42 @@ def s3_root(moto_server, monkeypatch):
 def file_root(tmp_path):
     """An empty ``file://`` storage root inside the test's temporary directory."""
     yield f"file://{tmp_path}/root"
+
+
+# --------------------------------------------------------------------------- storage faults
+
+
+@pytest.fixture(scope="session")
+def _s3_fault_proxy(moto_server):
+    from tests.s3_faults import S3FaultProxy
+
+    with S3FaultProxy(moto_server) as proxy:
+        yield proxy
+
+
+@pytest.fixture
+def s3_faults(_s3_fault_proxy):
+    """The fault-injecting proxy (``tests/s3_faults.py``) in front of the session's moto server,
+    with no faults, no blackout and no events at the start of each test."""
+    _s3_fault_proxy.clear()
+    yield _s3_fault_proxy
+    _s3_fault_proxy.clear()
+
+
+@pytest.fixture
+def faulty_s3_root(s3_faults, moto_server, monkeypatch):
+    """Like ``s3_root``, with the environment pointing boto3 at the fault proxy: a fresh bucket
+    (made directly on moto, so no fault can stop it); yields ``s3://<bucket>/root``."""
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL_S3": s3_faults.url,
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    bucket = f"test-{uuid.uuid4().hex[:16]}"
+    _admin_client(moto_server).create_bucket(Bucket=bucket)
+    yield f"s3://{bucket}/root"

@@ -1,7 +1,10 @@
 """One storage interface for both halves: ``file://`` (the embedded default) and ``s3://``.
 
 Methods take full URIs. Conditional writes (``if_none_match`` / ``if_match``) are the
-only coordination primitive the project uses, so both backends make them atomic.
+only coordination primitive the project uses, so both backends make them atomic, and both
+report what a conditional write really did: S3's through a write token read back after a
+retry (``trainer.storage.s3``). S3 requests ride out outages up to a tolerance
+(``trainer.storage.retry``), then raise :class:`StorageUnavailable`.
 Imported at DAG-parse time: standard library only at module top; boto3 is imported
 inside :class:`S3Storage`.
 """
@@ -18,19 +21,23 @@ from trainer.storage.base import (
     PreconditionFailed,
     Storage,
     StorageError,
+    StorageUnavailable,
     _unsupported,
     sha256_file,
 )
 from trainer.storage.file import FileStorage, _file_path
+from trainer.storage.retry import OUTAGE_TOLERANCE_ENV, outage_tolerance
 from trainer.storage.s3 import S3Storage
 
 __all__ = [
+    "OUTAGE_TOLERANCE_ENV",
     "FileStorage",
     "NotFound",
     "PreconditionFailed",
     "S3Storage",
     "Storage",
     "StorageError",
+    "StorageUnavailable",
     "open_storage",
     "sha256_file",
 ]
@@ -48,8 +55,15 @@ def open_storage(
     aws_access_key_id: str | None = None,
     aws_secret_access_key: str | None = None,
     aws_session_token: str | None = None,
+    outage_tolerance_s: float | None = None,
 ) -> Storage:
-    """Return the (cached, thread-safe) client for ``uri``'s scheme and options."""
+    """Return the (cached, thread-safe) client for ``uri``'s scheme and options.
+
+    :param outage_tolerance_s: how long an ``s3://`` request keeps retrying throttling, 5xx,
+        resets and timeouts before it fails with :class:`StorageUnavailable`; by default
+        ``$TRAINOPS_STORAGE_OUTAGE_TOLERANCE_S``, else 300 s. ``file://`` errors are final.
+    """
+    tolerance = outage_tolerance(outage_tolerance_s)
     if uri.startswith("file://"):
         _file_path(uri)
         key: tuple[object, ...] = ("file",)
@@ -73,7 +87,7 @@ def open_storage(
             os.environ.get(k)
             for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE")
         )
-        key = ("s3", endpoint_url, region, creds, env if not any(creds) else None)
+        key = ("s3", endpoint_url, region, creds, env if not any(creds) else None, tolerance)
 
         factory = functools.partial(
             S3Storage,
@@ -82,6 +96,7 @@ def open_storage(
             aws_access_key_id=aws_access_key_id,
             aws_secret_access_key=aws_secret_access_key,
             aws_session_token=aws_session_token,
+            outage_tolerance_s=tolerance,
         )
     else:
         raise _unsupported(uri)

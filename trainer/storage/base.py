@@ -29,6 +29,21 @@ class PreconditionFailed(StorageError):
     """A conditional write lost the race (the object exists, or its etag changed)."""
 
 
+class StorageUnavailable(StorageError, ConnectionError):
+    """Storage kept failing (throttled, unreachable, resetting, timing out) for longer than the
+    client's outage tolerance: an infrastructure failure, not the caller's."""
+
+
+# The metadata key (``x-amz-meta-trainops-write-token`` on S3, the extended attribute
+# ``user.trainops-write-token`` on file://) holding the token of the write that made an object.
+WRITE_TOKEN_KEY = "trainops-write-token"
+
+
+def new_write_token() -> str:
+    """A token unique to one write, so that the writer can recognise its own object on read-back."""
+    return uuid.uuid4().hex
+
+
 def _md5() -> hashlib._Hash:
     return hashlib.md5(usedforsecurity=False)
 
@@ -48,6 +63,15 @@ class Storage:
     scheme = ""
 
     def put(self, uri: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None) -> str:
+        """Store ``data`` at ``uri``; its etag.
+
+        :param if_none_match: create only: PreconditionFailed if an object is there already.
+        :param if_match: compare-and-swap: PreconditionFailed unless the object has this etag.
+
+        A conditional write that returns took effect, and one that raises PreconditionFailed
+        did not: the object there is someone else's. Each carries a fresh write token, so a
+        retry that finds the write already done (its first reply lost) reports it as done.
+        """
         raise NotImplementedError
 
     def get(self, uri: str) -> bytes:
@@ -68,6 +92,11 @@ class Storage:
             raise StorageError(f"object {uri!r} is not valid JSON ({exc}): rewrite it or delete it") from exc
 
     def head(self, uri: str) -> dict | None:
+        """``{"size", "etag", "mtime", "write_token"}`` of the object, or None when there is none.
+
+        ``write_token`` is the token of the conditional write (or multipart upload) that made
+        the object, None for other writes and where the backend cannot keep one.
+        """
         raise NotImplementedError
 
     def exists(self, uri: str) -> bool:

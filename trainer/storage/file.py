@@ -1,5 +1,13 @@
 """``file://`` storage: the embedded default. Atomic writes, and conditional writes made
-atomic with hard links (create-only) and ``flock`` (compare-and-swap)."""
+atomic with hard links (create-only) and ``flock`` (compare-and-swap).
+
+A local write has no reply to lose: the system call that commits it either did or raised, so
+what ``put`` reports is what happened, with no read-back. The write token of a conditional
+write is still kept, as the extended attribute ``user.trainops-write-token`` set on the file
+before it is linked or renamed into place (so it arrives with the content, atomically), and
+``head`` returns it as on S3. Filesystems without user extended attributes keep no token
+(``write_token`` is None); nothing depends on it here.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +21,7 @@ from collections.abc import Iterator
 
 from trainer.storage.base import (
     _CHUNK,
+    WRITE_TOKEN_KEY,
     NotFound,
     PreconditionFailed,
     Storage,
@@ -22,10 +31,12 @@ from trainer.storage.base import (
     _md5_hex,
     _unsupported,
     _write_local,
+    new_write_token,
 )
 
 _TMP_RE = re.compile(r"^\..+\.tmp-[0-9a-f]{32}$")
 _LOCK_SUFFIX = ".trainops-lock"
+_TOKEN_XATTR = f"user.{WRITE_TOKEN_KEY}"
 
 
 def _file_path(uri: str) -> str:
@@ -41,6 +52,23 @@ def _file_path(uri: str) -> str:
 
 def _is_internal(name: str) -> bool:
     return name.endswith(_LOCK_SUFFIX) or bool(_TMP_RE.match(name))
+
+
+def _set_token(path: str, token: str) -> None:
+    setxattr = getattr(os, "setxattr", None)  # Linux only
+    if setxattr is not None:
+        with contextlib.suppress(OSError):  # no user xattrs on this filesystem: no token
+            setxattr(path, _TOKEN_XATTR, token.encode())
+
+
+def _token_of(path: str) -> str | None:
+    getxattr = getattr(os, "getxattr", None)
+    if getxattr is None:
+        return None
+    try:
+        return getxattr(path, _TOKEN_XATTR).decode()
+    except OSError:
+        return None
 
 
 def _fsync_dir(path: str) -> None:
@@ -166,6 +194,8 @@ class FileStorage(Storage):
         path = _file_path(uri)
         _check_conditions(uri, if_none_match, if_match)
         tmp, etag = self._write_tmp(path, iter([bytes(data)]))
+        if if_none_match or if_match is not None:
+            _set_token(tmp, new_write_token())
         self._commit(tmp, path, if_none_match, if_match, uri)
         return etag
 
@@ -189,7 +219,7 @@ class FileStorage(Storage):
         etag = self._etag_of(path)
         if etag is None:
             return None
-        return {"size": st.st_size, "etag": etag, "mtime": st.st_mtime}
+        return {"size": st.st_size, "etag": etag, "mtime": st.st_mtime, "write_token": _token_of(path)}
 
     def _walk(self, prefix_uri: str) -> list[str]:
         root = _file_path(prefix_uri)

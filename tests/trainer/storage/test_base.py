@@ -154,6 +154,26 @@ def test_sixteen_threads_racing_if_match_exactly_one_wins(root):
     assert store.get(uri) == f"writer {winners[0]}".encode()
 
 
+def test_a_conditional_write_leaves_its_write_token_and_a_plain_one_none(root, tmp_path):
+    # file:// keeps the token as an extended attribute: not every filesystem has them.
+    probe = tmp_path / "xattr-probe"
+    probe.write_bytes(b"")
+    try:
+        os.setxattr(probe, "user.probe", b"1")
+    except (OSError, AttributeError):  # AttributeError: not Linux
+        pytest.skip(f"{tmp_path} has no user extended attributes")
+    store = open_storage(root)
+    uri = f"{root}/models/m/production.json"
+    store.put(uri, b"1", if_none_match=True)
+    created = store.head(uri)["write_token"]
+    store.put_json(uri, {"v": 2}, if_match=store.head(uri)["etag"])
+    swapped = store.head(uri)["write_token"]
+    assert len(created) == len(swapped) == 32 and created != swapped
+    store.put(uri, b"3")
+    assert store.head(uri)["write_token"] is None
+    assert store.list(f"{root}/models") == [uri]  # the token travels with the object, no sidecar
+
+
 def test_upload_and_download_small_file(root, tmp_path):
     store = open_storage(root)
     local = tmp_path / "local"
