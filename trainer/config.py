@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import keyword
+import math
 import re
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,6 +106,7 @@ ALIASES = {"train.activation_checkpointing": {True: "full", False: "none"}}
 REQUIRED = ("run_uri", "data_uri")
 POSITIVE = (
     "train.max_steps",
+    "train.lr",
     "train.micro_batch_size",
     "train.grad_accum_steps",
     "train.seq_len",
@@ -117,7 +121,6 @@ NON_NEGATIVE = (
     "model.vocab_size",
     "train.global_batch_size",
     "train.warmup_steps",
-    "train.lr",
     "train.weight_decay",
     "train.grad_clip",
     "eval.max_batches",
@@ -217,6 +220,13 @@ def validate(config: Config) -> Config:
         value = get_key(config, key)
         if value not in allowed:
             raise ConfigError(f"{key}: expected one of {', '.join(allowed)}, got {value!r}")
+    defaults = Config()
+    for key in float_keys():
+        if not math.isfinite(get_key(config, key)):
+            raise ConfigError(
+                f"{key}: expected a finite number, got {get_key(config, key)!r}; "
+                f"set a number such as {get_key(defaults, key)!r} (the default)"
+            )
     for key in POSITIVE:
         if get_key(config, key) <= 0:
             raise ConfigError(f"{key}: expected a positive number, got {get_key(config, key)!r}")
@@ -227,11 +237,84 @@ def validate(config: Config) -> Config:
         raise ConfigError(
             f"train.min_lr_ratio: expected a number between 0 and 1, got {config.train.min_lr_ratio!r}"
         )
-    if config.model.builder is not None and (
-        not isinstance(config.model.builder, str) or config.model.builder.count(":") != 1
-    ):
-        raise ConfigError(f"model.builder: expected 'module:function', got {config.model.builder!r}")
+    if config.model.builder is not None:
+        builder_parts(config.model.builder)
     return config
+
+
+def float_keys() -> list[str]:
+    """Every dotted key that holds a float: each must be finite (NaN and infinity train nothing)."""
+    floats = []
+    for key in all_keys():
+        section, _, name = key.rpartition(".")
+        owner = _hint(Config, section) if section else Config
+        if _hint(owner, name) is float:
+            floats.append(key)
+    return floats
+
+
+def builder_parts(builder: object) -> tuple[str, str]:
+    """``(module, function)`` of a ``model.builder`` value (``package.module:function``, every
+    part a Python identifier); ConfigError naming the value otherwise. Pure: whether the module
+    can be imported is for the trainer (and, where it can look, the operator) to find out."""
+    if isinstance(builder, str) and builder.count(":") == 1:
+        module, function = builder.split(":")
+        if all(
+            part.isidentifier() and not keyword.iskeyword(part) for part in [*module.split("."), function]
+        ):
+            return module, function
+    raise ConfigError(
+        f"model.builder: expected 'module:function', got {builder!r}; name an importable module "
+        "and a function in it, e.g. 'custom_model:build'"
+    )
+
+
+def config_from_mapping(data: Mapping[str, Any], source: str = "trainer_config") -> Config:
+    """Defaults < ``data`` (nested keys, as a config file holds them), validated: what
+    :func:`load_config` gives for a file holding ``data``, with no file and no yaml."""
+    config = Config()
+    _apply(config, dict(data), source)
+    return validate(config)
+
+
+def samples_in(tokens: int, seq_len: int) -> int:
+    """Training samples in a split of ``tokens`` tokens: windows of ``seq_len + 1`` tokens that
+    start at multiples of ``seq_len`` (``trainer.data`` reads them so)."""
+    return max(0, (tokens - 1) // seq_len)
+
+
+def check_data_fit(config: Config, *, train_tokens: int, tokenizer_vocab: int, world_size: int) -> None:
+    """Raise ConfigError when the dataset ``config.data_uri`` cannot feed ``config`` on
+    ``world_size`` ranks: a model vocabulary smaller than the tokenizer's, a window
+    (``train.seq_len + 1`` tokens) longer than the train split, or fewer samples than one
+    micro-batch takes. Pure: the numbers come from the dataset's manifest, so the operator
+    can refuse before launching and the trainer before building the model."""
+    data, t, vocab = config.data_uri, config.train, config.model.vocab_size
+    if vocab and vocab < tokenizer_vocab:
+        raise ConfigError(
+            f"model.vocab_size={vocab} is smaller than the vocabulary of the dataset's tokenizer "
+            f"({tokenizer_vocab}, {data}); set model.vocab_size=0 to take the dataset's, or at least "
+            f"{tokenizer_vocab}"
+        )
+    window = t.seq_len + 1
+    if train_tokens < window:
+        fix = (
+            f"lower train.seq_len to at most {train_tokens - 1}"
+            if train_tokens > 1
+            else "lower train.seq_len"
+        )
+        raise ConfigError(
+            f"train.seq_len={t.seq_len} needs windows of {window} tokens, but the train split of {data} "
+            f"has only {train_tokens} tokens; {fix}, or stage more data"
+        )
+    samples, per_micro_step = samples_in(train_tokens, t.seq_len), t.micro_batch_size * world_size
+    if samples < per_micro_step:
+        raise ConfigError(
+            f"the train split of {data} has {train_tokens} tokens, {samples} samples of train.seq_len="
+            f"{t.seq_len}, fewer than one micro-step takes (train.micro_batch_size={t.micro_batch_size} x "
+            f"world size {world_size} = {per_micro_step}); lower train.seq_len or train.micro_batch_size, "
+            "or stage more data"
+        )
 
 
 def accumulation_steps(train: TrainConfig, world_size: int) -> int:

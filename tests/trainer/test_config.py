@@ -4,7 +4,20 @@ import pytest
 import yaml
 
 from tests.trainer.helpers import write_config
-from trainer.config import Config, ConfigError, accumulation_steps, dump_yaml, load_config, resolved_eval_uris
+from trainer.config import (
+    Config,
+    ConfigError,
+    accumulation_steps,
+    builder_parts,
+    check_data_fit,
+    config_from_mapping,
+    dump_yaml,
+    float_keys,
+    get_key,
+    load_config,
+    resolved_eval_uris,
+    samples_in,
+)
 from trainer.presets import PRESETS
 
 MINIMAL = {
@@ -182,3 +195,93 @@ def test_global_batch_and_accumulation_that_disagree_name_both():
         r"which needs 4 accumulation steps",
     ):
         accumulation_steps(train, 2)
+
+
+@pytest.mark.parametrize("key", ["train.lr", "train.min_lr_ratio", "train.weight_decay", "train.grad_clip"])
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf", "1e999"])
+def test_float_settings_must_be_finite(key, value):
+    """YAML's .nan and .inf, and a number too large for a float, are numbers, but train nothing."""
+    assert key in float_keys()
+    with pytest.raises(ConfigError) as info:
+        base(f"{key}={value}")
+    default = get_key(Config(), key)
+    assert str(info.value).startswith(f"{key}: expected a finite number, got ")
+    assert str(info.value).endswith(f"; set a number such as {default!r} (the default)")
+
+
+def test_a_learning_rate_of_zero_is_refused():
+    with pytest.raises(ConfigError, match=r"^train.lr: expected a positive number, got 0.0$"):
+        base("train.lr=0")
+
+
+@pytest.mark.parametrize(
+    "builder",
+    [
+        "pkg.mod.build",
+        "pkg.mod:",
+        ":build",
+        "my-models:build",
+        "a..b:c",
+        "a:b:c",
+        "class:build",
+        "pkg.mod:build()",
+    ],
+)
+def test_a_builder_must_name_a_module_and_a_function(builder):
+    with pytest.raises(ConfigError) as info:
+        config_from_mapping({"run_uri": "file:///r", "data_uri": "file:///d", "model": {"builder": builder}})
+    assert str(info.value) == (
+        f"model.builder: expected 'module:function', got {builder!r}; name an importable module and a "
+        "function in it, e.g. 'custom_model:build'"
+    )
+
+
+def test_builder_parts():
+    assert builder_parts("custom_model:build") == ("custom_model", "build")
+    assert builder_parts("team.models.gpt:make_model") == ("team.models.gpt", "make_model")
+
+
+def test_a_mapping_is_read_as_the_same_file_would_be(tmp_path):
+    data = {**MINIMAL, "train": {**MINIMAL["train"], "lr": "3e-4"}, "model": {"builder": "m:b"}}
+    assert config_from_mapping(data) == load_config(str(write_config(tmp_path / "c.yaml", **data)))
+    with pytest.raises(ConfigError, match=r"unknown key 'train.lrr' \(did you mean 'train.lr'\?\)"):
+        config_from_mapping({**MINIMAL, "train": {"lrr": 1}})
+
+
+def fit(**overrides):
+    config = base(*(f"{k}={v}" for k, v in overrides.items()))
+    return lambda **numbers: check_data_fit(config, **{"tokenizer_vocab": 257, "world_size": 2, **numbers})
+
+
+def test_a_dataset_that_can_feed_the_run_passes():
+    fit(**{"train.seq_len": 64, "train.micro_batch_size": 4})(train_tokens=8 * 64 + 1)  # 8 samples, 2 x 4
+    fit(**{"model.vocab_size": 512})(train_tokens=10_000)
+    assert samples_in(8 * 64 + 1, 64) == 8 and samples_in(64, 64) == 0 and samples_in(0, 64) == 0
+
+
+def test_a_window_longer_than_the_train_split_names_both_numbers():
+    with pytest.raises(ConfigError) as info:
+        fit(**{"train.seq_len": 64})(train_tokens=64)
+    assert str(info.value) == (
+        "train.seq_len=64 needs windows of 65 tokens, but the train split of file:///d has only 64 tokens; "
+        "lower train.seq_len to at most 63, or stage more data"
+    )
+
+
+def test_too_few_samples_for_one_micro_step():
+    with pytest.raises(ConfigError) as info:
+        fit(**{"train.seq_len": 64, "train.micro_batch_size": 4})(train_tokens=8 * 64)  # 7 samples
+    assert str(info.value) == (
+        "the train split of file:///d has 512 tokens, 7 samples of train.seq_len=64, fewer than one micro-step "
+        "takes (train.micro_batch_size=4 x world size 2 = 8); lower train.seq_len or train.micro_batch_size, "
+        "or stage more data"
+    )
+
+
+def test_a_vocabulary_below_the_tokenizers_is_refused():
+    with pytest.raises(ConfigError) as info:
+        fit(**{"model.vocab_size": 256})(train_tokens=10_000)
+    assert str(info.value) == (
+        "model.vocab_size=256 is smaller than the vocabulary of the dataset's tokenizer (257, file:///d); set "
+        "model.vocab_size=0 to take the dataset's, or at least 257"
+    )

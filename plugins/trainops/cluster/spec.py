@@ -8,6 +8,7 @@ Kubernetes backend (:mod:`trainops.cluster.kubernetes`) turns the rest into mani
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,6 +21,15 @@ KINDS = ("pytorchjob", "indexed-job", "trainjob")
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _SCHEDULER = re.compile(r"^(default|volcano|volcano:[a-z0-9][-a-z0-9.]*|kueue:[a-z0-9][-a-z0-9.]*)$")
+# A Kubernetes quantity without a sign (so never negative): a number, then a binary or decimal
+# SI suffix or an exponent (k8s.io/apimachinery/pkg/api/resource).
+_QUANTITY = re.compile(r"^\+?(?P<number>\d+(\.\d*)?|\.\d+)(?P<suffix>[KMGTPE]i|[numkMGTPE]|[eE][-+]?\d+)?$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+QUANTITY_EXAMPLES = {"cpu": "'8' or '500m'", "memory": "'64Gi'", "shm_size": "'1Gi'"}
+TOLERATION_KEYS = ("key", "operator", "value", "effect", "tolerationSeconds")
+TOLERATION_OPERATORS = ("Exists", "Equal")
+TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+AFFINITY_KEYS = ("nodeAffinity", "podAffinity", "podAntiAffinity")
 
 
 class JobSpecError(ValueError):
@@ -150,35 +160,62 @@ class JobSpec:
 
 def validate(spec: JobSpec) -> None:
     """Raise JobSpecError naming the first field no backend can run, and what to use."""
-    if not _NAME.match(spec.name):
+    if not isinstance(spec.name, str) or not _NAME.match(spec.name):
         raise JobSpecError(
             f"JobSpec name {spec.name!r} is not a DNS-1123 label: use lowercase letters, digits and '-'"
         )
-    if not spec.args or not all(isinstance(a, str) for a in spec.args):
+    if not isinstance(spec.args, list) or not spec.args or not all(isinstance(a, str) for a in spec.args):
         raise JobSpecError(f"JobSpec args must be a non-empty list of strings, got {spec.args!r}")
-    if not isinstance(spec.nodes, int) or spec.nodes < 1:
+    if not _is_int(spec.nodes) or spec.nodes < 1:
         raise JobSpecError(f"JobSpec nodes must be an integer >= 1, got {spec.nodes!r}")
-    if not isinstance(spec.gpus_per_node, int) or spec.gpus_per_node < 0:
+    if not _is_int(spec.gpus_per_node) or spec.gpus_per_node < 0:
         raise JobSpecError(f"JobSpec gpus_per_node must be an integer >= 0, got {spec.gpus_per_node!r}")
+    if not isinstance(spec.distributed, bool):
+        raise JobSpecError(f"JobSpec distributed must be true or false, got {spec.distributed!r}")
+    if not isinstance(spec.image, str) or not spec.image or any(c.isspace() for c in spec.image):
+        raise JobSpecError(
+            f"JobSpec image {spec.image!r} is not an image reference: use one such as 'trainops-trainer:latest'"
+        )
+    if not isinstance(spec.namespace, str) or not _NAME.match(spec.namespace):
+        raise JobSpecError(
+            f"JobSpec namespace {spec.namespace!r} is not a DNS-1123 label: use lowercase letters, digits and '-'"
+        )
+    for name in ("cpu", "memory", "shm_size"):
+        _check_quantity(name, getattr(spec, name))
     if spec.capacity not in CAPACITIES:
         raise JobSpecError(f"JobSpec capacity {spec.capacity!r} is not one of {CAPACITIES}")
     if spec.spot_flavour not in SPOT_FLAVOURS:
         raise JobSpecError(f"JobSpec spot_flavour {spec.spot_flavour!r} is not one of {SPOT_FLAVOURS}")
     if spec.kind not in KINDS:
         raise JobSpecError(f"JobSpec kind {spec.kind!r} is not one of {KINDS}")
-    if not _SCHEDULER.match(spec.scheduler):
+    if not isinstance(spec.scheduler, str) or not _SCHEDULER.match(spec.scheduler):
         raise JobSpecError(
             f"JobSpec scheduler {spec.scheduler!r}: use 'default', 'volcano', "
             "'volcano:<queue>' or 'kueue:<queue>' (queue: a DNS-1123 name)"
         )
-    if spec.termination_grace_seconds < 1:
+    if not _is_int(spec.termination_grace_seconds) or spec.termination_grace_seconds < 1:
         raise JobSpecError(
-            f"JobSpec termination_grace_seconds must be >= 1, got {spec.termination_grace_seconds}"
+            f"JobSpec termination_grace_seconds must be an integer >= 1, got {spec.termination_grace_seconds!r}"
         )
-    for key, value in {**spec.env, **spec.nccl_env}.items():
-        if not isinstance(value, str):
-            raise JobSpecError(f"JobSpec env {key!r} must be a string, got {value!r}")
-    if not _SUBDOMAIN.match(spec.cluster_domain):
+    for source in ("env", "nccl_env"):
+        _check_env(source, getattr(spec, source))
+    for source in ("labels", "annotations", "node_selector"):
+        _check_string_map(source, getattr(spec, source))
+    for source in ("service_account", "priority_class"):
+        value = getattr(spec, source)
+        if value is not None and (not isinstance(value, str) or not _SUBDOMAIN.match(value)):
+            raise JobSpecError(
+                f"JobSpec {source} {value!r} is not a DNS-1123 name: use None or a name such as 'trainer'"
+            )
+    _check_tolerations(spec.tolerations)
+    if spec.affinity is not None and (
+        not isinstance(spec.affinity, dict) or not set(spec.affinity) <= set(AFFINITY_KEYS)
+    ):
+        raise JobSpecError(
+            f"JobSpec affinity {spec.affinity!r}: use None or a Kubernetes affinity, a dict of "
+            f"{', '.join(AFFINITY_KEYS)}"
+        )
+    if not isinstance(spec.cluster_domain, str) or not _SUBDOMAIN.match(spec.cluster_domain):
         raise JobSpecError(
             f"JobSpec cluster_domain {spec.cluster_domain!r} is not a DNS name "
             "(the default is 'cluster.local')"
@@ -188,8 +225,77 @@ def validate(spec: JobSpec) -> None:
             f"JobSpec runtime {spec.runtime!r} is not a DNS-1123 name (the "
             "ClusterTrainingRuntime of a trainjob; default 'torch-distributed')"
         )
+    if not isinstance(spec.env_from_secrets, list):
+        raise JobSpecError(
+            f"JobSpec env_from_secrets must be a list of Secret names or references, got {spec.env_from_secrets!r}"
+        )
     for ref in spec.env_from_secrets:
         _check_secret_ref(ref)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def quantity_problem(value: object) -> str | None:
+    """Why ``value`` is not a positive Kubernetes quantity (``"8"``, ``"500m"``, ``"64Gi"``,
+    or a positive number), or None when it is one."""
+    if isinstance(value, str):
+        match = _QUANTITY.match(value.strip())
+        if match is None:
+            return "negative" if value.strip().startswith("-") else "not a Kubernetes quantity"
+        number = float(match["number"])
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    else:
+        return "not a quantity"
+    return None if math.isfinite(number) and number > 0 else "not a positive number"
+
+
+def _check_quantity(name: str, value: object) -> None:
+    problem = quantity_problem(value)
+    if problem:
+        raise JobSpecError(
+            f"JobSpec {name} {value!r} is not a positive Kubernetes quantity ({problem}): use a number "
+            f"with an optional suffix such as {QUANTITY_EXAMPLES[name]}"
+        )
+
+
+def _check_env(source: str, env: object) -> None:
+    if not isinstance(env, dict):
+        raise JobSpecError(f"JobSpec {source} must be a dict of variable names to strings, got {env!r}")
+    for key, value in env.items():
+        if not isinstance(key, str) or not _ENV_NAME.match(key):
+            raise JobSpecError(
+                f"JobSpec {source} name {key!r} is not a valid variable name: use letters, digits and '_'"
+            )
+        if not isinstance(value, str):
+            raise JobSpecError(f"JobSpec {source} {key!r} must be a string, got {value!r}")
+
+
+def _check_string_map(source: str, values: object) -> None:
+    if not isinstance(values, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in values.items()
+    ):
+        raise JobSpecError(f"JobSpec {source} must be a dict of strings to strings, got {values!r}")
+
+
+def _check_tolerations(tolerations: object) -> None:
+    if not isinstance(tolerations, list):
+        raise JobSpecError(
+            f"JobSpec tolerations must be a list of Kubernetes tolerations, got {tolerations!r}"
+        )
+    for toleration in tolerations:
+        if (
+            not isinstance(toleration, dict)
+            or not set(toleration) <= set(TOLERATION_KEYS)
+            or toleration.get("operator", "Equal") not in TOLERATION_OPERATORS
+            or toleration.get("effect", "NoSchedule") not in (*TOLERATION_EFFECTS, "")
+        ):
+            raise JobSpecError(
+                f"JobSpec toleration {toleration!r}: use a dict of {', '.join(TOLERATION_KEYS)} with operator "
+                f"{' or '.join(TOLERATION_OPERATORS)} and effect {', '.join(TOLERATION_EFFECTS)}"
+            )
 
 
 def _check_secret_ref(ref: object) -> None:

@@ -17,6 +17,7 @@ from airflow.sdk import BaseOperator
 
 from trainops.cluster import CLUSTERS
 from trainops.operators.job_options import check_job_options
+from trainops.operators.params import seconds
 
 if TYPE_CHECKING:
     from trainops.cluster.base import ClusterBackend, JobHandle
@@ -104,7 +105,7 @@ class ClusterJobOperator(BaseOperator):
         parsed (see :mod:`trainops.operators.job_options`).
     :param deferrable: wait in the triggerer (True) or in this worker slot (False), with the
         same trigger either way. Default: ``[trainops] default_deferrable``, True when unset.
-    :param poll_interval: seconds between job state polls.
+    :param poll_interval: seconds between job state polls, a positive number.
     :param storage_root: ``file://`` or ``s3://`` root (default: the embedded root).
     :param aws_conn_id: Airflow connection for ``s3://`` storage.
     :param kubernetes_conn_id: Airflow connection for ``cluster='kubernetes'``.
@@ -129,13 +130,13 @@ class ClusterJobOperator(BaseOperator):
     ) -> None:
         if cluster not in CLUSTERS:
             raise ValueError(f"cluster must be one of {CLUSTERS}, got {cluster!r}")
-        checked_options = check_job_options(job_options)
+        checked_options = check_job_options(job_options, image=image, namespace=namespace)
         super().__init__(**kwargs)
         self.cluster = cluster
         self.image, self.namespace = image, namespace
         self.job_options = checked_options
         self.deferrable = default_deferrable() if deferrable is None else deferrable
-        self.poll_interval = poll_interval
+        self.poll_interval = seconds("poll_interval", poll_interval, default=5.0)
         self.storage_root, self.aws_conn_id = storage_root, aws_conn_id
         self.kubernetes_conn_id = kubernetes_conn_id
         self._task_labels: dict[str, str] | None = None

@@ -8,6 +8,7 @@ from trainops.cluster.spec import CAPACITIES
 from trainops.hooks.storage import get_json_object, root_and_storage
 from trainops.operators.base import DEFAULT_IMAGE, ClusterJobOperator
 from trainops.operators.job_options import check_renders
+from trainops.operators.params import as_int, optional_seconds
 
 if TYPE_CHECKING:
     from trainer.contract import RunLayout
@@ -29,14 +30,16 @@ class EvaluateModelOperator(ClusterJobOperator):
     :param cluster: ``local`` or ``kubernetes``; where the evaluation job runs.
     :param image: the trainer image of the evaluation job (Kubernetes).
     :param namespace: Kubernetes namespace of the evaluation job.
-    :param gpus_per_node: GPUs for the evaluation pod (one process; 0: CPU).
+    :param gpus_per_node: GPUs for the evaluation pod (one process; 0: CPU). On the local
+        cluster the host must have them (checked before launch).
     :param capacity: ``on-demand`` (default: an evaluation is short, and a preempted one is
         simply failed) or ``spot``.
     :param job_options: further ``JobSpec`` fields for the cluster (see FSDPTrainingOperator).
     :param deferrable: wait in the triggerer (True) or in this worker slot (False). Default:
         ``[trainops] default_deferrable``, True when unset.
-    :param poll_interval: seconds between job state polls in the triggerer.
-    :param job_timeout: seconds the evaluation may run before the task fails and deletes it.
+    :param poll_interval: seconds between job state polls in the triggerer, a positive number.
+    :param job_timeout: seconds the evaluation may run before the task fails and deletes it
+        (None: no limit, or a positive number).
     :param storage_root: ``file://`` or ``s3://`` root (templated; default: the embedded root).
     :param aws_conn_id: Airflow connection for ``s3://`` storage.
     :param kubernetes_conn_id: Airflow connection for ``cluster='kubernetes'``.
@@ -85,9 +88,10 @@ class EvaluateModelOperator(ClusterJobOperator):
             kubernetes_conn_id=kubernetes_conn_id,
             **kwargs,
         )
-        self.gpus_per_node, self.capacity = gpus_per_node, capacity
+        self.gpus_per_node = as_int("gpus_per_node", gpus_per_node, minimum=0)
+        self.capacity = capacity
         self.training, self.model_name = training, model_name
-        self.job_timeout = job_timeout
+        self.job_timeout = optional_seconds("job_timeout", job_timeout, default=None)
         check_renders(
             cluster,
             distributed=False,
@@ -103,6 +107,7 @@ class EvaluateModelOperator(ClusterJobOperator):
         from trainops.hooks.storage import job_env_for
         from trainops.operators.base import task_identity
         from trainops.operators.launch_plan import one_process_job
+        from trainops.operators.preflight import check_gpus
         from trainops.registry.promotion import read_production
 
         for key in ("run_uri", "config_uri", "export_uri"):
@@ -110,6 +115,9 @@ class EvaluateModelOperator(ClusterJobOperator):
                 raise ValueError(
                     f"training must be an FSDPTrainingOperator result with {key!r}, got {self.training!r}"
                 )
+        check_gpus(
+            self.cluster, nodes=1, gpus_per_node=self.gpus_per_node, env=self.job_options.get("env") or {}
+        )
         root, store = root_and_storage(self.storage_root, self.aws_conn_id)
         layout = RunLayout(self.training["run_uri"])
         production = read_production(store, root, self.model_name)

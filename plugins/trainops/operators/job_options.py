@@ -21,10 +21,14 @@ OPERATOR_OWNED = {
 }
 
 
-def check_job_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+def check_job_options(options: Mapping[str, Any] | None, **operator_fields: Any) -> dict[str, Any]:
     """Validate ``job_options`` (extra JobSpec fields for the cluster: kind, scheduler,
     spot_flavour, cpu, memory, env_from_secrets, service_account, node_selector, ...) at DAG
-    parse time, so a typo fails before anything runs. Returns a copy."""
+    parse time, on every cluster, so a typo fails before anything runs. Returns a copy.
+
+    :param operator_fields: the JobSpec fields the operator sets from its own parameters
+        (``image``, ``namespace``), checked in the same trial JobSpec.
+    """
     checked = dict(options or {})
     allowed = sorted(f.name for f in dataclasses.fields(JobSpec) if f.name not in OPERATOR_OWNED)
     for key in checked:
@@ -32,7 +36,7 @@ def check_job_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
             raise ValueError(f"job_options must not set {key!r}: {OPERATOR_OWNED[key]}")
         if key not in allowed:
             raise ValueError(f"job_options has an unknown field {key!r}; known fields: {allowed}")
-    JobSpec(name="check", args=["check"], **checked)  # field values (JobSpecError names the bad one)
+    JobSpec(name="check", args=["check"], **operator_fields, **checked)  # JobSpecError names a bad value
     return checked
 
 

@@ -17,6 +17,7 @@ from trainops.operators.base import TaskIdentity, job_labels, job_name
 from trainops.operators.job_options import merge_job_options
 
 if TYPE_CHECKING:
+    from trainer.config import Config
     from trainops.cluster.base import Chaos
     from trainops.cluster.spec import JobSpec
 
@@ -74,32 +75,35 @@ def nest(flat_or_nested: Mapping[str, Any] | None) -> dict[str, Any]:
 def resolve_trainer_config(base: Mapping[str, Any], world_size: int) -> str:
     """Validate a trainer config (defaults < ``base``) for ``world_size`` ranks; the resolved YAML.
 
-    Uses the trainer's own schema (``trainer.config``: dataclasses and PyYAML, no torch), so
-    an unknown key, a wrong type or a global batch the ranks cannot split fails here, naming
-    the key, before any job is launched.
+    Uses the trainer's own schema (``trainer.config``: dataclasses, no torch), so an unknown
+    key, a wrong type, a value that is not finite or a global batch the ranks cannot split
+    fails here, naming the key, before any job is launched.
     """
-    import os
-    import tempfile
+    from trainer.config import dump_yaml
 
-    import yaml
-
-    from trainer.config import accumulation_steps, dump_yaml, load_config
-
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        yaml.safe_dump(dict(base), f)
-        path = f.name
-    try:
-        config = load_config(path, [])
-    finally:
-        os.unlink(path)
-    accumulation_steps(config.train, world_size)
-    return str(dump_yaml(config))
+    return str(dump_yaml(_checked(base, world_size)))
 
 
-def run_config(user: Mapping[str, Any] | None, *, run_uri: str, data_uri: str, world_size: int) -> str:
-    """The resolved ``config.yaml`` of a training run: the user's ``trainer_config`` (nested or
-    dotted) with the run prefix and the dataset the operator derives, checked by the trainer's
-    schema for ``world_size`` ranks."""
+def _checked(base: Mapping[str, Any], world_size: int | None) -> Config:
+    from trainer.config import accumulation_steps, config_from_mapping
+
+    config = config_from_mapping(base)
+    if world_size is not None:
+        accumulation_steps(config.train, world_size)
+    return config
+
+
+def checked_run_config(
+    user: Mapping[str, Any] | None, *, run_uri: str, data_uri: str, world_size: int | None
+) -> Config:
+    """The training run's config: the user's ``trainer_config`` (nested or dotted) with the run
+    prefix and the dataset the operator derives, checked by the trainer's schema for
+    ``world_size`` ranks (None: not known yet, so the global batch is not checked). Pure, so a
+    plain ``trainer_config`` is checked when the DAG is parsed."""
+    if user is not None and not isinstance(user, Mapping):
+        raise ValueError(
+            f"trainer_config must be a dict of trainer keys such as {{'train.lr': 0.001}}, got {user!r}"
+        )
     nested = nest(user)
     for key in DERIVED_KEYS:
         if key in nested:
@@ -107,7 +111,14 @@ def run_config(user: Mapping[str, Any] | None, *, run_uri: str, data_uri: str, w
                 f"trainer_config must not set {key!r}: the operator derives it "
                 "from the run prefix and the dataset"
             )
-    return resolve_trainer_config({"run_uri": run_uri, "data_uri": data_uri, **nested}, world_size)
+    return _checked({"run_uri": run_uri, "data_uri": data_uri, **nested}, world_size)
+
+
+def run_config(user: Mapping[str, Any] | None, *, run_uri: str, data_uri: str, world_size: int) -> str:
+    """The resolved ``config.yaml`` of a training run (:func:`checked_run_config` as YAML)."""
+    from trainer.config import dump_yaml
+
+    return str(dump_yaml(checked_run_config(user, run_uri=run_uri, data_uri=data_uri, world_size=world_size)))
 
 
 def training_attempt(

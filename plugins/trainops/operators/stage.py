@@ -11,7 +11,7 @@ from trainops.links import ValidationReportLink
 from trainops.operators.base import DEFAULT_IMAGE, ClusterJobOperator
 from trainops.operators.job_options import check_renders
 from trainops.staging.assets import ASSET_ALIAS, asset_name, asset_uri, event_extra, is_runtime_name
-from trainops.staging.options import check_options, check_quarantine, check_tokenizer
+from trainops.staging.options import check_dataset_name, check_options, check_quarantine, check_tokenizer
 from trainops.staging.reader import DEFAULT_BATCH_ROWS
 from trainops.staging.suite import check_suite_spec
 from trainops.staging.tokenize import DEFAULT_EVAL_PERCENT, DEFAULT_SHARD_TOKENS
@@ -61,7 +61,8 @@ class StageDatasetOperator(ClusterJobOperator):
     :param source_uri: Parquet/JSONL/CSV data, ``file://`` or ``s3://``: one object, a
         prefix (read recursively) or a glob (``s3://b/raw/*.parquet``,
         ``file:///d/**/*.jsonl``). (templated)
-    :param dataset_name: name of the dataset under ``<storage_root>/datasets/``. (templated)
+    :param dataset_name: name of the dataset under ``<storage_root>/datasets/``: one folder, so
+        not empty, ``.``, ``..`` or holding a ``/``. (templated)
     :param expectations: the suite: a list of ``{"type": "expect_...", "kwargs": {...}}``
         dicts or GX expectation objects, a GX ``ExpectationSuite``, a callable returning one
         of those (called when the task runs), or the ``file://`` / ``s3://`` URI of a suite
@@ -95,7 +96,7 @@ class StageDatasetOperator(ClusterJobOperator):
         see FSDPTrainingOperator).
     :param deferrable: wait for a staging job in the triggerer (default: ``[trainops]
         default_deferrable``, True when unset).
-    :param poll_interval: seconds between polls of a staging job's state.
+    :param poll_interval: seconds between polls of a staging job's state, a positive number.
     :param kubernetes_conn_id: Airflow connection for ``cluster='kubernetes'``.
     """
 
@@ -129,6 +130,8 @@ class StageDatasetOperator(ClusterJobOperator):
     ) -> None:
         check_options(eval_percent=eval_percent, shard_tokens=shard_tokens, slice_columns=slice_columns)
         alias = is_runtime_name(dataset_name)
+        if not alias:
+            check_dataset_name(dataset_name)  # else when the task runs, once rendered
         outlet = AssetAlias(ASSET_ALIAS) if alias else dataset_asset(dataset_name)
         kwargs["outlets"] = [*_as_list(kwargs.get("outlets")), outlet]
         super().__init__(
@@ -179,10 +182,7 @@ class StageDatasetOperator(ClusterJobOperator):
         from trainops.staging.errors import DataValidationError, StagingError
         from trainops.staging.stage import stage_dataset
 
-        if not isinstance(self.dataset_name, str) or not self.dataset_name.strip():
-            raise ValueError(
-                f"dataset_name {self.dataset_name!r} is empty: give the dataset a name such as 'demo'"
-            )
+        check_dataset_name(self.dataset_name)  # before anything is read or written
         root = resolve_storage_root(self.storage_root)
         threshold = self.job_threshold_bytes
         try:
@@ -237,11 +237,13 @@ class StageDatasetOperator(ClusterJobOperator):
 
     # -- staging as a job ---------------------------------------------------------------
     def _source_bytes(self) -> int:
-        """The source's total size (the sum of its objects' sizes)."""
+        """The source's total size (the sum of its objects' sizes); a zero-byte Parquet object
+        is refused here already, before a staging job is asked for."""
         from trainops.hooks.storage import storage_for
-        from trainops.staging.reader import list_source_objects
+        from trainops.staging.reader import check_not_empty_parquet, list_source_objects
 
         objects = list_source_objects(storage_for(self.source_uri, self.aws_conn_id), self.source_uri)
+        check_not_empty_parquet(objects)
         return sum(int(o.size or 0) for o in objects)
 
     def _job_uris(self, context: Context, root: str) -> tuple[str, str]:

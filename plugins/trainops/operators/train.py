@@ -10,6 +10,14 @@ from trainops.hooks.storage import get_json_object, root_and_storage
 from trainops.links import RUN_REPORT_KEY, RunReportLink
 from trainops.operators.base import DEFAULT_IMAGE, ClusterJobOperator, TaskIdentity, now_iso, task_identity
 from trainops.operators.job_options import check_renders
+from trainops.operators.params import (
+    as_int,
+    dataset_uri,
+    known_at_run_time,
+    optional_int,
+    optional_seconds,
+    seconds,
+)
 
 if TYPE_CHECKING:
     from trainer.contract import RunLayout
@@ -32,8 +40,15 @@ class FSDPTrainingOperator(ClusterJobOperator):
     Every attempt is recorded in ``job.json``. Preemptions have their own budget
     (``max_preemptions``), separate from Airflow's ``retries``.
 
+    Every input is checked before anything is launched or written: plain values when the DAG
+    is parsed, templated ones once rendered; in ``execute``, before ``config.yaml`` is written,
+    the dataset's manifest (it must be a staged version whose train split can feed
+    ``train.seq_len`` and whose tokenizer fits ``model.vocab_size``), the ``model.builder``
+    where this host can see it, and, on the local cluster, this host's GPUs
+    (docs/operators.md, "Bad inputs").
+
     :param dataset: the StageDatasetOperator result (its ``uri`` is the trainer's ``data_uri``)
-        or a dataset version URI. (templated)
+        or a dataset version URI (``file:///abs/...`` or ``s3://bucket/...``). (templated)
     :param trainer_config: trainer settings, nested (``{"train": {"lr": 1e-3}}``) or dotted
         (``{"train.lr": 1e-3}``); see ``python -m trainer train --help``. (templated)
     :param nodes: number of nodes; each runs one torchrun agent. (templated)
@@ -44,27 +59,31 @@ class FSDPTrainingOperator(ClusterJobOperator):
         (templated; a templated sizing setting is checked when the task runs, a plain one when
         the DAG is parsed)
     :param max_infra_retries: relaunches allowed after infrastructure failures (image pull,
-        no node found), each after a back-off of 30 s doubling up to 10 min.
-    :param fallback_after: with ``spot-then-on-demand``, preemptions before moving to on-demand.
+        no node found), each after a back-off of 30 s doubling up to 10 min; an integer >= 0.
+    :param fallback_after: with ``spot-then-on-demand``, preemptions before moving to on-demand
+        (None, or an integer >= 1).
         The move also happens when spot pods stay unschedulable past ``unschedulable_timeout``.
-    :param unschedulable_timeout: seconds (Kubernetes) pods may wait for a node before the
+    :param unschedulable_timeout: seconds (Kubernetes, positive) pods may wait for a node before the
         attempt ends as an infrastructure failure, or, with ``spot-then-on-demand``, before
         the job moves to on-demand. A job that Kueue holds suspended is queued, not waiting.
-    :param termination_grace_seconds: SIGTERM-to-SIGKILL time: the emergency checkpoint's budget.
+    :param termination_grace_seconds: SIGTERM-to-SIGKILL seconds, an integer >= 1: the emergency
+        checkpoint's budget.
     :param image: the trainer image (Kubernetes).
     :param namespace: Kubernetes namespace of the jobs.
     :param job_options: further ``JobSpec`` fields for the cluster, checked when the DAG is
         parsed: ``kind``, ``scheduler``, ``spot_flavour``, ``cpu``, ``memory``, ``shm_size``,
         ``env``, ``env_from_secrets``, ``service_account``, ``labels``, ``annotations``,
         ``node_selector``, ``tolerations``, ``affinity``, ``priority_class``, ``nccl_env``,
-        ``cluster_domain``, ``runtime`` (see docs/kubernetes.md).
+        ``cluster_domain``, ``runtime`` (see docs/kubernetes.md), on every cluster.
     :param deferrable: wait in the triggerer (True) or in this worker slot (False). Default:
         ``[trainops] default_deferrable``, True when unset.
     :param inject_preemption: local cluster only, for demos and tests: ``{"node": 1,
         "at_step": 40}`` sends SIGTERM to that node's torchrun once attempt 1 reaches the step.
-    :param poll_interval: seconds between job state polls in the triggerer.
-    :param progress_every: seconds between progress lines (step, loss, tokens/s) in the task log.
-    :param job_timeout: seconds an attempt may run before the task fails and deletes it.
+    :param poll_interval: seconds between job state polls in the triggerer, a positive number.
+    :param progress_every: seconds between progress lines (step, loss, tokens/s) in the task
+        log, a positive number.
+    :param job_timeout: seconds an attempt may run before the task fails and deletes it (None:
+        no limit, or a positive number).
     :param storage_root: ``file://`` or ``s3://`` root (templated; default: the embedded root).
     :param aws_conn_id: Airflow connection for ``s3://`` storage.
     :param kubernetes_conn_id: Airflow connection for ``cluster='kubernetes'``.
@@ -126,21 +145,48 @@ class FSDPTrainingOperator(ClusterJobOperator):
         self.dataset = dataset
         self.trainer_config = trainer_config or {}
         self.nodes, self.gpus_per_node = nodes, gpus_per_node
-        self.capacity, self.fallback_after = capacity, fallback_after
-        self.max_preemptions, self.max_infra_retries = max_preemptions, max_infra_retries
-        self.termination_grace_seconds = termination_grace_seconds
+        self.capacity, self.max_preemptions = capacity, max_preemptions
+        self.max_infra_retries = as_int("max_infra_retries", max_infra_retries, minimum=0)
+        self.fallback_after = optional_int("fallback_after", fallback_after, minimum=1)
+        self.termination_grace_seconds = as_int(
+            "termination_grace_seconds", termination_grace_seconds, minimum=1
+        )
         self.inject_preemption = inject_preemption
-        self.job_timeout, self.progress_every = job_timeout, progress_every
-        self.unschedulable_timeout = unschedulable_timeout
-        if not any(_known_at_run_time(v) for v in (nodes, gpus_per_node, capacity, max_preemptions)):
-            self._check_settings()  # else when the task runs, once the templates are rendered
+        self.progress_every = seconds("progress_every", progress_every, default=30.0)
+        self.job_timeout = optional_seconds("job_timeout", job_timeout, default=None)
+        self.unschedulable_timeout = optional_seconds(
+            "unschedulable_timeout", unschedulable_timeout, default=900
+        )
+        # Plain values are checked now, at DAG parse; templated ones once rendered, in execute.
+        if not known_at_run_time(dataset):
+            dataset_uri(dataset)
+        sizing_known = not any(
+            known_at_run_time(v) for v in (nodes, gpus_per_node, capacity, max_preemptions)
+        )
+        if sizing_known:
+            self._check_settings()
+        if not known_at_run_time(self.trainer_config):
+            self._check_config(
+                "file:///dataset" if known_at_run_time(dataset) else dataset_uri(dataset),
+                self.launch_settings().world_size if sizing_known else None,
+            )
+
+    def _check_config(self, data_uri: str, world_size: int | None) -> None:
+        """A plain ``trainer_config``, checked at DAG parse by the trainer's schema (pure: no
+        I/O) with stand-ins for the derived keys; ``world_size`` None while the sizing is
+        templated."""
+        from trainops.operators.launch_plan import checked_run_config
+
+        checked_run_config(
+            self.trainer_config, run_uri="file:///run", data_uri=data_uri, world_size=world_size
+        )
 
     def _check_settings(self) -> None:
         """Check (and, from rendered templates, convert) the sizing settings; on Kubernetes,
         render a trial JobSpec too. At DAG parse for plain values, else when the task runs."""
-        self.nodes = _as_int("nodes", self.nodes, minimum=1)
-        self.gpus_per_node = _as_int("gpus_per_node", self.gpus_per_node, minimum=0)
-        self.max_preemptions = _as_int("max_preemptions", self.max_preemptions, minimum=0)
+        self.nodes = as_int("nodes", self.nodes, minimum=1, text=True)
+        self.gpus_per_node = as_int("gpus_per_node", self.gpus_per_node, minimum=0, text=True)
+        self.max_preemptions = as_int("max_preemptions", self.max_preemptions, minimum=0, text=True)
         if self.capacity not in CAPACITIES:
             raise ValueError(
                 f"capacity {self.capacity!r} is not one of {', '.join(repr(c) for c in CAPACITIES)}"
@@ -184,14 +230,6 @@ class FSDPTrainingOperator(ClusterJobOperator):
             "fallback_after": self.fallback_after,
         }
 
-    def _data_uri(self) -> str:
-        uri = self.dataset.get("uri") if isinstance(self.dataset, dict) else self.dataset
-        if not isinstance(uri, str) or not uri:
-            raise ValueError(
-                f"dataset must be a StageDatasetOperator result or a dataset URI, got {self.dataset!r}"
-            )
-        return uri
-
     def _run(self, context: Mapping[str, Any]) -> tuple[Storage, RunLayout, TaskIdentity]:
         """The storage client, the run's layout and the task's identity."""
         from trainer.contract import RunLayout, run_prefix
@@ -205,19 +243,26 @@ class FSDPTrainingOperator(ClusterJobOperator):
 
     # -- execute -----------------------------------------------------------------------
     def execute(self, context: Any) -> Any:
-        from trainops.operators.launch_plan import run_config
+        from trainer.config import dump_yaml
+        from trainops.hooks.storage import storage_for
+        from trainops.operators.launch_plan import checked_run_config
+        from trainops.operators.preflight import check_builder, check_fit, check_gpus, dataset_manifest
         from trainops.recovery.record import start_record
 
+        # Every input is checked before anything is written or launched.
         self._check_settings()
+        data_uri = dataset_uri(self.dataset)
         store, layout, identity = self._run(context)
         settings = self.launch_settings()
-        resolved = run_config(  # a bad config fails here, before any launch
-            self.trainer_config,
-            run_uri=layout.run_uri,
-            data_uri=self._data_uri(),
-            world_size=settings.world_size,
+        config = checked_run_config(
+            self.trainer_config, run_uri=layout.run_uri, data_uri=data_uri, world_size=settings.world_size
         )
-        store.put(layout.config, resolved.encode())
+        job_env = self.job_options.get("env") or {}
+        check_gpus(self.cluster, nodes=self.nodes, gpus_per_node=self.gpus_per_node, env=job_env)
+        manifest = dataset_manifest(storage_for(data_uri, self.aws_conn_id), data_uri)
+        check_fit(config, manifest, world_size=settings.world_size)
+        check_builder(config.model.builder, self.cluster, env=job_env)
+        store.put(layout.config, dump_yaml(config).encode())
         self.log.info("trainer config written to %s", layout.config)
 
         job = self._read_job(store, layout) or start_record(
@@ -426,21 +471,3 @@ class FSDPTrainingOperator(ClusterJobOperator):
             "steps_lost": total_steps_lost(job),
             "final_loss": final_loss,
         }
-
-
-def _known_at_run_time(value: object) -> bool:
-    """A Jinja template or an XComArg: its value exists only once the task runs."""
-    return (isinstance(value, str) and "{{" in value) or callable(getattr(value, "resolve", None))
-
-
-def _as_int(name: str, value: object, *, minimum: int) -> int:
-    """``value`` (an int, or a rendered template's text such as ``"2"``) as an int >= minimum."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        number = value
-    elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        number = int(value)
-    else:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    if number < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {number}")
-    return number

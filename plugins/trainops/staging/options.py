@@ -3,11 +3,34 @@ them at DAG-parse time and a bad value fails the DAG file, not a task hours late
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 RESERVED_INDEX_KEYS = ("id", "start", "end")
 DEFAULT_QUARANTINE_SAMPLE_ROWS = 100
 URI_SCHEMES = ("file://", "s3://")
+
+
+def check_dataset_name(name: object) -> str:
+    """A dataset name: one folder under ``<root>/datasets/``; ValueError naming it otherwise.
+    ``.`` and ``..`` are path steps, not names (``..`` would write beside ``datasets/``), and a
+    ``/`` would be made ``_`` by the storage layout, giving another name than the one asked for."""
+    if not isinstance(name, str):
+        raise ValueError(f"dataset_name must be a string such as 'demo', got {name!r}")
+    if not name.strip():
+        raise ValueError(f"dataset_name {name!r} is empty: give the dataset a name such as 'demo'")
+    if name in (".", ".."):
+        raise ValueError(
+            f"dataset_name {name!r} is a path step, not a name (it would be stored outside datasets/): "
+            "give the dataset a name such as 'demo'"
+        )
+    if "/" in name or "\\" in name:
+        instead = re.sub(r"[\\/]+", "-", name).strip("-") or "demo"
+        raise ValueError(
+            f"dataset_name {name!r} holds a path separator, but a dataset name is one folder under "
+            f"datasets/: use '-' instead, such as {instead!r}"
+        )
+    return name
 
 
 def check_options(*, eval_percent: int, shard_tokens: int, slice_columns: Sequence[str]) -> None:

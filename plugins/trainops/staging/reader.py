@@ -85,6 +85,20 @@ def list_source_objects(storage, source_uri: str) -> list[SourceObject]:
     return out
 
 
+def check_not_empty_parquet(objects: Sequence[SourceObject]) -> None:
+    """Refuse zero-byte Parquet objects (pure). Even a Parquet file without rows holds its
+    schema and a footer, so zero bytes is a failed or unfinished write, and skipping it would
+    stage less data than was delivered without a word. A zero-byte JSONL or CSV object is an
+    empty file: no rows, skipped when read."""
+    empty = [o.uri for o in objects if o.size == 0 and o.format == "parquet"]
+    if empty:
+        more = f" and {len(empty) - 3} more" if len(empty) > 3 else ""
+        raise StagingError(
+            f"source objects {', '.join(map(repr, empty[:3]))}{more} are empty (0 bytes), which is not a "
+            "Parquet file (one without rows still holds its schema): re-export them, or remove them from the source"
+        )
+
+
 def _object(uri: str, head: dict, fmt: str) -> SourceObject:
     return SourceObject(
         uri=uri, size=int(head["size"]), etag=head.get("etag") or None, mtime=head.get("mtime"), format=fmt

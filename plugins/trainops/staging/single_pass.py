@@ -17,7 +17,7 @@ from trainops.staging.encoders import ByteTokenizer
 from trainops.staging.pack import Packer
 from trainops.staging.quarantine import SAMPLE_PATH, QuarantineLog
 from trainops.staging.reader import iter_file_batches, local_copy, read_schema
-from trainops.staging.schema import check_schema
+from trainops.staging.schema import SchemaDrift, check_schema, drift_error
 from trainops.staging.uniqueness import partitions_for
 from trainops.staging.validation import DatasetValidator
 
@@ -58,15 +58,21 @@ def run_pass(
         "text_column": text_column,
         "slice_columns": slice_columns,
     }
-    empty = [o for o in objects if o.size == 0]
+    empty = [o for o in objects if o.size == 0]  # zero-byte JSONL/CSV: no rows (Parquet is refused)
     if empty:
-        log.info("skipping %d empty objects (no rows), first %s", len(empty), empty[0].uri)
+        log.info("skipping %d empty objects (0 bytes, no rows), first %s", len(empty), empty[0].uri)
         objects = [o for o in objects if o.size > 0]
-    # Local files cost nothing to inspect: find a bad schema before reading any rows.
+    drift = SchemaDrift(id_column)
+    # Local files cost nothing to inspect: find a bad or drifting schema before reading any rows.
+    problems = []
     for obj in objects:
         if obj.uri.startswith("file://"):
             with local_copy(source_storage, obj, scratch) as path:
-                check_schema(obj.uri, read_schema(path, obj, string_columns=string_columns), **columns)
+                schema = read_schema(path, obj, string_columns=string_columns)
+            check_schema(obj.uri, schema, **columns)
+            problems += drift.add(obj.uri, schema)
+    if problems:
+        raise drift_error(problems)
     validator = DatasetValidator(
         suite,
         id_column=id_column,
@@ -79,8 +85,12 @@ def run_pass(
     offset = 0
     for obj in objects:
         with local_copy(source_storage, obj, scratch) as path:
-            if not obj.uri.startswith("file://"):
-                check_schema(obj.uri, read_schema(path, obj, string_columns=string_columns), **columns)
+            if not obj.uri.startswith("file://"):  # downloaded one at a time: checked as it comes
+                schema = read_schema(path, obj, string_columns=string_columns)
+                check_schema(obj.uri, schema, **columns)
+                problems = drift.add(obj.uri, schema)
+                if problems:
+                    raise drift_error(problems)
             start = offset
             for batch in iter_file_batches(path, obj, batch_rows=batch_rows, string_columns=string_columns):
                 n = batch.num_rows

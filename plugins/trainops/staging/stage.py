@@ -30,9 +30,9 @@ from trainer.contract import MANIFEST_NAME, dataset_prefix, join, safe_segment
 from trainer.storage import NotFound, PreconditionFailed
 from trainops.staging.errors import DataValidationError, QuarantineExceeded, StagingError
 from trainops.staging.manifest import VALIDATION_NAME, build_manifest
-from trainops.staging.options import check_options, check_quarantine, check_tokenizer
+from trainops.staging.options import check_dataset_name, check_options, check_quarantine, check_tokenizer
 from trainops.staging.quarantine import SAMPLE_PATH, over_limit
-from trainops.staging.reader import DEFAULT_BATCH_ROWS, list_source_objects
+from trainops.staging.reader import DEFAULT_BATCH_ROWS, check_not_empty_parquet, list_source_objects
 from trainops.staging.tokenize import DEFAULT_EVAL_PERCENT, DEFAULT_SHARD_TOKENS, split_rule
 from trainops.staging.validation import describe_failures
 from trainops.staging.version import dataset_version, version_inputs
@@ -101,8 +101,7 @@ def stage_dataset(
     check_options(eval_percent=eval_percent, shard_tokens=shard_tokens, slice_columns=slice_columns)
     quarantine = check_quarantine(quarantine)
     tokenizer_spec = check_tokenizer(tokenizer)
-    if not isinstance(name, str) or not name.strip():
-        raise ValueError(f"dataset name {name!r} is empty: give the dataset a name such as 'demo'")
+    check_dataset_name(name)
     check_reachable(source_storage, source_uri)
     check_reachable(storage, root)
     suite = resolve_suite(expectations, open_storage=open_storage)
@@ -110,6 +109,7 @@ def stage_dataset(
     rule = split_rule(eval_percent)
 
     objects = list_source_objects(source_storage, source_uri)
+    check_not_empty_parquet(objects)  # before a version is named or reused
     identities = [o.identity() for o in objects]
     version = dataset_version(
         version_inputs(

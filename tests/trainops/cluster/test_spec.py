@@ -22,6 +22,48 @@ def test_json_round_trip():
         ("scheduler", "slurm", "kueue:<queue>"),
         ("kind", "mpijob", "kind 'mpijob'"),
         ("env", {"A": 1}, "env 'A' must be a string"),
+        ("env", ["A=1"], "env must be a dict of variable names to strings"),
+        ("env", {"A=B": "1"}, "env name 'A=B' is not a valid variable name"),
+        ("nccl_env", {"NCCL_IB_DISABLE": 1}, "nccl_env 'NCCL_IB_DISABLE' must be a string"),
+        ("nodes", True, "nodes must be an integer >= 1, got True"),
+        ("gpus_per_node", "1", "gpus_per_node must be an integer >= 0, got '1'"),
+        ("termination_grace_seconds", "60", "termination_grace_seconds must be an integer >= 1, got '60'"),
+        ("distributed", "yes", "distributed must be true or false"),
+        ("image", "", "image '' is not an image reference"),
+        ("image", "trainer latest", "image 'trainer latest' is not an image reference"),
+        ("namespace", "ML", "namespace 'ML' is not a DNS-1123 label"),
+        (
+            "memory",
+            "-4Gi",
+            r"memory '-4Gi' is not a positive Kubernetes quantity \(negative\): use a number with an optional suffix such as '64Gi'",
+        ),
+        (
+            "memory",
+            "4GB",
+            r"memory '4GB' is not a positive Kubernetes quantity \(not a Kubernetes quantity\)",
+        ),
+        ("cpu", "lots", r"cpu 'lots' is not a positive Kubernetes quantity .* such as '8' or '500m'"),
+        ("cpu", 0, r"cpu 0 is not a positive Kubernetes quantity \(not a positive number\)"),
+        ("shm_size", "0Gi", "shm_size '0Gi' is not a positive Kubernetes quantity"),
+        ("shm_size", None, r"shm_size None is not a positive Kubernetes quantity \(not a quantity\)"),
+        ("labels", {"team": 7}, "labels must be a dict of strings to strings"),
+        ("annotations", "a=b", "annotations must be a dict of strings to strings"),
+        ("node_selector", {"pool": None}, "node_selector must be a dict of strings to strings"),
+        ("service_account", "Trainer SA", "service_account 'Trainer SA' is not a DNS-1123 name"),
+        ("priority_class", "", "priority_class '' is not a DNS-1123 name"),
+        ("tolerations", {"key": "gpu"}, "tolerations must be a list of Kubernetes tolerations"),
+        (
+            "tolerations",
+            [{"key": "gpu", "operator": "Is"}],
+            "toleration .*'operator': 'Is'.*: use a dict of key",
+        ),
+        ("tolerations", [{"key": "gpu", "effect": "NoRun"}], "toleration .*'NoRun'"),
+        ("affinity", {"nodeAffinty": {}}, "affinity .*nodeAffinty.*: use None or a Kubernetes affinity"),
+        (
+            "env_from_secrets",
+            "s3-credentials",
+            "env_from_secrets must be a list of Secret names or references",
+        ),
     ],
 )
 def test_bad_fields_are_named(field, value, needle):
@@ -45,3 +87,28 @@ def test_runtime_defaults_to_trainers_torch_runtime_and_is_a_dns_name():
     assert spec(runtime="trainops-torch").runtime == "trainops-torch"
     with pytest.raises(JobSpecError, match="runtime 'torch distributed' is not a DNS-1123 name"):
         spec(runtime="torch distributed")
+
+
+@pytest.mark.parametrize("value", ["8", "500m", "0.5", ".5", "64Gi", "1Ki", "2e3", "+1", 4, 0.25])
+def test_positive_quantities_pass(value):
+    assert spec(cpu=value, memory=value, shm_size=value).cpu == value
+
+
+def test_every_valid_field_still_reads_back_from_its_json_form():
+    """A job.json or spec.json written before these checks holds only values that ran."""
+    full = spec(
+        cpu="500m",
+        memory="64Gi",
+        shm_size="16Gi",
+        env={"HF_HOME": "/cache"},
+        env_from_secrets=["s3-credentials", {"env": "TOKEN", "secret": "hf", "key": "token"}],
+        service_account="trainer",
+        labels={"team": "search"},
+        annotations={"example.com/owner": "ml"},
+        node_selector={"pool": "gpu"},
+        tolerations=[{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}],
+        affinity={"nodeAffinity": {}},
+        priority_class="batch-low",
+        nccl_env={"NCCL_IB_DISABLE": "1"},
+    )
+    assert JobSpec.from_dict(full.to_dict()) == full

@@ -2,6 +2,7 @@
 task's identity and labels, and on_kill. Exercised through a minimal operator on the fake
 cluster, so nothing here depends on what a particular operator launches."""
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -174,3 +175,12 @@ def test_waiting_here_returns_the_triggers_first_event_and_refuses_a_silent_one(
     assert trigger.settle_s == 0.0  # no scheduler to race in the worker
     with pytest.raises(RuntimeError, match="Trigger ended without an event"):
         wait_here(Trigger([]))
+
+
+@pytest.mark.parametrize("bad", [-1, 0, "5", None, float("inf")])
+def test_a_poll_interval_that_would_poll_without_pause_is_refused_at_parse(bad):
+    """-1 made 14,797 status calls in 3.3 s: every job-launching operator refuses it."""
+    with pytest.raises(
+        ValueError, match=rf"^poll_interval must be a positive number of seconds, got {re.escape(repr(bad))}"
+    ):
+        EchoOperator(task_id="echo", poll_interval=bad)

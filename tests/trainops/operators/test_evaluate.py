@@ -164,8 +164,31 @@ def test_training_that_is_not_a_training_result_is_refused_before_anything_runs(
             {"cluster": "kubernetes", "job_options": {"env": {"AWS_SECRET_ACCESS_KEY": "abc"}}},
             "AWS_SECRET_ACCESS_KEY",
         ),
+        (
+            {"gpus_per_node": "1"},
+            "gpus_per_node must be an integer >= 0, got the text '1'; write 1 without quotes",
+        ),
+        ({"gpus_per_node": -1}, "gpus_per_node must be an integer >= 0, got -1"),
+        ({"poll_interval": -1}, "poll_interval must be a positive number of seconds, got -1"),
+        ({"job_timeout": 0}, "job_timeout must be a positive number of seconds, got 0"),
+        (
+            {"job_options": {"cpu": "-2"}},
+            r"JobSpec cpu '-2' is not a positive Kubernetes quantity \(negative\)",
+        ),
     ],
 )
 def test_bad_parameters_are_refused_when_the_dag_is_parsed(kwargs, message):
     with pytest.raises(ValueError, match=message):
         EvaluateModelOperator(task_id="evaluate", training={}, model_name=MODEL, **kwargs)
+
+
+def test_a_gpu_the_local_host_lacks_is_refused_before_anything_is_written(file_root, cluster, context):
+    """``CUDA_VISIBLE_DEVICES=""`` in the job's environment hides every GPU, on any host."""
+    op = operator(file_root, gpus_per_node=1, job_options={"env": {"CUDA_VISIBLE_DEVICES": ""}})
+    with pytest.raises(
+        ValueError,
+        match=r"gpus_per_node=1 on 1 local node\(s\) needs 1 GPU\(s\) on this host, but it has none \(.*\); set gpus_per_node=0",
+    ):
+        op.execute(context)
+    assert cluster.launched == []
+    assert open_storage(file_root).list(file_root) == []  # no eval/request.json either

@@ -5,6 +5,7 @@ import yaml
 
 from trainops.operators.launch_plan import (
     LaunchSettings,
+    checked_run_config,
     manifests_of,
     nest,
     one_process_job,
@@ -70,11 +71,26 @@ def test_the_run_config_is_the_trainers_own_resolved_schema_with_the_derived_uri
             8,
             r"global_batch_size=12 is not a multiple of .* world size 8",
         ),
+        ({"train.lr": float("nan")}, 1, "train.lr: expected a finite number, got nan"),
+        (
+            "{'train.lr': 0.1}",
+            1,
+            r"trainer_config must be a dict of trainer keys such as \{'train.lr': 0.001\}, got \"\{",
+        ),
     ],
 )
 def test_a_config_the_trainer_would_refuse_fails_here(user, world_size, message):
     with pytest.raises(ValueError, match=message):
         run_config(user, run_uri=RUN_URI, data_uri="s3://d", world_size=world_size)
+
+
+def test_without_a_world_size_everything_but_the_global_batch_is_checked():
+    """While the sizing is templated, at DAG parse: the rest is checked all the same."""
+    split = {"train": {"micro_batch_size": 4, "global_batch_size": 12}}
+    config = checked_run_config(split, run_uri=RUN_URI, data_uri="s3://d", world_size=None)
+    assert config.train.global_batch_size == 12
+    with pytest.raises(ValueError, match=r"train\.lr: expected a finite number"):
+        checked_run_config({"train.lr": float("inf")}, run_uri=RUN_URI, data_uri="s3://d", world_size=None)
 
 
 def test_an_attempts_job_carries_its_number_the_tasks_labels_and_the_operators_settings():

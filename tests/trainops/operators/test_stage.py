@@ -95,11 +95,35 @@ def test_missing_source_is_named_and_may_be_retried(file_root, tmp_path):
         ({"quarantine": {"max_fraction": 1.5}}, "max_fraction must be a number from 0"),
         ({"quarantine": {"fraction": 0.1}}, r"unknown keys \['fraction'\]"),
         ({"tokenizer": "tokenizer.json"}, "file:// or s3:// URI of a Hugging Face tokenizer.json"),
+        (
+            {"dataset_name": ".."},
+            r"dataset_name '\.\.' is a path step, not a name \(it would be stored outside",
+        ),
+        ({"dataset_name": "."}, r"dataset_name '\.' is a path step, not a name"),
+        ({"dataset_name": ""}, "dataset_name '' is empty: give the dataset a name such as 'demo'"),
+        (
+            {"dataset_name": "team/tickets"},
+            "dataset_name 'team/tickets' holds a path separator, .*such as 'team-tickets'",
+        ),
+        ({"poll_interval": -1}, "poll_interval must be a positive number of seconds, got -1"),
+        ({"job_options": {"memory": "-4Gi"}}, "JobSpec memory '-4Gi' is not a positive Kubernetes quantity"),
     ],
 )
 def test_init_rejects_bad_arguments_without_io(kwargs, message):
     with pytest.raises(ValueError, match=message):
         _op(**kwargs)
+
+
+@pytest.mark.parametrize("name", ["..", ".", " ", "team/tickets"])
+def test_a_templated_dataset_name_is_checked_before_anything_is_read_or_written(file_root, tmp_path, name):
+    """``..`` used to stage into ``<root>/datasets/../<version>``, beside ``datasets/``."""
+    raw = write_demo_dataset(f"file://{tmp_path}/raw", rows=100, seed=3, files=1)
+    op = _op(source_uri=raw["uri"], storage_root=file_root, dataset_name="{{ params.name }}")
+    op.dataset_name = name  # as rendered
+    with pytest.raises(ValueError, match=f"dataset_name {name!r} "):
+        op.execute(context={})
+    assert open_storage(file_root).list(file_root) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["raw"]  # nothing beside the root either
 
 
 def test_templated_fields():
@@ -181,3 +205,18 @@ def test_dag_run_emits_an_asset_event_with_the_version(airflow_db, file_root, tm
         assert extra["uri"] == f"{file_root}/datasets/{name}/{extra['version']}"
         assert extra["manifest_uri"] == f"{extra['uri']}/manifest.json"
         assert extra["tokens"] == extra["train_tokens"] + extra["eval_tokens"] > 0
+
+
+def test_a_zero_byte_parquet_object_is_refused_before_a_staging_job_is_asked_for(
+    file_root, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("TRAINOPS_LOCAL_STATE", str(tmp_path / "local"))
+    raw = write_demo_dataset(f"file://{tmp_path}/raw", rows=100, seed=3, files=1)
+    open_storage(raw["uri"]).put(f"{raw['uri']}/empty.parquet", b"")
+    op = _op(source_uri=raw["uri"], storage_root=file_root, job_threshold_bytes=0)  # always a job
+    with pytest.raises(
+        AirflowFailException, match=r"empty.parquet' are empty \(0 bytes\), which is not a Parquet file"
+    ):
+        op.execute(context={})
+    assert not (tmp_path / "local" / "jobs").exists()  # no job launched
+    assert open_storage(file_root).list(file_root) == []  # no request.json written

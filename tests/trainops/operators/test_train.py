@@ -6,6 +6,7 @@ real file:// storage.
 """
 
 import asyncio
+import os
 import time
 from types import SimpleNamespace
 
@@ -13,6 +14,7 @@ import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
 from tests.trainops.cluster.fake_backend import use_fake_cluster
+from tests.trainops.operators.helpers import staged_dataset
 from trainer.contract import RunLayout, attempt_record, run_prefix
 from trainer.storage import open_storage
 from trainops.operators import FSDPTrainingOperator
@@ -34,14 +36,21 @@ def context():
     }
 
 
+def data_of(root):
+    """A staged dataset version beside (not inside) the storage root ``root``."""
+    return staged_dataset(f"{root.rsplit('/', 1)[0]}/data/datasets/demo/abc")
+
+
 def operator(root, **kw):
     return FSDPTrainingOperator(
         task_id="train",
-        dataset={"uri": DATA_URI},
-        storage_root=root,
-        nodes=2,
-        trainer_config={"train.max_steps": 100},
-        **kw,
+        **{
+            "dataset": {"uri": data_of(root)},
+            "storage_root": root,
+            "nodes": 2,
+            "trainer_config": {"train.max_steps": 100},
+            **kw,
+        },
     )
 
 
@@ -94,10 +103,11 @@ def write_record(root, n, outcome, **kw):
 def test_bad_config_fails_before_anything_is_launched_or_written(file_root, cluster, context):
     op = FSDPTrainingOperator(
         task_id="train",
-        dataset={"uri": DATA_URI},
+        dataset={"uri": data_of(file_root)},
         storage_root=file_root,
-        trainer_config={"train": {"lrr": 0.1}},
-    )
+        trainer_config="{{ params.trainer_config }}",
+    )  # templated: checked when the task runs
+    op.trainer_config = {"train": {"lrr": 0.1}}  # as rendered
     with pytest.raises(Exception, match=r"train\.lrr"):
         op.execute(context)
     assert cluster.launched == []
@@ -107,14 +117,22 @@ def test_bad_config_fails_before_anything_is_launched_or_written(file_root, clus
 def test_global_batch_the_ranks_cannot_split_fails_before_launch(file_root, cluster, context):
     op = FSDPTrainingOperator(
         task_id="train",
-        dataset={"uri": DATA_URI},
+        dataset={"uri": data_of(file_root)},
         storage_root=file_root,
-        nodes=2,
+        nodes="{{ params.nodes }}",
         trainer_config={"train": {"micro_batch_size": 4, "global_batch_size": 12}},
-    )
+    )  # the world size is known once the sizing is rendered
+    op.nodes = "2"
     with pytest.raises(Exception, match=r"train.global_batch_size=12 is not a multiple of .* world size 2"):
         op.execute(context)
     assert cluster.launched == []
+    with pytest.raises(Exception, match=r"train.global_batch_size=12 is not a multiple of .* world size 2"):
+        FSDPTrainingOperator(
+            task_id="t",
+            dataset=DATA_URI,
+            nodes=2,
+            trainer_config={"train": {"micro_batch_size": 4, "global_batch_size": 12}},
+        )  # plain: when the DAG is parsed
 
 
 def test_execute_writes_config_launches_attempt_one_and_defers(file_root, cluster, context):
@@ -126,7 +144,7 @@ def test_execute_writes_config_launches_attempt_one_and_defers(file_root, cluste
     assert spec.env["TRAINOPS_ATTEMPT"] == "1" and spec.nodes == 2 and chaos is None
     assert spec.labels["trainops/run"] == "manual__2026-01-01T00_00_00_00_00"
     config = open_storage(file_root).get(layout.config).decode()
-    assert f"data_uri: {DATA_URI}" in config and "max_steps: 100" in config
+    assert f"data_uri: {data_of(file_root)}" in config and "max_steps: 100" in config
     assert deferred.value.trigger.handle["job_id"] == spec.name + "-x"
     job = open_storage(file_root).get_json(layout.job)
     assert [a["attempt"] for a in job["attempts"]] == [1]
@@ -454,3 +472,246 @@ def test_plain_sizing_settings_fail_when_the_dag_is_parsed():
         FSDPTrainingOperator(task_id="t", dataset=DATA_URI, nodes=0)
     with pytest.raises(ValueError, match="capacity 'cheap' is not one of"):
         FSDPTrainingOperator(task_id="t", dataset=DATA_URI, capacity="cheap")
+
+
+# -- bad inputs: each fails before anything is launched or written ---------------------------
+# Plain values fail when the DAG is parsed (the constructor); templated ones, and what needs
+# storage or this host, in execute before config.yaml is written.
+
+
+def nothing_launched_or_written(cluster, root):
+    assert cluster.launched == []
+    assert open_storage(root).list(root) == []
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"dataset": "s3:///datasets/demo/v1"}, "dataset URI 's3:///datasets/demo/v1' names no bucket: use "),
+        (
+            {"dataset": "data/demo/v1"},
+            "dataset URI 'data/demo/v1' is not a file:// or s3:// URI: use file:///",
+        ),
+        (
+            {"dataset": {"uri": "file://data/demo/v1"}},
+            "dataset URI 'file://data/demo/v1' is not an absolute path",
+        ),
+        ({"dataset": ""}, "dataset must be a StageDatasetOperator result or a dataset version URI, got ''"),
+        (
+            {"trainer_config": {"train.lr": float("nan")}},
+            r"train.lr: expected a finite number, got nan; set a number",
+        ),
+        ({"trainer_config": {"train": {"lr": float("inf")}}}, "train.lr: expected a finite number, got inf"),
+        ({"trainer_config": {"train.lr": "1e999"}}, "train.lr: expected a finite number, got inf"),
+        ({"trainer_config": {"train.grad_clip": float("nan")}}, "train.grad_clip: expected a finite number"),
+        (
+            {"trainer_config": {"model.builder": "custom_model.build"}},
+            "model.builder: expected 'module:function'",
+        ),
+        (
+            {"trainer_config": {"model.builder": "my-models:build"}},
+            "model.builder: expected 'module:function'",
+        ),
+        (
+            {"poll_interval": -1},
+            r"poll_interval must be a positive number of seconds, got -1; pass a number such as 5",
+        ),
+        ({"poll_interval": 0}, "poll_interval must be a positive number of seconds, got 0"),
+        ({"poll_interval": "5"}, "poll_interval must be a positive number of seconds, got '5'"),
+        ({"poll_interval": float("nan")}, "poll_interval must be a positive number of seconds, got nan"),
+        (
+            {"progress_every": 0},
+            "progress_every must be a positive number of seconds, got 0; pass a number such as 30",
+        ),
+        ({"job_timeout": -5}, "job_timeout must be a positive number of seconds, got -5"),
+        (
+            {"unschedulable_timeout": "900"},
+            "unschedulable_timeout must be a positive number of seconds, got '900'",
+        ),
+        (
+            {"termination_grace_seconds": "60"},
+            "termination_grace_seconds must be an integer >= 1, got the text '60'; write 60 without quotes",
+        ),
+        ({"termination_grace_seconds": 0}, "termination_grace_seconds must be an integer >= 1, got 0"),
+        ({"max_infra_retries": -1}, "max_infra_retries must be an integer >= 0, got -1"),
+        ({"max_infra_retries": 1.5}, "max_infra_retries must be an integer >= 0, got 1.5"),
+        ({"fallback_after": 0}, "fallback_after must be an integer >= 1, got 0"),
+        (
+            {"job_options": {"memory": "-4Gi"}},
+            r"JobSpec memory '-4Gi' is not a positive Kubernetes quantity \(negative\)",
+        ),
+        ({"job_options": {"cpu": "lots"}}, "JobSpec cpu 'lots' is not a positive Kubernetes quantity"),
+        ({"job_options": {"shm_size": "0"}}, "JobSpec shm_size '0' is not a positive Kubernetes quantity"),
+    ],
+)
+def test_a_plain_bad_input_fails_when_the_dag_is_parsed(options, message):
+    """On the local cluster too: ``job_options`` are checked whatever the cluster."""
+    kwargs = {"task_id": "t", "dataset": DATA_URI, **options}
+    with pytest.raises(ValueError, match=message):
+        FSDPTrainingOperator(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "rendered, message",
+    [
+        ({"dataset": "s3:///datasets/demo/v1"}, "dataset URI 's3:///datasets/demo/v1' names no bucket"),
+        ({"dataset": "data/demo/v1"}, "dataset URI 'data/demo/v1' is not a file:// or s3:// URI"),
+        ({"trainer_config": {"train.lr": float("nan")}}, "train.lr: expected a finite number, got nan"),
+        ({"trainer_config": {"train.lr": "inf"}}, "train.lr: expected a number, got 'inf'"),
+        (
+            {"trainer_config": {"model.builder": "nope"}},
+            "model.builder: expected 'module:function', got 'nope'",
+        ),
+    ],
+)
+def test_a_templated_bad_input_fails_in_execute_before_anything_is_written(
+    file_root, cluster, context, rendered, message
+):
+    op = operator(
+        file_root, dataset="{{ ti.xcom_pull('stage') }}", trainer_config="{{ params.trainer_config }}"
+    )
+    # accepted at parse (unknown yet); as the templates render:
+    op.dataset, op.trainer_config = data_of(file_root), {}
+    for key, value in rendered.items():
+        setattr(op, key, value)
+    with pytest.raises(ValueError, match=message):
+        op.execute(context)
+    nothing_launched_or_written(cluster, file_root)
+
+
+def test_a_dataset_that_points_at_nothing_is_named_with_what_is_there(file_root, tmp_path, cluster, context):
+    data = f"file://{tmp_path}/data/datasets"
+    op = operator(file_root)
+    op.dataset = f"{data}/demo/never-staged"
+    with pytest.raises(ValueError) as err:
+        op.execute(context)
+    assert str(err.value) == (
+        f"dataset '{data}/demo/never-staged' does not exist (nothing is stored under it): point dataset at a "
+        "staged dataset version (<root>/datasets/<name>/<version>, the 'uri' StageDatasetOperator returns)"
+    )
+    open_storage(data).put_json(f"{data}/demo/failed/validation.json", {"success": False})
+    op.dataset = f"{data}/demo/failed"  # what a failed staging leaves: a report, no manifest
+    with pytest.raises(
+        ValueError,
+        match=r"holds 1 object\(s\) \(such as .*validation.json'\) but no manifest.json, so it is not a staged dataset version",
+    ):
+        op.execute(context)
+    op.dataset = f"{data}/demo"  # the dataset's folder, not one of its versions
+    with pytest.raises(
+        ValueError,
+        match=rf"'{data}/demo' is not one dataset version but holds 1 of them, such as '{data}/demo/abc': point dataset at one version folder",
+    ):
+        op.execute(context)
+    nothing_launched_or_written(cluster, file_root)
+
+
+def test_a_window_longer_than_the_train_split_fails_naming_both_numbers(
+    file_root, tmp_path, cluster, context
+):
+    op = operator(file_root, trainer_config={"train.seq_len": 64})
+    op.dataset = staged_dataset(f"file://{tmp_path}/data/datasets/tiny/v1", train_tokens=50)
+    with pytest.raises(ValueError) as err:
+        op.execute(context)
+    assert str(err.value) == (
+        f"train.seq_len=64 needs windows of 65 tokens, but the train split of {op.dataset} has only 50 "
+        "tokens; lower train.seq_len to at most 49, or stage more data"
+    )
+    nothing_launched_or_written(cluster, file_root)
+    op.trainer_config = {"train.seq_len": 8, "train.micro_batch_size": 4}  # 6 samples, 2 ranks x 4 wanted
+    with pytest.raises(
+        ValueError,
+        match=r"50 tokens, 6 samples of train.seq_len=8, fewer than one micro-step takes \(train.micro_batch_size=4 x world size 2 = 8\)",
+    ):
+        op.execute(context)
+    nothing_launched_or_written(cluster, file_root)
+
+
+def test_a_vocabulary_below_the_tokenizers_fails_before_launch(file_root, cluster, context):
+    op = operator(file_root, trainer_config={"model.vocab_size": 200})
+    with pytest.raises(ValueError) as err:
+        op.execute(context)
+    assert str(err.value) == (
+        f"model.vocab_size=200 is smaller than the vocabulary of the dataset's tokenizer (257, {data_of(file_root)}); "
+        "set model.vocab_size=0 to take the dataset's, or at least 257"
+    )
+    nothing_launched_or_written(cluster, file_root)
+
+
+def write_module(folder, name, source):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.py").write_text(source)
+    return folder
+
+
+def test_a_builder_the_local_cluster_cannot_import_fails_before_launch(
+    file_root, tmp_path, cluster, context, monkeypatch
+):
+    """The lookup runs with the environment the local cluster gives the trainer: a module
+    only Airflow's own sys.path holds (here: only this process's) is not found."""
+    models = write_module(
+        tmp_path / "models", "team_model", "import torch\n\ndef build(vocab_size, seq_len):\n    ...\n"
+    )
+    monkeypatch.syspath_prepend(str(models))  # this process finds it; the cluster's processes do not
+    op = operator(file_root, trainer_config={"model.builder": "team_model:build"})
+    with pytest.raises(
+        ValueError,
+        match=r"model.builder 'team_model:build': no module 'team_model' on the local cluster's Python path .*put its folder on PYTHONPATH",
+    ):
+        op.execute(context)
+    nothing_launched_or_written(cluster, file_root)
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(models), os.environ.get("PYTHONPATH", "")]))
+    op.trainer_config = {"model.builder": "team_model:make"}
+    with pytest.raises(ValueError) as err:
+        op.execute(context)
+    assert str(err.value) == (
+        f"model.builder 'team_model:make': module 'team_model' ({models / 'team_model.py'}) has no function "
+        "'make'; name a function it defines at its top level"
+    )
+    nothing_launched_or_written(cluster, file_root)
+
+    op.trainer_config = {"model.builder": "team_model:build"}
+    with pytest.raises(TaskDeferred):
+        op.execute(context)
+    assert len(cluster.launched) == 1  # found where the trainer will look: launched
+
+
+def test_an_image_only_builder_passes_on_kubernetes_but_one_found_here_is_checked(
+    file_root, tmp_path, cluster, context, monkeypatch
+):
+    op = operator(file_root, cluster="kubernetes", trainer_config={"model.builder": "image_only_model:build"})
+    with pytest.raises(TaskDeferred):
+        op.execute(context)  # not on this host: the trainer in the image finds out
+    assert len(cluster.launched) == 1
+    monkeypatch.syspath_prepend(
+        str(write_module(tmp_path / "models", "shared_model", "def build(vocab_size, seq_len): ...\n"))
+    )
+    op = operator(file_root, cluster="kubernetes", trainer_config={"model.builder": "shared_model:nope"})
+    with pytest.raises(
+        ValueError,
+        match=r"model.builder 'shared_model:nope': module 'shared_model' \(.*shared_model.py\) has no function 'nope'",
+    ):
+        op.execute(context)
+    assert len(cluster.launched) == 1
+
+
+def test_gpus_the_local_host_lacks_fail_before_anything_is_launched(
+    file_root, tmp_path, context, monkeypatch
+):
+    """The real local cluster, on a host made GPU-less: no nvidia-smi on PATH and no driver
+    folder. Without the check the trainer would find no CUDA device and train on the CPU."""
+    import trainops.cluster.local.gpus as gpus
+
+    monkeypatch.setenv("TRAINOPS_LOCAL_STATE", str(tmp_path / "local"))
+    monkeypatch.setenv("PATH", str(tmp_path / "no-tools"))
+    monkeypatch.setattr(gpus, "DRIVER_GPUS", tmp_path / "no-driver")
+    op = operator(file_root, gpus_per_node=1)
+    with pytest.raises(ValueError) as err:
+        op.execute(context)
+    assert str(err.value) == (
+        "gpus_per_node=1 on 2 local node(s) needs 2 GPU(s) on this host, but it has none (no NVIDIA driver: "
+        f"nvidia-smi is not on PATH and {tmp_path / 'no-driver'} does not exist); set gpus_per_node=0 to train "
+        "on the CPU, or run on cluster='kubernetes'"
+    )
+    assert not (tmp_path / "local" / "jobs").exists()
+    assert open_storage(file_root).list(file_root) == []

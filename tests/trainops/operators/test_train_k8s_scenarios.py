@@ -17,12 +17,12 @@ from airflow.sdk.exceptions import TaskDeferred
 
 import trainops.cluster
 from tests.trainops.cluster.kubernetes.fake_k8s import DATA, RECORDED, T0, FakeKubernetes
+from tests.trainops.operators.helpers import staged_dataset
 from trainer.contract import RunLayout, attempt_record, run_prefix
 from trainer.storage import open_storage
 from trainops.cluster.kubernetes.backend import KubernetesCluster
 from trainops.operators import FSDPTrainingOperator
 
-DATA_URI = "file:///data/datasets/demo/abc"
 RUN_ID = "scheduled__2026-01-01T00:00:00+00:00"
 
 
@@ -42,9 +42,10 @@ def context():
 
 def operator(root, **kw):
     options = {"job_options": {"spot_flavour": "gke"}, "max_preemptions": 3, **kw}
+    data_uri = staged_dataset(f"{root.rsplit('/', 1)[0]}/data/datasets/demo/abc")  # beside the root
     return FSDPTrainingOperator(
         task_id="train",
-        dataset={"uri": DATA_URI},
+        dataset={"uri": data_uri},
         storage_root=root,
         cluster="kubernetes",
         namespace="ml",

@@ -8,6 +8,7 @@ import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
 from tests.trainops.cluster.fake_backend import use_fake_cluster
+from tests.trainops.operators.helpers import staged_dataset
 from trainer.storage import open_storage
 from trainops.operators import FSDPTrainingOperator
 from trainops.recipes import form
@@ -31,7 +32,7 @@ def train_task(run_plan, root, **kw):
     """The DAG's training task, as the pipeline builds it (the plan feeds its sizing fields)."""
     return FSDPTrainingOperator(
         task_id="train",
-        dataset={"uri": "file:///data/datasets/tickets/v1"},
+        dataset={"uri": staged_dataset(f"{root.rsplit('/', 1)[0]}/data/datasets/tickets/v1")},
         storage_root=root,
         nodes=run_plan["nodes"],
         gpus_per_node=run_plan["gpus_per_node"],

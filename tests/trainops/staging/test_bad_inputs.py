@@ -267,3 +267,41 @@ def test_a_failed_run_never_shadows_a_good_version(file_root, raw_uri):
         _stage(file_root, raw_uri)
     assert {u: storage.head(u)["etag"] for u in storage.list(file_root)} == before
     assert storage.get_json(join(good["uri"], "manifest.json"))["rows"]["total"] == 150
+
+
+def test_a_zero_byte_parquet_object_is_refused_before_anything_is_written(where):
+    root, raw = where
+    _parquet(f"{raw}/a.parquet", _cols())
+    open_storage(raw).put(f"{raw}/b.parquet", b"")  # a failed or unfinished export
+    with pytest.raises(StagingError) as err:
+        _stage(root, raw)
+    assert str(err.value) == (
+        f"source objects '{raw}/b.parquet' are empty (0 bytes), which is not a Parquet file (one without rows "
+        "still holds its schema): re-export them, or remove them from the source"
+    )
+    assert open_storage(root).list(root) == []
+
+
+def test_a_zero_byte_jsonl_object_is_an_empty_file_and_stages(where):
+    root, raw = where
+    _parquet(f"{raw}/a.parquet", _cols(120))
+    open_storage(raw).put(f"{raw}/b.jsonl", b"")  # an empty partition's part file
+    assert _stage(root, raw)["rows"] == 120
+
+
+def test_a_column_whose_type_drifts_between_files_is_refused_naming_files_and_types(where):
+    root, raw = where
+    stamped = demo_rows(120, seed=1)  # created_at: timestamps
+    _parquet(f"{raw}/a.parquet", stamped)
+    texted = demo_rows(120, seed=2)
+    texted["id"] = [f"b-{i}" for i in texted["id"]]
+    texted["created_at"] = [t.isoformat() for t in texted["created_at"]]  # the same, as strings
+    _parquet(f"{raw}/b.parquet", texted)
+    with pytest.raises(StagingError) as err:
+        _stage(root, raw)
+    assert str(err.value) == (
+        "the source's objects disagree on column types, so nothing was staged: 'created_at' is "
+        f"timestamp[us, tz=UTC] in '{raw}/a.parquet' but string in '{raw}/b.parquet'; write each column with one "
+        "type in every file (or cast it before staging)"
+    )
+    assert open_storage(root).list(root) == []

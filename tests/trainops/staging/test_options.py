@@ -2,7 +2,7 @@ import re
 
 import pytest
 
-from trainops.staging.options import check_options, check_quarantine, check_tokenizer
+from trainops.staging.options import check_dataset_name, check_options, check_quarantine, check_tokenizer
 
 GOOD = {"eval_percent": 10, "shard_tokens": 4096, "slice_columns": ["source"]}
 
@@ -136,3 +136,38 @@ def test_the_tokenizer_is_the_byte_one_or_a_hugging_face_file(tokenizer, checked
 def test_bad_tokenizers_name_the_value(tokenizer, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         check_tokenizer(tokenizer)
+
+
+@pytest.mark.parametrize("name", ["demo", "support-tickets", "tickets_2026.v2", ".hidden", "a b"])
+def test_a_dataset_name_is_one_folder(name):
+    assert check_dataset_name(name) == name
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        (
+            "..",
+            "dataset_name '..' is a path step, not a name (it would be stored outside datasets/): give the dataset a name such as 'demo'",
+        ),
+        (
+            ".",
+            "dataset_name '.' is a path step, not a name (it would be stored outside datasets/): give the dataset a name such as 'demo'",
+        ),
+        ("", "dataset_name '' is empty: give the dataset a name such as 'demo'"),
+        ("  ", "dataset_name '  ' is empty: give the dataset a name such as 'demo'"),
+        (
+            "team/tickets",
+            "dataset_name 'team/tickets' holds a path separator, but a dataset name is one folder under datasets/: use '-' instead, such as 'team-tickets'",
+        ),
+        (
+            "../x",
+            "dataset_name '../x' holds a path separator, but a dataset name is one folder under datasets/: use '-' instead, such as '..-x'",
+        ),
+        (None, "dataset_name must be a string such as 'demo', got None"),
+    ],
+)
+def test_a_dataset_name_that_is_not_one_folder_is_refused(name, message):
+    with pytest.raises(ValueError) as err:
+        check_dataset_name(name)
+    assert str(err.value) == message

@@ -112,3 +112,18 @@ def test_empty_objects_hold_no_rows_and_are_skipped(file_root, tmp_path):
     storage.put(f"file://{tmp_path}/raw/c.csv", b"id,text,source\n")  # a header, no rows
     result = stage_dataset(storage, file_root, f"file://{tmp_path}/raw", "e")
     assert result["rows"] == 40
+
+
+def test_a_zero_byte_parquet_object_is_refused_a_zero_byte_text_one_is_not():
+    def obj(name, size):
+        return reader.SourceObject(f"file:///raw/{name}", size, None, 0.0, reader.format_of(name))
+
+    reader.check_not_empty_parquet([obj("a.parquet", 10), obj("b.jsonl", 0), obj("c.csv", 0)])
+    with pytest.raises(StagingError) as err:
+        reader.check_not_empty_parquet([obj("a.parquet", 10), obj(f"p{0}.parquet", 0), obj("b.pq", 0)])
+    assert str(err.value) == (
+        "source objects 'file:///raw/p0.parquet', 'file:///raw/b.pq' are empty (0 bytes), which is not a Parquet "
+        "file (one without rows still holds its schema): re-export them, or remove them from the source"
+    )
+    with pytest.raises(StagingError, match=r"'file:///raw/e2.parquet' and 2 more are empty"):
+        reader.check_not_empty_parquet([obj(f"e{i}.parquet", 0) for i in range(5)])

@@ -85,3 +85,43 @@ def test_other_id_and_text_columns_are_the_ones_required():
 def test_a_type_staging_cannot_use_is_named_with_the_fix(fields, message):
     with pytest.raises(StagingError, match=f"^source object {re.escape(repr(URI))} {re.escape(message)}"):
         _check(fields)
+
+
+def test_type_kinds_ignore_widths_units_and_encodings():
+    from trainops.staging.schema import type_kind
+
+    assert type_kind(pa.null()) is None
+    assert (
+        type_kind(pa.string())
+        == type_kind(pa.large_string())
+        == type_kind(pa.dictionary(pa.int8(), pa.string()))
+    )
+    assert type_kind(pa.int32()) == type_kind(pa.int64()) == type_kind(pa.float64()) == "number"
+    assert type_kind(pa.timestamp("s")) == type_kind(pa.timestamp("us")) == "timestamp"
+    assert type_kind(pa.timestamp("us", tz="UTC")) == "timestamp with time zone"
+    assert type_kind(pa.int64(), id_column=True) == type_kind(
+        pa.string(), id_column=True
+    )  # ids are read as text
+    assert type_kind(pa.list_(pa.int64())) == "list<item: int64>"
+
+
+def test_a_column_whose_type_drifts_between_objects_is_named_with_both():
+    from trainops.staging.schema import SchemaDrift, drift_error
+
+    drift = SchemaDrift("id")
+    base = [("id", pa.int64()), ("text", pa.string()), ("created_at", pa.timestamp("us", tz="UTC"))]
+    assert drift.add("file:///raw/a.parquet", pa.schema(base)) == []
+    agreeing = [("id", pa.string()), ("text", pa.large_string()), ("created_at", pa.null()), ("n", pa.int8())]
+    assert drift.add("file:///raw/b.jsonl", pa.schema(agreeing)) == []
+    drifting = [("id", pa.int32()), ("text", pa.string()), ("created_at", pa.string()), ("n", pa.string())]
+    problems = drift.add("file:///raw/c.parquet", pa.schema(drifting))
+    assert problems == [
+        "'created_at' is timestamp[us, tz=UTC] in 'file:///raw/a.parquet' but string in 'file:///raw/c.parquet'",
+        "'n' is int8 in 'file:///raw/b.jsonl' but string in 'file:///raw/c.parquet'",
+    ]
+    assert str(drift_error(problems)) == (
+        "the source's objects disagree on column types, so nothing was staged: "
+        + "; ".join(problems)
+        + "; write each column with one type in every file (or cast it before staging)"
+    )
+    assert str(drift_error([f"p{i}" for i in range(7)])).count("; and 2 more;") == 1

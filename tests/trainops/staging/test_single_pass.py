@@ -79,13 +79,15 @@ def test_one_pass_validates_and_packs_every_object_and_writes_nothing_to_storage
     assert log.lines == [f"read {raw_uri}/a.parquet: 100 rows", f"read {raw_uri}/b.parquet: 100 rows"]
 
 
-def test_empty_objects_are_skipped_and_said_so(tmp_path, raw_uri):
+def test_empty_text_objects_are_skipped_and_said_so(tmp_path, raw_uri):
+    """A zero-byte JSONL or CSV file is an empty file (a zero-byte Parquet one is refused
+    before the pass, see test_bad_inputs.py)."""
     _write(raw_uri, _cols(), names=("a", "c"))
-    open_storage(raw_uri).put(f"{raw_uri}/b.parquet", b"")
+    open_storage(raw_uri).put(f"{raw_uri}/b.jsonl", b"")
     log = _Log()
     done = _pass(raw_uri, tmp_path / "scratch", log=log)
     assert done["packed"]["rows"]["total"] == 200
-    assert log.lines[0] == f"skipping 1 empty objects (no rows), first {raw_uri}/b.parquet"
+    assert log.lines[0] == f"skipping 1 empty objects (0 bytes, no rows), first {raw_uri}/b.jsonl"
     assert [line.split(": ")[0] for line in log.lines[1:]] == [
         f"read {raw_uri}/a.parquet",
         f"read {raw_uri}/c.parquet",

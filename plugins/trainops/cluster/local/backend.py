@@ -23,8 +23,9 @@ from pathlib import Path
 import trainer
 import trainops
 from trainops.cluster.base import FINAL_PHASES, Chaos, JobHandle, LogCursor, cap_lines
+from trainops.cluster.local.gpus import host_gpus, shortfall
 from trainops.cluster.local.supervisor import Status
-from trainops.cluster.spec import JobSpec
+from trainops.cluster.spec import JobSpec, JobSpecError
 
 
 def _pid_alive(pid: int) -> bool:
@@ -61,10 +62,17 @@ class LocalCluster:
     def launch(self, spec: JobSpec, *, chaos: Chaos | None = None) -> JobHandle:
         """Start ``spec`` detached and return its handle.
 
+        Raises JobSpecError, launching nothing, when ``spec`` asks for more GPUs than this
+        host has (:mod:`trainops.cluster.local.gpus`).
+
         :param chaos: optional injected preemption, ``{"node": 1, "at_step": 40,
             "metrics_uri": ..., "attempt": 1}``: SIGTERM to that node's torchrun once the
             run's metrics for that attempt reach the step.
         """
+        if spec.gpus_per_node > 0:  # else the trainer finds no CUDA device and trains on the CPU
+            problem = shortfall(spec.nodes, spec.gpus_per_node, host_gpus({**os.environ, **spec.env}))
+            if problem:
+                raise JobSpecError(problem)
         job_id = f"{spec.name}-{uuid.uuid4().hex[:6]}"
         job_dir = self.jobs_dir / job_id
         job_dir.mkdir(parents=True)

@@ -29,6 +29,7 @@ from typing import Any, Literal, NotRequired
 from trainer.contract import max_step_of_attempt, metrics_records, torchrun_argv
 from trainer.storage import NotFound, open_storage
 from trainops.cluster.base import Chaos, JobState
+from trainops.cluster.local.gpus import host_gpus, node_devices
 from trainops.cluster.spec import JobSpec
 
 POLL_S = 0.2
@@ -125,9 +126,12 @@ class Supervisor:
         _write_json(self.dir / "status.json", self.status)
 
     def start(self) -> None:
-        """Start every node: one torchrun process group each, logging to ``node-<i>.log``."""
+        """Start every node: one torchrun process group each, logging to ``node-<i>.log``; with
+        GPUs, each node sees only its own ``gpus_per_node`` devices."""
         port = _free_port()
         base_env = {**os.environ, **self.spec.env, **self.spec.nccl_env}
+        gpus = self.spec.gpus_per_node
+        devices = host_gpus(base_env).devices if gpus else ()
         for node in range(self.spec.nodes):
             scratch = self.dir / f"node-{node}"
             (scratch / "cache").mkdir(parents=True, exist_ok=True)
@@ -137,6 +141,8 @@ class Supervisor:
                 "TRAINOPS_NODE_INDEX": str(node),
                 "PYTHONUNBUFFERED": "1",
             }
+            if gpus:  # each node its own GPUs, as each pod has its own: NCCL refuses a shared one
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(node_devices(devices, node, gpus))
             log = open(self.dir / f"node-{node}.log", "ab")  # noqa: SIM115 - the child writes it; closed here once handed over
             proc = subprocess.Popen(
                 node_argv(self.spec, node, port, self.dir.name),

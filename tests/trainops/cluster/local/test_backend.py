@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.trainops.cluster.local.fake_gpus import fake_nvidia_smi, gpu_listing
 from trainops.cluster.base import FINAL_PHASES
 from trainops.cluster.local.backend import LocalCluster
-from trainops.cluster.spec import JobSpec
+from trainops.cluster.spec import JobSpec, JobSpecError
 
 NODE_FAILS = (
     "import os, sys, time\nif os.environ['TRAINOPS_NODE_INDEX'] == '1': sys.exit(3)\ntime.sleep(60)\n"
@@ -160,3 +161,30 @@ def test_log_lines_caps_a_backlog_with_a_notice(cluster, tmp_path):
 def test_log_lines_of_a_job_that_is_gone(cluster, tmp_path):
     handle = {"cluster": "local", "job_id": "j", "job_dir": str(tmp_path / "gone"), "labels": {}}
     assert cluster.log_lines(handle, {"offset": 42}) == ([], {"offset": 42})
+
+
+def test_a_gpu_job_this_host_cannot_run_is_refused_and_leaves_nothing(cluster):
+    """``CUDA_VISIBLE_DEVICES=""`` hides every GPU on any host: the trainer would train on the
+    CPU without a word, so nothing is started."""
+    spec = job("gpu-job", "print(1)", gpus_per_node=1, env={"CUDA_VISIBLE_DEVICES": ""})
+    with pytest.raises(
+        JobSpecError,
+        match=r"^gpus_per_node=1 on 1 local node\(s\) needs 1 GPU\(s\) on this host, but it has none",
+    ):
+        cluster.launch(spec)
+    assert not cluster.jobs_dir.exists()
+
+
+def test_each_node_of_a_gpu_gang_sees_only_its_own_gpus(cluster, tmp_path, monkeypatch):
+    """A host with 4 GPUs (a stand-in nvidia-smi on PATH, as the supervisor process finds it):
+    2 nodes x 2 GPUs, each node its own pair, as each pod of a gang has its own."""
+    fake_nvidia_smi(tmp_path / "bin", gpu_listing(4))
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    code = "import os; print('devices', os.environ['CUDA_VISIBLE_DEVICES'], flush=True)"
+    handle = cluster.launch(job("gpu-gang", code, nodes=2, gpus_per_node=2))
+    assert wait_final(cluster, handle)["phase"] == "succeeded"
+    assert sorted(cluster.logs_tail(handle).splitlines()) == ["[node-0] devices 0,1", "[node-1] devices 2,3"]
+    with pytest.raises(
+        JobSpecError, match=r"needs 6 GPU\(s\) on this host, but it has only 4 \(nvidia-smi -L lists 4\)"
+    ):
+        cluster.launch(job("too-big", code, nodes=3, gpus_per_node=2))
