@@ -8,6 +8,7 @@ import pytest
 from airflow.sdk.exceptions import TaskDeferred
 from kubernetes.client.exceptions import ApiException
 
+from tests.trainops.operators.helpers import staged_dataset
 from trainops.cluster import get_cluster
 from trainops.cluster.kubernetes.backend import KubernetesCluster
 from trainops.cluster.kubernetes.names import label_value
@@ -195,7 +196,7 @@ def test_the_operators_hand_conn_id_and_namespace_to_backend_and_trigger(file_ro
     options = {"kubernetes_conn_id": "k8s_ml", "namespace": "ml"}
     train = FSDPTrainingOperator(
         task_id="train",
-        dataset="file:///data/v1",
+        dataset=staged_dataset(f"{file_root}/datasets/d/v1"),
         storage_root=file_root,
         cluster="kubernetes",
         trainer_config={"train.max_steps": 10},
