@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from trainer.contract import ENV_ATTEMPT, AttemptRecord, RunLayout, attempt_record
-from trainer.storage import PreconditionFailed, Storage
+from trainer.contract import ENV_ATTEMPT, AttemptRecord, Cause, RunLayout, attempt_record
+from trainer.storage import NotFound, PreconditionFailed, Storage, StorageError
 
 _ATTEMPT_FILE = re.compile(r"/(\d+)\.json$")
 
@@ -40,6 +42,15 @@ def attempt_number(storage: Storage, layout: RunLayout) -> int:
     return next_attempt_number(storage.list(layout.attempts))
 
 
+class CausedError(RuntimeError):
+    """A failure that knows its cause (``storage``, ``network`` or ``program``), for example one
+    that a peer rank reported through a collective, where the original exception is gone."""
+
+    def __init__(self, message: str, cause: Cause = "program"):
+        super().__init__(message)
+        self.cause: Cause = cause
+
+
 class NonFiniteLoss(RuntimeError):
     """The mean loss of a step is NaN or infinite: training cannot go on from these weights."""
 
@@ -53,6 +64,11 @@ OOM_HINT = (
 )
 NON_FINITE_HINT = (
     "lower train.lr (e.g. halve it) or scale it linearly with the global batch (linear scaling rule)"
+)
+STORAGE_HINT = (
+    "storage refused or could not be reached even after the client's retries (an outage, "
+    "throttling, a full disk): the attempt is relaunched from its last committed checkpoint "
+    "(max_infra_retries); if it keeps failing, check the storage endpoint, its credentials and free space"
 )
 NETWORK_HINT = (
     "check the network and firewall between nodes (rendezvous port and NCCL/gloo ports), "
@@ -84,8 +100,47 @@ _NETWORK_WORDS = (
 )
 
 
+# Storage errors that a relaunch cannot cure: the configuration is wrong, not the service.
+_STORAGE_CONFIG_WORDS = (
+    "access denied",
+    "does not exist: create it",
+    "unsupported storage uri",
+    "has no bucket",
+    "is not absolute",
+    "is not valid json",
+)
+# A remote filesystem behind file:// that failed, rather than a bad path.
+_STORAGE_ERRNOS = frozenset({errno.EIO, errno.ESTALE, errno.ETIMEDOUT})
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from or while handling, outermost first."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _cause_in_chain(exc: BaseException) -> Cause | None:
+    """The cause that the exception chain states or shows, or None when it shows none."""
+    for error in _chain(exc):
+        if isinstance(error, CausedError):
+            return error.cause
+        if isinstance(error, (NotFound, PreconditionFailed)):
+            return "program"  # a missing object or a lost race: a relaunch finds the same
+        if isinstance(error, StorageError):
+            text = str(error).lower()
+            return "program" if any(w in text for w in _STORAGE_CONFIG_WORDS) else "storage"
+        if isinstance(error, OSError) and error.errno in _STORAGE_ERRNOS:
+            return "storage"
+    return None
+
+
 def classify_failure(exc: BaseException) -> tuple[str, str | None]:
-    """``(kind, hint)`` for a failed attempt: kind is out_of_memory, non_finite_loss, network or error.
+    """``(kind, hint)`` for a failed attempt: kind is out_of_memory, non_finite_loss, storage,
+    network or error.
 
     The hint says what the user should try; None when we do not recognise the failure.
     """
@@ -100,6 +155,13 @@ def classify_failure(exc: BaseException) -> tuple[str, str | None]:
         or "can't allocate memory" in text
     ):  # the last: PyTorch's CPU allocator
         return "out_of_memory", f"out of memory: {OOM_HINT}"
+    stated = _cause_in_chain(exc)
+    if stated == "storage":
+        return "storage", STORAGE_HINT
+    if stated == "network":
+        return "network", f"a collective between ranks failed or timed out: {NETWORK_HINT}"
+    if stated == "program":
+        return "error", None
     # A storage read that timed out is not a collective's: require a collective's words (or type).
     if (
         names & _DIST_ERRORS
@@ -114,6 +176,15 @@ def classify_failure(exc: BaseException) -> tuple[str, str | None]:
 def failure_hint(exc: BaseException) -> str | None:
     """What the user should change, for failures we recognise."""
     return classify_failure(exc)[1]
+
+
+def cause_of(kind: str) -> Cause:
+    """The attempt record's ``cause`` for a kind of :func:`classify_failure`."""
+    if kind == "storage":
+        return "storage"
+    if kind == "network":
+        return "network"
+    return "program"
 
 
 @dataclass
@@ -133,17 +204,18 @@ class Attempt:
         """A checkpoint of ``step`` was committed (the checkpointer's ``on_commit``)."""
         self.checkpoint_step = step
 
-    def write(
+    def record(
         self,
         outcome: str,
         *,
         signal: str | None = None,
         hint: str | None = None,
         error: str | None = None,
-        exclusive: bool = False,
+        cause: Cause | None = None,
+        metrics_unwritten: int = 0,
     ) -> AttemptRecord:
-        """Write ``attempts/<n>.json`` with ``outcome`` and what the attempt got to; the record."""
-        record = attempt_record(
+        """The record of this attempt ending now with ``outcome`` (see ``attempt_record``)."""
+        return attempt_record(
             attempt=self.number,
             outcome=outcome,
             last_step=self.last_step,
@@ -155,8 +227,32 @@ class Attempt:
             error=error,
             started_at=self.started_at,
             ended_at=now_iso(),
+            cause=cause,
+            metrics_unwritten=metrics_unwritten,
         )
-        # exclusive: several failing ranks may race to report; the first one wins.
+
+    def store(self, record: AttemptRecord, *, exclusive: bool = False) -> None:
+        """Write ``record`` to ``attempts/<n>.json``.
+
+        :param exclusive: several failing ranks may race to report; the first one wins.
+        """
         with contextlib.suppress(PreconditionFailed):
             self.storage.put_json(self.layout.attempt(self.number), record, if_none_match=exclusive)
+
+    def write(
+        self,
+        outcome: str,
+        *,
+        signal: str | None = None,
+        hint: str | None = None,
+        error: str | None = None,
+        cause: Cause | None = None,
+        metrics_unwritten: int = 0,
+        exclusive: bool = False,
+    ) -> AttemptRecord:
+        """Write ``attempts/<n>.json`` with ``outcome`` and what the attempt got to; the record."""
+        record = self.record(
+            outcome, signal=signal, hint=hint, error=error, cause=cause, metrics_unwritten=metrics_unwritten
+        )
+        self.store(record, exclusive=exclusive)
         return record

@@ -5,16 +5,20 @@ and ``optim`` go through DCP, every rank writing its shards; the others (train s
 scheduler, scaler) are small and per rank, in ``extra_rank<r>.pt``.
 
 Save (collective): every rank writes its files into its own node-local staging dir and
-uploads them; only when every rank is done does rank 0 write ``_COMMITTED`` and then
-``latest.json``, then prune. Regular saves are asynchronous: the loop waits only while DCP
-copies the state to CPU memory ("staging"); writing, uploading and the commit run in a
-background thread, on a process group of their own. One save is in flight at most. The
-emergency (preemption) and final saves are synchronous.
+uploads them into the attempt's folder of the step (``step_<N>/attempt_<k>/``); only when
+every rank is done does rank 0 write ``_COMMITTED`` and then ``latest.json``, both fenced
+(``trainer.fence``: an attempt older than the newest one that started is refused), then
+prune. Regular saves are asynchronous: the loop waits only while DCP copies the state to CPU
+memory ("staging"); writing, uploading and the commit run in a background thread, on a
+process group of their own. One save is in flight at most. The emergency (preemption) and
+final saves are synchronous.
 
 Load: rank 0 picks the newest checkpoint whose ``_COMMITTED`` checks out and tells the
 others; each rank downloads it into its cache and DCP loads it, resharding as needed. A
 checkpoint whose files fail their checksums on any rank is skipped for the next older one.
-Picking and fetching are ``trainer.checkpoint_files``, which single processes use too.
+When checkpoints were committed but none can be loaded, the load fails naming each one and why
+(:class:`NothingToResume`): it never starts over from step 0 in silence. Picking and fetching
+are ``trainer.checkpoint_files``, which single processes use too.
 """
 
 from __future__ import annotations
@@ -26,24 +30,27 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.stateful import Stateful
 
-from trainer import commit, parallel
+from trainer import commit, fence, parallel
+from trainer.attempts import CausedError, cause_of, classify_failure
 from trainer.checkpoint_files import (
     CorruptCheckpoint,
     download,
-    find_latest,
     fresh_dir,
     local_root,
+    nothing_to_resume,
     per_rank_file,
     per_rank_state_dicts,
+    survey,
 )
-from trainer.contract import RunLayout, join
+from trainer.contract import Cause, RunLayout, join
+from trainer.fence import Fenced
 from trainer.state import TrainState
 from trainer.storage import Storage, sha256_file
 
@@ -52,9 +59,53 @@ log = logging.getLogger("trainer.checkpoint")
 # The states DCP saves and reshards; their names are the top-level keys of its state dict.
 SHARDED = ("model", "optim")
 
+T = TypeVar("T")
 
-class CheckpointError(RuntimeError):
+
+class CheckpointError(CausedError):
     """A checkpoint could not be written or committed; the previous committed one stays valid."""
+
+    def __init__(self, message: str, cause: Cause = "program"):
+        super().__init__(message, cause)
+
+
+class NothingToResume(CheckpointError):
+    """Checkpoints were committed, but none can be resumed: the attempt must not start over."""
+
+
+def cause_of_error(exc: BaseException) -> Cause:
+    """The attempt record's cause for ``exc`` (see ``trainer.attempts.classify_failure``)."""
+    return exc.cause if isinstance(exc, CausedError) else cause_of(classify_failure(exc)[0])
+
+
+def on_rank0(rank: int, work: Callable[[], T]) -> T:
+    """``work()`` done by rank 0 alone, its result given to every rank (a collective).
+
+    When it raises, rank 0 re-raises and every other rank raises the same kind of failure:
+    :class:`Fenced`, or a :class:`CausedError` with the same message and cause; no rank is left
+    waiting for an answer that never comes.
+    """
+    result: T | None = None
+    error: Exception | None = None
+    failure: tuple[str, str] | None = None
+    if rank == 0:
+        try:
+            result = work()
+        except Exception as exc:
+            error = exc
+            failure = (
+                "fenced" if isinstance(exc, Fenced) else cause_of_error(exc),
+                f"rank 0: {type(exc).__name__}: {exc}",
+            )
+    result, failure = parallel.broadcast_object((result, failure))
+    if error is not None:
+        raise error
+    if failure is not None:
+        told, text = failure
+        if told == "fenced":
+            raise Fenced(text)
+        raise CausedError(text, cast(Cause, told))
+    return cast(T, result)
 
 
 class Checkpointer:
@@ -65,6 +116,8 @@ class Checkpointer:
     :param meta: fields for the ``_COMMITTED`` marker (what rebuilds the model: ``model``,
         ``data_uri``, ``precision``); the train state's ``cursor`` is added at every save.
     :param on_commit: called with the step on every rank once a commit is agreed.
+    :param attempt: the attempt this gang is (``TRAINOPS_ATTEMPT``): its files go to the step's
+        ``attempt_<k>/`` folder, and its commits are refused once a newer attempt started.
     """
 
     def __init__(
@@ -77,11 +130,12 @@ class Checkpointer:
         states: Mapping[str, Stateful],
         meta: Mapping[str, Any] | None = None,
         on_commit: Callable[[int], None] | None = None,
+        attempt: int = 1,
     ):
         missing = [name for name in SHARDED if name not in states]
         if missing:
             raise ValueError(f"a Checkpointer needs the states {list(SHARDED)}; {missing} missing")
-        self.storage, self.layout = storage, RunLayout(run_uri)
+        self.storage, self.layout, self.attempt = storage, RunLayout(run_uri), attempt
         self.rank, self.world_size, self.keep = rank, world_size, keep
         self.sharded = {name: states[name] for name in SHARDED}
         self.per_rank = {name: state for name, state in states.items() if name not in SHARDED}
@@ -174,7 +228,8 @@ class Checkpointer:
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the save in flight, if any; False if it is still running after ``timeout``.
 
-        Raises CheckpointError if it failed (the previous committed checkpoint stays valid).
+        Raises CheckpointError if it failed (the previous committed checkpoint stays valid), and
+        :class:`Fenced` if its commit was refused because a newer attempt started.
         """
         if self._thread is None:
             return True
@@ -184,67 +239,117 @@ class Checkpointer:
         self._thread, step = None, self._in_flight_step
         if self._error is not None:
             error, self._error = self._error, None
+            if isinstance(error, Fenced):
+                raise error
             raise CheckpointError(
                 f"the checkpoint of step {step} failed in the background ({type(error).__name__}: "
-                f"{error}); the last committed one is step {self.last_committed}"
+                f"{error}); the last committed one is step {self.last_committed}",
+                cause_of_error(error),
             ) from error
         return True
 
     def _upload_and_commit(self, step: int, staging: Path, meta: dict[str, Any]) -> None:
-        """Upload this rank's files; rank 0 commits once every rank's upload succeeded (collective)."""
-        prefix = self.layout.checkpoint(step)
+        """Upload this rank's files; rank 0 commits once every rank's upload succeeded (collective).
+
+        Every rank reaches every collective whatever fails, and every rank raises the same
+        failure: :class:`Fenced`, or :class:`CheckpointError` with the first problem's cause.
+        """
+        prefix = self.layout.checkpoint_files(step, self.attempt)
+        problem: tuple[str, str] | None = None  # (what, cause or "fenced")
         if self.rank == 0:
-            # An earlier attempt may have left a partial (or even committed) folder for this step.
-            self.storage.delete_prefix(prefix)
+            try:  # this very attempt may have left files for this step (a rerun of it)
+                self.storage.delete_prefix(prefix)
+            except Exception as exc:
+                problem = self._problem(exc)
         dist.barrier(group=self.group)
         files: list[dict[str, Any]] = []
-        problem: str | None = None
         try:
-            for path in sorted(staging.iterdir()):
+            for path in sorted(staging.iterdir()) if problem is None else []:
                 files.append({"name": path.name, "size": path.stat().st_size, "sha256": sha256_file(path)})
                 # Handed over: on file:// (same filesystem) renamed into place, not copied.
                 self.storage.upload_file(path, join(prefix, path.name), move=True)
         except Exception as exc:  # every rank must still reach the gather below
-            problem = f"rank {self.rank}: {type(exc).__name__}: {exc}"
+            problem = self._problem(exc)
         gathered: list[Any] = [None] * self.world_size
         dist.gather_object((files, problem), gathered if self.rank == 0 else None, dst=0, group=self.group)
         if self.rank == 0:
             problem = next((p for _, p in gathered if p), None)
             if problem is None:
                 try:
-                    self._commit(step, prefix, [f for part, _ in gathered for f in part], meta)
+                    self._commit(step, [f for part, _ in gathered for f in part], meta)
+                except Fenced as exc:
+                    log.warning("checkpoint: step %d not committed: %s", step, exc)
+                    problem = str(exc), "fenced"
                 except Exception as exc:
-                    problem = f"rank 0: {type(exc).__name__}: {exc}"
+                    problem = self._problem(exc)
         box = [problem]
         dist.broadcast_object_list(box, src=0, group=self.group)  # every rank learns the outcome
         shutil.rmtree(staging, ignore_errors=True)
         if box[0] is not None:
-            raise CheckpointError(f"checkpoint step {step} was not committed: {box[0]}")
+            what, kind = box[0]
+            if kind == "fenced":
+                raise Fenced(what)
+            raise CheckpointError(f"checkpoint step {step} was not committed: {what}", cast(Cause, kind))
         self.last_committed = step
         if self.on_commit is not None:
             self.on_commit(step)
 
-    def _commit(self, step: int, prefix: str, files: list[dict[str, Any]], meta: dict[str, Any]) -> None:
-        marker = commit.commit_marker(
-            step=step, files=files, world_size=self.world_size, time=time.time(), **meta
-        )
-        self.storage.put_json(self.layout.committed_marker(step), marker)
-        self.storage.put_json(self.layout.latest, {"step": step, "uri": prefix})
-        log.info("checkpoint: committed step %d (%d files) at %s", step, len(marker["files"]), prefix)
-        self.prune(step)
+    def _problem(self, exc: Exception) -> tuple[str, str]:
+        return f"rank {self.rank}: {type(exc).__name__}: {exc}", cause_of_error(exc)
 
-    def prune(self, just_committed: int) -> None:
+    def _commit(self, step: int, files: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+        marker = commit.commit_marker(
+            step=step, files=files, world_size=self.world_size, time=time.time(), attempt=self.attempt, **meta
+        )
+        latest = fence.commit(self.storage, self.layout, step, marker, self.attempt)
+        log.info(
+            "checkpoint: committed step %d (%d files) at %s",
+            step,
+            len(marker["files"]),
+            self.layout.checkpoint(step),
+        )
+        try:
+            self.prune(step, fence.fence_of(latest))
+        except Exception as exc:  # the commit stands; the next one prunes again
+            log.warning(
+                "checkpoint: step %d is committed, but pruning failed (%s: %s)", step, type(exc).__name__, exc
+            )
+
+    def prune(self, just_committed: int, fence_entries: list[fence.FenceEntry] | None = None) -> None:
+        """Delete what ``just_committed`` made obsolete: the files of older attempts in its own
+        folder, then the folders of older checkpoints beyond ``keep``.
+
+        A checkpoint counts towards ``keep`` only if the fence does not void it; a folder holding
+        files of a newer attempt than this one is never touched.
+        """
         by_step = commit.group_by_step(self.storage.list(self.layout.checkpoints), self.layout.checkpoints)
-        committed = {s for s, files in by_step.items() if commit.COMMITTED in files}
-        for step in commit.prune_plan(list(by_step), committed, self.keep, just_committed):
+        older, legacy = commit.superseded(by_step.get(just_committed, {}), self.attempt)
+        for attempt in older:
+            self.storage.delete_prefix(self.layout.checkpoint_files(just_committed, attempt))
+        for uri in legacy:
+            self.storage.delete(uri)
+        committed = set()
+        for step, files in by_step.items():
+            if commit.COMMITTED in files and step < just_committed:
+                marker, _ = fence.read_object(self.storage, self.layout.committed_marker(step))
+                if fence.void_reason(fence_entries or [], fence.marker_attempt(marker), step) is None:
+                    committed.add(step)
+        newer = {
+            s for s, files in by_step.items() if any(a > self.attempt for a in commit.attempts_in(files))
+        }
+        for step in commit.prune_plan(
+            [s for s in by_step if s not in newer], committed, self.keep, just_committed
+        ):
             self.storage.delete_prefix(self.layout.checkpoint(step))
             log.info("checkpoint: pruned step %d (keeping the newest %d)", step, self.keep)
 
     def load_latest(self) -> int | None:
-        """Restore every state from the newest valid checkpoint; its step, or None (a fresh start).
+        """Restore every state from the newest valid checkpoint; its step, or None (a fresh start:
+        no checkpoint was ever committed here).
 
         A different world size resumes too: the sharded states are resharded, and a rank with
         no per-rank file of its own takes rank 0's (step, cursor and schedule are global).
+        Raises :class:`NothingToResume` when checkpoints were committed but none can be loaded.
         """
         agreed = self._download_agreed()
         if agreed is None:
@@ -270,26 +375,37 @@ class Checkpointer:
         shutil.rmtree(local, ignore_errors=True)
         return step
 
+    def _pick(self, corrupt: dict[int, str]) -> tuple[int, dict[str, Any]] | None:
+        """Rank 0: the newest checkpoint to load, None for a fresh start, or NothingToResume."""
+        found = survey(self.storage, self.layout, corrupt)
+        if found.picked is None and found.ever_committed:
+            raise NothingToResume(nothing_to_resume(self.layout, found))
+        return found.picked
+
     def _download_agreed(self) -> tuple[int, Path] | None:
         """The newest checkpoint that every rank downloaded intact, as (step, local folder)."""
-        corrupt: set[int] = set()
+        corrupt: dict[int, str] = {}
         while True:
-            found = find_latest(self.storage, self.layout, frozenset(corrupt)) if self.rank == 0 else None
-            found = parallel.broadcast_object(found)
+            found = on_rank0(self.rank, lambda: self._pick(corrupt))
             if found is None:
                 return None
             step, marker = found
             local: Path | None = None
-            problem: str | None = None
+            problem: tuple[str, str] | None = None  # (what, "corrupt" or the failure's cause)
             try:
                 local = download(self.storage, self.layout, step, marker, self.local_root)
             except CorruptCheckpoint as exc:
-                problem = str(exc)
-            problems: list[str | None] = [None] * self.world_size
+                problem = str(exc), "corrupt"
+            except Exception as exc:  # storage failed: every rank must still reach the gather
+                problem = self._problem(exc)
+            problems: list[tuple[str, str] | None] = [None] * self.world_size
             dist.all_gather_object(problems, problem)  # all ranks load the same one, or none
-            reasons = [p for p in problems if p]
+            failed = [p for p in problems if p and p[1] != "corrupt"]
+            if failed:
+                raise CheckpointError(
+                    f"checkpoint step {step} could not be fetched: {failed[0][0]}", cast(Cause, failed[0][1])
+                )
+            reasons = [p[0] for p in problems if p]
             if local is not None and not reasons:
                 return step, local
-            if self.rank == 0:
-                log.warning("checkpoint: skipped step %d: %s", step, reasons[0])
-            corrupt.add(step)
+            corrupt[step] = reasons[0]  # the next pick logs it and passes over it

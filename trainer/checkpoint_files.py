@@ -1,8 +1,9 @@
 """Committed checkpoints as files: where a rank keeps them, how one is verified, picked and fetched.
 
 A checkpoint ``checkpoints/step_<N>/`` is trusted only if its ``_COMMITTED`` lists files that
-all exist with their sizes (``trainer.commit`` decides); a download is checked against the
-listed sha256 too. Any single process can read them: the :class:`trainer.checkpoint.Checkpointer`
+all exist with their sizes (``trainer.commit`` decides) and the run's fence does not void it
+(``trainer.fence``: written by a stale attempt); a download is checked against the listed
+sha256 too. Any single process can read them: the :class:`trainer.checkpoint.Checkpointer`
 on rank 0 when it picks one to resume from, and ``trainer export`` / ``trainer evaluate``.
 
 Files of a checkpoint: DCP's ``.metadata`` and ``__<r>_<i>.distcp`` shards (the model and the
@@ -12,9 +13,12 @@ optimizer), and one ``extra_rank<r>.pt`` per rank holding the per-rank states by
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import shutil
 import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +28,7 @@ from torch import nn
 from trainer import commit
 from trainer.contract import RunLayout, join
 from trainer.data import cache_dir
+from trainer.fence import FenceEntry, fence_of, marker_attempt, read_latest, void_reason
 from trainer.storage import NotFound, Storage, sha256_file
 
 log = logging.getLogger("trainer.checkpoint")  # one logger for everything about checkpoints
@@ -67,57 +72,118 @@ def per_rank_state_dicts(saved: dict[str, Any]) -> dict[str, Any]:
     return named
 
 
+def file_uri(layout: RunLayout, step: int, marker: dict[str, Any], name: str) -> str:
+    """Where a file listed by ``step``'s ``_COMMITTED`` is stored."""
+    return join(layout.checkpoint(step), commit.files_dir(marker), name)
+
+
 def checked_marker(
-    storage: Storage, layout: RunLayout, step: int, listed: bool = True
+    storage: Storage,
+    layout: RunLayout,
+    step: int,
+    listed: bool = True,
+    fence: list[FenceEntry] | None = None,
 ) -> tuple[dict[str, Any] | None, str | None]:
     """``(marker, problem)`` for the checkpoint at ``step``: problem is None when it can be trusted.
 
     :param listed: whether a listing showed a ``_COMMITTED`` (False: it is not fetched).
+    :param fence: the run's fence (from ``latest.json``); a marker it voids is refused.
     """
     marker: object = None
     if listed:
         try:
-            marker = storage.get_json(layout.committed_marker(step))
-        except (NotFound, ValueError):
+            marker = json.loads(storage.get(layout.committed_marker(step)))
+        except NotFound:
             marker = None
-    sizes: dict[str, int | None] = {}
-    for entry in marker.get("files", []) if isinstance(marker, dict) else []:
-        head = storage.head(join(layout.checkpoint(step), entry["name"]))
-        sizes[entry["name"]] = head["size"] if head else None
+        except ValueError:
+            return None, "_COMMITTED is not valid JSON"
     found = marker if isinstance(marker, dict) else None
+    if listed and marker is not None and found is None:
+        return None, f"_COMMITTED is not a {commit.MARKER_FORMAT} document"
+    shape = commit.marker_problem(found, None, step)
+    if shape is not None or found is None:
+        return found, shape
+    void = void_reason(fence or [], marker_attempt(found), step)
+    if void is not None:
+        return found, void
+    sizes: dict[str, int | None] = {}
+    for entry in found["files"]:
+        head = storage.head(file_uri(layout, step, found, entry["name"]))
+        sizes[entry["name"]] = head["size"] if head else None
     return found, commit.marker_problem(found, sizes, step)
 
 
-def find_latest(
-    storage: Storage, layout: RunLayout, exclude: frozenset[int] = frozenset()
-) -> tuple[int, dict[str, Any]] | None:
-    """The newest trustworthy checkpoint as ``(step, marker)``; None when there is none.
+@dataclass(frozen=True)
+class Survey:
+    """What a run's ``checkpoints/`` holds, newest first.
 
-    The log names the one picked and why each newer one was skipped.
+    :param picked: the newest trustworthy checkpoint as ``(step, marker)``, or None.
+    :param refused: every newer checkpoint that was passed over, as ``(step, why)``.
+    :param ever_committed: a checkpoint was committed here once (a ``_COMMITTED`` that the
+        fence does not void, or ``latest.json`` naming a step): a run with none to resume from
+        must then not start over from step 0.
     """
+
+    picked: tuple[int, dict[str, Any]] | None
+    refused: tuple[tuple[int, str], ...]
+    ever_committed: bool
+
+
+def survey(storage: Storage, layout: RunLayout, corrupt: Mapping[int, str] | None = None) -> Survey:
+    """Pick the newest trustworthy checkpoint; the log names it and why each newer one was skipped.
+
+    :param corrupt: steps already found bad (a checksum failed on download), with the reason.
+    """
+    corrupt = corrupt or {}
+    latest, _ = read_latest(storage, layout)
+    fence = fence_of(latest)
     by_step = commit.group_by_step(storage.list(layout.checkpoints), layout.checkpoints)
-    skipped = []
+    refused: list[tuple[int, str]] = []
     picked = None
+    ever = bool(latest and latest["step"] > 0)
     for step in commit.newest_first(by_step):
-        if step in exclude:
+        listed = commit.COMMITTED in by_step[step]
+        if step in corrupt:
+            refused.append((step, corrupt[step]))
+            ever = True
             continue
-        marker, problem = checked_marker(storage, layout, step, listed=commit.COMMITTED in by_step[step])
+        marker, problem = checked_marker(storage, layout, step, listed=listed, fence=fence)
+        voided = marker is not None and void_reason(fence, marker_attempt(marker), step) is not None
+        ever = ever or (listed and not voided)
         if problem is None and marker is not None:
             picked = step, marker
             break
-        skipped.append((step, problem))
-    for old_step, reason in skipped:
+        refused.append((step, problem or "no _COMMITTED marker"))
+    for old_step, reason in refused:
         log.warning("checkpoint: skipped step %d: %s", old_step, reason)
     if picked is not None:
         log.info("checkpoint: picked step %d at %s", picked[0], layout.checkpoint(picked[0]))
-    return picked
+    return Survey(picked, tuple(refused), ever)
+
+
+def find_latest(storage: Storage, layout: RunLayout) -> tuple[int, dict[str, Any]] | None:
+    """The newest trustworthy checkpoint as ``(step, marker)``; None when there is none."""
+    return survey(storage, layout).picked
+
+
+def nothing_to_resume(layout: RunLayout, found: Survey) -> str:
+    """The error of an attempt that finds committed checkpoints but none it can resume from."""
+    reasons = "; ".join(f"step {step}: {why}" for step, why in found.refused) or (
+        "latest.json names a committed step, but no step folder holds a _COMMITTED"
+    )
+    return (
+        f"checkpoints were committed under {layout.checkpoints} but none can be resumed ({reasons}); "
+        "refusing to start over from step 0: restore the damaged files, delete the _COMMITTED of each "
+        "bad checkpoint to fall back to an older one (delete them all, and latest.json, to start from "
+        "step 0), or start the run under a new run prefix"
+    )
 
 
 def download(storage: Storage, layout: RunLayout, step: int, marker: dict[str, Any], root: Path) -> Path:
     """Fetch every file of the committed checkpoint into ``root/load/step_<N>``, checksummed."""
     local = fresh_dir(root / "load" / f"step_{step:08d}")
     for entry in marker["files"]:
-        uri = join(layout.checkpoint(step), entry["name"])
+        uri = file_uri(layout, step, marker, entry["name"])
         path = local / entry["name"]
         storage.download_file(uri, path)
         got = sha256_file(path)

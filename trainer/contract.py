@@ -11,13 +11,13 @@ command lines, layouts and to read attempt records; the trainer to honour them.
 5. ``metrics.jsonl``: one record per step, each with its attempt; the one reader is here.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: TypedDict reads its annotations at run time, so
+# ``AttemptRecord.__required_keys__`` leaves the optional fields out.
 import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypedDict, cast
+from typing import Any, Literal, NotRequired, TypedDict, cast
 
 CONTRACT_VERSION = 1
 
@@ -102,10 +102,16 @@ def safe_segment(value: str) -> str:
     """A path segment for ids such as Airflow run ids (``manual__2026-01-01T00:00:00+00:00``).
 
     Every character outside ``[A-Za-z0-9._=-]`` becomes ``_``, so the same run id maps to
-    the same prefix on ``file://`` and ``s3://``.
+    the same prefix on ``file://`` and ``s3://``. ``.`` and ``..`` are refused: as a segment
+    they name the folder itself or its parent, so a user-given name would escape its folder.
     """
     if not value:
         raise ValueError("a layout segment must not be empty")
+    if value in (".", ".."):
+        raise ValueError(
+            f"{value!r} cannot name a dataset, model, run or task: it would point at the folder "
+            "itself or its parent; use a name with at least one other character"
+        )
     return _UNSAFE.sub("_", value)
 
 
@@ -169,11 +175,26 @@ class RunLayout:
     def checkpoint(self, step: int) -> str:
         return join(self.checkpoints, f"step_{int(step):08d}")
 
+    def checkpoint_files(self, step: int, attempt: int) -> str:
+        """Where attempt ``attempt`` writes the files of its checkpoint of ``step``.
+
+        Each attempt writes into a folder of its own, so an old gang still running (a zombie)
+        can never overwrite the files of a newer attempt's checkpoint of the same step. The
+        ``_COMMITTED`` marker names the folder (``dir``); checkpoints written before attempts
+        had folders keep their files directly in ``step_<N>/`` and are read as before.
+        """
+        if int(attempt) < 1:
+            raise ValueError(f"attempt numbers start at 1, got {attempt!r}")
+        return join(self.checkpoint(step), f"{ATTEMPT_DIR_PREFIX}{int(attempt)}")
+
     def committed_marker(self, step: int) -> str:
         return join(self.checkpoint(step), "_COMMITTED")
 
     @property
     def latest(self) -> str:
+        """``{"step", "uri", "attempt", "fence"}``: the newest committed step (0 and no uri
+        before the first commit), the attempt that committed it, and the fence (the attempts
+        that started, see ``trainer.fence``). Readers on the Airflow side read ``step``."""
         return join(self.checkpoints, "latest.json")
 
     @property
@@ -194,6 +215,14 @@ class RunLayout:
 
 
 _STEP_DIR = re.compile(r"step_(\d+)$")
+ATTEMPT_DIR_PREFIX = "attempt_"
+_ATTEMPT_DIR = re.compile(rf"{ATTEMPT_DIR_PREFIX}([1-9]\d*)")
+
+
+def attempt_of_files_dir(name: str) -> int | None:
+    """The attempt number of a checkpoint files folder name (``attempt_3`` -> 3), or None."""
+    m = _ATTEMPT_DIR.fullmatch(name)
+    return int(m.group(1)) if m else None
 
 
 def checkpoint_step_of(uri: str) -> int | None:
@@ -206,10 +235,20 @@ def checkpoint_step_of(uri: str) -> int | None:
 ATTEMPT_FORMAT = "trainops.attempt/v1"
 Outcome = Literal["completed", "preempted", "failed"]
 OUTCOMES: tuple[Outcome, ...] = ("completed", "preempted", "failed")
+# Why a failed attempt failed, as the recovery policy needs it: ``storage`` (storage refused or
+# was unreachable after the client's retries) and ``network`` (a collective between ranks) are
+# the infrastructure's, and a relaunch may succeed; ``program`` is everything else.
+Cause = Literal["storage", "network", "program"]
+CAUSES: tuple[Cause, ...] = ("storage", "network", "program")
 
 
 class AttemptRecord(TypedDict):
-    """``attempts/<n>.json``: what the trainer says happened in attempt n."""
+    """``attempts/<n>.json``: what the trainer says happened in attempt n.
+
+    ``cause`` (failed attempts) and ``metrics_unwritten`` (step records the attempt could not
+    write to ``metrics.jsonl``, when there were any) are absent from records written before
+    them; read them with ``.get``.
+    """
 
     format: str
     attempt: int
@@ -224,6 +263,8 @@ class AttemptRecord(TypedDict):
     error: str | None
     started_at: str | None
     ended_at: str | None
+    cause: NotRequired[Cause]
+    metrics_unwritten: NotRequired[int]
 
 
 def attempt_record(
@@ -239,17 +280,24 @@ def attempt_record(
     error: str | None = None,
     started_at: str | None = None,
     ended_at: str | None = None,
+    cause: str | None = None,
+    metrics_unwritten: int = 0,
 ) -> AttemptRecord:
     """The trainer's account of one attempt.
 
     ``last_step`` is the number of optimizer steps completed when the attempt ended;
     ``checkpoint_step`` the newest committed checkpoint at that time. ``steps_lost`` is the
     difference: the steps the next attempt must replay.
+
+    :param cause: why a failed attempt failed (one of ``CAUSES``; ``program`` when not given).
+    :param metrics_unwritten: step records that never reached ``metrics.jsonl``.
     """
     if outcome not in OUTCOMES:
         raise ValueError(f"unknown attempt outcome {outcome!r}; expected one of {OUTCOMES}")
+    if cause is not None and cause not in CAUSES:
+        raise ValueError(f"unknown failure cause {cause!r}; expected one of {CAUSES}")
     lost = last_step - (checkpoint_step or 0)
-    return {
+    record: AttemptRecord = {
         "format": ATTEMPT_FORMAT,
         "attempt": int(attempt),
         "outcome": outcome,
@@ -264,6 +312,11 @@ def attempt_record(
         "started_at": started_at,
         "ended_at": ended_at,
     }
+    if outcome == "failed":
+        record["cause"] = cause or "program"
+    if metrics_unwritten:
+        record["metrics_unwritten"] = int(metrics_unwritten)
+    return record
 
 
 def parse_attempt_record(data: object) -> AttemptRecord:
@@ -275,7 +328,42 @@ def parse_attempt_record(data: object) -> AttemptRecord:
     for key in ("attempt", "last_step", "steps_lost", "world_size"):
         if not isinstance(data.get(key), int):
             raise ValueError(f"attempt record field {key!r} must be an integer, got {data.get(key)!r}")
+    if "cause" in data and data["cause"] not in CAUSES:
+        raise ValueError(f"attempt record has unknown cause {data['cause']!r}; expected one of {CAUSES}")
+    unwritten = data.get("metrics_unwritten", 0)
+    if not isinstance(unwritten, int) or isinstance(unwritten, bool) or unwritten < 0:
+        raise ValueError(
+            f"attempt record field 'metrics_unwritten' must be an integer >= 0, got {unwritten!r}"
+        )
     return cast(AttemptRecord, data)
+
+
+# When even the attempt record cannot be written (storage is down), the trainer prints it as
+# the last line of rank 0's output, after this mark; the operator finds it in the log tail.
+ATTEMPT_LINE_MARK = "trainops-attempt-record: "
+
+
+def attempt_record_line(record: AttemptRecord) -> str:
+    """``record`` as one marked log line (see :func:`attempt_record_in_log`)."""
+    return ATTEMPT_LINE_MARK + json.dumps(record, sort_keys=True, separators=(",", ":"))
+
+
+def attempt_record_in_log(text: str, attempt: int) -> AttemptRecord | None:
+    """The record of ``attempt`` that the trainer printed instead of storing it: the last
+    marked line of ``text`` (a log tail; lines may carry a prefix such as ``[node-0] ``) that
+    holds a valid record of that attempt. None when there is none."""
+    found: AttemptRecord | None = None
+    for line in text.splitlines():
+        _, mark, body = line.partition(ATTEMPT_LINE_MARK)
+        if not mark:
+            continue
+        try:
+            record = parse_attempt_record(json.loads(body))
+        except ValueError:  # a torn or foreign line: the others still count
+            continue
+        if record["attempt"] == attempt:
+            found = record
+    return found
 
 
 # --- 5. metrics.jsonl ----------------------------------------------------------

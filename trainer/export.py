@@ -144,6 +144,7 @@ def load_checkpoint_model(storage: Storage, checkpoint_uri: str) -> tuple[BuiltM
     """
     from trainer.builder import build_from_spec
     from trainer.checkpoint_files import checked_marker, download, find_latest, load_model_weights, local_root
+    from trainer.fence import fence_of, read_latest
 
     uri = checkpoint_uri.rstrip("/")
     if uri.endswith("/checkpoints"):
@@ -160,7 +161,8 @@ def load_checkpoint_model(storage: Storage, checkpoint_uri: str) -> tuple[BuiltM
         if named_step is None:
             raise ValueError(f"{checkpoint_uri} is not a checkpoint: expected .../checkpoints[/step_<N>]")
         layout = RunLayout(uri.rsplit("/", 2)[0])
-        named, problem = checked_marker(storage, layout, named_step)
+        fence = fence_of(read_latest(storage, layout)[0])
+        named, problem = checked_marker(storage, layout, named_step, fence=fence)
         if problem or named is None:
             raise RuntimeError(
                 f"checkpoint {layout.checkpoint(named_step)} cannot be used: {problem}; "

@@ -5,7 +5,9 @@ committed checkpoint; :func:`train_step` does one optimizer step on every rank;
 :func:`train_loop` steps, logs and checkpoints until ``train.max_steps`` or a preemption, then
 finishes: final checkpoint, export, attempt record. Every attempt ends with an attempt record
 in storage (:func:`run_train` writes the failed one), because torchrun's exit code cannot say
-whether we were preempted.
+whether we were preempted. When storage refuses even that record, rank 0 prints it as its last
+line (``trainer.contract.attempt_record_line``) for the operator to find in the log. An attempt
+that a newer one fenced off (``trainer.fence``) writes nothing more and exits.
 """
 
 from __future__ import annotations
@@ -23,12 +25,13 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from trainer import data, parallel
-from trainer.attempts import Attempt, NonFiniteLoss, attempt_number, failure_hint, now_iso
+from trainer.attempts import Attempt, NonFiniteLoss, attempt_number, cause_of, classify_failure, now_iso
 from trainer.builder import BuiltModel, build_model
-from trainer.checkpoint import Checkpointer
+from trainer.checkpoint import Checkpointer, on_rank0
 from trainer.config import Config, accumulation_steps
-from trainer.contract import RunLayout
+from trainer.contract import AttemptRecord, RunLayout, attempt_record_line
 from trainer.export import write_export
+from trainer.fence import Fenced, raise_fence
 from trainer.flops import mfu, peak_flops
 from trainer.metrics import MetricsLog
 from trainer.optim import build_optimizer, build_scheduler
@@ -92,14 +95,20 @@ def run_train(config: Config) -> int:
     attempt: Attempt | None = None
     training: Training | None = None
     try:
-        number = parallel.broadcast_object(attempt_number(storage, layout) if env.is_main else 0)
+        number = on_rank0(env.rank, lambda: attempt_number(storage, layout))
         attempt = Attempt(storage, layout, number, env.world_size, started_at=now_iso())
         training = setup(config, env, attempt)
         outcome = train_loop(training, flag)
         return PREEMPTED_EXIT_CODE if outcome == "preempted" else 0
+    except Fenced as exc:  # a newer attempt runs: anything this one wrote now would be in its way
+        if env.is_main:
+            print(
+                f"trainer: fenced: {exc}; exiting without writing anything more", file=sys.stderr, flush=True
+            )
+        return 1
     except Exception as exc:
         traceback.print_exc()
-        _record_failure(exc, env, attempt, training.checkpointer if training else None)
+        _record_failure(exc, env, attempt, training)
         return 1
     finally:
         parallel.shutdown()
@@ -107,10 +116,17 @@ def run_train(config: Config) -> int:
 
 # --- setup ---------------------------------------------------------------------------------
 def setup(config: Config, env: parallel.DistEnv, attempt: Attempt) -> Training:
-    """Build data, model, optimizer and checkpointer on every rank, then resume from the newest
-    committed checkpoint (``resume: auto``)."""
+    """Raise the fence, build data, model, optimizer and checkpointer on every rank, then resume
+    from the newest committed checkpoint (``resume: auto``).
+
+    Raises :class:`Fenced` when a newer attempt already started, and
+    ``trainer.checkpoint.NothingToResume`` when checkpoints were committed but none can be
+    resumed: starting over from step 0 then would silently throw the run away.
+    """
     t = config.train
     accum = accumulation_steps(t, env.world_size)  # before anything slow: a bad batch fails fast
+    # Before any checkpoint is read: from now on the attempts before this one may commit nothing.
+    on_rank0(env.rank, lambda: raise_fence(attempt.storage, attempt.layout, attempt.number))
     batches, vocab = _train_batches(config, env)
     global_batch = data.global_batch_size(t.micro_batch_size, accum, env.world_size)
     log.info(
@@ -150,6 +166,7 @@ def setup(config: Config, env: parallel.DistEnv, attempt: Attempt) -> Training:
         states=checkpoint_states(model, optimizer, scheduler, scaler, state),
         meta={"model": built.spec, "data_uri": config.data_uri, "precision": config.precision},
         on_commit=attempt.committed,
+        attempt=attempt.number,
     )
     if config.resume == "auto":
         resumed = checkpointer.load_latest()
@@ -297,8 +314,8 @@ def _stop_preempted(tr: Training, signal_name: str | None) -> None:
     if tr.checkpointer.last_committed != step:
         tr.checkpointer.save(step)  # synchronous, so nothing is lost
     if tr.metrics is not None:
-        tr.metrics.flush()
-        tr.attempt.write("preempted", signal=signal_name)
+        unwritten = tr.metrics.flush(final=True)
+        tr.attempt.write("preempted", signal=signal_name, metrics_unwritten=unwritten)
         log.info("preempted by %s: committed step %d, exiting", signal_name, step)
     parallel.barrier()
 
@@ -327,35 +344,46 @@ def _finish(tr: Training) -> None:
             precision=config.precision,
             seq_len=config.train.seq_len,
         )
-        tr.metrics.flush()
-        tr.attempt.write("completed")
+        unwritten = tr.metrics.flush(final=True)
+        tr.attempt.write("completed", metrics_unwritten=unwritten)
         log.info("completed: %d steps, checkpoint and export committed", step)
     parallel.barrier()
 
 
 # --- the failure path ----------------------------------------------------------------------
 def _record_failure(
-    exc: Exception, env: parallel.DistEnv, attempt: Attempt | None, checkpointer: Checkpointer | None
+    exc: Exception, env: parallel.DistEnv, attempt: Attempt | None, training: Training | None
 ) -> None:
     """Let a save in flight commit, write the failed record (first rank wins), and say on
-    stderr's last line where it failed and what to try."""
-    if checkpointer is not None:
+    stderr where it failed and what to try. When storage refuses the record, rank 0's last line
+    is the record itself, marked (``trainer.contract.attempt_record_line``)."""
+    if training is not None:
         try:  # a save in flight is a good checkpoint: let it commit if the others can too
-            if not checkpointer.wait(timeout=FAILED_SAVE_WAIT_S):
+            if not training.checkpointer.wait(timeout=FAILED_SAVE_WAIT_S):
                 print("trainer: gave up waiting for the checkpoint in flight", file=sys.stderr)
         except Exception as save_error:
             print(f"trainer: {save_error}", file=sys.stderr)
-    hint = failure_hint(exc)
+    kind, hint = classify_failure(exc)
+    unstored: AttemptRecord | None = None
     if attempt is not None:
+        unwritten = training.metrics.flush(final=True) if training and training.metrics else 0
+        record = attempt.record(
+            "failed",
+            error=f"{type(exc).__name__}: {exc}",
+            hint=hint,
+            cause=cause_of(kind),
+            metrics_unwritten=unwritten,
+        )
         try:
-            attempt.write(
-                "failed", error=f"{type(exc).__name__}: {exc}", hint=hint, exclusive=not env.is_main
-            )
+            attempt.store(record, exclusive=not env.is_main)
         except Exception as write_error:  # the storage may be what failed; still say what happened
             print(f"trainer: could not write the attempt record: {write_error}", file=sys.stderr)
+            unstored = record
     step = attempt.last_step if attempt else 0
     print(
         f"trainer: failed at step {step}: {hint or f'{type(exc).__name__}: {exc}'}",
         file=sys.stderr,
         flush=True,
     )
+    if unstored is not None and env.is_main:
+        print(attempt_record_line(unstored), file=sys.stderr, flush=True)

@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from trainer.storage import Storage
+
 EOS = 256
 SOURCES = ("news", "wiki", "forum")
 SUBJECTS = ("the cat", "a dog", "the old man", "my sister", "the robot", "our teacher")
@@ -201,3 +203,51 @@ def committed_steps(run_dir: Path) -> list[int]:
         if folder.exists()
         else []
     )
+
+
+# --- storage in between -------------------------------------------------------------------------
+class ForwardingStorage(Storage):
+    """A storage that hands every primitive to ``inner``: subclass it to fail or interleave chosen
+    calls (an outage, a rival writer), with everything else real."""
+
+    def __init__(self, inner: Storage):
+        self.inner = inner
+
+    def before(self, action: str, uri: str) -> None:
+        """Called before each primitive with what it does (read, write, ...) and its URI."""
+
+    def put(self, uri, data, *, if_none_match=False, if_match=None):
+        self.before("write", uri)
+        return self.inner.put(uri, data, if_none_match=if_none_match, if_match=if_match)
+
+    def get_with_etag(self, uri):
+        self.before("read", uri)
+        return self.inner.get_with_etag(uri)
+
+    def head(self, uri):
+        self.before("head", uri)
+        return self.inner.head(uri)
+
+    def list(self, prefix_uri):
+        self.before("list", prefix_uri)
+        return self.inner.list(prefix_uri)
+
+    def delete(self, uri):
+        self.before("delete", uri)
+        return self.inner.delete(uri)
+
+    def delete_prefix(self, prefix_uri):
+        self.before("delete", prefix_uri)
+        return self.inner.delete_prefix(prefix_uri)
+
+    def upload_file(self, local_path, uri, *, move=False):
+        self.before("upload", uri)
+        return self.inner.upload_file(local_path, uri, move=move)
+
+    def download_file(self, uri, local_path):
+        self.before("download", uri)
+        return self.inner.download_file(uri, local_path)
+
+    def copy(self, src_uri, dst_uri):
+        self.before("copy", src_uri)
+        return self.inner.copy(src_uri, dst_uri)

@@ -1,11 +1,20 @@
-"""``python -m trainer`` with two test instruments, for the resume tests (run it with ``-m``).
+"""``python -m trainer`` with test instruments, for the resume, outage and fencing tests (run it
+with ``-m``).
 
 - ``TRAINOPS_TEST_SAMPLES_DIR``: every rank appends what each micro-batch read (cursor,
   micro-step, global positions, sample ids) to ``samples_a<attempt>_r<rank>.jsonl`` there.
 - ``TRAINOPS_TEST_SIGTERM_AT=<cursor>:<micro>``: every rank sends itself SIGTERM as it reads
   that micro-batch, so the signal lands inside a step, deterministically.
+- ``TRAINOPS_TEST_PAUSE_AT=<cursor>:<folder>``: as it reads that cursor's first micro-batch,
+  every rank creates ``<folder>/paused_a<attempt>_r<rank>`` and waits (at most 120 s) until
+  ``<folder>/go_a<attempt>`` exists: a gang held still, as a partitioned node would be.
+- ``TRAINOPS_TEST_BLACKOUT_AT=<cursor>:<step>``: as it reads that cursor's first micro-batch,
+  every rank waits (at most 120 s) until the run's ``latest.json`` names ``step``; from then on
+  every storage call of the process fails as the client would after its retries, as in an
+  outage that outlasts them.
 
-Both wrap ``TrainBatches.micro_batch``; the trainer runs unchanged otherwise.
+All wrap ``TrainBatches.micro_batch`` (and, for the blackout, the storage the trainer opens);
+the trainer runs unchanged otherwise.
 """
 
 from __future__ import annotations
@@ -14,9 +23,47 @@ import json
 import os
 import signal
 import sys
+import time
+from pathlib import Path
 
-from trainer import data
+from tests.trainer.helpers import ForwardingStorage
+from trainer import data, train
 from trainer.cli import main
+from trainer.contract import RunLayout
+from trainer.storage import StorageError
+
+PAUSE_LIMIT_S = 120.0
+
+
+class Blackout(ForwardingStorage):
+    """A storage that forwards every call until the blackout starts, then refuses them all."""
+
+    dark = False
+    run_uri: str | None = None  # the first URI the trainer opened: its run_uri
+
+    def before(self, action: str, uri: str) -> None:
+        if Blackout.dark:
+            raise StorageError(f"{action} of {uri!r} failed: 503 SlowDown (test blackout)")
+
+
+def wait_until(condition, what: str) -> None:
+    deadline = time.monotonic() + PAUSE_LIMIT_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"test instrument: {what} did not happen within {PAUSE_LIMIT_S:.0f}s")
+        time.sleep(0.05)
+
+
+def wait_for_go(folder: Path, rank: int) -> None:
+    attempt = os.environ.get("TRAINOPS_ATTEMPT", "0")
+    (folder / f"paused_a{attempt}_r{rank}").touch()
+    wait_until((folder / f"go_a{attempt}").exists, f"{folder}/go_a{attempt}")
+
+
+def go_dark_after(step: int) -> None:
+    storage, latest = train.open_storage(Blackout.run_uri), RunLayout(Blackout.run_uri).latest
+    wait_until(lambda: storage.get_json(latest)["step"] >= step, f"the commit of step {step}")
+    Blackout.dark = True
 
 
 def install() -> None:
@@ -24,10 +71,26 @@ def install() -> None:
     samples_dir = os.environ.get("TRAINOPS_TEST_SAMPLES_DIR")
     sigterm_at = os.environ.get("TRAINOPS_TEST_SIGTERM_AT")
     target = tuple(int(x) for x in sigterm_at.split(":")) if sigterm_at else None
+    pause_at = os.environ.get("TRAINOPS_TEST_PAUSE_AT")
+    pause = (int(pause_at.split(":", 1)[0]), Path(pause_at.split(":", 1)[1])) if pause_at else None
+    blackout_at = os.environ.get("TRAINOPS_TEST_BLACKOUT_AT")
+    blackout = tuple(int(x) for x in blackout_at.split(":")) if blackout_at else None
+    if blackout is not None:
+        opened = train.open_storage
+
+        def open_storage(uri: str, **options) -> Blackout:
+            Blackout.run_uri = Blackout.run_uri or uri
+            return Blackout(opened(uri, **options))
+
+        train.open_storage = open_storage
 
     def micro_batch(self, cursor: int, micro_step: int):
         if target == (cursor, micro_step):
             os.kill(os.getpid(), signal.SIGTERM)
+        if pause is not None and pause[0] == cursor and micro_step == 0:
+            wait_for_go(pause[1], self.rank)
+        if blackout is not None and blackout[0] == cursor and micro_step == 0:
+            go_dark_after(blackout[1])
         if samples_dir:
             positions = list(
                 data.micro_batch_positions(

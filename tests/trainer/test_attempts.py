@@ -1,5 +1,6 @@
 """The trainer's account of an attempt: its number, the failure's kind and hint, the record."""
 
+import errno
 import json
 
 import pytest
@@ -9,14 +10,17 @@ from trainer.attempts import (
     NETWORK_HINT,
     NON_FINITE_HINT,
     OOM_HINT,
+    STORAGE_HINT,
+    CausedError,
     NonFiniteLoss,
     attempt_number,
+    cause_of,
     classify_failure,
     failure_hint,
     next_attempt_number,
 )
 from trainer.contract import RunLayout
-from trainer.storage import open_storage
+from trainer.storage import NotFound, PreconditionFailed, StorageError, open_storage
 
 
 def test_attempt_number_from_env_or_next_free(tmp_path, monkeypatch):
@@ -150,3 +154,87 @@ def test_the_record_says_how_far_the_attempt_got_and_the_first_failing_rank_wins
     # another rank reporting the same failure later does not overwrite the first account
     attempt.write("failed", error="DistBackendError: peer gone", exclusive=True)
     assert json.loads((tmp_path / "run" / "attempts" / "3.json").read_text())["error"] == "RuntimeError: boom"
+
+
+def _raised_from(outer: Exception, inner: Exception) -> Exception:
+    try:
+        try:
+            raise inner
+        except Exception as exc:
+            raise outer from exc
+    except Exception as caught:
+        return caught
+
+
+@pytest.mark.parametrize(
+    "exc, kind",
+    [
+        (StorageError("write of 's3://b/r/_COMMITTED' failed: 503 SlowDown"), "storage"),
+        (
+            StorageError("read of 's3://b/r/metrics.jsonl' failed: Connection was closed before we received"),
+            "storage",
+        ),
+        (OSError(errno.EIO, "Input/output error"), "storage"),  # an NFS mount behind file:// gone
+        (OSError(errno.ESTALE, "Stale file handle"), "storage"),
+        (
+            _raised_from(RuntimeError("dataset read failed"), StorageError("list of 's3://b/d' failed: 500")),
+            "storage",
+        ),
+        (CausedError("rank 0: StorageError: write failed", "storage"), "storage"),
+        (CausedError("rank 0: DistBackendError: gloo", "network"), "network"),
+        # what a relaunch would find again is the program's (or the configuration's)
+        (NotFound("no object at 's3://b/d/manifest.json'"), "error"),
+        (PreconditionFailed("conditional write of 's3://b/x' lost"), "error"),
+        (
+            StorageError("access denied to 's3://b/r' (AccessDenied) during write: check the credentials"),
+            "error",
+        ),
+        (
+            StorageError("the bucket of 's3://nope/r' does not exist: create it or fix the storage root"),
+            "error",
+        ),
+        (
+            StorageError("unsupported storage URI 'gs://b/r': use file:///abs/path or s3://bucket/prefix"),
+            "error",
+        ),
+        (
+            StorageError("object 'file:///d/manifest.json' is not valid JSON (Expecting value): rewrite it"),
+            "error",
+        ),
+        (OSError(errno.ENOENT, "No such file or directory"), "error"),
+        (CausedError("rank 0: NothingToResume: ...", "program"), "error"),
+    ],
+)
+def test_storage_failures_are_told_apart_from_the_programs(exc, kind):
+    got, hint = classify_failure(exc)
+    assert got == kind
+    assert cause_of(got) == {"storage": "storage", "network": "network", "error": "program"}[kind]
+    if kind == "storage":
+        assert hint == STORAGE_HINT
+        assert "relaunched from its last committed checkpoint" in STORAGE_HINT
+
+
+def test_a_failed_checkpoint_keeps_the_cause_of_what_failed_under_it():
+    from trainer.checkpoint import CheckpointError
+
+    upload = CheckpointError("checkpoint step 30 was not committed: rank 1: StorageError: 503", "storage")
+    assert classify_failure(upload)[0] == "storage"
+    background = _raised_from(
+        CheckpointError("the checkpoint of step 30 failed in the background", "storage"), upload
+    )
+    assert classify_failure(background)[0] == "storage"
+    assert classify_failure(CheckpointError("checkpoint step 3 holds no 'scheduler' state"))[0] == "error"
+
+
+def test_the_record_carries_the_cause_and_the_metrics_it_could_not_write(tmp_path):
+    from trainer.attempts import Attempt
+
+    layout = RunLayout((tmp_path / "run").as_uri())
+    attempt = Attempt(open_storage(layout.run_uri), layout, 2, world_size=1, started_at=None)
+    record = attempt.write("failed", error="StorageError: 503", cause="storage", metrics_unwritten=12)
+    assert (record["cause"], record["metrics_unwritten"]) == ("storage", 12)
+    assert json.loads((tmp_path / "run" / "attempts" / "2.json").read_text()) == record
+    assert "cause" not in attempt.record("completed") and "metrics_unwritten" not in attempt.record(
+        "completed"
+    )
+    assert attempt.record("failed")["cause"] == "program"

@@ -58,6 +58,7 @@ def test_save_commit_prune_and_load(world_of_one, tmp_path, caplog):
     assert json.loads((tmp_path / "run/checkpoints/latest.json").read_text()) == {
         "step": 15,
         "uri": layout.checkpoint(15),
+        "attempt": 1,
     }
     marker = json.loads((tmp_path / "run/checkpoints/step_00000015/_COMMITTED").read_text())
     assert (marker["step"], marker["world_size"], marker["model"], marker["cursor"]) == (
@@ -66,8 +67,11 @@ def test_save_commit_prune_and_load(world_of_one, tmp_path, caplog):
         {"dim": 64},
         120,
     )
+    # the files sit in the attempt's own folder of the step, which the marker names
+    assert (marker["attempt"], marker["dir"]) == (1, "attempt_1")
     for entry in marker["files"]:
-        assert (tmp_path / "run/checkpoints/step_00000015" / entry["name"]).stat().st_size == entry["size"]
+        path = tmp_path / "run/checkpoints/step_00000015/attempt_1" / entry["name"]
+        assert path.stat().st_size == entry["size"]
     assert {e["name"] for e in marker["files"]} == {".metadata", "__0_0.distcp", "extra_rank0.pt"}
 
     other, other_opt = fresh(1)
@@ -84,7 +88,7 @@ def test_save_commit_prune_and_load(world_of_one, tmp_path, caplog):
         assert torch.equal(tensor, model.state_dict()[name]), name
 
     # A damaged newest checkpoint and an unfinished one are skipped, with reasons in the log.
-    (tmp_path / "run/checkpoints/step_00000015/__0_0.distcp").write_bytes(b"short")
+    (tmp_path / "run/checkpoints/step_00000015/attempt_1/__0_0.distcp").write_bytes(b"short")
     storage.put(layout.checkpoint(20) + "/__0_0.distcp", b"partial")
     with caplog.at_level(logging.INFO, logger="trainer.checkpoint"):
         step, _ = find_latest(storage, layout)
@@ -180,8 +184,8 @@ def test_missing_shard_or_bad_checksum_is_never_loaded(world_of_one, tmp_path, c
         ckpt.save(step)
         if step == 10:
             at_10 = snapshot(model)
-    (tmp_path / "run/checkpoints/step_00000030/__0_0.distcp").unlink()  # a shard lost
-    shard = tmp_path / "run/checkpoints/step_00000020/__0_0.distcp"
+    (tmp_path / "run/checkpoints/step_00000030/attempt_1/__0_0.distcp").unlink()  # a shard lost
+    shard = tmp_path / "run/checkpoints/step_00000020/attempt_1/__0_0.distcp"
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size, other bytes: only the checksum sees it
     shard.write_bytes(bytes(data))
@@ -313,7 +317,7 @@ def test_the_per_rank_file_holds_the_named_states_and_restores_the_rng(world_of_
     torch.manual_seed(5)
     ckpt.save(6)
     after_save = torch.rand(3)
-    saved = torch.load(tmp_path / "run/checkpoints/step_00000006/extra_rank0.pt", weights_only=True)
+    saved = torch.load(tmp_path / "run/checkpoints/step_00000006/attempt_1/extra_rank0.pt", weights_only=True)
     assert set(saved) == {"scheduler", "train_state"}
     assert (saved["train_state"]["step"], saved["train_state"]["cursor"]) == (6, 96)
 
@@ -328,3 +332,115 @@ def test_a_checkpointer_needs_the_model_and_the_optimizer(world_of_one, tmp_path
     run_uri = (tmp_path / "run").as_uri()
     with pytest.raises(ValueError, match=r"needs the states \['model', 'optim'\]; \['optim'\] missing"):
         Checkpointer(open_storage(run_uri), run_uri, 0, 1, keep=1, states={"model": ModelState(fresh(0)[0])})
+
+
+def listing(storage, layout):
+    return sorted(storage.list(layout.checkpoints))
+
+
+def test_when_checkpoints_were_committed_but_none_loads_the_load_fails_naming_each(world_of_one, tmp_path):
+    from trainer.checkpoint import NothingToResume
+
+    run_uri = (tmp_path / "run").as_uri()
+    storage, layout = open_storage(run_uri), RunLayout(run_uri)
+    model, optimizer = fresh(0)
+    ckpt, state = checkpointer(storage, run_uri, model, optimizer, keep=2)
+    for step in (10, 20):
+        train_one_step(model, optimizer)
+        advance(state, step, step)
+        ckpt.save(step)
+    (tmp_path / "run/checkpoints/step_00000020/attempt_1/__0_0.distcp").write_bytes(b"short")
+    shard = tmp_path / "run/checkpoints/step_00000010/attempt_1/__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # only the checksum sees it
+    shard.write_bytes(bytes(data))
+    before = listing(storage, layout)
+
+    other, other_opt = fresh(1)
+    loader, loaded = checkpointer(storage, run_uri, other, other_opt, keep=2)
+    with pytest.raises(NothingToResume) as failed:
+        loader.load_latest()
+    message = str(failed.value)
+    assert message.startswith(
+        f"checkpoints were committed under {layout.checkpoints} but none can be resumed"
+    )
+    assert "step 20: file __0_0.distcp has 5 bytes, _COMMITTED says" in message
+    assert re.search(
+        r"step 10: checkpoint file \S+/step_00000010/attempt_1/__0_0.distcp has sha256 \w+", message
+    )
+    assert message.endswith(
+        "refusing to start over from step 0: restore the damaged files, delete the _COMMITTED of each bad "
+        "checkpoint to fall back to an older one (delete them all, and latest.json, to start from step 0), "
+        "or start the run under a new run prefix"
+    )
+    assert failed.value.cause == "program"  # a relaunch would find the same
+    assert (loaded.step, loaded.cursor) == (0, 0)  # nothing was restored...
+    assert listing(storage, layout) == before  # ...and nothing written
+
+
+def test_a_checkpoint_left_without_a_commit_is_no_reason_to_refuse_a_fresh_start(world_of_one, tmp_path):
+    run_uri = (tmp_path / "run").as_uri()
+    storage, layout = open_storage(run_uri), RunLayout(run_uri)
+    storage.put(f"{layout.checkpoint_files(10, 1)}/__0_0.distcp", b"partial")  # the first save died
+    model, optimizer = fresh(0)
+    ckpt, _ = checkpointer(storage, run_uri, model, optimizer, keep=1)
+    assert ckpt.load_latest() is None
+
+
+def test_a_fenced_attempt_commits_nothing_in_the_foreground_or_the_background(world_of_one, tmp_path):
+    from trainer.fence import Fenced, raise_fence
+
+    run_uri = (tmp_path / "run").as_uri()
+    storage, layout = open_storage(run_uri), RunLayout(run_uri)
+    model, optimizer = fresh(0)
+    old, state = checkpointer(storage, run_uri, model, optimizer, keep=2)
+    advance(state, 10, 80)
+    old.save(10)
+    raise_fence(storage, layout, 2)  # attempt 2 started; this checkpointer is attempt 1's
+    advance(state, 20, 160)
+    with pytest.raises(Fenced, match=r"attempt 1 is fenced: attempt 2 started after it"):
+        old.save(20)
+    old.save_async(30)
+    with pytest.raises(Fenced, match=r"attempt 1 is fenced.*checkpoint step 30 was not committed"):
+        old.wait()
+    assert [p.name for p in (tmp_path / "run/checkpoints").glob("step_*/_COMMITTED")] == ["_COMMITTED"]
+    latest = json.loads((tmp_path / "run/checkpoints/latest.json").read_text())
+    assert (latest["step"], latest["attempt"], old.last_committed) == (10, 1, 10)
+
+
+def test_a_newer_attempt_recommitting_a_step_replaces_the_older_files_and_prunes_around_zombies(
+    world_of_one, tmp_path
+):
+    from trainer.fence import raise_fence
+
+    run_uri = (tmp_path / "run").as_uri()
+    storage, layout = open_storage(run_uri), RunLayout(run_uri)
+    model, optimizer = fresh(0)
+    first, state = checkpointer(storage, run_uri, model, optimizer, keep=2)
+    for step in (10, 20):
+        advance(state, step, step)
+        first.save(step)
+    raise_fence(storage, layout, 2)  # after step 20
+    states = {"model": ModelState(model), "optim": OptimizerState(model, optimizer), "train_state": state}
+    second = Checkpointer(storage, run_uri, rank=0, world_size=1, keep=2, states=states, attempt=2)
+    # a zombie (attempt 1) left a void marker at 25 and files at 30; an attempt 3 wrote into 15
+    storage.put(f"{layout.checkpoint_files(25, 1)}/a", b"z")
+    storage.put_json(
+        layout.committed_marker(25), {"format": "trainops.checkpoint/v1", "step": 25, "attempt": 1}
+    )
+    storage.put(f"{layout.checkpoint_files(15, 3)}/a", b"new")
+    advance(state, 20, 20)
+    second.save(20)
+    objects = [uri.rsplit("/checkpoints/", 1)[1] for uri in listing(storage, layout)]
+    assert not [o for o in objects if o.startswith("step_00000020/attempt_1/")]  # replaced
+    assert json.loads((tmp_path / "run/checkpoints/step_00000020/_COMMITTED").read_text())["attempt"] == 2
+    steps = sorted({o.split("/")[0] for o in objects if o.startswith("step_")})
+    assert steps == ["step_00000010", "step_00000015", "step_00000020", "step_00000025"]
+    advance(state, 30, 30)
+    second.save(30)
+    left = sorted(
+        {uri.rsplit("/checkpoints/", 1)[1].split("/")[0] for uri in listing(storage, layout)}
+        - {"latest.json"}
+    )
+    # keep=2 counts only trusted commits (20 and 30, not the void 25); 15 holds a newer attempt's files
+    assert left == ["step_00000015", "step_00000020", "step_00000030"]

@@ -14,23 +14,29 @@ from trainer.checkpoint_files import (
     download,
     find_latest,
     load_model_weights,
+    nothing_to_resume,
     per_rank_file,
     per_rank_state_dicts,
+    survey,
 )
 from trainer.commit import commit_marker
 from trainer.contract import RunLayout
+from trainer.fence import raised
 from trainer.storage import open_storage
 
 
-def write_checkpoint(layout, step, files: dict[str, bytes], committed=True):
-    """A checkpoint folder holding ``files``, with its ``_COMMITTED`` when ``committed``."""
+def write_checkpoint(layout, step, files: dict[str, bytes], committed=True, attempt=None):
+    """A checkpoint folder holding ``files``, with its ``_COMMITTED`` when ``committed``; with an
+    ``attempt``, the files go to its folder (as the trainer writes them), else to the step's."""
     storage = open_storage(layout.run_uri)
+    folder = layout.checkpoint(step) if attempt is None else layout.checkpoint_files(step, attempt)
     for name, data in files.items():
-        storage.put(f"{layout.checkpoint(step)}/{name}", data)
+        storage.put(f"{folder}/{name}", data)
     entries = [{"name": n, "size": len(d), "sha256": hashlib.sha256(d).hexdigest()} for n, d in files.items()]
     if committed:
         storage.put_json(
-            layout.committed_marker(step), commit_marker(step=step, files=entries, world_size=1, time=0.0)
+            layout.committed_marker(step),
+            commit_marker(step=step, files=entries, world_size=1, time=0.0, attempt=attempt),
         )
     return storage
 
@@ -57,8 +63,65 @@ def test_the_newest_trustworthy_checkpoint_is_picked_and_the_log_says_why_others
         step, marker = find_latest(storage, layout)
     assert (step, marker["step"]) == (10, 10)
     assert "skipped step 20: no _COMMITTED marker" in caplog.text and "picked step 10" in caplog.text
-    assert find_latest(storage, layout, exclude=frozenset({10})) is None
     assert find_latest(storage, RunLayout((tmp_path / "empty").as_uri())) is None
+
+
+def test_a_survey_tells_a_fresh_run_from_one_whose_checkpoints_all_failed(tmp_path):
+    layout = RunLayout((tmp_path / "run").as_uri())
+    storage = write_checkpoint(layout, 20, {"a": b"2"}, committed=False)  # an interrupted first save
+    found = survey(storage, layout)
+    assert (found.picked, found.ever_committed) == (None, False)  # nothing was committed: start fresh
+    write_checkpoint(layout, 10, {"a": b"1"}, attempt=1)
+    storage.put(f"{layout.checkpoint_files(10, 1)}/a", b"12")
+    found = survey(storage, layout, corrupt={})
+    assert found.picked is None and found.ever_committed
+    assert found.refused == (
+        (20, "no _COMMITTED marker (its save did not finish)"),
+        (10, "file a has 2 bytes, _COMMITTED says 1"),
+    )
+    message = nothing_to_resume(layout, found)
+    assert message == (
+        f"checkpoints were committed under {layout.checkpoints} but none can be resumed (step 20: no "
+        "_COMMITTED marker (its save did not finish); step 10: file a has 2 bytes, _COMMITTED says 1); "
+        "refusing to start over from step 0: restore the damaged files, delete the _COMMITTED of each bad "
+        "checkpoint to fall back to an older one (delete them all, and latest.json, to start from step 0), "
+        "or start the run under a new run prefix"
+    )
+    # a checksum found bad on download is passed over with its reason
+    storage.put(f"{layout.checkpoint_files(10, 1)}/a", b"1")
+    assert survey(storage, layout).picked[0] == 10
+    assert survey(storage, layout, corrupt={10: "sha256 differs"}).refused[-1] == (10, "sha256 differs")
+
+
+def test_latest_json_naming_a_step_counts_as_committed_even_with_no_folder_left(tmp_path):
+    layout = RunLayout((tmp_path / "run").as_uri())
+    storage = open_storage(layout.run_uri)
+    storage.put_json(layout.latest, {"step": 40, "uri": layout.checkpoint(40)})
+    found = survey(storage, layout)
+    assert found.picked is None and found.ever_committed and found.refused == ()
+    assert "(latest.json names a committed step, but no step folder holds a _COMMITTED)" in nothing_to_resume(
+        layout, found
+    )
+    storage.put_json(layout.latest, raised(None, 1, 0))  # a fence alone is no commit
+    assert not survey(storage, layout).ever_committed
+
+
+def test_a_marker_the_fence_voids_is_passed_over_and_is_no_commit(tmp_path):
+    layout = RunLayout((tmp_path / "run").as_uri())
+    storage = write_checkpoint(layout, 10, {"a": b"1"}, attempt=1)
+    storage.put_json(layout.latest, raised({"step": 10, "uri": layout.checkpoint(10)}, 2, 10))
+    write_checkpoint(layout, 20, {"a": b"2"}, attempt=1)  # a zombie's, after attempt 2 started
+    found = survey(storage, layout)
+    assert found.picked[0] == 10
+    assert found.refused[0][0] == 20 and found.refused[0][1].startswith(
+        "committed by attempt 1 after attempt 2"
+    )
+    assert checked_marker(storage, layout, 20)[1] is None  # without the fence it would look fine
+
+    only_zombie = RunLayout((tmp_path / "run2").as_uri())
+    storage.put_json(only_zombie.latest, raised(None, 2, 0))
+    write_checkpoint(only_zombie, 5, {"a": b"1"}, attempt=1)
+    assert not survey(storage, only_zombie).ever_committed  # a fresh start is right: nothing was committed
 
 
 def test_a_download_is_checked_against_the_listed_sha256(tmp_path):
@@ -74,6 +137,12 @@ def test_a_download_is_checked_against_the_listed_sha256(tmp_path):
         CorruptCheckpoint, match=r"checkpoint file .*/step_00000005/b has sha256 \w+, _COMMITTED says"
     ):
         download(storage, layout, 5, marker, tmp_path / "cache")
+
+    write_checkpoint(layout, 6, {"a": b"in its attempt's folder"}, attempt=2)
+    marker, problem = checked_marker(storage, layout, 6)
+    assert problem is None
+    local = download(storage, layout, 6, marker, tmp_path / "cache")
+    assert (local / "a").read_bytes() == b"in its attempt's folder"
 
 
 def test_per_rank_states_are_read_by_name_also_from_the_flat_files_of_earlier_checkpoints():

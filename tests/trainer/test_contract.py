@@ -4,8 +4,12 @@ import pytest
 
 from trainer.contract import (
     ATTEMPT_FORMAT,
+    AttemptRecord,
     RunLayout,
+    attempt_of_files_dir,
     attempt_record,
+    attempt_record_in_log,
+    attempt_record_line,
     checkpoint_step_of,
     dataset_prefix,
     join,
@@ -89,6 +93,20 @@ def test_segments_are_the_same_on_every_scheme_and_never_empty():
     with pytest.raises(ValueError, match="must not be empty"):
         safe_segment("")
     assert join("file:///a/", "/b/", "", "c") == "file:///a/b/c"
+
+
+@pytest.mark.parametrize("name", [".", ".."])
+def test_a_segment_that_would_name_its_folder_or_the_parent_is_refused(name):
+    with pytest.raises(ValueError) as refused:
+        safe_segment(name)
+    assert str(refused.value) == (
+        f"{name!r} cannot name a dataset, model, run or task: it would point at the folder itself or "
+        "its parent; use a name with at least one other character"
+    )
+    with pytest.raises(ValueError, match="cannot name a dataset"):
+        dataset_prefix("file:///root", name, "v1")
+    # other names made of dots and slashes stay inside their folder
+    assert safe_segment("...") == "..." and safe_segment("../x") == ".._x" and safe_segment("./") == "._"
     assert join("s3://bucket", "x") == "s3://bucket/x"
 
 
@@ -120,6 +138,11 @@ def test_run_layout_names_every_file_of_a_run():
     )
     assert checkpoint_step_of(layout.checkpoint(40) + "/") == 40
     assert checkpoint_step_of(layout.checkpoints) is None
+    assert layout.checkpoint_files(40, 3) == "file:///runs/r1/checkpoints/step_00000040/attempt_3"
+    assert attempt_of_files_dir("attempt_3") == 3
+    assert attempt_of_files_dir("attempt_0") is None and attempt_of_files_dir("attempt_3/x") is None
+    with pytest.raises(ValueError, match="attempt numbers start at 1, got 0"):
+        layout.checkpoint_files(40, 0)
 
 
 # --- 4. attempt records ---------------------------------------------------------------------
@@ -144,12 +167,54 @@ def test_an_attempt_record_counts_the_steps_the_next_attempt_replays():
         attempt_record(attempt=1, outcome="crashed", last_step=0, checkpoint_step=None, world_size=1)
 
 
+def test_a_failed_record_says_its_cause_and_older_records_without_one_still_parse():
+    failed = attempt_record(
+        attempt=2, outcome="failed", last_step=30, checkpoint_step=20, world_size=2, cause="storage"
+    )
+    assert failed["cause"] == "storage" and "metrics_unwritten" not in failed
+    assert parse_attempt_record(failed) == failed
+    completed = attempt_record(
+        attempt=2, outcome="completed", last_step=30, checkpoint_step=30, world_size=2, metrics_unwritten=4
+    )
+    assert completed["metrics_unwritten"] == 4 and "cause" not in completed
+    before = {k: v for k, v in failed.items() if k != "cause"}  # as the previous trainer wrote them
+    assert parse_attempt_record(before) == before
+    assert set(AttemptRecord.__optional_keys__) == {"cause", "metrics_unwritten"}
+    with pytest.raises(ValueError, match=r"unknown failure cause 'disk'"):
+        attempt_record(
+            attempt=1, outcome="failed", last_step=0, checkpoint_step=None, world_size=1, cause="disk"
+        )
+
+
+def test_a_record_that_storage_refused_travels_in_the_log_and_is_found_again():
+    record = attempt_record(
+        attempt=3, outcome="failed", last_step=40, checkpoint_step=20, world_size=2, cause="storage"
+    )
+    line = attempt_record_line(record)
+    assert line.startswith("trainops-attempt-record: {") and "\n" not in line
+    other = attempt_record_line({**record, "attempt": 2, "cause": "network"})
+    tail = "\n".join(
+        [
+            "[node-0] trainer: failed at step 40: storage refused ...",
+            f"[node-0] {other}",
+            f"[node-0] {line}",
+            "[node-0] trainops-attempt-record: {torn",
+            "[node-1] torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+        ]
+    )
+    assert attempt_record_in_log(tail, 3) == record  # the last valid one of that attempt
+    assert attempt_record_in_log(tail, 2)["cause"] == "network"
+    assert attempt_record_in_log(tail, 4) is None and attempt_record_in_log("", 3) is None
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
         ({"format": "other/v1"}, "not a trainops.attempt/v1 record"),
         ({"outcome": "gone"}, "unknown outcome 'gone'"),
         ({"last_step": "7"}, "field 'last_step' must be an integer, got '7'"),
+        ({"cause": "disk"}, r"unknown cause 'disk'; expected one of \('storage', 'network', 'program'\)"),
+        ({"metrics_unwritten": -1}, "field 'metrics_unwritten' must be an integer >= 0, got -1"),
     ],
 )
 def test_a_malformed_attempt_record_is_refused_with_what_is_wrong(change, message):

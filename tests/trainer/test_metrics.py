@@ -1,10 +1,12 @@
 """``metrics.jsonl`` as rank 0 writes it: every attempt's records kept, rewritten at flush points."""
 
 import json
+import logging
 
+from tests.trainer.helpers import ForwardingStorage
 from trainer.contract import metrics_by_step, metrics_records
 from trainer.metrics import MetricsLog
-from trainer.storage import open_storage
+from trainer.storage import StorageError, open_storage
 
 
 def test_metrics_keep_earlier_attempts_and_readers_take_the_last(tmp_path):
@@ -34,3 +36,107 @@ def test_metrics_keep_earlier_attempts_and_readers_take_the_last(tmp_path):
         "attempt",
         "time",
     }
+
+
+class Outage(ForwardingStorage):
+    """Storage that refuses every call while ``down`` is set, as after the client's retries."""
+
+    down = False
+
+    def before(self, action, uri):
+        if self.down:
+            raise StorageError(f"{action} of {uri!r} failed: 503 SlowDown")
+
+
+def add(log, step, loss=1.0):
+    log.add(step=step, loss=loss, lr=1e-3, tokens_per_s=10.0, time=0.0)
+
+
+def steps_in(path):
+    return [(r["step"], r["attempt"]) for r in metrics_records(path.read_text())]
+
+
+def test_an_outage_never_stops_training_the_records_wait_and_are_written_after_it(tmp_path, caplog):
+    path = tmp_path / "metrics.jsonl"
+    storage = Outage(open_storage(path.as_uri()))
+    log = MetricsLog(storage, path.as_uri(), attempt=1, flush_every=1)
+    add(log, 1)
+    storage.down = True
+    with caplog.at_level(logging.INFO, logger="trainer.metrics"):
+        for step in (2, 3, 4):
+            add(log, step)  # every add flushes; none raises
+        assert log.unwritten == 3 and steps_in(path) == [(1, 1)]
+        storage.down = False
+        add(log, 5)
+    assert steps_in(path) == [(1, 1), (2, 1), (3, 1), (4, 1), (5, 1)]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1  # once per outage, with the count waiting
+    assert warnings[0].startswith(f"metrics: could not write {path.as_uri()} (StorageError: read of")
+    assert warnings[0].endswith("1 records wait for the next flush, training goes on")
+    assert "written again after 3 failed flushes; nothing was lost" in caplog.text
+    assert log.unwritten == 0 and log.flush(final=True) == 0
+
+
+def test_the_final_flush_reports_what_an_outage_kept_from_the_file(tmp_path, caplog):
+    path = tmp_path / "metrics.jsonl"
+    storage = Outage(open_storage(path.as_uri()))
+    log = MetricsLog(storage, path.as_uri(), attempt=2, flush_every=10)
+    for step in (1, 2, 3):
+        add(log, step)
+    storage.down = True
+    with caplog.at_level(logging.ERROR, logger="trainer.metrics"):
+        assert log.flush(final=True) == 3
+    assert "metrics: 3 records of attempt 2 could not be written" in caplog.text
+    assert not path.exists()
+
+
+def test_a_stale_gangs_flush_never_erases_a_newer_attempts_records(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    storage = open_storage(path.as_uri())
+    zombie = MetricsLog(storage, path.as_uri(), attempt=1, flush_every=1)
+    for step in (1, 2, 3):
+        add(zombie, step)
+    resumed = MetricsLog(storage, path.as_uri(), attempt=2, flush_every=1)  # from the step-2 checkpoint
+    add(resumed, 3, loss=0.5)
+    add(zombie, 4)  # the zombie goes on writing
+    add(resumed, 4, loss=0.4)
+    assert steps_in(path) == [(1, 1), (2, 1), (3, 1), (4, 1), (3, 2), (4, 2)]
+    by_step = metrics_by_step(metrics_records(path.read_text()))
+    assert [by_step[s]["attempt"] for s in (1, 2, 3, 4)] == [1, 1, 2, 2]
+
+
+class WriterInBetween(ForwardingStorage):
+    """Another process writes the file between this one's read and its write, once."""
+
+    def __init__(self, inner, rival):
+        super().__init__(inner)
+        self.rival = rival
+
+    def before(self, action, uri):
+        if action == "write" and self.rival is not None:
+            rival, self.rival = self.rival, None
+            rival()
+
+
+def test_a_flush_that_loses_the_race_merges_with_what_the_other_writer_wrote(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    storage = open_storage(path.as_uri())
+    other = MetricsLog(storage, path.as_uri(), attempt=1, flush_every=1)
+    add(other, 1)
+    mine = MetricsLog(
+        WriterInBetween(storage, lambda: add(other, 2)), path.as_uri(), attempt=2, flush_every=1
+    )
+    add(mine, 2, loss=0.5)
+    assert steps_in(path) == [(1, 1), (2, 1), (2, 2)]
+
+
+def test_a_rerun_under_the_same_attempt_number_keeps_the_steps_it_does_not_replay(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    storage = open_storage(path.as_uri())
+    crashed = MetricsLog(storage, path.as_uri(), attempt=1, flush_every=1)
+    for step in (1, 2, 3):
+        add(crashed, step)
+    rerun = MetricsLog(storage, path.as_uri(), attempt=1, flush_every=1)  # resumed from step 2
+    add(rerun, 3, loss=0.25)
+    assert steps_in(path) == [(1, 1), (2, 1), (3, 1)]
+    assert metrics_by_step(metrics_records(path.read_text()))[3]["loss"] == 0.25

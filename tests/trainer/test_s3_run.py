@@ -27,8 +27,10 @@ def test_checkpoints_metrics_records_and_export_go_to_s3(tmp_path, dataset_uri, 
     assert store.get_json(layout.attempt(1))["outcome"] == "completed"
     for step in (4, 8):
         marker = store.get_json(f"{layout.checkpoint(step)}/_COMMITTED")
-        for f in marker["files"]:  # every listed file is on S3 with its size
-            assert store.head(f"{layout.checkpoint(step)}/{f['name']}")["size"] == f["size"]
-    assert store.get_json(layout.latest)["step"] == 8
+        assert (marker["attempt"], marker["dir"]) == (1, "attempt_1")
+        for f in marker["files"]:  # every listed file is on S3 with its size, in the attempt's folder
+            assert store.head(f"{layout.checkpoint_files(step, 1)}/{f['name']}")["size"] == f["size"]
+    latest = store.get_json(layout.latest)
+    assert (latest["step"], latest["attempt"], latest["fence"]) == (8, 1, [{"attempt": 1, "after_step": 0}])
     assert len(store.get(layout.metrics).decode().splitlines()) == 8
     assert store.exists(f"{layout.export}/model.safetensors")

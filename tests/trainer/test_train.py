@@ -7,6 +7,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,17 +17,20 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.helpers import (
+    GLOBAL_BATCH,
+    INSTRUMENTED,
     REPO,
     committed_steps,
     metrics_of,
     read_json,
     run_config,
+    single_process_argv,
     torchrun_argv,
     trainer_env,
 )
-from trainer.attempts import NON_FINITE_HINT, Attempt, now_iso
+from trainer.attempts import NON_FINITE_HINT, STORAGE_HINT, Attempt, now_iso
 from trainer.config import load_config
-from trainer.contract import RunLayout
+from trainer.contract import RunLayout, attempt_record_in_log
 from trainer.preemption import StopFlag
 from trainer.storage import open_storage
 from trainer.train import setup, train_loop, train_step
@@ -387,3 +391,98 @@ def test_user_model_from_a_builder_trains_under_torchrun_and_exports(tmp_path, d
     exported = read_json(run / "export" / "export.json")
     assert exported["step"] == 6 and "builder" in json.dumps(exported)
     assert (run / "export" / "model.safetensors").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_a_storage_outage_fails_the_attempt_as_storage_and_the_relaunch_ends_identical(
+    tmp_path, dataset_uri, reference_run
+):
+    """Storage goes dark at step 25, after the step-20 commit, for the rest of the attempt: an
+    outage that outlasts the storage client's retries (their tolerance is the client's own test;
+    this storage refuses outright, tests/trainer/instrumented.py). Training goes on without its
+    metrics, the step-30 save fails, and the attempt ends as a storage failure: its record,
+    which storage refuses too, is rank 0's marked line. The relaunch resumes bitwise."""
+    config, _ = run_config(tmp_path, dataset_uri, "run")
+    run = tmp_path / "run"
+    proc = subprocess.run(
+        torchrun_argv(config, module=INSTRUMENTED),
+        env=trainer_env(tmp_path / "cache", 1, blackout_at=f"{24 * GLOBAL_BATCH}:20"),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = attempt_record_in_log(proc.stderr, 1)
+    assert record is not None, proc.stderr[-3000:]
+    assert (record["outcome"], record["cause"], record["hint"]) == ("failed", "storage", STORAGE_HINT)
+    assert (record["last_step"], record["checkpoint_step"], record["steps_lost"]) == (MAX_STEPS, 20, 20)
+    assert record["metrics_unwritten"] == MAX_STEPS - 24  # steps 25..40 never reached the file
+    assert record["error"].startswith("CheckpointError: the checkpoint of step 30 failed in the background")
+    assert not (run / "attempts" / "1.json").exists()
+    output = proc.stdout + proc.stderr
+    assert output.count("metrics: could not write") == 1  # once for the whole outage
+    assert "metrics: 16 records of attempt 1 could not be written" in output
+    assert sorted(metrics_of(run)) == list(range(1, 25))
+    assert committed_steps(run) == [10, 20]  # the last commit is intact
+
+    relaunch_to_completion(config, tmp_path, attempt=2)
+    second = read_json(run / "attempts" / "2.json")
+    assert (second["outcome"], second["resumed_from_step"], second["last_step"]) == (
+        "completed",
+        20,
+        MAX_STEPS,
+    )
+    assert (run / "export" / "model.safetensors").read_bytes() == (
+        reference_run["run_dir"] / "export" / "model.safetensors"
+    ).read_bytes()
+
+
+@pytest.mark.slow
+def test_when_every_checkpoint_is_corrupt_the_attempt_fails_with_the_reasons_and_never_starts_over(
+    tmp_path, dataset_uri, reference_run
+):
+    config, _ = run_config(tmp_path, dataset_uri, "run")
+    run = tmp_path / "run"
+    shutil.copytree(reference_run["run_dir"] / "checkpoints", run / "checkpoints")
+    shard_40 = run / "checkpoints" / "step_00000040" / "attempt_1" / "__0_0.distcp"
+    shard_40.write_bytes(shard_40.read_bytes()[:100])  # truncated
+    shard_30 = run / "checkpoints" / "step_00000030" / "attempt_1" / "__1_0.distcp"
+    damaged = bytearray(shard_30.read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF  # same size, other bytes: only the checksum sees it
+    shard_30.write_bytes(bytes(damaged))
+    before = {
+        p: p.read_bytes() for p in (run / "checkpoints").rglob("*") if p.is_file() and p.name != "latest.json"
+    }
+
+    proc = subprocess.run(
+        single_process_argv(config),
+        env=trainer_env(tmp_path / "cache", attempt=2),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = read_json(run / "attempts" / "2.json")
+    assert (record["outcome"], record["cause"], record["last_step"], record["resumed_from_step"]) == (
+        "failed",
+        "program",
+        0,
+        None,
+    )
+    error = record["error"]
+    assert error.startswith(
+        f"NothingToResume: checkpoints were committed under {RunLayout(run.as_uri()).checkpoints} but none can be resumed"
+    )
+    assert re.search(r"step 40: file __0_0\.distcp has 100 bytes, _COMMITTED says \d+", error)
+    assert re.search(
+        r"step 30: checkpoint file \S+/step_00000030/attempt_1/__1_0\.distcp has sha256 \w+", error
+    )
+    assert "refusing to start over from step 0" in error
+    assert proc.stderr.strip().splitlines()[-1] == f"trainer: failed at step 0: {error}"
+    # no step-0 restart: nothing trained, no checkpoint written or removed
+    assert not (run / "metrics.jsonl").exists() and not (run / "export").exists()
+    after = {
+        p: p.read_bytes() for p in (run / "checkpoints").rglob("*") if p.is_file() and p.name != "latest.json"
+    }
+    assert after == before

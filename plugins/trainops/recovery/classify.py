@@ -2,13 +2,17 @@
 
 The cluster's view (job phase, node exit codes, disruptions such as a spot interruption or a
 node that vanished) and the trainer's own attempt record together say what happened; exit
-codes alone cannot, because torchrun exits 1 on SIGTERM whatever its workers did.
+codes alone cannot, because torchrun exits 1 on SIGTERM whatever its workers did. An attempt
+that failed on storage or the network (the record's ``cause``) is the infrastructure's: it is
+relaunched against the infrastructure budget, not failed as the program's error. When storage
+refused even the record, the trainer printed it as a marked line, which
+:func:`attempt_record_of` finds in the log tail.
 """
 
 # No ``from __future__ import annotations``: TypedDict reads its annotations at run time.
 from typing import Final, Literal, TypedDict
 
-from trainer.contract import AttemptRecord
+from trainer.contract import AttemptRecord, attempt_record_in_log
 from trainops.cluster.base import JobState
 
 Classification = Literal["succeeded", "preempted", "infra", "error"]
@@ -23,6 +27,16 @@ class Verdict(TypedDict):
 
     classification: Classification
     reason: str
+
+
+def attempt_record_of(
+    stored: AttemptRecord | None, log_tail: str | None, attempt: int
+) -> AttemptRecord | None:
+    """The trainer's record of ``attempt``: the one in storage, else the one it printed in its
+    log (``log_tail``, the backend's ``logs_tail``) because storage refused it; None if neither."""
+    if stored is not None:
+        return stored
+    return attempt_record_in_log(log_tail, attempt) if log_tail else None
 
 
 def classify_attempt(state: JobState, record: AttemptRecord | None) -> Verdict:
@@ -55,6 +69,13 @@ def classify_attempt(state: JobState, record: AttemptRecord | None) -> Verdict:
         return {"classification": PREEMPTED, "reason": f"node lost: {state.get('reason')}"}
     if record is not None and outcome == "failed":
         hint = record.get("hint")
+        cause = record.get("cause")
+        if cause in ("storage", "network"):
+            return {
+                "classification": INFRA,
+                "reason": f"the trainer failed on {cause} ({record.get('error') or 'no detail'}); "
+                f"its last committed checkpoint is step {record.get('checkpoint_step')}",
+            }
         return {
             "classification": ERROR,
             "reason": f"{record.get('error') or 'the trainer failed'}" + (f"; hint: {hint}" if hint else ""),

@@ -1,7 +1,7 @@
 """Classification over recorded job states and attempt records."""
 
-from trainer.contract import attempt_record
-from trainops.recovery.classify import classify_attempt
+from trainer.contract import attempt_record, attempt_record_line
+from trainops.recovery.classify import attempt_record_of, classify_attempt
 
 RUNNING_NODES = [{"index": 0, "exit_code": 0}, {"index": 1, "exit_code": 1}]
 SPOT = {"node": 1, "reason": "SpotInterruption", "message": "SIGTERM to node 1's torchrun at step 50"}
@@ -53,3 +53,32 @@ def test_nonzero_exit_without_record_is_error_naming_exit_codes():
 def test_infra_reason_is_infra():
     state = {"phase": "failed", "nodes": [], "infra_reason": "ImagePullBackOff"}
     assert classify_attempt(state, None)["classification"] == "infra"
+
+
+def test_a_failure_on_storage_or_the_network_is_the_infrastructures():
+    for cause in ("storage", "network"):
+        rec = record("failed", error="CheckpointError: 503 SlowDown", cause=cause, checkpoint_step=20)
+        verdict = classify_attempt({"phase": "failed", "nodes": RUNNING_NODES, "disruptions": []}, rec)
+        assert verdict == {
+            "classification": "infra",
+            "reason": f"the trainer failed on {cause} (CheckpointError: 503 SlowDown); its last committed "
+            "checkpoint is step 20",
+        }
+    program = record("failed", error="ValueError: bad shapes", cause="program")
+    assert classify_attempt({"phase": "failed", "nodes": RUNNING_NODES}, program)["classification"] == "error"
+
+
+def test_a_failed_record_from_before_causes_is_still_the_programs_error():
+    old = {k: v for k, v in record("failed", error="RuntimeError: x").items() if k != "cause"}
+    assert classify_attempt({"phase": "failed", "nodes": RUNNING_NODES}, old)["classification"] == "error"
+
+
+def test_a_record_that_storage_refused_is_taken_from_the_log_tail():
+    stored = record("completed")
+    printed = record("failed", attempt=2, error="StorageError: 503", cause="storage")
+    tail = f"[node-0] trainer: failed at step 50: ...\n[node-0] {attempt_record_line(printed)}\n[node-1] done"
+    assert attempt_record_of(stored, tail, 1) is stored  # storage's record wins
+    assert attempt_record_of(None, tail, 2) == printed
+    assert attempt_record_of(None, tail, 3) is None and attempt_record_of(None, None, 2) is None
+    verdict = classify_attempt({"phase": "failed", "nodes": RUNNING_NODES}, attempt_record_of(None, tail, 2))
+    assert verdict["classification"] == "infra"

@@ -193,6 +193,25 @@ def test_a_trainer_error_fails_the_run_with_its_hint():
     assert "reduce train.micro_batch_size" in job["attempts"][0]["reason"]
 
 
+def test_an_attempt_that_failed_on_storage_is_relaunched_against_the_infrastructure_budget():
+    outage = record("failed", error="CheckpointError: 503 SlowDown", cause="storage")
+    job, decision = fold_finished(
+        launched(fresh()), state=state(), record=outage, progress=None, budgets=BUDGETS, at="t"
+    )
+    assert (decision["action"], decision["delay_s"], job["infra_failures"], job["status"]) == (
+        "relaunch",
+        30,
+        1,
+        "running",
+    )
+    assert job["attempts"][0]["classification"] == "infra" and job["attempts"][0]["steps_lost"] == 10
+    job, decision = fold_finished(
+        launched(job), state=state(), record=outage, progress=None, budgets=BUDGETS, at="t"
+    )
+    assert (decision["action"], job["infra_failures"], job["status"]) == ("fail", 2, "failed")
+    assert decision["reason"] == "2 infrastructure failures, over the limit of 1"
+
+
 def test_node_types_keep_only_nodes_whose_machine_is_known():
     nodes = [
         {
