@@ -358,6 +358,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
     # -- after each attempt ------------------------------------------------------------
     def execute_complete(self, context: Any, event: object = None) -> Any:
         """An attempt ended: fold it into job.json, then finish, relaunch or fail."""
+        from trainops.recovery.classify import attempt_record_of
         from trainops.recovery.record import abandon_attempt, fold_finished
         from trainops.triggers.events import check_event
 
@@ -375,6 +376,8 @@ class FSDPTrainingOperator(ClusterJobOperator):
             )
 
         record = self._read_record(store, layout, attempt)
+        if record is None:  # storage may have refused even the record: rank 0 printed it last
+            record = attempt_record_of(None, self._log_tail(checked["handle"]), attempt)
         progress = None if record is not None else self._progress(store, layout, attempt)
         job, decision = fold_finished(
             job,
@@ -417,6 +420,18 @@ class FSDPTrainingOperator(ClusterJobOperator):
             store.put_json(layout.job, mark_failed(job))
             raise RuntimeError(f"not relaunching: {checked.get('message') or checked['status']}")
         return self._launch(context, store, layout, job, identity)
+
+    def _log_tail(self, handle: JobHandle) -> str | None:
+        """The attempt's last log lines, where the trainer prints its record when storage
+        refused it (torchrun's failure report and the other ranks' tracebacks come after it,
+        hence 200 lines); None when the logs cannot be read."""
+        try:
+            return self.backend.logs_tail(handle, lines=200)
+        except Exception as exc:  # the record is then taken as missing, as before
+            self.log.warning(
+                "could not read the logs of %s for its attempt record: %s", handle["job_id"], exc
+            )
+            return None
 
     def _read_record(self, store: Storage, layout: RunLayout, attempt: int) -> AttemptRecord | None:
         from trainer.contract import parse_attempt_record

@@ -31,6 +31,7 @@ class FakeCluster:
         self.launched: list[tuple[JobSpec, Chaos | None]] = []
         self.deleted: list[str] = []
         self.live: list[JobHandle] = []
+        self.log_tail = LOG_TAIL  # what logs_tail returns
         self.states: dict[int, JobState] = {}  # attempt number -> final state reported by status()
 
     def launch(self, spec: JobSpec, *, chaos: Chaos | None = None) -> JobHandle:
@@ -51,7 +52,7 @@ class FakeCluster:
         return handle["job_id"] in self.deleted  # gone once deleted, as pods are
 
     def logs_tail(self, handle: JobHandle, lines: int = 30) -> str:
-        return LOG_TAIL
+        return self.log_tail
 
     def log_lines(
         self, handle: JobHandle, cursor: LogCursor | None, max_lines: int = 200

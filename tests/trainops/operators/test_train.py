@@ -288,6 +288,38 @@ def test_infra_failure_is_retried_then_succeeds(file_root, cluster, context):
     assert (result["attempts"], result["preemptions"]) == (2, 0)
 
 
+def test_a_record_storage_refused_is_read_from_the_log_and_a_storage_failure_relaunches(
+    file_root, cluster, context
+):
+    """Storage refused even the attempt record: the trainer printed it as rank 0's last line,
+    and an attempt that failed on storage is infrastructure, relaunched, not the program's error."""
+    from trainer.contract import attempt_record_line
+
+    op = operator(file_root)
+    with pytest.raises(TaskDeferred):
+        op.execute(context)
+    record = attempt_record(
+        attempt=1,
+        outcome="failed",
+        world_size=2,
+        last_step=40,
+        checkpoint_step=20,
+        cause="storage",
+        error="StorageUnavailable: PUT s3://b/run/checkpoints refused for 300 s",
+    )
+    cluster.log_tail = f"[node-0] step 40/100\n[node-0] {attempt_record_line(record)}\n[node-0] Traceback ..."
+    with pytest.raises(TaskDeferred) as backoff:
+        op.execute_complete(context, finished())  # no record in storage
+    assert backoff.value.method_name == "relaunch_when_gone"  # an infrastructure back-off
+    with pytest.raises(TaskDeferred):
+        op.relaunch_when_gone(context, {"status": "gone", "handle": finished()["handle"]})
+    job = open_storage(file_root).get_json(layout_of(file_root).job)
+    first = job["attempts"][0]
+    assert (first["classification"], first["steps_lost"]) == ("infra", 20)
+    assert first["record"]["cause"] == "storage"
+    assert (job["infra_failures"], len(cluster.launched)) == (1, 2)
+
+
 def test_spot_that_never_schedules_falls_back_to_on_demand_at_once(file_root, cluster, context):
     op = operator(file_root, capacity="spot-then-on-demand", max_infra_retries=0)
     with pytest.raises(TaskDeferred):
