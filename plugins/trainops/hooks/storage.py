@@ -3,6 +3,14 @@
 On the Airflow side S3 credentials come from an Airflow ``aws`` connection (the same
 fields and extras the Amazon provider reads). Training jobs never receive keys: they get
 the endpoint and region only and use their own identity (IRSA, instance profile, env).
+
+Outage tolerance: how long one ``s3://`` request keeps retrying throttling, 5xx, resets and
+timeouts before it fails with ``StorageUnavailable`` (``trainer.storage``). The trainer's
+default, five minutes, would hold a worker slot that long on every request of an outage, so the
+Airflow side has its own: ``[trainops] storage_outage_tolerance`` (seconds, default
+:data:`DEFAULT_OUTAGE_TOLERANCE_S`) for the operators and the registry; the trigger's progress
+lines and the report app pass shorter ones of their own. The training pods get
+``$TRAINOPS_STORAGE_OUTAGE_TOLERANCE_S`` from :func:`job_env_for` when the deployment sets it.
 """
 
 from __future__ import annotations
@@ -12,11 +20,24 @@ import os
 import threading
 from typing import Any
 
-from trainer.storage import Storage, open_storage
+from trainer.storage import OUTAGE_TOLERANCE_ENV, Storage, StorageError, open_storage
+from trainer.storage.retry import outage_tolerance
 
-__all__ = ["get_json_object", "job_env_for", "root_and_storage", "storage_for"]
+__all__ = [
+    "DEFAULT_OUTAGE_TOLERANCE_S",
+    "airflow_outage_tolerance",
+    "get_json_object",
+    "job_env_for",
+    "root_and_storage",
+    "storage_for",
+]
 
 log = logging.getLogger(__name__)
+
+# Two minutes: throttling storms and blips of a minute or two (the 90 s outage that once failed
+# training among them) pass without failing a task, and no request holds a worker slot for the
+# trainer's five minutes. A longer outage fails the task, and Airflow's retries take over.
+DEFAULT_OUTAGE_TOLERANCE_S = 120.0
 
 _fallback_logged: set[str] = set()
 _fallback_lock = threading.Lock()
@@ -53,17 +74,41 @@ def _connection_options(aws_conn_id: str | None) -> dict | None:
     }
 
 
-def storage_for(root_uri: str, aws_conn_id: str | None = "aws_default") -> Storage:
+def airflow_outage_tolerance() -> float:
+    """``[trainops] storage_outage_tolerance`` (``AIRFLOW__TRAINOPS__STORAGE_OUTAGE_TOLERANCE``):
+    seconds, default :data:`DEFAULT_OUTAGE_TOLERANCE_S`; ValueError naming the setting when it
+    is not a number of seconds >= 0."""
+    from airflow.configuration import conf
+
+    raw = conf.get("trainops", "storage_outage_tolerance", fallback=None)
+    if raw is None or not str(raw).strip():
+        return DEFAULT_OUTAGE_TOLERANCE_S
+    try:
+        return outage_tolerance(float(raw))
+    except (ValueError, StorageError):
+        raise ValueError(
+            f"[trainops] storage_outage_tolerance is {raw!r}, not a number of seconds >= 0: set it "
+            f"(or AIRFLOW__TRAINOPS__STORAGE_OUTAGE_TOLERANCE) to e.g. {DEFAULT_OUTAGE_TOLERANCE_S:.0f}, "
+            "or unset it for the default"
+        ) from None
+
+
+def storage_for(
+    root_uri: str, aws_conn_id: str | None = "aws_default", *, outage_tolerance_s: float | None = None
+) -> Storage:
     """The storage client for ``root_uri``, using ``aws_conn_id`` for ``s3://`` when it exists.
 
     :param root_uri: ``file:///abs/path`` or ``s3://bucket/prefix``.
     :param aws_conn_id: Airflow AWS connection; when it is unset or not defined, boto3's
         default credential chain is used.
+    :param outage_tolerance_s: how long an ``s3://`` request rides out an outage (see the
+        module docstring); None: ``[trainops] storage_outage_tolerance``.
     """
     if not root_uri.startswith("s3://"):
         return open_storage(root_uri)
+    tolerance = airflow_outage_tolerance() if outage_tolerance_s is None else outage_tolerance_s
     options = _connection_options(aws_conn_id) or {}
-    return open_storage(root_uri, **options)
+    return open_storage(root_uri, **options, outage_tolerance_s=tolerance)
 
 
 def root_and_storage(
@@ -86,9 +131,12 @@ def get_json_object(storage: Storage, uri: str) -> dict[str, Any]:
 
 
 def job_env_for(root_uri: str, aws_conn_id: str | None = "aws_default") -> dict[str, str]:
-    """Environment a training job needs to reach ``root_uri``: endpoint and region, never keys."""
+    """Environment a training job needs to reach ``root_uri``: endpoint and region, never keys;
+    and ``$TRAINOPS_STORAGE_OUTAGE_TOLERANCE_S`` when the deployment sets it (checked here, so a
+    bad value fails before anything launches)."""
     if not root_uri.startswith("s3://"):
         return {}
+    tolerance = _job_outage_tolerance()
     options = _connection_options(aws_conn_id) or {}
     endpoint = (
         options.get("endpoint_url")
@@ -101,4 +149,18 @@ def job_env_for(root_uri: str, aws_conn_id: str | None = "aws_default") -> dict[
         env["AWS_ENDPOINT_URL_S3"] = endpoint
     if region:
         env["AWS_REGION"] = region
+    if tolerance is not None:
+        env[OUTAGE_TOLERANCE_ENV] = tolerance
     return env
+
+
+def _job_outage_tolerance() -> str | None:
+    """``$TRAINOPS_STORAGE_OUTAGE_TOLERANCE_S`` as set, once checked; None when unset."""
+    raw = os.environ.get(OUTAGE_TOLERANCE_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        outage_tolerance()
+    except StorageError as exc:
+        raise ValueError(str(exc)) from None
+    return raw

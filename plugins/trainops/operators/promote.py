@@ -32,8 +32,15 @@ class PromoteModelOperator(BaseOperator):
     skipped with the failed checks. Otherwise the task fails without retrying, saying the
     candidate must be evaluated against the new production model.
 
+    Nothing a pointer names is deleted: a claimed version is abandoned (its files deleted, its
+    claim kept) only when the pointer, read again, names it nowhere, and a promotion whose
+    pointer write took effect although the call failed (a reply lost in a storage outage) is
+    reported as the promotion it was. Retrying the task reports a promotion already made.
+
     XCom result: ``{"model_name", "version", "version_uri", "card_uri", "production_uri",
-    "previous_version", "regated_against", "pruned"}``.
+    "previous_version", "production_version", "regated_against", "pruned"}``;
+    ``production_version`` is where production is now (another version, when a later
+    promotion moved it on before this task finished).
 
     :param model_name: name of the model in the registry, e.g. ``demo-lm`` (templated).
     :param gate: the result of EvaluationGateOperator (templated).
@@ -144,6 +151,12 @@ class PromoteModelOperator(BaseOperator):
             regated,
             result["card_uri"],
         )
+        if result["production_version"] != result["version"]:
+            self.log.info(
+                "production of %s has since moved on to v%s",
+                self.model_name,
+                result["production_version"],
+            )
         pruned = self._prune(storage, root, training)
         return {"model_name": self.model_name, **result, "pruned": pruned}
 

@@ -18,9 +18,12 @@ class RollbackModelOperator(BaseOperator):
     already is production changes nothing. If production moves while the rollback is
     written, the task fails without retrying and nothing is changed (see
     :mod:`trainops.registry.rollback`). ``python -m trainops rollback`` does the same from a shell.
+    The result is what happened: a write whose reply was lost is reported as the change it
+    made, and a retry of this task after its rollback took effect says so.
 
     XCom result: ``{"model", "version", "previous_version", "changed", "by", "reason",
-    "at", "production_uri"}``.
+    "at", "production_uri", "production_version"}``, and ``since`` (the history entry that
+    made ``version`` production) when ``changed`` is False.
 
     :param model_name: the model, e.g. ``demo-lm`` (templated).
     :param version: the version to return to, an integer or its text (templated, so a DAG
@@ -85,9 +88,34 @@ class RollbackModelOperator(BaseOperator):
                 by,
                 self.reason,
             )
+            if result["production_version"] != version:
+                self.log.info(
+                    "production of %s has since moved on to v%s",
+                    self.model_name,
+                    result["production_version"],
+                )
         else:
-            self.log.info("%s v%d already is production; nothing changed", self.model_name, version)
+            self.log.info(
+                "%s v%d already is production%s; nothing changed",
+                self.model_name,
+                version,
+                _since(result.get("since"), via),
+            )
         return result
+
+
+def _since(entry: dict | None, via: str | None) -> str:
+    """When and how the version became production, from its history entry."""
+    if not entry:
+        return ""
+    how = entry.get("action", "move")
+    if entry.get("from_version") is not None:
+        how += f" from v{entry['from_version']}"
+    if entry.get("by"):
+        how += f" by {entry['by']}"
+    if via is not None and entry.get("via") == via:
+        how += ", this task's own earlier try"
+    return f" (since {entry.get('at')}, {how})"
 
 
 def _version(value: Any) -> int:

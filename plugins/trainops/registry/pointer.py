@@ -8,11 +8,19 @@ one (a pure function; it raises to stop, and then nothing is written), and write
 with If-Match on that etag (If-None-Match when there is no pointer yet). A write that loses
 to another writer (PreconditionFailed) reads again and decides again, at most
 :data:`MAX_CAS_TRIES` times. So a move never overwrites one it did not see, and none is lost.
+
+A move knows what it did. Each try first looks for the move in the history of the pointer it
+read (the caller says how to recognise it, :data:`Recorded`), and if it is there, returns it as
+done instead of writing it again. The storage client recognises its own write after a lost
+reply by the write token; this covers what the token cannot tell: the write took effect, its
+reply was lost, and a rival moved the pointer on before the read-back, so that ``put`` raised
+PreconditionFailed for a write that happened. It covers a retried task as well.
 """
 
 # No postponed annotations here: TypedDict tells required from NotRequired keys at run time
 # only from evaluated annotations (``__required_keys__``).
 import json
+import logging
 from collections.abc import Callable
 from typing import NotRequired, TypedDict, cast
 
@@ -26,8 +34,12 @@ __all__ = [
     "Decide",
     "HistoryEntry",
     "Move",
+    "Moved",
     "Pointer",
+    "Recorded",
+    "find_move",
     "move_pointer",
+    "names_version",
     "new_pointer",
     "read_pointer",
     "read_production",
@@ -35,6 +47,8 @@ __all__ = [
 
 POINTER_FORMAT = "trainops.production/v1"
 MAX_CAS_TRIES = 20
+
+log = logging.getLogger(__name__)
 
 
 class Move(TypedDict):
@@ -67,6 +81,49 @@ class Pointer(TypedDict):
 
 # The pointer as read (None: there is none yet) -> the pointer to write; raises to stop.
 Decide = Callable[[Pointer | None], Pointer]
+# Whether a history entry is the move being made (so that a move already written is not repeated).
+Recorded = Callable[[HistoryEntry], bool]
+
+
+class Moved(TypedDict):
+    """What a move did: the entry that records it, the version it replaced, the pointer after it."""
+
+    entry: HistoryEntry
+    previous_version: int | None  # None: the move created the pointer
+    pointer: Pointer  # as written; or as read, when the move was found already recorded
+    # True when the history already held the move (an earlier try or task whose reply was lost),
+    # so this call wrote nothing; the pointer may have moved on since.
+    found: bool
+
+
+# ------------------------------------------------------------------------------ pure
+
+
+def find_move(pointer: Pointer | None, recorded: Recorded) -> Moved | None:
+    """The last entry of ``pointer``'s history that ``recorded`` recognises, as a :class:`Moved`
+    (``found`` True, ``previous_version`` the entry before it); None when there is none."""
+    history = (pointer.get("history") or []) if pointer else []
+    for i in range(len(history) - 1, -1, -1):
+        if recorded(history[i]):
+            previous = history[i - 1]["version"] if i else None
+            return {
+                "entry": history[i],
+                "previous_version": previous,
+                "pointer": cast(Pointer, pointer),
+                "found": True,
+            }
+    return None
+
+
+def names_version(pointer: Pointer | None, version: int) -> bool:
+    """Whether ``pointer`` names ``version``: in production now, or in any entry of its history
+    (so a rollback may return to it, and its files must stay)."""
+    if pointer is None:
+        return False
+    return pointer["version"] == version or any(
+        entry.get("version") == version or entry.get("from_version") == version
+        for entry in pointer.get("history") or []
+    )
 
 
 def _parse(data: object, uri: str) -> Pointer:
@@ -122,25 +179,39 @@ def new_pointer(
     }
 
 
-def move_pointer(
-    storage: Storage, uri: str, decide: Decide, *, action: str
-) -> tuple[Pointer | None, Pointer]:
-    """Move the pointer at ``uri`` by compare-and-swap; ``(the pointer replaced, the new one)``.
+def move_pointer(storage: Storage, uri: str, decide: Decide, *, action: str, recorded: Recorded) -> Moved:
+    """Move the pointer at ``uri`` by compare-and-swap; what the move did.
 
     :param decide: called with the pointer as read, on every try; returns the new pointer,
-        or raises to stop (nothing is written).
+        whose last history entry is the move, or raises to stop (nothing is written).
     :param action: what gives up after :data:`MAX_CAS_TRIES` lost writes (``"promotion"``,
         ``"rollback"``); the PromotionError then says to retry it.
+    :param recorded: recognises the move in a history; checked on every try before ``decide``,
+        so a move that an earlier try (or task) wrote is returned as done, ``found`` True.
     """
     for _ in range(MAX_CAS_TRIES):
         pointer, etag = read_pointer(storage, uri)
+        done = find_move(pointer, recorded)
+        if done is not None:
+            log.info(
+                "production pointer %s already records this %s (v%d, at %s): an earlier try took "
+                "effect; not writing it again",
+                uri,
+                action,
+                done["entry"]["version"],
+                done["entry"].get("at"),
+            )
+            return done
         new = decide(pointer)
         try:
             _write(storage, uri, new, etag)
         except PreconditionFailed:
-            # Someone wrote the pointer since we read it: read it again and decide again.
+            # Someone wrote the pointer since we read it (or our write took effect and a rival
+            # wrote over it before the client could see its token): read again, look for the
+            # move, decide again.
             continue
-        return pointer, new
+        previous = pointer["version"] if pointer else None
+        return {"entry": new["history"][-1], "previous_version": previous, "pointer": new, "found": False}
     raise PromotionError(
         f"production pointer {uri!r} kept changing over {MAX_CAS_TRIES} compare-and-swap tries; "
         f"retry the {action}"

@@ -15,12 +15,19 @@ moved; with a ``regate`` callable it checks the candidate against the new produc
 and either moves the pointer from there (another compare-and-swap) or stops. Every move
 appends to the pointer's ``history``, which is rewritten whole under the same
 compare-and-swap, so no move is lost.
+
+A promotion knows what it did, and deletes nothing that a pointer names. Its pointer move is
+recognised in the history (:func:`trainops.registry.pointer.move_pointer`), so a write whose
+reply was lost is not taken for a rival's. A promotion that fails after claiming its version
+abandons it (deletes its files, keeps the claim) only after reading the pointer again and
+finding the version named nowhere in it; if the pointer records the promotion after all, it
+is reported as done; if the pointer cannot be read, the files are kept.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
+import logging
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -28,7 +35,18 @@ from typing import Any
 from trainer.contract import join, model_prefix, model_version_prefix, production_pointer
 from trainer.storage import NotFound, PreconditionFailed, Storage
 from trainops.registry.errors import ProductionMovedError, PromotionError, RegateRejected
-from trainops.registry.pointer import Move, Pointer, move_pointer, new_pointer, read_pointer, read_production
+from trainops.registry.pointer import (
+    HistoryEntry,
+    Move,
+    Moved,
+    Pointer,
+    find_move,
+    move_pointer,
+    names_version,
+    new_pointer,
+    read_pointer,
+    read_production,
+)
 
 __all__ = [
     "CARD_FORMAT",
@@ -51,6 +69,8 @@ CARD_NAME = "card.json"
 _MAX_ALLOCATE_TRIES = 100
 # How often one promotion may find production moved and re-gate before it gives up.
 _MAX_REGATES = 20
+
+log = logging.getLogger(__name__)
 
 
 def _now() -> str:
@@ -79,14 +99,32 @@ def _version_of(versions_prefix: str, uri: str) -> int | None:
     return int(head) if head.isdigit() else None
 
 
-def _promotion_of(pointer: Pointer | None, run_uri: str | None) -> tuple[int, int | None] | None:
-    """(version, previous version) of this run's promotion in the history, if there is one."""
+def _is_promotion(run_uri: str | None, version: int) -> Callable[[HistoryEntry], bool]:
+    """Recognises the history entry of the promotion of ``version`` (from ``run_uri``).
+
+    A version number is claimed by one promotion only, so the version identifies the move;
+    the run is checked as well when there is one.
+    """
+
+    def recorded(entry: HistoryEntry) -> bool:
+        return (
+            entry.get("action") == "promote"
+            and entry.get("version") == version
+            and (run_uri is None or entry.get("run_uri") == run_uri)
+        )
+
+    return recorded
+
+
+def _promotion_of(pointer: Pointer | None, run_uri: str | None) -> Moved | None:
+    """This run's promotion as the history records it (the first one), if there is one."""
     if not pointer or not run_uri:
         return None
     history = pointer.get("history") or []
     for i, entry in enumerate(history):
         if entry.get("action") == "promote" and entry.get("run_uri") == run_uri:
-            return entry["version"], history[i - 1]["version"] if i else None
+            previous = history[i - 1]["version"] if i else None
+            return {"entry": entry, "previous_version": previous, "pointer": pointer, "found": True}
     return None
 
 
@@ -162,8 +200,11 @@ def _copy_export(storage: Storage, export_uri: str, version_uri: str) -> list[di
     return files
 
 
-def _abandon(storage: Storage, version_uri: str, reason: str) -> None:
-    """Remove a losing version's files but keep its claim, so its number is never reused."""
+def _abandon(storage: Storage, pointer: Pointer | None, version: int, version_uri: str, reason: str) -> bool:
+    """Remove a version's files, keeping its claim (with the reason) so its number is never
+    reused; refused (False, nothing deleted) when ``pointer``, read just before, names it."""
+    if names_version(pointer, version):
+        return False
     claim_uri = join(version_uri, CLAIM_NAME)
     for uri in storage.list(version_uri):
         if uri != claim_uri:
@@ -175,6 +216,56 @@ def _abandon(storage: Storage, version_uri: str, reason: str) -> None:
     storage.put_json(
         claim_uri, {**(claim if isinstance(claim, dict) else {}), "abandoned_at": _now(), "reason": reason}
     )
+    return True
+
+
+def _after_failure(
+    storage: Storage,
+    root: str,
+    name: str,
+    version: int,
+    run_uri: str | None,
+    regates: list[dict[str, Any]],
+    exc: Exception,
+) -> dict[str, Any] | None:
+    """The promotion of ``version`` failed with ``exc``: read the pointer again, and abandon
+    the version only if the pointer names it nowhere.
+
+    Returns the promotion's result when the pointer records it after all (its write took
+    effect although the call failed); None when the caller is to raise ``exc``: the version
+    was abandoned, or its files were kept because the pointer could not be read.
+    """
+    version_uri = model_version_prefix(root, name, version)
+    try:
+        pointer = read_pointer(storage, production_pointer(root, name))[0]
+    except Exception as read_exc:
+        log.warning(
+            "promotion of %s v%d failed, and its files under %s are kept: the production pointer "
+            "could not be read to make sure that nothing names v%d (%s)",
+            name,
+            version,
+            version_uri,
+            version,
+            read_exc,
+        )
+        return None
+    done = find_move(pointer, _is_promotion(run_uri, version))
+    if done is not None:
+        log.warning(
+            "promotion of %s v%d raised (%s), but the production pointer records it", name, version, exc
+        )
+        return _result(root, name, version, done, regates=regates)
+    try:
+        _abandon(storage, pointer, version, version_uri, str(exc) or type(exc).__name__)
+    except Exception as abandon_exc:
+        log.warning(
+            "promotion of %s v%d failed; abandoning it (deleting its files, marking its claim) "
+            "stopped part way: %s",
+            name,
+            version,
+            abandon_exc,
+        )
+    return None
 
 
 def promote(
@@ -201,16 +292,18 @@ def promote(
       that version instead; or it raises a :class:`PromotionError` (:class:`RegateRejected`,
       :class:`ProductionMovedError`) to stop.
 
-    A version claimed and then not promoted keeps only its ``_claim.json``, with the reason.
-    A run already promoted (a task retry after the pointer moved) is reported, not promoted
-    again.
+    A version claimed and then not promoted keeps only its ``_claim.json``, with the reason,
+    once the pointer is known not to name it (see the module docstring). A run already
+    promoted (a task retry after the pointer moved) is reported, not promoted again. The
+    result's ``production_version`` is the version in production as last read: another one
+    when production moved on after this promotion.
     """
     pointer_uri = production_pointer(root, name)
     run_uri = card.get("run_uri")
     pointer = read_pointer(storage, pointer_uri)[0]
     done = _promotion_of(pointer, run_uri)
     if done is not None:
-        return _result(root, name, done[0], done[1], regates=[])
+        return _result(root, name, done["entry"]["version"], done, regates=[])
     expected = expected_production_version
     regates: list[dict[str, Any]] = []
     try:
@@ -242,7 +335,7 @@ def promote(
                 ),
             )
             try:
-                previous = _move_pointer(
+                made = _move_pointer(
                     storage,
                     pointer_uri,
                     name,
@@ -251,20 +344,21 @@ def promote(
                     version_uri=version_uri,
                     entry={"at": at, "action": "promote", "run_uri": run_uri},
                 )
-            except ProductionMovedError as moved:
+            except ProductionMovedError as lost:
                 if regate is None:
                     raise
-                regates.append(regate(moved.pointer))
-                expected = moved.current_version
+                regates.append(regate(lost.pointer))
+                expected = lost.current_version
                 continue
-            return _result(root, name, version, previous, regates=regates)
+            return _result(root, name, version, made, regates=regates)
         raise PromotionError(
             f"production of {name!r} moved {_MAX_REGATES} times while this promotion re-gated "
             "against it; too many promotions at once, retry later"
         )
     except Exception as exc:
-        with contextlib.suppress(Exception):
-            _abandon(storage, version_uri, str(exc) or type(exc).__name__)
+        result = _after_failure(storage, root, name, version, run_uri, regates, exc)
+        if result is not None:
+            return result
         raise
 
 
@@ -297,14 +391,15 @@ def _card(
 
 
 def _result(
-    root: str, name: str, version: int, previous: int | None, *, regates: list[dict[str, Any]]
+    root: str, name: str, version: int, moved: Moved, *, regates: list[dict[str, Any]]
 ) -> dict[str, Any]:
     return {
         "version": version,
         "version_uri": model_version_prefix(root, name, version),
         "card_uri": card_uri(root, name, version),
         "production_uri": production_pointer(root, name),
-        "previous_version": previous,
+        "previous_version": moved["previous_version"],
+        "production_version": moved["pointer"]["version"],
         "regated_against": [r.get("production_version") for r in regates],
     }
 
@@ -318,12 +413,13 @@ def _move_pointer(
     version: int,
     version_uri: str,
     entry: Move,
-) -> int | None:
-    """Make ``version`` production if production still is ``expected``; the version it replaced."""
+) -> Moved:
+    """Make ``version`` production if production still is ``expected``, or find that an
+    earlier try did (its reply lost; production may have moved on since)."""
 
     def decide(pointer: Pointer | None) -> Pointer:
         _check_unmoved(pointer, name, expected)
         return new_pointer(pointer, name=name, version=version, version_uri=version_uri, entry=entry)
 
-    replaced, _ = move_pointer(storage, uri, decide, action="promotion")
-    return replaced["version"] if replaced else None
+    recorded = _is_promotion(entry.get("run_uri"), version)
+    return move_pointer(storage, uri, decide, action="promotion", recorded=recorded)

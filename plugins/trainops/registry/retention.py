@@ -15,6 +15,8 @@ run, they are only needed to continue training from it. The policy, opt-in throu
   run loses all its checkpoints (and ``checkpoints/latest.json``).
 - Exports (``<run>/export``), evaluation results, metrics, attempt records and everything
   under ``models/`` are never deleted; so are unknown files under ``checkpoints/``.
+- The pointer is read just before anything is deleted (:func:`protected_runs`); when it cannot
+  be read, pruning stops with nothing deleted.
 
 ``N = 0`` prunes every decided run right away, this one included. A checkpoint is deleted
 ``_COMMITTED`` first, so a reader never trusts a half-deleted one.
@@ -28,6 +30,8 @@ from __future__ import annotations
 import re
 
 from trainer.contract import RunLayout, join, model_prefix, production_pointer
+from trainer.storage import NotFound
+from trainops.registry.pointer import read_pointer
 
 __all__ = [
     "apply_plan",
@@ -140,18 +144,25 @@ def scan_runs(storage, scope_uri: str, model: str) -> list[dict]:
 
 
 def protected_runs(storage, root: str, model: str) -> set[str]:
-    """Run URIs that a version of ``model`` came from: the pointer history's and every card's."""
-    out = set()
-    try:
-        pointer = storage.get_json(production_pointer(root, model))
-    except Exception:
-        pointer = None
-    for entry in (pointer or {}).get("history") or []:
-        if entry.get("run_uri"):
-            out.add(entry["run_uri"])
+    """Run URIs that a version of ``model`` came from: the pointer history's and every card's.
+
+    Read just before anything is deleted. A pointer that cannot be read (storage unavailable,
+    malformed) raises rather than counting as no pointer: what it names must not be pruned for
+    want of reading it. A card that is gone by the time it is read (its version abandoned
+    meanwhile) protects nothing.
+    """
+    out: set[str] = set()
+    pointer = read_pointer(storage, production_pointer(root, model))[0]
+    for entry in pointer["history"] if pointer else []:
+        run_uri = entry.get("run_uri")
+        if run_uri:
+            out.add(run_uri)
     for uri in storage.list(join(model_prefix(root, model), "versions")):
         if uri.endswith("/card.json"):
-            card = storage.get_json(uri)
+            try:
+                card = storage.get_json(uri)
+            except NotFound:
+                continue
             if isinstance(card, dict) and card.get("run_uri"):
                 out.add(card["run_uri"])
     return out

@@ -18,6 +18,12 @@ Rules:
 - If another promotion or rollback moves production while this one runs, nothing is
   written and :class:`RollbackConflict` names the new version: the person rolling back
   decides again. A rewrite that does not move production is retried.
+- The result says what happened. A write whose reply was lost is found in the history by its
+  entry and reported as the change it made (``changed`` True), never as a conflict or as
+  "nothing changed"; a write that failed with storage unavailable is looked for in the
+  pointer the same way before the error is raised. When the version already is production,
+  ``since`` is the history entry that made it so (a retried task finds its own earlier move
+  there, by ``via``).
 """
 
 from __future__ import annotations
@@ -26,9 +32,19 @@ from datetime import UTC, datetime
 from typing import Any
 
 from trainer.contract import join, model_version_prefix, production_pointer
-from trainer.storage import NotFound, Storage
+from trainer.storage import NotFound, Storage, StorageError
 from trainops.registry.errors import PromotionError, RollbackConflict
-from trainops.registry.pointer import Move, Pointer, move_pointer, new_pointer, read_pointer
+from trainops.registry.pointer import (
+    HistoryEntry,
+    Move,
+    Moved,
+    Pointer,
+    Recorded,
+    find_move,
+    move_pointer,
+    new_pointer,
+    read_pointer,
+)
 from trainops.registry.promotion import CARD_NAME, version_numbers
 
 __all__ = ["RollbackConflict", "rollback"]
@@ -80,14 +96,27 @@ def _no_pointer(name: str, uri: str) -> PromotionError:
     )
 
 
+def _made_production(pointer: Pointer) -> HistoryEntry | None:
+    """The history entry that made the current version production (the last one naming it)."""
+    for entry in reversed(pointer.get("history") or []):
+        if entry.get("version") == pointer["version"]:
+            return entry
+    return None
+
+
 def rollback(
     storage: Storage, root: str, name: str, version: int, *, reason: str, by: str, via: str | None = None
 ) -> dict[str, Any]:
     """Move production of ``name`` back to ``version``; see the module docstring.
 
     Returns ``{"model", "version", "previous_version", "changed", "by", "reason", "at",
-    "production_uri"}``; ``changed`` is False when ``version`` already was production.
-    Raises PromotionError (or :class:`RollbackConflict`) naming what is wrong.
+    "production_uri", "production_version"}``: ``changed`` True when this call moved
+    production from ``previous_version`` to ``version`` (recorded at ``at``), False when
+    ``version`` already was production, and then also ``since``, the history entry that made
+    it production. ``production_version`` is the version in production as last read (another
+    one only when a rival moved production on right after this rollback). Raises
+    PromotionError (or :class:`RollbackConflict`) naming what is wrong, and StorageError when
+    storage failed and the pointer does not show the move.
     """
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise PromotionError(f"version must be a positive integer such as 2, got {version!r}")
@@ -114,7 +143,7 @@ def rollback(
         "production_uri": uri,
     }
     if started_from == version:
-        return {**out, "changed": False}
+        return {**out, "changed": False, "production_version": version, "since": _made_production(pointer)}
     card = _check_target(storage, root, name, version, pointer)
     entry: Move = {
         "at": at,
@@ -126,6 +155,7 @@ def rollback(
     }
     if via:
         entry["via"] = via
+    ours: HistoryEntry = {"version": version, **entry}
 
     def decide(current_pointer: Pointer | None) -> Pointer:
         if current_pointer is None:
@@ -145,5 +175,31 @@ def rollback(
             entry=entry,
         )
 
-    move_pointer(storage, uri, decide, action="rollback")
-    return {**out, "changed": True}
+    def recorded(item: HistoryEntry) -> bool:
+        return dict(item) == dict(ours)
+
+    moved: Moved | None
+    try:
+        moved = move_pointer(storage, uri, decide, action="rollback", recorded=recorded)
+    except StorageError:
+        # In doubt (the storage client gave up after its write may have taken effect): the
+        # pointer, if it can be read, tells.
+        moved = _find_after_failure(storage, uri, recorded)
+        if moved is None:
+            raise
+    return {
+        **out,
+        "previous_version": moved["previous_version"],
+        "changed": True,
+        "production_version": moved["pointer"]["version"],
+    }
+
+
+def _find_after_failure(storage: Storage, uri: str, recorded: Recorded) -> Moved | None:
+    """The rollback in the pointer's history after its write failed, or None (not there, or
+    the pointer cannot be read either)."""
+    try:
+        pointer = read_pointer(storage, uri)[0]
+    except StorageError:
+        return None
+    return find_move(pointer, recorded)

@@ -17,6 +17,10 @@ root) get 403, and only ``.json`` and text files (``.md``, ``.yaml``, ...) of at
 the app also reads the ``metrics.jsonl`` beside it (same checks, at most
 :data:`MAX_METRICS_BYTES`) for the loss curve and throughput, and says why when it cannot.
 
+A storage outage is a 503 page that names it, with ``Retry-After``, after riding it out for at
+most :data:`OUTAGE_TOLERANCE_S` per request: a person is waiting for the page, and the API
+server's request threads are not to be held for the operators' two minutes.
+
 Authentication: Airflow does NOT protect plugin apps. ``init_plugins`` in
 ``airflow/api_fastapi/app.py`` (Airflow 3.3.2, lines 229-253) attaches each entry of
 ``fastapi_apps`` with a bare ``app.mount(url_prefix, subapp)``; the core API is
@@ -53,6 +57,7 @@ from trainops.reports import pages, run_page
 __all__ = [
     "MAX_METRICS_BYTES",
     "MAX_REPORT_BYTES",
+    "OUTAGE_TOLERANCE_S",
     "ReportRequestError",
     "ReportTarget",
     "allowed_roots",
@@ -67,6 +72,9 @@ REPORT_ROOTS_ENV = "TRAINOPS_REPORT_ROOTS"
 CONN_ID_ENV = "TRAINOPS_REPORTS_AWS_CONN_ID"
 MAX_REPORT_BYTES = 5 * 1024 * 1024
 MAX_METRICS_BYTES = 32 * 1024 * 1024  # a run's metrics.jsonl, read for its job.json's page
+# Seconds one storage request of a page rides out an outage before the page says so (503).
+OUTAGE_TOLERANCE_S = 10.0
+RETRY_AFTER_S = 30  # what the 503 page's Retry-After header suggests
 JOB_NAME, METRICS_NAME = "job.json", "metrics.jsonl"
 
 _HEADERS = {
@@ -85,10 +93,11 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 class ReportRequestError(Exception):
     """A request the app refuses or cannot serve; ``status`` is the HTTP status."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, headers: Mapping[str, str] | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = dict(headers or {})
 
 
 @dataclass(frozen=True)
@@ -217,13 +226,14 @@ def _check_real_path(target: ReportTarget) -> None:
 
 
 def read_report(target: ReportTarget, aws_conn_id: str | None, max_bytes: int = MAX_REPORT_BYTES) -> bytes:
-    """The report's bytes, read with the operators' storage client; ReportRequestError if not."""
-    from trainer.storage import NotFound, StorageError
+    """The report's bytes, read with the operators' storage client (with the app's outage
+    tolerance); ReportRequestError if not: 503 naming the outage when storage is unavailable."""
+    from trainer.storage import NotFound, StorageError, StorageUnavailable
     from trainops.hooks.storage import storage_for
 
     if target.uri.startswith("file://"):
         _check_real_path(target)
-    storage = storage_for(target.root, aws_conn_id)
+    storage = storage_for(target.root, aws_conn_id, outage_tolerance_s=OUTAGE_TOLERANCE_S)
     try:
         head = storage.head(target.uri)
         if head is None:
@@ -239,6 +249,17 @@ def read_report(target: ReportTarget, aws_conn_id: str | None, max_bytes: int = 
     except NotFound:
         raise ReportRequestError(
             404, f"no report at {target.uri!r}: the task has not written it (yet), or it was deleted"
+        ) from None
+    except StorageUnavailable as exc:
+        last = re.search(r"\(last: (.*?)\), beyond", str(exc))
+        why = f" (last: {last.group(1)})" if last else ""
+        raise ReportRequestError(
+            503,
+            f"storage is unavailable: reading {target.uri!r} kept failing for "
+            f"{OUTAGE_TOLERANCE_S:g} s{why}. This is an outage of the storage behind "
+            f"{target.root!r}, not a missing report: reload this page in a minute, and check the "
+            "storage endpoint if it persists",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
         ) from None
     except (StorageError, OSError) as exc:
         raise ReportRequestError(502, f"could not read {target.uri!r}: {exc}") from None
@@ -293,7 +314,7 @@ def create_app() -> FastAPI:
 
     @app.exception_handler(ReportRequestError)
     async def _refused(request: Request, exc: ReportRequestError) -> HTMLResponse:
-        return _error_response(exc.status, exc.message)
+        return _error_response(exc.status, exc.message, exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> HTMLResponse:

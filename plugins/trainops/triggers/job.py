@@ -29,6 +29,9 @@ if TYPE_CHECKING:
     from trainer.storage import Storage
 
 DEFAULT_SETTLE_S = 20.0
+# How long one read of metrics.jsonl for a progress line rides out a storage outage. Short: the
+# line is optional, and the poll loop waits for it before it looks at the job again.
+PROGRESS_OUTAGE_TOLERANCE_S = 5.0
 
 
 def settle_seconds() -> float:
@@ -61,6 +64,8 @@ class JobTrigger(BaseTrigger):
     :param cluster_options: backend options, e.g. ``{"state_dir": ...}`` for ``local``.
     :param progress_uri: the run's metrics.jsonl; when set, the latest step of this attempt
         is logged every ``progress_every`` seconds, so the task log shows training progress.
+        Optional: a read that fails (storage out for :data:`PROGRESS_OUTAGE_TOLERANCE_S`) is
+        logged once, until a read succeeds again, and never ends the wait.
     :param aws_conn_id: Airflow connection to read ``progress_uri`` on ``s3://``.
     :param stream_logs: copy node 0's new log lines (rank 0's output) into the task log at
         every poll, through the backend's ``log_lines``. After a triggerer restart the stream
@@ -96,6 +101,7 @@ class JobTrigger(BaseTrigger):
         self.settle_s = settle_seconds() if settle_s is None else settle_s
         self._log_cursor: LogCursor | None = None
         self._store: Storage | None = None  # one connection lookup per trigger, not per poll
+        self._progress_failing = False  # a failed progress read was logged; quiet until one works
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -115,7 +121,8 @@ class JobTrigger(BaseTrigger):
         )
 
     def _progress_line(self, progress_uri: str) -> str | None:
-        """This attempt's latest metrics record as one line (blocking: run it in a thread)."""
+        """This attempt's latest metrics record as one line (blocking: run it in a thread);
+        None when there is none yet or it cannot be read (see ``progress_uri``)."""
         from trainer.contract import latest_of_attempt, metrics_records
         from trainer.storage import NotFound
         from trainops.hooks.storage import storage_for
@@ -123,10 +130,24 @@ class JobTrigger(BaseTrigger):
         attempt = int(self.handle.get("labels", {}).get("trainops/attempt", 1))
         try:
             if self._store is None:
-                self._store = storage_for(progress_uri, self.aws_conn_id)
+                self._store = storage_for(
+                    progress_uri, self.aws_conn_id, outage_tolerance_s=PROGRESS_OUTAGE_TOLERANCE_S
+                )
             text = self._store.get(progress_uri).decode()
         except NotFound:
             return None
+        except Exception as exc:
+            if not self._progress_failing:
+                self._progress_failing = True
+                self.log.warning(
+                    "no progress lines for now: could not read %s (%s); the job is watched as before",
+                    progress_uri,
+                    exc,
+                )
+            return None
+        if self._progress_failing:
+            self._progress_failing = False
+            self.log.info("progress lines resume: %s can be read again", progress_uri)
         rec = latest_of_attempt(metrics_records(text), attempt)
         if rec is None:
             return None

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 
 import pytest
 
-from trainer.storage import NotFound, open_storage
-from trainops.hooks.storage import get_json_object, job_env_for, root_and_storage, storage_for
+from trainer.storage import NotFound, StorageUnavailable, open_storage
+from trainops.hooks.storage import (
+    DEFAULT_OUTAGE_TOLERANCE_S,
+    airflow_outage_tolerance,
+    get_json_object,
+    job_env_for,
+    root_and_storage,
+    storage_for,
+)
 
 
 def _define_connection(monkeypatch, conn_id: str, **fields) -> None:
@@ -142,3 +150,59 @@ def test_a_record_must_be_a_json_object(file_root):
         get_json_object(store, f"{file_root}/list.json")
     with pytest.raises(NotFound):
         get_json_object(store, f"{file_root}/missing.json")
+
+
+# ------------------------------------------------------------------------- outage tolerance
+
+
+def test_the_airflow_side_rides_out_outages_for_two_minutes_by_default(monkeypatch):
+    monkeypatch.delenv("AIRFLOW__TRAINOPS__STORAGE_OUTAGE_TOLERANCE", raising=False)
+    assert airflow_outage_tolerance() == DEFAULT_OUTAGE_TOLERANCE_S == 120.0
+    monkeypatch.setenv("AIRFLOW__TRAINOPS__STORAGE_OUTAGE_TOLERANCE", "30")
+    assert airflow_outage_tolerance() == 30.0
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "inf"])
+def test_a_bad_tolerance_setting_is_named(monkeypatch, value):
+    monkeypatch.setenv("AIRFLOW__TRAINOPS__STORAGE_OUTAGE_TOLERANCE", value)
+    with pytest.raises(ValueError) as err:
+        storage_for("s3://bucket/root", None)
+    assert str(err.value) == (
+        f"[trainops] storage_outage_tolerance is {value!r}, not a number of seconds >= 0: set it (or "
+        "AIRFLOW__TRAINOPS__STORAGE_OUTAGE_TOLERANCE) to e.g. 120, or unset it for the default"
+    )
+
+
+def test_an_operators_request_fails_after_the_configured_outage_tolerance(
+    faulty_s3_root, s3_faults, monkeypatch
+):
+    # The tolerance is scaled down from the default two minutes to one second.
+    monkeypatch.setenv("AIRFLOW__TRAINOPS__STORAGE_OUTAGE_TOLERANCE", "1")
+    monkeypatch.setenv("TRAINOPS_STORAGE_OUTAGE_TOLERANCE_S", "300")  # the trainer's, not the worker's
+    store = storage_for(faulty_s3_root, None)
+    store.put(f"{faulty_s3_root}/job.json", b"{}")
+    s3_faults.blackout()
+    started = time.monotonic()
+    with pytest.raises(StorageUnavailable) as err:
+        store.get(f"{faulty_s3_root}/job.json")
+    assert time.monotonic() - started < 10
+    assert "beyond the outage tolerance of 1 s" in str(err.value)
+    assert "refused (503 SlowDown)" in str(err.value)
+    s3_faults.end_blackout()
+    assert store.get(f"{faulty_s3_root}/job.json") == b"{}"
+
+
+def test_job_env_passes_the_deployments_trainer_tolerance(monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://minio:9000")
+    monkeypatch.delenv("TRAINOPS_STORAGE_OUTAGE_TOLERANCE_S", raising=False)
+    assert "TRAINOPS_STORAGE_OUTAGE_TOLERANCE_S" not in job_env_for("s3://bucket/root", None)
+    monkeypatch.setenv("TRAINOPS_STORAGE_OUTAGE_TOLERANCE_S", "600")
+    assert job_env_for("s3://bucket/root", None)["TRAINOPS_STORAGE_OUTAGE_TOLERANCE_S"] == "600"
+
+
+def test_a_bad_trainer_tolerance_fails_before_a_job_is_launched(monkeypatch):
+    monkeypatch.setenv("TRAINOPS_STORAGE_OUTAGE_TOLERANCE_S", "five minutes")
+    with pytest.raises(
+        ValueError, match=r"TRAINOPS_STORAGE_OUTAGE_TOLERANCE_S='five minutes' is not a number"
+    ):
+        job_env_for("s3://bucket/root", None)

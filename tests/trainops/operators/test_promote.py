@@ -158,6 +158,7 @@ def test_approved_model_becomes_production_with_a_lineage_card(request, root_fix
         "card_uri": join(v1, "card.json"),
         "production_uri": production_pointer(root, "demo-lm"),
         "previous_version": None,
+        "production_version": 1,
         "regated_against": [],
         "pruned": [],
     }

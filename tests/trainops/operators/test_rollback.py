@@ -34,7 +34,7 @@ def context(user: str | None = "alice") -> dict:
     return {"ti": ti, "dag_run": SimpleNamespace(triggering_user_name=user)}
 
 
-def test_rollback_operator_records_the_triggering_user_and_the_task(file_root):
+def test_rollback_operator_records_the_triggering_user_and_the_task(file_root, capsys):
     promote_runs(file_root, 3)
     op = RollbackModelOperator(
         task_id="rollback",
@@ -54,9 +54,15 @@ def test_rollback_operator_records_the_triggering_user_and_the_task(file_root):
         "v3 regressed",
         "ops/manual__1/rollback",
     )
-    # Run again (a retry): nothing changes.
-    assert op.execute(context())["changed"] is False
+    # Run again (a retry): nothing changes, and the task says its own earlier try did it.
+    capsys.readouterr()
+    again = op.execute(context())
+    assert (again["changed"], again["since"]) == (False, entry)
     assert len(read_production(open_storage(file_root), file_root, "demo-lm")["history"]) == 4
+    assert (
+        f"demo-lm v2 already is production (since {entry['at']}, rollback from v3 by alice, this "
+        "task's own earlier try); nothing changed"
+    ) in capsys.readouterr().out
 
 
 def test_by_defaults_to_airflow_without_a_triggering_user(file_root):

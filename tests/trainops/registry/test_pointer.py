@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.trainops.registry.helpers import BeforePointerWrite
+from tests.trainops.registry.helpers import BeforePointerWrite, LostAfterWrite
 from trainer.contract import production_pointer
 from trainer.storage import open_storage
 from trainops.registry.pointer import (
@@ -12,7 +12,9 @@ from trainops.registry.pointer import (
     POINTER_FORMAT,
     HistoryEntry,
     Pointer,
+    find_move,
     move_pointer,
+    names_version,
     new_pointer,
     read_pointer,
     read_production,
@@ -39,6 +41,22 @@ def promote_move(root: str, version: int, run: str):
         )
 
     return decide
+
+
+def is_move(version: int, run: str):
+    """Recognises the entry ``promote_move(root, version, run)`` writes."""
+    return lambda entry: (entry["version"], entry["action"], entry["run_uri"]) == (version, "promote", run)
+
+
+def move(storage, uri: str, root: str, version: int, run: str, **kwargs):
+    return move_pointer(
+        storage,
+        uri,
+        promote_move(root, version, run),
+        action="promotion",
+        recorded=is_move(version, run),
+        **kwargs,
+    )
 
 
 # ------------------------------------------------------------------------------ pure
@@ -112,7 +130,7 @@ def test_no_pointer_reads_as_none(root):
 def test_reading_returns_the_pointer_and_the_etag_its_write_checks(root):
     storage = open_storage(root)
     uri = production_pointer(root, MODEL)
-    move_pointer(storage, uri, promote_move(root, 1, "run-1"), action="promotion")
+    move(storage, uri, root, 1, "run-1")
     pointer, etag = read_pointer(storage, uri)
     assert pointer == read_production(storage, root, MODEL) and pointer["version"] == 1
     assert etag == storage.head(uri)["etag"]
@@ -140,10 +158,11 @@ def test_a_pointer_that_is_not_json_is_reported(file_root):
 def test_the_first_move_creates_the_pointer_and_later_ones_replace_it(root):
     storage = open_storage(root)
     uri = production_pointer(root, MODEL)
-    replaced, written = move_pointer(storage, uri, promote_move(root, 1, "run-1"), action="promotion")
-    assert replaced is None and written == read_production(storage, root, MODEL)
-    replaced, written = move_pointer(storage, uri, promote_move(root, 2, "run-2"), action="promotion")
-    assert replaced["version"] == 1 and written["version"] == 2
+    first = move(storage, uri, root, 1, "run-1")
+    assert first["previous_version"] is None and first["pointer"] == read_production(storage, root, MODEL)
+    assert first["found"] is False and first["entry"] == first["pointer"]["history"][-1]
+    second = move(storage, uri, root, 2, "run-2")
+    assert second["previous_version"] == 1 and second["pointer"]["version"] == 2
     assert [h["version"] for h in read_production(storage, root, MODEL)["history"]] == [1, 2]
 
 
@@ -156,26 +175,24 @@ def test_a_rival_creating_the_pointer_first_is_seen_and_kept(root):
         seen.append(pointer and pointer["version"])
         return promote_move(root, 2, "mine")(pointer)
 
-    rival = BeforePointerWrite(
-        storage, uri, lambda: move_pointer(storage, uri, promote_move(root, 1, "rival"), action="promotion")
-    )
-    replaced, _ = move_pointer(rival, uri, decide, action="promotion")
+    rival = BeforePointerWrite(storage, uri, lambda: move(storage, uri, root, 1, "rival"))
+    moved = move_pointer(rival, uri, decide, action="promotion", recorded=is_move(2, "mine"))
     # The If-None-Match write lost to the rival's; the second try decided on the rival's pointer.
-    assert seen == [None, 1] and replaced["run_uri"] == "rival"
+    assert seen == [None, 1] and moved["previous_version"] == 1 and moved["found"] is False
     assert [h["run_uri"] for h in read_production(storage, root, MODEL)["history"]] == ["rival", "mine"]
 
 
 def test_decide_stops_a_move_by_raising_and_nothing_is_written(file_root):
     storage = open_storage(file_root)
     uri = production_pointer(file_root, MODEL)
-    move_pointer(storage, uri, promote_move(file_root, 1, "run-1"), action="promotion")
+    move(storage, uri, file_root, 1, "run-1")
     before = storage.get(uri)
 
     def refuse(pointer):
         raise PromotionError(f"not moving from v{pointer['version']}")
 
     with pytest.raises(PromotionError, match="not moving from v1"):
-        move_pointer(storage, uri, refuse, action="rollback")
+        move_pointer(storage, uri, refuse, action="rollback", recorded=lambda entry: False)
     assert storage.get(uri) == before
 
 
@@ -199,13 +216,69 @@ class RewritesBeforeEveryWrite:
 def test_a_pointer_that_keeps_changing_gives_up_after_the_bounded_tries(file_root):
     storage = open_storage(file_root)
     uri = production_pointer(file_root, MODEL)
-    move_pointer(storage, uri, promote_move(file_root, 1, "run-1"), action="promotion")
+    move(storage, uri, file_root, 1, "run-1")
     busy = RewritesBeforeEveryWrite(storage, uri)
     with pytest.raises(PromotionError) as err:
-        move_pointer(busy, uri, promote_move(file_root, 2, "run-2"), action="rollback")
+        move_pointer(
+            busy, uri, promote_move(file_root, 2, "run-2"), action="rollback", recorded=is_move(2, "run-2")
+        )
     assert str(err.value) == (
         f"production pointer {uri!r} kept changing over {MAX_CAS_TRIES} compare-and-swap tries; "
         "retry the rollback"
     )
     assert busy.rewrites == MAX_CAS_TRIES
     assert read_production(storage, file_root, MODEL)["version"] == 1
+
+
+# ------------------------------------------------------------- a move that knows what it did
+
+
+def test_finding_a_move_in_the_history_gives_the_version_it_replaced():
+    pointer = promote_move("file:///r", 1, "a")(None)
+    pointer = promote_move("file:///r", 2, "b")(pointer)
+    pointer = promote_move("file:///r", 3, "c")(pointer)
+    found = find_move(pointer, is_move(2, "b"))
+    assert found == {"entry": pointer["history"][1], "previous_version": 1, "pointer": pointer, "found": True}
+    assert find_move(pointer, is_move(1, "a"))["previous_version"] is None
+    assert find_move(pointer, is_move(4, "d")) is None
+    assert find_move(None, is_move(1, "a")) is None
+
+
+def test_a_pointer_names_its_version_and_every_version_of_its_history():
+    pointer = promote_move("file:///r", 1, "a")(None)
+    pointer = promote_move("file:///r", 3, "c")(pointer)
+    assert [v for v in range(5) if names_version(pointer, v)] == [1, 3]
+    assert not names_version(None, 1)
+
+
+def test_a_write_that_took_effect_but_was_reported_lost_is_found_not_repeated(root):
+    """The case the write token cannot tell: the write took effect, its reply was lost, and a
+    rival moved the pointer on before the client read it back, so ``put`` raised
+    PreconditionFailed. The next try finds the move in the history and decides nothing."""
+    storage = open_storage(root)
+    uri = production_pointer(root, MODEL)
+    move(storage, uri, root, 1, "run-1")
+    decided = []
+
+    def decide(pointer):
+        decided.append(pointer["version"])
+        return promote_move(root, 2, "mine")(pointer)
+
+    lossy = LostAfterWrite(storage, uri, lambda: move(storage, uri, root, 3, "rival"))
+    moved = move_pointer(lossy, uri, decide, action="promotion", recorded=is_move(2, "mine"))
+    assert decided == [1]  # decided once, on v1; never again on the pointer its own write made
+    assert moved["found"] is True and moved["previous_version"] == 1
+    assert moved["entry"]["version"] == 2 and moved["pointer"]["version"] == 3
+    history = read_production(storage, root, MODEL)["history"]
+    assert [(h["version"], h["run_uri"]) for h in history] == [(1, "run-1"), (2, "mine"), (3, "rival")]
+
+
+def test_a_move_already_in_the_history_is_not_written_again(file_root):
+    storage = open_storage(file_root)
+    uri = production_pointer(file_root, MODEL)
+    move(storage, uri, file_root, 1, "run-1")
+    move(storage, uri, file_root, 2, "run-2")
+    before = storage.get(uri)
+    again = move(storage, uri, file_root, 1, "run-1")
+    assert again["found"] is True and again["previous_version"] is None and again["pointer"]["version"] == 2
+    assert storage.get(uri) == before

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from trainer.contract import RunLayout, join, model_version_prefix, production_pointer
-from trainer.storage import open_storage
+from trainer.storage import StorageUnavailable, open_storage
 from trainops.registry.retention import (
     apply_plan,
     check_policy,
@@ -193,3 +193,26 @@ def test_pruning_real_storage_never_touches_production_or_rollback_targets(reque
     for uri in (v1_run, v2_run, rejected, latest):
         assert storage.exists(join(RunLayout(uri).export, "model.safetensors"))
     assert {u: storage.get(u) for u in storage.list(join(root, "models"))} == models_before
+
+
+def test_a_pointer_that_cannot_be_read_stops_pruning_before_anything_is_deleted(faulty_s3_root, s3_faults):
+    """Pruning reads the pointer just before it deletes. When that read fails it stops, rather
+    than taking the history for empty and unprotecting every run a version came from."""
+    root = faulty_s3_root
+    storage = open_storage(root, outage_tolerance_s=0.5)  # scaled down from the operators' 120 s
+    # A run the gate rejected once, which a later manual promotion made production.
+    promoted = finished_run(storage, root, "jan", "2026-01-01T00:00:00+00:00", False)
+    storage.put_json(
+        production_pointer(root, "demo-lm"),
+        {"version": 1, "history": [{"version": 1, "action": "promote", "run_uri": promoted}]},
+    )
+    runs = scan_runs(storage, runs_scope(promoted), "demo-lm")
+    s3_faults.inject(refuse=1.0, ops={"GET"})  # reads refused; listing and deleting still work
+    with pytest.raises(StorageUnavailable, match=r"production\.json"):
+        protected_runs(storage, root, "demo-lm")
+    s3_faults.clear()
+    assert storage.exists(RunLayout(promoted).committed_marker(90))
+    protected = protected_runs(storage, root, "demo-lm")
+    assert protected == {promoted}
+    plan = plan_pruning(runs, protected=protected, keep_last_runs=0)
+    assert [item["step"] for item in plan] == [30, 60]  # its final checkpoint stays

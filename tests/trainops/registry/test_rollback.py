@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.trainops.registry.helpers import BeforePointerWrite, promote_runs
+from tests.trainops.registry.helpers import BeforePointerWrite, KeyFaults, OutageAfterWrite, promote_runs
 from trainer.contract import join, model_version_prefix, production_pointer
-from trainer.storage import open_storage
+from trainer.storage import StorageUnavailable, open_storage
 from trainops.registry.promotion import PromotionError, read_production
 from trainops.registry.rollback import RollbackConflict, rollback
 
@@ -135,3 +135,83 @@ def test_a_rewrite_that_does_not_move_production_is_retried(file_root):
     )
     assert rollback(racy, file_root, "demo-lm", 1, reason="r", by="a")["changed"] is True
     assert read_production(storage, file_root, "demo-lm")["version"] == 1
+
+
+# ------------------------------------------------------------------- what a rollback reports
+
+
+def test_a_rollback_whose_reply_was_lost_reports_the_change_it_made(faulty_s3_root, s3_faults, monkeypatch):
+    root = faulty_s3_root
+    storage = open_storage(root)
+    promote_runs(storage, root, 3)
+    faults = KeyFaults(s3_faults, monkeypatch, "models/demo-lm/production.json", actions={1: "reset_after"})
+
+    result = rollback(storage, root, "demo-lm", 2, reason="v3 answers in German", by="alice")
+
+    assert faults.puts == 2
+    assert (result["changed"], result["previous_version"], result["production_version"]) == (True, 3, 2)
+    history = read_production(storage, root, "demo-lm")["history"]
+    assert [(h["version"], h["action"]) for h in history] == [
+        (1, "promote"),
+        (2, "promote"),
+        (3, "promote"),
+        (2, "rollback"),
+    ]
+    assert history[-1]["at"] == result["at"]
+
+
+def test_a_rollback_reported_lost_after_a_rival_moved_on_says_it_moved_production(
+    faulty_s3_root, s3_faults, moto_server, monkeypatch
+):
+    """The write took effect and its reply was lost; before the client's retry another rollback
+    moved production on, so the client reports PreconditionFailed. The rollback used to call
+    that a conflict and say that nothing was changed, although it had moved production."""
+    root = faulty_s3_root
+    storage = open_storage(root)
+    direct = open_storage(root, endpoint_url=moto_server)
+    promote_runs(storage, root, 3)
+    KeyFaults(
+        s3_faults,
+        monkeypatch,
+        "models/demo-lm/production.json",
+        actions={1: "reset_after"},
+        before={2: lambda: rollback(direct, root, "demo-lm", 1, reason="v2 too", by="bob")},
+    )
+
+    result = rollback(storage, root, "demo-lm", 2, reason="v3 answers in German", by="alice")
+
+    assert (result["changed"], result["previous_version"], result["production_version"]) == (True, 3, 1)
+    history = read_production(storage, root, "demo-lm")["history"]
+    assert [(h["version"], h.get("from_version"), h.get("by")) for h in history[3:]] == [
+        (2, 3, "alice"),
+        (1, 2, "bob"),
+    ]
+
+
+def test_a_rollback_that_failed_in_doubt_is_found_in_the_pointer(file_root):
+    storage = open_storage(file_root)
+    promote_runs(storage, file_root, 3)
+    outage = OutageAfterWrite(storage, production_pointer(file_root, "demo-lm"))
+    result = rollback(outage, file_root, "demo-lm", 2, reason="r", by="alice")
+    assert outage.failed == 1
+    assert (result["changed"], result["previous_version"]) == (True, 3)
+    assert len(read_production(storage, file_root, "demo-lm")["history"]) == 4
+
+
+def test_a_rollback_that_failed_without_effect_raises_and_changes_nothing(file_root):
+    storage = open_storage(file_root)
+    promote_runs(storage, file_root, 3)
+    outage = OutageAfterWrite(storage, production_pointer(file_root, "demo-lm"), took_effect=False)
+    with pytest.raises(StorageUnavailable, match="kept failing"):
+        rollback(outage, file_root, "demo-lm", 2, reason="r", by="alice")
+    assert read_production(storage, file_root, "demo-lm")["version"] == 3
+
+
+def test_rolling_back_to_production_says_since_when_and_by_whom(file_root):
+    storage = open_storage(file_root)
+    promote_runs(storage, file_root, 3)
+    first = rollback(storage, file_root, "demo-lm", 2, reason="r", by="alice", via="ops/run-1/rollback")
+    again = rollback(storage, file_root, "demo-lm", 2, reason="r", by="alice", via="ops/run-1/rollback")
+    assert (again["changed"], again["previous_version"], again["production_version"]) == (False, 2, 2)
+    assert again["since"] == read_production(storage, file_root, "demo-lm")["history"][-1]
+    assert (again["since"]["at"], again["since"]["via"]) == (first["at"], "ops/run-1/rollback")

@@ -23,6 +23,7 @@ from tests.trainops.reports.helpers import (
 )
 from trainer.contract import dataset_prefix, join
 from trainer.storage import open_storage
+from trainops.reports import app as report_app
 from trainops.reports.app import ReportRequestError, check_report_uri, required_access
 
 ATTACK = "<script>alert(1)</script>"
@@ -153,6 +154,29 @@ def test_report_staged_on_s3_is_read_with_the_storage_client(api, s3_root, monke
         refused = get(api, outside)
         assert refused.status_code == 403, outside
         assert f"uri '{outside}' is outside the trainops storage roots" in page_text(refused.text)
+
+
+def test_a_storage_outage_is_a_503_page_that_names_it(api, faulty_s3_root, s3_faults, monkeypatch):
+    # A page's storage request gives up after 0.5 s here (scaled down from 10 s).
+    monkeypatch.setattr(report_app, "OUTAGE_TOLERANCE_S", 0.5)
+    monkeypatch.setenv("TRAINOPS_STORAGE_ROOT", faulty_s3_root)
+    uri = join(faulty_s3_root, "models", "demo-lm", "versions", "1", "card.json")
+    open_storage(uri).put_json(uri, {"model": "demo-lm", "version": 1})
+    s3_faults.blackout()
+
+    response = get(api, uri)
+
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "30"
+    text = page_text(response.text)
+    # The first request of a page is a HEAD, whose 503 has no body to name the code.
+    assert f"storage is unavailable: reading '{uri}' kept failing for 0.5 s (last: refused (503))" in text
+    assert (
+        f"This is an outage of the storage behind '{faulty_s3_root}', not a missing report: reload "
+        "this page in a minute"
+    ) in text
+    s3_faults.end_blackout()
+    assert get(api, uri).status_code == 200
 
 
 def test_uris_outside_the_root_are_refused(api, root, tmp_path):

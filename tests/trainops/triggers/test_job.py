@@ -3,8 +3,10 @@
 import asyncio
 import time
 
+from trainer.storage import open_storage
 from trainops.cluster.local.backend import LocalCluster
 from trainops.cluster.spec import JobSpec
+from trainops.triggers import job as job_trigger
 from trainops.triggers.job import JobGoneTrigger, JobTrigger
 
 
@@ -255,3 +257,39 @@ def test_a_log_that_cannot_be_read_is_a_warning_not_a_failure(monkeypatch, caplo
     assert event["status"] == "finished" and event["state"]["phase"] == "succeeded"
     logged = caplog.text + capsys.readouterr().out
     assert "could not read node 0's log of train-a1: connection reset by peer" in logged
+
+
+def test_progress_lines_through_a_storage_outage_are_missed_once_and_never_fail_the_wait(
+    tmp_path, faulty_s3_root, s3_faults, monkeypatch, caplog, capsys
+):
+    # A progress read gives up after 0.2 s here (scaled down from 5 s), so the outage is short too.
+    monkeypatch.setattr(job_trigger, "PROGRESS_OUTAGE_TOLERANCE_S", 0.2)
+    progress_uri = f"{faulty_s3_root}/metrics.jsonl"
+    open_storage(progress_uri).put(progress_uri, b'{"step": 7, "loss": 2.5, "attempt": 1}\n')
+    cluster = LocalCluster(tmp_path)
+    handle = cluster.launch(
+        JobSpec(
+            name="steps",
+            args=["python", "-c", "import time; time.sleep(3)"],
+            distributed=False,
+            labels={"trainops/attempt": "1"},
+        )
+    )
+    caplog.set_level("INFO")
+    s3_faults.blackout(1.5)
+    event = first_event(
+        JobTrigger(
+            handle=handle,
+            poll_interval=0.1,
+            progress_uri=progress_uri,
+            progress_every=0.1,
+            cluster_options={"state_dir": str(tmp_path)},
+            settle_s=0,
+        )
+    )
+    assert event["status"] == "finished" and event["state"]["phase"] == "succeeded"
+    logged = caplog.text + capsys.readouterr().out
+    assert logged.count("no progress lines for now: could not read") == 1
+    assert "beyond the outage tolerance of 0.2 s" in logged
+    assert "progress lines resume" in logged
+    assert "attempt 1: step 7, loss 2.5000" in logged
