@@ -39,6 +39,7 @@ __all__ = [
     "StorageError",
     "StorageUnavailable",
     "open_storage",
+    "outage_tolerance",
     "sha256_file",
 ]
 

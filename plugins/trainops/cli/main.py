@@ -111,8 +111,14 @@ def run_rollback(model: str, version: int, *, reason: str, by: str | None, stora
             f"recorded in {result['production_uri']} as rollback by {result['by']}: "
             f"{result['reason']}"
         )
+        if result["production_version"] != version:
+            print(f"{model}: production has since moved on to v{result['production_version']}")
     else:
-        print(f"{model}: v{version} already is production; nothing changed")
+        since = result.get("since") or {}
+        print(
+            f"{model}: v{version} already is production (since {since.get('at')}, "
+            f"{since.get('action')} by {since.get('by') or '-'}); nothing changed"
+        )
     return 0
 
 

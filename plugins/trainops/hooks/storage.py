@@ -20,8 +20,7 @@ import os
 import threading
 from typing import Any
 
-from trainer.storage import OUTAGE_TOLERANCE_ENV, Storage, StorageError, open_storage
-from trainer.storage.retry import outage_tolerance
+from trainer.storage import OUTAGE_TOLERANCE_ENV, Storage, StorageError, open_storage, outage_tolerance
 
 __all__ = [
     "DEFAULT_OUTAGE_TOLERANCE_S",

@@ -71,6 +71,33 @@ def test_cli_rolls_back_and_prints_what_changed(file_root, capsys):
     assert read_production(storage, file_root, "demo-lm")["history"][-1]["by"] == getpass.getuser()
 
 
+def test_cli_says_when_and_how_a_version_already_became_production(file_root, capsys):
+    storage = open_storage(file_root)
+    promote_runs(storage, file_root, 2)
+    assert (
+        main(
+            [
+                "rollback",
+                "demo-lm",
+                "1",
+                "--reason",
+                "v2 regressed",
+                "--by",
+                "ana",
+                "--storage-root",
+                file_root,
+            ]
+        )
+        == 0
+    )
+    capsys.readouterr()
+    code = main(["rollback", "demo-lm", "1", "--reason", "again", "--by", "ben", "--storage-root", file_root])
+    out = capsys.readouterr().out
+    at = read_production(storage, file_root, "demo-lm")["history"][-1]["at"]
+    assert code == 0
+    assert out == f"demo-lm: v1 already is production (since {at}, rollback by ana); nothing changed\n"
+
+
 def test_cli_reports_a_refusal_on_stderr_with_status_1(file_root, capsys):
     promote_runs(open_storage(file_root), file_root, 1)
     code = main(["rollback", "demo-lm", "5", "--reason", "x", "--by", "ci", "--storage-root", file_root])
