@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from trainer.contract import ENV_ATTEMPT, AttemptRecord, Cause, RunLayout, attempt_record
-from trainer.storage import NotFound, PreconditionFailed, Storage, StorageError
+from trainer.storage import PreconditionFailed, Storage, StorageError, StorageUnavailable
+from trainer.storage.retry import Abandoned
 
 _ATTEMPT_FILE = re.compile(r"/(\d+)\.json$")
 
@@ -43,8 +44,9 @@ def attempt_number(storage: Storage, layout: RunLayout) -> int:
 
 
 class CausedError(RuntimeError):
-    """A failure that knows its cause (``storage``, ``network`` or ``program``), for example one
-    that a peer rank reported through a collective, where the original exception is gone."""
+    """A failure that knows its cause (``storage``, ``network``, ``node`` or ``program``), for
+    example one that a peer rank reported through a collective, where the original exception
+    is gone."""
 
     def __init__(self, message: str, cause: Cause = "program"):
         super().__init__(message)
@@ -74,8 +76,14 @@ NETWORK_HINT = (
     "check the network and firewall between nodes (rendezvous port and NCCL/gloo ports), "
     "and NCCL_SOCKET_IFNAME"
 )
+NODE_HINT = (
+    "the node has fewer working GPUs than the job was given: the attempt is relaunched "
+    "(max_infra_retries), usually on another node; if it keeps failing, check the nodes' NVIDIA "
+    "driver and device plugin, or set gpus_per_node=0 to train on CPUs"
+)
 
-# torch.distributed's error types, matched by name: this module must not import torch.
+# torch.distributed's error types, matched by name: this module must not import torch. Where
+# no type says it (a collective's failure reaches us as a RuntimeError), its words do.
 _DIST_ERRORS = {"DistBackendError", "DistNetworkError", "DistStoreError"}
 _COLLECTIVE_WORDS = (
     "gloo",
@@ -99,16 +107,6 @@ _NETWORK_WORDS = (
     "peer",
 )
 
-
-# Storage errors that a relaunch cannot cure: the configuration is wrong, not the service.
-_STORAGE_CONFIG_WORDS = (
-    "access denied",
-    "does not exist: create it",
-    "unsupported storage uri",
-    "has no bucket",
-    "is not absolute",
-    "is not valid json",
-)
 # A remote filesystem behind file:// that failed, rather than a bad path.
 _STORAGE_ERRNOS = frozenset({errno.EIO, errno.ESTALE, errno.ETIMEDOUT})
 
@@ -123,16 +121,26 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         current = current.__cause__ or current.__context__
 
 
+def storage_cause(error: StorageError) -> Cause:
+    """Whose failure a storage error is, by its type alone.
+
+    The storage client retries whatever a retry can cure (throttling, 5xx, resets, timeouts)
+    for up to its outage tolerance and only then raises :class:`StorageUnavailable` (or, for
+    the other parts of an upload that one part gave up on, ``Abandoned``): an outage, which a
+    relaunch may outlast. Every other storage error is the client's final verdict (an object
+    that is not there, a lost race, access denied, a missing bucket, a bad URI, a damaged
+    JSON object), and a relaunch would meet it again.
+    """
+    return "storage" if isinstance(error, StorageUnavailable | Abandoned) else "program"
+
+
 def _cause_in_chain(exc: BaseException) -> Cause | None:
     """The cause that the exception chain states or shows, or None when it shows none."""
     for error in _chain(exc):
         if isinstance(error, CausedError):
             return error.cause
-        if isinstance(error, (NotFound, PreconditionFailed)):
-            return "program"  # a missing object or a lost race: a relaunch finds the same
         if isinstance(error, StorageError):
-            text = str(error).lower()
-            return "program" if any(w in text for w in _STORAGE_CONFIG_WORDS) else "storage"
+            return storage_cause(error)
         if isinstance(error, OSError) and error.errno in _STORAGE_ERRNOS:
             return "storage"
     return None
@@ -140,7 +148,7 @@ def _cause_in_chain(exc: BaseException) -> Cause | None:
 
 def classify_failure(exc: BaseException) -> tuple[str, str | None]:
     """``(kind, hint)`` for a failed attempt: kind is out_of_memory, non_finite_loss, storage,
-    network or error.
+    network, node or error.
 
     The hint says what the user should try; None when we do not recognise the failure.
     """
@@ -160,6 +168,8 @@ def classify_failure(exc: BaseException) -> tuple[str, str | None]:
         return "storage", STORAGE_HINT
     if stated == "network":
         return "network", f"a collective between ranks failed or timed out: {NETWORK_HINT}"
+    if stated == "node":
+        return "node", NODE_HINT
     if stated == "program":
         return "error", None
     # A storage read that timed out is not a collective's: require a collective's words (or type).
@@ -184,6 +194,8 @@ def cause_of(kind: str) -> Cause:
         return "storage"
     if kind == "network":
         return "network"
+    if kind == "node":
+        return "node"
     return "program"
 
 

@@ -11,7 +11,6 @@ same initial weights from torch's RNG. See docs/models.md.
 from __future__ import annotations
 
 import importlib
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,9 +19,8 @@ import torch
 from torch import nn
 
 from trainer import flops
+from trainer.config import builder_parts
 from trainer.presets import PRESETS, ModelArgs, non_embedding_params
-
-_BUILDER = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
 @dataclass
@@ -90,10 +88,11 @@ def build_from_spec(spec: dict) -> BuiltModel:
 
 
 def load_builder(builder: str) -> Callable[..., Any]:
-    """The function named by ``module:function``; errors name the string and what to fix."""
-    if not isinstance(builder, str) or not _BUILDER.match(builder):
-        raise ValueError(f"model.builder must look like 'package.module:function', got {builder!r}")
-    module_name, function_name = builder.split(":")
+    """The function named by ``module:function``; errors name the string and what to fix.
+
+    The string's form is ``trainer.config.builder_parts``' to judge, as the operator judges it
+    before launch (a ``ConfigError`` naming the value)."""
+    module_name, function_name = builder_parts(builder)
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:

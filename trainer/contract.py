@@ -32,6 +32,9 @@ ENV_S3_ENDPOINT = "AWS_ENDPOINT_URL_S3"
 ENV_REGION = "AWS_REGION"
 ENV_ATTEMPT = "TRAINOPS_ATTEMPT"  # attempt number (1-based) set by the launcher
 ENV_CACHE_DIR = "TRAINOPS_CACHE_DIR"  # node-local scratch: downloaded shards, checkpoint staging
+# GPUs each node of the job was given (``gpus_per_node``; 0 or unset: none asked for). A trainer
+# that sees fewer than its node's ranks need fails before training, as the node's fault.
+ENV_GPUS_PER_NODE = "TRAINOPS_GPUS_PER_NODE"
 
 
 # --- 1. command line ------------------------------------------------------------
@@ -236,10 +239,11 @@ ATTEMPT_FORMAT = "trainops.attempt/v1"
 Outcome = Literal["completed", "preempted", "failed"]
 OUTCOMES: tuple[Outcome, ...] = ("completed", "preempted", "failed")
 # Why a failed attempt failed, as the recovery policy needs it: ``storage`` (storage refused or
-# was unreachable after the client's retries) and ``network`` (a collective between ranks) are
-# the infrastructure's, and a relaunch may succeed; ``program`` is everything else.
-Cause = Literal["storage", "network", "program"]
-CAUSES: tuple[Cause, ...] = ("storage", "network", "program")
+# was unreachable after the client's retries), ``network`` (a collective between ranks) and
+# ``node`` (the node lacks the GPUs it was given: no driver, a failed device) are the
+# infrastructure's, and a relaunch may succeed; ``program`` is everything else.
+Cause = Literal["storage", "network", "node", "program"]
+CAUSES: tuple[Cause, ...] = ("storage", "network", "node", "program")
 
 
 class AttemptRecord(TypedDict):

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer.config import samples_in
 from trainer.contract import ENV_CACHE_DIR, MANIFEST_FORMAT, MANIFEST_NAME, join
 from trainer.storage import Storage, sha256_file
 
@@ -58,6 +59,20 @@ def split_info(manifest: dict, split: str, data_uri: str) -> dict:
     if not info or not info.get("shards"):
         raise DataError(f"dataset {data_uri} has no {split!r} split; stage it with a non-empty {split} split")
     return info
+
+
+def manifest_numbers(manifest: dict[str, Any], data_uri: str) -> tuple[int, int]:
+    """``(train tokens, tokenizer vocabulary size)`` as the manifest states them: what
+    ``trainer.config.check_data_fit`` needs to tell whether the dataset can feed a config."""
+    try:
+        return int(split_info(manifest, "train", data_uri)["tokens"]), int(
+            manifest["tokenizer"]["vocab_size"]
+        )
+    except (KeyError, TypeError, ValueError):
+        raise DataError(
+            f"the manifest of dataset {data_uri!r} lacks splits.train.tokens or tokenizer.vocab_size: "
+            "re-stage the dataset"
+        ) from None
 
 
 def fetch_split(storage: Storage, data_uri: str, manifest: dict[str, Any], split: str) -> list[Path]:
@@ -126,11 +141,6 @@ def open_split(storage: Storage, data_uri: str, manifest: dict[str, Any], split:
 
 
 # --- sample arithmetic (pure) -------------------------------------------------------
-def num_samples(total_tokens: int, seq_len: int) -> int:
-    """How many windows of ``seq_len + 1`` tokens start at multiples of ``seq_len``."""
-    return max(0, (total_tokens - 1) // seq_len)
-
-
 def sample_order(n: int, seed: int, epoch: int) -> torch.Tensor:
     # A private generator: the data order never draws from (or disturbs) the global RNG that the
     # checkpoint saves per rank, so it depends on (seed, epoch) alone, on any world size.
@@ -173,19 +183,17 @@ class SampleOrder:
 
 
 class TrainBatches:
-    """Micro-batches of (input, target) token tensors for one rank."""
+    """Micro-batches of (input, target) token tensors for one rank.
+
+    Whether the stream holds enough samples for a micro-step is ``trainer.config.check_data_fit``'s
+    to say (the operator applies the same rule before launch); the trainer checks it first.
+    """
 
     def __init__(
         self, stream: TokenStream, seq_len: int, seed: int, micro_batch_size: int, world_size: int, rank: int
     ):
         self.stream, self.seq_len = stream, seq_len
-        n = num_samples(len(stream), seq_len)
-        if n < micro_batch_size * world_size:
-            raise DataError(
-                f"the train split has {len(stream)} tokens, only {n} samples of train.seq_len="
-                f"{seq_len}; lower train.seq_len or train.micro_batch_size, or stage more data"
-            )
-        self.order = SampleOrder(n, seed)
+        self.order = SampleOrder(samples_in(len(stream), seq_len), seed)
         self.micro_batch_size, self.world_size, self.rank = micro_batch_size, world_size, rank
 
     def window(self, sample_id: int) -> np.ndarray:

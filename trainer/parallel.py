@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
@@ -19,6 +20,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from trainer.attempts import CausedError
+from trainer.contract import ENV_GPUS_PER_NODE
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
@@ -64,10 +68,72 @@ def die_with_launcher() -> None:
         os._exit(1)
 
 
+class GPUsMissing(CausedError):
+    """The node was given GPUs (``$TRAINOPS_GPUS_PER_NODE``) but this process sees fewer than
+    the node's ranks need: the node's fault (no driver, a failed device), not the program's."""
+
+    def __init__(self, message: str):
+        super().__init__(message, "node")
+
+
+def gpus_expected(environ: Mapping[str, str] = os.environ) -> int:
+    """``$TRAINOPS_GPUS_PER_NODE``, the GPUs the launcher gave each node; 0 when unset."""
+    raw = environ.get(ENV_GPUS_PER_NODE, "").strip()
+    if not raw:
+        return 0
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(
+            f"{ENV_GPUS_PER_NODE}={raw!r} is not a whole number of GPUs >= 0; the launcher sets it "
+            "from gpus_per_node (unset it to train wherever torch finds a device)"
+        )
+    return value
+
+
+def gpu_shortfall(
+    expected: int, local_ranks: int, cuda_available: bool, device_count: int, visible: str | None
+) -> str | None:
+    """What is missing when a node given ``expected`` GPUs runs ``local_ranks`` ranks, one GPU
+    each, and this process sees ``device_count`` CUDA devices (``visible``: its
+    ``CUDA_VISIBLE_DEVICES``, None when unset); None when nothing is. Pure."""
+    if expected <= 0:
+        return None
+    if cuda_available and device_count >= local_ranks:
+        return None
+    seen = (
+        f"{device_count} CUDA device(s)"
+        if cuda_available
+        else "no CUDA device (torch.cuda.is_available() is False)"
+    )
+    return (
+        f"{ENV_GPUS_PER_NODE}={expected}: this node's {local_ranks} rank(s) need {local_ranks} GPU(s), "
+        f"but this process sees {seen}, with CUDA_VISIBLE_DEVICES="
+        f"{'unset' if visible is None else repr(visible)}; refusing to train on the CPU instead"
+    )
+
+
 def init_distributed() -> DistEnv:
-    """Join torchrun's process group (nccl on CUDA, gloo on CPU), or make a world of one."""
+    """Join torchrun's process group (nccl on CUDA, gloo on CPU), or make a world of one.
+
+    Raises :class:`GPUsMissing`, before any process group exists, when the launcher gave the
+    node GPUs (``$TRAINOPS_GPUS_PER_NODE``) and fewer than ``$LOCAL_WORLD_SIZE`` are visible:
+    training on the CPU instead would be silently hundreds of times slower.
+    """
     die_with_launcher()
     cuda = torch.cuda.is_available()
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    problem = gpu_shortfall(
+        gpus_expected(),
+        local_ranks,
+        cuda,
+        torch.cuda.device_count() if cuda else 0,
+        os.environ.get("CUDA_VISIBLE_DEVICES"),
+    )
+    if problem:
+        raise GPUsMissing(problem)
     backend = "nccl" if cuda else "gloo"
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")

@@ -7,13 +7,17 @@ finishes: final checkpoint, export, attempt record. Every attempt ends with an a
 in storage (:func:`run_train` writes the failed one), because torchrun's exit code cannot say
 whether we were preempted. When storage refuses even that record, rank 0 prints it as its last
 line (``trainer.contract.attempt_record_line``) for the operator to find in the log. An attempt
-that a newer one fenced off (``trainer.fence``) writes nothing more and exits.
+that a newer one fenced off (``trainer.fence``) writes nothing more and exits. One whose node
+lacks the GPUs the launcher gave it fails before any process group (``parallel.GPUsMissing``,
+cause ``node``), and one whose dataset cannot feed the config fails before it downloads a shard
+(``trainer.config.check_data_fit``, the operator's own rule).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 import time
 import traceback
@@ -28,7 +32,7 @@ from trainer import data, parallel
 from trainer.attempts import Attempt, NonFiniteLoss, attempt_number, cause_of, classify_failure, now_iso
 from trainer.builder import BuiltModel, build_model
 from trainer.checkpoint import Checkpointer, on_rank0
-from trainer.config import Config, accumulation_steps
+from trainer.config import Config, accumulation_steps, check_data_fit
 from trainer.contract import AttemptRecord, RunLayout, attempt_record_line
 from trainer.export import write_export
 from trainer.fence import Fenced, raise_fence
@@ -44,6 +48,8 @@ from trainer.storage import open_storage
 if TYPE_CHECKING:
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
     from torch.optim.lr_scheduler import LRScheduler
+
+    from trainer.storage import Storage
 
 log = logging.getLogger("trainer.train")
 
@@ -89,29 +95,47 @@ class StepResult:
 def run_train(config: Config) -> int:
     """Train per ``config``; the exit code for the CLI (``PREEMPTED_EXIT_CODE`` when preempted)."""
     flag = StopFlag().install()  # first: a SIGTERM during setup must not kill us unsaved
-    env = parallel.init_distributed()
-    logging.getLogger("trainer").setLevel(logging.INFO if env.is_main else logging.WARNING)
+    started_at = now_iso()
     storage, layout = open_storage(config.run_uri), RunLayout(config.run_uri)
+    env: parallel.DistEnv | None = None
     attempt: Attempt | None = None
     training: Training | None = None
     try:
+        env = parallel.init_distributed()
+        logging.getLogger("trainer").setLevel(logging.INFO if env.is_main else logging.WARNING)
         number = on_rank0(env.rank, lambda: attempt_number(storage, layout))
-        attempt = Attempt(storage, layout, number, env.world_size, started_at=now_iso())
+        attempt = Attempt(storage, layout, number, env.world_size, started_at=started_at)
         training = setup(config, env, attempt)
         outcome = train_loop(training, flag)
         return PREEMPTED_EXIT_CODE if outcome == "preempted" else 0
     except Fenced as exc:  # a newer attempt runs: anything this one wrote now would be in its way
-        if env.is_main:
+        if env is not None and env.is_main:
             print(
                 f"trainer: fenced: {exc}; exiting without writing anything more", file=sys.stderr, flush=True
             )
         return 1
     except Exception as exc:
         traceback.print_exc()
-        _record_failure(exc, env, attempt, training)
+        if env is None:  # before the process group (GPUs missing, no rendezvous): each rank alone
+            is_main = os.environ.get("RANK", "0") == "0"
+            _record_failure(exc, is_main, _attempt_without_group(storage, layout, started_at), None)
+        else:
+            _record_failure(exc, env.is_main, attempt, training)
         return 1
     finally:
         parallel.shutdown()
+
+
+def _attempt_without_group(storage: Storage, layout: RunLayout, started_at: str) -> Attempt | None:
+    """The attempt of a rank that failed before the process group existed, when no collective
+    can agree on anything: its number from ``$TRAINOPS_ATTEMPT`` (every launcher sets it), its
+    world size from ``$WORLD_SIZE``. None when even the number cannot be had."""
+    try:
+        number = attempt_number(storage, layout)
+    except Exception as exc:
+        print(f"trainer: could not tell the attempt's number: {exc}", file=sys.stderr)
+        return None
+    return Attempt(storage, layout, number, int(os.environ.get("WORLD_SIZE", "1")), started_at=started_at)
 
 
 # --- setup ---------------------------------------------------------------------------------
@@ -201,21 +225,26 @@ def setup(config: Config, env: parallel.DistEnv, attempt: Attempt) -> Training:
 
 
 def _train_batches(config: Config, env: parallel.DistEnv) -> tuple[data.TrainBatches, int]:
-    """This rank's batches of the dataset's train split, and the model's vocabulary size."""
+    """This rank's batches of the dataset's train split, and the model's vocabulary size.
+
+    The dataset must fit the config by the operator's own rule (``check_data_fit``), checked
+    on the manifest before any shard is downloaded; the shards must then hold what it says.
+    """
     data_storage = open_storage(config.data_uri)  # the dataset may live on another scheme than the run
     manifest = data.read_manifest(data_storage, config.data_uri)
-    dataset_vocab = manifest["tokenizer"]["vocab_size"]
-    vocab = config.model.vocab_size or dataset_vocab
-    if vocab < dataset_vocab:
-        raise ValueError(
-            f"model.vocab_size={vocab} is smaller than the dataset's tokenizer "
-            f"({dataset_vocab}); set model.vocab_size=0 to take the dataset's"
-        )
+    train_tokens, dataset_vocab = data.manifest_numbers(manifest, config.data_uri)
+    check_data_fit(
+        config, train_tokens=train_tokens, tokenizer_vocab=dataset_vocab, world_size=env.world_size
+    )
     t = config.train
     stream = data.open_split(data_storage, config.data_uri, manifest, "train")
-    return data.TrainBatches(
-        stream, t.seq_len, config.seed, t.micro_batch_size, env.world_size, env.rank
-    ), vocab
+    if len(stream) != train_tokens:
+        raise data.DataError(
+            f"the train split of {config.data_uri} holds {len(stream)} tokens in its shards, but its "
+            f"manifest says {train_tokens}; re-stage the dataset"
+        )
+    batches = data.TrainBatches(stream, t.seq_len, config.seed, t.micro_batch_size, env.world_size, env.rank)
+    return batches, config.model.vocab_size or dataset_vocab
 
 
 # --- one step ------------------------------------------------------------------------------
@@ -352,11 +381,11 @@ def _finish(tr: Training) -> None:
 
 # --- the failure path ----------------------------------------------------------------------
 def _record_failure(
-    exc: Exception, env: parallel.DistEnv, attempt: Attempt | None, training: Training | None
+    exc: Exception, is_main: bool, attempt: Attempt | None, training: Training | None
 ) -> None:
-    """Let a save in flight commit, write the failed record (first rank wins), and say on
-    stderr where it failed and what to try. When storage refuses the record, rank 0's last line
-    is the record itself, marked (``trainer.contract.attempt_record_line``)."""
+    """Let a save in flight commit, write the failed record (rank 0's, else the first rank's),
+    and say on stderr where it failed and what to try. When storage refuses the record, rank 0's
+    last line is the record itself, marked (``trainer.contract.attempt_record_line``)."""
     if training is not None:
         try:  # a save in flight is a good checkpoint: let it commit if the others can too
             if not training.checkpointer.wait(timeout=FAILED_SAVE_WAIT_S):
@@ -375,7 +404,7 @@ def _record_failure(
             metrics_unwritten=unwritten,
         )
         try:
-            attempt.store(record, exclusive=not env.is_main)
+            attempt.store(record, exclusive=not is_main)
         except Exception as write_error:  # the storage may be what failed; still say what happened
             print(f"trainer: could not write the attempt record: {write_error}", file=sys.stderr)
             unstored = record
@@ -385,5 +414,5 @@ def _record_failure(
         file=sys.stderr,
         flush=True,
     )
-    if unstored is not None and env.is_main:
+    if unstored is not None and is_main:
         print(attempt_record_line(unstored), file=sys.stderr, flush=True)

@@ -8,6 +8,7 @@ import torch
 
 from trainer.attempts import (
     NETWORK_HINT,
+    NODE_HINT,
     NON_FINITE_HINT,
     OOM_HINT,
     STORAGE_HINT,
@@ -20,7 +21,8 @@ from trainer.attempts import (
     next_attempt_number,
 )
 from trainer.contract import RunLayout
-from trainer.storage import NotFound, PreconditionFailed, StorageError, open_storage
+from trainer.storage import NotFound, PreconditionFailed, StorageError, StorageUnavailable, open_storage
+from trainer.storage.retry import Abandoned
 
 
 def test_attempt_number_from_env_or_next_free(tmp_path, monkeypatch):
@@ -166,52 +168,91 @@ def _raised_from(outer: Exception, inner: Exception) -> Exception:
         return caught
 
 
+def _unavailable(tolerance: str = "0.01") -> StorageUnavailable:
+    return StorageUnavailable(
+        "storage: PUT s3://b/r/_COMMITTED kept failing for 0.5 s over 3 tries (last: refused (503 "
+        f"SlowDown)), beyond the outage tolerance of {tolerance} s"
+    )
+
+
 @pytest.mark.parametrize(
     "exc, kind",
     [
-        (StorageError("write of 's3://b/r/_COMMITTED' failed: 503 SlowDown"), "storage"),
-        (
-            StorageError("read of 's3://b/r/metrics.jsonl' failed: Connection was closed before we received"),
-            "storage",
-        ),
+        # an outage: the client retried for its whole tolerance, and a relaunch may outlast it
+        (_unavailable(), "storage"),
+        (Abandoned("storage: UploadPart 3 s3://b/r/x stopped: another request gave up"), "storage"),
         (OSError(errno.EIO, "Input/output error"), "storage"),  # an NFS mount behind file:// gone
         (OSError(errno.ESTALE, "Stale file handle"), "storage"),
-        (
-            _raised_from(RuntimeError("dataset read failed"), StorageError("list of 's3://b/d' failed: 500")),
-            "storage",
-        ),
-        (CausedError("rank 0: StorageError: write failed", "storage"), "storage"),
+        (_raised_from(RuntimeError("dataset read failed"), _unavailable()), "storage"),
+        (CausedError("rank 0: StorageUnavailable: PUT failed", "storage"), "storage"),
         (CausedError("rank 0: DistBackendError: gloo", "network"), "network"),
-        # what a relaunch would find again is the program's (or the configuration's)
+        (CausedError("rank 1: GPUsMissing: no CUDA", "node"), "node"),
+        # the client's final verdict: a relaunch would find the same, whatever the words say
         (NotFound("no object at 's3://b/d/manifest.json'"), "error"),
         (PreconditionFailed("conditional write of 's3://b/x' lost"), "error"),
-        (
-            StorageError("access denied to 's3://b/r' (AccessDenied) during write: check the credentials"),
-            "error",
-        ),
-        (
-            StorageError("the bucket of 's3://nope/r' does not exist: create it or fix the storage root"),
-            "error",
-        ),
-        (
-            StorageError("unsupported storage URI 'gs://b/r': use file:///abs/path or s3://bucket/prefix"),
-            "error",
-        ),
-        (
-            StorageError("object 'file:///d/manifest.json' is not valid JSON (Expecting value): rewrite it"),
-            "error",
-        ),
+        (StorageError("write of 's3://b/r/x' failed: a connection was reset, 503 SlowDown"), "error"),
         (OSError(errno.ENOENT, "No such file or directory"), "error"),
         (CausedError("rank 0: NothingToResume: ...", "program"), "error"),
     ],
 )
-def test_storage_failures_are_told_apart_from_the_programs(exc, kind):
+def test_storage_failures_are_told_apart_from_the_programs_by_type(exc, kind):
     got, hint = classify_failure(exc)
     assert got == kind
-    assert cause_of(got) == {"storage": "storage", "network": "network", "error": "program"}[kind]
+    assert (
+        cause_of(got)
+        == {"storage": "storage", "network": "network", "node": "node", "error": "program"}[kind]
+    )
     if kind == "storage":
         assert hint == STORAGE_HINT
         assert "relaunched from its last committed checkpoint" in STORAGE_HINT
+    if kind == "node":
+        assert hint == NODE_HINT
+
+
+def test_what_the_real_clients_raise_is_classified_by_its_type(tmp_path, moto_server, monkeypatch):
+    """The errors come from the storage clients themselves: an endpoint that refuses every
+    connection outlasts a short tolerance (an outage); a missing bucket, missing credentials,
+    an unsupported URI and an object that is not JSON are the configuration's or the data's,
+    and a relaunch would meet them again."""
+    import socket
+
+    with socket.socket() as closed:  # a port nothing listens on: every connection is refused
+        closed.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    errors = {}
+    with pytest.raises(StorageUnavailable) as outage:
+        open_storage("s3://b/r", endpoint_url=dead, outage_tolerance_s=0.3).put("s3://b/r/x", b"1")
+    errors["outage"] = outage.value
+    with pytest.raises(StorageError) as no_bucket:
+        open_storage("s3://b/r", endpoint_url=moto_server).put("s3://no-such-bucket-x/r/x", b"1")
+    errors["missing bucket"] = no_bucket.value
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(StorageError) as no_credentials:
+        open_storage("s3://b/r", endpoint_url=moto_server).put("s3://b/r/x", b"1")
+    errors["no credentials"] = no_credentials.value
+    with pytest.raises(StorageError) as unsupported:
+        open_storage("gs://b/r")
+    errors["unsupported"] = unsupported.value
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(StorageError) as not_json:
+        open_storage("file:///").get_json((tmp_path / "bad.json").as_uri())
+    errors["not json"] = not_json.value
+
+    kinds = {what: classify_failure(error)[0] for what, error in errors.items()}
+    assert kinds == {
+        "outage": "storage",
+        "missing bucket": "error",
+        "no credentials": "error",  # the words of an outage ("failed"), but a relaunch cannot cure it
+        "unsupported": "error",
+        "not json": "error",
+    }
+    assert "Unable to locate credentials" in str(errors["no credentials"])
 
 
 def test_a_failed_checkpoint_keeps_the_cause_of_what_failed_under_it():

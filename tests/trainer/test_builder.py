@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from tests.trainer.helpers import REPO
 from trainer.builder import build_from_spec, build_model, matmul_params
+from trainer.config import ConfigError
 from trainer.presets import PRESETS, param_count
 
 BAD_BUILDERS = textwrap.dedent("""
@@ -112,12 +113,15 @@ def test_spec_rebuilds_the_same_user_model(user_modules):
 @pytest.mark.parametrize(
     "builder, error, message",
     [
+        # the form is judged by the operator's own rule (trainer.config.builder_parts)
         (
             "custom_model.build",
-            ValueError,
-            "model.builder must look like 'package.module:function', got 'custom_model.build'",
+            ConfigError,
+            r"model.builder: expected 'module:function', got 'custom_model.build'; name an importable module",
         ),
-        ("a:b:c", ValueError, "got 'a:b:c'"),
+        ("a:b:c", ConfigError, "got 'a:b:c'"),
+        ("team..models:build", ConfigError, "got 'team..models:build'"),  # an empty package name
+        ("class:build", ConfigError, "got 'class:build'"),  # a keyword cannot be imported
         (
             "no_such_module_for_trainops:build",
             ImportError,

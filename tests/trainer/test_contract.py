@@ -180,6 +180,10 @@ def test_a_failed_record_says_its_cause_and_older_records_without_one_still_pars
     before = {k: v for k, v in failed.items() if k != "cause"}  # as the previous trainer wrote them
     assert parse_attempt_record(before) == before
     assert set(AttemptRecord.__optional_keys__) == {"cause", "metrics_unwritten"}
+    node = attempt_record(
+        attempt=1, outcome="failed", last_step=0, checkpoint_step=None, world_size=2, cause="node"
+    )
+    assert parse_attempt_record(node)["cause"] == "node"  # a node without the GPUs it was given
     with pytest.raises(ValueError, match=r"unknown failure cause 'disk'"):
         attempt_record(
             attempt=1, outcome="failed", last_step=0, checkpoint_step=None, world_size=1, cause="disk"
@@ -213,7 +217,10 @@ def test_a_record_that_storage_refused_travels_in_the_log_and_is_found_again():
         ({"format": "other/v1"}, "not a trainops.attempt/v1 record"),
         ({"outcome": "gone"}, "unknown outcome 'gone'"),
         ({"last_step": "7"}, "field 'last_step' must be an integer, got '7'"),
-        ({"cause": "disk"}, r"unknown cause 'disk'; expected one of \('storage', 'network', 'program'\)"),
+        (
+            {"cause": "disk"},
+            r"unknown cause 'disk'; expected one of \('storage', 'network', 'node', 'program'\)",
+        ),
         ({"metrics_unwritten": -1}, "field 'metrics_unwritten' must be an integer >= 0, got -1"),
     ],
 )

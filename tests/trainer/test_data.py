@@ -23,10 +23,30 @@ def test_cursor_crosses_epochs():
     assert order.sample_id(3) == first[3]  # going back to an earlier epoch recomputes it
 
 
-def test_num_samples_windows_fit_the_stream():
-    assert data.num_samples(total_tokens=65, seq_len=32) == 2  # [0, 33) and [32, 65)
-    assert data.num_samples(total_tokens=64, seq_len=32) == 1
-    assert data.num_samples(total_tokens=10, seq_len=32) == 0
+def test_the_samples_of_a_stream_are_counted_by_the_operators_rule(tmp_path):
+    """One rule counts samples (``trainer.config.samples_in``), for the operator's check before
+    launch and for the batches the trainer reads: windows of seq_len + 1 tokens."""
+    from trainer.config import samples_in
+
+    for tokens, seq_len, samples in [(65, 32, 2), (64, 32, 1), (97, 32, 3)]:  # 65: [0, 33), [32, 65)
+        path = tmp_path / f"{tokens}.bin"
+        path.write_bytes(np.arange(tokens).astype("<u2").tobytes())
+        batches = data.TrainBatches(data.TokenStream([path], "uint16"), seq_len, 0, 1, 1, 0)
+        assert batches.order.num_samples == samples_in(tokens, seq_len) == samples
+        last = batches.window(samples - 1)  # the last window ends inside the stream
+        assert last.tolist() == list(range((samples - 1) * seq_len, samples * seq_len + 1))
+
+
+def test_the_manifest_states_what_the_fit_check_needs(dataset_uri, tmp_path):
+    storage = open_storage(dataset_uri)
+    manifest = data.read_manifest(storage, dataset_uri)
+    tokens, vocab = data.manifest_numbers(manifest, dataset_uri)
+    assert (tokens, vocab) == (manifest["splits"]["train"]["tokens"], 257)
+    del manifest["tokenizer"]["vocab_size"]
+    with pytest.raises(
+        data.DataError, match=r"lacks splits.train.tokens or tokenizer.vocab_size: re-stage the dataset"
+    ):
+        data.manifest_numbers(manifest, dataset_uri)
 
 
 @pytest.mark.parametrize("world_size, micro, accum", [(1, 4, 1), (2, 4, 2), (4, 2, 3)])

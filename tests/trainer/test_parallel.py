@@ -82,3 +82,61 @@ def test_collectives_in_a_world_of_one(world_of_one):
     assert (world_of_one.rank, world_of_one.world_size, world_of_one.is_main) == (0, 1, True)
     assert parallel.broadcast_object({"step": 3}) == {"step": 3}
     assert parallel.all_reduce_sum([1.0, 2.5], world_of_one.device) == [1.0, 2.5]
+
+
+# --- GPUs the node was given but this process cannot see ------------------------------------
+@pytest.mark.parametrize(
+    "expected, ranks, cuda, count, visible, missing",
+    [
+        (0, 2, False, 0, None, None),  # a CPU job: gloo on the CPU, as asked
+        (2, 2, True, 2, "0,1", None),
+        (1, 1, True, 8, None, None),  # more devices than ranks is fine
+        (
+            1,
+            2,
+            False,
+            0,
+            None,
+            "TRAINOPS_GPUS_PER_NODE=1: this node's 2 rank(s) need 2 GPU(s), but this process sees no "
+            "CUDA device (torch.cuda.is_available() is False), with CUDA_VISIBLE_DEVICES=unset; refusing "
+            "to train on the CPU instead",
+        ),
+        (
+            2,
+            2,
+            True,
+            1,
+            "3",
+            "TRAINOPS_GPUS_PER_NODE=2: this node's 2 rank(s) need 2 GPU(s), but this process sees 1 CUDA "
+            "device(s), with CUDA_VISIBLE_DEVICES='3'; refusing to train on the CPU instead",
+        ),
+    ],
+)
+def test_gpus_the_node_was_given_must_be_visible(expected, ranks, cuda, count, visible, missing):
+    assert parallel.gpu_shortfall(expected, ranks, cuda, count, visible) == missing
+
+
+def test_the_gpus_expected_come_from_the_launcher():
+    assert parallel.gpus_expected({}) == 0 and parallel.gpus_expected({"TRAINOPS_GPUS_PER_NODE": " "}) == 0
+    assert parallel.gpus_expected({"TRAINOPS_GPUS_PER_NODE": "8"}) == 8
+    for bad in ("two", "-1", "1.5"):
+        with pytest.raises(
+            ValueError, match=rf"TRAINOPS_GPUS_PER_NODE='{bad}' is not a whole number of GPUs"
+        ):
+            parallel.gpus_expected({"TRAINOPS_GPUS_PER_NODE": bad})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a host without CUDA")
+def test_on_a_host_without_cuda_gpus_expected_fail_before_any_process_group(monkeypatch):
+    import torch.distributed as dist
+
+    from trainer.attempts import NODE_HINT, classify_failure
+
+    monkeypatch.setenv("TRAINOPS_GPUS_PER_NODE", "1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    with pytest.raises(
+        parallel.GPUsMissing, match=r"sees no CUDA device .* CUDA_VISIBLE_DEVICES='0'"
+    ) as missing:
+        parallel.init_distributed()
+    assert not dist.is_initialized()  # nothing joined, so nothing waits on this process
+    assert classify_failure(missing.value) == ("node", NODE_HINT) and missing.value.cause == "node"

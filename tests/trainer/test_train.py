@@ -28,14 +28,21 @@ from tests.trainer.helpers import (
     torchrun_argv,
     trainer_env,
 )
-from trainer.attempts import NON_FINITE_HINT, STORAGE_HINT, Attempt, now_iso
-from trainer.config import load_config
+from trainer.attempts import NODE_HINT, NON_FINITE_HINT, STORAGE_HINT, Attempt, now_iso
+from trainer.config import ConfigError, load_config
 from trainer.contract import RunLayout, attempt_record_in_log
+from trainer.data import DataError
 from trainer.preemption import StopFlag
 from trainer.storage import open_storage
 from trainer.train import setup, train_loop, train_step
 
 MAX_STEPS = 40
+
+
+def torch_cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def children_of(pid: int) -> list[int]:
@@ -169,6 +176,50 @@ def test_a_signalled_loop_stops_after_the_step_with_an_emergency_checkpoint(
         1,
     )
     assert committed_steps(run) == [1] and not (run / "export").exists()
+
+
+def test_a_dataset_that_cannot_feed_the_config_is_refused_by_the_operators_own_rule(
+    world_of_one, tmp_path, dataset_uri
+):
+    """``trainer.config.check_data_fit``, the check the operator runs before launch, refuses in
+    the trainer too (for a job launched some other way), before a shard is downloaded."""
+    cache = Path(os.environ["TRAINOPS_CACHE_DIR"]) / "shards"
+    before = set(cache.iterdir()) if cache.exists() else set()
+    with pytest.raises(
+        ConfigError, match=r"model.vocab_size=256 is smaller than the vocabulary of the dataset's"
+    ):
+        start(tmp_path, dataset_uri, world_of_one, 1, "model.vocab_size=256")
+    with pytest.raises(
+        ConfigError, match=r"train.seq_len=1000000 needs windows of 1000001 tokens, but the train"
+    ):
+        start(tmp_path, dataset_uri, world_of_one, 1, "train.seq_len=1000000")
+    with pytest.raises(
+        ConfigError, match=r"fewer than one micro-step takes \(train.micro_batch_size=100000 x"
+    ):
+        start(
+            tmp_path,
+            dataset_uri,
+            world_of_one,
+            1,
+            "train.micro_batch_size=100000",
+            "train.global_batch_size=0",
+        )
+    assert (set(cache.iterdir()) if cache.exists() else set()) == before
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_shards_that_hold_other_than_the_manifest_says_are_refused(world_of_one, tmp_path):
+    from tests.trainer.helpers import write_dataset
+
+    uri = write_dataset(tmp_path / "ds", train_records=300, eval_records=5, seed=3)
+    manifest = read_json(tmp_path / "ds" / "manifest.json")
+    stated = manifest["splits"]["train"]["tokens"]
+    manifest["splits"]["train"]["tokens"] = stated + 1000
+    (tmp_path / "ds" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(
+        DataError, match=rf"holds {stated} tokens in its shards, but its manifest says {stated + 1000}"
+    ):
+        start(tmp_path, uri, world_of_one, 1)
 
 
 # --- under torchrun ------------------------------------------------------------------------------
@@ -308,6 +359,33 @@ def test_non_finite_loss_fails_with_a_hint_and_keeps_the_last_checkpoint(tmp_pat
     )
     assert record["checkpoint_step"] == step - 1 == committed_steps(run)[-1]
     assert proc.stderr.strip().splitlines()[-1] == f"trainer: failed at step {step}: {record['hint']}"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch_cuda_available(), reason="needs a host without CUDA")
+def test_gpus_the_node_was_given_but_cannot_see_fail_the_attempt_before_training(tmp_path, dataset_uri):
+    """The launcher gave the node a GPU per rank (TRAINOPS_GPUS_PER_NODE, as the operator sets
+    it), but this host has none: both ranks fail before any process group, the record names
+    what was expected and seen, and its cause is the node's (the operator relaunches it as
+    infra: tests/trainops/recovery/test_classify.py). Before, it trained on the CPU without a word."""
+    config, _ = run_config(tmp_path, dataset_uri, "run")
+    run = tmp_path / "run"
+    env = {**trainer_env(tmp_path / "cache", attempt=1), "TRAINOPS_GPUS_PER_NODE": "1"}
+    env["CUDA_VISIBLE_DEVICES"] = "0"
+    proc = subprocess.run(
+        torchrun_argv(config), env=env, capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = read_json(run / "attempts" / "1.json")
+    assert (record["outcome"], record["cause"], record["hint"]) == ("failed", "node", NODE_HINT)
+    assert (record["last_step"], record["checkpoint_step"], record["world_size"]) == (0, None, 2)
+    assert record["error"] == (
+        "GPUsMissing: TRAINOPS_GPUS_PER_NODE=1: this node's 2 rank(s) need 2 GPU(s), but this process sees "
+        "no CUDA device (torch.cuda.is_available() is False), with CUDA_VISIBLE_DEVICES='0'; refusing to "
+        "train on the CPU instead"
+    )
+    assert f"trainer: failed at step 0: {NODE_HINT}" in proc.stderr
+    assert [p.relative_to(run).as_posix() for p in run.rglob("*") if p.is_file()] == ["attempts/1.json"]
 
 
 @pytest.mark.slow

@@ -135,7 +135,7 @@ def training_attempt(
     :param capacity: the run's capacity now (``spot-then-on-demand`` moves to ``on-demand``).
     :param storage_env: the storage endpoint and region (``trainops.hooks.storage.job_env_for``).
     """
-    from trainer.contract import ENV_ATTEMPT, RunLayout, trainer_argv
+    from trainer.contract import ENV_ATTEMPT, ENV_GPUS_PER_NODE, RunLayout, trainer_argv
     from trainops.cluster.spec import JobSpec
 
     layout = RunLayout(run_uri)
@@ -151,7 +151,9 @@ def training_attempt(
         termination_grace_seconds=settings.termination_grace_seconds,
         **merge_job_options(
             settings.job_options,
-            env={**storage_env, ENV_ATTEMPT: str(attempt)},
+            # The GPUs too: a trainer that cannot see them fails as its node's fault, where it
+            # would otherwise train on the CPU without a word.
+            env={**storage_env, ENV_ATTEMPT: str(attempt), ENV_GPUS_PER_NODE: str(settings.gpus_per_node)},
             labels={**job_labels(identity), "trainops/attempt": str(attempt)},
         ),
     )
@@ -188,7 +190,9 @@ def one_process_job(
     """A one-node, one-process job (staging, evaluation) named ``<prefix>-<hash>-a<attempt>``.
 
     :param labels: the job's labels (the task's, and whatever else marks this job).
+    :param gpus_per_node: GPUs of the node, also told to the process (``TRAINOPS_GPUS_PER_NODE``).
     """
+    from trainer.contract import ENV_GPUS_PER_NODE
     from trainops.cluster.spec import JobSpec
 
     return JobSpec(
@@ -200,7 +204,9 @@ def one_process_job(
         image=image,
         namespace=namespace,
         capacity=capacity,
-        **merge_job_options(job_options, env=storage_env, labels=labels),
+        **merge_job_options(
+            job_options, env={**storage_env, ENV_GPUS_PER_NODE: str(gpus_per_node)}, labels=labels
+        ),
     )
 
 

@@ -3,16 +3,16 @@
 The cluster's view (job phase, node exit codes, disruptions such as a spot interruption or a
 node that vanished) and the trainer's own attempt record together say what happened; exit
 codes alone cannot, because torchrun exits 1 on SIGTERM whatever its workers did. An attempt
-that failed on storage or the network (the record's ``cause``) is the infrastructure's: it is
-relaunched against the infrastructure budget, not failed as the program's error. When storage
-refused even the record, the trainer printed it as a marked line, which
-:func:`attempt_record_of` finds in the log tail.
+that failed on storage, the network or its node's GPUs (the record's ``cause``) is the
+infrastructure's: it is relaunched against the infrastructure budget, not failed as the
+program's error. When storage refused even the record, the trainer printed it as a marked
+line, which :func:`attempt_record_of` finds in the log tail.
 """
 
 # No ``from __future__ import annotations``: TypedDict reads its annotations at run time.
 from typing import Final, Literal, TypedDict
 
-from trainer.contract import AttemptRecord, attempt_record_in_log
+from trainer.contract import AttemptRecord, Cause, attempt_record_in_log
 from trainops.cluster.base import JobState
 
 Classification = Literal["succeeded", "preempted", "infra", "error"]
@@ -20,6 +20,14 @@ SUCCEEDED: Final = "succeeded"
 PREEMPTED: Final = "preempted"
 INFRA: Final = "infra"
 ERROR: Final = "error"
+
+# The record's causes that are the infrastructure's, each as the reason names it: a relaunch
+# (on another node, once storage or the network is back) may succeed where this attempt failed.
+INFRA_CAUSES: Final[dict[Cause, str]] = {
+    "storage": "storage",
+    "network": "the network",
+    "node": "its node (GPUs missing)",
+}
 
 
 class Verdict(TypedDict):
@@ -70,10 +78,10 @@ def classify_attempt(state: JobState, record: AttemptRecord | None) -> Verdict:
     if record is not None and outcome == "failed":
         hint = record.get("hint")
         cause = record.get("cause")
-        if cause in ("storage", "network"):
+        if cause in INFRA_CAUSES:
             return {
                 "classification": INFRA,
-                "reason": f"the trainer failed on {cause} ({record.get('error') or 'no detail'}); "
+                "reason": f"the trainer failed on {INFRA_CAUSES[cause]} ({record.get('error') or 'no detail'}); "
                 f"its last committed checkpoint is step {record.get('checkpoint_step')}",
             }
         return {

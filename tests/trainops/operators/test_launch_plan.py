@@ -104,7 +104,12 @@ def test_an_attempts_job_carries_its_number_the_tasks_labels_and_the_operators_s
         "on-demand",
         45,
     )
-    assert spec.env == {"AWS_ENDPOINT_URL_S3": "http://minio:9000", "TRAINOPS_ATTEMPT": "2"}
+    assert spec.env == {
+        "AWS_ENDPOINT_URL_S3": "http://minio:9000",
+        "TRAINOPS_ATTEMPT": "2",
+        "TRAINOPS_GPUS_PER_NODE": "8",  # the trainer refuses to train on fewer (trainer.parallel)
+    }
+    assert attempt(1, gpus_per_node=0).spec.env["TRAINOPS_GPUS_PER_NODE"] == "0"
     assert spec.labels == {
         "trainops/dag": "retrain",
         "trainops/run": "manual__1",
@@ -129,6 +134,8 @@ def test_job_options_are_merged_with_what_the_operator_sets():
     assert spec.labels["team"] == "search" and spec.labels["trainops/attempt"] == "1"
     with pytest.raises(ValueError, match=r"job_options labels sets \['trainops/attempt'\]"):
         attempt(job_options={"labels": {"trainops/attempt": "9"}})
+    with pytest.raises(ValueError, match=r"job_options env sets \['TRAINOPS_GPUS_PER_NODE'\]"):
+        attempt(job_options={"env": {"TRAINOPS_GPUS_PER_NODE": "0"}})  # gpus_per_node says it
 
 
 def test_an_injected_preemption_goes_to_the_attempt_it_names_only():
@@ -156,7 +163,8 @@ def test_a_one_process_job_is_one_node_without_torchrun():
     )
     assert (spec.nodes, spec.distributed, spec.gpus_per_node, spec.cpu) == (1, False, 1, "4")
     assert spec.name.startswith("eval-") and spec.name.endswith("-a1")
-    assert spec.env == {"AWS_REGION": "eu-west-1"} and spec.labels == {"trainops/task": "evaluate"}
+    assert spec.env == {"AWS_REGION": "eu-west-1", "TRAINOPS_GPUS_PER_NODE": "1"}
+    assert spec.labels == {"trainops/task": "evaluate"}
 
 
 def test_only_a_kubernetes_attempt_records_manifests():

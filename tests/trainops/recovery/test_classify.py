@@ -55,14 +55,17 @@ def test_infra_reason_is_infra():
     assert classify_attempt(state, None)["classification"] == "infra"
 
 
-def test_a_failure_on_storage_or_the_network_is_the_infrastructures():
-    for cause in ("storage", "network"):
-        rec = record("failed", error="CheckpointError: 503 SlowDown", cause=cause, checkpoint_step=20)
+def test_a_failure_on_storage_the_network_or_the_nodes_gpus_is_the_infrastructures():
+    for cause, error, named in [
+        ("storage", "CheckpointError: 503 SlowDown", "storage"),
+        ("network", "DistBackendError: gloo connection reset", "the network"),
+        ("node", "GPUsMissing: TRAINOPS_GPUS_PER_NODE=1: ...", "its node (GPUs missing)"),
+    ]:
+        rec = record("failed", error=error, cause=cause, checkpoint_step=20)
         verdict = classify_attempt({"phase": "failed", "nodes": RUNNING_NODES, "disruptions": []}, rec)
         assert verdict == {
             "classification": "infra",
-            "reason": f"the trainer failed on {cause} (CheckpointError: 503 SlowDown); its last committed "
-            "checkpoint is step 20",
+            "reason": f"the trainer failed on {named} ({error}); its last committed checkpoint is step 20",
         }
     program = record("failed", error="ValueError: bad shapes", cause="program")
     assert classify_attempt({"phase": "failed", "nodes": RUNNING_NODES}, program)["classification"] == "error"
