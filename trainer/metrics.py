@@ -7,15 +7,20 @@ readers keep, for each step, the record of the last attempt that reached it
 (:func:`trainer.contract.metrics_by_step`).
 
 A flush that fails (storage down or refusing) never stops training: the records stay buffered,
-the failure is logged once per outage with the count of records waiting, and the next flush
-tries again. Only the final flush of an attempt reports what could not be written, and the
-attempt record says so (``metrics_unwritten``).
+the failure is logged once per outage with the count of records waiting, and flushes are
+skipped for ``retry_after_s`` before the next one tries again, so an outage stalls the loop for
+one flush's tolerance, not every flush's (the trainer opens the metrics' storage with a short
+tolerance, :data:`OUTAGE_TOLERANCE_S`). Only the final flush of an attempt, which always
+tries, reports what could not be written, and the attempt record says so
+(``metrics_unwritten``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
+from collections.abc import Callable
 
 from trainer.contract import MetricsRecord, metrics_records
 from trainer.storage import NotFound, PreconditionFailed, Storage
@@ -25,6 +30,11 @@ log = logging.getLogger("trainer.metrics")
 # Compare-and-swap rounds per flush: a round is lost only when another process wrote the file
 # meanwhile (a stale gang of an older attempt); the records then wait for the next flush.
 MAX_ROUNDS = 5
+# How long one metrics request may retry an outage: the records are buffered, so a short wait
+# is enough, and the loop waits while rank 0 flushes.
+OUTAGE_TOLERANCE_S = 10.0
+# After a failed flush, how long flushes are skipped before one tries storage again.
+RETRY_AFTER_S = 60.0
 
 
 def merged(existing: list[MetricsRecord], mine: list[MetricsRecord], attempt: int) -> list[MetricsRecord]:
@@ -39,12 +49,23 @@ def merged(existing: list[MetricsRecord], mine: list[MetricsRecord], attempt: in
 class MetricsLog:
     """Rank 0's metrics file writer: this attempt's records, flushed every ``flush_every`` steps."""
 
-    def __init__(self, storage: Storage, uri: str, attempt: int, flush_every: int):
+    def __init__(
+        self,
+        storage: Storage,
+        uri: str,
+        attempt: int,
+        flush_every: int,
+        *,
+        retry_after_s: float = RETRY_AFTER_S,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.storage, self.uri, self.attempt, self.flush_every = storage, uri, attempt, flush_every
+        self.retry_after_s, self._clock = retry_after_s, clock
         self.records: list[MetricsRecord] = []
         self._dirty = False
         self._written = 0  # how many of self.records the file holds
         self._failures = 0  # flushes failed in a row (the current outage)
+        self._failed_at: float | None = None  # when the last one failed
 
     @property
     def unwritten(self) -> int:
@@ -77,10 +98,13 @@ class MetricsLog:
         """
         if not self._dirty:
             return 0
+        if not final and self._failed_at is not None and self._clock() - self._failed_at < self.retry_after_s:
+            return self.unwritten  # storage failed a moment ago: let the records wait, do not stall
         try:
             self._write()
         except Exception as exc:  # storage down or refusing: training goes on, the records wait
             self._failures += 1
+            self._failed_at = self._clock()
             if final:
                 log.error(
                     "metrics: %d records of attempt %d could not be written to %s (%s: %s); "
@@ -108,6 +132,7 @@ class MetricsLog:
                 self._failures,
             )
         self._failures, self._dirty, self._written = 0, False, len(self.records)
+        self._failed_at = None
         return 0
 
     def _write(self) -> None:

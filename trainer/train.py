@@ -37,6 +37,7 @@ from trainer.contract import AttemptRecord, RunLayout, attempt_record_line
 from trainer.export import write_export
 from trainer.fence import Fenced, raise_fence
 from trainer.flops import mfu, peak_flops
+from trainer.metrics import OUTAGE_TOLERANCE_S as METRICS_OUTAGE_TOLERANCE_S
 from trainer.metrics import MetricsLog
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.preemption import StopFlag, stop_decision
@@ -199,7 +200,12 @@ def setup(config: Config, env: parallel.DistEnv, attempt: Attempt) -> Training:
             log.info("resume: step %d, data cursor %d", state.step, state.cursor)
     attempt.last_step = state.step
     metrics = (
-        MetricsLog(storage, RunLayout(config.run_uri).metrics, attempt.number, config.metrics.flush_every)
+        MetricsLog(
+            open_storage(config.run_uri, outage_tolerance_s=METRICS_OUTAGE_TOLERANCE_S),
+            RunLayout(config.run_uri).metrics,
+            attempt.number,
+            config.metrics.flush_every,
+        )
         if env.is_main
         else None
     )

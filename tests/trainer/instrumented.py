@@ -30,7 +30,7 @@ from tests.trainer.helpers import ForwardingStorage
 from trainer import data, train
 from trainer.cli import main
 from trainer.contract import RunLayout
-from trainer.storage import StorageError
+from trainer.storage import StorageUnavailable
 
 PAUSE_LIMIT_S = 120.0
 
@@ -43,7 +43,10 @@ class Blackout(ForwardingStorage):
 
     def before(self, action: str, uri: str) -> None:
         if Blackout.dark:
-            raise StorageError(f"{action} of {uri!r} failed: 503 SlowDown (test blackout)")
+            raise StorageUnavailable(  # what the client raises once an outage outlasts its tolerance
+                f"storage: {action} {uri} kept failing (last: refused (503 SlowDown)), beyond the outage "
+                "tolerance (test blackout)"
+            )
 
 
 def wait_until(condition, what: str) -> None:

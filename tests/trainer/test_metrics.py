@@ -6,7 +6,7 @@ import logging
 from tests.trainer.helpers import ForwardingStorage
 from trainer.contract import metrics_by_step, metrics_records
 from trainer.metrics import MetricsLog
-from trainer.storage import StorageError, open_storage
+from trainer.storage import StorageUnavailable, open_storage
 
 
 def test_metrics_keep_earlier_attempts_and_readers_take_the_last(tmp_path):
@@ -42,10 +42,12 @@ class Outage(ForwardingStorage):
     """Storage that refuses every call while ``down`` is set, as after the client's retries."""
 
     down = False
+    calls = 0
 
     def before(self, action, uri):
+        self.calls += 1
         if self.down:
-            raise StorageError(f"{action} of {uri!r} failed: 503 SlowDown")
+            raise StorageUnavailable(f"storage: {action} {uri} kept failing (last: refused (503 SlowDown))")
 
 
 def add(log, step, loss=1.0):
@@ -59,21 +61,24 @@ def steps_in(path):
 def test_an_outage_never_stops_training_the_records_wait_and_are_written_after_it(tmp_path, caplog):
     path = tmp_path / "metrics.jsonl"
     storage = Outage(open_storage(path.as_uri()))
-    log = MetricsLog(storage, path.as_uri(), attempt=1, flush_every=1)
+    now = [0.0]
+    log = MetricsLog(storage, path.as_uri(), attempt=1, flush_every=1, retry_after_s=60, clock=lambda: now[0])
     add(log, 1)
     storage.down = True
     with caplog.at_level(logging.INFO, logger="trainer.metrics"):
         for step in (2, 3, 4):
             add(log, step)  # every add flushes; none raises
+            now[0] += 30.0  # the second one is skipped, the third tries again
         assert log.unwritten == 3 and steps_in(path) == [(1, 1)]
         storage.down = False
+        now[0] += 60.0
         add(log, 5)
     assert steps_in(path) == [(1, 1), (2, 1), (3, 1), (4, 1), (5, 1)]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1  # once per outage, with the count waiting
-    assert warnings[0].startswith(f"metrics: could not write {path.as_uri()} (StorageError: read of")
+    assert warnings[0].startswith(f"metrics: could not write {path.as_uri()} (StorageUnavailable: storage:")
     assert warnings[0].endswith("1 records wait for the next flush, training goes on")
-    assert "written again after 3 failed flushes; nothing was lost" in caplog.text
+    assert "written again after 2 failed flushes; nothing was lost" in caplog.text
     assert log.unwritten == 0 and log.flush(final=True) == 0
 
 
@@ -140,3 +145,21 @@ def test_a_rerun_under_the_same_attempt_number_keeps_the_steps_it_does_not_repla
     add(rerun, 3, loss=0.25)
     assert steps_in(path) == [(1, 1), (2, 1), (3, 1)]
     assert metrics_by_step(metrics_records(path.read_text()))[3]["loss"] == 0.25
+
+
+def test_after_a_failed_flush_the_next_ones_wait_instead_of_stalling_the_loop(tmp_path):
+    """Each flush during an outage would wait out the client's tolerance; after one failed, the
+    flushes within ``retry_after_s`` touch no storage at all, and the final one always tries."""
+    path = tmp_path / "metrics.jsonl"
+    storage = Outage(open_storage(path.as_uri()))
+    now = [0.0]
+    log = MetricsLog(storage, path.as_uri(), attempt=1, flush_every=1, retry_after_s=60, clock=lambda: now[0])
+    storage.down = True
+    add(log, 1)  # fails: storage was asked
+    asked = storage.calls
+    for step in range(2, 50):
+        now[0] += 1.0
+        add(log, step)
+    assert storage.calls == asked and log.unwritten == 49  # 48 flushes skipped, nothing asked
+    storage.down = False
+    assert log.flush(final=True) == 0 and steps_in(path) == [(s, 1) for s in range(1, 50)]
