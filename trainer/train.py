@@ -44,7 +44,7 @@ from trainer.preemption import StopFlag, stop_decision
 from trainer.progress import progress_line
 from trainer.state import TrainState, checkpoint_states
 from trainer.step import apply_gradients, forward_backward
-from trainer.storage import open_storage
+from trainer.storage import open_storage, outage_tolerance
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
@@ -201,7 +201,10 @@ def setup(config: Config, env: parallel.DistEnv, attempt: Attempt) -> Training:
     attempt.last_step = state.step
     metrics = (
         MetricsLog(
-            open_storage(config.run_uri, outage_tolerance_s=METRICS_OUTAGE_TOLERANCE_S),
+            # buffered records need no long wait; never longer than the run's own tolerance
+            open_storage(
+                config.run_uri, outage_tolerance_s=min(outage_tolerance(), METRICS_OUTAGE_TOLERANCE_S)
+            ),
             RunLayout(config.run_uri).metrics,
             attempt.number,
             config.metrics.flush_every,
@@ -391,14 +394,24 @@ def _record_failure(
 ) -> None:
     """Let a save in flight commit, write the failed record (rank 0's, else the first rank's),
     and say on stderr where it failed and what to try. When storage refuses the record, rank 0's
-    last line is the record itself, marked (``trainer.contract.attempt_record_line``)."""
+    last line is the record itself, marked (``trainer.contract.attempt_record_line``).
+
+    A failure of the infrastructure (storage, network, node) also prints the marked record at
+    once, on every rank, before the slow clean-up: storage is probably what failed, and the first
+    rank to exit makes the launcher stop the others, maybe before rank 0 is done. The operator
+    takes the last marked line of the attempt it finds in the log tail."""
+    kind, hint = classify_failure(exc)
+    if attempt is not None and cause_of(kind) != "program":
+        early = attempt.record(
+            "failed", error=f"{type(exc).__name__}: {exc}", hint=hint, cause=cause_of(kind)
+        )
+        print(attempt_record_line(early), file=sys.stderr, flush=True)
     if training is not None:
         try:  # a save in flight is a good checkpoint: let it commit if the others can too
             if not training.checkpointer.wait(timeout=FAILED_SAVE_WAIT_S):
                 print("trainer: gave up waiting for the checkpoint in flight", file=sys.stderr)
         except Exception as save_error:
             print(f"trainer: {save_error}", file=sys.stderr)
-    kind, hint = classify_failure(exc)
     unstored: AttemptRecord | None = None
     if attempt is not None:
         unwritten = training.metrics.flush(final=True) if training and training.metrics else 0
@@ -420,5 +433,5 @@ def _record_failure(
         file=sys.stderr,
         flush=True,
     )
-    if unstored is not None and is_main:
+    if unstored is not None and is_main:  # rank 0's is complete (it alone counts the metrics)
         print(attempt_record_line(unstored), file=sys.stderr, flush=True)
