@@ -249,7 +249,8 @@ def test_a_blackout_shorter_than_the_tolerance_is_waited_out(faulty_s3_root, s3_
     # step; what the user reads is how long it failed, which is at least the blackout and
     # within the tolerance.
     last = re.fullmatch(
-        rf"storage: PUT {re.escape(uri)} succeeded on retry {retries}, after (\d+\.\d) s of failures", lines[-1]
+        rf"storage: PUT {re.escape(uri)} succeeded on retry {retries}, after (\d+\.\d) s of failures",
+        lines[-1],
     )
     assert last and 0.9 <= float(last.group(1)) < 5.0
 
