@@ -95,6 +95,19 @@ class Chaos(TypedDict):
     attempt: NotRequired[int]  # default 1
 
 
+class JobAlreadyExists(RuntimeError):
+    """``launch`` found the attempt's job already there (Kubernetes 409 AlreadyExists, or the
+    local job directory): an earlier launch of the same attempt, whose reply or record was
+    lost. The caller reattaches to :attr:`handle`; it never launches a second job.
+
+    :param handle: the existing job's handle.
+    """
+
+    def __init__(self, message: str, handle: JobHandle):
+        super().__init__(message)
+        self.handle = handle
+
+
 class ClusterBackend(Protocol):
     """Where jobs run. Every method takes and returns plain data; none blocks for long."""
 
