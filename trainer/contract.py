@@ -345,29 +345,38 @@ def parse_attempt_record(data: object) -> AttemptRecord:
 # When even the attempt record cannot be written (storage is down), the trainer prints it as
 # the last line of rank 0's output, after this mark; the operator finds it in the log tail.
 ATTEMPT_LINE_MARK = "trainops-attempt-record: "
+# An infrastructure failure also prints a first, early record on every rank at once, before the
+# slow clean-up (rank 0 may be stopped before its final line). It counts only when no final
+# line is there: a slower rank's early line may come after rank 0's complete one.
+EARLY_ATTEMPT_LINE_MARK = "trainops-attempt-record-early: "
 
 
-def attempt_record_line(record: AttemptRecord) -> str:
-    """``record`` as one marked log line (see :func:`attempt_record_in_log`)."""
-    return ATTEMPT_LINE_MARK + json.dumps(record, sort_keys=True, separators=(",", ":"))
+def attempt_record_line(record: AttemptRecord, *, early: bool = False) -> str:
+    """``record`` as one marked log line (see :func:`attempt_record_in_log`); ``early``: the
+    first record an infrastructure failure prints, before the final one."""
+    mark = EARLY_ATTEMPT_LINE_MARK if early else ATTEMPT_LINE_MARK
+    return mark + json.dumps(record, sort_keys=True, separators=(",", ":"))
 
 
 def attempt_record_in_log(text: str, attempt: int) -> AttemptRecord | None:
     """The record of ``attempt`` that the trainer printed instead of storing it: the last
-    marked line of ``text`` (a log tail; lines may carry a prefix such as ``[node-0] ``) that
-    holds a valid record of that attempt. None when there is none."""
-    found: AttemptRecord | None = None
+    final marked line of ``text`` (a log tail; lines may carry a prefix such as ``[node-0] ``)
+    that holds a valid record of that attempt, else the last early one. None when there is
+    none."""
+    found: dict[str, AttemptRecord] = {}
     for line in text.splitlines():
-        _, mark, body = line.partition(ATTEMPT_LINE_MARK)
-        if not mark:
-            continue
-        try:
-            record = parse_attempt_record(json.loads(body))
-        except ValueError:  # a torn or foreign line: the others still count
-            continue
-        if record["attempt"] == attempt:
-            found = record
-    return found
+        for kind, mark in (("early", EARLY_ATTEMPT_LINE_MARK), ("final", ATTEMPT_LINE_MARK)):
+            _, marked, body = line.partition(mark)
+            if not marked:
+                continue
+            try:
+                record = parse_attempt_record(json.loads(body))
+            except ValueError:  # a torn or foreign line: the others still count
+                break
+            if record["attempt"] == attempt:
+                found[kind] = record
+            break
+    return found.get("final") or found.get("early")
 
 
 # --- 5. metrics.jsonl ----------------------------------------------------------

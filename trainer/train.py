@@ -405,7 +405,7 @@ def _record_failure(
         early = attempt.record(
             "failed", error=f"{type(exc).__name__}: {exc}", hint=hint, cause=cause_of(kind)
         )
-        print(attempt_record_line(early), file=sys.stderr, flush=True)
+        print(attempt_record_line(early, early=True), file=sys.stderr, flush=True)
     if training is not None:
         try:  # a save in flight is a good checkpoint: let it commit if the others can too
             if not training.checkpointer.wait(timeout=FAILED_SAVE_WAIT_S):

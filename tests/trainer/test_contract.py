@@ -211,6 +211,27 @@ def test_a_record_that_storage_refused_travels_in_the_log_and_is_found_again():
     assert attempt_record_in_log(tail, 4) is None and attempt_record_in_log("", 3) is None
 
 
+def test_rank_0s_final_record_wins_over_an_early_line_printed_after_it():
+    # A slower rank's early line (printed at once on an infrastructure failure, before the
+    # clean-up) can come after rank 0's complete record: the final one still counts.
+    final = attempt_record(
+        attempt=1,
+        outcome="failed",
+        last_step=40,
+        checkpoint_step=20,
+        world_size=2,
+        cause="storage",
+        metrics_unwritten=16,
+    )
+    early = {k: v for k, v in final.items() if k != "metrics_unwritten"}
+    early_line = attempt_record_line(early, early=True)
+    assert early_line.startswith("trainops-attempt-record-early: {")
+    tail = f"[node-0] {attempt_record_line(final)}\n[node-0] {early_line}"
+    assert attempt_record_in_log(tail, 1) == final
+    # rank 0 stopped before its final line: the early one is all there is, and it is used
+    assert attempt_record_in_log(f"[node-0] {early_line}", 1) == early
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
