@@ -1,14 +1,17 @@
-"""The wait / decide / relaunch loop on the Kubernetes backend, end to end at the hook boundary.
+"""The wait / decide / relaunch loop on the Kubernetes backend, end to end at the hook boundary,
+on a simulated control plane.
 
 FSDPTrainingOperator, its triggers (run for real, in this process) and KubernetesCluster are
-the production code; ``FakeKubernetes`` stands in for the API server, and ``play`` for the
-cluster: it gives the Job the operator created the pods and status of recorded, real-world
-objects (tests/data/k8s), as the job controller and kubelets would. The test writes the
-trainer's attempt records, as the trainer would.
+the production code; ``ControlPlane`` stands in for the API server, the Job controller, the
+scheduler and the kubelets (tests/trainops/cluster/kubernetes/control_plane.py): the pods are
+made from the Job trainops rendered, and move on in simulated time (every API call takes one
+simulated second). ``Trainer`` plays the trainer's part in each pod: it logs, writes its
+attempt record and exits, as the trainer would.
 """
 
 import asyncio
 import json
+import re
 import time
 from types import SimpleNamespace
 
@@ -16,7 +19,8 @@ import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
 import trainops.cluster
-from tests.trainops.cluster.kubernetes.fake_k8s import DATA, RECORDED, T0, FakeKubernetes
+from tests.trainops.cluster.kubernetes.control_plane import COMPLETION_INDEX, ControlPlane
+from tests.trainops.cluster.kubernetes.fake_k8s import load
 from tests.trainops.operators.helpers import staged_dataset
 from trainer.contract import RunLayout, attempt_record, run_prefix
 from trainer.storage import open_storage
@@ -24,15 +28,81 @@ from trainops.cluster.kubernetes.backend import KubernetesCluster
 from trainops.operators import FSDPTrainingOperator
 
 RUN_ID = "scheduled__2026-01-01T00:00:00+00:00"
+NODES = [f"gke-ml-spot-a100-pool-7c1d9e2b-{i}" for i in range(4)]
+
+
+class Trainer:
+    """The trainer in each pod of each attempt: ``scripts[attempt]`` says what it does.
+
+    ``complete``: logs a step every 10 s, and after ``run_s`` rank 0 writes the ``completed``
+    record and every node exits 0. ``preempt``: after 10 s node 1 is preempted by the scheduler,
+    and rank 0 writes the ``preempted`` record (its SIGTERM handler's emergency checkpoint).
+    ``fail``: node 0 prints a traceback, writes the ``failed`` record and exits 1.
+    """
+
+    def __init__(self, root, scripts=None, *, run_s=30.0, steps=100, resumed_from=None):
+        self.root, self.scripts, self.run_s, self.steps = root, scripts or {}, run_s, steps
+        self.resumed_from = resumed_from
+        self.logged = {}
+
+    def __call__(self, plane, pod, ran):
+        meta = pod["metadata"]
+        attempt, index = int(meta["labels"]["trainops/attempt"]), int(meta["annotations"][COMPLETION_INDEX])
+        script = self.scripts.get(attempt, "complete")
+        step = min(self.steps, int(ran * self.steps / self.run_s))
+        if index == 0 and step // 10 > self.logged.get(meta["name"], -1):
+            self.logged[meta["name"]] = step // 10
+            plane.write_log(meta["name"], f"step {step} loss {2.5 - step / 100:.3f}")
+        if script == "preempt" and ran >= 10 and index == 1:
+            trainer_writes(
+                self.root, attempt, "preempted", signal="SIGTERM", last_step=50, checkpoint_step=50
+            )
+            plane.preempt(pod)
+        if script == "fail" and ran >= 5 and index == 0:
+            plane.write_log(
+                meta["name"],
+                "Traceback (most recent call last):",
+                "FloatingPointError: loss is nan at step 12",
+            )
+            trainer_writes(
+                self.root,
+                attempt,
+                "failed",
+                error="FloatingPointError: loss is nan at step 12",
+                hint="lower train.lr or enable gradient clipping",
+            )
+            return 1
+        if script == "complete" and ran >= self.run_s:
+            if index == 0:
+                resumed = (
+                    {"resumed_from_step": self.resumed_from} if attempt > 1 and self.resumed_from else {}
+                )
+                trainer_writes(
+                    self.root,
+                    attempt,
+                    "completed",
+                    last_step=self.steps,
+                    checkpoint_step=self.steps,
+                    **resumed,
+                )
+            return 0
+        return None
 
 
 @pytest.fixture
-def api(monkeypatch):
-    fake = FakeKubernetes()
+def plane(monkeypatch):
+    simulated = ControlPlane(call_s=1.0)
+    simulated.sigterm_exit_s = 5  # the trainer's emergency checkpoint, then exit
+    for name in NODES:
+        simulated.add_node(name, recorded=load("node-gke-spot-a2"))
     monkeypatch.setattr(
-        trainops.cluster, "get_cluster", lambda name, **options: KubernetesCluster(hook=fake, **options)
+        trainops.cluster,
+        "get_cluster",
+        lambda name, **options: KubernetesCluster(
+            hook=simulated, clock=simulated.clock, sleep=simulated.sleep, **options
+        ),
     )
-    return fake
+    return simulated
 
 
 @pytest.fixture
@@ -69,32 +139,7 @@ def first_event(trigger):
         async for event in trigger.run():
             return event.payload
 
-    return asyncio.run(asyncio.wait_for(take(), timeout=30))
-
-
-def jobs(api):
-    return sorted(name for kind, _, name in api.objects if kind == "Job")
-
-
-def play(api, pods, job_status=None):
-    """The newest Job gets one pod per recorded pod (index = position) and, when given, the
-    recorded Job's status."""
-    job = api.objects[("Job", "ml", jobs(api)[-1])]
-    name = job["metadata"]["name"]
-    for index, recorded in enumerate(pods):
-        pod = json.loads((DATA / f"{recorded}.json").read_text().replace(RECORDED, name))
-        meta = pod["metadata"]
-        meta["name"] = f"{name}-{index}-p{index}q7z"
-        meta["labels"]["batch.kubernetes.io/job-completion-index"] = str(index)
-        meta.setdefault("annotations", {})["batch.kubernetes.io/job-completion-index"] = str(index)
-        if pod["spec"].get("nodeName"):  # a node that exists (a vanished one means "lost")
-            api.nodes.add(pod["spec"]["nodeName"])
-        api.add(pod)
-    if job_status:
-        job["status"] = json.loads((DATA / f"{job_status}.json").read_text().replace(RECORDED, name))[
-            "status"
-        ]
-    return name
+    return asyncio.run(asyncio.wait_for(take(), timeout=60))
 
 
 def trainer_writes(root, attempt, outcome, **kw):
@@ -104,41 +149,42 @@ def trainer_writes(root, attempt, outcome, **kw):
     open_storage(root).put_json(layout_of(root).attempt(attempt), record)
 
 
+def quick(trigger, **kw):
+    """The same trigger, polling every 10 ms (and ``kw``): simulated time moves per call."""
+    return type(trigger)(**{**trigger.serialize()[1], "poll_interval": 0.01, **kw})
+
+
 def next_attempt(op, context, event, *, skip_back_off=False):
     """execute_complete deletes the attempt; JobGoneTrigger waits for its pods; relaunch."""
     with pytest.raises(TaskDeferred) as gone_wait:
         op.execute_complete(context, event)
     trigger = gone_wait.value.trigger
-    if skip_back_off:  # the back-off is tested elsewhere; here it is cut short
-        trigger = type(trigger)(**{**trigger.serialize()[1], "not_before": time.time()})
+    extra = {"not_before": time.time()} if skip_back_off else {}  # the back-off is tested elsewhere
     with pytest.raises(TaskDeferred) as relaunched:
-        op.relaunch_when_gone(context, first_event(trigger))
+        op.relaunch_when_gone(context, first_event(quick(trigger, **extra)))
     return relaunched.value
 
 
-def test_preempted_gang_is_deleted_whole_then_relaunched_and_resumes(file_root, api, context, caplog, capsys):
+def test_preempted_gang_is_deleted_whole_then_relaunched_and_resumes(
+    file_root, plane, context, caplog, capsys
+):
+    plane.program = Trainer(file_root, {1: "preempt"}, resumed_from=50)
     op = operator(file_root)
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(context)
-    first = play(
-        api, ["pod-running", "pod-disruption-preemption-by-scheduler"], "job-failed-podfailurepolicy"
-    )
-    api.write_log(f"{first}-0-p0q7z", "step 40 loss 2.131", "step 50 loss 2.094", at=T0 + 10)
-    trainer_writes(file_root, 1, "preempted", signal="SIGTERM")
+    first = deferred.value.trigger.handle["job_id"]
+    pod = plane.pod(first, 0)["spec"]["containers"][0]
+    assert "torch.distributed.run" in pod["command"] and pod["name"] == "trainer"  # rendered, not recorded
     caplog.set_level("INFO")
     event = first_event(deferred.value.trigger)
     logged = caplog.text + capsys.readouterr().out
-    assert "[node-0] step 40 loss 2.131" in logged and "[node-0] step 50 loss 2.094" in logged
-    assert "job train-" in logged and "is failed (PodFailurePolicy" in logged
-    assert event["state"]["disruptions"][0]["reason"] == "PreemptionByScheduler"
+    assert "[node-0] step 0 loss 2.500" in logged
+    assert f"job {first} is failed (PodFailurePolicy" in logged and "DisruptionTarget" in logged
 
     second = next_attempt(op, context, event)
-    assert ("delete", "Job", first, "Foreground") in api.calls
-    assert not [k for k in api.objects if k[0] == "Pod" and k[2].startswith(first)]
-    assert second.trigger.handle["job_id"].endswith("-a2") and jobs(api) == [second.trigger.handle["job_id"]]
+    assert not plane.pods(first) and plane.jobs() == [second.trigger.handle["job_id"]]
+    assert second.trigger.handle["job_id"].endswith("-a2")
 
-    play(api, ["pod-succeeded", "pod-succeeded"], "job-complete")
-    trainer_writes(file_root, 2, "completed", last_step=100, checkpoint_step=100, resumed_from_step=50)
     result = op.execute_complete(context, first_event(second.trigger))
     assert (result["steps"], result["attempts"], result["preemptions"], result["steps_lost"]) == (
         100,
@@ -148,113 +194,99 @@ def test_preempted_gang_is_deleted_whole_then_relaunched_and_resumes(file_root, 
     )
     record = job_json(file_root)
     assert [a["classification"] for a in record["attempts"]] == ["preempted", "succeeded"]
-    assert "preempting to accommodate a higher priority pod" in record["attempts"][0]["reason"]
     assert [m["kind"] for m in record["attempts"][0]["manifests"]] == ["Service", "Job"]
+    assert plane.deletions(live_jobs_only=True) == []  # the failed Job was deleted, no live one
 
 
-def test_preemption_storm_exhausts_the_budget(file_root, api, context):
+def test_preemption_storm_exhausts_the_budget(file_root, plane, context):
+    plane.program = Trainer(file_root, {1: "preempt", 2: "preempt"})
     op = operator(file_root, max_preemptions=1)
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(context)
-    play(api, ["pod-running", "pod-gke-node-shutdown-terminated"], "job-failed-exitcode")
-    trainer_writes(file_root, 1, "preempted", signal="SIGTERM")
     deferred = next_attempt(op, context, first_event(deferred.value.trigger))
-    play(api, ["pod-disruption-taint-manager", "pod-running"], "job-failed-podfailurepolicy")
     with pytest.raises(RuntimeError, match="preempted 2 times, over the budget of 1"):
-        op.execute_complete(context, first_event(deferred.trigger))  # no record: SIGKILLed
+        op.execute_complete(context, first_event(deferred.trigger))
     record = job_json(file_root)
     assert (record["status"], record["preemptions"], len(record["attempts"])) == ("failed", 2, 2)
 
 
-def required_terms(api, job_name):
-    pod_spec = api.objects[("Job", "ml", job_name)]["spec"]["template"]["spec"]
+def required_terms(plane, job_name):
+    pod_spec = plane.job(job_name)["spec"]["template"]["spec"]
     return pod_spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"
     ]
 
 
-def test_spot_then_on_demand_after_preemptions(file_root, api, context):
+def test_spot_then_on_demand_after_preemptions(file_root, plane, context):
+    plane.program = Trainer(file_root, {1: "preempt"})
     op = operator(file_root, capacity="spot-then-on-demand", fallback_after=1, unschedulable_timeout=60)
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(context)
-    first = jobs(api)[0]
-    assert "cloud.google.com/gke-spot" in json.dumps(required_terms(api, first))
-    play(api, ["pod-running", "pod-disruption-preemption-by-scheduler"], "job-failed-podfailurepolicy")
-    trainer_writes(file_root, 1, "preempted", signal="SIGTERM")
+    first = plane.jobs()[0]
+    assert "cloud.google.com/gke-spot" in json.dumps(required_terms(plane, first))
     second = next_attempt(op, context, first_event(deferred.value.trigger)).trigger.handle["job_id"]
-    terms = json.dumps(required_terms(api, second))
+    terms = json.dumps(required_terms(plane, second))
     assert '"operator": "DoesNotExist"' in terms and '"values": ["true"]' not in terms  # no spot node
     assert job_json(file_root)["capacity"] == "on-demand"
 
 
-def test_spot_then_on_demand_when_spot_never_comes(file_root, api, context):
+def test_spot_then_on_demand_when_spot_never_comes(file_root, plane, context):
+    for name in NODES:
+        plane.set_ready(name, False)  # no node takes the pods: Unschedulable
     op = operator(file_root, capacity="spot-then-on-demand", unschedulable_timeout=60, max_infra_retries=0)
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(context)
-    play(api, ["pod-unschedulable", "pod-unschedulable"])  # pending since 2026-01-01
+    started = plane.now
     event = first_event(deferred.value.trigger)
-    assert event["state"]["unschedulable"] is True
+    assert event["state"]["unschedulable"] is True and 60 < plane.now - started < 90  # simulated s
     relaunched = next_attempt(op, context, event)  # at once, and no infra retry spent
     assert relaunched.trigger.handle["labels"]["trainops/attempt"] == "2"
     record = job_json(file_root)
     assert (record["capacity"], record["infra_failures"]) == ("on-demand", 0)
 
 
-def test_image_pull_failure_is_retried_after_a_back_off_then_succeeds(file_root, api, context):
+def test_image_pull_failure_is_retried_after_a_back_off_then_succeeds(file_root, plane, context):
+    plane.image_error, plane.program = "ImagePullBackOff", Trainer(file_root)
     op = operator(file_root)
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(context)
-    play(api, ["pod-imagepullbackoff", "pod-imagepullbackoff"])
     with pytest.raises(TaskDeferred) as back_off:
         op.execute_complete(context, first_event(deferred.value.trigger))
     assert 25 < back_off.value.trigger.serialize()[1]["not_before"] - time.time() <= 30
-    assert len(jobs(api)) == 0  # deleted at once; the next one waits out the back-off
-    trigger = type(back_off.value.trigger)(
-        **{**back_off.value.trigger.serialize()[1], "not_before": time.time()}
-    )
+    plane.tick(1)
+    assert plane.jobs() == [] and plane.pods() == []  # deleted at once (never ran: nothing to stop)
+    plane.image_error = None  # the registry is back
     with pytest.raises(TaskDeferred) as relaunched:
-        op.relaunch_when_gone(context, first_event(trigger))
-    play(api, ["pod-succeeded", "pod-succeeded"], "job-complete")
-    trainer_writes(file_root, 2, "completed", last_step=100, checkpoint_step=100)
+        op.relaunch_when_gone(context, first_event(quick(back_off.value.trigger, not_before=time.time())))
     result = op.execute_complete(context, first_event(relaunched.value.trigger))
     assert (result["attempts"], result["preemptions"]) == (2, 0)
     assert [a["classification"] for a in job_json(file_root)["attempts"]] == ["infra", "succeeded"]
 
 
-def test_an_error_fails_with_the_trainers_hint_and_the_pods_last_lines(file_root, api, context):
+def test_an_error_fails_with_the_trainers_hint_and_the_pods_last_lines(file_root, plane, context):
+    plane.program = Trainer(file_root, {1: "fail"})
     op = operator(file_root)
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(context)
-    name = play(api, ["pod-error-exit1", "pod-running"], "job-failed-exitcode")
-    api.write_log(
-        f"{name}-0-p0q7z",
-        "Traceback (most recent call last):",
-        "FloatingPointError: loss is nan at step 12",
-        at=T0 + 5,
-    )
-    trainer_writes(
-        file_root,
-        1,
-        "failed",
-        error="FloatingPointError: loss is nan at step 12",
-        hint="lower train.lr or enable gradient clipping",
-    )
+    event = first_event(deferred.value.trigger)
+    assert "failed with exit code 1 matching FailJob rule at index 1" in event["state"]["reason"]
     with pytest.raises(RuntimeError) as failure:
-        op.execute_complete(context, first_event(deferred.value.trigger))
+        op.execute_complete(context, event)
     message = str(failure.value)
     assert "lower train.lr or enable gradient clipping" in message
     assert "[node-0] FloatingPointError: loss is nan at step 12" in message
-    assert len(jobs(api)) == 1 and job_json(file_root)["status"] == "failed"  # no relaunch
+    assert len(plane.jobs()) == 1 and job_json(file_root)["status"] == "failed"  # no relaunch
 
 
-def test_rerun_reattaches_restart_deletes_nothing_and_kill_deletes_everything(file_root, api, context):
+def test_rerun_reattaches_restart_deletes_nothing_and_kill_deletes_everything(file_root, plane, context):
+    plane.program = Trainer(file_root, run_s=10_000)
     with pytest.raises(TaskDeferred) as deferred:
         operator(file_root).execute(context)
-    name = play(api, ["pod-running", "pod-running"])
+    name = deferred.value.trigger.handle["job_id"]
     with pytest.raises(TaskDeferred) as again:  # a re-run task (new worker) finds the live job
         operator(file_root).execute(context)
-    assert again.value.trigger.handle["job_id"] == name and jobs(api) == [name]
-    assert [c[1] for c in api.calls if c[0] == "create"] == ["Service", "Job"]
+    assert again.value.trigger.handle["job_id"] == name and plane.jobs() == [name]
+    assert [c.resource for c in plane.calls if c.verb == "create"] == ["services", "jobs"]
 
     trigger = deferred.value.trigger
 
@@ -263,10 +295,130 @@ def test_rerun_reattaches_restart_deletes_nothing_and_kill_deletes_everything(fi
         await asyncio.sleep(0.1)
         polling.cancel()  # the triggerer restarts: cancels and cleans up its triggers
         await trigger.cleanup()
-        alive = sorted(k[0] for k in api.objects)
+        alive = sorted({c.resource for c in plane.calls if c.verb == "delete"})
         await trigger.on_kill()  # a user marks the task failed
         return alive
 
-    assert asyncio.run(restart_then_kill()) == ["Job", "Pod", "Pod", "Service"]
-    assert api.objects == {}  # the Job (Foreground: its pods with it) and the Service
-    assert ("delete", "Job", name, "Foreground") in api.calls
+    assert asyncio.run(restart_then_kill()) == []
+    assert {p["status"]["phase"] for p in plane.pods(name)} == {"Running"}
+    job = plane.job(name)  # Foreground: the Job stays, Terminating, until its pods are gone
+    assert job["metadata"]["deletionTimestamp"] and job["metadata"]["finalizers"] == ["foregroundDeletion"]
+    assert all(p["metadata"].get("deletionTimestamp") for p in plane.pods(name))
+    plane.tick(6)  # the trainers' emergency checkpoint (5 s), then exit
+    assert plane.objects == {}  # the Job, its pods and the Service
+
+
+# What the API throws at a run, by call: 100 faults in all, each kind spread over the run by a
+# seeded draw (so the same calls fail at every run of the test) and capped, so all 100 land.
+BLIPS = [
+    {"verb": "get", "resource": "jobs", "status": 503, "probability": 0.3, "times": 20},
+    {"verb": "list", "resource": "pods", "status": 500, "probability": 0.1, "times": 15},
+    {"verb": "list", "resource": "pods", "status": 504, "probability": 0.1, "times": 10},
+    {"verb": "list", "resource": "pods", "timeout": True, "probability": 0.05, "times": 5},
+    {"verb": "get", "resource": "pods/log", "reset": True, "probability": 0.2, "times": 20},
+    {"verb": "get", "resource": "nodes", "status": 429, "retry_after": 2, "probability": 0.1, "times": 12},
+    {"verb": "get", "resource": "nodes", "reset": True, "probability": 0.05, "times": 8},
+    {"verb": "list", "resource": "jobs", "status": 503, "times": 2},  # the launch's reattach check
+    {"verb": "create", "resource": "services", "status": 503, "times": 3},
+    {"verb": "create", "resource": "services", "status": 500, "lost_reply": True, "times": 1},
+    {"verb": "create", "resource": "jobs", "status": 429, "retry_after": 1, "times": 4},
+]
+
+
+def test_a_hundred_api_blips_over_a_run_kill_nothing_and_the_run_succeeds(file_root, plane, context, caplog):
+    """The done criterion of #13: 100 transient API faults (5xx, 429, resets, timeouts, a reply
+    lost after the server acted) spread over one run: it succeeds on its first attempt, and no
+    read error deleted anything. The backend's retries alone ride them out (no trigger-level
+    outage tolerance needed). Simulated time: the run lasts 15 simulated minutes."""
+    for seed, blip in enumerate(BLIPS):
+        plane.inject(seed=seed, **blip)
+    plane.program = Trainer(file_root, run_s=900)
+    caplog.set_level("WARNING", logger="trainops.cluster.kubernetes.api_retry")
+    started = plane.now
+
+    result = operator(file_root, deferrable=False).execute(context)
+
+    assert (result["steps"], result["attempts"], result["preemptions"]) == (100, 1, 0)
+    assert [f.hits for f in plane.faults] == [b["times"] for b in BLIPS]  # every fault landed
+    injected = plane.faults_injected()
+    retried = caplog.text.count("kubernetes API: ")
+    deletions = plane.deletions()
+    landed = [c.t - started for c in plane.calls if c.fault]
+    print(
+        f"\n{injected} API faults from {landed[0]:.0f} s to {landed[-1]:.0f} s of a run of "
+        f"{plane.now - started:.0f} simulated s, {retried} retries, {len(deletions)} deletions "
+        f"({len(plane.deletions(live_jobs_only=True))} of a live job)"
+    )
+    assert landed[-1] - landed[0] > 300  # spread over the run, not one burst
+    assert injected == 100 and retried == 100  # each fault retried once, each retry logged once
+    counts = [int(n) for n in re.findall(r"\((\d+) API retries so far\)", caplog.text)]
+    # a running count per client: the operator's (launch) and the trigger's (the watching)
+    assert sorted(counts) == sorted([*range(1, counts.index(1, 1) + 1), *range(1, 101 - counts.index(1, 1))])
+    assert plane.deletions(live_jobs_only=True) == []
+    assert [c.resource for c in plane.calls if c.verb == "create" and c.acted] == ["services", "jobs"]
+    assert job_json(file_root)["attempts"][0]["classification"] == "succeeded"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs the operator to reattach on JobAlreadyExists (the launch path, another area "
+    "of #13): remove this marker once FSDPTrainingOperator._launch catches it",
+)
+def test_a_lost_create_reply_reattaches_to_the_job_it_created(file_root, plane, context):
+    """The Job is created, the reply is lost, the retry answers 409: the backend raises
+    JobAlreadyExists and the operator watches that Job; it never creates a second one."""
+    plane.inject("create", "jobs", status=504, lost_reply=True, times=1)
+    plane.program = Trainer(file_root)
+    result = operator(file_root, deferrable=False).execute(context)
+    assert result["attempts"] == 1
+    assert [c.resource for c in plane.calls if c.verb == "create" and c.acted] == ["services", "jobs"]
+    assert plane.deletions() == []
+
+
+def test_a_reclaimed_node_is_lost_and_the_next_gang_starts_only_once_the_old_pods_are_gone(
+    file_root, plane, context
+):
+    """A spot VM vanishes under node 1: its kubelet goes silent (NotReady), then the Node is
+    deleted. The attempt is lost (a preemption); its pods are deleted, the one on the gone node
+    stays listed until the pod garbage collector takes it, and only then does attempt 2 start."""
+    overlaps = []
+    trainer = Trainer(file_root, resumed_from=50)
+
+    def program(plane, pod, ran):
+        meta = pod["metadata"]
+        attempt, index = int(meta["labels"]["trainops/attempt"]), int(meta["annotations"][COMPLETION_INDEX])
+        if attempt == 2:  # is any pod of attempt 1 still there?
+            overlaps.extend(
+                p["metadata"]["name"]
+                for p in plane.pods()
+                if p["metadata"]["labels"]["trainops/attempt"] == "1"
+            )
+        if attempt == 1 and index == 0 and ran >= 10:
+            node = plane.pod(meta["labels"]["job-name"], 1)["spec"]["nodeName"]
+            if node in plane.nodes and plane.ready(node):
+                plane.set_ready(node, False)
+                lost.append((node, plane.now))
+            elif node in plane.nodes and plane.now - lost[0][1] >= 30:
+                plane.remove_node(node)  # the cloud deleted the VM; the Node goes with it
+                lost.append((node, plane.now))
+            return None
+        return trainer(plane, pod, ran)
+
+    lost = []
+    plane.program = program
+    op = operator(file_root)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    first = deferred.value.trigger.handle["job_id"]
+    event = first_event(deferred.value.trigger)
+    assert event["state"]["phase"] == "lost" and "no longer exists" in event["state"]["reason"]
+    trainer_writes(file_root, 1, "preempted", signal="SIGTERM")  # rank 0's emergency checkpoint
+    second = next_attempt(op, context, event)
+    relaunched_at = next(
+        c.t for c in plane.calls if c.verb == "create" and c.name == second.trigger.handle["job_id"]
+    )
+    assert relaunched_at >= lost[1][1] + plane.podgc_s  # it waited for the pod garbage collector
+    result = op.execute_complete(context, first_event(second.trigger))
+    assert (result["attempts"], result["preemptions"]) == (2, 1)
+    assert overlaps == []  # never two gangs at once
+    assert [c.name for c in plane.deletions(live_jobs_only=True)] == [first]  # the lost one only

@@ -16,8 +16,9 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from trainops.cluster.base import Chaos, JobHandle, JobState, LogCursor, ObjectRef
+from trainops.cluster.base import Chaos, JobAlreadyExists, JobHandle, JobState, LogCursor, ObjectRef
 from trainops.cluster.kubernetes import indexed_job, logs, pytorchjob, trainjob
+from trainops.cluster.kubernetes.api_retry import DEFAULT_API_RETRY_S, ApiRetry, ApiUnavailable
 from trainops.cluster.kubernetes.names import label_value
 from trainops.cluster.kubernetes.nodes import NodeType, node_type
 from trainops.cluster.kubernetes.objects import Json
@@ -71,9 +72,13 @@ class KubernetesCluster:
         namespace, else ``default``. Jobs are created in their JobSpec's namespace.
     :param unschedulable_deadline_s: seconds pods may stay unschedulable before the attempt
         counts as an infrastructure failure (not while Kueue holds it suspended).
+    :param api_retry_s: how long one API call rides out 5xx, 429 and connection errors,
+        retried with back-off (:mod:`.api_retry`), before it raises
+        :class:`~trainops.cluster.kubernetes.api_retry.ApiUnavailable`; ``0``: no retries.
     :param hook: a ready hook (tests); default: ``KubernetesHook(conn_id=kubernetes_conn_id)``,
         created on first use.
     :param clock: the current time in epoch seconds (tests); default ``time.time``.
+    :param sleep: waits out a retry's back-off (tests: a simulated clock's); default ``time.sleep``.
     """
 
     name = "kubernetes"
@@ -84,14 +89,18 @@ class KubernetesCluster:
         kubernetes_conn_id: str | None = "kubernetes_default",
         namespace: str | None = None,
         unschedulable_deadline_s: float = 900,
+        api_retry_s: float = DEFAULT_API_RETRY_S,
         hook: Any = None,
         clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
     ):
         self.kubernetes_conn_id = kubernetes_conn_id
         self._namespace = namespace
         self.unschedulable_deadline_s = unschedulable_deadline_s
         self._hook = hook
         self._clock = clock
+        # the retry budget is measured on the monotonic clock, unless a test brings its own
+        self.api = ApiRetry(api_retry_s, clock=time.monotonic if clock is time.time else clock, sleep=sleep)
         self._read_nodes = True  # off after a 403: the node check needs a ClusterRole
         # node name -> its labels (None: gone before it was read)
         self._node_labels: dict[str, dict[str, str] | None] = {}
@@ -121,10 +130,15 @@ class KubernetesCluster:
             self._serializer = ApiClient()
         return self._serializer.sanitize_for_serialization(obj)
 
-    def _ignore_missing(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``call`` result, or None when the object is not there (404)."""
+    def _call(self, what: str, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``call(*args, **kwargs)``, its blips (5xx, 429, connection errors) retried."""
+        return self.api.call(what, call, *args, **kwargs)
+
+    def _ignore_missing(self, what: str, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``call`` result (blips retried), or None when the object is not there (404). A
+        delete whose reply was lost and whose retry finds the object gone lands here too."""
         try:
-            return call(*args, **kwargs)
+            return self._call(what, call, *args, **kwargs)
         except Exception as exc:
             if _status_code(exc) == 404:
                 return None
@@ -155,8 +169,14 @@ class KubernetesCluster:
         created: list[Json] = []
         try:
             for manifest in manifests:
-                self._create(manifest, spec.namespace, is_job=manifest is job)
+                try:
+                    self._create(manifest, spec.namespace, handle if manifest is job else None)
+                except ApiUnavailable:
+                    created.append(manifest)  # its reply may have been lost after it was created
+                    raise
                 created.append(manifest)
+        except JobAlreadyExists:
+            raise  # the Service and PodGroup are the existing job's too: delete nothing
         except Exception:
             try:
                 self._delete_objects([_ref(m) for m in created], spec.namespace)
@@ -165,9 +185,16 @@ class KubernetesCluster:
             raise
         return handle
 
-    def _create(self, manifest: Json, namespace: str, is_job: bool) -> None:
+    def _create(self, manifest: Json, namespace: str, job_handle: JobHandle | None) -> None:
+        """Create one object; 409 AlreadyExists is fine for a Service or PodGroup (derived from
+        the JobSpec alone, an existing one fits) and :class:`JobAlreadyExists` for the job
+        (``job_handle``): an earlier launch of this attempt, or this one whose reply was lost."""
         kind, name = manifest["kind"], manifest["metadata"]["name"]
-        try:
+        tries = 0
+
+        def create() -> None:
+            nonlocal tries
+            tries += 1
             if kind == "Service":
                 self.hook.core_v1_client.create_namespaced_service(namespace, manifest)
             elif kind == indexed_job.KIND:
@@ -177,16 +204,24 @@ class KubernetesCluster:
                 self.hook.custom_object_client.create_namespaced_custom_object(
                     group, version, namespace, plural, manifest
                 )
+
+        try:
+            self._call(f"create {kind} {namespace}/{name}", create)
         except Exception as exc:
             if _status_code(exc) != 409:
                 raise
-            if is_job:
-                raise RuntimeError(
-                    f"{kind} {name!r} already exists in namespace {namespace!r}: a previous launch "
-                    f"of this attempt is still there; delete it (kubectl -n {namespace} delete "
-                    f"{kind.lower()} {name}) or let the operator reattach to it"
-                ) from exc
-            # Services and PodGroups are derived from the JobSpec alone: an existing one fits.
+            if job_handle is None:
+                return
+            how = (
+                "this launch created it, and the reply was lost"
+                if tries > 1
+                else "an earlier launch of this attempt created it"
+            )
+            raise JobAlreadyExists(
+                f"{kind} {name!r} already exists in namespace {namespace!r} ({how}): reattach to "
+                f"it, or delete it (kubectl -n {namespace} delete {kind.lower()} {name}) to launch anew",
+                job_handle,
+            ) from exc
 
     def _read_job(self, handle: JobHandle) -> Json | None:
         ns, name, (_, api_kind) = handle["namespace"], handle["job_id"], JOB_OBJECTS[handle["kind"]]
@@ -194,6 +229,7 @@ class KubernetesCluster:
             group, version, plural = CUSTOM_KINDS[api_kind]
             return self._plain(
                 self._ignore_missing(
+                    f"get {api_kind} {ns}/{name}",
                     self.hook.custom_object_client.get_namespaced_custom_object,
                     group,
                     version,
@@ -202,18 +238,28 @@ class KubernetesCluster:
                     name,
                 )
             )
-        return self._plain(self._ignore_missing(self.hook.batch_v1_client.read_namespaced_job, name, ns))
+        return self._plain(
+            self._ignore_missing(
+                f"get Job {ns}/{name}", self.hook.batch_v1_client.read_namespaced_job, name, ns
+            )
+        )
 
     def _pods(self, handle: JobHandle) -> list[Json]:
-        pods = self.hook.core_v1_client.list_namespaced_pod(
-            handle["namespace"], label_selector=label_selector(pod_selector(handle["kind"], handle["job_id"]))
+        ns, selector = handle["namespace"], label_selector(pod_selector(handle["kind"], handle["job_id"]))
+        pods = self._call(
+            f"list pods {ns}/{selector}",
+            self.hook.core_v1_client.list_namespaced_pod,
+            ns,
+            label_selector=selector,
         )
         items: list[Json] = self._plain(pods).get("items") or []
         return items
 
     def _read_node(self, name: str) -> Json | None:
         """The node ``name``, or None when it is gone; remembers its labels."""
-        node: Json | None = self._plain(self._ignore_missing(self.hook.core_v1_client.read_node, name))
+        node: Json | None = self._plain(
+            self._ignore_missing(f"get Node {name}", self.hook.core_v1_client.read_node, name)
+        )
         if node is not None:
             self._node_labels[name] = dict((node.get("metadata") or {}).get("labels") or {})
         return node
@@ -265,7 +311,7 @@ class KubernetesCluster:
         state = job_state(
             job,
             pods,
-            now=datetime.now(UTC),
+            now=datetime.fromtimestamp(self._clock(), UTC),
             unschedulable_deadline_s=self.unschedulable_deadline_s,
             node_names_present=self._nodes_present(pods),
         )
@@ -286,10 +332,14 @@ class KubernetesCluster:
     def _delete_objects(self, refs: list[ObjectRef], namespace: str) -> None:
         for ref in reversed(refs):  # the job first, then what its pods used
             kind, name = ref["kind"], ref["name"]
+            what = f"delete {kind} {namespace}/{name}"
             if kind == "Service":
-                self._ignore_missing(self.hook.core_v1_client.delete_namespaced_service, name, namespace)
+                self._ignore_missing(
+                    what, self.hook.core_v1_client.delete_namespaced_service, name, namespace
+                )
             elif kind == indexed_job.KIND:
                 self._ignore_missing(
+                    what,
                     self.hook.batch_v1_client.delete_namespaced_job,
                     name,
                     namespace,
@@ -298,6 +348,7 @@ class KubernetesCluster:
             else:
                 group, version, plural = CUSTOM_KINDS[kind]
                 self._ignore_missing(
+                    what,
                     self.hook.custom_object_client.delete_namespaced_custom_object,
                     group,
                     version,
@@ -316,12 +367,20 @@ class KubernetesCluster:
         ns, selector = self.namespace, label_selector(labels)
         # The API server leaves kind and apiVersion out of a list's items (kubernetes#3030):
         # each job goes with the API kind it was listed by.
-        listed = self._plain(self.hook.batch_v1_client.list_namespaced_job(ns, label_selector=selector))
+        listed = self._plain(
+            self._call(
+                f"list Jobs {ns}/{selector}",
+                self.hook.batch_v1_client.list_namespaced_job,
+                ns,
+                label_selector=selector,
+            )
+        )
         jobs: list[tuple[str, Json]] = [(indexed_job.KIND, job) for job in listed.get("items") or []]
         for api_kind in (pytorchjob.KIND, trainjob.KIND):
             group, version, plural = CUSTOM_KINDS[api_kind]
             # 404: that CRD (Training Operator, Trainer v2) is not installed: there are none
             listed = self._ignore_missing(
+                f"list {api_kind}s {ns}/{selector}",
                 self.hook.custom_object_client.list_namespaced_custom_object,
                 group,
                 version,
@@ -350,18 +409,20 @@ class KubernetesCluster:
     def _read_log(self, pod: Json, namespace: str, **options: Any) -> bytes:
         """The raw log of ``pod``'s trainer container. Raw, not the client's str: it would
         json-parse the body, and client 36 returns the repr of the bytes (``"b'...'"``)."""
-        response = self.hook.core_v1_client.read_namespaced_pod_log(
-            pod["metadata"]["name"],
-            namespace,
-            container=trainer_container(pod),
-            _preload_content=False,
-            **options,
-        )
-        try:
-            data: bytes = response.data
-            return data
-        finally:
-            response.release_conn()
+        name = pod["metadata"]["name"]
+
+        def read() -> bytes:
+            response = self.hook.core_v1_client.read_namespaced_pod_log(
+                name, namespace, container=trainer_container(pod), _preload_content=False, **options
+            )
+            try:
+                data: bytes = response.data  # a reset while reading the body is retried too
+                return data
+            finally:
+                response.release_conn()
+
+        data: bytes = self._call(f"read log of pod {namespace}/{name}", read)
+        return data
 
     def logs_tail(self, handle: JobHandle, lines: int = 30) -> str:
         """The last ``lines`` lines of each pod's trainer container, prefixed ``[node-<i>]``."""

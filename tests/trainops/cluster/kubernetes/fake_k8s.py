@@ -1,7 +1,10 @@
-"""An in-memory Kubernetes API at the hook boundary, for backend and operator scenario tests.
+"""An in-memory Kubernetes API at the hook boundary, for tests of what the backend reads out of
+a real cluster's answers (recorded objects are the truth for parsing). Behaviour over time
+(a Job controller, pod phases, graceful deletion, faults) is ``control_plane.ControlPlane``'s.
 
-``FakeKubernetes`` stands in for the hook and its three clients. It stores what is created,
-answers with the recorded objects of tests/data/k8s, and returns what the real client does:
+``FakeKubernetes`` stands in for the hook and its three clients. It stores what is created
+(409 for a name already there, as the API server answers), answers with the recorded objects
+of tests/data/k8s, and returns what the real client does:
 model objects (``V1PodList``) from core/batch, dicts from custom objects, ``ApiException``.
 As the API server does, the items of a core/batch list carry no ``kind`` or ``apiVersion``
 (kubernetes/kubernetes#3030); custom objects keep theirs.
@@ -102,6 +105,8 @@ class FakeKubernetes:
         self.calls.append(("create", kind, body["metadata"]["name"]))
         if kind in self.fail:
             raise ApiException(status=self.fail[kind])
+        if (kind, namespace, body["metadata"]["name"]) in self.objects:
+            raise api_error(409, "Conflict", f'{kind.lower()}s "{body["metadata"]["name"]}" already exists')
         self.add({**body, "metadata": {**body["metadata"], "namespace": namespace}})
 
     def _get(self, kind, namespace, name):
