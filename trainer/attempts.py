@@ -211,6 +211,7 @@ class Attempt:
     resumed_from_step: int | None = None
     last_step: int = 0
     checkpoint_step: int | None = None
+    emergency_save_s: float | None = None  # seconds from the stop to the committed emergency save
 
     def committed(self, step: int) -> None:
         """A checkpoint of ``step`` was committed (the checkpointer's ``on_commit``)."""
@@ -241,6 +242,7 @@ class Attempt:
             ended_at=now_iso(),
             cause=cause,
             metrics_unwritten=metrics_unwritten,
+            emergency_save_s=self.emergency_save_s,
         )
 
     def store(self, record: AttemptRecord, *, exclusive: bool = False) -> None:

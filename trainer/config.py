@@ -56,6 +56,12 @@ class TrainConfig:
     skip_grad_sync_in_accum: bool = False
     # true: torch.compile each block before sharding (slow first steps while it compiles).
     compile: bool = False
+    # Seconds a collective may wait for the other ranks before the process group fails it and
+    # the rank crashes (NCCL's watchdog, with TORCH_NCCL_ASYNC_ERROR_HANDLING=1; gloo raises):
+    # a hung or stopped rank then ends the attempt instead of holding the gang for PyTorch's
+    # default 30 min. It must exceed the longest wait between ranks: a checkpoint download on
+    # resume, rank 0's export at the end.
+    collective_timeout_s: float = 600.0
 
 
 @dataclass
@@ -111,6 +117,7 @@ POSITIVE = (
     "train.grad_accum_steps",
     "train.seq_len",
     "train.log_every",
+    "train.collective_timeout_s",
     "checkpoint.every_steps",
     "checkpoint.keep",
     "metrics.flush_every",

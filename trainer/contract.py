@@ -269,6 +269,7 @@ class AttemptRecord(TypedDict):
     ended_at: str | None
     cause: NotRequired[Cause]
     metrics_unwritten: NotRequired[int]
+    emergency_save_s: NotRequired[float]  # a preempted attempt: its emergency save's seconds
 
 
 def attempt_record(
@@ -286,6 +287,7 @@ def attempt_record(
     ended_at: str | None = None,
     cause: str | None = None,
     metrics_unwritten: int = 0,
+    emergency_save_s: float | None = None,
 ) -> AttemptRecord:
     """The trainer's account of one attempt.
 
@@ -295,6 +297,8 @@ def attempt_record(
 
     :param cause: why a failed attempt failed (one of ``CAUSES``; ``program`` when not given).
     :param metrics_unwritten: step records that never reached ``metrics.jsonl``.
+    :param emergency_save_s: seconds the emergency checkpoint took, from the agreed stop to
+        its commit (a preempted attempt; the operator compares it with the grace period).
     """
     if outcome not in OUTCOMES:
         raise ValueError(f"unknown attempt outcome {outcome!r}; expected one of {OUTCOMES}")
@@ -320,6 +324,8 @@ def attempt_record(
         record["cause"] = cause or "program"
     if metrics_unwritten:
         record["metrics_unwritten"] = int(metrics_unwritten)
+    if emergency_save_s is not None:
+        record["emergency_save_s"] = float(emergency_save_s)
     return record
 
 
@@ -338,6 +344,11 @@ def parse_attempt_record(data: object) -> AttemptRecord:
     if not isinstance(unwritten, int) or isinstance(unwritten, bool) or unwritten < 0:
         raise ValueError(
             f"attempt record field 'metrics_unwritten' must be an integer >= 0, got {unwritten!r}"
+        )
+    save_s = data.get("emergency_save_s", 0.0)
+    if isinstance(save_s, bool) or not isinstance(save_s, int | float) or save_s < 0:
+        raise ValueError(
+            f"attempt record field 'emergency_save_s' must be a number of seconds >= 0, got {save_s!r}"
         )
     return cast(AttemptRecord, data)
 

@@ -8,6 +8,7 @@ works on a laptop too.
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import sys
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from trainer.config import Config
 
 T = TypeVar("T")
+NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 
 # The compute dtype per precision; None keeps fp32 (no casting).
 PARAM_DTYPES: dict[str, torch.dtype | None] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
@@ -115,8 +117,13 @@ def gpu_shortfall(
     )
 
 
-def init_distributed() -> DistEnv:
+def init_distributed(timeout_s: float | None = None) -> DistEnv:
     """Join torchrun's process group (nccl on CUDA, gloo on CPU), or make a world of one.
+
+    :param timeout_s: how long a collective may wait for the other ranks before it fails
+        (``train.collective_timeout_s``; None: PyTorch's default, 30 min). With
+        ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` (set here unless the launcher set it) NCCL's
+        watchdog then aborts the rank, so a stuck peer ends the attempt.
 
     Raises :class:`GPUsMissing`, before any process group exists, when the launcher gave the
     node GPUs (``$TRAINOPS_GPUS_PER_NODE``) and fewer than ``$LOCAL_WORLD_SIZE`` are visible:
@@ -139,12 +146,17 @@ def init_distributed() -> DistEnv:
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
+    os.environ.setdefault(NCCL_ASYNC_ERROR_HANDLING, "1")  # read when the NCCL group is made
+    # None: PyTorch's default (init_process_group's own)
+    timeout = datetime.timedelta(seconds=timeout_s) if timeout_s else None
     if "RANK" in os.environ:
-        dist.init_process_group(backend, device_id=device if cuda else None)
+        dist.init_process_group(backend, device_id=device if cuda else None, timeout=timeout)
     else:
         # A file store needs no free port: a plain single process must not collide with others.
         store_path = os.path.join(tempfile.mkdtemp(prefix="trainops-"), "store")
-        dist.init_process_group(backend, store=dist.FileStore(store_path, 1), rank=0, world_size=1)
+        dist.init_process_group(
+            backend, store=dist.FileStore(store_path, 1), rank=0, world_size=1, timeout=timeout
+        )
     return DistEnv(dist.get_rank(), dist.get_world_size(), local_rank, device)
 
 

@@ -9,14 +9,17 @@ take one emergency checkpoint together.
 from __future__ import annotations
 
 import signal
+import time
 from types import FrameType
 
 
 class StopFlag:
-    """Set by SIGTERM/SIGINT; remembers which signal came first."""
+    """Set by SIGTERM/SIGINT; remembers which signal came first, and when (``at``, monotonic
+    seconds: the notice window starts there)."""
 
     def __init__(self) -> None:
         self.signal_name: str | None = None
+        self.at: float | None = None
 
     @property
     def is_set(self) -> bool:
@@ -24,6 +27,7 @@ class StopFlag:
 
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
         if self.signal_name is None:
+            self.at = time.monotonic()
             self.signal_name = signal.Signals(signum).name
 
     def install(self) -> StopFlag:

@@ -102,7 +102,7 @@ def run_train(config: Config) -> int:
     attempt: Attempt | None = None
     training: Training | None = None
     try:
-        env = parallel.init_distributed()
+        env = parallel.init_distributed(config.train.collective_timeout_s)
         logging.getLogger("trainer").setLevel(logging.INFO if env.is_main else logging.WARNING)
         number = on_rank0(env.rank, lambda: attempt_number(storage, layout))
         attempt = Attempt(storage, layout, number, env.world_size, started_at=started_at)
@@ -298,7 +298,7 @@ def train_loop(tr: Training, flag: StopFlag) -> str:
         if state.step % tr.config.checkpoint.every_steps == 0 and state.step < t.max_steps:
             tr.checkpointer.save_async(state.step)  # the loop waits only while the state is copied
         if stop:
-            _stop_preempted(tr, signal_name)
+            _stop_preempted(tr, signal_name, flag.at)
             return "preempted"
     _finish(tr)
     return "completed"
@@ -344,13 +344,17 @@ def _log_step(
         print(line, flush=True)
 
 
-def _stop_preempted(tr: Training, signal_name: str | None) -> None:
+def _stop_preempted(tr: Training, signal_name: str | None, signalled_at: float | None = None) -> None:
     """Commit this step (the emergency checkpoint, unless a regular save already holds it),
-    then rank 0 writes the preempted record; no rank exits before it exists."""
-    step = tr.state.step
+    then rank 0 writes the preempted record, with ``emergency_save_s``: the seconds from its
+    own signal (``signalled_at``; else from the agreed stop) to the commit. No rank exits
+    before the record exists."""
+    step, started = tr.state.step, min(signalled_at or math.inf, time.monotonic())
     tr.checkpointer.wait()  # a regular save of this very step may still be in flight
     if tr.checkpointer.last_committed != step:
         tr.checkpointer.save(step)  # synchronous, so nothing is lost
+    # what the notice window must hold: the operator warns when the grace period is shorter
+    tr.attempt.emergency_save_s = round(time.monotonic() - started, 3)
     if tr.metrics is not None:
         unwritten = tr.metrics.flush(final=True)
         tr.attempt.write("preempted", signal=signal_name, metrics_unwritten=unwritten)

@@ -179,7 +179,7 @@ def test_a_failed_record_says_its_cause_and_older_records_without_one_still_pars
     assert completed["metrics_unwritten"] == 4 and "cause" not in completed
     before = {k: v for k, v in failed.items() if k != "cause"}  # as the previous trainer wrote them
     assert parse_attempt_record(before) == before
-    assert set(AttemptRecord.__optional_keys__) == {"cause", "metrics_unwritten"}
+    assert set(AttemptRecord.__optional_keys__) == {"cause", "metrics_unwritten", "emergency_save_s"}
     node = attempt_record(
         attempt=1, outcome="failed", last_step=0, checkpoint_step=None, world_size=2, cause="node"
     )
@@ -279,3 +279,17 @@ def test_the_highest_attempt_wins_even_when_an_older_record_comes_later():
     # an older attempt's record after a newer one's (a late write from a fenced gang) loses
     text = '{"step": 2, "loss": 3.9, "attempt": 2}\n{"step": 2, "loss": 4.0, "attempt": 1}\n'
     assert metrics_by_step(metrics_records(text))[2]["loss"] == 3.9
+
+
+def test_an_emergency_save_duration_travels_in_the_record_and_is_checked():
+    from trainer.contract import attempt_record, parse_attempt_record
+
+    rec = attempt_record(
+        attempt=1, outcome="preempted", last_step=5, checkpoint_step=5, world_size=2, emergency_save_s=12.5
+    )
+    assert parse_attempt_record(rec)["emergency_save_s"] == 12.5
+    assert "emergency_save_s" not in attempt_record(
+        attempt=1, outcome="completed", last_step=5, checkpoint_step=5, world_size=2
+    )
+    with pytest.raises(ValueError, match="'emergency_save_s' must be a number of seconds >= 0, got 'x'"):
+        parse_attempt_record({**rec, "emergency_save_s": "x"})

@@ -140,3 +140,62 @@ def test_on_a_host_without_cuda_gpus_expected_fail_before_any_process_group(monk
         parallel.init_distributed()
     assert not dist.is_initialized()  # nothing joined, so nothing waits on this process
     assert classify_failure(missing.value) == ("node", NODE_HINT) and missing.value.cause == "node"
+
+
+STALLED_PEER = """
+import os, sys, time
+import torch
+import torch.distributed as dist
+from trainer import parallel
+from trainer.attempts import classify_failure
+env = parallel.init_distributed(timeout_s=float(sys.argv[1]))
+if env.rank == 1:  # joined, then never takes part: a stopped or hung rank
+    time.sleep(float(sys.argv[2]))
+    sys.exit(0)
+started = time.monotonic()
+try:
+    dist.all_reduce(torch.ones(1))
+except Exception as exc:
+    print("waited", round(time.monotonic() - started, 1), "kind", classify_failure(exc)[0], flush=True)
+print("nccl", os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING"), flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.slow
+def test_a_collective_whose_peer_never_comes_fails_after_the_timeout_as_the_network(tmp_path):
+    """gloo, two real processes: rank 1 joins the group and then stalls. Rank 0's all-reduce
+    fails after the process-group timeout (2 s here, ``train.collective_timeout_s``, 600 s by
+    default) instead of PyTorch's 30 min, and the failure is the network's (a retryable
+    infrastructure cause)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "stalled.py"
+    script.write_text(STALLED_PEER)
+    base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
+    base.pop("TORCH_NCCL_ASYNC_ERROR_HANDLING", None)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), "2", "20"],
+            env={**base, "RANK": str(rank), "LOCAL_RANK": "0"},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        out, _ = procs[0].communicate(timeout=60)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert "kind network" in out, out
+    waited = float(out.split("waited ")[1].split()[0])
+    assert 1.5 <= waited < 15, out  # the 2 s timeout, not 30 min
+    assert "nccl 1" in out  # the NCCL watchdog is on for a GPU group too

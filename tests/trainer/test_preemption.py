@@ -2,6 +2,7 @@
 
 import os
 import signal
+import time
 
 from trainer.preemption import StopFlag, stop_decision
 
@@ -19,6 +20,7 @@ def test_a_signal_only_sets_the_flag_and_the_first_one_is_remembered():
         assert (flag.is_set, flag.signal_name) == (False, None)
         os.kill(os.getpid(), signal.SIGTERM)  # the process lives on: the handler only records it
         assert (flag.is_set, flag.signal_name) == (True, "SIGTERM")
+        assert flag.at is not None and flag.at <= time.monotonic()  # the notice window's start
         os.kill(os.getpid(), signal.SIGINT)
         assert flag.signal_name == "SIGTERM"
     finally:

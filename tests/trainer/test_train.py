@@ -166,7 +166,7 @@ def test_a_signalled_loop_stops_after_the_step_with_an_emergency_checkpoint(
         tmp_path, dataset_uri, world_of_one, 1, "train.max_steps=10", "checkpoint.every_steps=5"
     )
     flag = StopFlag()
-    flag.signal_name = "SIGINT"
+    flag.signal_name, flag.at = "SIGINT", time.monotonic() - 5.0  # as its handler sets them, 5 s ago
     assert train_loop(training, flag) == "preempted"
     record = read_json(run / "attempts" / "1.json")
     assert (record["outcome"], record["signal"], record["last_step"], record["checkpoint_step"]) == (
@@ -176,6 +176,9 @@ def test_a_signalled_loop_stops_after_the_step_with_an_emergency_checkpoint(
         1,
     )
     assert committed_steps(run) == [1] and not (run / "export").exists()
+    # what the notice window must hold, from the signal to the commit (the operator compares it
+    # with the grace period)
+    assert 5.0 <= record["emergency_save_s"] < 65
 
 
 def test_a_dataset_that_cannot_feed_the_config_is_refused_by_the_operators_own_rule(

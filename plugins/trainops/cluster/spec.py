@@ -18,6 +18,7 @@ CAPACITIES = ("spot", "on-demand", "spot-then-on-demand")
 SPOT_PROVIDERS = ("karpenter", "eks", "gke", "aks")  # each labels its spot nodes its own way
 SPOT_FLAVOURS = (*SPOT_PROVIDERS, "auto")  # auto: any provider's spot nodes
 KINDS = ("pytorchjob", "indexed-job", "trainjob")
+TTL_KINDS = ("pytorchjob", "indexed-job")  # the kinds with a ttlSecondsAfterFinished
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _SCHEDULER = re.compile(r"^(default|volcano|volcano:[a-z0-9][-a-z0-9.]*|kueue:[a-z0-9][-a-z0-9.]*)$")
@@ -25,7 +26,13 @@ _SCHEDULER = re.compile(r"^(default|volcano|volcano:[a-z0-9][-a-z0-9.]*|kueue:[a
 # SI suffix or an exponent (k8s.io/apimachinery/pkg/api/resource).
 _QUANTITY = re.compile(r"^\+?(?P<number>\d+(\.\d*)?|\.\d+)(?P<suffix>[KMGTPE]i|[numkMGTPE]|[eE][-+]?\d+)?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-QUANTITY_EXAMPLES = {"cpu": "'8' or '500m'", "memory": "'64Gi'", "shm_size": "'1Gi'"}
+QUANTITY_EXAMPLES = {
+    "cpu": "'8' or '500m'",
+    "memory": "'64Gi'",
+    "shm_size": "'1Gi'",
+    "cache_size": "'200Gi'",
+    "ephemeral_storage": "'220Gi'",
+}
 TOLERATION_KEYS = ("key", "operator", "value", "effect", "tolerationSeconds")
 TOLERATION_OPERATORS = ("Exists", "Equal")
 TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
@@ -101,6 +108,16 @@ class JobSpec:
         ``<job>-0.<service>.<namespace>.svc.<cluster_domain>``.
     :param runtime: ``trainjob`` only: the ClusterTrainingRuntime the TrainJob names
         (``runtimeRef``); its ``node`` job and container run the trainer.
+    :param cache_size: ``sizeLimit`` of the node-local cache volume (shard cache, checkpoint
+        staging; a quantity such as ``"200Gi"``). None: no limit, so a full cache fills the
+        node's disk and the kubelet evicts whatever it picks. The training operator sizes it
+        from the checkpoint and the dataset (``trainops.operators.sizing``).
+    :param ephemeral_storage: the pod's ``ephemeral-storage`` request, so the scheduler puts
+        it on a node with that much local disk. None: ``cache_size`` (no request without it).
+    :param ttl_seconds_after_finished: seconds after it finished before Kubernetes deletes the
+        job object (``ttlSecondsAfterFinished`` of a Job, a PyTorchJob's run policy; a
+        TrainJob has none: its runtime's JobSet template may set one). None: never; the
+        training operator deletes finished attempts itself unless ``keep_finished_jobs``.
     """
 
     name: str
@@ -130,6 +147,9 @@ class JobSpec:
     kind: str = "indexed-job"
     cluster_domain: str = "cluster.local"
     runtime: str = "torch-distributed"
+    cache_size: str | None = None
+    ephemeral_storage: str | None = None
+    ttl_seconds_after_finished: int | None = None
 
     def __post_init__(self) -> None:
         validate(self)
@@ -142,7 +162,7 @@ class JobSpec:
     @property
     def shutdown_timeout_s(self) -> int:
         """torchrun's SIGTERM->SIGKILL wait: inside the grace period, with room to exit."""
-        return max(1, self.termination_grace_seconds - min(10, self.termination_grace_seconds // 4))
+        return shutdown_timeout(self.termination_grace_seconds)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``spec.json``, ``job.json``); :meth:`from_dict` reads it back."""
@@ -156,6 +176,13 @@ class JobSpec:
         if unknown:
             raise JobSpecError(f"unknown JobSpec field(s) {unknown}; known fields: {sorted(known)}")
         return cls(**data)
+
+
+def shutdown_timeout(grace_seconds: int) -> int:
+    """torchrun's SIGTERM->SIGKILL wait for a grace period of ``grace_seconds``: the grace
+    less a quarter of it (at most 10 s less), so the workers are killed before the pod is.
+    It is what an emergency checkpoint really has."""
+    return max(1, grace_seconds - min(10, grace_seconds // 4))
 
 
 def validate(spec: JobSpec) -> None:
@@ -182,6 +209,14 @@ def validate(spec: JobSpec) -> None:
         )
     for name in ("cpu", "memory", "shm_size"):
         _check_quantity(name, getattr(spec, name))
+    for name in ("cache_size", "ephemeral_storage"):
+        if getattr(spec, name) is not None:
+            _check_quantity(name, getattr(spec, name))
+    ttl = spec.ttl_seconds_after_finished
+    if ttl is not None and (not _is_int(ttl) or ttl < 0):
+        raise JobSpecError(
+            f"JobSpec ttl_seconds_after_finished must be None or an integer >= 0 (seconds), got {ttl!r}"
+        )
     if spec.capacity not in CAPACITIES:
         raise JobSpecError(f"JobSpec capacity {spec.capacity!r} is not one of {CAPACITIES}")
     if spec.spot_flavour not in SPOT_FLAVOURS:

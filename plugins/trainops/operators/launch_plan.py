@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 # trainer_config keys the operator derives itself (from the run prefix and the dataset).
 DERIVED_KEYS = ("run_uri", "data_uri")
+NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,10 @@ class LaunchSettings:
 
     :param inject_preemption: the local cluster's injected preemption (a demo and test aid):
         ``{"node": 1, "at_step": 40}``, for attempt ``"attempt"`` (default 1).
+    :param disk: the pods' ``cache_size`` and ``ephemeral_storage`` estimated for the run
+        (``trainops.operators.sizing``); ``job_options`` override them.
+    :param keep_finished_jobs: finished attempts are kept (with a TTL where the kind has one)
+        instead of deleted.
     """
 
     nodes: int
@@ -40,6 +45,8 @@ class LaunchSettings:
     termination_grace_seconds: int
     job_options: Mapping[str, Any] = field(default_factory=dict)
     inject_preemption: Mapping[str, Any] | None = None
+    disk: Mapping[str, str] = field(default_factory=dict)
+    keep_finished_jobs: bool = False
 
     @property
     def world_size(self) -> int:
@@ -137,8 +144,16 @@ def training_attempt(
     """
     from trainer.contract import ENV_ATTEMPT, ENV_GPUS_PER_NODE, RunLayout, trainer_argv
     from trainops.cluster.spec import JobSpec
+    from trainops.operators.cleanup import ttl_options
 
     layout = RunLayout(run_uri)
+    options = {
+        **settings.disk,
+        **ttl_options(
+            settings.keep_finished_jobs, settings.job_options.get("kind", "indexed-job"), settings.job_options
+        ),
+        **settings.job_options,
+    }
     spec = JobSpec(
         name=job_name("train", identity, attempt),
         args=trainer_argv("train", layout.config),
@@ -150,10 +165,15 @@ def training_attempt(
         capacity=capacity,
         termination_grace_seconds=settings.termination_grace_seconds,
         **merge_job_options(
-            settings.job_options,
+            options,
             # The GPUs too: a trainer that cannot see them fails as its node's fault, where it
             # would otherwise train on the CPU without a word.
-            env={**storage_env, ENV_ATTEMPT: str(attempt), ENV_GPUS_PER_NODE: str(settings.gpus_per_node)},
+            env={
+                **storage_env,
+                ENV_ATTEMPT: str(attempt),
+                ENV_GPUS_PER_NODE: str(settings.gpus_per_node),
+                **watchdog_env(settings.job_options),
+            },
             labels={**job_labels(identity), "trainops/attempt": str(attempt)},
         ),
     )
@@ -171,6 +191,14 @@ def training_attempt(
             "metrics_uri": layout.metrics,
         }
     return AttemptLaunch(spec=spec, chaos=chaos)
+
+
+def watchdog_env(job_options: Mapping[str, Any]) -> dict[str, str]:
+    """``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` unless the user set it (``env`` or ``nccl_env``):
+    NCCL's watchdog then aborts a collective stuck past the trainer's process-group timeout
+    (``train.collective_timeout_s``) and the rank crashes, instead of the gang hanging."""
+    user = {**(job_options.get("env") or {}), **(job_options.get("nccl_env") or {})}
+    return {} if NCCL_ASYNC_ERROR_HANDLING in user else {NCCL_ASYNC_ERROR_HANDLING: "1"}
 
 
 def one_process_job(

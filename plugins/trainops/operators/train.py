@@ -74,7 +74,9 @@ class FSDPTrainingOperator(ClusterJobOperator):
         parsed: ``kind``, ``scheduler``, ``spot_flavour``, ``cpu``, ``memory``, ``shm_size``,
         ``env``, ``env_from_secrets``, ``service_account``, ``labels``, ``annotations``,
         ``node_selector``, ``tolerations``, ``affinity``, ``priority_class``, ``nccl_env``,
-        ``cluster_domain``, ``runtime`` (see docs/kubernetes.md), on every cluster.
+        ``cluster_domain``, ``runtime``, ``cache_size`` and ``ephemeral_storage`` (the pods'
+        disk, estimated from the model and the dataset when not set),
+        ``ttl_seconds_after_finished`` (see docs/kubernetes.md), on every cluster.
     :param deferrable: wait in the triggerer (True) or in this worker slot (False). Default:
         ``[trainops] default_deferrable``, True when unset.
     :param inject_preemption: local cluster only, for demos and tests: ``{"node": 1,
@@ -84,6 +86,10 @@ class FSDPTrainingOperator(ClusterJobOperator):
         log, a positive number.
     :param job_timeout: seconds an attempt may run before the task fails and deletes it (None:
         no limit, or a positive number).
+    :param keep_finished_jobs: keep a finished attempt's job, Service and PodGroup (Kubernetes:
+        for a day, ``ttlSecondsAfterFinished``, where the kind has one; ``job_options``
+        ``ttl_seconds_after_finished`` sets another). Default False: they are deleted once
+        job.json records the attempt, its log tail included.
     :param storage_root: ``file://`` or ``s3://`` root (templated; default: the embedded root).
     :param aws_conn_id: Airflow connection for ``s3://`` storage.
     :param kubernetes_conn_id: Airflow connection for ``cluster='kubernetes'``.
@@ -123,6 +129,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
         poll_interval: float = 5.0,
         progress_every: float = 30.0,
         job_timeout: float | None = None,
+        keep_finished_jobs: bool = False,
         storage_root: str | None = None,
         aws_conn_id: str | None = "aws_default",
         kubernetes_conn_id: str | None = "kubernetes_default",
@@ -152,6 +159,9 @@ class FSDPTrainingOperator(ClusterJobOperator):
             "termination_grace_seconds", termination_grace_seconds, minimum=1
         )
         self.inject_preemption = inject_preemption
+        if not isinstance(keep_finished_jobs, bool):
+            raise ValueError(f"keep_finished_jobs must be True or False, got {keep_finished_jobs!r}")
+        self.keep_finished_jobs = keep_finished_jobs
         self.progress_every = seconds("progress_every", progress_every, default=30.0)
         self.job_timeout = optional_seconds("job_timeout", job_timeout, default=None)
         self.unschedulable_timeout = optional_seconds(
@@ -208,11 +218,15 @@ class FSDPTrainingOperator(ClusterJobOperator):
             options["unschedulable_deadline_s"] = self.unschedulable_timeout
         return options
 
-    def launch_settings(self) -> LaunchSettings:
-        """What every attempt's job is made of (once :meth:`_check_settings` has run)."""
+    def launch_settings(self, disk: Mapping[str, str] | None = None) -> LaunchSettings:
+        """What every attempt's job is made of (once :meth:`_check_settings` has run).
+
+        :param disk: the pods' estimated disk (:meth:`_disk_options`); None: not sized."""
         from trainops.operators.launch_plan import LaunchSettings
 
         return LaunchSettings(
+            disk=dict(disk or {}),
+            keep_finished_jobs=self.keep_finished_jobs,
             nodes=self.nodes,
             gpus_per_node=self.gpus_per_node,
             image=self.image,
@@ -303,7 +317,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
 
         attempt = next_attempt(job)
         launch = training_attempt(
-            self.launch_settings(),
+            self.launch_settings(disk=self._disk_options(store, layout)),
             identity=identity,
             run_uri=layout.run_uri,
             attempt=attempt,
@@ -327,6 +341,27 @@ class FSDPTrainingOperator(ClusterJobOperator):
             f"; will inject a preemption at step {chaos['at_step']}" if chaos else "",
         )
         return self._wait(context, handle, layout)
+
+    def _disk_options(self, store: Storage, layout: RunLayout) -> dict[str, str]:
+        """Kubernetes: the pods' cache ``sizeLimit`` and ``ephemeral-storage`` request, from the
+        run's config and its dataset's manifest (``trainops.operators.sizing``); {} elsewhere."""
+        if self.cluster != "kubernetes":
+            return {}
+        import yaml
+
+        from trainer.config import config_from_mapping
+        from trainops.hooks.storage import storage_for
+        from trainops.operators.preflight import dataset_manifest
+        from trainops.operators.sizing import disk_options, estimate
+
+        config = config_from_mapping(yaml.safe_load(store.get(layout.config).decode()), layout.config)
+        manifest = dataset_manifest(storage_for(config.data_uri, self.aws_conn_id), config.data_uri)
+        found = estimate(config, manifest, procs_per_node=max(1, self.gpus_per_node))
+        if found is not None:
+            self.log.info(
+                "pod disk: %s (job_options cache_size, ephemeral_storage override it)", found.describe()
+            )
+        return disk_options(found)
 
     def _wait(self, context: Any, handle: JobHandle, layout: RunLayout) -> Any:
         """Wait for the attempt, with its progress lines in the task log, then decide."""
@@ -358,6 +393,8 @@ class FSDPTrainingOperator(ClusterJobOperator):
     # -- after each attempt ------------------------------------------------------------
     def execute_complete(self, context: Any, event: object = None) -> Any:
         """An attempt ended: fold it into job.json, then finish, relaunch or fail."""
+        from trainops.operators.cleanup import with_logs_tail
+        from trainops.operators.notice import grace_warning
         from trainops.recovery.classify import attempt_record_of
         from trainops.recovery.record import abandon_attempt, fold_finished
         from trainops.triggers.events import check_event
@@ -376,8 +413,9 @@ class FSDPTrainingOperator(ClusterJobOperator):
             )
 
         record = self._read_record(store, layout, attempt)
+        tail = self._log_tail(checked["handle"])  # kept in job.json: it goes with the pods
         if record is None:  # storage may have refused even the record: rank 0 printed it last
-            record = attempt_record_of(None, self._log_tail(checked["handle"]), attempt)
+            record = attempt_record_of(None, tail, attempt)
         progress = None if record is not None else self._progress(store, layout, attempt)
         job, decision = fold_finished(
             job,
@@ -387,6 +425,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
             budgets=self.budgets(),
             at=now_iso(),
         )
+        job = with_logs_tail(job, tail)
         store.put_json(layout.job, job)
         entry = job["attempts"][-1]
         self.log.info(
@@ -396,16 +435,41 @@ class FSDPTrainingOperator(ClusterJobOperator):
             entry.get("reason"),
             decision["reason"],
         )
+        warning = grace_warning(self.termination_grace_seconds, job["attempts"])
+        if warning:
+            self.log.warning("%s", warning)
         if decision["action"] == "relaunch":
             return self._retire(context, checked["handle"], decision.get("delay_s"))
         if decision["action"] == "fail":
             tail = self.backend.logs_tail(checked["handle"], lines=20)
+            self._clean_up(checked["handle"], decision["action"])
             raise RuntimeError(
                 f"training failed on attempt {attempt}: {entry.get('reason')}. "
                 f"{decision['reason']}.\nLast log lines:\n{tail}"
             )
         assert record is not None, "an attempt finishes only with the trainer's 'completed' record"
+        self._clean_up(checked["handle"], decision["action"])
         return self._result(store, layout, job, record)
+
+    def _clean_up(self, handle: JobHandle, action: str) -> None:
+        """Delete a finished attempt's job, Service and PodGroup, now that job.json records it
+        (unless ``keep_finished_jobs``). A failed deletion is logged: the run's outcome stands."""
+        from trainops.operators.cleanup import deletes_finished
+
+        if not deletes_finished(self.keep_finished_jobs, action):
+            return
+        try:
+            self.backend.delete(handle)
+        except Exception as exc:
+            self.log.warning(
+                "could not delete the finished job %s (%s); delete it by hand, e.g. "
+                "kubectl delete job,pytorchjob,trainjob,service -l trainops/job=%s",
+                handle["job_id"],
+                exc,
+                handle["job_id"],
+            )
+            return
+        self.log.info("deleted the finished job %s", handle["job_id"])
 
     def relaunch_when_gone(self, context: Any, event: object = None) -> Any:
         """The old attempt's pods are gone (and any back-off is over): launch the next attempt."""

@@ -20,6 +20,9 @@ SUCCEEDED: Final = "succeeded"
 PREEMPTED: Final = "preempted"
 INFRA: Final = "infra"
 ERROR: Final = "error"
+# A node's reason when the kubelet evicted its pod for node pressure (the pod's
+# ``status.reason``): the node ran out of disk or memory, which no preemption budget can fix.
+EVICTED: Final = "Evicted"
 
 # The record's causes that are the infrastructure's, each as the reason names it: a relaunch
 # (on another node, once storage or the network is back) may succeed where this attempt failed.
@@ -57,6 +60,13 @@ def classify_attempt(state: JobState, record: AttemptRecord | None) -> Verdict:
     disruptions = state.get("disruptions") or []
     if outcome == "completed":
         return {"classification": SUCCEEDED, "reason": "the trainer completed every step"}
+    # Before the preempted record: an evicted pod's trainer got SIGTERM too, and saved.
+    evicted = [n for n in state.get("nodes") or [] if n.get("reason") == EVICTED]
+    if evicted:
+        return {
+            "classification": INFRA,
+            "reason": state.get("infra_reason") or f"{EVICTED}: {evicted[0].get('message')}",
+        }
     if record is not None and outcome == "preempted":
         why = (
             disruptions[0]["message"]

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from trainops.cluster.spec import JobSpec, JobSpecError
@@ -112,3 +114,26 @@ def test_every_valid_field_still_reads_back_from_its_json_form():
         nccl_env={"NCCL_IB_DISABLE": "1"},
     )
     assert JobSpec.from_dict(full.to_dict()) == full
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("cache_size", "-5Gi", "JobSpec cache_size '-5Gi' is not a positive Kubernetes quantity (negative)"),
+        ("ephemeral_storage", "lots", "such as '220Gi'"),
+        ("ttl_seconds_after_finished", -1, "ttl_seconds_after_finished must be None or an integer >= 0"),
+        ("ttl_seconds_after_finished", "1d", "got '1d'"),
+    ],
+)
+def test_disk_and_ttl_fields_are_checked_naming_the_value(field, value, message):
+    with pytest.raises(JobSpecError, match=re.escape(message)):
+        JobSpec(name="t", args=["x"], **{field: value})
+
+
+def test_a_job_json_spec_from_before_the_disk_fields_still_reads():
+    old = {
+        k: v
+        for k, v in JobSpec(name="t", args=["x"]).to_dict().items()
+        if k not in ("cache_size", "ephemeral_storage", "ttl_seconds_after_finished")
+    }
+    assert JobSpec.from_dict(old).cache_size is None

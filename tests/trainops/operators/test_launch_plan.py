@@ -108,6 +108,7 @@ def test_an_attempts_job_carries_its_number_the_tasks_labels_and_the_operators_s
         "AWS_ENDPOINT_URL_S3": "http://minio:9000",
         "TRAINOPS_ATTEMPT": "2",
         "TRAINOPS_GPUS_PER_NODE": "8",  # the trainer refuses to train on fewer (trainer.parallel)
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",  # a stuck collective crashes the rank
     }
     assert attempt(1, gpus_per_node=0).spec.env["TRAINOPS_GPUS_PER_NODE"] == "0"
     assert spec.labels == {
@@ -171,3 +172,19 @@ def test_only_a_kubernetes_attempt_records_manifests():
     spec = attempt().spec
     assert manifests_of("local", spec) == []
     assert [m["kind"] for m in manifests_of("kubernetes", spec)] == ["Service", "Job"]
+
+
+def test_the_nccl_watchdog_is_on_unless_the_user_set_it():
+    from trainops.operators.launch_plan import watchdog_env
+
+    assert watchdog_env({}) == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    assert watchdog_env({"nccl_env": {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}}) == {}
+    assert watchdog_env({"env": {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}}) == {}
+
+
+def test_the_estimated_disk_is_used_and_job_options_override_it():
+    disk = {"cache_size": "300Gi", "ephemeral_storage": "302Gi"}
+    spec = attempt(disk=disk).spec
+    assert (spec.cache_size, spec.ephemeral_storage) == ("300Gi", "302Gi")
+    mine = attempt(disk=disk, job_options={"cache_size": "50Gi"}).spec
+    assert (mine.cache_size, mine.ephemeral_storage) == ("50Gi", "302Gi")

@@ -428,7 +428,8 @@ def test_not_deferrable_waits_in_the_worker_through_a_preemption(file_root, clus
     }
     result = op.execute(context)  # no TaskDeferred: the same triggers run in this process
     assert (result["steps"], result["attempts"], result["preemptions"]) == (100, 2, 1)
-    assert len(cluster.deleted) == 1 and cluster.deleted[0].endswith("-a1-x")
+    # attempt 1 before its relaunch, attempt 2 once job.json recorded its success
+    assert [d[-5:] for d in cluster.deleted] == ["-a1-x", "-a2-x"]
 
 
 def test_job_json_records_node_types_for_the_cost_report(file_root, cluster, context):

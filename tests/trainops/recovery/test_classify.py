@@ -1,7 +1,7 @@
 """Classification over recorded job states and attempt records."""
 
 from trainer.contract import attempt_record, attempt_record_line
-from trainops.recovery.classify import attempt_record_of, classify_attempt
+from trainops.recovery.classify import INFRA, SUCCEEDED, attempt_record_of, classify_attempt
 
 RUNNING_NODES = [{"index": 0, "exit_code": 0}, {"index": 1, "exit_code": 1}]
 SPOT = {"node": 1, "reason": "SpotInterruption", "message": "SIGTERM to node 1's torchrun at step 50"}
@@ -85,3 +85,19 @@ def test_a_record_that_storage_refused_is_taken_from_the_log_tail():
     assert attempt_record_of(None, tail, 3) is None and attempt_record_of(None, None, 2) is None
     verdict = classify_attempt({"phase": "failed", "nodes": RUNNING_NODES}, attempt_record_of(None, tail, 2))
     assert verdict["classification"] == "infra"
+
+
+def test_an_evicted_node_is_infrastructure_even_with_a_preempted_record():
+    """The kubelet's SIGTERM made the trainer save and say preempted; the node's disk was
+    full all the same, and a preemption budget would be spent refilling it."""
+    state = {
+        "phase": "failed",
+        "reason": "PodFailurePolicy",
+        "nodes": [{"index": 0, "reason": "Evicted", "message": "The node was low on resource: memory. "}],
+        "disruptions": [],
+    }
+    rec = attempt_record(attempt=1, outcome="preempted", last_step=9, checkpoint_step=9, world_size=2)
+    verdict = classify_attempt(state, rec)
+    assert verdict == {"classification": INFRA, "reason": "Evicted: The node was low on resource: memory. "}
+    completed = attempt_record(attempt=1, outcome="completed", last_step=9, checkpoint_step=9, world_size=2)
+    assert classify_attempt(state, completed)["classification"] == SUCCEEDED

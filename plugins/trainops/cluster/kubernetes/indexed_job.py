@@ -99,6 +99,8 @@ def manifests(spec: JobSpec) -> list[Json]:
             "spec": template_spec,
         },
     }
+    if spec.ttl_seconds_after_finished is not None:  # a kept job: Kubernetes deletes it later
+        job_spec["ttlSecondsAfterFinished"] = spec.ttl_seconds_after_finished
     if objects.is_kueue(spec):
         job_spec["suspend"] = True  # Kueue unsuspends it when the queue admits it
     out.append(

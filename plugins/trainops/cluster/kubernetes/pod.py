@@ -1,6 +1,7 @@
 """The pod every kind runs: one torchrun agent (or one plain process) per node.
 
-Every GPU pod gets ``nvidia.com/gpu`` limits, a memory-backed ``/dev/shm``, the NCCL tuning
+Every GPU pod gets ``nvidia.com/gpu`` limits, a memory-backed ``/dev/shm``, a node-local
+cache with a ``sizeLimit`` and an ``ephemeral-storage`` request (when sized), the NCCL tuning
 variables, a grace period that torchrun's shutdown timeout fits inside, and a non-root
 security context. Credentials arrive only by Secret reference or through the service
 account (IRSA, workload identity), never as literal values.
@@ -19,6 +20,7 @@ TRAINER_UID = 10001  # the trainer image's user
 RDZV_PORT = 29500
 SHM_PATH = "/dev/shm"
 CACHE_PATH = "/var/cache/trainops"
+CACHE_VOLUME = "cache"
 
 _CREDENTIAL_NAMES = {"AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN"}
 _CREDENTIAL_SUFFIXES = ("_PASSWORD", "_TOKEN", "_SECRET", "_SECRET_KEY", "_API_KEY")
@@ -101,12 +103,22 @@ def env_from(spec: JobSpec) -> list[Json]:
     return [{"secretRef": {"name": ref}} for ref in spec.env_from_secrets if isinstance(ref, str)]
 
 
+def ephemeral_storage(spec: JobSpec) -> str | None:
+    """The pod's ``ephemeral-storage`` request: ``ephemeral_storage``, else ``cache_size``."""
+    return spec.ephemeral_storage or spec.cache_size
+
+
 def resources(spec: JobSpec) -> Json:
-    """Requests cpu, memory (and GPUs); limits memory (and GPUs): GPU requests = limits."""
+    """Requests cpu, memory (and GPUs, and ephemeral storage when sized); limits memory (and
+    GPUs): GPU requests = limits. Ephemeral storage has no limit: the cache's ``sizeLimit``
+    bounds what the trainer writes, and a limit would also count logs and the image layer."""
     out: dict[str, dict[str, str]] = {
         "requests": {"cpu": spec.cpu, "memory": spec.memory},
         "limits": {"memory": spec.memory},
     }
+    disk = ephemeral_storage(spec)
+    if disk:
+        out["requests"]["ephemeral-storage"] = disk
     if spec.gpus_per_node > 0:
         out["requests"]["nvidia.com/gpu"] = str(spec.gpus_per_node)
         out["limits"]["nvidia.com/gpu"] = str(spec.gpus_per_node)
@@ -114,16 +126,19 @@ def resources(spec: JobSpec) -> Json:
 
 
 def volumes(spec: JobSpec) -> list[Json]:
-    """The memory-backed ``/dev/shm`` (``shm_size``) and the node-local cache."""
+    """The memory-backed ``/dev/shm`` (``shm_size``) and the node-local cache (``cache_size``:
+    over it, the kubelet evicts this pod alone, naming the volume, rather than filling the
+    node's disk until it evicts pods for node pressure)."""
+    cache: Json = {"sizeLimit": spec.cache_size} if spec.cache_size else {}
     return [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}},
-        {"name": "cache", "emptyDir": {}},
+        {"name": CACHE_VOLUME, "emptyDir": cache},
     ]
 
 
 def volume_mounts() -> list[Json]:
     """Where the trainer container sees ``volumes``."""
-    return [{"name": "dshm", "mountPath": SHM_PATH}, {"name": "cache", "mountPath": CACHE_PATH}]
+    return [{"name": "dshm", "mountPath": SHM_PATH}, {"name": CACHE_VOLUME, "mountPath": CACHE_PATH}]
 
 
 def container(spec: JobSpec, name: str, argv: list[str], port_name: str = "rendezvous") -> Json:

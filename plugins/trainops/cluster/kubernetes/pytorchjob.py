@@ -34,9 +34,12 @@ def replica(spec: JobSpec, job: str, replicas: int, is_host: bool) -> Json:
 
 
 def run_policy(spec: JobSpec) -> Json:
-    """No retries, finished pods kept, Volcano's gang and Kueue's suspension."""
+    """No retries, finished pods kept, Volcano's gang and Kueue's suspension, and the TTL of a
+    kept job."""
     # cleanPodPolicy None keeps finished pods, so the operator can read why they ended.
     policy: Json = {"cleanPodPolicy": "None", "backoffLimit": 0}
+    if spec.ttl_seconds_after_finished is not None:
+        policy["ttlSecondsAfterFinished"] = spec.ttl_seconds_after_finished
     if objects.is_volcano(spec):
         gang: Json = {"minAvailable": spec.nodes}
         if objects.queue(spec):

@@ -6,6 +6,13 @@ dicts) in, typed records out.
 Exit codes are never read as preemption: torchrun exits 1 on SIGTERM whatever its workers
 did. Preemption shows as a pod's ``DisruptionTarget`` condition, a node-shutdown pod reason,
 or a pod whose node is gone.
+
+A kubelet's node-pressure eviction is not a preemption, though it sets the same
+``DisruptionTarget`` condition (reason ``TerminationByKubelet``, which graceful node shutdown
+sets too): the pod's ``status.reason`` is ``Evicted`` and its message says which resource ran
+low ("The node was low on resource: ephemeral-storage. ...", or an ``emptyDir`` over its
+``sizeLimit``). Relaunching it as a preemption would fill the same disk again until the budget
+is spent, so it is an infrastructure failure (``infra_reason``) naming the resource.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from typing import Any
 from trainops.cluster.base import Disruption, JobState, NodeState
 from trainops.cluster.kubernetes import indexed_job, pytorchjob, trainjob
 from trainops.cluster.kubernetes.objects import Json
+from trainops.recovery.classify import EVICTED
 
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 REPLICA_TYPE = "training.kubeflow.org/replica-type"
@@ -24,6 +32,15 @@ TRAINER_CONTAINERS = (pytorchjob.CONTAINER, indexed_job.CONTAINER, trainjob.NODE
 NODE_SHUTDOWN_REASONS = ("Shutdown", "Terminated", "NodeShutdown")  # graceful node shutdown
 IMAGE_PULL_REASONS = ("ImagePullBackOff", "ErrImagePull")
 CONFIG_ERROR_REASONS = ("InvalidImageName", "CreateContainerConfigError", "CreateContainerError")
+KUBELET_TERMINATION = "TerminationByKubelet"  # eviction and graceful node shutdown alike
+# The kubelet's eviction messages (pkg/kubelet/eviction/helpers.go), for a pod whose
+# ``status.reason`` was lost (a pod object patched by something else keeps the condition).
+EVICTION_MESSAGES = (
+    "low on resource",
+    "exceeds the limit",
+    "exceeds the total limit",
+    "ephemeral local storage",
+)
 
 
 def _conditions(obj: Json | None) -> list[Json]:
@@ -80,14 +97,32 @@ def _container_status(pod: Json) -> Json:
     return statuses[0] if statuses else {}
 
 
+def eviction_of(pod: Json) -> str | None:
+    """The kubelet's message when it evicted this pod for node pressure (disk, memory, an
+    ``emptyDir`` over its ``sizeLimit``), else None. Graceful node shutdown also terminates
+    by the kubelet, but its pod reason is ``Terminated``/``Shutdown``, never ``Evicted``."""
+    status = pod.get("status") or {}
+    cond = _true(pod, "DisruptionTarget")
+    if status.get("reason") == EVICTED:
+        return str(status.get("message") or (cond or {}).get("message") or "evicted by the kubelet")
+    if cond and cond.get("reason") == KUBELET_TERMINATION:
+        message = str(cond.get("message") or "")
+        if any(words in message for words in EVICTION_MESSAGES):
+            return message
+    return None
+
+
 def node_of(pod: Json) -> NodeState:
-    """One entry of ``nodes``: index, pod, node_name, phase, exit_code and reason."""
+    """One entry of ``nodes``: index, pod, node_name, phase, exit_code and reason
+    (``Evicted`` for a node-pressure eviction)."""
     status = pod.get("status") or {}
     cstate = _container_status(pod).get("state") or {}
     terminated, waiting = cstate.get("terminated") or {}, cstate.get("waiting") or {}
     disruption = _true(pod, "DisruptionTarget")
+    evicted = eviction_of(pod)
     reason = (
         (terminated.get("reason") if terminated.get("reason") == "OOMKilled" else None)
+        or (EVICTED if evicted else None)
         or (disruption or {}).get("reason")
         or status.get("reason")
         or waiting.get("reason")
@@ -100,13 +135,16 @@ def node_of(pod: Json) -> NodeState:
         "phase": status.get("phase"),
         "exit_code": terminated.get("exitCode"),
         "reason": reason,
-        "message": terminated.get("message") or waiting.get("message") or status.get("message"),
+        "message": evicted or terminated.get("message") or waiting.get("message") or status.get("message"),
     }
 
 
 def disruption_of(pod: Json, node: NodeState, node_names_present: set[str] | None) -> Disruption | None:
-    """Why the cluster took this pod away, or None if it did not."""
+    """Why the cluster took this pod away, or None if it did not (an eviction for node
+    pressure is the node's trouble, not a disruption: see :func:`eviction_reason`)."""
     status = pod.get("status") or {}
+    if node["reason"] == EVICTED:
+        return None
     cond = _true(pod, "DisruptionTarget")
     if cond:
         return {
@@ -135,6 +173,23 @@ def disruption_of(pod: Json, node: NodeState, node_names_present: set[str] | Non
             "message": f"node {node['node_name']} of pod {node['pod']} no longer exists",
         }
     return None
+
+
+def eviction_reason(nodes: list[NodeState]) -> str | None:
+    """The infrastructure reason for the evicted nodes, naming pod, node and resource, and
+    what to change; None when no pod was evicted."""
+    evicted = [n for n in nodes if n["reason"] == EVICTED]
+    if not evicted:
+        return None
+    what = "; ".join(
+        f"pod {n['pod']} (node {n['index']}) on {n['node_name'] or 'its node'}: {str(n['message'] or '').strip()}"
+        for n in evicted
+    )
+    return (
+        f"Evicted by the kubelet for node pressure: {what} (an infrastructure failure, not a "
+        "preemption: raise job_options cache_size or ephemeral_storage if the trainer's own "
+        "files outgrew them, else use nodes with more local disk or memory)"
+    )
 
 
 def job_outcome(job: Json) -> tuple[str | None, str | None]:
@@ -235,6 +290,9 @@ def job_state(
         if disruption:
             disruptions.append(disruption)
     state: JobState = {"phase": "running", "reason": None, "nodes": nodes, "disruptions": disruptions}
+    evicted = eviction_reason(nodes)
+    if evicted:  # whatever the job says next: the operator must not count it as a preemption
+        state["infra_reason"] = evicted
     oom = [n for n in nodes if n["reason"] == "OOMKilled"]
     oom_reason = "; ".join(
         f"OOMKilled: pod {n['pod']} (node {n['index']}) exceeded its memory "

@@ -34,6 +34,9 @@ What the schema cannot say, and how each is handled:
 - security context, ``restartPolicy``, the Job's ``backoffLimit``/``podFailurePolicy``,
   ``enableServiceLinks``, ``automountServiceAccountToken``: the runtime's pod and Job
   templates decide (documented in docs/kubernetes.md; the stock runtime sets none of them).
+- ``ttlSecondsAfterFinished``: the TrainJob has none, so ``ttl_seconds_after_finished`` is a
+  JobSpecError (a kept TrainJob stays until deleted; the training operator deletes finished
+  attempts itself unless told to keep them).
 - env on the ``node`` container override is refused by Trainer's webhook, so variables go in
   ``trainer.env`` (which keeps ``valueFrom``); names starting ``PET_`` are Trainer's own and
   a JobSpecError.
@@ -83,6 +86,12 @@ def check(spec: JobSpec) -> None:
             f"({DEFAULT_GRACE_SECONDS} s); set termination_grace_seconds <= "
             f"{DEFAULT_GRACE_SECONDS}, or name a ClusterTrainingRuntime of yours (runtime) whose "
             "pod template sets terminationGracePeriodSeconds to it"
+        )
+    if spec.ttl_seconds_after_finished is not None:
+        raise JobSpecError(
+            f"JobSpec ttl_seconds_after_finished {spec.ttl_seconds_after_finished} cannot be set for "
+            "kind 'trainjob': a TrainJob has no ttlSecondsAfterFinished; leave it None (delete "
+            "the TrainJob, or let its runtime's JobSet template set a TTL)"
         )
     for name in [
         *spec.env,

@@ -66,7 +66,12 @@ EXTRAS = [
         "annotations": {"example.com/owner": "ml-platform"},
         "nccl_env": {"NCCL_DEBUG": "WARN"},
         "env": {"AWS_ENDPOINT_URL_S3": "http://minio:9000", "AWS_REGION": "us-east-1"},
+        # sized disk, and a kept job's TTL
+        "cache_size": "180Gi",
+        "ephemeral_storage": "200Gi",
+        "ttl_seconds_after_finished": 86400,
     },
+    {"cache_size": "40Gi"},
 ]
 
 
@@ -85,6 +90,8 @@ TRAINJOB_EXTRAS = [
         "shm_size": "64Gi",
         "nccl_env": {"NCCL_DEBUG": "WARN"},
         "env": {"AWS_ENDPOINT_URL_S3": "http://minio:9000", "AWS_REGION": "us-east-1"},
+        "cache_size": "180Gi",
+        "ephemeral_storage": "200Gi",
     },
     {"distributed": False, "termination_grace_seconds": 10},
 ]

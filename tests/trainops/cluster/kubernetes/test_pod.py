@@ -131,3 +131,18 @@ def test_static_command_leaves_rendezvous_to_the_runtime_and_keeps_the_shutdown_
     assert static_command(odd)[-1] == "--rdzv-note=x"
     plain = JobSpec(name="train-0123abcd-a1", args=ARGS, distributed=False)
     assert static_command(plain) == ARGS
+
+
+def test_a_sized_cache_gets_its_limit_and_the_pod_requests_the_disk():
+    from trainops.cluster.kubernetes import pod
+    from trainops.cluster.spec import JobSpec
+
+    sized = JobSpec(name="t", args=["x"], cache_size="180Gi", ephemeral_storage="200Gi")
+    assert pod.resources(sized)["requests"]["ephemeral-storage"] == "200Gi"
+    assert "ephemeral-storage" not in pod.resources(sized)["limits"]  # logs count against a limit
+    assert {"name": "cache", "emptyDir": {"sizeLimit": "180Gi"}} in pod.volumes(sized)
+    cache_only = JobSpec(name="t", args=["x"], cache_size="40Gi")
+    assert pod.resources(cache_only)["requests"]["ephemeral-storage"] == "40Gi"
+    unsized = JobSpec(name="t", args=["x"])
+    assert "ephemeral-storage" not in pod.resources(unsized)["requests"]
+    assert {"name": "cache", "emptyDir": {}} in pod.volumes(unsized)

@@ -202,6 +202,25 @@ ROWS = {
         ["PreemptionByScheduler"],
         (PREEMPTED, PREEMPTED, PREEMPTED),
     ),
+    # the kubelet's evictions: TerminationByKubelet like a node shutdown, but infrastructure
+    "evicted-node-pressure": (
+        "job-failed-podfailurepolicy",
+        ["pod-evicted-node-pressure"],
+        None,
+        "failed",
+        "PodFailurePolicy",
+        [],
+        (INFRA, INFRA, INFRA),
+    ),
+    "evicted-cache-over-its-size-limit": (
+        "job-failed-evicted-cache",
+        ["pod-evicted-cache-sizelimit"],
+        None,
+        "failed",
+        "PodFailurePolicy",
+        [],
+        (INFRA, INFRA, INFRA),
+    ),
     "trainjob-running-node-vanished": (
         "trainjob-running",
         ["pod-trainjob-running"],
@@ -385,3 +404,63 @@ def test_trainjob_whose_runtime_cannot_build_a_jobset_fails_at_once():
     creating = load("trainjob-running")
     creating["status"]["conditions"][0].update(status="False", reason="JobsCreationFailed")
     assert state_of(creating, [])["phase"] == "pending"  # the controller retries that one
+
+
+def test_a_node_pressure_eviction_is_infrastructure_naming_pod_node_and_resource():
+    """The kubelet evicted the pod for disk: a relaunch must not spend the preemption budget
+    (the trainer got SIGTERM and saved, so its record says preempted), and the report says
+    which resource ran out and what to change."""
+    state = state_of("job-failed-podfailurepolicy", ["pod-evicted-node-pressure", "pod-running"])
+    verdict = classify_attempt(state, record("preempted"))
+    assert verdict["classification"] == INFRA
+    assert state["disruptions"] == []
+    reason = verdict["reason"]
+    assert "pod train-5f1c2a9e-a1-1-k7q2m (node 1)" in reason
+    assert "gke-ml-spot-a100-pool-7c1d9e2b-x2lq" in reason
+    assert "The node was low on resource: ephemeral-storage" in reason
+    assert "cache_size" in reason
+    assert state["nodes"][1]["reason"] == "Evicted"
+
+
+def test_a_cache_over_its_size_limit_names_the_volume():
+    state = state_of("job-failed-evicted-cache", ["pod-evicted-cache-sizelimit"])
+    assert 'Usage of EmptyDir volume "cache" exceeds the limit "180Gi"' in state["infra_reason"]
+
+
+def test_an_eviction_whose_pod_reason_was_overwritten_is_still_told_by_its_condition():
+    pod = load("pod-evicted-node-pressure")
+    pod["status"].pop("reason")
+    state = state_of("job-failed-podfailurepolicy", [pod])
+    assert classify_attempt(state, record("preempted"))["classification"] == INFRA
+
+
+def test_graceful_node_shutdown_also_terminates_by_the_kubelet_and_stays_a_preemption():
+    state = state_of("job-failed-podfailurepolicy", ["pod-disruption-kubelet-shutdown"])
+    assert [d["reason"] for d in state["disruptions"]] == ["TerminationByKubelet"]
+    assert "infra_reason" not in state
+    assert classify_attempt(state, record("preempted"))["classification"] == PREEMPTED
+
+
+def test_an_eviction_spends_the_infrastructure_budget_not_the_preemption_budget():
+    """Folded into job.json as the operator does: the attempt is relaunched after a back-off
+    against ``max_infra_retries``, and the preemption count stays 0."""
+    from trainops.recovery.record import fold_finished, start_record
+
+    job = start_record(
+        run_uri="s3://b/r", config_uri="s3://b/r/config.yaml", cluster="kubernetes", capacity="spot"
+    )
+    job["attempts"] = [{"attempt": 1, "job": {"cluster": "kubernetes", "job_id": "j", "labels": {}}}]
+    state = state_of("job-failed-podfailurepolicy", ["pod-evicted-node-pressure"])
+    budgets = {"max_preemptions": 0, "max_infra_retries": 2, "fallback_after": None}
+    folded, decision = fold_finished(
+        job,
+        state=state,
+        record=record("preempted"),
+        progress=None,
+        budgets=budgets,
+        at="2026-01-01T11:43:00Z",
+    )
+    assert (folded["preemptions"], folded["infra_failures"]) == (0, 1)
+    assert decision["action"] == "relaunch" and decision.get("delay_s")  # with a preemption budget of 0
+    entry = folded["attempts"][0]
+    assert entry["classification"] == "infra" and "low on resource: ephemeral-storage" in entry["reason"]
