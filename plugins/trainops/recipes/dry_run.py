@@ -56,5 +56,11 @@ def dry_run_report(
         "capacity": plan["capacity"],
         "trainer_config": yaml.safe_load(config),
         "job_spec": spec.to_dict(),
+        # The cache size needs the staged dataset's manifest, which a dry run does not have yet.
+        "disk": (
+            "sized at launch from the staged dataset and the checkpoint"
+            if spec.cache_size is None
+            else f"cache {spec.cache_size}, ephemeral-storage {spec.ephemeral_storage or spec.cache_size}"
+        ),
         "manifests": render_manifests(spec),
     }

@@ -275,7 +275,11 @@ def test_an_error_fails_with_the_trainers_hint_and_the_pods_last_lines(file_root
     message = str(failure.value)
     assert "lower train.lr or enable gradient clipping" in message
     assert "[node-0] FloatingPointError: loss is nan at step 12" in message
-    assert len(plane.jobs()) == 1 and job_json(file_root)["status"] == "failed"  # no relaunch
+    job = job_json(file_root)
+    assert job["status"] == "failed" and len(job["attempts"]) == 1  # no relaunch
+    # recorded first (with the pods' last lines), then cleaned up: nothing is left running
+    assert "FloatingPointError: loss is nan at step 12" in job["attempts"][0]["logs_tail"]
+    assert plane.jobs() == [] and plane.pods() == []
 
 
 def test_rerun_reattaches_restart_deletes_nothing_and_kill_deletes_everything(file_root, plane, context):

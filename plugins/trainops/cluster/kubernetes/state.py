@@ -241,6 +241,20 @@ def _trainjob_outcome(job: Json) -> tuple[str | None, str | None]:
     return None, None
 
 
+def disruption_in_job(job: Json) -> Disruption | None:
+    """The disruption a Job's ``podFailurePolicy`` failed it on, from its ``Failed`` (or
+    ``FailureTarget``) condition: the scheduler deletes a pod it preempts, and once the Job
+    controller has counted it, that pod (and those it deletes) leave the API, so by the time
+    the Job is Failed its condition may be the only trace. None for any other failure."""
+    for ctype in ("Failed", "FailureTarget"):
+        cond = _true(job, ctype)
+        message = str((cond or {}).get("message") or "")
+        if cond and cond.get("reason") == "PodFailurePolicy" and "has condition DisruptionTarget" in message:
+            pod = message.split()[1].rpartition("/")[2] if message.startswith("Pod ") else None
+            return {"node": None, "pod": pod, "reason": "DisruptionTarget", "message": message}
+    return None
+
+
 def _reason(cond: Json) -> str:
     return ": ".join(p for p in (cond.get("reason"), cond.get("message")) if p)
 
@@ -310,7 +324,17 @@ def job_state(
     if outcome == "succeeded":
         return {**state, "phase": "succeeded", "reason": why}
     if outcome == "failed":
-        return {**state, "phase": "failed", "reason": "; ".join(p for p in (oom_reason, why) if p)}
+        in_job = disruption_in_job(job)
+        # The disrupted pod may be gone already: then the Job's condition is the only trace. A
+        # pod still listed speaks for itself (an evicted one is no preemption).
+        if not disruptions and in_job is not None and in_job["pod"] not in {n["pod"] for n in nodes}:
+            disruptions = [in_job]
+        return {
+            **state,
+            "phase": "failed",
+            "reason": "; ".join(p for p in (oom_reason, why) if p),
+            "disruptions": disruptions,
+        }
     if outcome == "suspended":
         return {
             **state,

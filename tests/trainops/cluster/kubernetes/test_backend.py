@@ -806,11 +806,6 @@ def test_a_pytorchjob_runs_its_replicas_from_the_rendered_templates_and_deletes_
     assert plane.objects == {} and cluster.all_gone(handle)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="state.job_state reads disruptions from pods only: remove this marker once it also reads "
-    "the Job's Failed condition (PodFailurePolicy, '... has condition DisruptionTarget ...')",
-)
 def test_a_preempted_pod_already_gone_when_the_job_fails_still_counts_as_a_preemption(plane):
     """The scheduler deletes the pod it preempts; once the Job controller has counted it, the
     pod leaves the API, and the other pods (deleted by the controller) follow. By the time the

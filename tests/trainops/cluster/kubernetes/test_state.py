@@ -279,6 +279,17 @@ def test_disruption_names_the_pod_index_and_the_clusters_message():
     assert "DeletionByTaintManager" in verdict["reason"]
 
 
+def test_a_disrupted_pod_already_gone_shows_in_the_jobs_failed_condition():
+    # The preempted pod and the ones the controller deleted have left the API: only the Job's
+    # podFailurePolicy condition says DisruptionTarget, and that is a preemption, not an error.
+    state = state_of("job-failed-podfailurepolicy", [])
+    assert state["phase"] == "failed" and state["nodes"] == []
+    (disruption,) = state["disruptions"]
+    assert (disruption["pod"], disruption["reason"]) == ("train-5f1c2a9e-a1-1-k7q2m", "DisruptionTarget")
+    assert classify_attempt(state, None)["classification"] == PREEMPTED
+    assert state_of("job-failed-exitcode", [])["disruptions"] == []  # an exit-code rule is no disruption
+
+
 def test_oom_is_reported_on_the_node_and_in_the_reason():
     state = state_of("job-failed-exitcode", ["pod-running", "pod-oomkilled"])
     node = state["nodes"][1]
