@@ -258,3 +258,15 @@ def test_the_highest_attempt_wins_even_when_an_older_record_comes_later():
     # an older attempt's record after a newer one's (a late write from a fenced gang) loses
     text = '{"step": 2, "loss": 3.9, "attempt": 2}\n{"step": 2, "loss": 4.0, "attempt": 1}\n'
     assert metrics_by_step(metrics_records(text))[2]["loss"] == 3.9
+
+
+def test_a_heartbeat_is_read_back_and_a_damaged_one_is_none():
+    from trainer.contract import parse_heartbeat
+
+    layout = RunLayout("s3://b/runs/d/r/t")
+    assert layout.heartbeat(2) == "s3://b/runs/d/r/t/heartbeat/2.json"
+    beat = {"attempt": 2, "step": 7, "time": 1.5, "steps": 3, "median_step_s": None}
+    assert parse_heartbeat(beat) == beat
+    assert parse_heartbeat({**beat, "median_step_s": "0.5"})["median_step_s"] == 0.5
+    assert parse_heartbeat({"step": 1}) is None and parse_heartbeat([1]) is None
+    assert parse_heartbeat({**beat, "step": "x"}) is None
