@@ -9,6 +9,7 @@ command lines, layouts and to read attempt records; the trainer to honour them.
 3. Storage layout under a root URI (``file://`` or ``s3://``).
 4. Attempt records: ``attempts/<n>.json``, the trainer's own account of attempt n.
 5. ``metrics.jsonl``: one record per step, each with its attempt; the one reader is here.
+6. Heartbeats: ``heartbeat/<n>.json``, attempt n's latest step, for hang detection.
 """
 
 # No ``from __future__ import annotations``: TypedDict reads its annotations at run time, so
@@ -203,6 +204,10 @@ class RunLayout:
     @property
     def metrics(self) -> str:
         return join(self.run_uri, "metrics.jsonl")
+
+    def heartbeat(self, n: int) -> str:
+        """Attempt ``n``'s heartbeat (:class:`Heartbeat`), which rank 0 overwrites as it steps."""
+        return join(self.run_uri, "heartbeat", f"{int(n)}.json")
 
     @property
     def export(self) -> str:
@@ -438,3 +443,35 @@ def max_step_of_attempt(records: list[MetricsRecord], attempt: int) -> int:
 MANIFEST_FORMAT = "trainops.dataset/v1"
 MANIFEST_NAME = "manifest.json"
 SPLITS = ("train", "eval")
+
+
+# --- 6. heartbeats ----------------------------------------------------------------
+class Heartbeat(TypedDict):
+    """Attempt ``attempt``'s progress as rank 0 last wrote it: ``step`` finished at ``time``
+    (epoch seconds), ``steps`` of them in this attempt (0: written before its first step, when
+    the loop started), and the median step time of this attempt so far, its first step
+    (compile, warm-up) left out (None until there is one)."""
+
+    attempt: int
+    step: int
+    time: float
+    steps: int
+    median_step_s: float | None
+
+
+def parse_heartbeat(data: object) -> Heartbeat | None:
+    """``data`` (a heartbeat object's JSON) as a :class:`Heartbeat`; None when it is not one
+    (a damaged or foreign object says nothing about progress, so it is no verdict either)."""
+    if not isinstance(data, dict):
+        return None
+    try:
+        median = data.get("median_step_s")
+        return {
+            "attempt": int(data["attempt"]),
+            "step": int(data["step"]),
+            "time": float(data["time"]),
+            "steps": int(data["steps"]),
+            "median_step_s": None if median is None else float(median),
+        }
+    except (KeyError, TypeError, ValueError):
+        return None

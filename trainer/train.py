@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from trainer import data, parallel
+from trainer import data, heartbeat, parallel
 from trainer.attempts import Attempt, NonFiniteLoss, attempt_number, cause_of, classify_failure, now_iso
 from trainer.builder import BuiltModel, build_model
 from trainer.checkpoint import Checkpointer, on_rank0
@@ -288,9 +288,11 @@ def train_loop(tr: Training, flag: StopFlag) -> str:
     signalled (``"preempted"``: all ranks stop after the same step)."""
     t, state = tr.config.train, tr.state
     started, first_step = time.monotonic(), state.step
+    beat = heartbeat.beats(tr.config.run_uri, tr.attempt.number, tr.env.is_main, state.step)
     while state.step < t.max_steps:
         step_started = time.monotonic()
         result = train_step(tr, flag)
+        beat(state.step, time.monotonic() - step_started)  # the operator's hang watch
         stop, signal_name = stop_decision(result.stop_votes, flag.signal_name)
         stop = stop and state.step < t.max_steps  # on the last step, finishing is the quickest way out
         if tr.metrics is not None:

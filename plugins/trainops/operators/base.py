@@ -1,5 +1,14 @@
 """What the job-launching operators share, written once: the cluster options, a cached backend,
-defer-or-wait, the task's identity and job labels, and ``on_kill``.
+defer-or-wait, the task's identity and job labels, the task's deadline, and ``on_kill``.
+
+The deadline: Airflow 3.3 bounds each *worker run* of a task by ``execution_timeout`` (a
+SIGALRM, then ``on_kill``), not a deferral, and when a deferral's own timeout fires, the
+triggerer cancels the trigger without its ``on_kill`` and the task resumes in
+``resume_execution("__fail__")``, which raises ``TaskDeferralTimeout``. So the operator makes
+``execution_timeout`` the deadline of the whole try: it hands it to every trigger (which reports
+``deadline`` shortly before it, for the operator to delete the job and record the attempt),
+defers with it as Airflow's own timeout, and, should that one win anyway, deletes the task's
+live jobs in ``resume_execution`` before Airflow fails the task.
 
 Like the Amazon provider's ``AwsBaseOperator``: a subclass only says what it launches. The
 constructor stays cheap (it runs at every DAG parse); the backend is built on first use.
@@ -8,21 +17,24 @@ constructor stays cheap (it runs at every DAG parse); the backend is built on fi
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, ClassVar, TypedDict
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, cast
 
 from airflow.sdk import BaseOperator
 
 from trainops.cluster import CLUSTERS
 from trainops.operators.job_options import check_job_options
 from trainops.operators.params import seconds
+from trainops.triggers.outage import DEFAULT_API_OUTAGE_TOLERANCE_S
 
 if TYPE_CHECKING:
     from trainops.cluster.base import ClusterBackend, JobHandle
 
 DEFAULT_IMAGE = "trainops-trainer:latest"
+TRIGGER_FAIL = "__fail__"  # Airflow's next_method for a deferral its scheduler failed (timeout)
 
 
 class TaskIdentity(TypedDict):
@@ -109,10 +121,20 @@ class ClusterJobOperator(BaseOperator):
     :param storage_root: ``file://`` or ``s3://`` root (default: the embedded root).
     :param aws_conn_id: Airflow connection for ``s3://`` storage.
     :param kubernetes_conn_id: Airflow connection for ``cluster='kubernetes'``.
+    :param api_outage_tolerance: seconds the cluster's API (or storage) may keep failing reads
+        while a job is watched before the wait ends with an error, a positive number (default
+        600). Shorter failures are retried with back-off and logged; no read failure ever
+        deletes a job.
+
+    ``execution_timeout`` bounds the whole try, deferrals included: shortly before it the job
+    is deleted and the task fails (see the module docstring).
     """
 
     # Labels, besides the task's own, that mark this operator's jobs (``find`` and on_kill).
     job_role_labels: ClassVar[Mapping[str, str]] = {}
+    # Whether the resume methods handle a ``deadline`` event themselves; if not, the base
+    # deletes the event's job and fails the task before they are called.
+    handles_deadline: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -126,6 +148,7 @@ class ClusterJobOperator(BaseOperator):
         storage_root: str | None = None,
         aws_conn_id: str | None = "aws_default",
         kubernetes_conn_id: str | None = "kubernetes_default",
+        api_outage_tolerance: float = DEFAULT_API_OUTAGE_TOLERANCE_S,
         **kwargs: Any,
     ) -> None:
         if cluster not in CLUSTERS:
@@ -139,7 +162,12 @@ class ClusterJobOperator(BaseOperator):
         self.poll_interval = seconds("poll_interval", poll_interval, default=5.0)
         self.storage_root, self.aws_conn_id = storage_root, aws_conn_id
         self.kubernetes_conn_id = kubernetes_conn_id
+        self.api_outage_tolerance = seconds(
+            "api_outage_tolerance", api_outage_tolerance, default=DEFAULT_API_OUTAGE_TOLERANCE_S
+        )
         self._task_labels: dict[str, str] | None = None
+        self._deadline: float | None = None  # epoch seconds; see task_deadline
+        self._deadline_known = False
 
     def cluster_options(self) -> dict[str, Any]:
         """What the backend needs besides its name, here and in the trigger (which builds
@@ -179,12 +207,75 @@ class ClusterJobOperator(BaseOperator):
         )
         return self.defer_or_wait(context, trigger, "execute_complete")
 
+    def task_deadline(self, context: Mapping[str, Any]) -> float | None:
+        """When this try's ``execution_timeout`` ends, in epoch seconds (None: no timeout):
+        from the try's start in ``execute``; after a deferral, as the trigger's event carried
+        it (see :meth:`resume_execution`)."""
+        if not self._deadline_known:
+            self._deadline_known = True
+            if self.execution_timeout is not None:
+                started = getattr(context.get("ti"), "start_date", None)
+                start = started.timestamp() if isinstance(started, datetime) else time.time()
+                self._deadline = start + self.execution_timeout.total_seconds()
+        return self._deadline
+
     def defer_or_wait(self, context: Mapping[str, Any], trigger: Any, method_name: str) -> Any:
         """Defer to ``trigger`` (deferrable), or run it here until its event; then
-        ``method_name(context, event)`` decides, in this worker or after the deferral."""
+        ``method_name(context, event)`` decides, in this worker or after the deferral.
+
+        Every trigger gets the task's settings: ``api_outage_tolerance`` and the deadline;
+        a deferral also gets the deadline as Airflow's own timeout (the backstop)."""
+        deadline = self.task_deadline(context)
+        if hasattr(trigger, "deadline"):
+            trigger.deadline = deadline
+        if hasattr(trigger, "api_outage_tolerance"):
+            trigger.api_outage_tolerance = self.api_outage_tolerance
         if self.deferrable:
-            self.defer(trigger=trigger, method_name=method_name)
-        return getattr(self, method_name)(context, wait_here(trigger))
+            timeout = None if deadline is None else timedelta(seconds=max(1.0, deadline - time.time()))
+            self.defer(trigger=trigger, method_name=method_name, timeout=timeout)
+        event = wait_here(trigger)
+        self._unhandled_deadline(event)
+        return getattr(self, method_name)(context, event)
+
+    def _unhandled_deadline(self, event: object) -> None:
+        """On a ``deadline`` event this operator does not handle itself: delete its job, fail."""
+        if self.handles_deadline or not isinstance(event, dict) or event.get("status") != "deadline":
+            return
+        handle = event.get("handle")
+        if isinstance(handle, dict) and handle.get("job_id"):
+            self.backend.delete(cast("JobHandle", handle))
+        raise RuntimeError(f"{event.get('message')}; the job was deleted")
+
+    def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Any) -> Any:
+        """Resume after a deferral: take the deadline from the trigger's event; when Airflow
+        failed the deferral itself (its timeout won the race against the trigger's
+        ``deadline`` event), delete the task's live jobs first, so nothing runs unwatched."""
+        event = (next_kwargs or {}).get("event")
+        if isinstance(event, dict) and "deadline" in event:
+            deadline = event["deadline"]
+            self._deadline = float(deadline) if isinstance(deadline, int | float) else None
+            self._deadline_known = True
+        self._unhandled_deadline(event)
+        if next_method == TRIGGER_FAIL:
+            error = (next_kwargs or {}).get("error", "unknown")
+            error = getattr(error, "value", error)  # Airflow's TriggerFailureReason, as its text
+            self.delete_live_jobs(context, why=f"Airflow failed the deferral ({error})")
+        return super().resume_execution(next_method, next_kwargs, context)
+
+    def delete_live_jobs(self, context: Mapping[str, Any], *, why: str) -> list[str]:
+        """Delete every live job of this task instance (all nodes); the job ids deleted.
+        Best effort: a failure is logged, never raised over the task's own error."""
+        deleted: list[str] = []
+        try:
+            for handle in self.live_jobs(context):
+                self.backend.delete(handle)
+                deleted.append(handle["job_id"])
+        except Exception:
+            self.log.exception("%s: could not delete the task's jobs; check the cluster for them", why)
+            return deleted
+        if deleted:
+            self.log.error("%s: deleted job(s) %s so that nothing runs unwatched", why, ", ".join(deleted))
+        return deleted
 
     def on_kill(self) -> None:
         """Killing the task deletes its live jobs (all nodes), so nothing runs unwatched."""

@@ -12,12 +12,9 @@ pods (the local backend keeps its job directory, logs included).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 from trainops.cluster.spec import TTL_KINDS
-
-if TYPE_CHECKING:
-    from trainops.recovery.record import JobRecord
 
 KEPT_TTL_S = 86400  # a kept job: a day to look at it, then Kubernetes deletes it
 LOGS_TAIL_CHARS = 20000  # of the tail, in job.json: enough for a traceback and torchrun's report
@@ -43,11 +40,3 @@ def clip_tail(text: str | None, limit: int = LOGS_TAIL_CHARS) -> str | None:
         return text
     clipped = text[-limit:]
     return clipped[clipped.find("\n") + 1 :] if "\n" in clipped else clipped
-
-
-def with_logs_tail(job: JobRecord, tail: str | None) -> JobRecord:
-    """``job`` with ``logs_tail`` in its newest attempt's entry (None: the logs could not be
-    read)."""
-    *earlier, entry = job["attempts"]
-    ended = cast(Any, {**entry, "logs_tail": clip_tail(tail)})
-    return {**job, "attempts": [*earlier, ended]}

@@ -90,6 +90,11 @@ class FSDPTrainingOperator(ClusterJobOperator):
         for a day, ``ttlSecondsAfterFinished``, where the kind has one; ``job_options``
         ``ttl_seconds_after_finished`` sets another). Default False: they are deleted once
         job.json records the attempt, its log tail included.
+    :param hang_timeout: seconds without a new training step after which a running attempt
+        is hung: its logs tail is kept in job.json, the whole gang is deleted and relaunched
+        against ``max_infra_retries``. None (the default) derives it from the attempt's median
+        step time, ``max(600, 20 x median)``; the first step gets 30 minutes more (compile,
+        warm-up). A positive number otherwise.
     :param storage_root: ``file://`` or ``s3://`` root (templated; default: the embedded root).
     :param aws_conn_id: Airflow connection for ``s3://`` storage.
     :param kubernetes_conn_id: Airflow connection for ``cluster='kubernetes'``.
@@ -106,6 +111,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
     )
     ui_color = "#f4d9c6"
     operator_extra_links = (RunReportLink(),)
+    handles_deadline = True  # execute_complete records the attempt; relaunch_when_gone fails
 
     def __init__(
         self,
@@ -130,6 +136,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
         progress_every: float = 30.0,
         job_timeout: float | None = None,
         keep_finished_jobs: bool = False,
+        hang_timeout: float | None = None,
         storage_root: str | None = None,
         aws_conn_id: str | None = "aws_default",
         kubernetes_conn_id: str | None = "kubernetes_default",
@@ -164,6 +171,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
         self.keep_finished_jobs = keep_finished_jobs
         self.progress_every = seconds("progress_every", progress_every, default=30.0)
         self.job_timeout = optional_seconds("job_timeout", job_timeout, default=None)
+        self.hang_timeout = optional_seconds("hang_timeout", hang_timeout, default=None)
         self.unschedulable_timeout = optional_seconds(
             "unschedulable_timeout", unschedulable_timeout, default=900
         )
@@ -364,7 +372,9 @@ class FSDPTrainingOperator(ClusterJobOperator):
         return disk_options(found)
 
     def _wait(self, context: Any, handle: JobHandle, layout: RunLayout) -> Any:
-        """Wait for the attempt, with its progress lines in the task log, then decide."""
+        """Wait for the attempt, with its progress lines in the task log and its heartbeat
+        watched for a hang, then decide."""
+        attempt = int(handle.get("labels", {}).get("trainops/attempt", 1))
         return self.wait_for(
             context,
             handle,
@@ -372,6 +382,8 @@ class FSDPTrainingOperator(ClusterJobOperator):
             progress_uri=layout.metrics,
             progress_every=self.progress_every,
             aws_conn_id=self.aws_conn_id,
+            heartbeat_uri=layout.heartbeat(attempt),
+            hang_timeout=self.hang_timeout,
         )
 
     def _retire(self, context: Any, handle: JobHandle, delay_s: float | None) -> Any:
@@ -393,24 +405,26 @@ class FSDPTrainingOperator(ClusterJobOperator):
     # -- after each attempt ------------------------------------------------------------
     def execute_complete(self, context: Any, event: object = None) -> Any:
         """An attempt ended: fold it into job.json, then finish, relaunch or fail."""
-        from trainops.operators.cleanup import with_logs_tail
+        from trainops.operators.cleanup import clip_tail
+        from trainops.operators.deadlines import deadline_failure, ended_by_deadline, waiting_failed
         from trainops.operators.notice import grace_warning
         from trainops.recovery.classify import attempt_record_of
-        from trainops.recovery.record import abandon_attempt, fold_finished
+        from trainops.recovery.record import fold_finished
         from trainops.triggers.events import check_event
 
-        checked = check_event(event, expected=("finished", "timeout", "error"))
+        checked = check_event(event, expected=("finished", "timeout", "error", "hung", "deadline"))
         self._check_settings()
         store, layout, _ = self._run(context)
         job = self._job(store, layout)
         attempt = job["attempts"][-1]["attempt"]
-        if checked["status"] != "finished":
+        if checked["status"] == "error":  # waiting failed, not the job: leave it running
+            raise RuntimeError(waiting_failed(checked, attempt))
+        if checked["status"] in ("timeout", "deadline"):
             self.backend.delete(checked["handle"])
-            store.put_json(layout.job, abandon_attempt(job, reason=checked.get("message"), at=now_iso()))
-            raise RuntimeError(
-                f"training attempt {attempt} {checked['status']}: "
-                f"{checked.get('message')}; the job was deleted"
-            )
+            store.put_json(layout.job, ended_by_deadline(job, checked, at=now_iso()))
+            raise RuntimeError(deadline_failure(checked, attempt))
+        if checked["status"] == "hung":
+            return self._hung(context, store, layout, job, checked)
 
         record = self._read_record(store, layout, attempt)
         tail = self._log_tail(checked["handle"])  # kept in job.json: it goes with the pods
@@ -424,8 +438,8 @@ class FSDPTrainingOperator(ClusterJobOperator):
             progress=progress,
             budgets=self.budgets(),
             at=now_iso(),
+            logs_tail=clip_tail(tail),
         )
-        job = with_logs_tail(job, tail)
         store.put_json(layout.job, job)
         entry = job["attempts"][-1]
         self.log.info(
@@ -471,6 +485,34 @@ class FSDPTrainingOperator(ClusterJobOperator):
             return
         self.log.info("deleted the finished job %s", handle["job_id"])
 
+    def _hung(self, context: Any, store: Storage, layout: RunLayout, job: JobRecord, event: Any) -> Any:
+        """A hung attempt: keep its logs tail, record it as ``hung``, then relaunch the whole
+        gang against the infrastructure budget (the old one deleted first) or fail."""
+        from trainops.operators.cleanup import clip_tail
+        from trainops.recovery.record import fold_finished
+
+        handle, attempt = event["handle"], job["attempts"][-1]["attempt"]
+        tail = self._log_tail(handle, lines=50)
+        job, decision = fold_finished(
+            job,
+            state=event["state"],
+            record=None,
+            progress=self._progress(store, layout, attempt),
+            budgets=self.budgets(),
+            at=now_iso(),
+            verdict={"classification": "hung", "reason": event.get("message") or "no new step"},
+            logs_tail=clip_tail(tail),
+        )
+        store.put_json(layout.job, job)
+        self.log.warning("attempt %d: hung (%s); %s", attempt, event.get("message"), decision["reason"])
+        if decision["action"] == "relaunch":
+            return self._retire(context, handle, decision.get("delay_s"))
+        self.backend.delete(handle)
+        raise RuntimeError(
+            f"training failed on attempt {attempt}: {event.get('message')}. {decision['reason']}; "
+            f"the job was deleted.\nLast log lines:\n{tail}"
+        )
+
     def relaunch_when_gone(self, context: Any, event: object = None) -> Any:
         """The old attempt's pods are gone (and any back-off is over): launch the next attempt."""
         from trainops.recovery.record import mark_failed
@@ -485,12 +527,12 @@ class FSDPTrainingOperator(ClusterJobOperator):
             raise RuntimeError(f"not relaunching: {checked.get('message') or checked['status']}")
         return self._launch(context, store, layout, job, identity)
 
-    def _log_tail(self, handle: JobHandle) -> str | None:
+    def _log_tail(self, handle: JobHandle, lines: int = 200) -> str | None:
         """The attempt's last log lines, where the trainer prints its record when storage
         refused it (torchrun's failure report and the other ranks' tracebacks come after it,
         hence 200 lines); None when the logs cannot be read."""
         try:
-            return self.backend.logs_tail(handle, lines=200)
+            return self.backend.logs_tail(handle, lines=lines)
         except Exception as exc:  # the record is then taken as missing, as before
             self.log.warning(
                 "could not read the logs of %s for its attempt record: %s", handle["job_id"], exc

@@ -15,7 +15,10 @@ from typing import Final, Literal, TypedDict
 from trainer.contract import AttemptRecord, Cause, attempt_record_in_log
 from trainops.cluster.base import JobState
 
-Classification = Literal["succeeded", "preempted", "infra", "error"]
+# ``hung`` (no new step for the hang timeout, see recovery/hang.py) and ``timeout``
+# (job_timeout or the task's execution_timeout) are not classified from a finished job's state:
+# the operator ends such an attempt itself and records it so.
+Classification = Literal["succeeded", "preempted", "infra", "error", "hung", "timeout"]
 SUCCEEDED: Final = "succeeded"
 PREEMPTED: Final = "preempted"
 INFRA: Final = "infra"
@@ -23,6 +26,8 @@ ERROR: Final = "error"
 # A node's reason when the kubelet evicted its pod for node pressure (the pod's
 # ``status.reason``): the node ran out of disk or memory, which no preemption budget can fix.
 EVICTED: Final = "Evicted"
+HUNG: Final = "hung"
+TIMEOUT: Final = "timeout"
 
 # The record's causes that are the infrastructure's, each as the reason names it: a relaunch
 # (on another node, once storage or the network is back) may succeed where this attempt failed.

@@ -6,7 +6,7 @@ from Airflow's retries."""
 from collections.abc import Mapping
 from typing import Any, Literal, NotRequired, TypedDict
 
-from trainops.recovery.classify import INFRA, PREEMPTED, SUCCEEDED
+from trainops.recovery.classify import HUNG, INFRA, PREEMPTED, SUCCEEDED
 
 Action = Literal["finish", "relaunch", "fail"]
 
@@ -51,7 +51,7 @@ def decide(
 
     :param preemptions: preemptions so far, this one included.
     :param infra_failures: infrastructure failures so far, this one included (a capacity
-        fallback is not one, see ``is_capacity_fallback``).
+        fallback is not one, see ``is_capacity_fallback``; a hung attempt is one).
     :param fallback_after: with capacity ``spot-then-on-demand``, move to on-demand after
         this many preemptions.
     :param unschedulable: the attempt's pods found no node before the deadline; with
@@ -81,6 +81,21 @@ def decide(
             "action": "relaunch",
             "capacity": next_capacity,
             "reason": f"preemption {preemptions} of at most {max_preemptions}: relaunching to resume",
+        }
+    if classification == HUNG:  # the infrastructure's budget; no back-off: nothing needs to clear
+        if infra_failures > max_infra_retries:
+            return {
+                "action": "fail",
+                "capacity": capacity,
+                "reason": f"{infra_failures} infrastructure failures (hangs included), over the limit of "
+                f"{max_infra_retries}; if every attempt hangs at the same step, look for a stuck collective "
+                "in the logs tail",
+            }
+        return {
+            "action": "relaunch",
+            "capacity": capacity,
+            "reason": f"hung: infrastructure failure {infra_failures} of at most {max_infra_retries}: "
+            "relaunching the whole gang once its pods are gone",
         }
     if classification == INFRA:
         if infra_failures > max_infra_retries:

@@ -11,7 +11,15 @@ accounting read the same fields back.
 from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict, cast
 
 from trainops.cluster.base import JobHandle, JobState
-from trainops.recovery.classify import INFRA, PREEMPTED, AttemptRecord, Classification, classify_attempt
+from trainops.recovery.classify import (
+    HUNG,
+    INFRA,
+    PREEMPTED,
+    AttemptRecord,
+    Classification,
+    Verdict,
+    classify_attempt,
+)
 from trainops.recovery.policy import Decision, decide, is_capacity_fallback
 
 if TYPE_CHECKING:
@@ -53,6 +61,7 @@ class AttemptEntry(TypedDict):
     decision: NotRequired[Decision]
     classification: NotRequired[Classification]
     reason: NotRequired[str | None]
+    logs_tail: NotRequired[str | None]  # the last log lines, kept before the job (and its pods) is deleted
 
 
 class JobRecord(TypedDict):
@@ -171,6 +180,8 @@ def fold_finished(
     progress: Progress | None,
     budgets: Budgets,
     at: str,
+    verdict: Verdict | None = None,
+    logs_tail: str | None = None,
 ) -> tuple[JobRecord, Decision]:
     """Fold the newest attempt's end into ``job``: classify it, count it against its budget,
     decide what comes next, and record all of that in its entry.
@@ -179,15 +190,18 @@ def fold_finished(
     :param record: the trainer's attempt record, or None if it wrote none.
     :param progress: what storage shows of an attempt without a record (None: nothing).
     :param at: when the attempt was seen to end (ISO 8601).
+    :param verdict: the classification when the operator ended the attempt itself (``hung``:
+        it counts against the infrastructure budget); None: classified from ``state``.
+    :param logs_tail: the attempt's last log lines, kept in its entry (they go with the pods).
     :return: the new record (``status`` set when the run is over, ``capacity`` moved when the
         next attempt runs elsewhere) and the decision to act on.
     """
     *earlier, entry = job["attempts"]
-    verdict = classify_attempt(state, record)
+    verdict = classify_attempt(state, record) if verdict is None else verdict
     kind = verdict["classification"]
     fallback = is_capacity_fallback(kind, state, job["capacity"])
     preemptions = job["preemptions"] + (kind == PREEMPTED)
-    infra_failures = job["infra_failures"] + (kind == INFRA and not fallback)
+    infra_failures = job["infra_failures"] + ((kind == INFRA and not fallback) or kind == HUNG)
     decision = decide(
         kind,
         preemptions=preemptions,
@@ -209,6 +223,8 @@ def fold_finished(
         "classification": kind,
         "reason": verdict["reason"],
     }
+    if logs_tail is not None:
+        ended["logs_tail"] = logs_tail
     folded: JobRecord = {
         **job,
         "preemptions": preemptions,
@@ -222,11 +238,21 @@ def fold_finished(
     return folded, decision
 
 
-def abandon_attempt(job: JobRecord, *, reason: str | None, at: str) -> JobRecord:
-    """``job`` after waiting for its newest attempt failed (timeout, or the trigger's error):
-    the attempt is recorded as an error with ``reason`` and the run as failed."""
+def abandon_attempt(
+    job: JobRecord,
+    *,
+    reason: str | None,
+    at: str,
+    classification: Classification = "error",
+    state: JobState | None = None,
+) -> JobRecord:
+    """``job`` after its newest attempt was ended without finishing (``timeout``: job_timeout
+    or the task's execution_timeout): the attempt is recorded as ``classification`` with
+    ``reason`` (and ``state`` as last seen, when known) and the run as failed."""
     *earlier, entry = job["attempts"]
-    ended: AttemptEntry = {**entry, "ended_at": at, "classification": "error", "reason": reason}
+    ended: AttemptEntry = {**entry, "ended_at": at, "classification": classification, "reason": reason}
+    if state is not None:
+        ended["state"] = state
     return {**job, "status": "failed", "attempts": [*earlier, ended]}
 
 

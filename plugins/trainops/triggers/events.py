@@ -9,19 +9,26 @@ from typing import Literal, NotRequired, TypedDict, cast
 
 from trainops.cluster.base import JobHandle, JobState
 
-Status = Literal["finished", "timeout", "error", "gone"]
-STATUSES: tuple[Status, ...] = ("finished", "timeout", "error", "gone")
+Status = Literal["finished", "timeout", "error", "gone", "hung", "deadline"]
+STATUSES: tuple[Status, ...] = ("finished", "timeout", "error", "gone", "hung", "deadline")
 
 
 class JobEvent(TypedDict):
     """``finished``: the job reached a final phase (``state`` says which); ``timeout``: it ran
     past the trigger's timeout (``state`` as last seen); ``error``: waiting failed
-    (``message``); ``gone``: every pod of a deleted job is gone."""
+    (``message``), for instance reads failing past ``api_outage_tolerance``, which says
+    nothing about the job; ``gone``: every pod of a deleted job is gone; ``hung``: the job
+    runs but made no step for the hang timeout (``message`` says how long); ``deadline``: the
+    task's ``execution_timeout`` is about to end (``message``).
+
+    ``deadline`` (epoch seconds, None: none), when present, is the task's deadline that the
+    trigger was given: the operator carries it into the next trigger."""
 
     status: Status
     handle: JobHandle
     state: NotRequired[JobState]
     message: NotRequired[str]
+    deadline: NotRequired[float | None]
 
 
 def check_event(event: object, expected: tuple[Status, ...] = STATUSES) -> JobEvent:

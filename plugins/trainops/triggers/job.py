@@ -11,6 +11,16 @@ the worker that deferred (the worker lingers about 5 s after deferring): the sta
 of that exit meets a task instance already re-queued, and the scheduler marks it failed
 (apache/airflow#66374, #72716). Real training outlasts the window; a quick attempt, a fast
 relaunch after a preemption and the demo's tiny model do not.
+
+A failed read (status, logs, progress, heartbeat) is weather, not a verdict: it is retried with
+a back-off and logged once per failure with a running count (:mod:`trainops.triggers.outage`);
+only status reads failing for longer than ``api_outage_tolerance`` end the wait, with an
+``error`` event on which the operator deletes nothing.
+
+Airflow 3.3 does not bound a deferral by ``execution_timeout`` (only each worker run of the
+task), and when a deferral's own timeout fires it cancels the trigger without ``on_kill``. So
+the operator hands both triggers the task's ``deadline`` (epoch seconds), and they report a
+``deadline`` event :data:`DEADLINE_MARGIN_S` before it, for the operator to delete the job.
 """
 
 from __future__ import annotations
@@ -22,16 +32,23 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from trainops.cluster.base import FINAL_PHASES, ClusterBackend, JobHandle, LogCursor
-from trainops.triggers.events import JobEvent
+from trainops.cluster.base import FINAL_PHASES, ClusterBackend, JobHandle, JobState, LogCursor
+from trainops.recovery.hang import STARTUP_ALLOWANCE_S, hang_verdict
+from trainops.triggers.events import JobEvent, Status
+from trainops.triggers.outage import DEFAULT_API_OUTAGE_TOLERANCE_S, RETRY_CAP_S, Outage
 
 if TYPE_CHECKING:
+    from trainer.contract import Heartbeat
     from trainer.storage import Storage
 
 DEFAULT_SETTLE_S = 20.0
 # How long one read of metrics.jsonl for a progress line rides out a storage outage. Short: the
 # line is optional, and the poll loop waits for it before it looks at the job again.
 PROGRESS_OUTAGE_TOLERANCE_S = 5.0
+# A trigger reports the deadline this long before it: Airflow's scheduler fails a deferral whose
+# own timeout passed within [scheduler] trigger_timeout_check_interval (15 s), and the event must
+# reach the operator, which still deletes the job, before that.
+DEADLINE_MARGIN_S = 30.0
 
 
 def settle_seconds() -> float:
@@ -55,6 +72,27 @@ async def settled(started_at: float, settle_s: float) -> None:
         await asyncio.sleep(remaining)
 
 
+def until_deadline(deadline: float | None) -> float | None:
+    """Seconds until a trigger must report ``deadline`` (<= 0: now); None without a deadline."""
+    return None if deadline is None else deadline - DEADLINE_MARGIN_S - time.time()
+
+
+def deadline_message(handle: JobHandle, deadline: float) -> str:
+    """The ``deadline`` event's message."""
+    from datetime import UTC, datetime
+
+    at = datetime.fromtimestamp(deadline, UTC).isoformat(timespec="seconds")
+    return (
+        f"the task's execution_timeout ends at {at}, in {max(0.0, deadline - time.time()):.0f} s "
+        f"(job {handle['job_id']} is stopped before it)"
+    )
+
+
+def retry_base(poll_interval: float) -> float:
+    """The first back-off of a failing read: a second, or the poll interval when shorter."""
+    return min(1.0, poll_interval)
+
+
 class JobTrigger(BaseTrigger):
     """Poll a job's state through its cluster backend.
 
@@ -72,6 +110,17 @@ class JobTrigger(BaseTrigger):
         starts again from the last lines (at most 200), so a few lines may appear twice.
     :param settle_s: report no sooner than this after ``started_at`` (None: ``[trainops]
         trigger_settle_seconds``; see the module docstring).
+    :param api_outage_tolerance: seconds status reads may keep failing (retried with back-off)
+        before the trigger reports ``error``; the job is left alone either way.
+    :param heartbeat_uri: this attempt's heartbeat (``RunLayout.heartbeat``); when set, the
+        trigger reports ``hung`` once no new step came for the hang timeout
+        (:func:`trainops.recovery.hang.hang_verdict`). A heartbeat that cannot be read is no
+        verdict: the watch waits for a read that works.
+    :param hang_timeout: seconds without a new step that mean hung (None: derived from the
+        median step time, see :mod:`trainops.recovery.hang`).
+    :param startup_allowance: extra seconds allowed before the attempt's first step.
+    :param deadline: epoch seconds when the task's ``execution_timeout`` ends (None: never);
+        the trigger reports ``deadline`` :data:`DEADLINE_MARGIN_S` before it.
     """
 
     def __init__(
@@ -87,11 +136,21 @@ class JobTrigger(BaseTrigger):
         aws_conn_id: str | None = None,
         stream_logs: bool = False,
         settle_s: float | None = None,
+        api_outage_tolerance: float = DEFAULT_API_OUTAGE_TOLERANCE_S,
+        heartbeat_uri: str | None = None,
+        hang_timeout: float | None = None,
+        startup_allowance: float = STARTUP_ALLOWANCE_S,
+        deadline: float | None = None,
     ):
         super().__init__()
         self.handle = handle
         self.poll_interval = poll_interval
         self.timeout = timeout
+        self.api_outage_tolerance = api_outage_tolerance
+        self.heartbeat_uri = heartbeat_uri
+        self.hang_timeout = hang_timeout
+        self.startup_allowance = startup_allowance
+        self.deadline = deadline
         self.cluster_options = cluster_options or {}
         self.started_at = started_at if started_at is not None else time.time()
         self.progress_uri = progress_uri
@@ -102,6 +161,22 @@ class JobTrigger(BaseTrigger):
         self._log_cursor: LogCursor | None = None
         self._store: Storage | None = None  # one connection lookup per trigger, not per poll
         self._progress_failing = False  # a failed progress read was logged; quiet until one works
+        self._status_reads = self._outage("status read")
+        self._log_reads = self._outage("log read")
+        self._heartbeat_reads = self._outage("heartbeat read")
+        self._running_since: float | None = None  # when this trigger first saw the job running
+        self._readable_since: float | None = None  # since when heartbeat reads work unbroken
+
+    def _outage(self, what: str) -> Outage:
+        """A fresh count of failing reads of ``what`` (built again when the run starts: the
+        operator may set ``api_outage_tolerance`` after construction)."""
+        return Outage(
+            what,
+            self.api_outage_tolerance,
+            self.log,
+            base_s=retry_base(self.poll_interval),
+            cap_s=RETRY_CAP_S,
+        )
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -117,6 +192,11 @@ class JobTrigger(BaseTrigger):
                 "aws_conn_id": self.aws_conn_id,
                 "stream_logs": self.stream_logs,
                 "settle_s": self.settle_s,
+                "api_outage_tolerance": self.api_outage_tolerance,
+                "heartbeat_uri": self.heartbeat_uri,
+                "hang_timeout": self.hang_timeout,
+                "startup_allowance": self.startup_allowance,
+                "deadline": self.deadline,
             },
         )
 
@@ -154,6 +234,48 @@ class JobTrigger(BaseTrigger):
         rate = f", {rec['tokens_per_s']:,.0f} tok/s" if rec.get("tokens_per_s") else ""
         return f"attempt {attempt}: step {rec['step']}, loss {rec.get('loss', float('nan')):.4f}{rate}"
 
+    def _heartbeat(self, uri: str) -> Heartbeat | None:
+        """The attempt's heartbeat (blocking: run it in a thread); None when none is written
+        yet or it is not one. A failed read raises: the caller rides it out."""
+        import json
+
+        from trainer.contract import parse_heartbeat
+        from trainer.storage import NotFound
+        from trainops.hooks.storage import storage_for
+
+        if self._store is None:
+            self._store = storage_for(uri, self.aws_conn_id, outage_tolerance_s=PROGRESS_OUTAGE_TOLERANCE_S)
+        try:
+            return parse_heartbeat(json.loads(self._store.get(uri)))
+        except NotFound:
+            return None
+        except ValueError:  # a torn or foreign object: no verdict either way
+            return None
+
+    async def _hang(self, state: JobState) -> str | None:
+        """Why the attempt is hung, or None (not watched, not running, not hung, or the
+        heartbeat could not be read this time)."""
+        if self.heartbeat_uri is None or state["phase"] != "running":
+            return None
+        if self._running_since is None:
+            self._running_since = time.time()
+        try:
+            beat = await asyncio.to_thread(self._heartbeat, self.heartbeat_uri)
+        except Exception as exc:  # weather: no verdict until a read works, and the clock restarts
+            self._heartbeat_reads.failed(exc)
+            self._readable_since = None
+            return None
+        self._heartbeat_reads.worked()
+        if self._readable_since is None:
+            self._readable_since = time.time()
+        return hang_verdict(
+            heartbeat=beat,
+            watched_since=max(self._running_since, self._readable_since),
+            now=time.time(),
+            setting=self.hang_timeout,
+            startup_allowance_s=self.startup_allowance,
+        )
+
     async def _copy_log_lines(self, cluster: ClusterBackend) -> None:
         """Node 0's new log lines into this task's log (best effort: a log hiccup is no failure)."""
         try:
@@ -161,55 +283,89 @@ class JobTrigger(BaseTrigger):
                 cluster.log_lines, self.handle, self._log_cursor
             )
         except Exception as exc:
-            self.log.warning("could not read node 0's log of %s: %s", self.handle["job_id"], exc)
+            self._log_reads.failed(exc)  # logged with its count; the lines come at the next poll
             return
+        self._log_reads.worked()
         for line in lines:
             self.log.info("[node-0] %s", line)
+
+    def _ended(self, status: Status, state: JobState | None, message: str) -> TriggerEvent:
+        """An event other than ``finished``, with the job's state as last seen (if any)."""
+        event: JobEvent = {"status": status, "handle": self.handle, "message": message}
+        if state is not None:
+            event["state"] = state
+        event["deadline"] = self.deadline
+        return _event(event)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from trainops.cluster import get_cluster
 
-        try:
+        try:  # a backend that cannot be built is configuration, not weather
             cluster = get_cluster(self.handle["cluster"], **self.cluster_options)
-            last_phase, last_progress = None, 0.0
-            while True:
-                state = await asyncio.to_thread(cluster.status, self.handle)
-                if state["phase"] != last_phase:
-                    self.log.info(
-                        "job %s is %s%s",
-                        self.handle["job_id"],
-                        state["phase"],
-                        f" ({state['reason']})" if state.get("reason") else "",
-                    )
-                    last_phase = state["phase"]
-                if self.stream_logs:
-                    await self._copy_log_lines(cluster)
-                if state["phase"] in FINAL_PHASES:
-                    await settled(self.started_at, self.settle_s)
-                    yield _event({"status": "finished", "handle": self.handle, "state": state})
-                    return
-                if self.progress_uri and time.monotonic() - last_progress >= self.progress_every:
-                    last_progress = time.monotonic()
-                    line = await asyncio.to_thread(self._progress_line, self.progress_uri)
-                    if line:
-                        self.log.info("%s", line)
-                if self.timeout is not None and time.time() - self.started_at > self.timeout:
-                    await settled(self.started_at, self.settle_s)
-                    yield _event(
-                        {
-                            "status": "timeout",
-                            "handle": self.handle,
-                            "state": state,
-                            "message": f"job {self.handle['job_id']} still {state['phase']} after {self.timeout:.0f}s",
-                        }
-                    )
-                    return
-                await asyncio.sleep(self.poll_interval)
-        except Exception as exc:  # reported, not raised: the operator decides and cleans up
+        except Exception as exc:
             await settled(self.started_at, self.settle_s)
-            yield _event(
-                {"status": "error", "handle": self.handle, "message": f"{type(exc).__name__}: {exc}"}
-            )
+            yield self._ended("error", None, f"{type(exc).__name__}: {exc}")
+            return
+        self._status_reads = self._outage("status read")
+        self._log_reads = self._outage("log read")
+        self._heartbeat_reads = self._outage("heartbeat read")
+        last_phase, last_progress = None, 0.0
+        seen: JobState | None = None  # the state as last read
+        while True:
+            to_deadline = until_deadline(self.deadline)
+            if to_deadline is not None and to_deadline <= 0:
+                assert self.deadline is not None
+                await settled(self.started_at, self.settle_s)
+                yield self._ended("deadline", seen, deadline_message(self.handle, self.deadline))
+                return
+            try:
+                state: JobState = await asyncio.to_thread(cluster.status, self.handle)
+            except Exception as exc:  # weather: retried until the tolerance is spent
+                delay = self._status_reads.failed(exc)
+                if delay is None:
+                    await settled(self.started_at, self.settle_s)
+                    yield self._ended("error", seen, self._status_reads.verdict(exc))
+                    return
+                await asyncio.sleep(delay if to_deadline is None else max(0.01, min(delay, to_deadline)))
+                continue
+            self._status_reads.worked()
+            seen = state
+            if state["phase"] != last_phase:
+                self.log.info(
+                    "job %s is %s%s",
+                    self.handle["job_id"],
+                    state["phase"],
+                    f" ({state['reason']})" if state.get("reason") else "",
+                )
+                last_phase = state["phase"]
+            if self.stream_logs:
+                await self._copy_log_lines(cluster)
+            if state["phase"] in FINAL_PHASES:
+                await settled(self.started_at, self.settle_s)
+                yield _event(
+                    {"status": "finished", "handle": self.handle, "state": state, "deadline": self.deadline}
+                )
+                return
+            if self.progress_uri and time.monotonic() - last_progress >= self.progress_every:
+                last_progress = time.monotonic()
+                line = await asyncio.to_thread(self._progress_line, self.progress_uri)
+                if line:
+                    self.log.info("%s", line)
+            hung = await self._hang(state)
+            if hung is not None:
+                await settled(self.started_at, self.settle_s)
+                yield self._ended("hung", state, f"job {self.handle['job_id']}: {hung}")
+                return
+            if self.timeout is not None and time.time() - self.started_at > self.timeout:
+                await settled(self.started_at, self.settle_s)
+                yield self._ended(
+                    "timeout",
+                    state,
+                    f"job {self.handle['job_id']} still {state['phase']} after {self.timeout:.0f}s (job_timeout)",
+                )
+                return
+            wait = self.poll_interval if to_deadline is None else min(self.poll_interval, to_deadline)
+            await asyncio.sleep(max(0.01, wait))
 
     async def on_kill(self) -> None:
         """A user killed the deferred task: delete the job and its pods (never on restarts)."""
@@ -234,6 +390,10 @@ class JobGoneTrigger(BaseTrigger):
     :param deadline_s: seconds after ``started_at`` to give up on the pods going away.
     :param settle_s: report no sooner than this after ``started_at`` (None: ``[trainops]
         trigger_settle_seconds``; see the module docstring).
+    :param api_outage_tolerance: seconds reads may keep failing (retried with back-off) before
+        the trigger reports ``error``.
+    :param deadline: epoch seconds when the task's ``execution_timeout`` ends (None: never);
+        the trigger reports ``deadline`` :data:`DEADLINE_MARGIN_S` before it.
     """
 
     def __init__(
@@ -246,6 +406,8 @@ class JobGoneTrigger(BaseTrigger):
         poll_interval: float = 2.0,
         started_at: float | None = None,
         settle_s: float | None = None,
+        api_outage_tolerance: float = DEFAULT_API_OUTAGE_TOLERANCE_S,
+        deadline: float | None = None,
     ):
         super().__init__()
         self.handle = handle
@@ -255,6 +417,9 @@ class JobGoneTrigger(BaseTrigger):
         self.poll_interval = poll_interval
         self.started_at = started_at if started_at is not None else time.time()
         self.settle_s = settle_seconds() if settle_s is None else settle_s
+        self.api_outage_tolerance = api_outage_tolerance
+        self.deadline = deadline
+        self._reads = Outage("pod listing", api_outage_tolerance, self.log, base_s=retry_base(poll_interval))
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -267,48 +432,79 @@ class JobGoneTrigger(BaseTrigger):
                 "deadline_s": self.deadline_s,
                 "poll_interval": self.poll_interval,
                 "started_at": self.started_at,
+                "api_outage_tolerance": self.api_outage_tolerance,
+                "deadline": self.deadline,
             },
         )
+
+    def _event(self, status: Status, message: str | None = None) -> TriggerEvent:
+        event: JobEvent = {"status": status, "handle": self.handle, "deadline": self.deadline}
+        if message is not None:
+            event["message"] = message
+        return _event(event)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from trainops.cluster import get_cluster
 
-        try:
+        try:  # a backend that cannot be built is configuration, not weather
             cluster = get_cluster(self.handle["cluster"], **self.cluster_options)
-            gone_logged = False
-            while True:
-                gone = await asyncio.to_thread(cluster.all_gone, self.handle)
-                now = time.time()
-                back_off = 0.0 if self.not_before is None else self.not_before - now
-                if gone and back_off <= 0:
-                    await settled(self.started_at, self.settle_s)
-                    yield _event({"status": "gone", "handle": self.handle})
-                    return
-                if gone and not gone_logged:
-                    self.log.info(
-                        "every pod of %s is gone; relaunching in %.0fs (back-off)",
-                        self.handle["job_id"],
-                        back_off,
-                    )
-                    gone_logged = True
-                if not gone and now - self.started_at > self.deadline_s:
-                    await settled(self.started_at, self.settle_s)
-                    yield _event(
-                        {
-                            "status": "error",
-                            "handle": self.handle,
-                            "message": (
-                                f"job {self.handle['job_id']} still has pods {self.deadline_s:.0f}s after its "
-                                "deletion; not relaunching over it: check its pods (kubectl get pods -l "
-                                f"trainops/job={self.handle['job_id']})"
-                            ),
-                        }
-                    )
-                    return
-                wait = self.poll_interval if not gone else min(self.poll_interval * 15, back_off)
-                await asyncio.sleep(max(0.05, wait))
         except Exception as exc:
             await settled(self.started_at, self.settle_s)
-            yield _event(
-                {"status": "error", "handle": self.handle, "message": f"{type(exc).__name__}: {exc}"}
-            )
+            yield self._event("error", f"{type(exc).__name__}: {exc}")
+            return
+        reads = Outage(
+            "pod listing",
+            self.api_outage_tolerance,
+            self.log,
+            base_s=retry_base(self.poll_interval),
+            cap_s=RETRY_CAP_S,
+        )
+        gone_logged = False
+        while True:
+            to_deadline = until_deadline(self.deadline)
+            if to_deadline is not None and to_deadline <= 0:
+                assert self.deadline is not None
+                await settled(self.started_at, self.settle_s)
+                yield self._event("deadline", deadline_message(self.handle, self.deadline))
+                return
+            try:
+                gone = await asyncio.to_thread(cluster.all_gone, self.handle)
+            except Exception as exc:  # weather: the pods are as they were; ask again
+                delay = reads.failed(exc)
+                if delay is None:
+                    await settled(self.started_at, self.settle_s)
+                    yield self._event(
+                        "error",
+                        f"{reads.verdict(exc)}; not relaunching while the pods of "
+                        f"{self.handle['job_id']} may still run",
+                    )
+                    return
+                await asyncio.sleep(delay if to_deadline is None else max(0.01, min(delay, to_deadline)))
+                continue
+            reads.worked()
+            now = time.time()
+            back_off = 0.0 if self.not_before is None else self.not_before - now
+            if gone and back_off <= 0:
+                await settled(self.started_at, self.settle_s)
+                yield self._event("gone")
+                return
+            if gone and not gone_logged:
+                self.log.info(
+                    "every pod of %s is gone; relaunching in %.0fs (back-off)",
+                    self.handle["job_id"],
+                    back_off,
+                )
+                gone_logged = True
+            if not gone and now - self.started_at > self.deadline_s:
+                await settled(self.started_at, self.settle_s)
+                yield self._event(
+                    "error",
+                    f"job {self.handle['job_id']} still has pods {self.deadline_s:.0f}s after its "
+                    "deletion; not relaunching over it: check its pods (kubectl get pods -l "
+                    f"trainops/job={self.handle['job_id']})",
+                )
+                return
+            wait = self.poll_interval if not gone else min(self.poll_interval * 15, back_off)
+            if to_deadline is not None:
+                wait = min(wait, to_deadline)
+            await asyncio.sleep(max(0.05, wait))

@@ -184,3 +184,34 @@ def test_a_poll_interval_that_would_poll_without_pause_is_refused_at_parse(bad):
         ValueError, match=rf"^poll_interval must be a positive number of seconds, got {re.escape(repr(bad))}"
     ):
         EchoOperator(task_id="echo", poll_interval=bad)
+
+
+def test_every_trigger_gets_the_outage_tolerance_and_the_tries_deadline(fake, context):
+    from datetime import UTC, datetime, timedelta
+
+    started = datetime(2026, 1, 1, tzinfo=UTC)
+    ctx = {"ti": SimpleNamespace(**vars(context["ti"]), start_date=started)}
+    op = EchoOperator(task_id="echo", api_outage_tolerance=120, execution_timeout=timedelta(minutes=5))
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(ctx)
+    kwargs = deferred.value.trigger.serialize()[1]
+    assert kwargs["api_outage_tolerance"] == 120
+    assert kwargs["deadline"] == started.timestamp() + 300
+    assert deferred.value.timeout == timedelta(seconds=1)  # long past: Airflow's backstop at once
+    with pytest.raises(TaskDeferred) as untimed:
+        EchoOperator(task_id="echo").execute(context)
+    assert untimed.value.trigger.deadline is None and untimed.value.timeout is None
+
+
+def test_a_deadline_an_operator_does_not_handle_deletes_its_job_and_fails(fake, context):
+    event = {"status": "deadline", "handle": {"cluster": "local", "job_id": "echo-1"}, "deadline": 1.0,
+             "message": "the task's execution_timeout ends at X"}  # fmt: skip
+    with pytest.raises(RuntimeError, match="execution_timeout ends at X; the job was deleted"):
+        EchoOperator(task_id="echo").resume_execution("execute_complete", {"event": event}, context)
+    assert fake.deleted == ["echo-1"]
+
+
+@pytest.mark.parametrize("bad", [0, -1, "600", float("inf")])
+def test_an_outage_tolerance_that_is_not_a_positive_number_is_refused_at_parse(bad):
+    with pytest.raises(ValueError, match="api_outage_tolerance must be a positive number of seconds"):
+        EchoOperator(task_id="echo", api_outage_tolerance=bad)

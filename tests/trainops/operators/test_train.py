@@ -210,14 +210,16 @@ def test_preemption_budget_is_enforced(file_root, cluster, context):
         op.execute_complete(context, finished())
 
 
-def test_timeout_event_deletes_the_job(file_root, cluster, context):
+def test_timeout_event_deletes_the_job_and_records_a_timeout(file_root, cluster, context):
     op = operator(file_root)
     with pytest.raises(TaskDeferred):
         op.execute(context)
     event = {**finished(), "status": "timeout", "message": "job j still running after 60s"}
-    with pytest.raises(RuntimeError, match="still running after 60s"):
+    with pytest.raises(RuntimeError, match="stopped by its job_timeout: job j still running after 60s"):
         op.execute_complete(context, event)
     assert cluster.deleted == ["j"]
+    entry = open_storage(file_root).get_json(layout_of(file_root).job)["attempts"][-1]
+    assert entry["classification"] == "timeout" and "still running after 60s" in entry["reason"]
 
 
 def test_malformed_event_is_reported(file_root, cluster, context):
@@ -748,3 +750,110 @@ def test_gpus_the_local_host_lacks_fail_before_anything_is_launched(
     )
     assert not (tmp_path / "local" / "jobs").exists()
     assert open_storage(file_root).list(file_root) == []
+
+
+def test_a_failed_wait_leaves_the_job_running_and_says_how_to_reattach(file_root, cluster, context):
+    op = operator(file_root)
+    with pytest.raises(TaskDeferred):
+        op.execute(context)
+    event = {**finished(), "status": "error", "message": "status read failed for 601 s (40 tries)"}
+    event.pop("state")
+    with pytest.raises(RuntimeError, match=r"Job j was left running .* clear this task to reattach"):
+        op.execute_complete(context, event)
+    assert cluster.deleted == []  # a read that failed never deletes a job
+    job = open_storage(file_root).get_json(layout_of(file_root).job)
+    assert job["status"] == "running" and "ended_at" not in job["attempts"][-1]
+
+
+def test_a_hung_attempt_keeps_its_logs_tail_and_is_relaunched_against_the_infra_budget(
+    file_root, cluster, context
+):
+    op = operator(file_root, hang_timeout=45, max_infra_retries=1)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    trigger = deferred.value.trigger
+    assert trigger.hang_timeout == 45 and trigger.heartbeat_uri == layout_of(file_root).heartbeat(1)
+    running = {"phase": "running", "reason": None, "disruptions": [], "nodes": []}
+    hung = {**finished(), "status": "hung", "state": running, "message": "job j: no new step for 46s"}
+    nxt = through_relaunch(op, context, hung)
+    assert cluster.deleted == ["j"] and len(cluster.launched) == 2
+    assert nxt.trigger.heartbeat_uri == layout_of(file_root).heartbeat(2)
+    job = open_storage(file_root).get_json(layout_of(file_root).job)
+    first = job["attempts"][0]
+    assert first["classification"] == "hung" and first["reason"] == "job j: no new step for 46s"
+    assert first["logs_tail"] == cluster.logs_tail({"job_id": "j"}, lines=50)
+    assert job["infra_failures"] == 1 and job["preemptions"] == 0
+    with pytest.raises(
+        RuntimeError, match=r"no new step for 46s\. 2 infrastructure failures \(hangs included\)"
+    ):
+        op.execute_complete(context, hung)  # the second hang is over the budget of 1
+    assert cluster.deleted == ["j", "j"]
+
+
+def test_the_execution_timeout_is_every_triggers_deadline_and_airflows_timeout(file_root, cluster, context):
+    from datetime import UTC, datetime, timedelta
+
+    started = datetime.now(UTC)
+    ctx = {"ti": SimpleNamespace(**vars(context["ti"]), start_date=started)}
+    op = operator(file_root, execution_timeout=timedelta(hours=2))
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(ctx)
+    deadline = started.timestamp() + 7200
+    assert deferred.value.trigger.deadline == deadline
+    assert timedelta(hours=2) - timedelta(seconds=60) < deferred.value.timeout <= timedelta(hours=2)
+    # after the deferral, a fresh operator (a new worker) takes the deadline from the event
+    again = operator(file_root, execution_timeout=timedelta(hours=2))
+    spot = {"node": 1, "reason": "SpotInterruption", "message": "spot"}
+    write_record(file_root, 1, "preempted", signal="SIGTERM")
+    with pytest.raises(TaskDeferred) as gone_wait:
+        again.resume_execution(
+            "execute_complete", {"event": {**finished(disruptions=[spot]), "deadline": deadline}}, ctx
+        )
+    assert gone_wait.value.trigger.deadline == deadline
+
+
+def test_a_deadline_event_deletes_the_job_and_records_the_attempt(file_root, cluster, context):
+    op = operator(file_root)
+    with pytest.raises(TaskDeferred):
+        op.execute(context)
+    running = {"phase": "running", "reason": None, "disruptions": [], "nodes": []}
+    event = {
+        **finished(),
+        "status": "deadline",
+        "state": running,
+        "message": "the task's execution_timeout ends",
+    }
+    with pytest.raises(RuntimeError, match="stopped by its execution_timeout"):
+        op.execute_complete(context, event)
+    assert cluster.deleted == ["j"]
+    entry = open_storage(file_root).get_json(layout_of(file_root).job)["attempts"][-1]
+    assert entry["classification"] == "timeout" and entry["state"] == running
+
+
+def test_when_airflows_deferral_timeout_wins_the_live_jobs_are_deleted_before_it_fails(
+    file_root, cluster, context
+):
+    from airflow.sdk.bases.operator import TriggerFailureReason  # what the scheduler stores
+    from airflow.sdk.exceptions import TaskDeferralTimeout
+
+    cluster.live = [{"cluster": "local", "job_id": "train-live-a1", "job_dir": "/nowhere", "labels": {}}]
+    op = operator(file_root)  # a fresh worker: Airflow resumes the task only to fail it
+    with pytest.raises(TaskDeferralTimeout):
+        op.resume_execution("__fail__", {"error": TriggerFailureReason.TRIGGER_TIMEOUT}, context)
+    assert cluster.deleted == ["train-live-a1"]
+
+
+def test_not_deferrable_the_deadline_stops_the_job_before_airflows_alarm(file_root, cluster, context):
+    from datetime import timedelta
+
+    from trainops.triggers.job import DEADLINE_MARGIN_S
+
+    op = operator(file_root, deferrable=False, poll_interval=0.01)
+    op.execution_timeout = timedelta(seconds=DEADLINE_MARGIN_S + 0.5)  # the event comes after 0.5 s
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="stopped by its execution_timeout"):
+        op.execute(context)  # the job stays running: only the deadline ends the wait
+    assert time.monotonic() - started < 10
+    assert len(cluster.deleted) == 1
+    entry = open_storage(file_root).get_json(layout_of(file_root).job)["attempts"][-1]
+    assert entry["classification"] == "timeout"

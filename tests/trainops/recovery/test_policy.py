@@ -59,3 +59,11 @@ def test_no_spot_capacity_moves_spot_then_on_demand_to_on_demand_without_back_of
     assert is_capacity_fallback("infra", {"unschedulable": True}, "spot-then-on-demand")
     assert not is_capacity_fallback("infra", {"unschedulable": True}, "on-demand")
     assert not is_capacity_fallback("infra", {"infra_reason": "ImagePullBackOff"}, "spot-then-on-demand")
+
+
+def test_a_hang_relaunches_at_once_against_the_infrastructure_budget():
+    again = decide("hung", preemptions=0, max_preemptions=3, infra_failures=2, max_infra_retries=2)
+    assert again["action"] == "relaunch" and "delay_s" not in again
+    assert "hung: infrastructure failure 2 of at most 2" in again["reason"]
+    over = decide("hung", preemptions=0, max_preemptions=3, infra_failures=3, max_infra_retries=2)
+    assert over["action"] == "fail" and "stuck collective" in over["reason"]

@@ -257,3 +257,53 @@ def test_a_stored_record_is_checked_when_it_is_read_back():
         as_job_record({"run_uri": "x"}, "file:///r/job.json")
     with pytest.raises(ValueError, match="is not a trainops job record"):
         as_job_record([1, 2], "file:///r/job.json")
+
+
+def test_a_hung_attempt_is_recorded_with_its_logs_tail_and_spends_the_infrastructure_budget():
+    hung = {"classification": "hung", "reason": "no new step for 46s: step 41 never finished"}
+    job, decision = fold_finished(
+        launched(fresh()),
+        state=state("running"),
+        record=None,
+        progress={"last_step": 44, "committed_step": 40},
+        budgets=BUDGETS,
+        at="t",
+        verdict=hung,
+        logs_tail="rank 1: waiting in all_reduce",
+    )
+    entry = job["attempts"][0]
+    assert (decision["action"], "delay_s" in decision, job["infra_failures"], job["preemptions"]) == (
+        "relaunch",
+        False,  # no back-off: a hang is the attempt's state, nothing has to clear
+        1,
+        0,
+    )
+    assert entry["classification"] == "hung" and entry["reason"] == hung["reason"]
+    assert entry["logs_tail"] == "rank 1: waiting in all_reduce" and entry["steps_lost"] == 4
+    job, decision = fold_finished(
+        launched(job),
+        state=state("running"),
+        record=None,
+        progress=None,
+        budgets=BUDGETS,
+        at="t",
+        verdict=hung,
+    )
+    assert (decision["action"], job["infra_failures"], job["status"]) == ("fail", 2, "failed")
+    assert "logs_tail" not in job["attempts"][1]
+
+
+def test_a_deadline_records_the_attempt_as_a_timeout_with_its_last_state():
+    job = abandon_attempt(
+        launched(fresh()),
+        reason="execution_timeout",
+        at="t",
+        classification="timeout",
+        state=state("running"),
+    )
+    entry = job["attempts"][0]
+    assert (job["status"], entry["classification"], entry["state"]["phase"]) == (
+        "failed",
+        "timeout",
+        "running",
+    )

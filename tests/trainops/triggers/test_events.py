@@ -47,4 +47,4 @@ def test_an_event_this_operator_does_not_wait_for_is_refused():
     ):
         check_event(gone, expected=("finished", "timeout", "error"))
     assert check_event(gone, expected=("gone", "error")) == gone
-    assert STATUSES == ("finished", "timeout", "error", "gone")
+    assert STATUSES == ("finished", "timeout", "error", "gone", "hung", "deadline")

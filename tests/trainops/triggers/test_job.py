@@ -256,7 +256,7 @@ def test_a_log_that_cannot_be_read_is_a_warning_not_a_failure(monkeypatch, caplo
     )
     assert event["status"] == "finished" and event["state"]["phase"] == "succeeded"
     logged = caplog.text + capsys.readouterr().out
-    assert "could not read node 0's log of train-a1: connection reset by peer" in logged
+    assert "log read failed (ConnectionResetError: connection reset by peer); 1st failure" in logged
 
 
 def test_progress_lines_through_a_storage_outage_are_missed_once_and_never_fail_the_wait(
@@ -293,3 +293,185 @@ def test_progress_lines_through_a_storage_outage_are_missed_once_and_never_fail_
     assert "beyond the outage tolerance of 0.2 s" in logged
     assert "progress lines resume" in logged
     assert "attempt 1: step 7, loss 2.5000" in logged
+
+
+class ApiException(Exception):
+    """Shaped like kubernetes.client.ApiException: a status and a reason."""
+
+    def __init__(self, status, reason):
+        super().__init__(f"({status})\nReason: {reason}\nHTTP response headers: ...")
+        self.status, self.reason = status, reason
+
+
+class Weather:
+    """A backend whose reads fail as a busy control plane's do (503, 429, resets) for the
+    first ``fail_for_s`` seconds (or ``fail_times`` reads), then work; it counts deletions."""
+
+    def __init__(self, *, fail_for_s=None, fail_times=None, phase_after="succeeded", gone_after=True):
+        self.started = time.monotonic()
+        self.fail_for_s, self.fail_times = fail_for_s, fail_times
+        self.phase_after, self.gone_after = phase_after, gone_after
+        self.reads = self.failures = self.deletes = 0
+        self.faults = [
+            ApiException(503, "Service Unavailable"),
+            ApiException(429, "Too Many Requests"),
+            ConnectionResetError(104, "Connection reset by peer"),
+        ]
+
+    def _weather(self):
+        self.reads += 1
+        failing = (self.fail_for_s is not None and time.monotonic() - self.started < self.fail_for_s) or (
+            self.fail_times is not None and self.failures < self.fail_times
+        )
+        if failing:
+            self.failures += 1
+            raise self.faults[self.failures % len(self.faults)]
+
+    def status(self, handle):
+        self._weather()
+        return {"phase": self.phase_after, "reason": None, "nodes": [], "disruptions": []}
+
+    def all_gone(self, handle):
+        self._weather()
+        return self.gone_after
+
+    def log_lines(self, handle, cursor, max_lines=200):
+        self._weather()
+        return [], cursor
+
+    def delete(self, handle):
+        self.deletes += 1
+
+
+def weather(monkeypatch, backend):
+    import trainops.cluster
+
+    monkeypatch.setattr(trainops.cluster, "get_cluster", lambda name, **kw: backend)
+    return backend
+
+
+HANDLE = {"cluster": "x", "job_id": "train-a1", "labels": {"trainops/attempt": "1"}}
+
+
+def test_an_outage_shorter_than_the_tolerance_is_ridden_out_and_logged_with_a_count(
+    monkeypatch, caplog, capsys
+):
+    # An outage of minutes, scaled down: 1.5 s of 503/429/resets against a tolerance of 5 s.
+    backend = weather(monkeypatch, Weather(fail_for_s=1.5))
+    caplog.set_level("INFO")
+    event = first_event(
+        JobTrigger(handle=HANDLE, poll_interval=0.05, api_outage_tolerance=5, stream_logs=True)
+    )
+    assert event["status"] == "finished" and event["state"]["phase"] == "succeeded"
+    assert backend.failures >= 3 and backend.deletes == 0
+    logged = caplog.text + capsys.readouterr().out
+    assert "status read failed (ApiException 429 Too Many Requests); 1st failure in 0 s" in logged
+    assert "2nd failure in" in logged and "riding it out up to 5 s" in logged
+    assert "status read works again after" in logged
+
+
+def test_reads_failing_past_the_tolerance_report_an_error_that_names_the_outage(monkeypatch):
+    backend = weather(monkeypatch, Weather(fail_for_s=60))
+    started = time.monotonic()
+    event = first_event(JobTrigger(handle=HANDLE, poll_interval=0.05, api_outage_tolerance=1.0))
+    assert event["status"] == "error"
+    assert 1.0 <= time.monotonic() - started < 5
+    assert (
+        "status read failed for 1 s" in event["message"] and "api_outage_tolerance of 1 s" in event["message"]
+    )
+    assert backend.deletes == 0
+
+
+def test_a_hundred_blips_never_end_the_wait(monkeypatch):
+    backend = weather(monkeypatch, Weather(fail_times=100))
+    monkeypatch.setattr(job_trigger, "RETRY_CAP_S", 0.001)  # a hundred back-offs in well under a second
+    event = first_event(JobTrigger(handle=HANDLE, poll_interval=0.001, api_outage_tolerance=60))
+    assert event["status"] == "finished" and backend.failures == 100 and backend.deletes == 0
+
+
+def test_the_gone_trigger_rides_out_an_outage_too(monkeypatch):
+    backend = weather(monkeypatch, Weather(fail_for_s=1.0))
+    event = first_event(JobGoneTrigger(handle=HANDLE, poll_interval=0.05, settle_s=0, api_outage_tolerance=5))
+    assert event["status"] == "gone" and backend.failures >= 2
+
+
+def test_the_gone_trigger_reports_an_outage_past_the_tolerance_without_relaunching(monkeypatch):
+    weather(monkeypatch, Weather(fail_for_s=60))
+    event = first_event(
+        JobGoneTrigger(handle=HANDLE, poll_interval=0.05, settle_s=0, api_outage_tolerance=0.5)
+    )
+    assert event["status"] == "error" and "not relaunching while the pods of train-a1" in event["message"]
+
+
+def test_the_deadline_is_reported_before_it_and_carried_in_every_event(monkeypatch):
+    weather(monkeypatch, Weather(phase_after="running"))
+    deadline = time.time() + job_trigger.DEADLINE_MARGIN_S + 1.0
+    event = first_event(JobTrigger(handle=HANDLE, poll_interval=0.05, deadline=deadline))
+    assert event["status"] == "deadline" and event["deadline"] == deadline
+    assert time.time() < deadline - job_trigger.DEADLINE_MARGIN_S + 1.0
+    assert "execution_timeout ends at" in event["message"] and event["state"]["phase"] == "running"
+    gone = first_event(JobGoneTrigger(handle=HANDLE, poll_interval=0.05, settle_s=0, deadline=deadline + 60))
+    assert gone["status"] == "gone" and gone["deadline"] == deadline + 60
+
+
+def test_the_deadline_is_reported_during_an_outage(monkeypatch):
+    weather(monkeypatch, Weather(fail_for_s=60))
+    deadline = time.time() + job_trigger.DEADLINE_MARGIN_S + 0.5
+    event = first_event(
+        JobTrigger(handle=HANDLE, poll_interval=0.05, api_outage_tolerance=60, deadline=deadline)
+    )
+    assert event["status"] == "deadline"
+
+
+def heartbeat_at(path, *, step, at, steps, median=None):
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        json.dumps({"attempt": 1, "step": step, "time": at, "steps": steps, "median_step_s": median})
+    )
+
+
+def test_a_heartbeat_that_stops_moving_is_reported_hung(monkeypatch, tmp_path):
+    weather(monkeypatch, Weather(phase_after="running"))
+    beat = tmp_path / "heartbeat" / "1.json"
+    heartbeat_at(beat, step=40, at=time.time() - 2.0, steps=12, median=0.1)
+    trigger = JobTrigger(
+        handle=HANDLE, poll_interval=0.05, heartbeat_uri=beat.as_uri(), hang_timeout=1.0, aws_conn_id=None
+    )
+    event = first_event(trigger)
+    assert event["status"] == "hung" and event["state"]["phase"] == "running"
+    # the heartbeat is 2 s old when the watch starts: the clock runs from the first read
+    assert "no new step for 1s: step 41 never finished (limit 1s: hang_timeout 1s)" in event["message"]
+
+
+def test_a_moving_heartbeat_is_not_hung_and_an_unreadable_one_is_no_verdict(monkeypatch, tmp_path):
+    backend = weather(monkeypatch, Weather(phase_after="running"))
+    beat = tmp_path / "heartbeat" / "1.json"
+    heartbeat_at(beat, step=1, at=time.time(), steps=1)
+    trigger = JobTrigger(
+        handle=HANDLE, poll_interval=0.05, heartbeat_uri=beat.as_uri(), hang_timeout=0.5, aws_conn_id=None
+    )
+    reads = []
+
+    def flaky(uri):
+        reads.append(uri)
+        if len(reads) % 2:
+            raise ConnectionResetError("reset")
+        heartbeat_at(beat, step=len(reads), at=time.time(), steps=len(reads))  # the trainer steps on
+        return job_trigger.JobTrigger._heartbeat(trigger, uri)
+
+    trigger._heartbeat = flaky
+
+    async def watch():
+        async for event in trigger.run():
+            return event.payload
+
+    async def bounded():
+        try:
+            return await asyncio.wait_for(watch(), timeout=2.0)
+        except TimeoutError:
+            return None
+
+    assert asyncio.run(bounded()) is None  # 2 s, 4 x the hang timeout: never hung
+    assert len(reads) > 5 and backend.deletes == 0

@@ -1,0 +1,150 @@
+"""A hung rank, end to end, with real parts: FSDPTrainingOperator on the local cluster (two
+nodes of one CPU rank each under torchrun, the tiny model, file:// storage), ``hang_timeout=45``.
+
+Once attempt 1 has committed a checkpoint and trained on, one worker process of node 1 is
+SIGSTOPped: it neither dies nor answers, so rank 0 waits in the next collective (gloo's timeout
+is 30 minutes) and the heartbeat stops moving. The trigger must report ``hung`` within the hang
+timeout plus one poll of the last step; the operator keeps the logs tail, deletes the gang
+(the stopped process dies of the supervisor's SIGKILL after the grace period, 3 s here) and
+relaunches it against the infrastructure budget; attempt 2 resumes and the task succeeds. The
+operator is driven as Airflow drives it (``execute``, ``execute_complete``,
+``relaunch_when_gone``), its triggers run for real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from types import SimpleNamespace
+
+import psutil
+import pytest
+from airflow.sdk.exceptions import TaskDeferred
+
+from tests.trainer.helpers import TRAIN_KEYS, write_dataset
+from trainer.contract import RunLayout, max_step_of_attempt, metrics_records, run_prefix
+from trainer.storage import NotFound, open_storage
+from trainops.operators import FSDPTrainingOperator
+
+pytestmark = pytest.mark.slow
+
+HANG_TIMEOUT = 45
+POLL_S = 1.0
+MAX_STEPS = 40
+STOP_AFTER_STEP = 12  # past the step-10 commit, so attempt 2 resumes from it
+RUN_ID = "manual__2026-12-01T00:00:00+00:00"
+DEADLINE_S = 240.0
+
+
+@pytest.fixture
+def local_state(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINOPS_LOCAL_STATE", str(tmp_path / "local"))
+    return tmp_path / "local"
+
+
+def deferred(call) -> TaskDeferred:
+    with pytest.raises(TaskDeferred) as caught:
+        call()
+    return caught.value
+
+
+def run_trigger(trigger) -> dict:
+    async def first():
+        async for event in trigger.run():
+            return event.payload
+
+    return asyncio.run(asyncio.wait_for(first(), timeout=DEADLINE_S))
+
+
+def wait_until(condition, what: str, timeout: float = DEADLINE_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
+        time.sleep(0.05)
+
+
+def last_step(store, layout: RunLayout, attempt: int) -> int:
+    try:
+        return max_step_of_attempt(metrics_records(store.get(layout.metrics).decode()), attempt)
+    except NotFound:
+        return 0
+
+
+def node_workers(op, handle, node: int) -> list[psutil.Process]:
+    """The trainer processes torchrun started on ``node`` (its agent's children)."""
+    pid = next(n["pid"] for n in op.backend.status(handle)["nodes"] if n["index"] == node)
+    return [p for p in psutil.Process(pid).children(recursive=True) if "trainer" in " ".join(p.cmdline())]
+
+
+def alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_a_sigstopped_rank_is_hung_within_the_timeout_plus_a_poll_and_the_relaunch_succeeds(
+    file_root, local_state, tmp_path
+):
+    dataset = write_dataset(tmp_path / "data" / "datasets" / "demo" / "v1")
+    op = FSDPTrainingOperator(
+        task_id="train",
+        dataset={"uri": dataset},
+        storage_root=file_root,
+        trainer_config={**TRAIN_KEYS, "train": {**TRAIN_KEYS["train"], "max_steps": MAX_STEPS}},
+        nodes=2,
+        cluster="local",
+        deferrable=True,
+        poll_interval=POLL_S,
+        progress_every=3600,
+        termination_grace_seconds=3,
+        hang_timeout=HANG_TIMEOUT,
+        job_options={"env": {"OMP_NUM_THREADS": "1"}},
+    )
+    ctx = {"ti": SimpleNamespace(dag_id="retrain", run_id=RUN_ID, task_id="train", map_index=-1)}
+    layout = RunLayout(run_prefix(file_root, "retrain", RUN_ID, "train"))
+    store = open_storage(file_root)
+
+    first = deferred(lambda: op.execute(ctx))
+    handle = first.trigger.handle
+    wait_until(
+        lambda: last_step(store, layout, 1) >= STOP_AFTER_STEP, f"attempt 1 to pass step {STOP_AFTER_STEP}"
+    )
+    (worker,) = node_workers(op, handle, 1)
+    os.kill(worker.pid, signal.SIGSTOP)
+    stopped_at = time.time()
+
+    hung = run_trigger(first.trigger)
+    detected_at = time.time()
+    assert hung["status"] == "hung", hung
+    beat = json.loads(store.get(layout.heartbeat(1)))
+    stalled_for = detected_at - beat["time"]
+    assert HANG_TIMEOUT <= stalled_for <= HANG_TIMEOUT + POLL_S + 1.0  # + the reads of one poll
+    assert f"limit {HANG_TIMEOUT}s: hang_timeout {HANG_TIMEOUT}s" in hung["message"]
+
+    gone_wait = deferred(lambda: op.execute_complete(ctx, hung))
+    assert gone_wait.method_name == "relaunch_when_gone" and gone_wait.trigger.not_before is None
+    job = store.get_json(layout.job)
+    entry = job["attempts"][0]
+    assert (entry["classification"], job["infra_failures"], job["preemptions"]) == ("hung", 1, 0)
+    assert entry["logs_tail"] and "step 10/40" in entry["logs_tail"]  # rank 0's progress lines
+    gone = run_trigger(gone_wait.trigger)
+    assert gone["status"] == "gone"
+    assert not alive(worker)  # the stopped process died of the SIGKILL after the grace period
+
+    second = deferred(lambda: op.relaunch_when_gone(ctx, gone))
+    assert second.trigger.handle["labels"]["trainops/attempt"] == "2"
+    result = op.execute_complete(ctx, run_trigger(second.trigger))
+    assert (result["attempts"], result["steps"]) == (2, MAX_STEPS)
+    resumed = store.get_json(layout.attempt(2))
+    assert resumed["outcome"] == "completed" and resumed["resumed_from_step"] >= 10
+    job = store.get_json(layout.job)
+    assert [a["classification"] for a in job["attempts"]] == ["hung", "succeeded"]
+    print(
+        f"\nhang: SIGSTOP after step {beat['step']}; hung reported {detected_at - stopped_at:.1f} s after "
+        f"the SIGSTOP, {stalled_for:.1f} s after the last step (hang_timeout {HANG_TIMEOUT} s, poll "
+        f"{POLL_S:.0f} s); attempt 2 resumed from step {resumed['resumed_from_step']} and completed"
+    )
