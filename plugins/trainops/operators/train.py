@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from trainer.contract import RunLayout
     from trainer.storage import Storage
     from trainops.cluster.base import JobHandle
-    from trainops.operators.launch_plan import LaunchSettings
+    from trainops.operators.launch_plan import AttemptLaunch, LaunchSettings
     from trainops.recovery.classify import AttemptRecord
     from trainops.recovery.record import Budgets, JobRecord, Progress
 
@@ -292,11 +292,56 @@ class FSDPTrainingOperator(ClusterJobOperator):
         )
         if callable(getattr(context.get("ti"), "xcom_push", None)):  # the "Training report" link,
             context["ti"].xcom_push(key=RUN_REPORT_KEY, value=layout.job)  # on a reattach too
-        live = self.live_jobs(context)
-        if live:
-            self.log.info("reattaching to live job %s instead of launching a second one", live[0]["job_id"])
-            return self._wait(context, live[0], layout)
-        return self._launch(context, store, layout, job, identity)
+        return self._proceed(context, store, layout, job, identity, fresh_try=True)
+
+    def _proceed(
+        self,
+        context: Any,
+        store: Storage,
+        layout: RunLayout,
+        job: JobRecord,
+        identity: TaskIdentity,
+        *,
+        fresh_try: bool,
+    ) -> Any:
+        """Reattach, launch, or first retire an older attempt's job, as
+        :func:`~trainops.recovery.resume.resume_plan` says for ``job`` and the live jobs.
+
+        :param fresh_try: ``execute`` (a new try, whatever came before); else the relaunch
+            after the old attempt's job was seen gone.
+        """
+        from trainops.recovery.record import restart_record
+        from trainops.recovery.resume import resume_plan
+
+        if job["status"] != "running":  # a clear or re-run: a new budget window, nothing spent
+            job = restart_record(job, capacity=self.capacity)
+        plan = resume_plan(
+            job, self.live_jobs(context), last_alive=fresh_try and self._newest_ended_alive(job)
+        )
+        if plan["action"] == "retire":
+            self.log.warning(
+                "not launching yet: %s; deleting it and waiting until it is gone", plan["reason"]
+            )
+            return self._retire(context, plan["handle"], None)
+        if plan["action"] == "wait":
+            self.log.info(
+                "reattaching to attempt %d's job %s instead of launching a second one (%s)",
+                plan["attempt"],
+                plan["handle"]["job_id"],
+                plan["reason"],
+            )
+            if plan.get("adopt"):
+                job = self._record_intent(context, store, layout, job, identity, plan["attempt"])[0]
+            job = self._record_handle(store, layout, job, plan["attempt"], plan["handle"])
+            return self._wait(context, plan["handle"], layout)
+        return self._launch(context, store, layout, job, identity, plan["attempt"])
+
+    def _newest_ended_alive(self, job: JobRecord) -> bool:
+        """Whether the newest ended attempt's job may still have a process or pod."""
+        from trainops.recovery.record import attempt_status
+
+        ended = [a for a in job["attempts"] if attempt_status(a) == "ended" and "job" in a]
+        return bool(ended) and not self.backend.all_gone(ended[-1]["job"])
 
     def _read_job(self, store: Storage, layout: RunLayout) -> JobRecord | None:
         from trainer.storage import NotFound
@@ -316,14 +361,21 @@ class FSDPTrainingOperator(ClusterJobOperator):
             )
         return job
 
-    def _launch(
-        self, context: Any, store: Storage, layout: RunLayout, job: JobRecord, identity: TaskIdentity
-    ) -> Any:
+    def _record_intent(
+        self,
+        context: Any,
+        store: Storage,
+        layout: RunLayout,
+        job: JobRecord,
+        identity: TaskIdentity,
+        attempt: int,
+    ) -> tuple[JobRecord, AttemptLaunch]:
+        """Attempt ``attempt``'s launch, and ``job`` with it recorded as ``launching`` (written,
+        unless the record already holds it): intent before action."""
         from trainops.hooks.storage import job_env_for
         from trainops.operators.launch_plan import manifests_of, training_attempt
-        from trainops.recovery.record import append_attempt, next_attempt
+        from trainops.recovery.record import current_attempt, intend_attempt
 
-        attempt = next_attempt(job)
         launch = training_attempt(
             self.launch_settings(disk=self._disk_options(store, layout)),
             identity=identity,
@@ -332,13 +384,51 @@ class FSDPTrainingOperator(ClusterJobOperator):
             capacity=job["capacity"],
             storage_env=job_env_for(layout.run_uri, self.aws_conn_id),
         )
-        spec, chaos = launch.spec, launch.chaos
         self.task_labels(context)  # on_kill finds every attempt's job by them
-        handle = self.backend.launch(spec, chaos=chaos)
-        job = append_attempt(
-            job, spec=spec, handle=handle, manifests=manifests_of(self.cluster, spec), at=now_iso()
-        )
-        store.put_json(layout.job, job)
+        if current_attempt(job) is None:
+            job = intend_attempt(
+                job,
+                spec=launch.spec,
+                manifests=manifests_of(self.cluster, launch.spec),
+                at=now_iso(),
+                try_number=getattr(context.get("ti"), "try_number", None),
+            )
+            store.put_json(layout.job, job)
+        return job, launch
+
+    def _record_handle(
+        self, store: Storage, layout: RunLayout, job: JobRecord, attempt: int, handle: JobHandle
+    ) -> JobRecord:
+        """``job`` with ``attempt`` running as ``handle``, written when that is news."""
+        from trainops.recovery.record import record_launched
+
+        recorded = record_launched(job, attempt=attempt, handle=handle, at=now_iso())
+        if recorded is not job:
+            store.put_json(layout.job, recorded)
+        return recorded
+
+    def _launch(
+        self,
+        context: Any,
+        store: Storage,
+        layout: RunLayout,
+        job: JobRecord,
+        identity: TaskIdentity,
+        attempt: int,
+    ) -> Any:
+        from trainops.cluster.base import JobAlreadyExists
+
+        job, launch = self._record_intent(context, store, layout, job, identity, attempt)
+        spec, chaos = launch.spec, launch.chaos
+        try:
+            handle = self.backend.launch(spec, chaos=chaos)
+        except JobAlreadyExists as exists:  # an earlier launch of this attempt, its reply lost
+            self.log.warning(
+                "attempt %d: %s; reattaching to it instead of launching a second one", attempt, exists
+            )
+            self._record_handle(store, layout, job, attempt, exists.handle)
+            return self._wait(context, exists.handle, layout)
+        self._record_handle(store, layout, job, attempt, handle)
         self.log.info(
             "attempt %d: launched %s (%d node(s) x %d process(es), %s capacity)%s",
             attempt,
@@ -525,7 +615,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
         if checked["status"] != "gone":
             store.put_json(layout.job, mark_failed(job))
             raise RuntimeError(f"not relaunching: {checked.get('message') or checked['status']}")
-        return self._launch(context, store, layout, job, identity)
+        return self._proceed(context, store, layout, job, identity, fresh_try=False)
 
     def _log_tail(self, handle: JobHandle, lines: int = 200) -> str | None:
         """The attempt's last log lines, where the trainer prints its record when storage

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     from trainops.cluster.spec import JobSpec
 
 Status = Literal["running", "succeeded", "failed"]
+# An attempt is ``launching`` from the moment its intent is written, before ``launch`` is
+# called: a retry that finds it so either finds its job live (and reattaches) or launches it.
+AttemptStatus = Literal["launching", "running", "ended"]
 
 
 class NodeType(TypedDict):
@@ -42,10 +45,16 @@ class AttemptEntry(TypedDict):
 
     ``manifests`` are the Kubernetes objects submitted (references to secrets only, never
     their values); ``record`` is the trainer's own attempt record (None: it wrote none, for
-    example when it was SIGKILLed)."""
+    example when it was SIGKILLed). ``status`` is ``launching`` until the backend's handle is
+    recorded in ``job`` (an entry written before this field existed has none: see
+    :func:`attempt_status`); ``job_name`` is the attempt's deterministic job name and
+    ``try_number`` the Airflow try that launched it."""
 
     attempt: int
-    job: JobHandle
+    job: NotRequired[JobHandle]
+    status: NotRequired[AttemptStatus]
+    job_name: NotRequired[str]
+    try_number: NotRequired[int | None]
     capacity: str
     nodes: int
     gpus_per_node: int
@@ -64,10 +73,22 @@ class AttemptEntry(TypedDict):
     logs_tail: NotRequired[str | None]  # the last log lines, kept before the job (and its pods) is deleted
 
 
+class BudgetWindow(TypedDict):
+    """What the current run of the task has spent: the preemptions and infrastructure failures
+    of the attempts from ``from_attempt`` on. A clear or re-run opens a new window
+    (:func:`restart_record`), so it spends nothing of an earlier run's budget."""
+
+    from_attempt: int
+    preemptions: int
+    infra_failures: int
+
+
 class JobRecord(TypedDict):
     """A training run's ``job.json``. ``capacity`` is the next attempt's (it moves to
-    on-demand on a fallback); ``preemptions`` and ``infra_failures`` count against their
-    budgets (a capacity fallback is not an infrastructure failure)."""
+    on-demand on a fallback); ``preemptions`` and ``infra_failures`` are the totals over every
+    run of the task, for the report; ``budget`` is what counts against the budgets (a capacity
+    fallback is not an infrastructure failure). A record written before ``budget`` existed
+    counts from attempt 1 (:func:`budget_window`)."""
 
     run_uri: str
     config_uri: str
@@ -77,6 +98,7 @@ class JobRecord(TypedDict):
     infra_failures: int
     status: Status
     attempts: list[AttemptEntry]
+    budget: NotRequired[BudgetWindow]
 
 
 class Progress(TypedDict):
@@ -106,6 +128,28 @@ def start_record(*, run_uri: str, config_uri: str, cluster: str, capacity: str) 
         "infra_failures": 0,
         "status": "running",
         "attempts": [],
+        "budget": {"from_attempt": 1, "preemptions": 0, "infra_failures": 0},
+    }
+
+
+def budget_window(job: JobRecord) -> BudgetWindow:
+    """What the current run of the task has spent (a record without a window: everything)."""
+    return job.get("budget") or {
+        "from_attempt": 1,
+        "preemptions": job["preemptions"],
+        "infra_failures": job["infra_failures"],
+    }
+
+
+def restart_record(job: JobRecord, *, capacity: str) -> JobRecord:
+    """``job`` as a new run of the task starts on it (a clear or re-run after it finished):
+    running again, on the operator's ``capacity``, with a budget window that opens at the next
+    attempt. The attempts and the totals stay, for the report."""
+    return {
+        **job,
+        "status": "running",
+        "capacity": capacity,
+        "budget": {"from_attempt": next_attempt(job), "preemptions": 0, "infra_failures": 0},
     }
 
 
@@ -129,13 +173,45 @@ def next_attempt(job: JobRecord) -> int:
     return len(job["attempts"]) + 1
 
 
-def append_attempt(
-    job: JobRecord, *, spec: "JobSpec", handle: JobHandle, manifests: list[dict[str, Any]], at: str
+def attempt_status(entry: AttemptEntry) -> AttemptStatus:
+    """Where ``entry`` stands: ``ended`` once it has ``ended_at`` (whichever fold wrote it),
+    else its ``status``; an entry written before ``status`` existed was launched."""
+    if "ended_at" in entry:
+        return "ended"
+    return entry.get("status") or "running"
+
+
+def current_attempt(job: JobRecord) -> AttemptEntry | None:
+    """The newest attempt while it has not ended (``launching`` or ``running``), else None."""
+    if job["attempts"] and attempt_status(job["attempts"][-1]) != "ended":
+        return job["attempts"][-1]
+    return None
+
+
+def intend_attempt(
+    job: JobRecord,
+    *,
+    spec: "JobSpec",
+    manifests: list[dict[str, Any]],
+    at: str,
+    try_number: int | None = None,
 ) -> JobRecord:
-    """``job`` with attempt :func:`next_attempt` launched at ``at`` as ``spec`` (``handle``)."""
+    """``job`` with attempt :func:`next_attempt` recorded as ``launching`` as ``spec``: written
+    before ``launch`` is called, so no job can be live that ``job.json`` does not name.
+
+    :param try_number: the Airflow try that launches it (for the report).
+    """
+    current = current_attempt(job)
+    if current is not None:
+        raise ValueError(
+            f"attempt {current['attempt']} is still {attempt_status(current)}; "
+            f"it must end before attempt {next_attempt(job)} is launched"
+        )
     entry: AttemptEntry = {
         "attempt": next_attempt(job),
-        "job": handle,
+        "status": "launching",
+        "job_name": spec.name,
+        "try_number": try_number,
         "capacity": job["capacity"],
         "nodes": spec.nodes,
         "gpus_per_node": spec.gpus_per_node,
@@ -145,6 +221,38 @@ def append_attempt(
         "launched_at": at,
     }
     return {**job, "attempts": [*job["attempts"], entry]}
+
+
+def record_launched(job: JobRecord, *, attempt: int, handle: JobHandle, at: str) -> JobRecord:
+    """``job`` with attempt ``attempt`` (``launching``, or ``running`` on this same job)
+    running as ``handle``, launched at ``at``. The same call twice gives the same record.
+
+    :raises ValueError: ``attempt`` is not the current attempt, or it runs as another job.
+    """
+    current = current_attempt(job)
+    if current is None or current["attempt"] != attempt:
+        raise ValueError(
+            f"attempt {attempt} is not the current attempt of the record "
+            f"({'none' if current is None else current['attempt']}); not recording {handle['job_id']}"
+        )
+    if attempt_status(current) == "running":
+        if current.get("job", {}).get("job_id") != handle["job_id"]:
+            raise ValueError(
+                f"attempt {attempt} already runs as {current.get('job', {}).get('job_id')}, "
+                f"not {handle['job_id']}"
+            )
+        return job
+    entry: AttemptEntry = {**current, "status": "running", "job": handle, "launched_at": at}
+    return {**job, "attempts": [*job["attempts"][:-1], entry]}
+
+
+def append_attempt(
+    job: JobRecord, *, spec: "JobSpec", handle: JobHandle, manifests: list[dict[str, Any]], at: str
+) -> JobRecord:
+    """``job`` with attempt :func:`next_attempt` launched at ``at`` as ``spec`` (``handle``):
+    :func:`intend_attempt` then :func:`record_launched` in one step."""
+    intended = intend_attempt(job, spec=spec, manifests=manifests, at=at)
+    return record_launched(intended, attempt=next_attempt(job), handle=handle, at=at)
 
 
 def node_types(state: JobState) -> list[NodeType]:
@@ -194,19 +302,26 @@ def fold_finished(
         it counts against the infrastructure budget); None: classified from ``state``.
     :param logs_tail: the attempt's last log lines, kept in its entry (they go with the pods).
     :return: the new record (``status`` set when the run is over, ``capacity`` moved when the
-        next attempt runs elsewhere) and the decision to act on.
+        next attempt runs elsewhere) and the decision to act on. The budgets count the
+        attempts of this run of the task only (:func:`budget_window`).
     """
     *earlier, entry = job["attempts"]
     verdict = classify_attempt(state, record) if verdict is None else verdict
     kind = verdict["classification"]
     fallback = is_capacity_fallback(kind, state, job["capacity"])
-    preemptions = job["preemptions"] + (kind == PREEMPTED)
-    infra_failures = job["infra_failures"] + ((kind == INFRA and not fallback) or kind == HUNG)
+    preempted = int(kind == PREEMPTED)
+    infra = int((kind == INFRA and not fallback) or kind == HUNG)  # a hang spends the infra budget
+    window = budget_window(job)
+    spent: BudgetWindow = {
+        "from_attempt": window["from_attempt"],
+        "preemptions": window["preemptions"] + preempted,
+        "infra_failures": window["infra_failures"] + infra,
+    }
     decision = decide(
         kind,
-        preemptions=preemptions,
+        preemptions=spent["preemptions"],
         max_preemptions=budgets["max_preemptions"],
-        infra_failures=infra_failures,
+        infra_failures=spent["infra_failures"],
         max_infra_retries=budgets["max_infra_retries"],
         capacity=job["capacity"],
         fallback_after=budgets["fallback_after"],
@@ -214,6 +329,7 @@ def fold_finished(
     )
     ended: AttemptEntry = {
         **entry,
+        "status": "ended",
         "ended_at": at,
         "state": state,
         "record": dict(record) if record is not None else None,
@@ -227,8 +343,9 @@ def fold_finished(
         ended["logs_tail"] = logs_tail
     folded: JobRecord = {
         **job,
-        "preemptions": preemptions,
-        "infra_failures": infra_failures,
+        "preemptions": job["preemptions"] + preempted,
+        "infra_failures": job["infra_failures"] + infra,
+        "budget": spent,
         "attempts": [*earlier, ended],
     }
     if decision["action"] == "relaunch":
@@ -250,7 +367,13 @@ def abandon_attempt(
     or the task's execution_timeout): the attempt is recorded as ``classification`` with
     ``reason`` (and ``state`` as last seen, when known) and the run as failed."""
     *earlier, entry = job["attempts"]
-    ended: AttemptEntry = {**entry, "ended_at": at, "classification": classification, "reason": reason}
+    ended: AttemptEntry = {
+        **entry,
+        "status": "ended",
+        "ended_at": at,
+        "classification": classification,
+        "reason": reason,
+    }
     if state is not None:
         ended["state"] = state
     return {**job, "status": "failed", "attempts": [*earlier, ended]}

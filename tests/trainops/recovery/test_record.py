@@ -10,10 +10,15 @@ from trainops.recovery.record import (
     abandon_attempt,
     append_attempt,
     as_job_record,
+    attempt_status,
+    budget_window,
+    current_attempt,
     fold_finished,
+    intend_attempt,
     mark_failed,
     next_attempt,
     node_types,
+    record_launched,
     start_record,
     steps_lost,
     total_steps_lost,
@@ -307,3 +312,40 @@ def test_a_deadline_records_the_attempt_as_a_timeout_with_its_last_state():
         "timeout",
         "running",
     )
+
+
+def test_an_attempt_is_recorded_launching_before_its_launch_and_running_after_it():
+    spec = JobSpec(name="train-0a1b2c3d-a1", args=["python", "-m", "trainer", "train"], nodes=2)
+    job = intend_attempt(fresh(), spec=spec, manifests=[], at="2026-01-01T00:00:00+00:00", try_number=2)
+    entry = job["attempts"][0]
+    assert (entry["attempt"], entry["status"], entry["job_name"], entry["try_number"]) == (
+        1,
+        "launching",
+        "train-0a1b2c3d-a1",
+        2,
+    )
+    assert "job" not in entry and current_attempt(job) == entry
+    with pytest.raises(ValueError, match="attempt 1 is still launching; it must end before attempt 2"):
+        intend_attempt(job, spec=spec, manifests=[], at="t")
+    handle = {"cluster": "local", "job_id": "train-0a1b2c3d-a1", "labels": {}}
+    running = record_launched(job, attempt=1, handle=handle, at="2026-01-01T00:01:00+00:00")
+    assert running["attempts"][0]["status"] == "running" and running["attempts"][0]["job"] == handle
+    assert record_launched(running, attempt=1, handle=handle, at="later") is running  # twice: the same
+    with pytest.raises(ValueError, match="attempt 1 already runs as train-0a1b2c3d-a1, not other"):
+        record_launched(running, attempt=1, handle={**handle, "job_id": "other"}, at="t")
+    with pytest.raises(ValueError, match="attempt 2 is not the current attempt of the record"):
+        record_launched(running, attempt=2, handle=handle, at="t")
+
+
+def test_a_record_of_the_previous_version_reads_as_launched_and_counts_from_attempt_one():
+    old = launched(fresh())
+    del old["attempts"][0]["status"]
+    old = {**old, "preemptions": 2}
+    del old["budget"]
+    assert attempt_status(old["attempts"][0]) == "running"
+    assert budget_window(old) == {"from_attempt": 1, "preemptions": 2, "infra_failures": 0}
+    assert attempt_status({**old["attempts"][0], "ended_at": "t"}) == "ended"
+    folded, decision = fold_finished(
+        old, state=state(disruptions=[SPOT]), record=None, progress=None, budgets=BUDGETS, at="t"
+    )
+    assert decision["action"] == "fail" and folded["preemptions"] == 3  # 3 > 2: the old counts still hold

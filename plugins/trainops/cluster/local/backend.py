@@ -1,10 +1,17 @@
 """The local backend: jobs run as detached process gangs on this host (the embedded default).
 
 Each job attempt gets a directory under ``<local_state_dir>/jobs/<job_id>/`` holding its spec,
-its supervisor's ``status.json``, one log per node and the nodes' scratch space. The
-supervisor (:mod:`trainops.cluster.local.supervisor`) outlives the Airflow task that launched
-it, so the operator can defer and a trigger can poll ``status.json``. It implements
+its supervisor's ``status.json``, one log per node, the nodes' process groups and their scratch
+space. The supervisor (:mod:`trainops.cluster.local.supervisor`) outlives the Airflow task that
+launched it, so the operator can defer and a trigger can poll ``status.json``. It implements
 :class:`~trainops.cluster.base.ClusterBackend`.
+
+The job id is the spec's name, which the operators make deterministic per attempt, so a
+second launch of the same attempt finds the first: :class:`~trainops.cluster.base.
+JobAlreadyExists` while any process of it is left (the caller reattaches). A directory whose
+job has ended and left no process is an old run's (a job.json that was moved aside, an
+operator whose attempt numbers restart, as evaluation's do): it is moved to
+``jobs/.ended/<job_id>-<n>/`` with its logs, and the job launched afresh.
 """
 
 from __future__ import annotations
@@ -15,15 +22,15 @@ import os
 import signal
 import subprocess
 import sys
-import uuid
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 
 import trainer
 import trainops
-from trainops.cluster.base import FINAL_PHASES, Chaos, JobHandle, LogCursor, cap_lines
+from trainops.cluster.base import FINAL_PHASES, Chaos, JobAlreadyExists, JobHandle, LogCursor, cap_lines
 from trainops.cluster.local.gpus import host_gpus, shortfall
+from trainops.cluster.local.pgroups import job_processes, new_token
 from trainops.cluster.local.supervisor import Status
 from trainops.cluster.spec import JobSpec, JobSpecError
 
@@ -63,7 +70,8 @@ class LocalCluster:
         """Start ``spec`` detached and return its handle.
 
         Raises JobSpecError, launching nothing, when ``spec`` asks for more GPUs than this
-        host has (:mod:`trainops.cluster.local.gpus`).
+        host has (:mod:`trainops.cluster.local.gpus`), and JobAlreadyExists, launching nothing,
+        when a job of the same name still has a process (see the module docstring).
 
         :param chaos: optional injected preemption, ``{"node": 1, "at_step": 40,
             "metrics_uri": ..., "attempt": 1}``: SIGTERM to that node's torchrun once the
@@ -73,9 +81,9 @@ class LocalCluster:
             problem = shortfall(spec.nodes, spec.gpus_per_node, host_gpus({**os.environ, **spec.env}))
             if problem:
                 raise JobSpecError(problem)
-        job_id = f"{spec.name}-{uuid.uuid4().hex[:6]}"
-        job_dir = self.jobs_dir / job_id
-        job_dir.mkdir(parents=True)
+        job_id = spec.name
+        job_dir = self._claim(job_id, dict(spec.labels))
+        new_token(job_dir)
         (job_dir / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
         if chaos:
             (job_dir / "chaos.json").write_text(json.dumps(chaos))
@@ -91,7 +99,36 @@ class LocalCluster:
         )
         log.close()
         (job_dir / "supervisor.pid").write_text(str(proc.pid))
-        return {"cluster": self.name, "job_id": job_id, "job_dir": str(job_dir), "labels": dict(spec.labels)}
+        return self._handle(job_dir, dict(spec.labels))
+
+    def _handle(self, job_dir: Path, labels: dict[str, str]) -> JobHandle:
+        return {"cluster": self.name, "job_id": job_dir.name, "job_dir": str(job_dir), "labels": labels}
+
+    def _claim(self, job_id: str, labels: dict[str, str]) -> Path:
+        """Create the job's directory, moving an ended job's aside; JobAlreadyExists when a job
+        of that name still has a process (creating the directory is what makes it ours)."""
+        job_dir = self.jobs_dir / job_id
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        for _ in range(2):
+            try:
+                job_dir.mkdir()
+                return job_dir
+            except FileExistsError:
+                pass
+            existing = self._handle(job_dir, labels)
+            phase = self.status(existing)["phase"]
+            if phase not in FINAL_PHASES or not self.all_gone(existing):
+                raise JobAlreadyExists(
+                    f"local job {job_id} is already there ({phase}, in {job_dir}); "
+                    "an earlier launch of this attempt",
+                    existing,
+                )
+            ended = self.jobs_dir / ".ended"
+            ended.mkdir(exist_ok=True)
+            n = sum(1 for d in ended.iterdir() if d.name.startswith(f"{job_id}-")) + 1
+            with contextlib.suppress(FileNotFoundError):  # another launch moved it first
+                os.rename(job_dir, ended / f"{job_id}-{n}")
+        raise JobAlreadyExists(f"local job {job_id} was created by another launch meanwhile", existing)
 
     def status(self, handle: JobHandle) -> Status:
         """The job's state: ``{"phase", "reason", "nodes": [...], "disruptions": [...]}``, as
@@ -122,22 +159,41 @@ class LocalCluster:
         return status
 
     def delete(self, handle: JobHandle) -> None:
-        """Terminate the gang (SIGTERM to the supervisor, which tears the nodes down)."""
-        if self.status(handle)["phase"] in FINAL_PHASES:
-            return  # nothing runs; and a finished supervisor's pid may belong to someone else now
-        pid_file = Path(handle["job_dir"]) / "supervisor.pid"
-        if pid_file.exists():
-            with contextlib.suppress(ProcessLookupError):
+        """Terminate the gang: SIGTERM to the supervisor, which tears the nodes down; when the
+        supervisor is gone (``lost``, or ended with a process left over), a detached reaper
+        does the same from the recorded process groups (SIGTERM, SIGKILL after the grace)."""
+        job_dir = Path(handle["job_dir"])
+        if self.status(handle)["phase"] not in FINAL_PHASES:
+            pid_file = job_dir / "supervisor.pid"
+            with contextlib.suppress(ProcessLookupError, FileNotFoundError):
                 os.kill(int(pid_file.read_text()), signal.SIGTERM)
+            return
+        # A finished supervisor's pid may belong to someone else now: only the recorded,
+        # token-checked processes of the job are signalled.
+        if not job_processes(job_dir) or _reaper_alive(job_dir):
+            return
+        log = open(job_dir / "reaper.log", "ab")  # noqa: SIM115 - the child writes it; closed here once handed over
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainops.cluster.local.supervisor", "--reap", str(job_dir)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            env=_env_with_package_path(),
+        )
+        log.close()
+        (job_dir / "reaper.pid").write_text(str(proc.pid))
 
     def all_gone(self, handle: JobHandle) -> bool:
-        """True once no process of the job runs: a relaunch must not race a late commit."""
-        state = self.status(handle)
-        if state["phase"] in ("succeeded", "failed"):
-            return True  # the supervisor writes a final phase only after every node exited
-        if state["phase"] == "lost":
-            return not any(_pid_alive(n["pid"]) for n in state.get("nodes", []) if n.get("pid"))
-        return False
+        """True once no process of the job runs: a relaunch must not race a late commit.
+
+        Not the pids in ``status.json`` (a torchrun's workers outlive it when it is killed,
+        and a pid may be reused): the recorded process groups, token-checked
+        (:mod:`trainops.cluster.local.pgroups`)."""
+        if self.status(handle)["phase"] not in FINAL_PHASES:
+            return False
+        return not job_processes(Path(handle["job_dir"]))
 
     def find(self, labels: Mapping[str, str]) -> list[JobHandle]:
         """Handles of live (not finished) jobs whose labels include ``labels``."""
@@ -199,6 +255,14 @@ class LocalCluster:
                 offset, total = offset + len(raw), total + 1
                 newest.append(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
         return cap_lines(list(newest), max_lines, total), {"offset": offset}
+
+
+def _reaper_alive(job_dir: Path) -> bool:
+    """True while a reaper started by :meth:`LocalCluster.delete` for ``job_dir`` runs."""
+    try:
+        return _pid_alive(int((job_dir / "reaper.pid").read_text()))
+    except (FileNotFoundError, ValueError):
+        return False
 
 
 def _env_with_package_path() -> dict[str, str]:

@@ -7,6 +7,11 @@ then SIGKILL after the grace period), as a Job with ``backoffLimit: 0`` would be
 inject a spot preemption (SIGTERM to one node's torchrun once the run reaches a step) for demos
 and tests.
 
+Every node's process group is recorded in the job directory as it starts
+(:mod:`trainops.cluster.local.pgroups`), so a job whose supervisor died can still be torn
+down: ``python -m trainops.cluster.local.supervisor --reap JOB_DIR`` (:func:`reap`) does that,
+as the supervisor would.
+
 Run as ``python -m trainops.cluster.local.supervisor JOB_DIR``; see
 :mod:`trainops.cluster.local.backend`.
 """
@@ -30,6 +35,14 @@ from trainer.contract import max_step_of_attempt, metrics_records, torchrun_argv
 from trainer.storage import NotFound, open_storage
 from trainops.cluster.base import Chaos, JobState
 from trainops.cluster.local.gpus import host_gpus, node_devices
+from trainops.cluster.local.pgroups import (
+    ENV_JOB_TOKEN,
+    job_processes,
+    read_token,
+    record_group,
+    record_starting,
+    signal_job,
+)
 from trainops.cluster.spec import JobSpec
 
 POLL_S = 0.2
@@ -130,6 +143,9 @@ class Supervisor:
         GPUs, each node sees only its own ``gpus_per_node`` devices."""
         port = _free_port()
         base_env = {**os.environ, **self.spec.env, **self.spec.nccl_env}
+        token = read_token(self.dir)
+        if token is not None:  # marks the job's processes: a reused group id is not signalled
+            base_env[ENV_JOB_TOKEN] = token
         gpus = self.spec.gpus_per_node
         devices = host_gpus(base_env).devices if gpus else ()
         for node in range(self.spec.nodes):
@@ -144,6 +160,7 @@ class Supervisor:
             if gpus:  # each node its own GPUs, as each pod has its own: NCCL refuses a shared one
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(node_devices(devices, node, gpus))
             log = open(self.dir / f"node-{node}.log", "ab")  # noqa: SIM115 - the child writes it; closed here once handed over
+            record_starting(self.dir, node)
             proc = subprocess.Popen(
                 node_argv(self.spec, node, port, self.dir.name),
                 env=env,
@@ -153,6 +170,8 @@ class Supervisor:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )  # own process group: SIGKILL reaches its workers too
+            record_group(self.dir, node, proc.pid)  # first: a kill -9 from here on leaves it findable
+            log.close()
             self.procs.append(proc)
             self.status["nodes"].append(
                 {"index": node, "pid": proc.pid, "exit_code": None, "log": str(self.dir / f"node-{node}.log")}
@@ -250,10 +269,33 @@ class Supervisor:
             time.sleep(POLL_S)
 
 
+def reap(job_dir: Path, *, grace_s: float | None = None, poll_s: float = POLL_S) -> bool:
+    """Tear down a job whose supervisor is gone, as the supervisor would: SIGTERM to each
+    node's torchrun (and to any process of the job whose torchrun is gone), SIGKILL to what is
+    left after the grace period; return True once none of its processes is left.
+
+    :param grace_s: SIGTERM-to-SIGKILL seconds (None: the spec's ``termination_grace_seconds``).
+    """
+    if grace_s is None:
+        spec = JobSpec.from_dict(json.loads((job_dir / "spec.json").read_text()))
+        grace_s = float(spec.termination_grace_seconds)
+    signal_job(job_dir, signal.SIGTERM, leaders_only=True)
+    deadline = time.monotonic() + grace_s
+    while job_processes(job_dir) and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    signal_job(job_dir, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while job_processes(job_dir) and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    return not job_processes(job_dir)
+
+
 def main(argv: list[str]) -> int:
-    """``python -m trainops.cluster.local.supervisor JOB_DIR``."""
+    """``python -m trainops.cluster.local.supervisor [--reap] JOB_DIR``."""
+    if len(argv) == 2 and argv[0] == "--reap":
+        return 0 if reap(Path(argv[1])) else 1
     if len(argv) != 1:
-        print("usage: python -m trainops.cluster.local.supervisor JOB_DIR", file=sys.stderr)
+        print("usage: python -m trainops.cluster.local.supervisor [--reap] JOB_DIR", file=sys.stderr)
         return 2
     return Supervisor(Path(argv[0])).run()
 

@@ -4,14 +4,16 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.trainops.cluster.local.fake_gpus import fake_nvidia_smi, gpu_listing
-from trainops.cluster.base import FINAL_PHASES
+from trainops.cluster.base import FINAL_PHASES, JobAlreadyExists
 from trainops.cluster.local.backend import LocalCluster
+from trainops.cluster.local.pgroups import job_processes, record_group
 from trainops.cluster.spec import JobSpec, JobSpecError
 
 NODE_FAILS = (
@@ -188,3 +190,97 @@ def test_each_node_of_a_gpu_gang_sees_only_its_own_gpus(cluster, tmp_path, monke
         JobSpecError, match=r"needs 6 GPU\(s\) on this host, but it has only 4 \(nvidia-smi -L lists 4\)"
     ):
         cluster.launch(job("too-big", code, nodes=3, gpus_per_node=2))
+
+
+# -- one job per attempt name, and a gang whose supervisor died -----------------------------
+def wait_for(condition, what, timeout=30):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(0.05)
+
+
+def running(cluster, handle, nodes=1):
+    wait_for(
+        lambda: (
+            cluster.status(handle)["phase"] == "running"
+            and len(job_processes(Path(handle["job_dir"]))) >= nodes
+        ),
+        "the gang to run",
+    )
+
+
+def test_a_second_launch_of_the_same_attempt_reattaches_and_an_ended_one_is_moved_aside(cluster):
+    spec = job("train-abc-a1", "import time; time.sleep(60)", labels={"trainops/attempt": "1"})
+    handle = cluster.launch(spec)
+    assert handle["job_id"] == "train-abc-a1"  # the spec's name: deterministic per attempt
+    running(cluster, handle)
+    with pytest.raises(
+        JobAlreadyExists, match=r"local job train-abc-a1 is already there \(running"
+    ) as exists:
+        cluster.launch(spec)
+    assert exists.value.handle == handle
+    assert len(job_processes(Path(handle["job_dir"]))) == 1  # no second gang
+    cluster.delete(handle)
+    wait_final(cluster, handle)
+    wait_for(lambda: cluster.all_gone(handle), "the gang to be gone")
+    again = cluster.launch(job("train-abc-a1", "print('second', flush=True)"))
+    assert wait_final(cluster, again)["phase"] == "succeeded"
+    moved = cluster.jobs_dir / ".ended" / "train-abc-a1-1"
+    assert (moved / "status.json").exists() and json.loads((moved / "status.json").read_text())[
+        "reason"
+    ] == "cancelled"
+    assert cluster.find({"trainops/attempt": "1"}) == []
+
+
+def test_a_dead_supervisors_nodes_and_their_children_are_killed_by_delete(cluster, tmp_path):
+    """``kill -9`` of the supervisor: the nodes (and a worker each, as torchrun's) keep running
+    unwatched; ``delete`` finds them by their recorded process groups and tears them down,
+    SIGKILL after the grace period for a node that ignores SIGTERM."""
+    code = (
+        "import os, signal, subprocess, sys, time\n"
+        "if os.environ['TRAINOPS_NODE_INDEX'] == '1': signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        "time.sleep(120)\n"
+    )
+    handle = cluster.launch(job("orphans", code, nodes=2, termination_grace_seconds=2))
+    running(cluster, handle, nodes=4)  # two nodes, a worker each
+    pids = job_processes(Path(handle["job_dir"]))
+    os.kill(int(Path(handle["job_dir"], "supervisor.pid").read_text()), signal.SIGKILL)
+    wait_for(lambda: cluster.status(handle)["phase"] == "lost", "the job to be lost")
+    assert not cluster.all_gone(handle)  # its trainers still run
+    started = time.monotonic()
+    cluster.delete(handle)
+    wait_for(lambda: cluster.all_gone(handle), "the orphaned gang to be killed", timeout=30)
+    assert time.monotonic() - started >= 1.5  # node 1 ignored SIGTERM: SIGKILL after the grace
+    assert [pid for pid in pids if _alive(pid)] == []
+
+
+def test_a_reused_process_group_id_is_never_signalled(cluster):
+    """A recorded group id the kernel gave to another process since: it lacks the job's token,
+    so the job is gone and that process is left alone."""
+    handle = cluster.launch(job("reused", "import time; time.sleep(60)"))
+    running(cluster, handle)
+    os.kill(int(Path(handle["job_dir"], "supervisor.pid").read_text()), signal.SIGKILL)
+    wait_for(lambda: cluster.status(handle)["phase"] == "lost", "the job to be lost")
+    cluster.delete(handle)
+    wait_for(lambda: cluster.all_gone(handle), "the gang to be killed")
+    stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        record_group(Path(handle["job_dir"]), 1, stranger.pid)
+        assert job_processes(Path(handle["job_dir"])) == [] and cluster.all_gone(handle)
+        reaper = Path(handle["job_dir"], "reaper.pid").read_text()
+        cluster.delete(handle)  # nothing of the job is left: no reaper is started
+        assert Path(handle["job_dir"], "reaper.pid").read_text() == reaper
+        assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
