@@ -363,11 +363,6 @@ def test_a_hundred_api_blips_over_a_run_kill_nothing_and_the_run_succeeds(file_r
     assert job_json(file_root)["attempts"][0]["classification"] == "succeeded"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the operator to reattach on JobAlreadyExists (the launch path, another area "
-    "of #13): remove this marker once FSDPTrainingOperator._launch catches it",
-)
 def test_a_lost_create_reply_reattaches_to_the_job_it_created(file_root, plane, context):
     """The Job is created, the reply is lost, the retry answers 409: the backend raises
     JobAlreadyExists and the operator watches that Job; it never creates a second one."""
@@ -376,7 +371,8 @@ def test_a_lost_create_reply_reattaches_to_the_job_it_created(file_root, plane, 
     result = operator(file_root, deferrable=False).execute(context)
     assert result["attempts"] == 1
     assert [c.resource for c in plane.calls if c.verb == "create" and c.acted] == ["services", "jobs"]
-    assert plane.deletions() == []
+    assert plane.deletions(live_jobs_only=True) == []  # only the finished job's clean-up
+    assert plane.jobs() == []
 
 
 def test_a_reclaimed_node_is_lost_and_the_next_gang_starts_only_once_the_old_pods_are_gone(
