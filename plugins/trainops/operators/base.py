@@ -135,6 +135,8 @@ class ClusterJobOperator(BaseOperator):
     # Whether the resume methods handle a ``deadline`` event themselves; if not, the base
     # deletes the event's job and fails the task before they are called.
     handles_deadline: ClassVar[bool] = False
+    # Finished jobs are deleted once read (``clean_up``); the training operator has a parameter.
+    keep_finished_jobs: bool = False
 
     def __init__(
         self,
@@ -276,6 +278,27 @@ class ClusterJobOperator(BaseOperator):
         if deleted:
             self.log.error("%s: deleted job(s) %s so that nothing runs unwatched", why, ", ".join(deleted))
         return deleted
+
+    def clean_up(self, handle: JobHandle, action: str) -> None:
+        """Delete a finished job, its Service and PodGroup, once what it left is read and
+        recorded (``action``: ``finish`` or ``fail``; unless ``keep_finished_jobs``). A failed
+        deletion is logged: the task's outcome stands."""
+        from trainops.operators.cleanup import deletes_finished
+
+        if not deletes_finished(self.keep_finished_jobs, action):
+            return
+        try:
+            self.backend.delete(handle)
+        except Exception as exc:
+            self.log.warning(
+                "could not delete the finished job %s (%s); delete it by hand, e.g. "
+                "kubectl delete job,pytorchjob,trainjob,service -l trainops/job=%s",
+                handle["job_id"],
+                exc,
+                handle["job_id"],
+            )
+            return
+        self.log.info("deleted the finished job %s", handle["job_id"])
 
     def on_kill(self) -> None:
         """Killing the task deletes its live jobs (all nodes), so nothing runs unwatched."""

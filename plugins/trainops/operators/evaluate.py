@@ -154,8 +154,15 @@ class EvaluateModelOperator(ClusterJobOperator):
                 "production_version": production["version"] if production else None,
             },
         )
-        handle = self.backend.launch(spec)
-        self.log.info("evaluation job %s launched", handle["job_id"])
+        from trainops.cluster.base import JobAlreadyExists
+
+        try:
+            handle = self.backend.launch(spec)
+        except JobAlreadyExists as exists:  # an earlier try's job of this task: reattach, never a second
+            handle = exists.handle
+            self.log.info("evaluation job %s is already there: reattaching", handle["job_id"])
+        else:
+            self.log.info("evaluation job %s launched", handle["job_id"])
         return self.wait_for(context, handle, timeout=self.job_timeout)
 
     @staticmethod
@@ -166,19 +173,25 @@ class EvaluateModelOperator(ClusterJobOperator):
 
     def execute_complete(self, context: Any, event: object = None) -> dict[str, Any]:
         from trainer.contract import RunLayout
+        from trainops.operators.deadlines import waiting_failed
         from trainops.triggers.events import check_event
 
         checked = check_event(event, expected=("finished", "timeout", "error"))
         handle, state = checked["handle"], checked.get("state")
+        if checked["status"] == "error":  # watching failed, not the job: leave it running
+            raise RuntimeError(waiting_failed(checked, 1, what="evaluation job"))
         if checked["status"] != "finished" or state is None or state["phase"] != "succeeded":
+            tail = self.backend.logs_tail(handle, lines=20)
             if checked["status"] != "finished":
                 self.backend.delete(handle)
-            tail = self.backend.logs_tail(handle, lines=20)
+            else:
+                self.clean_up(handle, "fail")
             seen = (state.get("reason") or state["phase"]) if state else checked["status"]
             raise RuntimeError(
                 f"evaluation job {handle['job_id']} did not succeed "
                 f"({checked.get('message') or seen}).\nLast log lines:\n{tail}"
             )
+        self.clean_up(handle, "finish")  # it wrote its metrics; reading them needs no pod
         _, store = root_and_storage(self.storage_root, self.aws_conn_id)
         layout = RunLayout(self.training["run_uri"])
         metrics = get_json_object(store, layout.eval_metrics)

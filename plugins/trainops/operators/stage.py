@@ -300,27 +300,47 @@ class StageDatasetOperator(ClusterJobOperator):
                 job_options=self.job_options,
                 storage_env=job_env_for(root, self.aws_conn_id),
             )
-            handle = self.backend.launch(spec)
-            self.log.info("staging job %s launched (request %s)", handle["job_id"], request_uri)
+            from trainops.cluster.base import JobAlreadyExists
+
+            try:
+                handle = self.backend.launch(spec)
+            except JobAlreadyExists as exists:  # this try's job, launched before a lost reply
+                handle = exists.handle
+                self.log.info("staging job %s is already there: reattaching", handle["job_id"])
+            else:
+                self.log.info("staging job %s launched (request %s)", handle["job_id"], request_uri)
         return self.wait_for(context, handle)
 
     def execute_complete(self, context: Context, event: object = None) -> dict:
-        """The staging job ended: read its result record and finish as staging in the worker would."""
-        from airflow.sdk.exceptions import AirflowFailException
-
-        from trainer.storage import NotFound
-        from trainops.hooks.storage import get_json_object, storage_for
-        from trainops.settings import resolve_storage_root
+        """The staging job ended: read its result record and finish as staging in the worker
+        would; then delete the job (its logs tail is in any error this raises)."""
+        from trainops.operators.deadlines import waiting_failed
         from trainops.triggers.events import check_event
 
         checked = check_event(event, expected=("finished", "timeout", "error"))
         handle = checked["handle"]
+        if checked["status"] == "error":  # watching failed, not the job: leave it running
+            raise RuntimeError(waiting_failed(checked, 1, what="staging job"))
         if checked["status"] != "finished":
             self.backend.delete(handle)
             raise RuntimeError(
                 f"staging job {handle['job_id']} {checked['status']}: "
                 f"{checked.get('message')}; the job was deleted"
             )
+        try:
+            return self._read_result(context, checked)
+        finally:  # read (or found missing) and reported: the job has nothing more to give
+            self.clean_up(handle, "finish")
+
+    def _read_result(self, context: Context, checked: Any) -> dict:
+        """The finished staging job's result record, as staging in the worker would return it."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from trainer.storage import NotFound
+        from trainops.hooks.storage import get_json_object, storage_for
+        from trainops.settings import resolve_storage_root
+
+        handle = checked["handle"]
         root = resolve_storage_root(self.storage_root)
         _, result_uri = self._job_uris(context, root)
         try:

@@ -546,34 +546,14 @@ class FSDPTrainingOperator(ClusterJobOperator):
             return self._retire(context, checked["handle"], decision.get("delay_s"))
         if decision["action"] == "fail":
             tail = self.backend.logs_tail(checked["handle"], lines=20)
-            self._clean_up(checked["handle"], decision["action"])
+            self.clean_up(checked["handle"], decision["action"])
             raise RuntimeError(
                 f"training failed on attempt {attempt}: {entry.get('reason')}. "
                 f"{decision['reason']}.\nLast log lines:\n{tail}"
             )
         assert record is not None, "an attempt finishes only with the trainer's 'completed' record"
-        self._clean_up(checked["handle"], decision["action"])
+        self.clean_up(checked["handle"], decision["action"])
         return self._result(store, layout, job, record)
-
-    def _clean_up(self, handle: JobHandle, action: str) -> None:
-        """Delete a finished attempt's job, Service and PodGroup, now that job.json records it
-        (unless ``keep_finished_jobs``). A failed deletion is logged: the run's outcome stands."""
-        from trainops.operators.cleanup import deletes_finished
-
-        if not deletes_finished(self.keep_finished_jobs, action):
-            return
-        try:
-            self.backend.delete(handle)
-        except Exception as exc:
-            self.log.warning(
-                "could not delete the finished job %s (%s); delete it by hand, e.g. "
-                "kubectl delete job,pytorchjob,trainjob,service -l trainops/job=%s",
-                handle["job_id"],
-                exc,
-                handle["job_id"],
-            )
-            return
-        self.log.info("deleted the finished job %s", handle["job_id"])
 
     def _hung(self, context: Any, store: Storage, layout: RunLayout, job: JobRecord, event: Any) -> Any:
         """A hung attempt: keep its logs tail, record it as ``hung``, then relaunch the whole

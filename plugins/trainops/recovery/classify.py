@@ -55,11 +55,31 @@ def attempt_record_of(
     return attempt_record_in_log(log_tail, attempt) if log_tail else None
 
 
-def classify_attempt(state: JobState, record: AttemptRecord | None) -> Verdict:
+# What torch's NCCL watchdog prints when it aborts a rank on a stuck or failed collective
+# (``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``): the process dies of SIGABRT, raising nothing the
+# trainer could record, so the log is the only witness.
+COLLECTIVE_ABORT_MARKS: Final = (
+    "Watchdog caught collective operation timeout",
+    "detected by watchdog",
+    "NCCL communicator was aborted",
+)
+
+
+def collective_abort_in(logs_tail: str | None) -> str | None:
+    """The line of ``logs_tail`` where the NCCL watchdog aborted a rank, or None."""
+    for line in (logs_tail or "").splitlines():
+        if any(mark in line for mark in COLLECTIVE_ABORT_MARKS):
+            return line.strip()
+    return None
+
+
+def classify_attempt(state: JobState, record: AttemptRecord | None, logs_tail: str | None = None) -> Verdict:
     """Classify one finished attempt.
 
     :param state: the backend's final job state (``phase``, ``reason``, ``nodes``, ``disruptions``).
     :param record: the attempt record the trainer wrote, or None if it could not write one.
+    :param logs_tail: the attempt's last log lines (None: not read); without a record, they
+        may show the NCCL watchdog's abort (:data:`COLLECTIVE_ABORT_MARKS`).
     """
     outcome = record.get("outcome") if record is not None else None
     disruptions = state.get("disruptions") or []
@@ -106,6 +126,13 @@ def classify_attempt(state: JobState, record: AttemptRecord | None) -> Verdict:
     infra_reason = state.get("infra_reason")
     if infra_reason:
         return {"classification": INFRA, "reason": infra_reason}
+    aborted = collective_abort_in(logs_tail) if record is None else None
+    if aborted:
+        return {
+            "classification": INFRA,
+            "reason": "a collective timed out or failed and the NCCL watchdog aborted the rank (the "
+            f"network, or a stuck peer): {aborted[:300]}",
+        }
     codes = [n.get("exit_code") for n in state.get("nodes", [])]
     if state.get("phase") == "succeeded":
         return {

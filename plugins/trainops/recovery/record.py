@@ -306,7 +306,7 @@ def fold_finished(
         attempts of this run of the task only (:func:`budget_window`).
     """
     *earlier, entry = job["attempts"]
-    verdict = classify_attempt(state, record) if verdict is None else verdict
+    verdict = classify_attempt(state, record, logs_tail) if verdict is None else verdict
     kind = verdict["classification"]
     fallback = is_capacity_fallback(kind, state, job["capacity"])
     preempted = int(kind == PREEMPTED)

@@ -186,7 +186,14 @@ def svg_line_chart(
 
 # ----------------------------------------------------------------------------- run report
 
-_OUTCOME_CLASS = {"succeeded": "pass", "error": "fail", "infra": "fail", "failed": "fail"}
+_OUTCOME_CLASS = {
+    "succeeded": "pass",
+    "error": "fail",
+    "infra": "fail",
+    "failed": "fail",
+    "hung": "fail",
+    "timeout": "fail",
+}
 
 
 def _by_attempt(records: list[dict]) -> dict[object, list[dict]]:

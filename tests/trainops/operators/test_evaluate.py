@@ -92,6 +92,17 @@ def test_the_first_evaluation_launches_one_job_for_the_candidate_and_defers(file
         "production": None,
         "production_version": None,
     }
+    assert cluster.deleted == [trigger["handle"]["job_id"]]  # its metrics read: the job is cleaned up
+
+
+def test_a_failed_watch_leaves_the_evaluation_running_and_says_how_to_go_on(file_root, cluster, context):
+    with pytest.raises(TaskDeferred) as deferred:
+        operator(file_root).execute(context)
+    handle = deferred.value.trigger.handle
+    error = {"status": "error", "handle": handle, "message": "status read failed for 601 s"}
+    with pytest.raises(RuntimeError, match=r"could not watch evaluation job: status read failed for 601 s"):
+        operator(file_root).execute_complete(context, error)
+    assert cluster.deleted == []  # a failed read says nothing about the job
 
 
 def test_production_is_evaluated_by_the_same_job_on_the_candidates_split(file_root, cluster, context):
@@ -134,7 +145,8 @@ def test_a_failed_evaluation_fails_with_the_jobs_reason_and_last_lines(file_root
     message = str(failure.value)
     assert f"evaluation job {handle['job_id']} did not succeed (OOMKilled)" in message
     assert LOG_TAIL in message
-    assert cluster.deleted == []  # a finished job is left for its logs
+    # its last lines are in the message (and the task log): then the finished job is deleted
+    assert cluster.deleted == [handle["job_id"]]
 
 
 def test_a_timed_out_evaluation_is_deleted(file_root, cluster, context):

@@ -101,3 +101,19 @@ def test_an_evicted_node_is_infrastructure_even_with_a_preempted_record():
     assert verdict == {"classification": INFRA, "reason": "Evicted: The node was low on resource: memory. "}
     completed = attempt_record(attempt=1, outcome="completed", last_step=9, checkpoint_step=9, world_size=2)
     assert classify_attempt(state, completed)["classification"] == SUCCEEDED
+
+
+def test_an_nccl_watchdog_abort_without_a_record_is_infrastructure():
+    # The watchdog aborts the rank (SIGABRT): no record; torch's own line is the witness.
+    state = {"phase": "failed", "nodes": [{"exit_code": -6}, {"exit_code": 1}], "disruptions": []}
+    tail = (
+        "[node-1] step 120 loss 2.31\n"
+        "[node-1] [rank1]:[E1201 14:02:11.000000 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught "
+        "collective operation timeout: WorkNCCL(SeqNum=812, OpType=ALLREDUCE) ran for 600000 milliseconds"
+    )
+    verdict = classify_attempt(state, None, tail)
+    assert verdict["classification"] == INFRA
+    assert "NCCL watchdog aborted the rank" in verdict["reason"] and "SeqNum=812" in verdict["reason"]
+    # without those words it stays the program's error; a record, when there is one, decides
+    assert classify_attempt(state, None, "[node-1] Segmentation fault")["classification"] == "error"
+    assert classify_attempt(state, record("failed", error="ValueError: x"), tail)["classification"] == "error"
