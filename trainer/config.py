@@ -85,6 +85,11 @@ class EvalConfig:
 
 
 @dataclass
+class ExportConfig:
+    dtype: str = "bf16"  # the export's floating tensors: bf16 (half the bytes) or fp32 (bit for bit)
+
+
+@dataclass
 class Config:
     run_uri: str = ""
     data_uri: str = ""
@@ -96,6 +101,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -106,6 +112,7 @@ CHOICES = {
     "resume": ("auto", "never"),
     "model.preset": tuple(PRESETS),
     "train.activation_checkpointing": ("none", "full", "selective"),
+    "export.dtype": ("bf16", "fp32"),
 }
 # Values older configs used, read as their new spelling without a warning.
 ALIASES = {"train.activation_checkpointing": {True: "full", False: "none"}}

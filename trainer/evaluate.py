@@ -7,12 +7,19 @@ The split is cut into windows of ``seq_len + 1`` tokens that share only their bo
 token, so every token but the first is predicted exactly once. Each predicted token
 belongs to the eval record whose [start, end) span contains it; per-slice figures
 aggregate the tokens of records with the same slice value.
+
+It runs on CUDA with bf16 autocast when a GPU is present (the loss itself in fp32), else on
+the CPU in fp32; the windows go through the model ``eval.batch_size`` at a time. CPU figures
+are exactly those of an unbatched fp32 run up to float summation order; bf16 autocast moves
+them slightly (docs/trainer.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -68,32 +75,78 @@ def slice_summaries(losses: np.ndarray, owners: np.ndarray, records: list[dict],
 
 
 # --- model I/O --------------------------------------------------------------------------
-@torch.no_grad()
-def token_losses(
-    model, stream: data.TokenStream, seq_len: int, batch_size: int, max_batches: int = 0
-) -> np.ndarray:
-    """Cross-entropy of each token position's prediction (NaN where not predicted)."""
-    windows = eval_windows(len(stream), seq_len)
+@dataclass(frozen=True)
+class Device:
+    """Where evaluation runs: a torch device and the autocast dtype there (None: plain fp32)."""
+
+    device: torch.device
+    autocast: torch.dtype | None
+
+    def describe(self) -> str:
+        return f"{self.device.type}, {'fp32' if self.autocast is None else 'bf16 autocast'}"
+
+
+def eval_device(cuda_available: bool) -> Device:
+    """CUDA with bf16 autocast when there is a GPU (the evaluate pod's), else the CPU in fp32 as before."""
+    if cuda_available:
+        return Device(torch.device("cuda"), torch.bfloat16)
+    return Device(torch.device("cpu"), None)
+
+
+def eval_batches(
+    windows: list[tuple[int, int]], seq_len: int, batch_size: int
+) -> list[list[tuple[int, int]]]:
+    """Full windows in batches of ``batch_size``, then each shorter window alone (a batch is one shape)."""
     full = [w for w in windows if w[1] - w[0] == seq_len + 1]
     batches = [full[i : i + batch_size] for i in range(0, len(full), batch_size)]
-    batches += [[w] for w in windows if w[1] - w[0] != seq_len + 1]
+    return batches + [[w] for w in windows if w[1] - w[0] != seq_len + 1]
+
+
+@torch.no_grad()
+def token_losses(
+    model,
+    stream: data.TokenStream,
+    seq_len: int,
+    batch_size: int,
+    max_batches: int = 0,
+    device: Device | None = None,
+) -> np.ndarray:
+    """Cross-entropy of each token position's prediction (NaN where not predicted).
+
+    ``model`` must already be on ``device`` (default: the CPU, fp32). The loss is computed
+    in fp32 from the logits in every case.
+    """
+    device = device or eval_device(False)
+    batches = eval_batches(eval_windows(len(stream), seq_len), seq_len, batch_size)
     if max_batches:
         batches = batches[:max_batches]
     losses = np.full(len(stream), np.nan, dtype=np.float64)
     for batch in batches:
         tokens = torch.from_numpy(np.stack([stream.read(a, b) for a, b in batch]))
-        logits = model(tokens[:, :-1]).float()
-        ce = F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")
-        for (a, b), row in zip(batch, ce.numpy(), strict=False):
+        tokens = tokens.to(device.device, non_blocking=True)
+        autocast = (
+            torch.autocast(device.device.type, dtype=device.autocast)
+            if device.autocast is not None
+            else contextlib.nullcontext()
+        )
+        with autocast:
+            logits = model(tokens[:, :-1])
+        ce = F.cross_entropy(logits.float().transpose(1, 2), tokens[:, 1:], reduction="none")
+        for (a, b), row in zip(batch, ce.cpu().numpy(), strict=False):
             losses[a + 1 : b] = row
     return losses
 
 
 def evaluate_export(model_uri: str, stream, records, columns, config: Config) -> dict:
     """Evaluate the model at ``model_uri``: an export folder or a checkpoint (``.../checkpoints[/step_<N>]``)."""
+    device = eval_device(torch.cuda.is_available())
     model, _ = load_model(open_storage(model_uri), model_uri)
+    model = model.to(device.device)
+    log.info(
+        "evaluate: %s on %s, batches of %d windows", model_uri, device.describe(), config.eval.batch_size
+    )
     losses = token_losses(
-        model, stream, config.train.seq_len, config.eval.batch_size, config.eval.max_batches
+        model, stream, config.train.seq_len, config.eval.batch_size, config.eval.max_batches, device
     )
     owners = token_owners(records, len(stream))
     result = {

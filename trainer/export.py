@@ -1,34 +1,41 @@
-"""Export: consolidated fp32 weights + model config under ``<run_uri>/export``; loading models back.
+"""Export: consolidated weights (bf16 by default) + model config under ``<run_uri>/export``; loading models back.
 
 A built-in preset is exported in the Hugging Face Llama layout, so
 ``LlamaForCausalLM.from_pretrained(folder)`` loads it as is:
 
 - ``config.json``: a ``LlamaConfig`` (``trainer.hf.hf_config``);
-- ``model.safetensors``: fp32 tensors under HF names, q/k rows in HF's RoPE order;
+- ``model.safetensors``: bf16 tensors (``export.dtype: fp32``: the trained fp32 weights bit for
+  bit) under HF names, q/k rows in HF's RoPE order;
 - ``model_config.json``: what rebuilds our model (``ModelArgs`` fields, or a user builder's
   ``{"builder", "vocab_size", "seq_len"}``); a user model's weights keep its own names;
-- ``export.json``: step, data, run, precision, parameter count, layout.
+- ``export.json``: step, data, run, precision, dtype, parameter count, layout.
 
-Written at the end of ``train`` (rank 0, from the gathered full state dict) and by the
-``export`` command (a single process, from the newest valid checkpoint). Both give the
-same bytes for the same checkpoint.
+Written at the end of ``train`` (every rank gathers one tensor at a time, rank 0 streams it
+into the file: no full copy of the model on one CPU) and by the ``export`` command (a single
+process, from the newest valid checkpoint). Both give the same bytes for the same checkpoint
+and dtype.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from trainer import hf
 from trainer.contract import RunLayout, checkpoint_step_of, join
 from trainer.data import cache_dir
 from trainer.presets import ModelArgs
+from trainer.safetensors_writer import Entry, StreamWriter, ordered
 from trainer.storage import Storage
 
 if TYPE_CHECKING:
@@ -51,10 +58,35 @@ def _spec_of(model: ModelArgs | BuiltModel) -> tuple[ModelArgs | None, dict[str,
     return model.args, model.spec
 
 
+EXPORT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}  # export.dtype -> the stored dtype
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What the export stores: file names -> state dict keys, the file's entries, the stored dtype."""
+
+    names: dict[str, str]
+    entries: list[Entry]
+    dtype: torch.dtype
+    args: ModelArgs | None
+
+
+def _plan(state_dict: Mapping[str, torch.Tensor], args: ModelArgs | None, dtype: str) -> _Plan:
+    if dtype not in EXPORT_DTYPES:
+        raise ValueError(f"export dtype {dtype!r} is not one of {', '.join(EXPORT_DTYPES)}; set export.dtype")
+    stored = EXPORT_DTYPES[dtype]
+    names = {(hf.to_hf_name(raw) if args is not None else hf.clean_name(raw)): raw for raw in state_dict}
+    entries = []
+    for name, raw in names.items():
+        value = state_dict[raw]  # a DTensor's shape is the full one: the header needs no gather
+        entries.append(Entry(name, stored if value.is_floating_point() else value.dtype, tuple(value.shape)))
+    return _Plan(names, entries, stored, args)
+
+
 def write_export(
     storage: Storage,
     export_uri: str,
-    state_dict: dict[str, torch.Tensor],
+    state_dict: Mapping[str, torch.Tensor],
     model: ModelArgs | BuiltModel,
     *,
     step: int,
@@ -62,49 +94,92 @@ def write_export(
     run_uri: str,
     precision: str,
     seq_len: int | None = None,
+    dtype: str = "bf16",
 ) -> dict[str, Any]:
-    """Write the export folder; ``model`` is the preset's ``ModelArgs`` or a ``BuiltModel``.
+    """Write the export folder, one tensor at a time; ``model`` is the preset's ``ModelArgs`` or a ``BuiltModel``.
 
-    ``seq_len`` (the training context) becomes ``max_position_embeddings`` in ``config.json``.
+    ``state_dict`` may hold DTensors (a sharded model's own ``state_dict()``): each is gathered
+    in turn, so every other rank calls :func:`join_export` meanwhile. At most one full tensor
+    (and its HF-layout copy) is held at a time: the memory this takes is about the largest
+    tensor, not the model.
+
+    :param seq_len: the training context, ``max_position_embeddings`` in ``config.json``.
+    :param dtype: ``export.dtype``: floating tensors are stored as ``bf16`` or ``fp32`` (the
+        trained weights bit for bit); other dtypes are kept.
     """
     args, spec = _spec_of(model)
-    tensors = {hf.clean_name(name): t.detach().to("cpu", torch.float32) for name, t in state_dict.items()}
-    if args is not None:
-        tensors = hf.to_hf_state_dict(tensors, args)
-    tensors, seen = {name: t.contiguous() for name, t in tensors.items()}, set[int]()
-    for name, t in tensors.items():  # safetensors refuses shared storage (tied weights): copy repeats
-        if t.data_ptr() in seen:
-            tensors[name] = t.clone()
-        seen.add(t.data_ptr())
+    plan = _plan(state_dict, args, dtype)
+    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+        path = f"{tmp}/{WEIGHTS}"
+        with StreamWriter(path, plan.entries, metadata={"format": "pt"}) as writer:
+            _stream(state_dict, plan, writer)
+        storage.upload_file(path, join(export_uri, WEIGHTS))
     info = {
         "step": int(step),
         "data_uri": data_uri,
         "run_uri": run_uri,
         "precision": precision,
-        "param_count": sum(t.numel() for t in tensors.values()),
+        "dtype": dtype,
+        "param_count": sum(math.prod(e.shape) for e in plan.entries),
         "layout": "hf-llama" if args is not None else "state-dict",
         "model": spec.get("builder", "llama"),
     }
-    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
-        path = f"{tmp}/{WEIGHTS}"
-        save_file(tensors, path, metadata={"format": "pt"})
-        storage.upload_file(path, join(export_uri, WEIGHTS))
     if args is not None:
-        storage.put_json(join(export_uri, HF_CONFIG), hf.hf_config(args, seq_len or DEFAULT_MAX_POSITIONS))
+        storage.put_json(
+            join(export_uri, HF_CONFIG),
+            hf.hf_config(
+                args, seq_len or DEFAULT_MAX_POSITIONS, dtype=str(plan.dtype).removeprefix("torch.")
+            ),
+        )
     storage.put_json(join(export_uri, MODEL_CONFIG), spec)
     storage.put_json(join(export_uri, INFO), info)
     log.info(
-        "export: step %d, %s parameters (%s layout), written to %s",
+        "export: step %d, %s parameters (%s layout, %s), written to %s",
         step,
         f"{info['param_count']:,}",
         info["layout"],
+        dtype,
         export_uri,
     )
     return info
 
 
+def join_export(
+    state_dict: Mapping[str, torch.Tensor], model: ModelArgs | BuiltModel, *, dtype: str = "bf16"
+) -> None:
+    """A rank other than the writer's part in :func:`write_export`: the same gathers, nothing kept."""
+    _stream(state_dict, _plan(state_dict, _spec_of(model)[0], dtype), None)
+
+
+def _stream(state_dict: Mapping[str, torch.Tensor], plan: _Plan, writer: StreamWriter | None) -> None:
+    """Gather each tensor in file order and hand it to ``writer`` (None: only take part in the gathers)."""
+    for entry in ordered(plan.entries):  # the same order on every rank: the gathers are collectives
+        raw = plan.names[entry.name]
+        full = _gathered(state_dict[raw], plan.dtype, keep=writer is not None)
+        if writer is not None and full is not None:
+            writer.write(entry.name, hf.to_hf_tensor(raw, full, plan.args) if plan.args is not None else full)
+        del full  # before the next gather: one full tensor at a time
+
+
+def _gathered(value: torch.Tensor, dtype: torch.dtype, keep: bool) -> torch.Tensor | None:
+    """One state dict value as a full CPU tensor (floating ones as ``dtype``); None where not ``keep``.
+
+    A DTensor is cast before it is gathered: the cast is elementwise, so the result is the
+    same, and a bf16 export moves half the bytes. ``full_tensor()`` is a collective: every
+    rank calls this for every value, in the same order.
+    """
+    value = value.detach()
+    if value.is_floating_point():
+        value = value.to(dtype)  # no copy when it already is (an fp32 export of fp32 weights)
+    if isinstance(value, DTensor):
+        value = value.full_tensor()
+    return value.to("cpu") if keep else None
+
+
 def load_export(storage: Storage, export_uri: str) -> tuple[nn.Module, ModelArgs | None]:
     """``(model, args)`` from an export folder: an fp32 model in eval mode, ``args`` None for a user model.
+
+    A bf16 export loads into fp32 parameters exactly (every bf16 value is an fp32 value).
 
     Also reads exports written before the HF layout (our own names) and plain HF Llama folders.
     """
@@ -212,4 +287,5 @@ def export_from_checkpoint(config: Config) -> dict[str, Any]:
         run_uri=config.run_uri,
         precision=marker.get("precision", config.precision),
         seq_len=config.train.seq_len,
+        dtype=config.export.dtype,
     )

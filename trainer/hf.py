@@ -61,27 +61,34 @@ def half_to_interleaved(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
     return weight.reshape(n_heads, 2, head_dim // 2, cols).transpose(1, 2).reshape(rows, cols)
 
 
+def to_hf_name(raw: str) -> str:
+    """The HF Llama name of one of our parameter names (wrapper segments dropped)."""
+    name = clean_name(raw)
+    if name in _TOP:
+        return _TOP[name]
+    match = _OUR_LAYER.match(name)
+    if not match or match.group(2) not in _BLOCK:
+        raise ValueError(
+            f"parameter {raw!r} is not part of the Llama-style model; "
+            f"only built-in presets export to the Hugging Face layout"
+        )
+    layer, rest = match.groups()
+    return f"model.layers.{layer}.{_BLOCK[rest]}"
+
+
+def to_hf_tensor(raw: str, tensor: torch.Tensor, args: ModelArgs) -> torch.Tensor:
+    """One of our tensors in HF's layout: q/k rows in HF's RoPE order, every other tensor as is."""
+    name = clean_name(raw)
+    if name.endswith(".attention.wq.weight"):
+        return interleaved_to_half(tensor, args.n_heads)
+    if name.endswith(".attention.wk.weight"):
+        return interleaved_to_half(tensor, args.kv_heads)
+    return tensor
+
+
 def to_hf_state_dict(state_dict: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:
     """Our ``Transformer`` state dict under HF Llama names, q/k rows in HF's RoPE order."""
-    out = {}
-    for raw, tensor in state_dict.items():
-        name = clean_name(raw)
-        if name in _TOP:
-            out[_TOP[name]] = tensor
-            continue
-        match = _OUR_LAYER.match(name)
-        if not match or match.group(2) not in _BLOCK:
-            raise ValueError(
-                f"parameter {raw!r} is not part of the Llama-style model; "
-                f"only built-in presets export to the Hugging Face layout"
-            )
-        layer, rest = match.groups()
-        if rest == "attention.wq.weight":
-            tensor = interleaved_to_half(tensor, args.n_heads)
-        elif rest == "attention.wk.weight":
-            tensor = interleaved_to_half(tensor, args.kv_heads)
-        out[f"model.layers.{layer}.{_BLOCK[rest]}"] = tensor
-    return out
+    return {to_hf_name(raw): to_hf_tensor(raw, tensor, args) for raw, tensor in state_dict.items()}
 
 
 def from_hf_state_dict(tensors: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:

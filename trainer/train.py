@@ -22,11 +22,10 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from trainer import data, heartbeat, parallel
 from trainer.attempts import Attempt, NonFiniteLoss, attempt_number, cause_of, classify_failure, now_iso
@@ -34,7 +33,7 @@ from trainer.builder import BuiltModel, build_model
 from trainer.checkpoint import Checkpointer, on_rank0
 from trainer.config import Config, accumulation_steps, check_data_fit
 from trainer.contract import AttemptRecord, RunLayout, attempt_record_line
-from trainer.export import write_export
+from trainer.export import join_export, write_export
 from trainer.fence import Fenced, raise_fence
 from trainer.flops import mfu, peak_flops
 from trainer.metrics import OUTAGE_TOLERANCE_S as METRICS_OUTAGE_TOLERANCE_S
@@ -372,21 +371,21 @@ def _finish(tr: Training) -> None:
     step, config = tr.state.step, tr.config
     if tr.checkpointer.last_committed != step:
         tr.checkpointer.save(step)  # synchronous: the export and the record follow it
-    # Every rank takes part in gathering the full weights; rank 0 keeps them (on the CPU).
-    full_state = get_model_state_dict(
-        tr.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-    )
-    if tr.metrics is not None:
+    # Every rank gathers the weights one tensor at a time; rank 0 streams each into the export.
+    if tr.metrics is None:
+        join_export(tr.model.state_dict(), tr.built, dtype=config.export.dtype)
+    else:
         write_export(
             open_storage(config.run_uri),
             RunLayout(config.run_uri).export,
-            cast("dict[str, torch.Tensor]", full_state),  # a model's full state dict holds tensors only
+            tr.model.state_dict(),
             tr.built,
             step=step,
             data_uri=config.data_uri,
             run_uri=config.run_uri,
             precision=config.precision,
             seq_len=config.train.seq_len,
+            dtype=config.export.dtype,
         )
         unwritten = tr.metrics.flush(final=True)
         tr.attempt.write("completed", metrics_unwritten=unwritten)

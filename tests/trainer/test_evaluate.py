@@ -1,6 +1,7 @@
 """``trainer evaluate`` on the shared trained run (single process, in-process CLI): windows, slices,
 exports and checkpoints as model URIs."""
 
+import dataclasses
 import json
 import math
 import shutil
@@ -9,12 +10,17 @@ import numpy as np
 import pytest
 import torch
 
+from tests.trainer.helpers import run_config
 from trainer.cli import main
-from trainer.evaluate import eval_windows, slice_summaries, token_owners
+from trainer.data import TokenStream
+from trainer.evaluate import eval_device, eval_windows, slice_summaries, token_losses, token_owners
 from trainer.export import write_export
 from trainer.model import Transformer
 from trainer.presets import PRESETS
 from trainer.storage import open_storage
+
+ARGS = PRESETS["tiny"].with_vocab(257)
+SEQ = 16
 
 
 def test_eval_windows_predict_every_token_once():
@@ -32,6 +38,61 @@ def test_slices_follow_record_spans():
     slices = slice_summaries(losses, owners, records, ["source"])["source"]
     assert slices["a"] == {"eval_loss": 2.0, "perplexity": pytest.approx(math.exp(2.0)), "tokens": 2}
     assert (slices["b"]["eval_loss"], slices["b"]["tokens"]) == (4.0, 3)
+
+
+@pytest.fixture
+def stream(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "eval.bin"
+    rng.integers(0, ARGS.vocab_size, 40 * SEQ + 7, dtype=np.uint16).tofile(path)  # 40 windows and a short one
+    return TokenStream([path], "uint16")
+
+
+@pytest.fixture
+def model():
+    torch.manual_seed(0)
+    return Transformer(ARGS).eval()
+
+
+def test_batched_windows_give_the_unbatched_losses_in_batches_of_the_setting(model, stream):
+    shapes: list[tuple[int, ...]] = []
+    model.register_forward_hook(lambda module, inputs, output: shapes.append(tuple(inputs[0].shape)))
+    batched = token_losses(model, stream, SEQ, batch_size=8)
+    assert shapes == [(8, SEQ)] * 5 + [(1, 6)]  # 40 full windows in 5 batches, then the short one
+    shapes.clear()
+    one_by_one = token_losses(model, stream, SEQ, batch_size=1)
+    assert shapes == [(1, SEQ)] * 40 + [(1, 6)]
+    assert np.isnan(batched[0]) and not np.isnan(batched[1:]).any()
+    np.testing.assert_allclose(batched, one_by_one, rtol=1e-5, atol=0)
+    assert token_losses(model, stream, SEQ, batch_size=8, max_batches=2)[1 : 2 * 8 * SEQ + 1].tolist() == (
+        batched[1 : 2 * 8 * SEQ + 1].tolist()
+    )
+
+
+def test_a_gpu_evaluates_in_bf16_autocast_and_the_cpu_in_fp32_as_before(model, stream):
+    cuda, cpu = eval_device(True), eval_device(False)
+    assert (cuda.device.type, cuda.autocast, cuda.describe()) == (
+        "cuda",
+        torch.bfloat16,
+        "cuda, bf16 autocast",
+    )
+    assert (cpu.device.type, cpu.autocast, cpu.describe()) == ("cpu", None, "cpu, fp32")
+    fp32 = token_losses(model, stream, SEQ, 8)
+    assert np.array_equal(fp32, token_losses(model, stream, SEQ, 8, device=cpu), equal_nan=True)
+    # The autocast path, on the CPU (the same code CUDA runs): close, and not the fp32 figures.
+    bf16 = token_losses(model, stream, SEQ, 8, device=dataclasses.replace(cpu, autocast=torch.bfloat16))
+    assert not np.array_equal(bf16, fp32, equal_nan=True)
+    assert abs(np.nanmean(bf16) - np.nanmean(fp32)) < 0.01 * np.nanmean(fp32)
+
+
+@pytest.mark.gpu
+def test_cuda_evaluation_matches_the_cpu_to_bf16_tolerance(model, stream):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    cpu = token_losses(model, stream, SEQ, 8)
+    cuda = token_losses(model.to("cuda"), stream, SEQ, 8, device=eval_device(True))
+    assert np.isnan(cuda[0]) and not np.isnan(cuda[1:]).any()
+    assert abs(np.nanmean(cuda) - np.nanmean(cpu)) < 0.01 * np.nanmean(cpu)
 
 
 @pytest.mark.slow
@@ -116,15 +177,23 @@ def _evaluate(config, tmp_path, name, *overrides) -> dict:
 
 
 @pytest.mark.slow
-def test_a_checkpoint_evaluates_like_the_export_of_the_same_weights(reference_run, tmp_path):
+def test_a_checkpoint_evaluates_like_the_export_of_the_same_weights(reference_run, tmp_path, dataset_uri):
     run_uri, config = reference_run["run_uri"], reference_run["config"]
     step_40 = f"{run_uri}/checkpoints/step_00000040"
+    copy_config, copy_uri = run_config(tmp_path, dataset_uri, "copy")
+    shutil.copytree(reference_run["run_dir"] / "checkpoints", tmp_path / "copy" / "checkpoints")
+    assert main(["export", "--config", str(copy_config), "export.dtype=fp32"]) == 0
     report = _evaluate(
-        config, tmp_path, "step40", f"eval.model_uri={step_40}", f"eval.baseline_uri={run_uri}/export"
+        config, tmp_path, "step40", f"eval.model_uri={step_40}", f"eval.baseline_uri={copy_uri}/export"
     )
     candidate, baseline = report["candidate"], report["baseline"]
     assert candidate["model_uri"] == step_40 and candidate["tokens"] == baseline["tokens"] == 4 * 8 * 32
-    assert candidate["eval_loss"] == pytest.approx(baseline["eval_loss"], abs=1e-6)
+    assert candidate["eval_loss"] == baseline["eval_loss"]  # an fp32 export holds the same weights
+    # The run's own export is bf16 (the default): its weights are rounded, its loss moves a little.
+    rounded = _evaluate(config, tmp_path, "bf16", f"eval.model_uri={run_uri}/export")["candidate"]
+    assert rounded["eval_loss"] == pytest.approx(candidate["eval_loss"], rel=1e-3)
+    assert rounded["eval_loss"] != candidate["eval_loss"]
+    print("eval_loss fp32 weights", candidate["eval_loss"], "bf16 export", rounded["eval_loss"])
     # The checkpoints/ prefix means the newest valid one (step 40); step 30 holds other weights.
     newest = _evaluate(
         config,

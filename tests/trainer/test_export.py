@@ -1,32 +1,40 @@
 """``<run_uri>/export``: a Hugging Face Llama folder (names, config, RoPE order, same logits), written at
 the end of training or by ``trainer export`` from the newest committed checkpoint."""
 
+import gc
 import json
+import os
+import re
 import shutil
+import tempfile
+import weakref
 
 import pytest
 import torch
+import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from tests.trainer.helpers import REPO, run_config
+from trainer import export as export_module
 from trainer.builder import build_model
 from trainer.cli import main
-from trainer.export import load_export, write_export
-from trainer.hf import half_to_interleaved
+from trainer.export import load_checkpoint_model, load_export, write_export
+from trainer.hf import from_hf_state_dict, half_to_interleaved
 from trainer.model import Transformer
 from trainer.presets import ModelArgs
+from trainer.safetensors_writer import StreamWriter
 from trainer.storage import open_storage
 
 # Grouped-query attention, so q and k are permuted with different head counts.
 ARGS = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=97, rope_theta=500000.0)
 
 
-def export(tmp_path, model, args=ARGS, **kwargs):
-    uri = (tmp_path / "export").as_uri()
+def export(tmp_path, model, args=ARGS, name="export", state_dict=None, **kwargs):
+    uri = (tmp_path / name).as_uri()
     write_export(
         open_storage(uri),
         uri,
-        model.state_dict(),
+        model.state_dict() if state_dict is None else state_dict,
         args,
         step=3,
         data_uri="file:///d",
@@ -34,7 +42,15 @@ def export(tmp_path, model, args=ARGS, **kwargs):
         precision="bf16",
         **kwargs,
     )
-    return tmp_path / "export", uri
+    return tmp_path / name, uri
+
+
+def rounded(model):
+    """``model`` with every weight rounded to bf16 (what a bf16 export holds), still fp32."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16))
+    return model
 
 
 def hf_names(layers: int) -> set[str]:
@@ -58,7 +74,7 @@ def test_export_has_hf_names_and_llama_config(tmp_path):
         "model_config.json",
     ]
     tensors = load_file(folder / "model.safetensors")
-    assert set(tensors) == hf_names(2) and all(t.dtype == torch.float32 for t in tensors.values())
+    assert set(tensors) == hf_names(2) and all(t.dtype == torch.bfloat16 for t in tensors.values())
     assert tensors["model.layers.0.self_attn.k_proj.weight"].shape == (32, 64)  # 2 kv heads of 16
     config = json.loads((folder / "config.json").read_text())
     assert config == {
@@ -75,20 +91,48 @@ def test_export_has_hf_names_and_llama_config(tmp_path):
         "rope_theta": 500000.0,
         "max_position_embeddings": 128,
         "tie_word_embeddings": False,
-        "torch_dtype": "float32",
+        "torch_dtype": "bfloat16",
     }
     info = json.loads((folder / "export.json").read_text())
-    assert (info["step"], info["layout"], info["param_count"]) == (
+    assert (info["step"], info["layout"], info["dtype"], info["param_count"]) == (
         3,
         "hf-llama",
+        "bf16",
         sum(t.numel() for t in tensors.values()),
     )
+
+
+def test_fp32_on_request_is_the_trained_weights_bit_for_bit_and_bf16_their_rounding_in_half_the_bytes(
+    tmp_path,
+):
+    torch.manual_seed(0)
+    model = Transformer(ARGS)
+    fp32_folder, _ = export(tmp_path, model, name="fp32", dtype="fp32")
+    bf16_folder, _ = export(tmp_path, model, name="bf16")
+    fp32, bf16 = load_file(fp32_folder / "model.safetensors"), load_file(bf16_folder / "model.safetensors")
+    back = from_hf_state_dict(fp32, ARGS)
+    assert all(t.dtype == torch.float32 for t in fp32.values())
+    assert back.keys() == model.state_dict().keys()
+    assert all(torch.equal(back[k], v) for k, v in model.state_dict().items())
+    assert all(
+        t.dtype == torch.bfloat16 and torch.equal(t, fp32[k].to(torch.bfloat16)) for k, t in bf16.items()
+    )
+    assert 2 * sum(t.nbytes for t in bf16.values()) == sum(t.nbytes for t in fp32.values())
+    assert json.loads((fp32_folder / "config.json").read_text())["torch_dtype"] == "float32"
+    ratio = os.path.getsize(bf16_folder / "model.safetensors") / os.path.getsize(
+        fp32_folder / "model.safetensors"
+    )
+    assert 0.5 <= ratio < 0.52, ratio  # the header is the same size but for the dtype names
+    with pytest.raises(
+        ValueError, match=re.escape("export dtype 'fp16' is not one of bf16, fp32; set export.dtype")
+    ):
+        export(tmp_path, model, name="fp16", dtype="fp16")
 
 
 def test_load_export_gives_the_same_logits_from_every_layout(tmp_path):
     torch.manual_seed(0)
     model = Transformer(ARGS).eval()
-    folder, uri = export(tmp_path, model)
+    folder, uri = export(tmp_path, model, dtype="fp32")
     tokens = torch.randint(0, 97, (2, 10))
     expected = model(tokens)
     loaded, args = load_export(open_storage(uri), uri)
@@ -104,11 +148,22 @@ def test_load_export_gives_the_same_logits_from_every_layout(tmp_path):
     torch.testing.assert_close(load_export(open_storage(uri), uri)[0](tokens), expected, rtol=0, atol=0)
 
 
+def test_a_bf16_export_loads_into_an_fp32_model_holding_exactly_the_rounded_weights(tmp_path):
+    torch.manual_seed(0)
+    model = Transformer(ARGS).eval()
+    _, uri = export(tmp_path, model)
+    loaded, _ = load_export(open_storage(uri), uri)
+    assert all(p.dtype == torch.float32 for p in loaded.parameters())
+    tokens = torch.randint(0, 97, (2, 10))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(tokens), rounded(model)(tokens), rtol=0, atol=0)
+
+
 def test_user_model_exports_its_own_names_and_loads_through_its_builder(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(REPO / "examples"))
     torch.manual_seed(0)
     built = build_model("tiny", "custom_model:build", 97, 16)
-    folder, uri = export(tmp_path, built.model, args=built)
+    folder, uri = export(tmp_path, built.model, args=built, dtype="fp32")
     assert not (folder / "config.json").exists()
     assert json.loads((folder / "model_config.json").read_text()) == built.spec
     assert json.loads((folder / "export.json").read_text())["layout"] == "state-dict"
@@ -131,7 +186,7 @@ def test_transformers_loads_the_export_as_llama_with_the_same_logits(tmp_path, a
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     model = Transformer(ARGS).eval()
-    folder, _ = export(tmp_path, model, seq_len=64)
+    folder, _ = export(tmp_path, model, seq_len=64, dtype="fp32")
     hf_model = transformers.LlamaForCausalLM.from_pretrained(
         folder, dtype=torch.float32, attn_implementation=attention
     ).eval()
@@ -154,6 +209,92 @@ def test_transformers_loads_the_export_as_llama_with_the_same_logits(tmp_path, a
         assert (unpermuted(tokens).logits - ours).abs().max() > 1e-3
 
 
+def test_transformers_loads_the_bf16_export_in_bf16_or_upcast_to_the_same_logits(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = Transformer(ARGS).eval()
+    folder, _ = export(tmp_path, model, seq_len=64)
+    native = transformers.LlamaForCausalLM.from_pretrained(folder, dtype="auto")
+    assert {p.dtype for p in native.parameters()} == {torch.bfloat16}  # config.json says bfloat16
+    upcast = transformers.LlamaForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    tokens = torch.randint(0, 97, (2, 24))
+    with torch.no_grad():
+        torch.testing.assert_close(upcast(tokens).logits, rounded(model)(tokens), rtol=0, atol=1e-4)
+
+
+def _world_of_one():
+    store = dist.FileStore(os.path.join(tempfile.mkdtemp(prefix="trainops-"), "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_the_export_of_a_sharded_model_holds_one_tensor_at_a_time_and_writes_the_same_bytes(
+    tmp_path, monkeypatch, dtype
+):
+    """Every CPU tensor the export makes (each gather's result, each tensor handed to the
+    writer) is tracked by a weak reference; at each of those points, the bytes still alive
+    must be about one tensor, not the model."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    torch.manual_seed(0)
+    model = Transformer(ARGS)
+    plain_folder, _ = export(tmp_path, model, name="plain", dtype=dtype)
+    own = set[int]()
+    held: list[weakref.ref] = []
+    peak = 0
+
+    def observe(tensor=None):
+        nonlocal peak
+        if tensor is not None:
+            held.append(weakref.ref(tensor))
+        gc.collect()
+        alive = {}
+        for ref in held:
+            t = ref()
+            if t is not None and t.untyped_storage().data_ptr() not in own:  # not the model's own
+                alive[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        peak = max(peak, sum(alive.values()))
+
+    gathered, write = export_module._gathered, StreamWriter.write
+
+    def tracked_gathered(value, dtype, keep):
+        assert isinstance(value, DTensor)  # the sharded path, gathered tensor by tensor
+        observe()  # what the previous tensors left
+        out = gathered(value, dtype, keep)
+        observe(out)
+        return out
+
+    def tracked_write(self, name, tensor):
+        observe(tensor)
+        return write(self, name, tensor)
+
+    monkeypatch.setattr(export_module, "_gathered", tracked_gathered)
+    monkeypatch.setattr(StreamWriter, "write", tracked_write)
+    _world_of_one()
+    try:
+        for block in model.layers:
+            fully_shard(block)
+        fully_shard(model)
+        state = model.state_dict()
+        own.update(v.to_local().untyped_storage().data_ptr() for v in state.values())
+        sharded_folder, _ = export(tmp_path, model, name="sharded", state_dict=state, dtype=dtype)
+    finally:
+        dist.destroy_process_group()
+    itemsize = 2 if dtype == "bf16" else 4
+    largest = max(t.numel() for t in state.values()) * itemsize
+    model_bytes = sum(t.numel() for t in state.values()) * itemsize
+    # A q/k weight and its HF-order copy may be held together: at most two tensors. (In a world
+    # of one, an fp32 gather may hand back the shard itself, which is no extra memory.)
+    assert 0 < peak <= 2 * largest < model_bytes / 4, (peak, largest, model_bytes)
+    assert (sharded_folder / "model.safetensors").read_bytes() == (
+        plain_folder / "model.safetensors"
+    ).read_bytes()
+    print(f"export peak held {peak} B, largest tensor {largest} B, model {model_bytes} B ({dtype})")
+
+
 @pytest.mark.slow
 def test_export_cli_rebuilds_the_same_weights_from_the_checkpoint(reference_run, tmp_path, dataset_uri):
     config, _ = run_config(tmp_path, dataset_uri, "copy")
@@ -172,6 +313,28 @@ def test_export_cli_rebuilds_the_same_weights_from_the_checkpoint(reference_run,
     assert hf_config.pop("max_position_embeddings") == 32  # the run's train.seq_len
     trained = json.loads((reference_run["run_dir"] / "export" / "config.json").read_text())
     assert hf_config == {k: v for k, v in trained.items() if k != "max_position_embeddings"}
+
+
+@pytest.mark.slow
+def test_an_fp32_export_of_a_run_is_its_checkpoint_bit_for_bit_and_the_bf16_one_its_rounding(
+    reference_run, tmp_path, dataset_uri
+):
+    config, run_uri = run_config(tmp_path, dataset_uri, "copy")
+    shutil.copytree(reference_run["run_dir"] / "checkpoints", tmp_path / "copy" / "checkpoints")
+    assert main(["export", "--config", str(config), "export.dtype=fp32"]) == 0
+    fp32 = load_file(tmp_path / "copy" / "export" / "model.safetensors")
+    built, step, _ = load_checkpoint_model(open_storage(run_uri), f"{run_uri}/checkpoints")
+    assert step == 40 and built.args is not None
+    trained = built.model.state_dict()
+    back = from_hf_state_dict(fp32, built.args)
+    assert back.keys() == trained.keys() and all(torch.equal(back[k], v) for k, v in trained.items())
+    # the export written at the end of training (gathered from the shards, bf16)
+    bf16 = load_file(reference_run["run_dir"] / "export" / "model.safetensors")
+    assert bf16.keys() == fp32.keys()
+    assert all(
+        t.dtype == torch.bfloat16 and torch.equal(t, fp32[k].to(torch.bfloat16)) for k, t in bf16.items()
+    )
+    assert json.loads((tmp_path / "copy" / "export" / "export.json").read_text())["dtype"] == "fp32"
 
 
 def test_export_without_checkpoints_says_so(tmp_path, dataset_uri):

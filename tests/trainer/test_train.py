@@ -264,7 +264,7 @@ def test_uninterrupted_run(reference_run):
     info = read_json(run / "export" / "export.json")
     assert (info["step"], info["param_count"], info["precision"]) == (MAX_STEPS, 139_712, "bf16")
     assert read_json(run / "export" / "model_config.json")["vocab_size"] == 257
-    assert (run / "export" / "model.safetensors").stat().st_size > 139_712 * 4
+    assert (run / "export" / "model.safetensors").stat().st_size > 139_712 * 2  # bf16 (export.dtype)
 
 
 @pytest.mark.slow
