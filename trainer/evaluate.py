@@ -19,6 +19,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +29,7 @@ import torch.nn.functional as F
 
 from trainer import data
 from trainer.config import Config, resolved_eval_uris
+from trainer.contract import ENV_GPUS_PER_NODE
 from trainer.export import load_model
 from trainer.storage import open_storage
 
@@ -86,9 +89,13 @@ class Device:
         return f"{self.device.type}, {'fp32' if self.autocast is None else 'bf16 autocast'}"
 
 
-def eval_device(cuda_available: bool) -> Device:
-    """CUDA with bf16 autocast when there is a GPU (the evaluate pod's), else the CPU in fp32 as before."""
-    if cuda_available:
+def eval_device(cuda_available: bool, environ: Mapping[str, str] | None = None) -> Device:
+    """CUDA with bf16 autocast when there is a GPU (the evaluate pod's), else the CPU in fp32 as
+    before. A job launched with ``gpus_per_node=0`` (``$TRAINOPS_GPUS_PER_NODE`` is 0) stays on
+    the CPU even where a GPU is visible (a GPU host's local cluster, a CUDA image with every
+    device exposed): 0 means CPU, as the operator documents."""
+    told = (environ if environ is not None else os.environ).get(ENV_GPUS_PER_NODE, "").strip()
+    if cuda_available and told != "0":
         return Device(torch.device("cuda"), torch.bfloat16)
     return Device(torch.device("cpu"), None)
 

@@ -70,7 +70,10 @@ def test_batched_windows_give_the_unbatched_losses_in_batches_of_the_setting(mod
 
 
 def test_a_gpu_evaluates_in_bf16_autocast_and_the_cpu_in_fp32_as_before(model, stream):
-    cuda, cpu = eval_device(True), eval_device(False)
+    cuda, cpu = eval_device(True, {}), eval_device(False, {})
+    # a job launched with gpus_per_node=0 stays on the CPU even where a GPU is visible
+    assert eval_device(True, {"TRAINOPS_GPUS_PER_NODE": "0"}).device.type == "cpu"
+    assert eval_device(True, {"TRAINOPS_GPUS_PER_NODE": "1"}).device.type == "cuda"
     assert (cuda.device.type, cuda.autocast, cuda.describe()) == (
         "cuda",
         torch.bfloat16,
@@ -90,7 +93,7 @@ def test_cuda_evaluation_matches_the_cpu_to_bf16_tolerance(model, stream):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     cpu = token_losses(model, stream, SEQ, 8)
-    cuda = token_losses(model.to("cuda"), stream, SEQ, 8, device=eval_device(True))
+    cuda = token_losses(model.to("cuda"), stream, SEQ, 8, device=eval_device(True, {}))
     assert np.isnan(cuda[0]) and not np.isnan(cuda[1:]).any()
     assert abs(np.nanmean(cuda) - np.nanmean(cpu)) < 0.01 * np.nanmean(cpu)
 
