@@ -90,6 +90,15 @@ class ExportConfig:
 
 
 @dataclass
+class ParallelConfig:
+    # How many copies of the sharded model (HSDP: shard inside a group of ranks, replicate across
+    # groups, so only the gradient all-reduce crosses groups). "auto": one per node when there
+    # are several nodes of several ranks, else 1; 1: flat FSDP over every rank; N: N groups of
+    # world size / N ranks (it must divide the world size). See :func:`replicate_degree`.
+    replicate: str = "auto"
+
+
+@dataclass
 class Config:
     run_uri: str = ""
     data_uri: str = ""
@@ -102,6 +111,7 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -116,6 +126,8 @@ CHOICES = {
 }
 # Values older configs used, read as their new spelling without a warning.
 ALIASES = {"train.activation_checkpointing": {True: "full", False: "none"}}
+# Keys that hold "auto" or a whole number: YAML gives the number as an int, kept as its string.
+AUTO_OR_COUNT = ("parallel.replicate",)
 REQUIRED = ("run_uri", "data_uri")
 POSITIVE = (
     "train.max_steps",
@@ -171,6 +183,8 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     """``value`` as the type ``hint`` wants, or a ConfigError naming key, value and type."""
     if isinstance(value, bool) and key in ALIASES:
         value = ALIASES[key][value]
+    if key in AUTO_OR_COUNT and isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
     if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint):
         if value is None:
             return None
@@ -253,7 +267,38 @@ def validate(config: Config) -> Config:
         )
     if config.model.builder is not None:
         builder_parts(config.model.builder)
+    for key in AUTO_OR_COUNT:
+        _auto_or_count(key, get_key(config, key))
     return config
+
+
+def _auto_or_count(key: str, value: str) -> int | None:
+    """None for ``"auto"``, else the positive whole number ``value`` spells; ConfigError otherwise."""
+    if value == "auto":
+        return None
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    raise ConfigError(f"{key}: expected auto or a whole number of at least 1, got {value!r}")
+
+
+def replicate_degree(setting: str, world_size: int, local_world_size: int) -> int:
+    """How many replicas of the sharded model ``parallel.replicate`` gives on ``world_size`` ranks,
+    ``local_world_size`` of them per node (torchrun's ``$WORLD_SIZE`` and ``$LOCAL_WORLD_SIZE``).
+
+    ``auto`` is the number of nodes when there are several nodes of several ranks each (HSDP:
+    shard inside a node, replicate across nodes), else 1 (flat FSDP). A number must divide the
+    world size. Pure, so the operator can check a config against a gang before launching it.
+    """
+    count = _auto_or_count("parallel.replicate", setting)
+    if count is None:
+        nodes, rest = divmod(world_size, max(local_world_size, 1))
+        return nodes if not rest and nodes > 1 and local_world_size > 1 else 1
+    if world_size % count:
+        raise ConfigError(
+            f"parallel.replicate={count} does not divide the world size {world_size}: HSDP needs "
+            f"{count} equal groups of ranks; set parallel.replicate to a divisor of {world_size}, or auto"
+        )
+    return count
 
 
 def float_keys() -> list[str]:

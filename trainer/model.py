@@ -101,15 +101,26 @@ class Transformer(nn.Module):
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.reset_parameters()
 
+    def init_std(self, name: str) -> float | None:
+        """The std of the zero-mean normal that parameter ``name`` starts from; None: ones.
+
+        GPT-2 style: small normal init, residual projections scaled down by depth, norm gains 1.
+        ``trainer.parallel.init_sharded`` follows it shard by shard on a model built on ``meta``.
+        """
+        if name.endswith("norm.weight"):
+            return None
+        if name.endswith(("wo.weight", "w2.weight")):
+            return 0.02 / math.sqrt(2 * self.args.n_layers)
+        return 0.02
+
     def reset_parameters(self) -> None:
-        # GPT-2 style: small normal init, residual projections scaled down by depth.
+        """Initialise in place from torch's global RNG (a model built whole, on one device)."""
         for name, p in self.named_parameters():
-            if name.endswith("norm.weight"):
+            std = self.init_std(name)
+            if std is None:
                 nn.init.ones_(p)
-            elif name.endswith(("wo.weight", "w2.weight")):
-                nn.init.normal_(p, std=0.02 / math.sqrt(2 * self.args.n_layers))
             else:
-                nn.init.normal_(p, std=0.02)
+                nn.init.normal_(p, std=std)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits (batch, seq, vocab) for token ids (batch, seq)."""

@@ -9,11 +9,13 @@ works on a laptop too.
 from __future__ import annotations
 
 import datetime
+import hashlib
+import math
 import os
 import signal
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
@@ -23,14 +25,21 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from trainer.attempts import CausedError
+from trainer.config import replicate_degree
 from trainer.contract import ENV_GPUS_PER_NODE
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
     from trainer.config import Config
 
 T = TypeVar("T")
+# Initial weights are drawn in blocks of about this many elements (whole rows): a shard's rows
+# are generated alone, from the blocks they fall in, whatever the world size cuts them into.
+INIT_BLOCK_ELEMENTS = 1 << 20
+# What activation checkpointing and compile put into parameter names (state dicts drop them too).
+WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.")
 NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 
 # The compute dtype per precision; None keeps fp32 (no casting).
@@ -193,23 +202,138 @@ def describe_step_options(
     return ", ".join(parts)
 
 
-def parallelize(model: nn.Module, block_names: list[str], config: Config) -> nn.Module:
+def device_mesh(env: DistEnv, replicate: str, local_world_size: int | None = None) -> DeviceMesh | None:
+    """The mesh FSDP2 shards over: None (flat, the default process group) when
+    ``parallel.replicate`` comes to 1, else a 2-D ``("replicate", "shard")`` mesh (HSDP).
+
+    Ranks ``r * shard .. (r + 1) * shard - 1`` form replica ``r``: torchrun numbers a node's
+    ranks consecutively, so with ``auto`` each node holds one whole replica and only the
+    gradient all-reduce crosses nodes.
+
+    :param local_world_size: ranks per node; default ``$LOCAL_WORLD_SIZE`` (torchrun's), else 1.
+    Raises ``trainer.config.ConfigError`` when the replicas do not divide the world size.
+    """
+    local = local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    replicas = replicate_degree(replicate, env.world_size, local)
+    if replicas == 1:
+        return None
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(
+        env.device.type, (replicas, env.world_size // replicas), mesh_dim_names=("replicate", "shard")
+    )
+
+
+def describe_mesh(mesh: DeviceMesh | None, world_size: int) -> str:
+    """One log line: how the model is sharded and replicated."""
+    if mesh is None:
+        return f"FSDP over all {world_size} ranks"
+    replicas, shard = mesh.shape
+    return f"HSDP: {replicas} replicas x {shard} ranks sharding each"
+
+
+def parallelize(
+    model: nn.Module, block_names: list[str], config: Config, mesh: DeviceMesh | None = None
+) -> nn.Module:
     """Apply what ``config`` asks for to a plain model, in place and in this order (as torchtitan):
     activation checkpointing (``train.activation_checkpointing``), ``torch.compile`` per block
     (``train.compile``), then FSDP2 with ``precision``'s mixed-precision policy.
 
     Compile comes after the checkpoint wrappers so that each compiled graph holds its
-    recomputation, and before sharding so that FSDP's hooks stay outside the graphs.
+    recomputation, and before sharding so that FSDP's hooks stay outside the graphs. A model
+    on the ``meta`` device stays there (:func:`init_sharded` then materialises its shards).
 
     :param block_names: qualified names of the model's blocks (``"layers.0"``, ...), in order.
+    :param mesh: :func:`device_mesh`'s; None shards flat over the default process group.
     """
     if config.precision not in PARAM_DTYPES:
         raise ValueError(f"precision must be one of {sorted(PARAM_DTYPES)}, got {config.precision!r}")
     _apply_activation_checkpointing(model, block_names, config.train.activation_checkpointing)
     if config.train.compile:
         _apply_compile(model, block_names)
-    _apply_fsdp(model, block_names, config.precision)
+    _apply_fsdp(model, block_names, config.precision, mesh)
     return model
+
+
+def plain_name(name: str) -> str:
+    """A parameter's name in the model as built (the wrappers' prefixes removed)."""
+    for prefix in WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+def block_seed(seed: int, name: str, block: int) -> int:
+    """The generator seed of row block ``block`` of parameter ``name``: from the run's seed and
+    the name alone (sha256, not Python's salted ``hash``), so every process draws the same."""
+    digest = hashlib.sha256(f"{seed}/{name}/{block}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def fill_rows(
+    out: torch.Tensor, full_shape: tuple[int, ...], row_offset: int, seed: int, name: str, std: float
+) -> None:
+    """Fill ``out``, rows ``row_offset ..`` of a ``full_shape`` parameter, with the values the
+    whole tensor would hold: N(0, ``std``) drawn in row blocks of about ``INIT_BLOCK_ELEMENTS``
+    elements, each block from its own generator (:func:`block_seed`).
+
+    A shard generates only the blocks its rows fall in: at most two blocks' worth more than
+    its own rows, whatever the world size.
+    """
+    rows = out.shape[0] if out.dim() else 1
+    if out.numel() == 0:
+        return
+    row_numel = math.prod(full_shape[1:])
+    per_block = max(1, INIT_BLOCK_ELEMENTS // max(row_numel, 1))
+    total_rows = full_shape[0] if full_shape else 1
+    view = out.view(rows, *full_shape[1:])
+    generator = torch.Generator(device=out.device)
+    for block in range(row_offset // per_block, (row_offset + rows - 1) // per_block + 1):
+        start = block * per_block
+        values = torch.empty(
+            (min(per_block, total_rows - start), *full_shape[1:]), dtype=out.dtype, device=out.device
+        )
+        values.normal_(0.0, std, generator=generator.manual_seed(block_seed(seed, name, block)))
+        lo, hi = max(start, row_offset), min(start + values.shape[0], row_offset + rows)
+        view[lo - row_offset : hi - row_offset].copy_(values[lo - start : hi - start])
+
+
+@torch.no_grad()
+def init_sharded(
+    model: nn.Module, device: torch.device, seed: int, init_std: Callable[[str], float | None]
+) -> None:
+    """Materialise a model sharded on the ``meta`` device: allocate this rank's shards on
+    ``device`` (nothing else), then fill them with the values the whole model would start from.
+
+    The values depend on ``seed`` and each parameter's name only, never on the world size or
+    the mesh, so a checkpoint resumes on any world size and 1 rank starts where 2 do.
+
+    :param init_std: the std of parameter ``name``'s zero-mean normal, None for ones (the
+        model's own rule, e.g. ``Transformer.init_std``), by its name as built.
+    """
+    if any(True for _ in model.buffers()):
+        raise TypeError(
+            f"{type(model).__name__} has buffers, which initialisation on the meta device cannot "
+            "fill; compute them in forward instead"
+        )
+    model.to_empty(device=device)
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    for raw_name, param in model.named_parameters():
+        name, full_shape = plain_name(raw_name), tuple(param.shape)
+        if isinstance(param, DTensor):
+            local = param.to_local()
+            _, offset = compute_local_shape_and_global_offset(
+                param.shape, param.device_mesh, param.placements
+            )
+            row_offset = offset[0] if offset else 0
+        else:
+            local, row_offset = param.data, 0
+        std = init_std(name)
+        if std is None:
+            local.fill_(1.0)
+        else:
+            fill_rows(local, full_shape, row_offset, seed, name, std)
 
 
 def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
@@ -232,8 +356,9 @@ def _apply_compile(model: nn.Module, block_names: list[str]) -> None:
         model.get_submodule(name).compile()  # in place: state-dict names stay the same
 
 
-def _apply_fsdp(model: nn.Module, block_names: list[str], precision: str) -> None:
-    """Shard each block (by qualified name), then the root (embeddings, final norm, output).
+def _apply_fsdp(model: nn.Module, block_names: list[str], precision: str, mesh: DeviceMesh | None) -> None:
+    """Shard each block (by qualified name), then the root (embeddings, final norm, output),
+    over ``mesh`` (HSDP: sharded along ``"shard"``, replicated along ``"replicate"``).
 
     Parameters stay fp32 (the optimizer's master copy); bf16/fp16 are the compute dtype,
     and gradients are reduced in fp32.
@@ -245,8 +370,8 @@ def _apply_fsdp(model: nn.Module, block_names: list[str], precision: str) -> Non
         else MixedPrecisionPolicy()
     )
     for name in block_names:
-        fully_shard(model.get_submodule(name), mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
+        fully_shard(model.get_submodule(name), mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
 def set_gradient_sync(model: nn.Module, enabled: bool) -> None:

@@ -22,7 +22,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -46,9 +46,11 @@ from trainer.step import apply_gradients, forward_backward
 from trainer.storage import open_storage, outage_tolerance
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
     from torch.optim.lr_scheduler import LRScheduler
 
+    from trainer.model import Transformer
     from trainer.storage import Storage
 
 log = logging.getLogger("trainer.train")
@@ -141,7 +143,9 @@ def _attempt_without_group(storage: Storage, layout: RunLayout, started_at: str)
 # --- setup ---------------------------------------------------------------------------------
 def setup(config: Config, env: parallel.DistEnv, attempt: Attempt) -> Training:
     """Raise the fence, build data, model, optimizer and checkpointer on every rank, then resume
-    from the newest committed checkpoint (``resume: auto``).
+    from the newest committed checkpoint (``resume: auto``). The model is sharded over
+    ``parallel.replicate``'s mesh (flat FSDP or HSDP) and, for a preset, never held whole by
+    any rank (:func:`build_sharded_model`).
 
     Raises :class:`Fenced` when a newer attempt already started, and
     ``trainer.checkpoint.NothingToResume`` when checkpoints were committed but none can be
@@ -149,6 +153,7 @@ def setup(config: Config, env: parallel.DistEnv, attempt: Attempt) -> Training:
     """
     t = config.train
     accum = accumulation_steps(t, env.world_size)  # before anything slow: a bad batch fails fast
+    mesh = parallel.device_mesh(env, config.parallel.replicate)  # so does a bad parallel.replicate
     # Before any checkpoint is read: from now on the attempts before this one may commit nothing.
     on_rank0(env.rank, lambda: raise_fence(attempt.storage, attempt.layout, attempt.number))
     batches, vocab = _train_batches(config, env)
@@ -161,11 +166,10 @@ def setup(config: Config, env: parallel.DistEnv, attempt: Attempt) -> Training:
         env.world_size,
     )
 
-    torch.manual_seed(config.seed)  # every rank builds the same initial weights before sharding
-    built = build_model(config.model.preset, config.model.builder, vocab, t.seq_len)
-    model = built.model.to(env.device)
+    built = build_sharded_model(config, env, vocab, mesh)
+    model = built.model
     log.info("model: %s, precision %s, world size %d", built.describe(), config.precision, env.world_size)
-    parallel.parallelize(model, built.block_names, config)
+    log.info("sharding: %s", parallel.describe_mesh(mesh, env.world_size))
     skip_sync = t.skip_grad_sync_in_accum and accum > 1
     log.info(
         "step options: %s",
@@ -230,6 +234,32 @@ def setup(config: Config, env: parallel.DistEnv, attempt: Attempt) -> Training:
         flops_per_token=built.flops_per_token(t.seq_len),
         device_peak=peak_flops(device_name, config.precision),
     )
+
+
+def build_sharded_model(
+    config: Config, env: parallel.DistEnv, vocab: int, mesh: DeviceMesh | None = None
+) -> BuiltModel:
+    """The model, parallelized per ``config`` over ``mesh``, with its initial weights.
+
+    A preset is built on the ``meta`` device and sharded there; each rank then allocates and
+    fills only its own shards (``parallel.init_sharded``), so its memory holds its share of
+    the model, never the whole, and the weights do not depend on the world size. A user's
+    builder builds the whole model on every rank from torch's RNG seeded with ``seed`` (its
+    own initialisation), which is then moved to the device and sharded.
+    """
+    t = config.train
+    torch.manual_seed(config.seed)
+    if config.model.builder:
+        built = build_model(config.model.preset, config.model.builder, vocab, t.seq_len)
+        built.model.to(env.device)
+        parallel.parallelize(built.model, built.block_names, config, mesh)
+        return built
+    with torch.device("meta"):
+        built = build_model(config.model.preset, None, vocab, t.seq_len)
+    parallel.parallelize(built.model, built.block_names, config, mesh)
+    transformer = cast("Transformer", built.model)
+    parallel.init_sharded(built.model, env.device, config.seed, transformer.init_std)
+    return built
 
 
 def _train_batches(config: Config, env: parallel.DistEnv) -> tuple[data.TrainBatches, int]:

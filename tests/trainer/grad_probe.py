@@ -28,6 +28,16 @@ CASES = {
     "fp32_ac_full": {"precision": "fp32", "activation_checkpointing": "full"},
     "fp32_ac_selective": {"precision": "fp32", "activation_checkpointing": "selective"},
 }
+# HSDP (parallel.replicate=2): run on 4 ranks by tests/trainer/test_parallel.py, 2 replicas x 2 shards.
+HSDP_CASES = {
+    "fp32_hsdp": {"precision": "fp32", "replicate": "2"},
+    "fp32_hsdp_accum2_nosync": {
+        "precision": "fp32",
+        "replicate": "2",
+        "micro_batch_size": 1,
+        "skip_grad_sync": True,
+    },
+}
 
 
 def batch(step: int) -> torch.Tensor:
@@ -63,7 +73,7 @@ def run_case(name: str, case: dict, rank: int, world_size: int, out_dir: Path) -
     import torch.distributed as dist
 
     from trainer import data, parallel
-    from trainer.config import Config, TrainConfig
+    from trainer.config import Config, ParallelConfig, TrainConfig
     from trainer.optim import build_optimizer, build_scheduler
     from trainer.step import apply_gradients, forward_backward
 
@@ -71,8 +81,14 @@ def run_case(name: str, case: dict, rank: int, world_size: int, out_dir: Path) -
     accum = GLOBAL_BATCH // (micro * world_size)
     model = new_model()
     checkpointing = case.get("activation_checkpointing", "none")
-    config = Config(precision=case["precision"], train=TrainConfig(activation_checkpointing=checkpointing))
-    parallel.parallelize(model, BLOCKS, config)
+    config = Config(
+        precision=case["precision"],
+        train=TrainConfig(activation_checkpointing=checkpointing),
+        parallel=ParallelConfig(replicate=case.get("replicate", "1")),
+    )
+    env = parallel.DistEnv(rank, world_size, rank, torch.device("cpu"))
+    mesh = parallel.device_mesh(env, config.parallel.replicate, local_world_size=world_size)
+    parallel.parallelize(model, BLOCKS, config, mesh)
     optimizer = build_optimizer(model, LR, weight_decay=0.1)
     scheduler = build_scheduler(optimizer, warmup_steps=0, max_steps=STEPS, min_lr_ratio=0.1)
     scaler = parallel.grad_scaler(case["precision"])
@@ -101,7 +117,13 @@ def run_case(name: str, case: dict, rank: int, world_size: int, out_dir: Path) -
         losses.append(total.item() / world_size)
     if rank == 0:
         torch.save(
-            {"grads": grads, "losses": losses, "grad_dtype": grad_dtype, "accum": accum},
+            {
+                "grads": grads,
+                "losses": losses,
+                "grad_dtype": grad_dtype,
+                "accum": accum,
+                "mesh": tuple(next(model.parameters()).device_mesh.shape),
+            },
             out_dir / f"{name}.pt",
         )
 
@@ -113,7 +135,7 @@ def main() -> None:
     env = parallel.init_distributed()
     try:
         for name in sys.argv[2:] or list(CASES):
-            run_case(name, CASES[name], env.rank, env.world_size, out_dir)
+            run_case(name, {**CASES, **HSDP_CASES}[name], env.rank, env.world_size, out_dir)
     finally:
         parallel.shutdown()
 

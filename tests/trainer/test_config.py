@@ -15,6 +15,7 @@ from trainer.config import (
     float_keys,
     get_key,
     load_config,
+    replicate_degree,
     resolved_eval_uris,
     samples_in,
 )
@@ -285,3 +286,28 @@ def test_a_vocabulary_below_the_tokenizers_is_refused():
         "model.vocab_size=256 is smaller than the vocabulary of the dataset's tokenizer (257, file:///d); set "
         "model.vocab_size=0 to take the dataset's, or at least 257"
     )
+
+
+@pytest.mark.parametrize(
+    "setting, world, local, replicas",
+    [
+        ("auto", 16, 8, 2),  # 2 nodes of 8 GPUs: one replica per node
+        ("auto", 8, 8, 1),  # one node: flat
+        ("auto", 4, 1, 1),  # one rank per node: nothing to shard within a node, flat
+        ("auto", 12, 8, 1),  # ranks not in whole nodes: flat
+        ("1", 16, 8, 1),
+        ("4", 16, 8, 4),
+    ],
+)
+def test_replicate_degree(setting, world, local, replicas):
+    assert replicate_degree(setting, world, local) == replicas
+
+
+def test_parallel_replicate_takes_auto_or_a_whole_number_and_must_divide_the_world():
+    assert config_from_mapping(MINIMAL).parallel.replicate == "auto"
+    assert config_from_mapping({**MINIMAL, "parallel": {"replicate": 2}}).parallel.replicate == "2"
+    for bad in (0, "two", -1, 1.5):
+        with pytest.raises(ConfigError, match=r"parallel.replicate"):
+            config_from_mapping({**MINIMAL, "parallel": {"replicate": bad}})
+    with pytest.raises(ConfigError, match=r"parallel.replicate=3 does not divide the world size 16"):
+        replicate_degree("3", 16, 8)

@@ -1,6 +1,8 @@
 """Parallelism applied from outside: ``parallelize`` wraps, compiles and shards a plain model from the
 config; collectives in a world of one."""
 
+import itertools
+
 import pytest
 import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
@@ -199,3 +201,160 @@ def test_a_collective_whose_peer_never_comes_fails_after_the_timeout_as_the_netw
     waited = float(out.split("waited ")[1].split()[0])
     assert 1.5 <= waited < 15, out  # the 2 s timeout, not 30 min
     assert "nccl 1" in out  # the NCCL watchdog is on for a GPU group too
+
+
+# --- initialisation on the meta device ------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(10, 3), (7,), (5, 2, 2)])
+def test_any_cut_of_a_parameters_rows_fills_what_the_whole_tensor_holds(monkeypatch, shape):
+    monkeypatch.setattr(parallel, "INIT_BLOCK_ELEMENTS", 4)  # several row blocks even at this size
+    whole = torch.empty(shape)
+    parallel.fill_rows(whole, shape, 0, 5, "w", 0.02)
+    for cuts in ([0, 3, 10], [0, 4, 8, 10], [0, 1, 2, 9, 10], [0, 10]):
+        rows = shape[0]
+        bounds = [min(c, rows) for c in cuts]
+        parts = []
+        for lo, hi in itertools.pairwise(bounds):
+            part = torch.empty((hi - lo, *shape[1:]))
+            parallel.fill_rows(part, shape, lo, 5, "w", 0.02)
+            parts.append(part)
+        assert torch.equal(torch.cat(parts), whole)  # bit for bit, whatever the cut
+    other = torch.empty(shape)
+    parallel.fill_rows(other, shape, 0, 6, "w", 0.02)
+    assert not torch.equal(other, whole)  # the seed decides the values...
+    parallel.fill_rows(other, shape, 0, 5, "v", 0.02)
+    assert not torch.equal(other, whole)  # ...and so does the name
+    assert abs(whole.std().item() - 0.02) < 0.01
+
+
+def test_a_model_sharded_on_meta_materialises_with_the_models_own_rule(world_of_one):
+    with torch.device("meta"):
+        model = Transformer(ARGS)
+    parallel.parallelize(
+        model, BLOCKS, Config(precision="fp32", train=TrainConfig(activation_checkpointing="full"))
+    )
+    assert all(p.is_meta for p in model.parameters())
+    parallel.init_sharded(model, world_of_one.device, 3, model.init_std)
+    full = {parallel.plain_name(n): p.full_tensor() for n, p in model.named_parameters()}
+    assert not any(t.is_meta for t in full.values())
+    assert torch.equal(full["norm.weight"], torch.ones(ARGS.dim))
+    expected = torch.empty(ARGS.vocab_size, ARGS.dim)
+    parallel.fill_rows(expected, tuple(expected.shape), 0, 3, "output.weight", 0.02)
+    assert torch.equal(full["output.weight"], expected)  # under its name as built, not the wrapper's
+    wo = full["layers.0.attention.wo.weight"]
+    assert wo.std().item() == pytest.approx(0.02 / (2 * ARGS.n_layers) ** 0.5, rel=0.2)
+    assert model(torch.randint(0, 97, (2, 8))).shape == (2, 8, 97)
+
+
+def test_a_model_with_buffers_is_refused_before_anything_is_allocated(world_of_one):
+    with torch.device("meta"):
+        model = torch.nn.BatchNorm1d(4)
+    with pytest.raises(TypeError, match=r"BatchNorm1d has buffers"):
+        parallel.init_sharded(model, world_of_one.device, 0, lambda name: 0.02)
+
+
+# --- HSDP ---------------------------------------------------------------------------------------
+def test_flat_fsdp_needs_no_mesh_and_a_bad_replicate_fails_before_any_mesh(world_of_one):
+    assert parallel.device_mesh(world_of_one, "auto") is None
+    assert parallel.device_mesh(world_of_one, "1") is None
+    assert parallel.describe_mesh(None, 4) == "FSDP over all 4 ranks"
+    from trainer.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"parallel.replicate=2 does not divide the world size 1"):
+        parallel.device_mesh(world_of_one, "2")
+
+
+INIT_PROBE = """
+import sys, torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from trainer import parallel
+from trainer.config import Config, ModelConfig, ParallelConfig
+from trainer.train import build_sharded_model
+
+env = parallel.init_distributed()
+config = Config(seed=5, model=ModelConfig(preset="tiny"), parallel=ParallelConfig(replicate=sys.argv[2]))
+mesh = parallel.device_mesh(env, config.parallel.replicate)
+built = build_sharded_model(config, env, 257, mesh)
+full = get_model_state_dict(built.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+if env.rank == 0:
+    torch.save({"weights": full, "mesh": str(mesh)}, sys.argv[1])
+parallel.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_initial_weights_do_not_depend_on_the_world_size_or_the_mesh(tmp_path):
+    """The trainer's setup path (meta device, sharded, each rank filling its shards) on 1 rank,
+    2 ranks flat and 4 ranks in HSDP (2 replicas x 2): the same full weights, bit for bit."""
+    import subprocess
+    import sys
+
+    from tests.trainer.helpers import REPO, trainer_env
+
+    script = tmp_path / "init_probe.py"
+    script.write_text(INIT_PROBE)
+    runs = {}
+    for nproc, replicate in ((1, "1"), (2, "1"), (4, "2")):
+        out = tmp_path / f"w{nproc}.pt"
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc-per-node={nproc}",
+                str(script),
+                str(out),
+                replicate,
+            ],
+            env=trainer_env(tmp_path / "cache"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        runs[nproc] = torch.load(out)
+    assert "replicate" in runs[4]["mesh"] and runs[2]["mesh"] == "None"
+    one = runs[1]["weights"]
+    for nproc in (2, 4):
+        assert set(runs[nproc]["weights"]) == set(one)
+        for name, tensor in one.items():
+            assert torch.equal(runs[nproc]["weights"][name], tensor), (nproc, name)
+
+
+@pytest.mark.slow
+def test_hsdp_gradients_on_2_nodes_of_2_ranks_match_one_unsharded_process(tmp_path):
+    """4 gloo ranks as 2 "nodes" x 2 processes (parallel.replicate=2): shards within a replica,
+    gradients averaged across replicas, the same first-step gradients as one plain process."""
+    import subprocess
+    import sys
+
+    from tests.trainer import grad_probe
+    from tests.trainer.helpers import REPO, trainer_env
+
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=4",
+            str(REPO / "tests" / "trainer" / "grad_probe.py"),
+            str(tmp_path),
+            *grad_probe.HSDP_CASES,
+        ],
+        env=trainer_env(tmp_path / "cache"),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    reference = grad_probe.reference_gradients()
+    for name in grad_probe.HSDP_CASES:
+        result = torch.load(tmp_path / f"{name}.pt")
+        assert result["mesh"] == (2, 2), name  # really 2 replicas of 2 shards
+        assert set(result["grads"]) == set(reference)
+        worst = max(((result["grads"][k] - ref).norm() / ref.norm()).item() for k, ref in reference.items())
+        assert worst < 1e-5, name  # fp32: summation order only
+        assert result["losses"][-1] < result["losses"][0] - 0.25, name

@@ -15,11 +15,13 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.trainer.helpers import (
     GLOBAL_BATCH,
     INSTRUMENTED,
     REPO,
+    TRAIN_KEYS,
     committed_steps,
     metrics_of,
     read_json,
@@ -179,6 +181,22 @@ def test_a_signalled_loop_stops_after_the_step_with_an_emergency_checkpoint(
     # what the notice window must hold, from the signal to the commit (the operator compares it
     # with the grace period)
     assert 5.0 <= record["emergency_save_s"] < 65
+
+
+def test_setup_builds_the_preset_sharded_from_the_seed_and_refuses_a_replicate_that_cannot_divide(
+    world_of_one, tmp_path, dataset_uri
+):
+    training, _ = start(tmp_path, dataset_uri, world_of_one, 1, "seed=3")
+    weights = {n: p.full_tensor() for n, p in training.model.named_parameters()}
+    assert not any(w.is_meta for w in weights.values())
+    again, _ = start(tmp_path / "again", dataset_uri, world_of_one, 1, "seed=3")
+    assert all(torch.equal(p.full_tensor(), weights[n]) for n, p in again.model.named_parameters())
+    other, _ = start(tmp_path / "other", dataset_uri, world_of_one, 1, "seed=4")
+    assert not torch.equal(other.model.output.weight.full_tensor(), weights["output.weight"])
+
+    with pytest.raises(ConfigError, match=r"parallel.replicate=2 does not divide the world size 1"):
+        start(tmp_path / "bad", dataset_uri, world_of_one, 1, "parallel.replicate=2")
+    assert not (tmp_path / "bad" / "run").exists()  # before the fence, the data, the checkpointer
 
 
 def test_a_dataset_that_cannot_feed_the_config_is_refused_by_the_operators_own_rule(
@@ -567,3 +585,49 @@ def test_when_every_checkpoint_is_corrupt_the_attempt_fails_with_the_reasons_and
         p: p.read_bytes() for p in (run / "checkpoints").rglob("*") if p.is_file() and p.name != "latest.json"
     }
     assert after == before
+
+
+def resumed_run(tmp_path, dataset_uri, name, source, step, replicate, **extra) -> tuple[Path, str]:
+    """A run folder holding ``source``'s checkpoints up to ``step``, relaunched to completion
+    with ``parallel.replicate=replicate``; (run folder, stdout)."""
+    config, _ = run_config(tmp_path, dataset_uri, name, parallel={"replicate": replicate}, **extra)
+    run = tmp_path / name
+    shutil.copytree(source / "checkpoints", run / "checkpoints")
+    for path in (run / "checkpoints").glob("step_*"):
+        if int(path.name[5:]) > step:  # latest.json still names a later step: passed over
+            shutil.rmtree(path)
+    stdout = relaunch_to_completion(config, tmp_path, attempt=2)
+    assert read_json(run / "attempts" / "2.json")["resumed_from_step"] == step
+    return run, stdout
+
+
+@pytest.mark.slow
+def test_a_run_resumes_from_flat_fsdp_into_hsdp_and_back(tmp_path, dataset_uri, reference_run):
+    # HSDP on the reference's 2 ranks: 2 replicas of 1 rank (parallel.replicate=2). Its steps are
+    # not the flat run's bit for bit (the gradient norm sums other partial sums), so as on another
+    # world size the trajectories are compared by loss; what a checkpoint holds moves between the
+    # meshes exactly: both re-export the flat step-30 checkpoint to the same bytes.
+    flat_run = reference_run["run_dir"]
+    hsdp_config, _ = run_config(
+        tmp_path, dataset_uri, "hsdp", parallel={"replicate": 2}, checkpoint={"every_steps": 10, "keep": 4}
+    )
+    hsdp = tmp_path / "hsdp"
+    assert "sharding: HSDP: 2 replicas x 1 ranks sharding each" in relaunch_to_completion(
+        hsdp_config, tmp_path, attempt=1
+    )
+    for name, source, step, replicate in (("to_flat", hsdp, 20, 1), ("to_hsdp", flat_run, 30, 2)):
+        run, stdout = resumed_run(tmp_path, dataset_uri, name, source, step, replicate)
+        assert ("HSDP: 2 replicas" if replicate == 2 else "FSDP over all 2 ranks") in stdout
+        resumed, uninterrupted = metrics_of(run), metrics_of(source)
+        assert sorted(resumed) == list(range(step + 1, MAX_STEPS + 1))
+        for later in (step + 1, MAX_STEPS):
+            assert resumed[later]["loss"] == pytest.approx(uninterrupted[later]["loss"], abs=0.02), name
+
+    train_at_30 = {**TRAIN_KEYS["train"], "max_steps": 30}  # nothing left to train: only re-export
+    exports = [
+        resumed_run(tmp_path, dataset_uri, f"export_{r}", flat_run, 30, r, train=train_at_30)[0]
+        / "export"
+        / "model.safetensors"
+        for r in (1, 2)
+    ]
+    assert exports[0].read_bytes() == exports[1].read_bytes()

@@ -92,11 +92,13 @@ def resolve_trainer_config(base: Mapping[str, Any], world_size: int) -> str:
 
 
 def _checked(base: Mapping[str, Any], world_size: int | None) -> Config:
-    from trainer.config import accumulation_steps, config_from_mapping
+    from trainer.config import accumulation_steps, config_from_mapping, replicate_degree
 
     config = config_from_mapping(base)
     if world_size is not None:
         accumulation_steps(config.train, world_size)
+        # a replica count that does not divide the ranks (``auto`` always fits some mesh)
+        replicate_degree(config.parallel.replicate, world_size, 1)
     return config
 
 

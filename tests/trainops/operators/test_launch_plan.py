@@ -72,6 +72,7 @@ def test_the_run_config_is_the_trainers_own_resolved_schema_with_the_derived_uri
             r"global_batch_size=12 is not a multiple of .* world size 8",
         ),
         ({"train.lr": float("nan")}, 1, "train.lr: expected a finite number, got nan"),
+        ({"parallel.replicate": 3}, 4, r"parallel\.replicate=3 does not divide the world size 4"),
         (
             "{'train.lr': 0.1}",
             1,
