@@ -6,12 +6,17 @@
 - emergency_s: SIGTERM to committed emergency checkpoint (``_COMMITTED`` present).
   Goal: at most 10 s to local disk.
 - dd_write_mb_s: this disk's sequential write bandwidth (the physical limit), beside them.
+- file_read_back_ratio: bytes this process reads (``rchar`` of ``/proc/self/io``) during one
+  synchronous save to file:// and the pick of the checkpoint to resume from, over the bytes the
+  checkpoint holds (the baseline, from the same run). Goal: 0 (nothing written is read back);
+  it was about 3 (a sha256 pass, an md5 pass on upload and an md5 per ``head()``).
+  file_save_s is the time of that save, beside it.
 
 The state is the ``small`` preset with the dataset's 257-token vocabulary (about 85M
 parameters: fp32 weights plus two AdamW moments, about 1 GB), trained by the real trainer in
 one process on CPU. The S3 endpoint is moto's server over HTTP on this machine.
 
-    .venv/bin/python bench/checkpoint.py [--targets file,s3]
+    .venv/bin/python bench/checkpoint.py [--targets file,s3] [--read-back-only]
 """
 
 from __future__ import annotations
@@ -139,15 +144,85 @@ def emergency(tmp: Path, store, root: str, data_uri: str, environ: dict) -> floa
     return elapsed
 
 
+def _rchar() -> int:
+    """Bytes this process has read through read(2) and its kin so far (Linux)."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise RuntimeError("/proc/self/io has no rchar line: this figure needs Linux")
+
+
+def read_back(tmp: Path, saves: int = 2) -> dict:
+    """Bytes read per synchronous save (and pick) of the training state, in this process."""
+    os.environ["TRAINOPS_CACHE_DIR"] = str(tmp / "cache-read-back")
+    import torch
+
+    from trainer import parallel
+    from trainer.checkpoint import Checkpointer
+    from trainer.checkpoint_files import find_latest
+    from trainer.contract import RunLayout
+    from trainer.model import Transformer
+    from trainer.optim import build_optimizer
+    from trainer.presets import PRESETS
+    from trainer.state import ModelState, OptimizerState, TrainState
+    from trainer.storage import open_storage
+
+    parallel.init_distributed()
+    try:
+        torch.manual_seed(0)
+        model = Transformer(PRESETS["small"].with_vocab(257))
+        optimizer = build_optimizer(model, lr=1e-4, weight_decay=0.1)
+        tokens = torch.randint(0, 257, (1, 17))
+        logits = model(tokens[:, :-1])
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
+        optimizer.step()  # the AdamW moments exist from here on
+        run_uri = f"file://{tmp / 'storage'}/runs/read-back"
+        storage, layout = open_storage(run_uri), RunLayout(run_uri)
+        states = {
+            "model": ModelState(model),
+            "optim": OptimizerState(model, optimizer),
+            "train_state": TrainState(torch.device("cpu")),
+        }
+        ckpt = Checkpointer(storage, run_uri, rank=0, world_size=1, keep=2, states=states)
+        ckpt.save(1)  # warm-up: its lazy imports read files too
+        read, seconds, size = [], [], 0
+        for step in range(2, 2 + saves):
+            before, started = _rchar(), time.monotonic()
+            ckpt.save(step)
+            seconds.append(time.monotonic() - started)
+            found = find_latest(storage, layout)
+            read.append(_rchar() - before)
+            assert found is not None and found[0] == step
+            size = sum(entry["size"] for entry in found[1]["files"])
+    finally:
+        parallel.shutdown()
+    return {
+        "checkpoint_bytes": size,
+        "read_bytes_per_save": statistics.median(read),
+        "read_back_ratio": statistics.median(read) / size,
+        "save_s": statistics.median(seconds),
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--targets", default="file,s3")
+    p.add_argument("--read-back-only", action="store_true", help="measure file_read_back_ratio alone")
     a = p.parse_args()
     from trainer.storage import open_storage
 
-    results = {}
+    results: dict = {}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
+        if "file" in a.targets.split(","):
+            results["file_read_back"] = read_back(tmp)
+            r = results["file_read_back"]
+            print(f"file_read_back_ratio={r['read_back_ratio']:.3f}")
+            print(f"file_read_back_bytes_per_save={r['read_bytes_per_save']}")
+            print(f"file_checkpoint_bytes={r['checkpoint_bytes']}")
+            print(f"file_save_s={r['save_s']:.2f}", flush=True)
+        if a.read_back_only:
+            return
         data_uri = write_random_dataset(tmp / "data", tokens=200_000)
         results["dd_write_mb_s"] = dd_write_mb_s(tmp)
         for target in a.targets.split(","):

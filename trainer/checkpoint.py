@@ -4,7 +4,8 @@ A :class:`Checkpointer` is built once with the states it owns (``trainer.state``
 and ``optim`` go through DCP, every rank writing its shards; the others (train state,
 scheduler, scaler) are small and per rank, in ``extra_rank<r>.pt``.
 
-Save (collective): every rank writes its files into its own node-local staging dir and
+Save (collective): every rank writes its files into its own node-local staging dir, each
+file's size and sha256 taken from the bytes as they are written (never by reading it back), and
 uploads them into the attempt's folder of the step (``step_<N>/attempt_<k>/``); only when
 every rank is done does rank 0 write ``_COMMITTED`` and then ``latest.json``, both fenced
 (``trainer.fence``: an attempt older than the newest one that started is refused), then
@@ -30,7 +31,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, BinaryIO, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -41,8 +42,11 @@ from trainer import commit, fence, parallel
 from trainer.attempts import CausedError, cause_of, classify_failure
 from trainer.checkpoint_files import (
     CorruptCheckpoint,
+    Written,
     download,
     fresh_dir,
+    hashing_open,
+    hashing_writer,
     local_root,
     nothing_to_resume,
     per_rank_file,
@@ -52,7 +56,7 @@ from trainer.checkpoint_files import (
 from trainer.contract import Cause, RunLayout, join
 from trainer.fence import Fenced
 from trainer.state import TrainState
-from trainer.storage import Storage, sha256_file
+from trainer.storage import Storage
 
 log = logging.getLogger("trainer.checkpoint")
 
@@ -106,6 +110,27 @@ def on_rank0(rank: int, work: Callable[[], T]) -> T:
             raise Fenced(text)
         raise CausedError(text, cast(Cause, told))
     return cast(T, result)
+
+
+def written_entry(path: Path, written: Written) -> dict[str, Any]:
+    """The ``_COMMITTED`` entry of the staged file ``path``, from what was learnt writing it.
+
+    Raises CheckpointError for a file the save did not write, or one whose size changed since.
+    """
+    found = written.get(path.name)
+    if found is None:
+        raise CheckpointError(
+            f"staged checkpoint file {path} was not written by this save, so it has no checksum: "
+            "nothing else may write into the checkpoint staging folder"
+        )
+    size, sha256 = found
+    on_disk = path.stat().st_size
+    if on_disk != size:
+        raise CheckpointError(
+            f"staged checkpoint file {path} has {on_disk} bytes, but {size} were written: something "
+            "changed it after the save wrote it; check what else writes into the checkpoint cache"
+        )
+    return {"name": path.name, "size": size, "sha256": sha256}
 
 
 class Checkpointer:
@@ -165,11 +190,17 @@ class Checkpointer:
         Waits for any save in flight first.
         """
         self.wait()
-        staging = fresh_dir(self.local_root / "save")
+        staging, written = fresh_dir(self.local_root / "save"), Written()
         per_rank = self._per_rank_snapshot()
-        dcp.save(dict(self.sharded), storage_writer=dcp.FileSystemWriter(staging), process_group=self.group)
-        torch.save(per_rank, staging / per_rank_file(self.rank))
-        self._upload_and_commit(step, staging, self._marker_meta())
+        dcp.save(
+            dict(self.sharded), storage_writer=hashing_writer(staging, written), process_group=self.group
+        )
+        self._write_per_rank(per_rank, staging, written)
+        self._upload_and_commit(step, staging, written, self._marker_meta())
+
+    def _write_per_rank(self, per_rank: dict[str, Any], staging: Path, written: Written) -> None:
+        with hashing_open(staging / per_rank_file(self.rank), written) as f:
+            torch.save(per_rank, cast(BinaryIO, f))
 
     def save_async(self, step: int) -> float:
         """Start the checkpoint for ``step``; returns the seconds the caller was blocked.
@@ -180,19 +211,19 @@ class Checkpointer:
         started = time.monotonic()
         self.wait()
         waited = time.monotonic() - started
-        staging = fresh_dir(self.local_root / "save")
+        staging, written = fresh_dir(self.local_root / "save"), Written()
         meta, per_rank = self._marker_meta(), self._per_rank_snapshot()
         result = dcp.async_save(
-            dict(self.sharded), storage_writer=dcp.FileSystemWriter(staging), process_group=self.group
+            dict(self.sharded), storage_writer=hashing_writer(staging, written), process_group=self.group
         )
         # Newer torch answers with a pair of futures (staged, uploaded); older with the upload's.
         upload: Future[Any] = result if isinstance(result, Future) else result.upload_completion
-        torch.save(per_rank, staging / per_rank_file(self.rank))
+        self._write_per_rank(per_rank, staging, written)
         blocked = time.monotonic() - started
         self._error, self._in_flight_step = None, step
         self._thread = threading.Thread(
             target=self._finish,
-            args=(step, upload, staging, meta, blocked - waited, waited, started),
+            args=(step, upload, staging, written, meta, blocked - waited, waited, started),
             name=f"checkpoint-step-{step}",
             daemon=True,
         )
@@ -204,6 +235,7 @@ class Checkpointer:
         step: int,
         upload: Future[Any],
         staging: Path,
+        written: Written,
         meta: dict[str, Any],
         staged: float,
         waited: float,
@@ -211,7 +243,7 @@ class Checkpointer:
     ) -> None:
         try:
             upload.result()
-            self._upload_and_commit(step, staging, meta)
+            self._upload_and_commit(step, staging, written, meta)
             # The loop blocked for the staging, plus any wait for the previous save: a wait
             # means checkpoints come faster than storage takes them (raise checkpoint.every_steps).
             log.info(
@@ -248,8 +280,11 @@ class Checkpointer:
             ) from error
         return True
 
-    def _upload_and_commit(self, step: int, staging: Path, meta: dict[str, Any]) -> None:
+    def _upload_and_commit(self, step: int, staging: Path, written: Written, meta: dict[str, Any]) -> None:
         """Upload this rank's files; rank 0 commits once every rank's upload succeeded (collective).
+
+        The sizes and checksums in ``_COMMITTED`` are those ``written`` learnt while the files
+        were written: no file is read back for them.
 
         Every rank reaches every collective whatever fails, and every rank raises the same
         failure: :class:`Fenced`, or :class:`CheckpointError` with the first problem's cause.
@@ -265,7 +300,7 @@ class Checkpointer:
         files: list[dict[str, Any]] = []
         try:
             for path in sorted(staging.iterdir()) if problem is None else []:
-                files.append({"name": path.name, "size": path.stat().st_size, "sha256": sha256_file(path)})
+                files.append(written_entry(path, written))
                 # Handed over: on file:// (same filesystem) renamed into place, not copied.
                 self.storage.upload_file(path, join(prefix, path.name), move=True)
         except Exception as exc:  # every rank must still reach the gather below

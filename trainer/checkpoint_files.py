@@ -7,29 +7,39 @@ sha256 too. Any single process can read them: the :class:`trainer.checkpoint.Che
 on rank 0 when it picks one to resume from, and ``trainer export`` / ``trainer evaluate``.
 
 Files of a checkpoint: DCP's ``.metadata`` and ``__<r>_<i>.distcp`` shards (the model and the
-optimizer), and one ``extra_rank<r>.pt`` per rank holding the per-rank states by name.
+optimizer), and one ``extra_rank<r>.pt`` per rank holding the per-rank states by name. A save
+learns each file's size and sha256 from the bytes as they are written (:class:`Written`,
+:func:`hashing_writer`): nothing is read back to checksum it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
+import os
 import shutil
+import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.filesystem import FileSystem
 
 from trainer import commit
 from trainer.contract import RunLayout, join
 from trainer.data import cache_dir
 from trainer.fence import FenceEntry, fence_of, marker_attempt, read_latest, void_reason
 from trainer.storage import NotFound, Storage, sha256_file
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 log = logging.getLogger("trainer.checkpoint")  # one logger for everything about checkpoints
 
@@ -43,6 +53,114 @@ def fresh_dir(path: Path) -> Path:
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
     return path
+
+
+class Written:
+    """The size and sha256 of every file a save wrote, by name, learnt while writing them.
+
+    Thread-safe: DCP writes its shards from several threads.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._files: dict[str, tuple[int, str]] = {}
+
+    def record(self, path: str | os.PathLike, size: int, sha256: str) -> None:
+        with self._lock:
+            self._files[os.path.basename(path)] = (size, sha256)
+
+    def rename(self, old: str | os.PathLike, new: str | os.PathLike) -> None:
+        with self._lock:
+            found = self._files.pop(os.path.basename(old), None)
+            if found is not None:
+                self._files[os.path.basename(new)] = found
+
+    def get(self, name: str) -> tuple[int, str] | None:
+        """``(size, sha256)`` of the file ``name`` as written, or None if it was not seen."""
+        with self._lock:
+            return self._files.get(name)
+
+
+class _HashingStream(io.RawIOBase):
+    """A write-only file that hashes and counts what goes through it, recording both on close.
+
+    It cannot seek: a checksum taken while writing holds only for bytes written once, in order.
+    """
+
+    def __init__(self, raw: BinaryIO, path: str | os.PathLike, written: Written):
+        super().__init__()
+        self._raw, self._path, self._written = raw, path, written
+        self._digest = hashlib.sha256()
+        self._size = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: ReadableBuffer) -> int:
+        view = memoryview(b).cast("B")
+        count = self._raw.write(view)
+        self._digest.update(view[:count])
+        self._size += count
+        return count
+
+    def tell(self) -> int:
+        return self._size
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+    def fileno(self) -> int:
+        return self._raw.fileno()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        super().close()  # flushes first
+        self._raw.close()
+        self._written.record(self._path, self._size, self._digest.hexdigest())
+
+
+@contextmanager
+def hashing_open(path: str | os.PathLike, written: Written) -> Iterator[_HashingStream]:
+    """``path`` opened for writing anew; its size and sha256 land in ``written`` when it closes."""
+    stream = _HashingStream(open(path, "wb"), path, written)  # noqa: SIM115 - closed just below
+    try:
+        yield stream
+    finally:
+        stream.close()
+
+
+class _HashingFileSystem(FileSystem):
+    """DCP's local filesystem, with every file it writes checksummed on the way out."""
+
+    def __init__(self, written: Written):
+        super().__init__()
+        self.written = written
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[io.IOBase]:
+        if mode.startswith("r") and "+" not in mode:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        if mode != "wb":  # an append or an update would leave the checksum of a part
+            raise ValueError(f"a checkpoint file is written whole (mode 'wb'), not opened with mode {mode!r}")
+        with hashing_open(path, self.written) as stream:
+            yield stream
+
+    def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
+        super().rename(path, new_path)  # .metadata is written as .metadata.tmp, then renamed
+        self.written.rename(path, new_path)
+
+
+def hashing_writer(folder: Path, written: Written, **options: Any) -> dcp.FileSystemWriter:
+    """DCP's writer into ``folder``, recording each file's size and sha256 in ``written``.
+
+    :param options: passed on to ``dcp.FileSystemWriter`` (``thread_count``, ...).
+    """
+    writer = dcp.FileSystemWriter(folder, **options)
+    writer.fs = _HashingFileSystem(written)
+    return writer
 
 
 def local_root(run_uri: str, rank: int) -> Path:

@@ -1,5 +1,6 @@
 """A real save / commit / verify / load round trip on file:// (a world of one, in process)."""
 
+import hashlib
 import json
 import logging
 import re
@@ -7,8 +8,9 @@ import re
 import pytest
 import torch
 
-from trainer.checkpoint import Checkpointer, CheckpointError
-from trainer.checkpoint_files import find_latest
+from tests.trainer.storage.reads import count_reads, has_user_xattrs
+from trainer.checkpoint import Checkpointer, CheckpointError, written_entry
+from trainer.checkpoint_files import Written, find_latest, hashing_open
 from trainer.contract import RunLayout
 from trainer.model import Transformer
 from trainer.optim import build_optimizer
@@ -444,3 +446,56 @@ def test_a_newer_attempt_recommitting_a_step_replaces_the_older_files_and_prunes
     )
     # keep=2 counts only trusted commits (20 and 30, not the void 25); 15 holds a newer attempt's files
     assert left == ["step_00000015", "step_00000020", "step_00000030"]
+
+
+SMALL_FILES = {"latest.json", "_COMMITTED"}  # the commit protocol's own JSON documents
+
+
+def test_a_save_reads_back_none_of_what_it_wrote_and_its_checksums_hold(world_of_one, tmp_path, monkeypatch):
+    from trainer.data import cache_dir
+
+    run_uri = (tmp_path / "run").as_uri()
+    layout, storage = RunLayout(run_uri), open_storage(run_uri)
+    model, optimizer = fresh(0)
+    ckpt, state = checkpointer(storage, run_uri, model, optimizer, keep=3)
+    train_one_step(model, optimizer)
+    reads = count_reads(monkeypatch, [tmp_path, cache_dir()])
+
+    advance(state, 5, 40)
+    ckpt.save(5)  # synchronous, as the emergency and final saves are
+    train_one_step(model, optimizer)
+    advance(state, 10, 80)
+    ckpt.save_async(10)
+    assert ckpt.wait() and ckpt.last_committed == 10
+    assert {name: count for name, count in reads.items() if name not in SMALL_FILES} == {}
+    picked, _ = find_latest(storage, layout)  # picking one to resume checks sizes by head()
+    assert picked == 10
+    if has_user_xattrs(tmp_path):  # else head() reads files to find their etags (docs/trainer.md)
+        assert {name: count for name, count in reads.items() if name not in SMALL_FILES} == {}
+
+    monkeypatch.undo()
+    for step in (5, 10):
+        marker = json.loads((tmp_path / f"run/checkpoints/step_{step:08d}/_COMMITTED").read_text())
+        for entry in marker["files"]:
+            data = (tmp_path / f"run/checkpoints/step_{step:08d}/attempt_1" / entry["name"]).read_bytes()
+            assert (entry["size"], entry["sha256"]) == (len(data), hashlib.sha256(data).hexdigest())
+
+
+def test_a_staged_file_the_save_did_not_write_or_that_changed_is_refused(tmp_path):
+    written = Written()
+    with hashing_open(tmp_path / "extra_rank0.pt", written) as f:
+        f.write(b"state")
+    assert written_entry(tmp_path / "extra_rank0.pt", written) == {
+        "name": "extra_rank0.pt",
+        "size": 5,
+        "sha256": hashlib.sha256(b"state").hexdigest(),
+    }
+    (tmp_path / "stray.bin").write_bytes(b"?")
+    with pytest.raises(
+        CheckpointError, match=r"stray.bin was not written by this save, so it has no checksum"
+    ):
+        written_entry(tmp_path / "stray.bin", written)
+    with open(tmp_path / "extra_rank0.pt", "ab") as f:
+        f.write(b"!")
+    with pytest.raises(CheckpointError, match=r"extra_rank0.pt has 6 bytes, but 5 were written"):
+        written_entry(tmp_path / "extra_rank0.pt", written)

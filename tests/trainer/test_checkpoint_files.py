@@ -10,9 +10,12 @@ import torch
 
 from trainer.checkpoint_files import (
     CorruptCheckpoint,
+    Written,
     checked_marker,
     download,
     find_latest,
+    hashing_open,
+    hashing_writer,
     load_model_weights,
     nothing_to_resume,
     per_rank_file,
@@ -182,3 +185,46 @@ def test_a_plain_model_loads_the_weights_of_a_dcp_checkpoint_in_one_process(tmp_
     load_model_weights(tmp_path / "ckpt", fresh)
     for name, tensor in fresh.state_dict().items():
         assert torch.equal(tensor, trained.state_dict()[name]), name
+
+
+def test_dcp_files_are_checksummed_as_they_are_written(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    written = Written()
+    state = {"model": {"w": torch.arange(1000, dtype=torch.float32), "b": torch.ones(7)}, "step": 3}
+    with warnings.catch_warnings():  # no process group on purpose
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save(state, storage_writer=hashing_writer(tmp_path / "ckpt", written), no_dist=True)
+    names = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert ".metadata" in names and any(n.endswith(".distcp") for n in names)
+    for name in names:  # .metadata too, though DCP writes it under another name and renames it
+        data = (tmp_path / "ckpt" / name).read_bytes()
+        assert written.get(name) == (len(data), hashlib.sha256(data).hexdigest()), name
+    assert written.get(".metadata.tmp") is None
+
+
+def test_a_hashing_file_counts_what_it_writes_and_cannot_seek(tmp_path):
+    written = Written()
+    with hashing_open(tmp_path / "f.bin", written) as f:
+        assert f.write(b"abc") == 3 and f.write(memoryview(b"defg")) == 4
+        assert f.tell() == 7 and not f.seekable()
+        with pytest.raises(OSError):
+            f.seek(0)
+        assert written.get("f.bin") is None  # recorded when it closes
+    assert written.get("f.bin") == (7, hashlib.sha256(b"abcdefg").hexdigest())
+    assert (tmp_path / "f.bin").read_bytes() == b"abcdefg"
+
+
+def test_the_checkpoint_filesystem_reads_as_dcp_does_and_writes_files_only_whole(tmp_path):
+    from trainer.checkpoint_files import _HashingFileSystem
+
+    fs = _HashingFileSystem(Written())
+    with fs.create_stream(tmp_path / "f", "wb") as f:
+        f.write(b"abc")
+    with fs.create_stream(tmp_path / "f", "rb") as f:
+        assert f.read() == b"abc"
+    appending = fs.create_stream(tmp_path / "f", "ab")
+    with pytest.raises(ValueError, match=r"written whole \(mode 'wb'\), not opened with mode 'ab'"):
+        appending.__enter__()
+    fs.rename(tmp_path / "f", tmp_path / "g")
+    assert fs.written.get("g") == (3, hashlib.sha256(b"abc").hexdigest()) and fs.written.get("f") is None

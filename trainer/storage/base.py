@@ -48,6 +48,12 @@ def _md5() -> hashlib._Hash:
     return hashlib.md5(usedforsecurity=False)
 
 
+def _md5_hex(data: bytes) -> str:
+    digest = _md5()
+    digest.update(data)
+    return digest.hexdigest()
+
+
 def _check_conditions(uri: str, if_none_match: bool, if_match: str | None) -> None:
     if if_none_match and if_match is not None:
         raise ValueError(f"put of {uri!r} got both if_none_match and if_match={if_match!r}: pass only one")
@@ -94,6 +100,10 @@ class Storage:
     def head(self, uri: str) -> dict | None:
         """``{"size", "etag", "mtime", "write_token"}`` of the object, or None when there is none.
 
+        The etag is the one ``put`` returned and ``get_with_etag`` gives; it changes whenever
+        the content does. It costs no read of the content on S3, nor on ``file://`` for files
+        this client wrote (``trainer.storage.file``).
+
         ``write_token`` is the token of the conditional write (or multipart upload) that made
         the object, None for other writes and where the backend cannot keep one.
         """
@@ -125,12 +135,6 @@ class Storage:
 
     def copy(self, src_uri: str, dst_uri: str) -> None:
         raise NotImplementedError
-
-
-def _md5_hex(data: bytes) -> str:
-    digest = _md5()
-    digest.update(data)
-    return digest.hexdigest()
 
 
 def _write_local(dst: str, chunks: Iterator[bytes]) -> None:

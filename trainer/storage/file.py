@@ -7,6 +7,17 @@ write is still kept, as the extended attribute ``user.trainops-write-token`` set
 before it is linked or renamed into place (so it arrives with the content, atomically), and
 ``head`` returns it as on S3. Filesystems without user extended attributes keep no token
 (``write_token`` is None); nothing depends on it here.
+
+Etags cost no read of the content for files this client wrote: each write records the etag
+with the file, as the extended attribute ``user.trainops-etag`` (``<etag> <size> <mtime_ns>``),
+set on the temp file before it is moved into place. The etag is the content's md5, computed
+while the bytes are written (so, as on S3, it changes whenever the content does, and equal
+content has equal etags), or, for a file handed over with ``upload_file(move=True)`` (renamed
+in, never read), a random stamp that no other write has. ``head`` and ``get_with_etag`` trust
+the record while the file still has the size and ``mtime_ns`` it recorded (every write sets
+``mtime_ns`` from the fine-grained clock, so a later change by another program does not share
+it); otherwise (a file written by another program or an older version, one changed in place
+since, a filesystem without user extended attributes) the etag is the content's md5, read.
 """
 
 from __future__ import annotations
@@ -16,6 +27,8 @@ import errno
 import fcntl
 import os
 import re
+import stat
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -37,6 +50,8 @@ from trainer.storage.base import (
 _TMP_RE = re.compile(r"^\..+\.tmp-[0-9a-f]{32}$")
 _LOCK_SUFFIX = ".trainops-lock"
 _TOKEN_XATTR = f"user.{WRITE_TOKEN_KEY}"
+_ETAG_XATTR = "user.trainops-etag"
+_MISSING = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
 
 
 def _file_path(uri: str) -> str:
@@ -61,13 +76,72 @@ def _set_token(path: str, token: str) -> None:
             setxattr(path, _TOKEN_XATTR, token.encode())
 
 
-def _token_of(path: str) -> str | None:
+def _token_of(path: str | int) -> str | None:
     getxattr = getattr(os, "getxattr", None)
     if getxattr is None:
         return None
     try:
         return getxattr(path, _TOKEN_XATTR).decode()
     except OSError:
+        return None
+
+
+def _recorded_etag(fd: int, st: os.stat_result) -> str | None:
+    """The etag recorded by this client's write of the file open at ``fd``, if it still holds
+    (the file has the size and mtime_ns recorded with it); None otherwise."""
+    getxattr = getattr(os, "getxattr", None)  # Linux only
+    if getxattr is None:
+        return None
+    try:
+        etag, size, mtime_ns = getxattr(fd, _ETAG_XATTR).decode().split(" ")
+    except (OSError, ValueError):
+        return None
+    return etag if (size, mtime_ns) == (str(st.st_size), str(st.st_mtime_ns)) else None
+
+
+def _record_etag(fd: int, etag: str) -> bool:
+    """Record ``etag`` with the (temp) file open at ``fd``, for :func:`_recorded_etag`; False
+    where the filesystem keeps no user extended attributes (its etags are then read).
+
+    Sets its mtime from the fine-grained clock first, so that no later write by another program
+    leaves the same mtime_ns behind.
+    """
+    now = time.time_ns()
+    os.utime(fd, ns=(now, now))
+    setxattr = getattr(os, "setxattr", None)
+    if setxattr is None:
+        return False
+    st = os.fstat(fd)
+    try:
+        setxattr(fd, _ETAG_XATTR, f"{etag} {st.st_size} {st.st_mtime_ns}".encode())
+    except OSError:
+        return False
+    return True
+
+
+def _md5_of_fd(fd: int) -> str:
+    digest = _md5()
+    os.lseek(fd, 0, os.SEEK_SET)
+    while chunk := os.read(fd, _CHUNK):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _head_fd(fd: int) -> tuple[os.stat_result, str] | None:
+    """``(stat, etag)`` of the regular file open at ``fd`` (one inode: no torn answer when a
+    writer replaces the path meanwhile), or None for anything else. Reads the content only when
+    no recorded etag holds."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return st, _recorded_etag(fd, st) or _md5_of_fd(fd)
+
+
+def _open_for_head(path: str) -> int | None:
+    """A read-only descriptor of ``path`` for :func:`_head_fd`, or None when nothing is there."""
+    try:  # non-blocking: a FIFO must not hang a head(); a regular file ignores the flag
+        return os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except _MISSING:
         return None
 
 
@@ -91,7 +165,8 @@ class FileStorage(Storage):
         return os.path.join(head, f".{name}.tmp-{uuid.uuid4().hex}")
 
     def _write_tmp(self, path: str, chunks: Iterator[bytes]) -> tuple[str, str]:
-        """Write chunks to a fresh temp file beside ``path``; return (tmp path, md5 hex)."""
+        """Write chunks to a fresh temp file beside ``path``, its md5 (taken on the way) recorded
+        as its etag; returns (temp path, etag)."""
         digest = _md5()
         # A concurrent delete_prefix may remove the empty parent between makedirs and open.
         for attempt in range(5):
@@ -109,6 +184,7 @@ class FileStorage(Storage):
                     digest.update(chunk)
                     f.write(chunk)
                 f.flush()
+                _record_etag(f.fileno(), digest.hexdigest())
                 os.fsync(f.fileno())
         except BaseException:
             with contextlib.suppress(OSError):
@@ -181,14 +257,14 @@ class FileStorage(Storage):
         _fsync_dir(os.path.dirname(path))
 
     def _etag_of(self, path: str) -> str | None:
-        try:
-            with open(path, "rb") as f:
-                digest = _md5()
-                while chunk := f.read(_CHUNK):
-                    digest.update(chunk)
-                return digest.hexdigest()
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        fd = _open_for_head(path)
+        if fd is None:
             return None
+        try:
+            found = _head_fd(fd)
+            return found[1] if found else None
+        finally:
+            os.close(fd)
 
     def put(self, uri: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None) -> str:
         path = _file_path(uri)
@@ -203,23 +279,26 @@ class FileStorage(Storage):
         path = _file_path(uri)
         try:
             with open(path, "rb") as f:
+                st = os.fstat(f.fileno())
+                recorded = _recorded_etag(f.fileno(), st) if stat.S_ISREG(st.st_mode) else None
                 data = f.read()
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        except _MISSING:
             raise NotFound(f"no object at {uri!r}") from None
-        return data, _md5_hex(data)
+        return data, recorded or _md5_hex(data)  # the etag of the very bytes read
 
     def head(self, uri: str) -> dict | None:
         path = _file_path(uri)
+        fd = _open_for_head(path)
+        if fd is None:
+            return None
         try:
-            st = os.stat(path)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        if not os.path.isfile(path):
-            return None
-        etag = self._etag_of(path)
-        if etag is None:
-            return None
-        return {"size": st.st_size, "etag": etag, "mtime": st.st_mtime, "write_token": _token_of(path)}
+            found = _head_fd(fd)
+            if found is None:
+                return None
+            st, etag = found
+            return {"size": st.st_size, "etag": etag, "mtime": st.st_mtime, "write_token": _token_of(fd)}
+        finally:
+            os.close(fd)
 
     def _walk(self, prefix_uri: str) -> list[str]:
         root = _file_path(prefix_uri)
@@ -266,13 +345,17 @@ class FileStorage(Storage):
                 if exc.errno != errno.EXDEV:
                     raise
             else:
-                with open(tmp, "rb+") as f:
-                    digest = _md5()
-                    for chunk in iter(lambda: f.read(_CHUNK), b""):
-                        digest.update(chunk)
-                    os.fsync(f.fileno())
+                # Its bytes are not read again: its etag is a fresh stamp, not their md5.
+                etag = f"s{uuid.uuid4().hex}"
+                fd = os.open(tmp, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                try:
+                    if not _record_etag(fd, etag):  # nowhere to keep a stamp: the md5, read
+                        etag = _md5_of_fd(fd)
+                    os.fsync(fd)  # durable before it is in place
+                finally:
+                    os.close(fd)
                 self._commit(tmp, path, False, None, uri)
-                return digest.hexdigest()
+                return etag
         with open(local_path, "rb") as src:
             tmp, etag = self._write_tmp(path, iter(lambda: src.read(_CHUNK), b""))
         self._commit(tmp, path, False, None, uri)
