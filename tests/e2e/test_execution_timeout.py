@@ -166,3 +166,8 @@ def test_when_airflows_deferral_timeout_wins_the_resumed_task_deletes_the_live_j
     with pytest.raises(TaskDeferralTimeout):
         resumed.resume_execution("__fail__", {"error": TriggerFailureReason.TRIGGER_TIMEOUT}, ctx)
     wait_until(lambda: nothing_left(local_state), "every process of the gang to be gone")
+    # recorded as the deadline event would have: the next try must not take it for a lost attempt
+    job = open_storage(root).get_json(RunLayout(run_prefix(root, "deadline", "manual__1", "train")).job)
+    (entry,) = job["attempts"]
+    assert (job["status"], entry["status"], entry["classification"]) == ("failed", "ended", "timeout")
+    assert "Airflow failed the deferral" in entry["reason"] and "the job was deleted" in entry["reason"]

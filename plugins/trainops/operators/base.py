@@ -261,8 +261,17 @@ class ClusterJobOperator(BaseOperator):
         if next_method == TRIGGER_FAIL:
             error = (next_kwargs or {}).get("error", "unknown")
             error = getattr(error, "value", error)  # Airflow's TriggerFailureReason, as its text
-            self.delete_live_jobs(context, why=f"Airflow failed the deferral ({error})")
+            why = f"Airflow failed the deferral ({error})"
+            self.delete_live_jobs(context, why=why)
+            try:
+                self.record_abandoned(context, why)
+            except Exception:  # best effort: Airflow's own failure is the one to raise
+                self.log.exception("could not record the abandoned attempt")
         return super().resume_execution(next_method, next_kwargs, context)
+
+    def record_abandoned(self, context: Any, why: str) -> None:
+        """Record, where the operator keeps a record, that its job was deleted because Airflow
+        failed the deferral (``why``). Nothing to record by default."""
 
     def delete_live_jobs(self, context: Mapping[str, Any], *, why: str) -> list[str]:
         """Delete every live job of this task instance (all nodes); the job ids deleted.

@@ -555,6 +555,21 @@ class FSDPTrainingOperator(ClusterJobOperator):
         self.clean_up(checked["handle"], decision["action"])
         return self._result(store, layout, job, record)
 
+    def record_abandoned(self, context: Any, why: str) -> None:
+        """Airflow's deferral timeout won the race against the trigger's ``deadline`` event and
+        the live jobs were deleted: record the newest attempt as ``timeout``, as the deadline
+        event would have, so the next try does not read it as a lost (preempted) attempt."""
+        from trainops.operators.deadlines import ended_by_deadline
+        from trainops.recovery.record import attempt_status
+
+        store, layout, _ = self._run(context)
+        job = self._read_job(store, layout)
+        if job is None or not job["attempts"] or attempt_status(job["attempts"][-1]) == "ended":
+            return
+        handle = job["attempts"][-1].get("job") or {"cluster": self.cluster, "job_id": "", "labels": {}}
+        event: Any = {"status": "deadline", "handle": handle, "message": f"{why}; the job was deleted"}
+        store.put_json(layout.job, ended_by_deadline(job, event, at=now_iso()))
+
     def _hung(self, context: Any, store: Storage, layout: RunLayout, job: JobRecord, event: Any) -> Any:
         """A hung attempt: keep its logs tail, record it as ``hung``, then relaunch the whole
         gang against the infrastructure budget (the old one deleted first) or fail."""
