@@ -87,18 +87,7 @@ class LocalCluster:
         (job_dir / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2))
         if chaos:
             (job_dir / "chaos.json").write_text(json.dumps(chaos))
-        log = open(job_dir / "supervisor.log", "ab")  # noqa: SIM115 - the child writes it; closed here once handed over
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "trainops.cluster.local.supervisor", str(job_dir)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
-            env=_env_with_package_path(),
-        )
-        log.close()
-        (job_dir / "supervisor.pid").write_text(str(proc.pid))
+        _start_detached(job_dir, [str(job_dir)], "supervisor")
         return self._handle(job_dir, dict(spec.labels))
 
     def _handle(self, job_dir: Path, labels: dict[str, str]) -> JobHandle:
@@ -172,18 +161,7 @@ class LocalCluster:
         # token-checked processes of the job are signalled.
         if not job_processes(job_dir) or _reaper_alive(job_dir):
             return
-        log = open(job_dir / "reaper.log", "ab")  # noqa: SIM115 - the child writes it; closed here once handed over
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "trainops.cluster.local.supervisor", "--reap", str(job_dir)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
-            env=_env_with_package_path(),
-        )
-        log.close()
-        (job_dir / "reaper.pid").write_text(str(proc.pid))
+        _start_detached(job_dir, ["--reap", str(job_dir)], "reaper")
 
     def all_gone(self, handle: JobHandle) -> bool:
         """True once no process of the job runs: a relaunch must not race a late commit.
@@ -263,6 +241,23 @@ def _reaper_alive(job_dir: Path) -> bool:
         return _pid_alive(int((job_dir / "reaper.pid").read_text()))
     except (FileNotFoundError, ValueError):
         return False
+
+
+def _start_detached(job_dir: Path, args: list[str], role: str) -> None:
+    """Start ``python -m trainops.cluster.local.supervisor ARGS`` in its own session, outliving
+    this process, logging to ``<role>.log``; its pid goes to ``<role>.pid``."""
+    log = open(job_dir / f"{role}.log", "ab")  # noqa: SIM115 - the child writes it; closed here once handed over
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainops.cluster.local.supervisor", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        close_fds=True,
+        env=_env_with_package_path(),
+    )
+    log.close()
+    (job_dir / f"{role}.pid").write_text(str(proc.pid))
 
 
 def _env_with_package_path() -> dict[str, str]:
