@@ -4,15 +4,17 @@ A training sample ``i`` is the window of ``seq_len + 1`` tokens starting at ``i 
 of the split's concatenated token stream. The cursor is a global sample index (samples
 consumed so far, across epochs); each epoch visits every sample once, in a permutation
 drawn from a private generator seeded by (seed, epoch). Everything below the I/O helpers
-is plain arithmetic, so resume on any world size replays the same global batches.
+is plain arithmetic, so resume on any world size replays the same global batches; at the
+bottom, :class:`DeviceFeed` puts the micro-batches on the training device, one read ahead.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +120,7 @@ class TokenStream:
     def __init__(self, paths: list[Path], dtype: str):
         self.shards = [np.memmap(p, dtype=np.dtype(dtype).newbyteorder("<"), mode="r") for p in paths]
         self.offsets = np.cumsum([0] + [len(s) for s in self.shards])
+        self._windows: dict[tuple[int, int], np.ndarray] = {}  # (shard, length): its windows' view
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -134,6 +137,57 @@ class TokenStream:
                 break
             parts.append(self.shards[i][lo - self.offsets[i] : hi - self.offsets[i]])
         return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
+
+    def gather(self, starts: np.ndarray, length: int, out: np.ndarray | None = None) -> np.ndarray:
+        """The windows of ``length`` tokens at global offsets ``starts``, as one
+        ``(len(starts), length)`` int64 array.
+
+        The windows are grouped by the shard that holds them, and each group is copied in one
+        go, straight into ``out``: a fancy index over a strided view of the shard's windows
+        (each row a contiguous copy, no index per token) when it holds several, a slice when it
+        holds one. Only a window that crosses a shard boundary (about one in
+        ``shard tokens / length``) is read on its own.
+
+        :param out: an int64 array of that shape to fill (a pinned buffer's view), else a new one.
+        """
+        starts = np.asarray(starts, dtype=np.int64)
+        if out is None:
+            out = np.empty((len(starts), length), dtype=np.int64)
+        if not len(starts):
+            return out
+        low, high = int(starts.min()), int(starts.max())
+        if low < 0 or high + length > len(self):
+            bad = low if low < 0 else high
+            raise IndexError(f"token range [{bad}, {bad + length}) is outside a stream of {len(self)} tokens")
+        first = np.searchsorted(self.offsets, starts, side="right") - 1
+        last = np.searchsorted(self.offsets, starts + length - 1, side="right") - 1
+        local = starts - self.offsets[first]
+        crossing = first != last
+        by_shard = np.argsort(np.where(crossing, -1, first), kind="stable")[int(crossing.sum()) :]
+        bounds = (
+            [0, *(np.flatnonzero(np.diff(first[by_shard])) + 1).tolist(), len(by_shard)]
+            if len(by_shard)
+            else []
+        )
+        for lo, hi in itertools.pairwise(bounds):
+            if hi - lo == 1:  # a shard holding one window of the batch: a plain slice copies it
+                row = int(by_shard[lo])
+                out[row] = self.shards[first[row]][local[row] : local[row] + length]
+            else:
+                rows = by_shard[lo:hi]
+                out[rows] = self._shard_windows(int(first[rows[0]]), length)[local[rows]]
+        for crosser in np.flatnonzero(crossing).tolist():
+            out[crosser] = self.read(int(starts[crosser]), int(starts[crosser]) + length)
+        return out
+
+    def _shard_windows(self, shard: int, length: int) -> np.ndarray:
+        """Every window of ``length`` tokens inside shard ``shard``, as a strided view (no copy)."""
+        view = self._windows.get((shard, length))
+        if view is None:
+            view = self._windows[shard, length] = np.lib.stride_tricks.sliding_window_view(
+                self.shards[shard], length
+            )
+        return view
 
 
 def open_split(storage: Storage, data_uri: str, manifest: dict[str, Any], split: str) -> TokenStream:
@@ -164,48 +218,139 @@ def global_batch_size(micro_batch_size: int, grad_accum_steps: int, world_size: 
     return micro_batch_size * grad_accum_steps * world_size
 
 
+# The permutations kept: a micro-batch spans one epoch, or two at an epoch's end.
+EPOCHS_KEPT = 2
+
+
 @dataclass
 class SampleOrder:
     """Maps a global position (the cursor's unit) to a sample id, one permutation per epoch."""
 
     num_samples: int
     seed: int
-    _epoch: int = -1
-    _perm: torch.Tensor | None = None
+    _perms: dict[int, np.ndarray] = field(default_factory=dict)
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        """Epoch ``epoch``'s order of the sample ids (:func:`sample_order`), drawn once and kept."""
+        perm = self._perms.get(epoch)
+        if perm is None:
+            if len(self._perms) >= EPOCHS_KEPT:
+                del self._perms[min(self._perms)]
+            perm = self._perms[epoch] = sample_order(self.num_samples, self.seed, epoch).numpy()
+        return perm
+
+    def sample_ids(self, positions: np.ndarray) -> np.ndarray:
+        """The sample id at each global position, as int64 (one gather per epoch touched)."""
+        epochs, offsets = np.divmod(np.asarray(positions, dtype=np.int64), self.num_samples)
+        if len(epochs) and epochs.min() == epochs.max():  # the common case: one epoch
+            return self.permutation(int(epochs[0]))[offsets]
+        ids = np.empty(len(offsets), dtype=np.int64)
+        for epoch in np.unique(epochs):
+            where = epochs == epoch
+            ids[where] = self.permutation(int(epoch))[offsets[where]]
+        return ids
 
     def sample_id(self, position: int) -> int:
         epoch, offset = divmod(position, self.num_samples)
-        perm = self._perm
-        if epoch != self._epoch or perm is None:
-            perm = sample_order(self.num_samples, self.seed, epoch)
-            self._epoch, self._perm = epoch, perm
-        return int(perm[offset])
+        return int(self.permutation(epoch)[offset])
 
 
 class TrainBatches:
-    """Micro-batches of (input, target) token tensors for one rank.
+    """Micro-batches of token windows for one rank: ``seq_len + 1`` tokens per sample, inputs
+    the first ``seq_len``, targets the last (:func:`inputs_and_targets`).
 
     Whether the stream holds enough samples for a micro-step is ``trainer.config.check_data_fit``'s
     to say (the operator applies the same rule before launch); the trainer checks it first.
+
+    :param pin_memory: read into page-locked memory, for a ``non_blocking`` copy to a GPU
+        (:class:`DeviceFeed` sets it on CUDA; on a CPU-only host pinning fails or wastes).
     """
 
     def __init__(
-        self, stream: TokenStream, seq_len: int, seed: int, micro_batch_size: int, world_size: int, rank: int
+        self,
+        stream: TokenStream,
+        seq_len: int,
+        seed: int,
+        micro_batch_size: int,
+        world_size: int,
+        rank: int,
+        pin_memory: bool = False,
     ):
         self.stream, self.seq_len = stream, seq_len
         self.order = SampleOrder(samples_in(len(stream), seq_len), seed)
         self.micro_batch_size, self.world_size, self.rank = micro_batch_size, world_size, rank
+        self.pin_memory = pin_memory
 
     def window(self, sample_id: int) -> np.ndarray:
-        start = sample_id * self.seq_len
-        return self.stream.read(start, start + self.seq_len + 1)
+        return self.stream.gather(np.array([sample_id * self.seq_len]), self.seq_len + 1)[0]
 
-    def micro_batch(self, cursor: int, micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def micro_batch(self, cursor: int, micro_step: int) -> torch.Tensor:
+        """The ``(micro_batch_size, seq_len + 1)`` int64 windows of this rank's slice of
+        ``micro_step`` in the step starting at ``cursor``, gathered in one go."""
         # Read here, in the training process, from memory-mapped shards: there are no loader worker
         # processes, so none can die on (or ignore) the SIGTERM of a preemption, and the cursor
         # alone says what was read.
         positions = micro_batch_positions(
             cursor, micro_step, self.micro_batch_size, self.world_size, self.rank
         )
-        windows = torch.from_numpy(np.stack([self.window(self.order.sample_id(p)) for p in positions]))
-        return windows[:, :-1], windows[:, 1:]
+        ids = self.order.sample_ids(np.arange(positions.start, positions.stop))
+        windows = torch.empty((len(ids), self.seq_len + 1), dtype=torch.int64, pin_memory=self.pin_memory)
+        self.stream.gather(ids * self.seq_len, self.seq_len + 1, out=windows.numpy())
+        return windows
+
+
+def inputs_and_targets(windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A micro-batch's inputs and targets: the targets are the inputs shifted by one token."""
+    return windows[:, :-1], windows[:, 1:]
+
+
+class DeviceFeed:
+    """Micro-batches on the training device, read one ahead of the compute.
+
+    The loop calls :meth:`prefetch` for the next micro-batch once the current one's forward and
+    backward are issued, and :meth:`get` when it needs it. On CUDA the windows are read into
+    pinned memory and copied on a stream of their own (``non_blocking``), so the copy runs while
+    the device computes; the compute stream waits for it on the device, the host never does. On
+    a CPU the windows are used where they were read. Either way the reads happen at the same
+    points, in the training process, in cursor order: a prefetched micro-batch is always the
+    next one the loop asks for.
+    """
+
+    def __init__(self, batches: TrainBatches, device: torch.device):
+        self.batches, self.device = batches, device
+        self.cuda = device.type == "cuda"
+        batches.pin_memory = self.cuda
+        self._copies = torch.cuda.Stream(device) if self.cuda else None
+        self._ahead: tuple[tuple[int, int], torch.Tensor] | None = None
+
+    def prefetch(self, cursor: int, micro_step: int) -> None:
+        """Read micro-batch ``micro_step`` of the step at ``cursor`` and start its copy to the device."""
+        self._ahead = ((cursor, micro_step), self._to_device(self.batches.micro_batch(cursor, micro_step)))
+
+    def get(self, cursor: int, micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """That micro-batch's (inputs, targets) on the device: the prefetched one, else read now.
+
+        Raises ``RuntimeError`` when another micro-batch was prefetched: it would have been read
+        for nothing, and the reads would no longer follow the cursor.
+        """
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            windows = self._to_device(self.batches.micro_batch(cursor, micro_step))
+        elif ahead[0] == (cursor, micro_step):
+            windows = ahead[1]
+        else:
+            raise RuntimeError(
+                f"micro-batch {ahead[0][1]} at cursor {ahead[0][0]} was prefetched, but the loop asks for "
+                f"micro-batch {micro_step} at cursor {cursor}; the loop's cursor arithmetic is wrong"
+            )
+        if self._copies is not None:
+            compute = torch.cuda.current_stream(self.device)
+            compute.wait_stream(self._copies)  # on the device: the host does not wait
+            windows.record_stream(compute)  # its memory is in use on the compute stream from now on
+        return inputs_and_targets(windows)
+
+    def _to_device(self, windows: torch.Tensor) -> torch.Tensor:
+        if self._copies is None:
+            return windows
+        with torch.cuda.stream(self._copies):
+            return windows.to(self.device, non_blocking=True)

@@ -408,3 +408,42 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor.tolist()
+
+
+def host_group() -> dist.ProcessGroup:
+    """A gloo group of all ranks for small agreements on the host (the stop flag): its
+    collectives run in gloo's threads on CPU tensors, so waiting for one never waits for the
+    device, and they never queue behind the training group's (NCCL on GPUs)."""
+    group = dist.new_group(backend="gloo")
+    if group is None:  # only a rank outside the group gets None; every rank is in this one
+        raise RuntimeError("dist.new_group returned no group for this rank")
+    return group
+
+
+class PendingSum:
+    """An all-reduce in flight (:func:`all_reduce_sum_async`); :meth:`wait` gives its sum."""
+
+    def __init__(self, work: dist.Work, tensor: torch.Tensor):
+        self._work, self._tensor = work, tensor
+
+    def wait(self) -> list[float]:
+        """The element-wise sum over all ranks, once every rank has contributed."""
+        self._work.wait()
+        return self._tensor.tolist()
+
+
+def all_reduce_sum_async(values: list[float], group: dist.ProcessGroup) -> PendingSum:
+    """Start the element-wise sum of ``values`` over the ranks of ``group`` (a :func:`host_group`,
+    float64 on the CPU) and return at once."""
+    tensor = torch.tensor(values, dtype=torch.float64)
+    work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=True)
+    if work is None:
+        raise RuntimeError("dist.all_reduce(async_op=True) returned no work handle")
+    return PendingSum(work, tensor)
+
+
+def sum_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` summed over all ranks in place, on its device (the training group: on GPUs it
+    stays on the GPU; only reading it to the host then waits for the device)."""
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor

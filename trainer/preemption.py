@@ -2,8 +2,9 @@
 
 A spot node gets SIGTERM (torchrun forwards it to every worker). Handlers must not do
 I/O or collectives: they run between bytecodes of whatever the rank is doing. Instead,
-every step all ranks all-reduce the flag, so they all stop after the same step and can
-take one emergency checkpoint together.
+as each step begins all ranks start an asynchronous all-reduce of the flag, and take the sum
+once the step's compute is issued (``trainer.train.train_step``), so they all stop after the
+same step, the one after the signal, and can take one emergency checkpoint together.
 """
 
 from __future__ import annotations

@@ -1,12 +1,15 @@
-"""One optimizer step, in two halves the loop calls in turn: accumulate gradients, apply them.
+"""One optimizer step, in two halves the loop calls in turn: accumulate gradients, apply them;
+and the steps' losses, kept on the device until the loop reads them (:class:`StepLosses`).
 
 Kept apart from the loop so that the gradient-correctness check (tests/trainer/grad_probe.py)
-runs exactly the code that trains.
+runs exactly the code that trains. Nothing here reads a value from the device: on a GPU the
+host issues the work and goes on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import torch
@@ -73,3 +76,26 @@ def apply_gradients(
         optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
+
+
+def read_losses(
+    losses: list[torch.Tensor], sum_over_ranks: Callable[[torch.Tensor], torch.Tensor], world_size: int
+) -> list[float]:
+    """The mean over the ranks of each step's loss (0-d tensors on the device, as
+    :func:`forward_backward` returns them), in one collective and one wait for the device.
+
+    Reading a value to the host waits for all the work issued before it, so the loop keeps the
+    losses on the device and reads several steps' at once (every ``train.log_every`` steps).
+
+    :param sum_over_ranks: sums a tensor over the ranks in place (``parallel.sum_over_ranks``).
+    """
+    if not losses:
+        return []
+    # float64 before the sum, as the loss always was summed: the mean's rounding stays the same
+    summed = sum_over_ranks(torch.stack(losses).double())
+    return (summed / world_size).tolist()
+
+
+def first_non_finite(steps: list[int], losses: list[float]) -> tuple[int, float] | None:
+    """The first ``(step, loss)`` whose loss is NaN or infinite; None when all are finite."""
+    return next(((s, v) for s, v in zip(steps, losses, strict=True) if not math.isfinite(v)), None)

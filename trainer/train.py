@@ -21,7 +21,8 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
 import torch
@@ -42,10 +43,11 @@ from trainer.optim import build_optimizer, build_scheduler
 from trainer.preemption import StopFlag, stop_decision
 from trainer.progress import progress_line
 from trainer.state import TrainState, checkpoint_states
-from trainer.step import apply_gradients, forward_backward
+from trainer.step import apply_gradients, first_non_finite, forward_backward, read_losses
 from trainer.storage import open_storage, outage_tolerance
 
 if TYPE_CHECKING:
+    import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
     from torch.optim.lr_scheduler import LRScheduler
@@ -78,6 +80,8 @@ class Training:
     scheduler: LRScheduler
     scaler: ShardedGradScaler | None  # fp16 only
     batches: data.TrainBatches
+    feed: data.DeviceFeed  # ``batches`` on the device, one micro-batch ahead
+    host_group: dist.ProcessGroup  # gloo, for the stop flag (``parallel.host_group``)
     accum: int  # micro-steps per optimizer step on this world size
     global_batch: int  # samples per optimizer step, all ranks together
     state: TrainState
@@ -89,9 +93,13 @@ class Training:
 
 @dataclass(frozen=True)
 class StepResult:
-    loss: float  # the step's mean loss over all ranks
+    step: int  # the step done (1-based)
+    loss: torch.Tensor  # this rank's mean loss of the step: 0-d, on the device, not read yet
     lr: float  # the learning rate the step used
-    stop_votes: float  # how many ranks were signalled to stop (the same sum on every rank)
+    stop_votes: float  # how many ranks were signalled before the step began (the same on every rank)
+    started: float  # monotonic seconds when the step began
+    time: float  # wall-clock seconds when the host had issued the whole step
+    extra: dict[str, float] = field(default_factory=dict)  # more figures for the step's metrics record
 
 
 def run_train(config: Config) -> int:
@@ -184,6 +192,7 @@ def setup(config: Config, env: parallel.DistEnv, attempt: Attempt) -> Training:
     scaler = parallel.grad_scaler(config.precision)
 
     state = TrainState(env.device)
+    host_group = parallel.host_group()
     storage = open_storage(config.run_uri)
     checkpointer = Checkpointer(
         storage,
@@ -226,6 +235,8 @@ def setup(config: Config, env: parallel.DistEnv, attempt: Attempt) -> Training:
         scheduler,
         scaler,
         batches,
+        data.DeviceFeed(batches, env.device),
+        host_group,
         accum,
         global_batch,
         state,
@@ -287,47 +298,67 @@ def _train_batches(config: Config, env: parallel.DistEnv) -> tuple[data.TrainBat
 
 # --- one step ------------------------------------------------------------------------------
 def train_step(tr: Training, flag: StopFlag) -> StepResult:
-    """One optimizer step on every rank: the micro-batches' forward and backward, clip and step,
-    then the step's one collective, which agrees on the stop flag and the loss.
+    """One optimizer step on every rank, issued without waiting for the device.
 
-    The flag is read after the backward: a signal that lands during the step stops after it.
-    Raises :class:`NonFiniteLoss` (on every rank alike) when the mean loss is NaN or infinite.
+    Before the compute, every rank starts the sum of the ranks' stop flags (asynchronously, on
+    the host group); once the step's forwards and backwards are issued it takes the sum, long
+    arrived by then. So every rank learns whether a rank was signalled before the step began,
+    and all stop after the same step: a signal during a step stops the run after the next one.
+    Unless this step is the last (``train.max_steps``, or the ranks agreed to stop), the next
+    step's first micro-batch is then read and sent to the device while the device computes.
+    The step's loss stays on the device (``StepResult.loss``; :func:`train_loop` reads it).
     """
-    t, state, device = tr.config.train, tr.state, tr.env.device
+    t, state = tr.config.train, tr.state
     lr = float(tr.scheduler.get_last_lr()[0])
-    micro_batches = (
-        (inputs.to(device), targets.to(device))
-        for inputs, targets in (tr.batches.micro_batch(state.cursor, micro) for micro in range(tr.accum))
-    )
-    loss_sum = forward_backward(tr.model, micro_batches, tr.accum, tr.scaler, t.skip_grad_sync_in_accum)
+    started = time.monotonic()
+    pending_votes = parallel.all_reduce_sum_async([1.0 if flag.is_set else 0.0], tr.host_group)
+    votes: list[float] = []
+
+    def micro_batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for micro in range(tr.accum):
+            # read (or prefetched) while the previous micro-batch computes
+            yield tr.feed.get(state.cursor, micro)
+        # Resumed once the last micro-batch's forward and backward are issued: the votes now.
+        votes.append(pending_votes.wait()[0])
+        last = stop_decision(votes[0], None)[0] or state.step + 1 >= t.max_steps
+        if not last:
+            tr.feed.prefetch(state.cursor + tr.global_batch, 0)
+
+    loss = forward_backward(tr.model, micro_batches(), tr.accum, tr.scaler, t.skip_grad_sync_in_accum)
     apply_gradients(tr.model, tr.optimizer, tr.scheduler, tr.scaler, t.grad_clip)
     state.step, state.cursor = state.step + 1, state.cursor + tr.global_batch
     tr.attempt.last_step = state.step
-
-    votes, loss_total = parallel.all_reduce_sum([1.0 if flag.is_set else 0.0, loss_sum.item()], device)
-    loss = loss_total / tr.env.world_size
-    if not math.isfinite(loss):
-        raise NonFiniteLoss(state.step, loss)
-    return StepResult(loss, lr, votes)
+    return StepResult(state.step, loss, lr, votes[0], started, time.time())
 
 
 # --- the loop ------------------------------------------------------------------------------
 def train_loop(tr: Training, flag: StopFlag) -> str:
     """Step, log and checkpoint until ``train.max_steps`` (``"completed"``) or until a rank is
-    signalled (``"preempted"``: all ranks stop after the same step)."""
+    signalled (``"preempted"``: all ranks stop after the same step, the one after the signal).
+
+    The host waits for the device only when it reads the losses: every ``train.log_every``
+    steps, before a checkpoint (whose weights must be finite), on the last step and when
+    stopping. A NaN or infinite loss is caught there (:class:`NonFiniteLoss` names its step).
+    """
     t, state = tr.config.train, tr.state
     started, first_step = time.monotonic(), state.step
     beat = heartbeat.beats(tr.config.run_uri, tr.attempt.number, tr.env.is_main, state.step)
+    unread: list[StepResult] = []  # steps whose loss is still on the device
     while state.step < t.max_steps:
-        step_started = time.monotonic()
         result = train_step(tr, flag)
-        beat(state.step, time.monotonic() - step_started)  # the operator's hang watch
+        beat(state.step, time.monotonic() - result.started)  # the operator's hang watch (host time)
+        unread.append(result)
         stop, signal_name = stop_decision(result.stop_votes, flag.signal_name)
         stop = stop and state.step < t.max_steps  # on the last step, finishing is the quickest way out
-        if tr.metrics is not None:
-            _log_step(tr, tr.metrics, result, step_started, started, first_step, force=stop)
-        if state.step % tr.config.checkpoint.every_steps == 0 and state.step < t.max_steps:
+        save = state.step % tr.config.checkpoint.every_steps == 0 and state.step < t.max_steps
+        logged = state.step % t.log_every == 0 or state.step == t.max_steps or stop
+        losses = _read_losses(tr, unread) if logged or save else None
+        if save:
             tr.checkpointer.save_async(state.step)  # the loop waits only while the state is copied
+        if losses is not None:
+            if tr.metrics is not None:
+                _log_steps(tr, tr.metrics, unread, losses, started, first_step, print_line=logged)
+            unread = []
         if stop:
             _stop_preempted(tr, signal_name, flag.at)
             return "preempted"
@@ -335,40 +366,60 @@ def train_loop(tr: Training, flag: StopFlag) -> str:
     return "completed"
 
 
-def _log_step(
+def _read_losses(tr: Training, steps: list[StepResult]) -> list[float]:
+    """Every rank: the mean loss over the ranks of each of ``steps`` (one collective).
+
+    Raises :class:`NonFiniteLoss` (on every rank alike) for the first step whose loss is NaN
+    or infinite, after rank 0 logged the steps before it.
+    """
+    losses = read_losses([r.loss for r in steps], parallel.sum_over_ranks, tr.env.world_size)
+    bad = first_non_finite([r.step for r in steps], losses)
+    if bad is not None:
+        good = [r.step for r in steps].index(bad[0])
+        if tr.metrics is not None and good:
+            _log_steps(tr, tr.metrics, steps[:good], losses[:good], time.monotonic(), tr.state.step, False)
+        raise NonFiniteLoss(*bad)
+    return losses
+
+
+def _log_steps(
     tr: Training,
     metrics: MetricsLog,
-    result: StepResult,
-    step_started: float,
+    steps: list[StepResult],
+    losses: list[float],
     started: float,
     first_step: int,
-    force: bool,
+    print_line: bool,
 ) -> None:
-    """Rank 0: the step's metrics record, and the progress line every ``train.log_every`` steps
-    (and on the last step, or when ``force``)."""
-    t, step, now = tr.config.train, tr.state.step, time.monotonic()
-    tokens_per_s = tr.global_batch * t.seq_len / max(now - step_started, 1e-9)
+    """Rank 0: each step's metrics record, and the progress line of the last one when
+    ``print_line``. Tokens/s and MFU are over the steps read together (from the first one's
+    start to now, after the read waited for the device): what one step took is not known on
+    the host without a wait."""
+    t, last, now = tr.config.train, steps[-1], time.monotonic()
+    tokens_per_s = len(steps) * tr.global_batch * t.seq_len / max(now - steps[0].started, 1e-9)
     all_devices_peak = tr.device_peak * tr.env.world_size if tr.device_peak else None
     step_mfu = mfu(tokens_per_s, tr.flops_per_token, all_devices_peak)
     peak_mem = torch.cuda.max_memory_allocated(tr.env.device) / 2**30 if torch.cuda.is_available() else None
-    metrics.add(
-        step=step,
-        loss=result.loss,
-        lr=result.lr,
-        tokens_per_s=tokens_per_s,
-        time=time.time(),
-        **({"mfu": step_mfu} if step_mfu is not None else {}),
-        **({"peak_mem_gib": peak_mem} if peak_mem is not None else {}),
-    )
-    if step % t.log_every == 0 or step == t.max_steps or force:
+    for result, loss in zip(steps, losses, strict=True):
+        metrics.add(
+            step=result.step,
+            loss=loss,
+            lr=result.lr,
+            tokens_per_s=tokens_per_s,
+            time=result.time,
+            **({"mfu": step_mfu} if step_mfu is not None else {}),
+            **({"peak_mem_gib": peak_mem} if peak_mem is not None else {}),
+            **result.extra,
+        )
+    if print_line:
         line = progress_line(
-            step,
+            last.step,
             t.max_steps,
-            result.loss,
-            result.lr,
+            losses[-1],
+            last.lr,
             tokens_per_s,
             now - started,
-            step - first_step,
+            last.step - first_step,
             mfu=step_mfu,
             peak_mem_gib=peak_mem,
         )

@@ -3,8 +3,9 @@ with ``-m``).
 
 - ``TRAINOPS_TEST_SAMPLES_DIR``: every rank appends what each micro-batch read (cursor,
   micro-step, global positions, sample ids) to ``samples_a<attempt>_r<rank>.jsonl`` there.
-- ``TRAINOPS_TEST_SIGTERM_AT=<cursor>:<micro>``: every rank sends itself SIGTERM as it reads
-  that micro-batch, so the signal lands inside a step, deterministically.
+- ``TRAINOPS_TEST_SIGTERM_AT=<cursor>:<micro>[:<rank>]``: every rank (or only ``rank``) sends
+  itself SIGTERM as it reads that micro-batch, so the signal lands inside a step,
+  deterministically.
 - ``TRAINOPS_TEST_PAUSE_AT=<cursor>:<folder>``: as it reads that cursor's first micro-batch,
   every rank creates ``<folder>/paused_a<attempt>_r<rank>`` and waits (at most 120 s) until
   ``<folder>/go_a<attempt>`` exists: a gang held still, as a partitioned node would be.
@@ -74,6 +75,7 @@ def install() -> None:
     samples_dir = os.environ.get("TRAINOPS_TEST_SAMPLES_DIR")
     sigterm_at = os.environ.get("TRAINOPS_TEST_SIGTERM_AT")
     target = tuple(int(x) for x in sigterm_at.split(":")) if sigterm_at else None
+    signalled_rank = target[2] if target is not None and len(target) > 2 else None
     pause_at = os.environ.get("TRAINOPS_TEST_PAUSE_AT")
     pause = (int(pause_at.split(":", 1)[0]), Path(pause_at.split(":", 1)[1])) if pause_at else None
     blackout_at = os.environ.get("TRAINOPS_TEST_BLACKOUT_AT")
@@ -88,7 +90,7 @@ def install() -> None:
         train.open_storage = open_storage
 
     def micro_batch(self, cursor: int, micro_step: int):
-        if target == (cursor, micro_step):
+        if target is not None and target[:2] == (cursor, micro_step) and signalled_rank in (None, self.rank):
             os.kill(os.getpid(), signal.SIGTERM)
         if pause is not None and pause[0] == cursor and micro_step == 0:
             wait_for_go(pause[1], self.rank)

@@ -93,7 +93,9 @@ def test_batches_from_a_staged_dataset(dataset_uri):
     stream = data.open_split(storage, dataset_uri, manifest, "train")
     assert len(stream) == manifest["splits"]["train"]["tokens"]
     batches = data.TrainBatches(stream, seq_len=16, seed=3, micro_batch_size=4, world_size=2, rank=1)
-    inputs, targets = batches.micro_batch(cursor=8, micro_step=0)
+    windows = batches.micro_batch(cursor=8, micro_step=0)
+    assert windows.shape == (4, 17) and windows.dtype == torch.int64 and not windows.is_pinned()
+    inputs, targets = data.inputs_and_targets(windows)
     assert inputs.shape == targets.shape == (4, 16)
     assert torch.equal(inputs[:, 1:], targets[:, :-1])  # targets are inputs shifted by one
     sample = batches.order.sample_id(8 + 4)  # rank 1 starts after rank 0's 4 samples
@@ -124,3 +126,113 @@ def test_sample_order_leaves_the_global_rng_alone():
     data.sample_order(50, seed=5, epoch=2)
     data.SampleOrder(num_samples=50, seed=5).sample_id(70)
     assert torch.equal(torch.get_rng_state(), state)
+
+
+def shards_of(tmp_path, sizes: list[int]) -> data.TokenStream:
+    """A stream of tokens 0, 1, 2, ... cut into shards of ``sizes``."""
+    paths, start = [], 0
+    for i, size in enumerate(sizes):
+        path = tmp_path / f"{i}.bin"
+        path.write_bytes(np.arange(start, start + size).astype("<u2").tobytes())
+        paths.append(path)
+        start += size
+    return data.TokenStream(paths, "uint16")
+
+
+def per_sample_windows(batches: data.TrainBatches, cursor: int, micro_step: int) -> torch.Tensor:
+    """The reading this replaced: one sample id and one ``read`` per sample, then a stack."""
+    positions = data.micro_batch_positions(
+        cursor, micro_step, batches.micro_batch_size, batches.world_size, batches.rank
+    )
+    starts = [batches.order.sample_id(p) * batches.seq_len for p in positions]
+    return torch.from_numpy(np.stack([batches.stream.read(s, s + batches.seq_len + 1) for s in starts]))
+
+
+def test_windows_are_gathered_in_one_go_across_shard_boundaries(tmp_path):
+    stream = shards_of(tmp_path, [7, 5, 1, 20])  # two shards shorter than a window
+    starts = np.array([0, 3, 5, 6, 11, 12, 20, 26])  # inside one shard, across one, across three
+    windows = stream.gather(starts, 7)
+    assert windows.dtype == np.int64 and windows.shape == (8, 7)
+    assert windows.tolist() == [stream.read(s, s + 7).tolist() for s in starts]
+    out = np.full((2, 7), -1, dtype=np.int64)
+    assert stream.gather(np.array([4, 9]), 7, out=out) is out and out[1].tolist() == list(range(9, 16))
+    assert stream.gather(np.array([], dtype=np.int64), 7).shape == (0, 7)
+    with pytest.raises(IndexError, match=r"token range \[27, 34\) is outside a stream of 33 tokens"):
+        stream.gather(np.array([0, 27]), 7)
+    with pytest.raises(IndexError, match=r"token range \[-1, 6\) is outside a stream of 33 tokens"):
+        stream.gather(np.array([-1]), 7)
+
+
+def test_micro_batches_hold_the_per_sample_reads_bit_for_bit_across_epochs_and_shards(tmp_path):
+    # 4 shards of 50 tokens: 24 samples of seq_len 8 (windows of 9 cross the shard boundaries);
+    # 3 steps of 16 samples on 2 ranks cross the epoch boundary at position 24 and again at 48.
+    stream = shards_of(tmp_path, [50, 50, 50, 50])
+    for rank in (0, 1):
+        batches = data.TrainBatches(stream, seq_len=8, seed=9, micro_batch_size=4, world_size=2, rank=rank)
+        assert batches.order.num_samples == 24
+        for cursor in (0, 16, 32, 48):
+            for micro in (0, 1):
+                windows = batches.micro_batch(cursor, micro)
+                assert torch.equal(windows, per_sample_windows(batches, cursor, micro)), (rank, cursor, micro)
+
+
+def test_sample_ids_of_many_positions_are_the_one_by_one_ids():
+    order = data.SampleOrder(num_samples=10, seed=4)
+    positions = np.array([8, 9, 10, 11, 35, 3])  # epochs 0, 1, 3 and back to 0
+    assert order.sample_ids(positions).tolist() == [
+        data.SampleOrder(num_samples=10, seed=4).sample_id(int(p)) for p in positions
+    ]
+    assert len(order._perms) <= data.EPOCHS_KEPT  # the permutations kept stay few
+
+
+def read_log(batches: data.TrainBatches) -> list[tuple[int, int]]:
+    """Wrap ``batches.micro_batch`` to record each (cursor, micro-step) read, in order."""
+    reads: list[tuple[int, int]] = []
+    original = batches.micro_batch
+
+    def micro_batch(cursor: int, micro_step: int) -> torch.Tensor:
+        reads.append((cursor, micro_step))
+        return original(cursor, micro_step)
+
+    batches.micro_batch = micro_batch  # type: ignore[method-assign]
+    return reads
+
+
+def test_the_feed_reads_a_prefetched_micro_batch_once_and_only_the_one_asked_for(tmp_path):
+    stream = shards_of(tmp_path, [200])
+    batches = data.TrainBatches(stream, seq_len=8, seed=1, micro_batch_size=2, world_size=1, rank=0)
+    feed = data.DeviceFeed(batches, torch.device("cpu"))
+    reads = read_log(batches)
+    assert batches.pin_memory is False  # no pinning on a host without CUDA
+
+    inputs, targets = feed.get(0, 0)  # nothing prefetched: read now
+    feed.prefetch(0, 1)
+    assert reads == [(0, 0), (0, 1)]  # read at the prefetch, not at the get
+    again_inputs, again_targets = feed.get(0, 1)
+    assert reads == [(0, 0), (0, 1)]
+    expected = batches.micro_batch(0, 1)
+    assert torch.equal(again_inputs, expected[:, :-1]) and torch.equal(again_targets, expected[:, 1:])
+    assert torch.equal(inputs[:, 1:], targets[:, :-1])
+
+    feed.prefetch(2, 0)
+    with pytest.raises(
+        RuntimeError,
+        match=r"micro-batch 0 at cursor 2 was prefetched, but the loop asks for micro-batch 0 at cursor 4",
+    ):
+        feed.get(4, 0)
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_feed_reads_into_pinned_memory_and_copies_on_its_own_stream(tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    stream = shards_of(tmp_path, [200])
+    batches = data.TrainBatches(stream, seq_len=8, seed=1, micro_batch_size=2, world_size=1, rank=0)
+    device = torch.device("cuda", 0)
+    feed = data.DeviceFeed(batches, device)
+    assert batches.pin_memory and batches.micro_batch(0, 0).is_pinned()
+    feed.prefetch(0, 0)
+    inputs, targets = feed.get(0, 0)
+    assert inputs.device == device
+    expected = batches.micro_batch(0, 0)
+    assert torch.equal(inputs.cpu(), expected[:, :-1]) and torch.equal(targets.cpu(), expected[:, 1:])

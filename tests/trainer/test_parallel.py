@@ -86,6 +86,17 @@ def test_collectives_in_a_world_of_one(world_of_one):
     assert parallel.all_reduce_sum([1.0, 2.5], world_of_one.device) == [1.0, 2.5]
 
 
+def test_an_async_sum_on_the_host_group_returns_at_once_and_gives_the_sum_on_wait(world_of_one):
+    import torch.distributed as dist
+
+    group = parallel.host_group()
+    assert dist.get_backend(group) == "gloo" and group is not dist.group.WORLD
+    pending = parallel.all_reduce_sum_async([1.0, 0.5], group)
+    assert pending.wait() == [1.0, 0.5]
+    tensor = torch.tensor([2.0, 3.0], dtype=torch.float64)
+    assert parallel.sum_over_ranks(tensor) is tensor and tensor.tolist() == [2.0, 3.0]
+
+
 # --- GPUs the node was given but this process cannot see ------------------------------------
 @pytest.mark.parametrize(
     "expected, ranks, cuda, count, visible, missing",

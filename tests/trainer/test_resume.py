@@ -45,7 +45,8 @@ def ids(records: list[dict]) -> Counter:
 
 
 def test_sigterm_inside_steps_and_at_a_checkpoint_step_resumes_bitwise(tmp_path, dataset_uri, reference_run):
-    """Three attempts: SIGTERM in step 7's second micro-step, then in step 20 (a checkpoint step), then done."""
+    """Three attempts: SIGTERM in step 7's second micro-step, then as step 20 (a checkpoint step)
+    is read ahead, during step 19, then done."""
     config, _ = run_config(tmp_path, dataset_uri, "run")
     run, samples = tmp_path / "run", tmp_path / "samples"
     samples.mkdir()
@@ -62,11 +63,13 @@ def test_sigterm_inside_steps_and_at_a_checkpoint_step_resumes_bitwise(tmp_path,
         assert proc.returncode == (1 if sigterm_at else 0), proc.stdout[-3000:] + proc.stderr[-3000:]
 
     first, second, third = (read_json(run / "attempts" / f"{n}.json") for n in (1, 2, 3))
-    # the signal came during micro-steps; the stop happened at the end of that step
+    # The ranks agree on the flag as each step begins (train.train_step), so a signal during a
+    # step stops them after the next one: step 7's stops after step 8. Step 20's first
+    # micro-batch is read during step 19 (prefetched), so that signal stops after step 20.
     assert (first["outcome"], first["last_step"], first["checkpoint_step"], first["steps_lost"]) == (
         "preempted",
-        7,
-        7,
+        8,
+        8,
         0,
     )
     assert (
@@ -74,15 +77,16 @@ def test_sigterm_inside_steps_and_at_a_checkpoint_step_resumes_bitwise(tmp_path,
         second["resumed_from_step"],
         second["last_step"],
         second["checkpoint_step"],
-    ) == ("preempted", 7, 20, 20)
+    ) == ("preempted", 8, 20, 20)
     assert (third["outcome"], third["resumed_from_step"], third["last_step"]) == ("completed", 20, MAX_STEPS)
     assert (run / "export" / "model.safetensors").read_bytes() == (
         reference_run["run_dir"] / "export" / "model.safetensors"
     ).read_bytes()
 
     # every attempt starts exactly at its checkpoint's cursor; together they read each sample once
+    # (nothing is read ahead for a step that is not trained)
     read = [samples_read(samples, n) for n in (1, 2, 3)]
-    assert [r[0]["cursor"] for r in read] == [0, cursor_before(8), cursor_before(21)]
+    assert [r[0]["cursor"] for r in read] == [0, cursor_before(9), cursor_before(21)]
     assert positions(read[0] + read[1] + read[2]) == Counter(range(MAX_STEPS * GLOBAL_BATCH))
     assert ids(read[0] + read[1] + read[2]) == ids(samples_read(reference_run["samples"], 1))
 
@@ -124,3 +128,32 @@ def test_resume_on_another_world_size_continues_the_same_samples(tmp_path, datas
     assert sorted(resumed_metrics) == list(range(31, MAX_STEPS + 1))
     for step in (31, MAX_STEPS):  # not bitwise (other reduction order), but the same trajectory
         assert resumed_metrics[step]["loss"] == pytest.approx(reference_metrics[step]["loss"], abs=0.02)
+
+
+def test_a_signal_to_one_rank_stops_both_after_the_same_step(tmp_path, dataset_uri):
+    """Only rank 1 is signalled, in step 7: rank 0 learns it from the votes at step 8's start, and
+    both stop after step 8, having read exactly the samples of steps 1 to 8."""
+    config, _ = run_config(tmp_path, dataset_uri, "run")
+    run, samples = tmp_path / "run", tmp_path / "samples"
+    samples.mkdir()
+    proc = subprocess.run(
+        torchrun_argv(config, module=INSTRUMENTED),
+        env=trainer_env(
+            tmp_path / "cache", 1, samples_dir=str(samples), sigterm_at=f"{cursor_before(7)}:1:1"
+        ),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = read_json(run / "attempts" / "1.json")
+    assert (record["outcome"], record["signal"], record["last_step"], record["checkpoint_step"]) == (
+        "preempted",
+        "SIGTERM",
+        8,
+        8,
+    )
+    for rank in (0, 1):
+        read = [r for r in samples_read(samples, 1) if r["positions"][0] // 4 % 2 == rank]
+        assert max(r["cursor"] for r in read) == cursor_before(8), rank
+    assert positions(samples_read(samples, 1)) == Counter(range(8 * GLOBAL_BATCH))

@@ -30,7 +30,7 @@ from tests.trainer.helpers import (
     torchrun_argv,
     trainer_env,
 )
-from trainer.attempts import NODE_HINT, NON_FINITE_HINT, STORAGE_HINT, Attempt, now_iso
+from trainer.attempts import NODE_HINT, NON_FINITE_HINT, STORAGE_HINT, Attempt, NonFiniteLoss, now_iso
 from trainer.config import ConfigError, load_config
 from trainer.contract import RunLayout, attempt_record_in_log
 from trainer.data import DataError
@@ -131,12 +131,114 @@ def test_train_step_does_one_optimizer_step_and_counts_the_stop_votes(world_of_o
     assert (training.accum, training.global_batch, training.state.step, training.state.cursor) == (2, 4, 0, 0)
     flag = StopFlag()  # not installed: the test sets it as its handler would
     first = train_step(training, flag)
-    assert (training.state.step, training.state.cursor, attempt.last_step) == (1, 4, 1)
-    assert first.stop_votes == 0.0 and math.isfinite(first.loss) and first.lr == pytest.approx(3e-3)
-    flag.signal_name = "SIGTERM"
+    assert (training.state.step, training.state.cursor, attempt.last_step, first.step) == (1, 4, 1, 1)
+    assert first.stop_votes == 0.0 and first.lr == pytest.approx(3e-3)
+    assert first.loss.shape == () and math.isfinite(first.loss.item())  # on the device until read
+    flag.signal_name = "SIGTERM"  # before the step: its votes count it
     second = train_step(training, flag)
     assert (second.stop_votes, training.state.cursor) == (1.0, 8)
-    assert second.loss != first.loss  # other samples, updated weights
+    assert second.loss.item() != first.loss.item()  # other samples, updated weights
+
+
+def events_of(training) -> list:
+    """Record each micro-batch read ``(cursor, micro)`` and each optimizer step ``"step"``, in order."""
+    events: list = []
+    read = training.batches.micro_batch
+
+    def micro_batch(cursor, micro):
+        events.append((cursor, micro))
+        return read(cursor, micro)
+
+    training.batches.micro_batch = micro_batch
+    training.optimizer.register_step_pre_hook(lambda *_: events.append("step"))
+    return events
+
+
+def test_the_next_steps_first_micro_batch_is_read_while_the_step_computes_and_never_after_the_last(
+    world_of_one, tmp_path, dataset_uri
+):
+    training, _ = start(tmp_path, dataset_uri, world_of_one, 1)
+    events = events_of(training)
+    assert train_loop(training, StopFlag()) == "completed"
+    # each micro-batch is read once, in cursor order; the next step's first before this step's
+    # optimizer step (its copy to a GPU then runs while the backward still computes)
+    assert events == [(0, 0), (0, 1), (4, 0), "step", (4, 1), (8, 0), "step", (8, 1), "step"]
+
+
+def test_losses_are_read_every_log_every_steps_before_a_checkpoint_and_at_the_end(
+    world_of_one, tmp_path, dataset_uri, monkeypatch
+):
+    from trainer import train
+
+    reads: list[list[int]] = []
+    read = train.read_losses
+
+    def counted(losses, *args):
+        reads.append([training.state.step - len(losses) + 1 + i for i in range(len(losses))])
+        return read(losses, *args)
+
+    monkeypatch.setattr(train, "read_losses", counted)
+    training, _ = start(
+        tmp_path,
+        dataset_uri,
+        world_of_one,
+        1,
+        "train.max_steps=8",
+        "train.log_every=3",
+        "checkpoint.every_steps=4",
+    )
+    assert train_loop(training, StopFlag()) == "completed"
+    assert reads == [[1, 2, 3], [4], [5, 6], [7, 8]]  # log_every 3, the step-4 save, 6, the last
+    metrics = metrics_of(tmp_path / "run")
+    assert sorted(metrics) == list(range(1, 9)) and all(math.isfinite(r["loss"]) for r in metrics.values())
+    assert len({metrics[s]["tokens_per_s"] for s in (1, 2, 3)}) == 1  # over the steps read together
+    assert metrics[1]["time"] < metrics[2]["time"] < metrics[3]["time"]  # each step's own
+
+
+def test_a_signal_during_a_step_stops_every_rank_after_the_next_with_its_checkpoint(
+    world_of_one, tmp_path, dataset_uri
+):
+    run = tmp_path / "run"
+    training, _ = start(
+        tmp_path, dataset_uri, world_of_one, 1, "train.max_steps=10", "checkpoint.every_steps=5"
+    )
+    flag, events = StopFlag(), events_of(training)
+    read = training.batches.micro_batch
+
+    def signalled_in_step_2(cursor, micro):
+        if (cursor, micro) == (4, 1):  # inside step 2, after its vote started
+            flag.signal_name, flag.at = "SIGTERM", time.monotonic()
+        return read(cursor, micro)
+
+    training.batches.micro_batch = signalled_in_step_2
+    assert train_loop(training, flag) == "preempted"
+    record = read_json(run / "attempts" / "1.json")
+    assert (record["outcome"], record["last_step"], record["checkpoint_step"]) == ("preempted", 3, 3)
+    assert committed_steps(run) == [3] and sorted(metrics_of(run)) == [1, 2, 3]
+    assert events[-2:] == [(8, 1), "step"]  # step 3 was the last: nothing of step 4 was read
+
+
+def test_a_non_finite_loss_is_caught_at_the_next_read_naming_its_first_step(
+    world_of_one, tmp_path, dataset_uri
+):
+    training, attempt = start(
+        tmp_path,
+        dataset_uri,
+        world_of_one,
+        1,
+        "train.max_steps=6",
+        "train.log_every=4",
+        "checkpoint.every_steps=100",
+        "train.lr=1e30",
+        "train.warmup_steps=0",
+        "train.grad_clip=1e30",
+    )
+    # step 2's update blows the weights up: step 3's loss is the first NaN, read at step 4
+    with pytest.raises(NonFiniteLoss, match=r"^loss is nan at step 3$") as caught:
+        train_loop(training, StopFlag())
+    assert (caught.value.step, training.state.step, attempt.last_step) == (3, 4, 4)
+    training.metrics.flush(final=True)
+    assert sorted(metrics_of(tmp_path / "run")) == [1, 2]  # the steps before it are logged
 
 
 def test_the_loop_completes_with_a_final_checkpoint_export_and_record_and_a_relaunch_only_re_exports(
@@ -496,11 +598,12 @@ def test_user_model_from_a_builder_trains_under_torchrun_and_exports(tmp_path, d
 def test_a_storage_outage_fails_the_attempt_as_storage_and_the_relaunch_ends_identical(
     tmp_path, dataset_uri, reference_run
 ):
-    """Storage goes dark at step 25, after the step-20 commit, for the rest of the attempt: an
-    outage that outlasts the storage client's retries (their tolerance is the client's own test;
-    this storage refuses outright, tests/trainer/instrumented.py). Training goes on without its
-    metrics, the step-30 save fails, and the attempt ends as a storage failure: its record,
-    which storage refuses too, is rank 0's marked line. The relaunch resumes bitwise."""
+    """Storage goes dark as step 25 is read ahead (during step 24), after the step-20 commit, for
+    the rest of the attempt: an outage that outlasts the storage client's retries (their
+    tolerance is the client's own test; this storage refuses outright,
+    tests/trainer/instrumented.py). Training goes on without its metrics, the step-30 save
+    fails, and the attempt ends as a storage failure: its record, which storage refuses too, is
+    rank 0's marked line. The relaunch resumes bitwise."""
     config, _ = run_config(tmp_path, dataset_uri, "run")
     run = tmp_path / "run"
     proc = subprocess.run(
@@ -515,13 +618,14 @@ def test_a_storage_outage_fails_the_attempt_as_storage_and_the_relaunch_ends_ide
     assert record is not None, proc.stderr[-3000:]
     assert (record["outcome"], record["cause"], record["hint"]) == ("failed", "storage", STORAGE_HINT)
     assert (record["last_step"], record["checkpoint_step"], record["steps_lost"]) == (MAX_STEPS, 20, 20)
-    assert record["metrics_unwritten"] == MAX_STEPS - 24  # steps 25..40 never reached the file
+    # steps 21..40 never reached the file: 21..24 were still unread (log_every=10) when it went dark
+    assert record["metrics_unwritten"] == MAX_STEPS - 20
     assert record["error"].startswith("CheckpointError: the checkpoint of step 30 failed in the background")
     assert not (run / "attempts" / "1.json").exists()
     output = proc.stdout + proc.stderr
     assert output.count("metrics: could not write") == 1  # once for the whole outage
-    assert "metrics: 16 records of attempt 1 could not be written" in output
-    assert sorted(metrics_of(run)) == list(range(1, 25))
+    assert "metrics: 20 records of attempt 1 could not be written" in output
+    assert sorted(metrics_of(run)) == list(range(1, 21))
     assert committed_steps(run) == [10, 20]  # the last commit is intact
 
     relaunch_to_completion(config, tmp_path, attempt=2)
