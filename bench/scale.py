@@ -13,18 +13,35 @@ what it measures and returns ``name=value`` lines. Goals (issue #14):
   the world size here; ``setup_peak_rss_ratio_params_whole_model`` is that figure for a model
   built whole on every rank and then sharded (the path a user's ``model.builder`` takes).
 
-    .venv/bin/python bench/scale.py [--preset small] [--only setup_peak_rss_ratio]
+- ``resume_bytes_ratio``: the bytes storage sent during one resume (the trainer's ``setup`` of
+  a second attempt, which loads the checkpoint the first one committed), all ranks together,
+  over the checkpoint's size (its ``_COMMITTED`` sizes). Storage is ``s3://`` on moto's server,
+  behind a TCP relay in this process that counts every byte the server sends to the ranks
+  (:class:`CountingRelay`: response headers, listings and ``HEAD`` replies included, so the
+  figure can only err high); the dataset stays on ``file://``. Each rank has a node cache of
+  its own, as on 2 nodes of 1 rank, where a rank that fetched the whole checkpoint would show
+  the world size. ``resume_bytes_ratio_1node`` is the same resume on 1 node of 2 ranks (one
+  cache). Goal <= 1.1.
+- ``data_bytes_ratio``: the bytes storage sent while 2 ranks of one node set up a run whose
+  dataset is on ``s3://`` (moto, the same counting relay; the run on ``file://``), over the
+  train split's size: every shard is fetched once per node. Goal <= 1.1.
+
+    .venv/bin/python bench/scale.py [--preset small] [--resume-preset tiny] [--only NAME]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
+import socket
+import socketserver
 import sys
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -117,10 +134,215 @@ def setup_peak_rss_ratio(tmp: Path, args: argparse.Namespace) -> list[str]:
     ]
 
 
+class CountingRelay:
+    """A TCP relay on 127.0.0.1 in front of an HTTP server, counting the bytes the server sends.
+
+    Every byte relayed from the server to a client counts (headers included), so a figure over
+    it errs high, never low; :meth:`reset` starts the count over.
+    """
+
+    def __init__(self, upstream: tuple[str, int]):
+        self.upstream, self.sent = upstream, 0
+        self._lock = threading.Lock()
+        relay = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                with socket.create_connection(relay.upstream) as server:
+                    back = threading.Thread(
+                        target=relay._pump, args=(server, self.request, True), daemon=True
+                    )
+                    back.start()
+                    relay._pump(self.request, server, False)
+                    back.join()
+
+        self._server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def _pump(self, src: socket.socket, dst: socket.socket, counted: bool) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+                if counted:
+                    with self._lock:
+                        self.sent += len(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def reset(self) -> None:
+        with self._lock:
+            self.sent = 0
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@contextlib.contextmanager
+def counted_s3(environ: dict) -> Iterator[tuple[CountingRelay, str]]:
+    """moto's S3 server behind a :class:`CountingRelay`, with a bucket; ``environ`` (and this
+    process's environment) point the S3 client at the relay. Yields the relay and the bucket's URI."""
+    import logging
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    relay = CountingRelay(server.get_host_and_port())
+    creds = {
+        "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench",
+        "AWS_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL_S3": relay.url,
+    }
+    environ.update(creds)
+    os.environ.update(creds)
+    boto3.client(
+        "s3",
+        endpoint_url=relay.url,
+        region_name="us-east-1",
+        aws_access_key_id="bench",
+        aws_secret_access_key="bench",
+    ).create_bucket(Bucket="bench")
+    try:
+        yield relay, "s3://bench"
+    finally:
+        relay.close()
+        server.stop()
+
+
+ENV_RANKS_PER_NODE = "SCALE_RANKS_PER_NODE"
+
+
+def _node_cache_of_this_rank() -> None:
+    """Give this rank the cache of its simulated node: ``$TRAINOPS_CACHE_DIR/node<n>``."""
+    per_node = int(os.environ.get(ENV_RANKS_PER_NODE, "0"))
+    if per_node:
+        from trainer.contract import ENV_CACHE_DIR
+
+        node = int(os.environ["RANK"]) // per_node
+        os.environ[ENV_CACHE_DIR] = str(Path(os.environ[ENV_CACHE_DIR]) / f"node{node}")
+
+
+def attempt_worker(out_dir: Path, config_path: str) -> None:
+    """One rank of one attempt: the trainer's setup (a resume when a checkpoint exists), then a
+    synchronous checkpoint when ``out_dir`` has a ``save`` file."""
+    _node_cache_of_this_rank()
+    from trainer import parallel
+    from trainer.attempts import Attempt, now_iso
+    from trainer.config import load_config
+    from trainer.contract import RunLayout
+    from trainer.storage import open_storage
+    from trainer.train import setup
+
+    config = load_config(config_path)
+    dist_env = parallel.init_distributed()
+    storage, layout = open_storage(config.run_uri), RunLayout(config.run_uri)
+    number = int(os.environ.get("TRAINOPS_ATTEMPT", "1"))
+    training = setup(
+        config, dist_env, Attempt(storage, layout, number, dist_env.world_size, started_at=now_iso())
+    )
+    if (out_dir / "save").exists():
+        training.state.step = 1  # as if it had trained a step: the resume must report it
+        training.checkpointer.save(1)
+    (out_dir / f"attempt_{dist_env.rank}.json").write_text(json.dumps({"step": training.state.step}))
+    parallel.barrier()
+    parallel.shutdown()
+
+
+def run_attempt(
+    tmp: Path, name: str, config: dict, environ: dict, *, save: bool, per_node: int
+) -> list[dict]:
+    """One attempt of ``config`` on 2 ranks, ``per_node`` of them per simulated node."""
+    path = tmp / f"{name}.json"  # JSON is YAML
+    path.write_text(json.dumps(config))
+    out = tmp / f"{name}_out"
+    out.mkdir()
+    if save:
+        (out / "save").touch()
+    torchrun(
+        [__file__, "--worker", "attempt", str(out), str(path)],
+        NPROC,
+        {**environ, ENV_RANKS_PER_NODE: str(per_node), "TRAINOPS_ATTEMPT": "2" if not save else "1"},
+    )
+    return [json.loads((out / f"attempt_{r}.json").read_text()) for r in range(NPROC)]
+
+
+def run_config(run_uri: str, data_uri: str, preset: str, vocab_size: int = 0) -> dict:
+    return {
+        "run_uri": run_uri,
+        "data_uri": data_uri,
+        "precision": "fp32",
+        "model": {"preset": preset, "vocab_size": vocab_size},
+        "train": {"max_steps": 4, "micro_batch_size": 1, "seq_len": 64},
+    }
+
+
+def resume_bytes_ratio(tmp: Path, args: argparse.Namespace) -> list[str]:
+    from trainer.checkpoint_files import find_latest
+    from trainer.contract import RunLayout
+    from trainer.storage import open_storage
+
+    data_uri = write_random_dataset(tmp / "data", tokens=200_000)
+    environ = env(tmp / "cache")
+    lines = []
+    with counted_s3(environ) as (relay, bucket):
+        for figure, per_node in (("resume_bytes_ratio", 1), ("resume_bytes_ratio_1node", NPROC)):
+            run_uri = f"{bucket}/{figure}"
+            config = run_config(run_uri, data_uri, args.resume_preset, args.resume_vocab)
+            run_attempt(tmp, f"{figure}_save", config, environ, save=True, per_node=per_node)
+            relay.reset()
+            resumed = run_attempt(tmp, f"{figure}_resume", config, environ, save=False, per_node=per_node)
+            fetched = relay.sent
+            found = find_latest(open_storage(run_uri), RunLayout(run_uri))
+            assert found is not None and all(r["step"] == 1 for r in resumed), resumed
+            size = sum(entry["size"] for entry in found[1]["files"])
+            if per_node == 1:
+                lines.append(
+                    f"resume_preset={args.resume_preset} vocab={args.resume_vocab} checkpoint_bytes={size} "
+                    f"files={len(found[1]['files'])} world_size={NPROC}"
+                )
+            lines += [f"{figure}_fetched_bytes={fetched}", f"{figure}={fetched / size:.3f}"]
+    return lines
+
+
+def data_bytes_ratio(tmp: Path, args: argparse.Namespace) -> list[str]:
+    from trainer.storage import open_storage
+
+    local = write_random_dataset(tmp / "data", tokens=2_000_000)
+    environ = env(tmp / "cache")
+    with counted_s3(environ) as (relay, bucket):
+        data_uri = f"{bucket}/datasets/bench/v1"
+        store = open_storage(data_uri)
+        root = Path(local.removeprefix("file://"))
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            store.upload_file(path, f"{data_uri}/{path.relative_to(root).as_posix()}")
+        manifest = json.loads((root / "manifest.json").read_text())
+        size = sum((root / shard["path"]).stat().st_size for shard in manifest["splits"]["train"]["shards"])
+        relay.reset()
+        config = run_config((tmp / "run").as_uri(), data_uri, "tiny")
+        run_attempt(tmp, "data", config, environ, save=False, per_node=NPROC)
+        fetched = relay.sent
+    return [
+        f"data_train_bytes={size} ranks_per_node={NPROC}",
+        f"data_fetched_bytes_per_node={fetched}",
+        f"data_bytes_ratio={fetched / size:.3f}",
+    ]
+
+
 FIGURES: dict[str, Callable[[Path, argparse.Namespace], list[str]]] = {
     "setup_peak_rss_ratio": setup_peak_rss_ratio,
+    "resume_bytes_ratio": resume_bytes_ratio,
+    "data_bytes_ratio": data_bytes_ratio,
 }
-WORKERS: dict[str, Callable[[Path, str], None]] = {"setup": setup_worker}
+WORKERS: dict[str, Callable[[Path, str], None]] = {"setup": setup_worker, "attempt": attempt_worker}
 
 
 def main() -> None:
@@ -129,6 +351,10 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="small", help="model preset (default small: ~85M parameters)")
+    parser.add_argument("--resume-preset", default="tiny", help="model preset of the resume figure")
+    parser.add_argument(
+        "--resume-vocab", type=int, default=16384, help="its vocabulary (default 16384: a ~25 MB checkpoint)"
+    )
     parser.add_argument("--only", choices=sorted(FIGURES), action="append", help="figures to measure")
     args = parser.parse_args()
     for name in args.only or list(FIGURES):

@@ -15,8 +15,10 @@ process group of their own. One save is in flight at most. The emergency (preemp
 final saves are synchronous.
 
 Load: rank 0 picks the newest checkpoint whose ``_COMMITTED`` checks out and tells the
-others; each rank downloads it into its cache and DCP loads it, resharding as needed. A
-checkpoint whose files fail their checksums on any rank is skipped for the next older one.
+others; each node fetches the files its ranks' DCP load plans read once, into a folder they
+share (``trainer.node_cache``, ``trainer.checkpoint_reads``), verified against ``_COMMITTED``,
+and DCP loads from it, resharding as needed. A checkpoint whose files fail their checksums on
+any rank is skipped for the next older one.
 When checkpoints were committed but none can be loaded, the load fails naming each one and why
 (:class:`NothingToResume`): it never starts over from step 0 in silence. Picking and fetching
 are ``trainer.checkpoint_files``, which single processes use too.
@@ -43,16 +45,19 @@ from trainer.attempts import CausedError, cause_of, classify_failure
 from trainer.checkpoint_files import (
     CorruptCheckpoint,
     Written,
-    download,
+    fetch_listed,
     fresh_dir,
     hashing_open,
     hashing_writer,
+    listed,
     local_root,
+    node_dir,
     nothing_to_resume,
     per_rank_file,
     per_rank_state_dicts,
     survey,
 )
+from trainer.checkpoint_reads import NodeFileSystem, Range, assign_reads, needed_ranges, read_ranges
 from trainer.contract import Cause, RunLayout, join
 from trainer.fence import Fenced
 from trainer.state import TrainState
@@ -382,19 +387,24 @@ class Checkpointer:
         """Restore every state from the newest valid checkpoint; its step, or None (a fresh start:
         no checkpoint was ever committed here).
 
-        A different world size resumes too: the sharded states are resharded, and a rank with
-        no per-rank file of its own takes rank 0's (step, cursor and schedule are global).
+        Each node fetches each file it reads once, into a folder its ranks share, and each rank
+        reads only what its DCP load plan needs (``trainer.checkpoint_reads``). A different world
+        size or mesh resumes too: the sharded states are resharded, and a rank with no per-rank
+        file of its own takes rank 0's (step, cursor and schedule are global).
         Raises :class:`NothingToResume` when checkpoints were committed but none can be loaded.
         """
-        agreed = self._download_agreed()
+        agreed = self._fetch_agreed()
         if agreed is None:
             return None
-        step, local = agreed
-        dcp.load(dict(self.sharded), storage_reader=dcp.FileSystemReader(local))
-        mine = local / per_rank_file(self.rank)
-        saved = per_rank_state_dicts(
-            torch.load(mine if mine.exists() else local / per_rank_file(0), weights_only=True)
-        )
+        step, marker, folder, sharded, relayed = agreed
+        reader = dcp.FileSystemReader(folder)
+        reader.fs = NodeFileSystem(relayed)  # opens only the files the plan reads
+        # The very state dicts the fetch was planned for (not the states, whose state_dict() DCP
+        # would take again): what DCP reads is what was fetched or relayed.
+        dcp.load(sharded, storage_reader=reader)
+        for name, state in self.sharded.items():
+            state.load_state_dict(sharded[name])
+        saved = per_rank_state_dicts(torch.load(folder / self._per_rank_source(marker), weights_only=True))
         for name, state in self.per_rank.items():
             if saved.get(name):
                 state.load_state_dict(saved[name])
@@ -407,8 +417,14 @@ class Checkpointer:
                     "or start the run under a new prefix"
                 )
         self.last_committed = step
-        shutil.rmtree(local, ignore_errors=True)
+        dist.barrier(group=self.group)  # the node's folder is shared: every rank has read it now
+        shutil.rmtree(folder, ignore_errors=True)
         return step
+
+    def _per_rank_source(self, marker: dict[str, Any]) -> str:
+        """The per-rank file this rank restores from: its own, or rank 0's when it has none."""
+        mine = per_rank_file(self.rank)
+        return mine if listed(marker, mine) is not None else per_rank_file(0)
 
     def _pick(self, corrupt: dict[int, str]) -> tuple[int, dict[str, Any]] | None:
         """Rank 0: the newest checkpoint to load, None for a fresh start, or NothingToResume."""
@@ -417,30 +433,84 @@ class Checkpointer:
             raise NothingToResume(nothing_to_resume(self.layout, found))
         return found.picked
 
-    def _download_agreed(self) -> tuple[int, Path] | None:
-        """The newest checkpoint that every rank downloaded intact, as (step, local folder)."""
+    def _fetch_problem(self, exc: Exception) -> tuple[str, str]:
+        return (str(exc), "corrupt") if isinstance(exc, CorruptCheckpoint) else self._problem(exc)
+
+    def _agree(self, step: int, problem: tuple[str, str] | None, payload: T) -> tuple[str | None, list[T]]:
+        """Every rank's payload, and why ``step`` must be passed over (None: it need not), agreed
+        by all ranks (a collective); raises CheckpointError when storage or the program failed
+        on any rank (a relaunch may fare better; another checkpoint would not)."""
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, (problem, payload), group=self.group)
+        problems = [p for p, _ in gathered if p]
+        failed = [p for p in problems if p[1] != "corrupt"]
+        if failed:
+            raise CheckpointError(
+                f"checkpoint step {step} could not be fetched: {failed[0][0]}", cast(Cause, failed[0][1])
+            )
+        return (problems[0][0] if problems else None), [p for _, p in gathered]
+
+    def _fetch_agreed(
+        self,
+    ) -> tuple[int, dict[str, Any], Path, dict[str, Any], dict[str, dict[Range, bytes]]] | None:
+        """The newest checkpoint that every rank fetched its part of intact, as (step, marker,
+        the node's folder of its files, the sharded states to load it into, the byte ranges
+        other ranks sent this one), or None for a fresh start.
+
+        Two rounds, each agreed by all ranks: every rank fetches ``.metadata`` and works out the
+        ranges its plan reads; then each fetches the files :func:`assign_reads` gives it, and
+        sends the ranges it is the source of. A checksum that fails on any rank passes the
+        checkpoint over for the next older one.
+        """
         corrupt: dict[int, str] = {}
         while True:
             found = on_rank0(self.rank, lambda: self._pick(corrupt))
             if found is None:
                 return None
             step, marker = found
-            local: Path | None = None
+            folder = node_dir(self.layout.run_uri, step, marker)
+            sharded: dict[str, Any] = {}
+            needs: dict[str, tuple[Range, ...]] = {}
             problem: tuple[str, str] | None = None  # (what, "corrupt" or the failure's cause)
             try:
-                local = download(self.storage, self.layout, step, marker, self.local_root)
-            except CorruptCheckpoint as exc:
-                problem = str(exc), "corrupt"
-            except Exception as exc:  # storage failed: every rank must still reach the gather
-                problem = self._problem(exc)
-            problems: list[tuple[str, str] | None] = [None] * self.world_size
-            dist.all_gather_object(problems, problem)  # all ranks load the same one, or none
-            failed = [p for p in problems if p and p[1] != "corrupt"]
-            if failed:
-                raise CheckpointError(
-                    f"checkpoint step {step} could not be fetched: {failed[0][0]}", cast(Cause, failed[0][1])
-                )
-            reasons = [p[0] for p in problems if p]
-            if local is not None and not reasons:
-                return step, local
-            corrupt[step] = reasons[0]  # the next pick logs it and passes over it
+                fetch_listed(self.storage, self.layout, step, marker, ".metadata", folder)
+                metadata = dcp.FileSystemReader(folder).read_metadata()
+                sharded = {name: state.state_dict() for name, state in self.sharded.items()}
+                needs = needed_ranges(sharded, metadata, self.rank == 0)
+            except Exception as exc:  # every rank must still reach the gather
+                problem = self._fetch_problem(exc)
+            reason, all_needs = self._agree(step, problem, needs)
+            if reason is not None:
+                corrupt[step] = reason  # the next pick logs it and passes over it
+                shutil.rmtree(folder, ignore_errors=True)  # every rank is done with it (agreed)
+                continue
+            assignment = assign_reads(all_needs)
+            offer: dict[str, dict[Range, bytes]] = {}
+            fetched: list[str] = []
+            try:
+                for name in [*assignment.fetched_by(self.rank), self._per_rank_source(marker)]:
+                    if fetch_listed(self.storage, self.layout, step, marker, name, folder):
+                        fetched.append(name)
+                for name, ranges in assignment.to_send(self.rank, all_needs).items():
+                    offer[name] = read_ranges(folder / name, ranges)
+            except Exception as exc:
+                problem = self._fetch_problem(exc)
+            reason, offers = self._agree(step, problem, offer)
+            if reason is not None:
+                corrupt[step] = reason
+                shutil.rmtree(folder, ignore_errors=True)  # every rank is done with it (agreed)
+                continue
+            relayed = {
+                name: {r: offers[assignment.source[name]][name][r] for r in ranges}
+                for name, ranges in assignment.relayed_to(self.rank, all_needs).items()
+            }
+            log.info(
+                "checkpoint: step %d: rank %d fetched %s into the node cache, reads %d file(s) there, "
+                "%d byte(s) sent by other ranks",
+                step,
+                self.rank,
+                fetched or "nothing",
+                len(assignment.fetched_by(self.rank)),
+                sum(len(b) for ranges in relayed.values() for b in ranges.values()),
+            )
+            return step, marker, folder, sharded, relayed

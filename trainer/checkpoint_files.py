@@ -2,9 +2,11 @@
 
 A checkpoint ``checkpoints/step_<N>/`` is trusted only if its ``_COMMITTED`` lists files that
 all exist with their sizes (``trainer.commit`` decides) and the run's fence does not void it
-(``trainer.fence``: written by a stale attempt); a download is checked against the listed
-sha256 too. Any single process can read them: the :class:`trainer.checkpoint.Checkpointer`
-on rank 0 when it picks one to resume from, and ``trainer export`` / ``trainer evaluate``.
+(``trainer.fence``: written by a stale attempt); every file fetched is checked against the
+listed sha256 too, taken as it arrives. Any single process can read them: the
+:class:`trainer.checkpoint.Checkpointer` on rank 0 when it picks one to resume from, and
+``trainer export`` / ``trainer evaluate`` (:func:`download`). The training ranks fetch the
+files they read into their node's shared folder instead (:func:`node_dir`, :func:`fetch_listed`).
 
 Files of a checkpoint: DCP's ``.metadata`` and ``__<r>_<i>.distcp`` shards (the model and the
 optimizer), and one ``extra_rank<r>.pt`` per rank holding the per-rank states by name. A save
@@ -32,11 +34,11 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.filesystem import FileSystem
 
-from trainer import commit
+from trainer import commit, node_cache
 from trainer.contract import RunLayout, join
 from trainer.data import cache_dir
 from trainer.fence import FenceEntry, fence_of, marker_attempt, read_latest, void_reason
-from trainer.storage import NotFound, Storage, sha256_file
+from trainer.storage import NotFound, Storage
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
@@ -298,19 +300,64 @@ def nothing_to_resume(layout: RunLayout, found: Survey) -> str:
 
 
 def download(storage: Storage, layout: RunLayout, step: int, marker: dict[str, Any], root: Path) -> Path:
-    """Fetch every file of the committed checkpoint into ``root/load/step_<N>``, checksummed."""
+    """Fetch every file of the committed checkpoint into ``root/load/step_<N>``, checksummed.
+
+    For a single process (``trainer export``, ``trainer evaluate``); each file's sha256 is taken
+    as it arrives. The training ranks fetch through the node cache instead (:func:`fetch_listed`).
+    """
     local = fresh_dir(root / "load" / f"step_{step:08d}")
     for entry in marker["files"]:
         uri = file_uri(layout, step, marker, entry["name"])
-        path = local / entry["name"]
-        storage.download_file(uri, path)
-        got = sha256_file(path)
+        _size, got = storage.download_file_hashed(uri, local / entry["name"])
         if got != entry["sha256"]:
-            raise CorruptCheckpoint(
-                f"checkpoint file {uri} has sha256 {got}, _COMMITTED says {entry['sha256']}; "
-                f"the checkpoint is corrupt: delete its _COMMITTED to fall back to an older one"
-            )
+            raise CorruptCheckpoint(_corrupt(uri, f"has sha256 {got}, _COMMITTED says {entry['sha256']}"))
     return local
+
+
+def _corrupt(uri: str, what: str) -> str:
+    return (
+        f"checkpoint file {uri} {what}; the checkpoint is corrupt: delete its _COMMITTED to fall back "
+        "to an older one"
+    )
+
+
+def node_dir(run_uri: str, step: int, marker: dict[str, Any]) -> Path:
+    """The node's folder for the files of checkpoint ``step`` while it is loaded: one for all the
+    ranks of the node (``trainer.node_cache``), keyed by run, step and the attempt that wrote it."""
+    run = hashlib.sha256(run_uri.encode()).hexdigest()[:16]
+    return (
+        cache_dir() / "checkpoints" / run / "node" / f"step_{step:08d}" / (commit.files_dir(marker) or "step")
+    )
+
+
+def listed(marker: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The ``_COMMITTED`` entry of the file ``name``, or None when the checkpoint has no such file."""
+    return next((entry for entry in marker["files"] if entry["name"] == name), None)
+
+
+def fetch_listed(
+    storage: Storage, layout: RunLayout, step: int, marker: dict[str, Any], name: str, folder: Path
+) -> bool:
+    """Make ``folder/name`` hold the listed file of checkpoint ``step``, verified against the size
+    and sha256 in its ``_COMMITTED``, fetching it only if no rank of this node did; True when
+    this call downloaded it.
+
+    Raises CorruptCheckpoint when storage holds other bytes, or when the file is not listed.
+    """
+    uri = file_uri(layout, step, marker, name)
+    entry = listed(marker, name)
+    if entry is None:
+        raise CorruptCheckpoint(_corrupt(uri, "is not listed in _COMMITTED, yet the checkpoint needs it"))
+    try:
+        return node_cache.fetch(storage, uri, folder / name, sha256=entry["sha256"], size=entry["size"])
+    except node_cache.Mismatch as bad:
+        if bad.size != entry["size"]:
+            raise CorruptCheckpoint(
+                _corrupt(uri, f"has {bad.size} bytes, _COMMITTED says {entry['size']}")
+            ) from None
+        raise CorruptCheckpoint(
+            _corrupt(uri, f"has sha256 {bad.sha256}, _COMMITTED says {entry['sha256']}")
+        ) from None
 
 
 def load_model_weights(local_dir: Path, model: nn.Module) -> None:

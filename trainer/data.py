@@ -1,4 +1,4 @@
-"""Dataset access: the manifest, shard download into the node cache, token windows, sample order.
+"""Dataset access: the manifest, shards fetched once per node into its cache, token windows, sample order.
 
 A training sample ``i`` is the window of ``seq_len + 1`` tokens starting at ``i * seq_len``
 of the split's concatenated token stream. The cursor is a global sample index (samples
@@ -14,6 +14,7 @@ import itertools
 import json
 import os
 import tempfile
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,9 +22,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer import node_cache
 from trainer.config import samples_in
 from trainer.contract import ENV_CACHE_DIR, MANIFEST_FORMAT, MANIFEST_NAME, join
-from trainer.storage import Storage, sha256_file
+from trainer.storage import Storage
 
 
 class DataError(ValueError):
@@ -77,26 +79,37 @@ def manifest_numbers(manifest: dict[str, Any], data_uri: str) -> tuple[int, int]
         ) from None
 
 
-def fetch_split(storage: Storage, data_uri: str, manifest: dict[str, Any], split: str) -> list[Path]:
-    """Download the split's shards into the cache (content-addressed by sha256, verified)."""
+def fetch_split(
+    storage: Storage, data_uri: str, manifest: dict[str, Any], split: str, only: Collection[int] | None = None
+) -> list[Path]:
+    """The split's shards in the node cache, each fetched once per node and verified.
+
+    A shard is content-addressed by its sha256 (``shards/<sha256>.bin``), so runs and dataset
+    versions that share a shard share its file, and any other content gets another name. The
+    rank of the node that asks first downloads it, the others wait and find it verified
+    (``trainer.node_cache``).
+
+    :param only: the indices of the shards to fetch (:func:`shards_read` says which the
+        remaining steps read); all of them when None. The paths are those shards', in order.
+    """
     folder = cache_dir() / "shards"
-    folder.mkdir(parents=True, exist_ok=True)
+    size = np.dtype(manifest.get("token_dtype", "uint16")).itemsize
     paths = []
-    for shard in split_info(manifest, split, data_uri)["shards"]:
-        sha = shard["sha256"]
+    shards = split_info(manifest, split, data_uri)["shards"]
+    for shard in shards if only is None else [shards[i] for i in sorted(set(only))]:
+        sha, uri = shard["sha256"], join(data_uri, shard["path"])
         path = folder / f"{sha}.bin"
-        if not path.exists():
-            # Ranks on one node may race here: each downloads to its own temp name, then renames.
-            tmp = folder / f".{sha}.{os.getpid()}.part"
-            uri = join(data_uri, shard["path"])
-            storage.download_file(uri, tmp)
-            got = sha256_file(tmp)
-            if got != sha:
-                tmp.unlink(missing_ok=True)
-                raise DataError(
-                    f"shard {uri} has sha256 {got}, the manifest says {sha}; re-stage the dataset"
-                )
-            os.replace(tmp, path)
+        tokens = shard.get("tokens")
+        try:
+            node_cache.fetch(
+                storage, uri, path, sha256=sha, size=None if tokens is None else int(tokens) * size
+            )
+        except node_cache.Mismatch as bad:
+            wrong_size = bad.want_size is not None and bad.size != bad.want_size
+            sizes = f" ({bad.size} bytes, {bad.want_size} expected)" if wrong_size else ""
+            raise DataError(
+                f"shard {uri} has sha256 {bad.sha256}, the manifest says {sha}{sizes}; re-stage the dataset"
+            ) from None
         paths.append(path)
     return paths
 
@@ -111,6 +124,35 @@ def read_eval_index(
     text = storage.get(join(data_uri, index["path"])).decode("utf-8")
     records = [json.loads(line) for line in text.splitlines() if line.strip()]
     return records, list(index.get("slice_columns", []))
+
+
+def remaining_positions(cursor: int, step: int, max_steps: int, global_batch: int) -> range:
+    """The global sample positions the steps from ``step`` (at ``cursor``) to ``max_steps`` read."""
+    return range(cursor, cursor + max(0, max_steps - step) * global_batch)
+
+
+def shards_read(shard_tokens: Sequence[int], seq_len: int, seed: int, positions: range) -> list[int]:
+    """The indices of the shards that the windows of the sample ``positions`` read. Pure.
+
+    The samples are those :class:`TrainBatches` reads (:class:`SampleOrder` over the split's
+    concatenated shards): sample ``i`` is tokens ``[i * seq_len, (i + 1) * seq_len + 1)``, so a
+    window may span two shards (more when shards are shorter than a window).
+
+    :param shard_tokens: the tokens of each shard of the split, in order (the manifest's).
+    """
+    offsets = np.cumsum([0, *shard_tokens])
+    n = samples_in(int(offsets[-1]), seq_len)
+    if n <= 0 or not len(positions):
+        return []
+    touched = np.zeros(len(shard_tokens), dtype=bool)
+    for epoch in range(positions.start // n, (positions.stop - 1) // n + 1):
+        lo, hi = max(positions.start, epoch * n) - epoch * n, min(positions.stop, (epoch + 1) * n) - epoch * n
+        starts = sample_order(n, seed, epoch)[lo:hi].numpy().astype(np.int64) * seq_len
+        first = np.searchsorted(offsets, starts, side="right") - 1
+        last = np.searchsorted(offsets, starts + seq_len, side="right") - 1  # the window's last token
+        for a, b in set(zip(first.tolist(), last.tolist(), strict=True)):
+            touched[a : b + 1] = True
+    return [int(i) for i in np.flatnonzero(touched)]
 
 
 # --- token stream -----------------------------------------------------------------

@@ -236,3 +236,60 @@ def test_on_cuda_the_feed_reads_into_pinned_memory_and_copies_on_its_own_stream(
     assert inputs.device == device
     expected = batches.micro_batch(0, 0)
     assert torch.equal(inputs.cpu(), expected[:, :-1]) and torch.equal(targets.cpu(), expected[:, 1:])
+
+
+def test_the_shards_are_fetched_once_per_node_and_verified(tmp_path, monkeypatch):
+    from tests.trainer.helpers import ForwardingStorage, write_dataset
+
+    class Counting(ForwardingStorage):
+        def __init__(self, inner):
+            super().__init__(inner)
+            self.downloads = []
+
+        def download_file_hashed(self, uri, local_path):
+            self.downloads.append(uri)
+            return self.inner.download_file_hashed(uri, local_path)
+
+    monkeypatch.setenv("TRAINOPS_CACHE_DIR", str(tmp_path / "node"))
+    uri = write_dataset(tmp_path / "ds", train_records=20, eval_records=5)
+    storage = Counting(open_storage(uri))
+    manifest = data.read_manifest(storage, uri)
+    first = data.fetch_split(storage, uri, manifest, "train")
+    again = data.fetch_split(storage, uri, manifest, "train")  # another rank of the node
+    assert first == again and len(storage.downloads) == len(manifest["splits"]["train"]["shards"])
+    for path, shard in zip(first, manifest["splits"]["train"]["shards"], strict=True):
+        assert path.read_bytes() == (tmp_path / "ds" / shard["path"]).read_bytes()
+
+
+@pytest.mark.parametrize(("positions", "seq_len"), [(range(6), 8), (range(120, 128), 8), (range(3, 9), 30)])
+def test_the_shards_the_remaining_steps_read_are_exactly_those_their_windows_touch(
+    tmp_path, positions, seq_len
+):
+    # 40 shards of 23 to 32 tokens: windows of 9 (or 31) tokens cross shard boundaries, some by
+    # their last token only (a shard of 24 after one of 32), and positions 120 to 127 cross an
+    # epoch (123 samples of 8 tokens)
+    shard_tokens = [(24, 32, 25, 23)[i % 4] for i in range(40)]
+    paths, first_token = [], 0
+    for i, n in enumerate(shard_tokens):
+        path = tmp_path / f"{i}.bin"
+        np.arange(first_token + 1, first_token + 1 + n, dtype=np.uint16).tofile(path)  # never 0
+        paths.append(path)
+        first_token += n
+    wanted = data.shards_read(shard_tokens, seq_len, seed=3, positions=positions)
+    assert 0 < len(wanted) < len(shard_tokens)
+
+    def batches(only):  # the shards outside ``only`` hold zeros: the windows must not see them
+        files = []
+        for i, path in enumerate(paths):
+            if i not in only:
+                path = tmp_path / f"zero{i}.bin"
+                np.zeros(shard_tokens[i], dtype=np.uint16).tofile(path)
+            files.append(path)
+        batches = data.TrainBatches(data.TokenStream(files, "uint16"), seq_len, 3, 1, 1, 0)
+        return [[t.tolist() for t in batches.micro_batch(p, 0)] for p in positions]  # inputs, targets
+
+    assert batches(set(wanted)) == batches(set(range(40)))
+    for dropped in wanted:  # and each shard named is read by one of the windows
+        assert batches(set(wanted) - {dropped}) != batches(set(range(40)))
+    assert data.remaining_positions(cursor=40, step=5, max_steps=8, global_batch=8) == range(40, 64)
+    assert data.shards_read(shard_tokens, seq_len, 3, range(0)) == []

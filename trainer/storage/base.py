@@ -133,8 +133,34 @@ class Storage:
     def download_file(self, uri: str, local_path: str | os.PathLike) -> None:
         raise NotImplementedError
 
+    def download_file_hashed(self, uri: str, local_path: str | os.PathLike) -> tuple[int, str]:
+        """Download like :meth:`download_file`; the file's ``(size, sha256)``.
+
+        ``file://`` and ``s3://`` take both from the bytes as they arrive, so the file is not
+        read again to checksum it; this fallback (for other subclasses) reads it once.
+        """
+        self.download_file(uri, local_path)
+        return os.path.getsize(local_path), sha256_file(local_path)
+
     def copy(self, src_uri: str, dst_uri: str) -> None:
         raise NotImplementedError
+
+
+class _Tally:
+    """The size and sha256 of the chunks passed through :meth:`counted`."""
+
+    def __init__(self) -> None:
+        self.size, self._digest = 0, hashlib.sha256()
+
+    def counted(self, chunks: Iterator[bytes]) -> Iterator[bytes]:
+        for chunk in chunks:
+            self._digest.update(chunk)
+            self.size += len(chunk)
+            yield chunk
+
+    @property
+    def result(self) -> tuple[int, str]:
+        return self.size, self._digest.hexdigest()
 
 
 def _write_local(dst: str, chunks: Iterator[bytes]) -> None:

@@ -42,6 +42,7 @@ from trainer.storage.base import (
     _check_conditions,
     _md5,
     _md5_hex,
+    _Tally,
     _unsupported,
     _write_local,
     new_write_token,
@@ -364,14 +365,19 @@ class FileStorage(Storage):
         return etag
 
     def download_file(self, uri: str, local_path: str | os.PathLike) -> None:
+        self.download_file_hashed(uri, local_path)
+
+    def download_file_hashed(self, uri: str, local_path: str | os.PathLike) -> tuple[int, str]:
         src = _file_path(uri)
         dst = os.fspath(local_path)
         try:
             f = open(src, "rb")  # noqa: SIM115 - "with" below, once NotFound is told apart
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise NotFound(f"no object at {uri!r}") from None
+        tally = _Tally()
         with f:
-            _write_local(dst, iter(lambda: f.read(_CHUNK), b""))
+            _write_local(dst, tally.counted(iter(lambda: f.read(_CHUNK), b"")))
+        return tally.result
 
     def copy(self, src_uri: str, dst_uri: str) -> None:
         src = _file_path(src_uri)

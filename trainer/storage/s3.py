@@ -30,6 +30,7 @@ from trainer.storage.base import (
     Storage,
     StorageError,
     _check_conditions,
+    _Tally,
     _unsupported,
     _write_local,
     new_write_token,
@@ -414,6 +415,17 @@ class S3Storage(Storage):
             _write_local(os.fspath(local_path), body.iter_chunks(_CHUNK))
 
         self._call("GET", uri, "download", attempt)
+
+    def download_file_hashed(self, uri: str, local_path: str | os.PathLike) -> tuple[int, str]:
+        bucket, key = _split_s3(uri)
+
+        def attempt(_retry: int) -> tuple[int, str]:
+            tally = _Tally()  # a retry starts the file, and so its checksum, over
+            body = self._client.get_object(Bucket=bucket, Key=key)["Body"]
+            _write_local(os.fspath(local_path), tally.counted(body.iter_chunks(_CHUNK)))
+            return tally.result
+
+        return self._call("GET", uri, "download", attempt)
 
     def copy(self, src_uri: str, dst_uri: str) -> None:
         src_bucket, src_key = _split_s3(src_uri)

@@ -1,13 +1,17 @@
 """The node-local disk a training pod needs: the cache volume's ``sizeLimit`` and the pod's
 ``ephemeral-storage`` request, estimated from the model and the dataset. Pure.
 
-What the trainer keeps in ``$TRAINOPS_CACHE_DIR`` on one node, at its peak:
+What the trainer keeps in ``$TRAINOPS_CACHE_DIR`` on one node, at its peak (one copy per node:
+its ranks share the cache, ``trainer.node_cache``):
 
-- the dataset's train split, every shard (``trainer.data.fetch_split``), its tokens times the
-  manifest's ``token_dtype`` size;
-- on resume, the whole checkpoint once per rank on the node (each rank downloads all of it,
-  docs/decisions.md "Known limits", and deletes it once loaded), which is more than a save's
-  staging copy (the node's share of one checkpoint);
+- the dataset's train split, every shard once (``trainer.data.fetch_split``), its tokens times
+  the manifest's ``token_dtype`` size;
+- on resume, the node's share of the checkpoint (the files its ranks' load plans read,
+  ``trainer.checkpoint_reads``; deleted once loaded): its ranks' fraction of the checkpoint, plus
+  two ranks' files for a resume on another mesh, whose shard edges cut across the old files;
+  the whole checkpoint when the number of nodes is not known;
+- the checkpoint being saved: each rank stages its own files before they are uploaded, so the
+  node's share of one checkpoint;
 - the export's consolidated fp32 weights (rank 0, at the end).
 
 A checkpoint holds the fp32 weights and AdamW's two fp32 moments: 12 bytes per parameter.
@@ -43,12 +47,13 @@ class DiskEstimate:
     dataset_bytes: int
     checkpoint_bytes: int
     resume_bytes: int
+    save_bytes: int
     export_bytes: int
 
     @property
     def cache_bytes(self) -> int:
         """The cache's ``sizeLimit``: the parts with the margin."""
-        parts = self.dataset_bytes + self.resume_bytes + self.export_bytes
+        parts = self.dataset_bytes + self.resume_bytes + self.save_bytes + self.export_bytes
         return parts + max(MIN_MARGIN_BYTES, math.ceil(parts * MARGIN))
 
     @property
@@ -59,9 +64,10 @@ class DiskEstimate:
     def describe(self) -> str:
         """One line for the task log: what was counted."""
         return (
-            f"cache {gib(self.cache_bytes)} = dataset {gib(self.dataset_bytes)} + checkpoint "
-            f"{gib(self.checkpoint_bytes)} per rank on resume ({gib(self.resume_bytes)}) + export "
-            f"{gib(self.export_bytes)} + margin; ephemeral-storage request {gib(self.request_bytes)}"
+            f"cache {gib(self.cache_bytes)} = dataset {gib(self.dataset_bytes)} + this node's share of "
+            f"the {gib(self.checkpoint_bytes)} checkpoint on resume ({gib(self.resume_bytes)}) and while "
+            f"saving ({gib(self.save_bytes)}) + export {gib(self.export_bytes)} + margin; "
+            f"ephemeral-storage request {gib(self.request_bytes)}"
         )
 
 
@@ -87,19 +93,29 @@ def model_params(config: Config, manifest: Mapping[str, Any]) -> int | None:
     return param_count(PRESETS[config.model.preset].with_vocab(vocab))
 
 
-def estimate(config: Config, manifest: Mapping[str, Any], *, procs_per_node: int) -> DiskEstimate | None:
+def estimate(
+    config: Config, manifest: Mapping[str, Any], *, procs_per_node: int, nodes: int | None = None
+) -> DiskEstimate | None:
     """The cache one node of this run needs (None when the model's size is unknown).
 
-    :param procs_per_node: ranks per node; each downloads the whole checkpoint on resume.
+    :param procs_per_node: ranks per node.
+    :param nodes: nodes of the run; None (unknown) sizes a resume for the whole checkpoint.
     """
     params = model_params(config, manifest)
     if params is None:
         return None
     checkpoint = params * CHECKPOINT_BYTES_PER_PARAM
+    procs = max(1, procs_per_node)
+    world = procs * nodes if nodes else procs
+    share = math.ceil(checkpoint * procs / world)  # the node's ranks' files, on the mesh they saved
+    # On another mesh a node's ranks read parts of the old files at the edges of their shards:
+    # up to two ranks' files more. Without the number of nodes, the whole checkpoint.
+    resume = min(checkpoint, share + math.ceil(2 * checkpoint / world)) if nodes else checkpoint
     return DiskEstimate(
         dataset_bytes=dataset_bytes(manifest),
         checkpoint_bytes=checkpoint,
-        resume_bytes=checkpoint * max(1, procs_per_node),
+        resume_bytes=resume,
+        save_bytes=share,
         export_bytes=params * EXPORT_BYTES_PER_PARAM,
     )
 

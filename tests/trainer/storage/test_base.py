@@ -219,3 +219,14 @@ def test_sha256_of_a_file_larger_than_one_read_matches_hashlib(tmp_path):
     payload = os.urandom(2 * _CHUNK + 7)
     (tmp_path / "shard.bin").write_bytes(payload)
     assert sha256_file(tmp_path / "shard.bin") == hashlib.sha256(payload).hexdigest()
+
+
+def test_a_hashed_download_gives_the_size_and_sha256_of_what_arrived(root, tmp_path):
+    store = open_storage(root)
+    payload = os.urandom(3 * 1024 * 1024 + 7)  # more than one chunk
+    store.put(f"{root}/data/shard.bin", payload)
+    got = store.download_file_hashed(f"{root}/data/shard.bin", tmp_path / "out" / "shard.bin")
+    assert got == (len(payload), hashlib.sha256(payload).hexdigest())
+    assert (tmp_path / "out" / "shard.bin").read_bytes() == payload
+    with pytest.raises(NotFound):
+        store.download_file_hashed(f"{root}/data/nope.bin", tmp_path / "nope.bin")

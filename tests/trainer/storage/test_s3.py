@@ -319,3 +319,16 @@ def test_which_failures_are_retried():
         ValueError("a bug"),
     ):
         assert transient(final) is None, final
+
+
+def test_a_hashed_download_retried_after_a_reset_checksums_only_the_bytes_of_the_try_that_worked(
+    faulty_s3_root, s3_faults, tmp_path
+):
+    store = open_storage(faulty_s3_root)
+    payload = os.urandom(2 * 1024 * 1024)
+    store.put(f"{faulty_s3_root}/data/shard.bin", payload)
+    s3_faults.inject(reset_after=1.0, ops={"GET"}, limit=1)
+    got = store.download_file_hashed(f"{faulty_s3_root}/data/shard.bin", tmp_path / "shard.bin")
+    assert s3_faults.counts("GET") == {"reset_after": 1, "forwarded": 1}
+    assert got == (len(payload), hashlib.sha256(payload).hexdigest())
+    assert (tmp_path / "shard.bin").read_bytes() == payload
