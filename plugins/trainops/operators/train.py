@@ -454,7 +454,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
 
         config = config_from_mapping(yaml.safe_load(store.get(layout.config).decode()), layout.config)
         manifest = dataset_manifest(storage_for(config.data_uri, self.aws_conn_id), config.data_uri)
-        found = estimate(config, manifest, procs_per_node=max(1, self.gpus_per_node))
+        found = estimate(config, manifest, procs_per_node=max(1, self.gpus_per_node), nodes=self.nodes)
         if found is not None:
             self.log.info(
                 "pod disk: %s (job_options cache_size, ephemeral_storage override it)", found.describe()
