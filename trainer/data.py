@@ -159,10 +159,28 @@ def shards_read(shard_tokens: Sequence[int], seq_len: int, seed: int, positions:
 class TokenStream:
     """The concatenation of memory-mapped shards, read by global token offsets."""
 
-    def __init__(self, paths: list[Path], dtype: str):
-        self.shards = [np.memmap(p, dtype=np.dtype(dtype).newbyteorder("<"), mode="r") for p in paths]
-        self.offsets = np.cumsum([0] + [len(s) for s in self.shards])
+    def __init__(self, paths: Sequence[Path | None], dtype: str, lengths: Sequence[int] | None = None):
+        """:param paths: each shard's file, in order; None for a shard not fetched (the remaining
+            steps never read it, :func:`shards_read`), whose tokens ``lengths`` must then give.
+        :param lengths: each shard's tokens (the manifest's); needed only for absent shards.
+        """
+        order = np.dtype(dtype).newbyteorder("<")
+        self._shards = [None if p is None else np.memmap(p, dtype=order, mode="r") for p in paths]
+        if lengths is None and any(s is None for s in self._shards):
+            raise ValueError("a TokenStream with absent shards needs every shard's length")
+        sizes = [len(s) if s is not None else int(lengths[i]) for i, s in enumerate(self._shards)]  # type: ignore[index]
+        self.offsets = np.cumsum([0, *sizes])
         self._windows: dict[tuple[int, int], np.ndarray] = {}  # (shard, length): its windows' view
+
+    def shard(self, i: int) -> np.ndarray:
+        """Shard ``i``'s tokens; DataError if it was not fetched (nothing should read it)."""
+        found = self._shards[i]
+        if found is None:
+            raise DataError(
+                f"train shard {i} was not fetched, because the remaining steps were not expected to read "
+                "it, yet a window reads it: this is a trainer bug; report it with the run's config"
+            )
+        return found
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -173,11 +191,11 @@ class TokenStream:
             raise IndexError(f"token range [{start}, {stop}) is outside a stream of {len(self)} tokens")
         parts = []
         first = int(np.searchsorted(self.offsets, start, side="right")) - 1
-        for i in range(first, len(self.shards)):
+        for i in range(first, len(self._shards)):
             lo, hi = max(start, self.offsets[i]), min(stop, self.offsets[i + 1])
             if lo >= hi:
                 break
-            parts.append(self.shards[i][lo - self.offsets[i] : hi - self.offsets[i]])
+            parts.append(self.shard(i)[lo - self.offsets[i] : hi - self.offsets[i]])
         return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
 
     def gather(self, starts: np.ndarray, length: int, out: np.ndarray | None = None) -> np.ndarray:
@@ -214,7 +232,7 @@ class TokenStream:
         for lo, hi in itertools.pairwise(bounds):
             if hi - lo == 1:  # a shard holding one window of the batch: a plain slice copies it
                 row = int(by_shard[lo])
-                out[row] = self.shards[first[row]][local[row] : local[row] + length]
+                out[row] = self.shard(int(first[row]))[local[row] : local[row] + length]
             else:
                 rows = by_shard[lo:hi]
                 out[rows] = self._shard_windows(int(first[rows[0]]), length)[local[rows]]
@@ -227,13 +245,28 @@ class TokenStream:
         view = self._windows.get((shard, length))
         if view is None:
             view = self._windows[shard, length] = np.lib.stride_tricks.sliding_window_view(
-                self.shards[shard], length
+                self.shard(shard), length
             )
         return view
 
 
-def open_split(storage: Storage, data_uri: str, manifest: dict[str, Any], split: str) -> TokenStream:
-    return TokenStream(fetch_split(storage, data_uri, manifest, split), manifest.get("token_dtype", "uint16"))
+def open_split(
+    storage: Storage, data_uri: str, manifest: dict[str, Any], split: str, only: Collection[int] | None = None
+) -> TokenStream:
+    """The split as one token stream, its shards fetched into the node cache.
+
+    :param only: the shards to fetch (:func:`shards_read`), all when None; the others stay
+        absent from the stream, their lengths taken from the manifest.
+    """
+    shards = split_info(manifest, split, data_uri)["shards"]
+    dtype = manifest.get("token_dtype", "uint16")
+    if only is None:
+        return TokenStream(fetch_split(storage, data_uri, manifest, split), dtype)
+    wanted = sorted(set(only))
+    fetched = dict(zip(wanted, fetch_split(storage, data_uri, manifest, split, wanted), strict=True))
+    return TokenStream(
+        [fetched.get(i) for i in range(len(shards))], dtype, [int(shard["tokens"]) for shard in shards]
+    )
 
 
 # --- sample arithmetic (pure) -------------------------------------------------------

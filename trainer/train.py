@@ -23,7 +23,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -44,7 +44,7 @@ from trainer.preemption import StopFlag, stop_decision
 from trainer.progress import progress_line
 from trainer.state import TrainState, checkpoint_states
 from trainer.step import apply_gradients, first_non_finite, forward_backward, read_losses
-from trainer.storage import open_storage, outage_tolerance
+from trainer.storage import Storage, open_storage, outage_tolerance
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -164,7 +164,7 @@ def setup(config: Config, env: parallel.DistEnv, attempt: Attempt) -> Training:
     mesh = parallel.device_mesh(env, config.parallel.replicate)  # so does a bad parallel.replicate
     # Before any checkpoint is read: from now on the attempts before this one may commit nothing.
     on_rank0(env.rank, lambda: raise_fence(attempt.storage, attempt.layout, attempt.number))
-    batches, vocab = _train_batches(config, env)
+    data_storage, manifest, vocab = _train_data(config, env)
     global_batch = data.global_batch_size(t.micro_batch_size, accum, env.world_size)
     log.info(
         "batch: %d samples per step = micro batch %d x %d accumulation steps x %d ranks",
@@ -211,6 +211,7 @@ def setup(config: Config, env: parallel.DistEnv, attempt: Attempt) -> Training:
             attempt.resumed_from_step = attempt.checkpoint_step = resumed
             log.info("resume: step %d, data cursor %d", state.step, state.cursor)
     attempt.last_step = state.step
+    batches = _train_batches(config, env, data_storage, manifest, state, global_batch)
     metrics = (
         MetricsLog(
             # buffered records need no long wait; never longer than the run's own tolerance
@@ -273,11 +274,11 @@ def build_sharded_model(
     return built
 
 
-def _train_batches(config: Config, env: parallel.DistEnv) -> tuple[data.TrainBatches, int]:
-    """This rank's batches of the dataset's train split, and the model's vocabulary size.
+def _train_data(config: Config, env: parallel.DistEnv) -> tuple[Storage, dict[str, Any], int]:
+    """The dataset's storage and manifest, and the model's vocabulary size.
 
     The dataset must fit the config by the operator's own rule (``check_data_fit``), checked
-    on the manifest before any shard is downloaded; the shards must then hold what it says.
+    on the manifest before any shard is downloaded or any model built.
     """
     data_storage = open_storage(config.data_uri)  # the dataset may live on another scheme than the run
     manifest = data.read_manifest(data_storage, config.data_uri)
@@ -285,15 +286,35 @@ def _train_batches(config: Config, env: parallel.DistEnv) -> tuple[data.TrainBat
     check_data_fit(
         config, train_tokens=train_tokens, tokenizer_vocab=dataset_vocab, world_size=env.world_size
     )
+    return data_storage, manifest, config.model.vocab_size or dataset_vocab
+
+
+def _train_batches(
+    config: Config,
+    env: parallel.DistEnv,
+    data_storage: Storage,
+    manifest: dict[str, Any],
+    state: TrainState,
+    global_batch: int,
+) -> data.TrainBatches:
+    """This rank's batches of the train split, from the resumed ``state`` on: only the shards the
+    remaining steps read are fetched (each once per node); the shards must hold what the
+    manifest says."""
     t = config.train
-    stream = data.open_split(data_storage, config.data_uri, manifest, "train")
+    train_tokens, _ = data.manifest_numbers(manifest, config.data_uri)
+    shards = data.split_info(manifest, "train", config.data_uri)["shards"]
+    only = None
+    if all("tokens" in shard for shard in shards):  # a manifest without them: fetch every shard
+        remaining = data.remaining_positions(state.cursor, state.step, t.max_steps, global_batch)
+        only = data.shards_read([int(s["tokens"]) for s in shards], t.seq_len, config.seed, remaining)
+        log.info("data: %d of %d train shards are read by the remaining steps", len(only), len(shards))
+    stream = data.open_split(data_storage, config.data_uri, manifest, "train", only)
     if len(stream) != train_tokens:
         raise data.DataError(
             f"the train split of {config.data_uri} holds {len(stream)} tokens in its shards, but its "
             f"manifest says {train_tokens}; re-stage the dataset"
         )
-    batches = data.TrainBatches(stream, t.seq_len, config.seed, t.micro_batch_size, env.world_size, env.rank)
-    return batches, config.model.vocab_size or dataset_vocab
+    return data.TrainBatches(stream, t.seq_len, config.seed, t.micro_batch_size, env.world_size, env.rank)
 
 
 # --- one step ------------------------------------------------------------------------------

@@ -293,3 +293,30 @@ def test_the_shards_the_remaining_steps_read_are_exactly_those_their_windows_tou
         assert batches(set(wanted) - {dropped}) != batches(set(range(40)))
     assert data.remaining_positions(cursor=40, step=5, max_steps=8, global_batch=8) == range(40, 64)
     assert data.shards_read(shard_tokens, seq_len, 3, range(0)) == []
+
+
+def test_a_split_opened_for_some_shards_fetches_only_those_and_refuses_to_read_the_others(
+    tmp_path, monkeypatch
+):
+    from tests.trainer.helpers import write_dataset
+
+    monkeypatch.setenv("TRAINOPS_CACHE_DIR", str(tmp_path / "node"))
+    uri = write_dataset(tmp_path / "ds", train_records=300, shard_tokens=2000)
+    storage = open_storage(uri)
+    manifest = data.read_manifest(storage, uri)
+    shards = manifest["splits"]["train"]["shards"]
+    assert len(shards) >= 3
+    whole = data.open_split(storage, uri, manifest, "train")
+    for path in (tmp_path / "node" / "shards").glob("*.bin"):
+        path.unlink()  # a fresh node
+
+    part = data.open_split(storage, uri, manifest, "train", only=[1])
+    assert len(part) == len(whole)  # offsets from the manifest: the same global token positions
+    assert [p.name for p in (tmp_path / "node" / "shards").glob("*.bin")] == [f"{shards[1]['sha256']}.bin"]
+    lo, hi = int(part.offsets[1]), int(part.offsets[2])
+    assert part.read(lo, hi).tolist() == whole.read(lo, hi).tolist()
+    assert part.gather(np.array([lo, lo + 5]), 9).tolist() == whole.gather(np.array([lo, lo + 5]), 9).tolist()
+    with pytest.raises(data.DataError, match=r"train shard 0 was not fetched"):
+        part.read(0, 4)
+    with pytest.raises(data.DataError, match=r"train shard 2 was not fetched"):
+        part.gather(np.array([hi - 3]), 9)  # a window that crosses into shard 2
