@@ -30,7 +30,7 @@ from torch import nn
 from trainer import data, heartbeat, parallel
 from trainer.attempts import Attempt, NonFiniteLoss, attempt_number, cause_of, classify_failure, now_iso
 from trainer.builder import BuiltModel, build_model
-from trainer.checkpoint import Checkpointer, on_rank0
+from trainer.checkpoint import Blocked, Checkpointer, on_rank0
 from trainer.config import Config, accumulation_steps, check_data_fit
 from trainer.contract import AttemptRecord, RunLayout, attempt_record_line
 from trainer.export import join_export, write_export
@@ -324,10 +324,11 @@ def train_loop(tr: Training, flag: StopFlag) -> str:
         beat(state.step, time.monotonic() - step_started)  # the operator's hang watch
         stop, signal_name = stop_decision(result.stop_votes, flag.signal_name)
         stop = stop and state.step < t.max_steps  # on the last step, finishing is the quickest way out
-        if tr.metrics is not None:
-            _log_step(tr, tr.metrics, result, step_started, started, first_step, force=stop)
+        saved = None  # the loop waits while the state is copied, and for a previous save in flight
         if state.step % tr.config.checkpoint.every_steps == 0 and state.step < t.max_steps:
-            tr.checkpointer.save_async(state.step)  # the loop waits only while the state is copied
+            saved = tr.checkpointer.save_async(state.step)
+        if tr.metrics is not None:
+            _log_step(tr, tr.metrics, result, step_started, started, first_step, force=stop, saved=saved)
         if stop:
             _stop_preempted(tr, signal_name, flag.at)
             return "preempted"
@@ -343,11 +344,18 @@ def _log_step(
     started: float,
     first_step: int,
     force: bool,
+    saved: Blocked | None = None,
 ) -> None:
     """Rank 0: the step's metrics record, and the progress line every ``train.log_every`` steps
-    (and on the last step, or when ``force``)."""
+    (and on the last step, or when ``force``).
+
+    :param saved: how long this step's async checkpoint held the loop: recorded as
+        ``checkpoint_blocked_s`` (the wait for the previous save included) and
+        ``checkpoint_waited_s``, and left out of the step's ``tokens_per_s``.
+    """
     t, step, now = tr.config.train, tr.state.step, time.monotonic()
-    tokens_per_s = tr.global_batch * t.seq_len / max(now - step_started, 1e-9)
+    blocked = saved.total_s if saved is not None else 0.0
+    tokens_per_s = tr.global_batch * t.seq_len / max(now - step_started - blocked, 1e-9)
     all_devices_peak = tr.device_peak * tr.env.world_size if tr.device_peak else None
     step_mfu = mfu(tokens_per_s, tr.flops_per_token, all_devices_peak)
     peak_mem = torch.cuda.max_memory_allocated(tr.env.device) / 2**30 if torch.cuda.is_available() else None
@@ -359,6 +367,11 @@ def _log_step(
         time=time.time(),
         **({"mfu": step_mfu} if step_mfu is not None else {}),
         **({"peak_mem_gib": peak_mem} if peak_mem is not None else {}),
+        **(
+            {"checkpoint_blocked_s": round(blocked, 4), "checkpoint_waited_s": round(saved.waited_s, 4)}
+            if saved is not None
+            else {}
+        ),
     )
     if step % t.log_every == 0 or step == t.max_steps or force:
         line = progress_line(
