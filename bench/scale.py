@@ -12,6 +12,13 @@ what it measures and returns ``name=value`` lines. Goals (issue #14):
   moments do not exist yet after setup): a rank that held the whole model would show at least
   the world size here; ``setup_peak_rss_ratio_params_whole_model`` is that figure for a model
   built whole on every rank and then sharded (the path a user's ``model.builder`` takes).
+- ``blocking_steps``: the longest the training loop waited for one async checkpoint, the wait
+  for a previous save still in flight included (each checkpoint step's ``checkpoint_blocked_s``
+  in ``metrics.jsonl``), over the median step time of the same run, for the real trainer
+  saving to ``s3://`` on moto's server over HTTP every ``--every-steps`` steps. Goal <= 1.
+  ``blocking_save_steps`` is a whole save (staging, writing, upload, commit) over the median
+  step: below that many steps between saves the loop waits for the previous one, whatever the
+  staging costs.
 
 - ``resume_bytes_ratio``: the bytes storage sent during one resume (the trainer's ``setup`` of
   a second attempt, which loads the checkpoint the first one committed), all ranks together,
@@ -26,7 +33,7 @@ what it measures and returns ``name=value`` lines. Goals (issue #14):
   dataset is on ``s3://`` (moto, the same counting relay; the run on ``file://``), over the
   train split's size: every shard is fetched once per node. Goal <= 1.1.
 
-    .venv/bin/python bench/scale.py [--preset small] [--resume-preset tiny] [--only NAME]
+    .venv/bin/python bench/scale.py [--preset small] [--resume-preset tiny] [--every-steps 16] [--only NAME]
 """
 
 from __future__ import annotations
@@ -35,9 +42,12 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import resource
 import socket
 import socketserver
+import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -45,7 +55,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import env, torchrun, write_random_dataset
+from _common import REPO, env, torchrun, write_random_dataset
+from checkpoint import moto_s3, save_blocking
 
 NPROC = 2
 MIB = 2**20
@@ -337,10 +348,72 @@ def data_bytes_ratio(tmp: Path, args: argparse.Namespace) -> list[str]:
     ]
 
 
+SAVED = re.compile(r"checkpoint: step (\d+) staged in [0-9.]+s .*; committed in ([0-9.]+)s$", re.M)
+
+
+def blocking_steps(tmp: Path, args: argparse.Namespace) -> list[str]:
+    """The trainer on 2 ranks, 2 async saves to S3 (moto over HTTP), then its final one."""
+    from trainer.storage import open_storage
+
+    data_uri = write_random_dataset(tmp / "data", tokens=200_000)
+    every, saves = args.every_steps, 2
+    with moto_s3() as (root, creds):
+        run_uri = f"{root}/runs/blocking"
+        config = tmp / "blocking.json"  # JSON is YAML
+        config.write_text(
+            json.dumps(
+                {
+                    "run_uri": run_uri,
+                    "data_uri": data_uri,
+                    "seed": 1,
+                    "precision": "fp32",
+                    "resume": "never",
+                    "model": {"preset": args.preset},
+                    "train": {"max_steps": every * saves + 1, "micro_batch_size": 1, "seq_len": 64},
+                    "checkpoint": {"every_steps": every, "keep": 2},
+                    # metrics reach storage at the end: the loop's steps time training and saves
+                    "metrics": {"flush_every": every * saves + 1},
+                }
+            )
+        )
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={NPROC}"]
+        proc = subprocess.run(
+            [*cmd, "-m", "trainer", "train", "--config", str(config)],
+            env={**env(tmp / "cache"), **creds},
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            cwd=REPO,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"the trainer failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+            )
+        records = [
+            json.loads(line) for line in open_storage(run_uri).get(f"{run_uri}/metrics.jsonl").splitlines()
+        ]
+    blocking = save_blocking(sorted(records, key=lambda r: r["step"]))
+    whole = [float(s) for _, s in SAVED.findall(proc.stdout + proc.stderr)]
+    save_s = statistics.median(whole)
+    return [
+        f"blocking_preset={args.preset} world_size={NPROC} every_steps={every} saves={len(blocking['blocked_s'])} "
+        "storage=s3 (moto over HTTP)",
+        f"blocking_step_s={blocking['step_s']:.3f}",
+        f"blocking_worst_blocked_s={max(blocking['blocked_s']):.3f}",
+        f"blocking_worst_waited_s={max(blocking['waited_for_previous_s']):.3f}",
+        f"blocking_worst_staged_s={max(blocking['staged_s']):.3f}",
+        f"blocking_staged_s={' '.join(f'{s:.3f}' for s in blocking['staged_s'])}",
+        f"blocking_save_s={save_s:.2f}",
+        f"blocking_save_steps={save_s / blocking['step_s']:.2f}",
+        f"blocking_steps={blocking['blocking_steps']:.3f}",
+    ]
+
+
 FIGURES: dict[str, Callable[[Path, argparse.Namespace], list[str]]] = {
     "setup_peak_rss_ratio": setup_peak_rss_ratio,
     "resume_bytes_ratio": resume_bytes_ratio,
     "data_bytes_ratio": data_bytes_ratio,
+    "blocking_steps": blocking_steps,
 }
 WORKERS: dict[str, Callable[[Path, str], None]] = {"setup": setup_worker, "attempt": attempt_worker}
 
@@ -356,6 +429,13 @@ def main() -> None:
         "--resume-vocab", type=int, default=16384, help="its vocabulary (default 16384: a ~25 MB checkpoint)"
     )
     parser.add_argument("--only", choices=sorted(FIGURES), action="append", help="figures to measure")
+    parser.add_argument(
+        "--every-steps",
+        type=int,
+        default=16,
+        help="checkpoint.every_steps for blocking_steps (default 16: moto takes a `small` checkpoint in "
+        "about 8 steps of 2 CPU ranks)",
+    )
     args = parser.parse_args()
     for name in args.only or list(FIGURES):
         with tempfile.TemporaryDirectory(prefix=f"scale-{name}-") as tmp:

@@ -9,10 +9,12 @@ file's size and sha256 taken from the bytes as they are written (never by readin
 uploads them into the attempt's folder of the step (``step_<N>/attempt_<k>/``); only when
 every rank is done does rank 0 write ``_COMMITTED`` and then ``latest.json``, both fenced
 (``trainer.fence``: an attempt older than the newest one that started is refused), then
-prune. Regular saves are asynchronous: the loop waits only while DCP copies the state to CPU
-memory ("staging"); writing, uploading and the commit run in a background thread, on a
-process group of their own. One save is in flight at most. The emergency (preemption) and
-final saves are synchronous.
+prune. Regular saves are asynchronous: the loop waits only while DCP copies the state into
+CPU buffers kept from one save to the next ("staging", ``trainer.staging``); writing, uploading
+and the commit run in a background thread, on a process group of their own. One save is in
+flight at most: a save that comes while the previous one still runs waits for it first, and
+that wait is blocking time too (:class:`Blocked`); the first such wait logs a warning naming
+``checkpoint.every_steps``. The emergency (preemption) and final saves are synchronous.
 
 Load: rank 0 picks the newest checkpoint whose ``_COMMITTED`` checks out and tells the
 others; each node fetches the files its ranks' DCP load plans read once, into a folder they
@@ -27,11 +29,13 @@ are ``trainer.checkpoint_files``, which single processes use too.
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar, cast
 
@@ -40,7 +44,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.stateful import Stateful
 
-from trainer import commit, fence, parallel
+from trainer import commit, fence, parallel, staging
 from trainer.attempts import CausedError, cause_of, classify_failure
 from trainer.checkpoint_files import (
     CorruptCheckpoint,
@@ -117,6 +121,45 @@ def on_rank0(rank: int, work: Callable[[], T]) -> T:
     return cast(T, result)
 
 
+@dataclass(frozen=True)
+class Blocked:
+    """How long one async save held the training loop: first waiting for the previous save to
+    finish (``waited_s``, 0 when it had), then copying the state to CPU memory (``staged_s``)."""
+
+    waited_s: float
+    staged_s: float
+
+    @property
+    def total_s(self) -> float:
+        """Every second the loop waited for this save, the wait for the previous one included."""
+        return self.waited_s + self.staged_s
+
+
+def keep_up_every_steps(save_s: float, steps: int, loop_s: float) -> int:
+    """The smallest ``checkpoint.every_steps`` at which a save is done before the next is due.
+
+    :param save_s: how long the previous save ran in the background (from the loop going on to
+        the end of its commit).
+    :param steps: the steps the loop trained meanwhile, before the next save was due.
+    :param loop_s: the seconds those steps took.
+    """
+    if steps <= 0 or loop_s <= 0:  # nothing to scale by: one step more than now is all we know
+        return max(steps, 0) + 1
+    return max(steps + 1, math.ceil(save_s / (loop_s / steps)))
+
+
+def back_pressure_warning(step: int, previous: int, save_s: float, loop_s: float) -> str:
+    """The warning of a save that had to wait for the previous one (logged once per attempt)."""
+    steps = step - previous
+    return (
+        f"checkpoint: the save of step {step} had to wait for the save of step {previous}, which ran "
+        f"{save_s:.1f}s in the background while {steps} steps of training took {loop_s:.1f}s: storage "
+        "takes a checkpoint slower than checkpoint.every_steps steps train, so the loop stalls at every "
+        f"save; set checkpoint.every_steps to at least {keep_up_every_steps(save_s, steps, loop_s)}, or "
+        "use faster storage (logged once; each save's wait is in metrics.jsonl as checkpoint_waited_s)"
+    )
+
+
 def written_entry(path: Path, written: Written) -> dict[str, Any]:
     """The ``_COMMITTED`` entry of the staged file ``path``, from what was learnt writing it.
 
@@ -179,6 +222,14 @@ class Checkpointer:
         self._thread: threading.Thread | None = None
         self._in_flight_step: int | None = None
         self._error: BaseException | None = None
+        # Kept for the life of the checkpointer: the staging buffers and the save plans are the
+        # same at every save (trainer.staging).
+        self._stager = staging.reusing_stager()
+        self._plan_key = staging.plan_key()
+        self._background_since: float | None = None  # when the save in flight left the loop
+        self._warned_back_pressure = False
+        self.worst_blocked: Blocked | None = None  # the longest any async save held the loop
+        self.waits = 0  # async saves that had to wait for the previous one
 
     def _marker_meta(self) -> dict[str, Any]:
         train_state = self.per_rank.get("train_state")
@@ -195,40 +246,65 @@ class Checkpointer:
         Waits for any save in flight first.
         """
         self.wait()
-        staging, written = fresh_dir(self.local_root / "save"), Written()
+        staging_dir, written = fresh_dir(self.local_root / "save"), Written()
         per_rank = self._per_rank_snapshot()
         dcp.save(
-            dict(self.sharded), storage_writer=hashing_writer(staging, written), process_group=self.group
+            dict(self.sharded),
+            storage_writer=self._writer(staging_dir, written),
+            planner=staging.caching_planner(self._plan_key),
+            process_group=self.group,
         )
-        self._write_per_rank(per_rank, staging, written)
-        self._upload_and_commit(step, staging, written, self._marker_meta())
+        self._write_per_rank(per_rank, staging_dir, written)
+        self._upload_and_commit(step, staging_dir, written, self._marker_meta())
+
+    @staticmethod
+    def _writer(folder: Path, written: Written) -> dcp.FileSystemWriter:
+        # No fsync of the staged files: on S3 they are uploaded and deleted, and on file:// the
+        # upload (a rename) fsyncs each one before it is in place; a second fsync is pure wait.
+        return hashing_writer(folder, written, sync_files=False)
 
     def _write_per_rank(self, per_rank: dict[str, Any], staging: Path, written: Written) -> None:
         with hashing_open(staging / per_rank_file(self.rank), written) as f:
             torch.save(per_rank, cast(BinaryIO, f))
 
-    def save_async(self, step: int) -> float:
-        """Start the checkpoint for ``step``; returns the seconds the caller was blocked.
+    def save_async(self, step: int) -> Blocked:
+        """Start the checkpoint for ``step``; returns how long the caller was blocked.
 
         Waits for the previous save first. Returns once the state is copied to CPU memory, so
         the caller may update the weights right away; :meth:`wait` says how it ended.
         """
         started = time.monotonic()
+        previous, since = self._in_flight_step, self._background_since
+        in_flight = self._thread is not None and self._thread.is_alive()
         self.wait()
-        waited = time.monotonic() - started
-        staging, written = fresh_dir(self.local_root / "save"), Written()
+        waited_until = time.monotonic()
+        # Rank 0 warns for all: every rank's save ends with the same commit, so they all wait alike.
+        warn = in_flight and self.rank == 0 and not self._warned_back_pressure
+        if warn and previous is not None and since is not None:
+            self._warned_back_pressure = True
+            log.warning(back_pressure_warning(step, previous, waited_until - since, started - since))
+        staging_dir, written = fresh_dir(self.local_root / "save"), Written()
         meta, per_rank = self._marker_meta(), self._per_rank_snapshot()
         result = dcp.async_save(
-            dict(self.sharded), storage_writer=hashing_writer(staging, written), process_group=self.group
+            dict(self.sharded),
+            storage_writer=self._writer(staging_dir, written),
+            planner=staging.caching_planner(self._plan_key),
+            process_group=self.group,
+            async_stager=self._stager,  # returns once the copy into the reused buffers is done
         )
         # Newer torch answers with a pair of futures (staged, uploaded); older with the upload's.
         upload: Future[Any] = result if isinstance(result, Future) else result.upload_completion
-        self._write_per_rank(per_rank, staging, written)
-        blocked = time.monotonic() - started
+        self._write_per_rank(per_rank, staging_dir, written)
+        self._background_since = time.monotonic()
+        waited = waited_until - started if in_flight else 0.0  # else it only looked: nothing ran
+        blocked = Blocked(waited_s=waited, staged_s=self._background_since - started - waited)
+        self.waits += in_flight
+        if self.worst_blocked is None or blocked.total_s > self.worst_blocked.total_s:
+            self.worst_blocked = blocked
         self._error, self._in_flight_step = None, step
         self._thread = threading.Thread(
             target=self._finish,
-            args=(step, upload, staging, written, meta, blocked - waited, waited, started),
+            args=(step, upload, staging_dir, written, meta, blocked, started),
             name=f"checkpoint-step-{step}",
             daemon=True,
         )
@@ -242,8 +318,7 @@ class Checkpointer:
         staging: Path,
         written: Written,
         meta: dict[str, Any],
-        staged: float,
-        waited: float,
+        blocked: Blocked,
         started: float,
     ) -> None:
         try:
@@ -255,8 +330,8 @@ class Checkpointer:
                 "checkpoint: step %d staged in %.2fs (loop blocked), after waiting %.2fs for the previous "
                 "save; committed in %.1fs",
                 step,
-                staged,
-                waited,
+                blocked.staged_s,
+                blocked.waited_s,
                 time.monotonic() - started,
             )
         except BaseException as exc:

@@ -374,8 +374,10 @@ def train_loop(tr: Training, flag: StopFlag) -> str:
         save = state.step % tr.config.checkpoint.every_steps == 0 and state.step < t.max_steps
         logged = state.step % t.log_every == 0 or state.step == t.max_steps or stop
         losses = _read_losses(tr, unread) if logged or save else None
-        if save:
-            tr.checkpointer.save_async(state.step)  # the loop waits only while the state is copied
+        if save:  # the loop waits while the state is copied, and for a previous save in flight
+            saved = tr.checkpointer.save_async(state.step)
+            result.extra["checkpoint_blocked_s"] = round(saved.total_s, 4)
+            result.extra["checkpoint_waited_s"] = round(saved.waited_s, 4)
         if losses is not None:
             if tr.metrics is not None:
                 _log_steps(tr, tr.metrics, unread, losses, started, first_step, print_line=logged)
@@ -415,9 +417,13 @@ def _log_steps(
     """Rank 0: each step's metrics record, and the progress line of the last one when
     ``print_line``. Tokens/s and MFU are over the steps read together (from the first one's
     start to now, after the read waited for the device): what one step took is not known on
-    the host without a wait."""
+    the host without a wait. The time the loop was held by async checkpoints
+    (``checkpoint_blocked_s`` of a step's record, the wait for a previous save included) is
+    left out."""
     t, last, now = tr.config.train, steps[-1], time.monotonic()
-    tokens_per_s = len(steps) * tr.global_batch * t.seq_len / max(now - steps[0].started, 1e-9)
+    blocked = sum(float(r.extra.get("checkpoint_blocked_s", 0.0)) for r in steps)
+    elapsed = now - steps[0].started - blocked
+    tokens_per_s = len(steps) * tr.global_batch * t.seq_len / max(elapsed, 1e-9)
     all_devices_peak = tr.device_peak * tr.env.world_size if tr.device_peak else None
     step_mfu = mfu(tokens_per_s, tr.flops_per_token, all_devices_peak)
     peak_mem = torch.cuda.max_memory_allocated(tr.env.device) / 2**30 if torch.cuda.is_available() else None

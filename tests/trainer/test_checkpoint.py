@@ -4,12 +4,21 @@ import hashlib
 import json
 import logging
 import re
+import threading
+from pathlib import Path
 
 import pytest
 import torch
 
 from tests.trainer.storage.reads import count_reads, has_user_xattrs
-from trainer.checkpoint import Checkpointer, CheckpointError, written_entry
+from trainer.checkpoint import (
+    Blocked,
+    Checkpointer,
+    CheckpointError,
+    back_pressure_warning,
+    keep_up_every_steps,
+    written_entry,
+)
 from trainer.checkpoint_files import Written, find_latest, hashing_open
 from trainer.contract import RunLayout
 from trainer.model import Transformer
@@ -126,7 +135,8 @@ def test_async_save_keeps_the_state_of_its_step_while_training_goes_on(world_of_
         ckpt.save_async(20)  # waits for step 10 first
         assert ckpt.last_committed == 10
         assert ckpt.wait() and ckpt.last_committed == 20
-    assert blocked >= 0.0
+    assert isinstance(blocked, Blocked) and blocked.staged_s > 0.0
+    assert blocked.total_s == blocked.waited_s + blocked.staged_s
     assert re.search(
         r"checkpoint: step 10 staged in \d+\.\d\ds \(loop blocked\), after waiting \d+\.\d\ds for the previous save; committed in \d+\.\ds",
         caplog.text,
@@ -138,6 +148,73 @@ def test_async_save_keeps_the_state_of_its_step_while_training_goes_on(world_of_
     assert (loader.load_latest(), loaded.cursor) == (10, 80)
     for name, tensor in other.state_dict().items():
         assert torch.equal(tensor, at_save[name]), name
+
+
+class HeldSaves:
+    """Holds each background save's upload until the loop waits for that save, as storage that
+    takes a checkpoint slower than ``checkpoint.every_steps`` steps train would: the next save
+    then finds it still in flight, every time and without a race."""
+
+    def __init__(self, ckpt: Checkpointer):
+        self.storage, self.released = ckpt.storage, threading.Semaphore(0)
+        ckpt.storage = self
+        wait = ckpt.wait
+
+        def waiting(timeout=None):
+            if ckpt._thread is not None and ckpt._thread.is_alive():
+                self.released.release()
+            return wait(timeout)
+
+        ckpt.wait = waiting
+
+    def __getattr__(self, name):
+        return getattr(self.storage, name)
+
+    def upload_file(self, path, uri, *, move=False):
+        held = threading.current_thread() is not threading.main_thread() and Path(path).name == ".metadata"
+        if held and not self.released.acquire(timeout=60):
+            raise TimeoutError(f"nothing waited for the save uploading {uri} within 60 s")
+        return self.storage.upload_file(path, uri, move=move)
+
+
+def test_a_save_that_waits_for_the_previous_one_counts_the_wait_and_warns_once(
+    world_of_one, tmp_path, caplog
+):
+    run_uri = (tmp_path / "run").as_uri()
+    model, optimizer = fresh(0)
+    ckpt, state = checkpointer(open_storage(run_uri), run_uri, model, optimizer, keep=3)
+    HeldSaves(ckpt)
+    with caplog.at_level(logging.INFO, logger="trainer.checkpoint"):
+        advance(state, 4, 32)
+        first = ckpt.save_async(4)
+        blocked = []
+        for step in (8, 12):
+            train_one_step(model, optimizer)
+            advance(state, step, step * 8)
+            blocked.append(ckpt.save_async(step))  # step 4's (then 8's) save is still held
+        assert ckpt.wait() and ckpt.last_committed == 12
+    assert first.waited_s == 0.0
+    for save in blocked:
+        assert save.waited_s > 0.0 and save.total_s > save.waited_s
+    assert (ckpt.waits, ckpt.worst_blocked) == (2, max([first, *blocked], key=lambda b: b.total_s))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings  # once, not at every save
+    assert re.fullmatch(
+        r"checkpoint: the save of step 8 had to wait for the save of step 4, which ran \d+\.\ds in the "
+        r"background while 4 steps of training took \d+\.\ds: storage takes a checkpoint slower than "
+        r"checkpoint.every_steps steps train, so the loop stalls at every save; set "
+        r"checkpoint.every_steps to at least \d+, or use faster storage \(logged once; each save's "
+        r"wait is in metrics.jsonl as checkpoint_waited_s\)",
+        warnings[0],
+    )
+    assert find_latest(open_storage(run_uri), RunLayout(run_uri))[0] == 12
+
+
+def test_the_warning_names_the_interval_at_which_storage_keeps_up():
+    assert keep_up_every_steps(save_s=25.0, steps=4, loop_s=10.0) == 10  # 2.5 s a step
+    assert keep_up_every_steps(save_s=10.01, steps=4, loop_s=10.0) == 5  # just slower: one more
+    assert keep_up_every_steps(save_s=3.0, steps=0, loop_s=0.0) == 1
+    assert "set checkpoint.every_steps to at least 10," in back_pressure_warning(8, 4, 25.0, 10.0)
 
 
 class FailingUploads:

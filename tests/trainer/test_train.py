@@ -30,6 +30,7 @@ from tests.trainer.helpers import (
     torchrun_argv,
     trainer_env,
 )
+from tests.trainer.test_checkpoint import HeldSaves
 from trainer.attempts import NODE_HINT, NON_FINITE_HINT, STORAGE_HINT, Attempt, NonFiniteLoss, now_iso
 from trainer.config import ConfigError, load_config
 from trainer.contract import RunLayout, attempt_record_in_log
@@ -285,6 +286,21 @@ def test_a_signalled_loop_stops_after_the_step_with_an_emergency_checkpoint(
     assert 5.0 <= record["emergency_save_s"] < 65
 
 
+def test_a_checkpoint_steps_record_says_how_long_its_save_held_the_loop_the_wait_included(
+    world_of_one, tmp_path, dataset_uri
+):
+    training, _ = start(tmp_path, dataset_uri, world_of_one, 1, "train.max_steps=5")
+    HeldSaves(training.checkpointer)  # storage slower than every_steps=2: step 4 waits for step 2
+    assert train_loop(training, StopFlag()) == "completed"
+    metrics = metrics_of(tmp_path / "run")
+    assert sorted(metrics) == [1, 2, 3, 4, 5]
+    for step in (1, 3, 5):  # no async save (5 is the final, synchronous one)
+        assert "checkpoint_blocked_s" not in metrics[step] and "checkpoint_waited_s" not in metrics[step]
+    assert metrics[2]["checkpoint_waited_s"] == 0.0 < metrics[2]["checkpoint_blocked_s"]
+    assert 0.0 < metrics[4]["checkpoint_waited_s"] < metrics[4]["checkpoint_blocked_s"]
+    assert committed_steps(tmp_path / "run") == [4, 5]  # checkpoint.keep=2
+
+
 def test_setup_builds_the_preset_sharded_from_the_seed_and_refuses_a_replicate_that_cannot_divide(
     world_of_one, tmp_path, dataset_uri
 ):
@@ -379,6 +395,8 @@ def test_uninterrupted_run(reference_run):
             reference_run["stdout"],
             re.M,
         ), step
+        # and its metrics record says how long it held the loop (the wait for the previous save included)
+        assert metrics[step]["checkpoint_blocked_s"] >= metrics[step]["checkpoint_waited_s"] >= 0.0
     assert committed_steps(run) == [30, 40]  # checkpoint.keep=2
     assert read_json(run / "checkpoints" / "latest.json")["step"] == MAX_STEPS
     info = read_json(run / "export" / "export.json")

@@ -1,0 +1,78 @@
+"""What a save reuses from one save to the next: staging buffers and save plans (a world of one)."""
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from trainer.checkpoint_files import Written, hashing_writer
+from trainer.model import Transformer
+from trainer.presets import PRESETS
+from trainer.staging import caching_planner, plan_key, reusing_stager
+
+
+def state(seed: int = 0) -> dict:
+    torch.manual_seed(seed)
+    return {"model": Transformer(PRESETS["tiny"].with_vocab(257)).state_dict()}
+
+
+def pointers(staged: dict) -> dict[str, int]:
+    return {name: tensor.data_ptr() for name, tensor in staged["model"].items()}
+
+
+def test_the_stager_copies_into_the_same_buffers_at_every_save_and_they_hold_a_snapshot():
+    live = state()
+    stager = reusing_stager(cuda=False)
+    first = stager.stage(live)
+    first_pointers, first_values = pointers(first), {k: v.clone() for k, v in first["model"].items()}
+    for name, tensor in first["model"].items():
+        assert tensor.data_ptr() != live["model"][name].data_ptr(), name  # a copy, not the live weights
+    with torch.no_grad():
+        for tensor in live["model"].values():
+            tensor.add_(1.0)  # training goes on after the stage returned
+    for name, tensor in first["model"].items():
+        assert torch.equal(tensor, first_values[name]), name
+    second = stager.stage(live)
+    assert pointers(second) == first_pointers  # the same memory, no new allocation
+    for name, tensor in second["model"].items():
+        assert torch.equal(tensor, live["model"][name]), name
+    stager.close()
+
+
+def test_a_save_with_cached_plans_sends_no_plan_once_its_state_keeps_its_shapes(world_of_one, tmp_path):
+    key, live = plan_key(), state()
+    for number in (1, 2):
+        dcp.save(
+            live,
+            storage_writer=hashing_writer(tmp_path / f"save{number}", Written()),
+            planner=caching_planner(key),
+        )
+    again = caching_planner(key)
+    again.set_up_planner(live, None, True)
+    assert not again.create_local_plan().usable  # the cached plan stands: nothing to gather
+    other = caching_planner(plan_key())
+    other.set_up_planner(live, None, True)
+    assert other.create_local_plan().usable  # another checkpointer's key shares nothing
+
+    loaded = state(seed=1)
+    assert not all(torch.equal(t, live["model"][name]) for name, t in loaded["model"].items())
+    dcp.load(loaded, storage_reader=dcp.FileSystemReader(tmp_path / "save2"))
+    for name, tensor in loaded["model"].items():
+        assert torch.equal(tensor, live["model"][name]), name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_the_staging_buffers_are_pinned_and_reused():
+    live = {"model": {k: v.cuda() for k, v in state()["model"].items()}}
+    stager = reusing_stager()
+    first = stager.stage(live)
+    assert all(t.device.type == "cpu" and t.is_pinned() for t in first["model"].values())
+    first_pointers = pointers(first)
+    with torch.no_grad():
+        for tensor in live["model"].values():
+            tensor.mul_(2.0)
+    second = stager.stage(live)
+    assert pointers(second) == first_pointers
+    for name, tensor in second["model"].items():
+        assert torch.equal(tensor, live["model"][name].cpu()), name
+    stager.close()
