@@ -127,8 +127,10 @@ def trainer(cfg: Path, environ: dict) -> subprocess.Popen:
 
 def metrics(store, run_uri: str) -> list[dict]:
     """The run's metrics records, by step."""
-    records = [json.loads(line) for line in store.get(f"{run_uri}/metrics.jsonl").decode().splitlines()]
-    return sorted(records, key=lambda r: r["step"])
+    from trainer.contract import MetricsReader, metrics_by_step
+
+    by_step = metrics_by_step(MetricsReader(store, run_uri).records())
+    return [by_step[step] for step in sorted(by_step)]
 
 
 def metrics_times(store, run_uri: str) -> list[float]:

@@ -14,11 +14,18 @@ what it measures and returns ``name=value`` lines. Goals (issue #14):
   built whole on every rank and then sharded (the path a user's ``model.builder`` takes).
 - ``blocking_steps``: the longest the training loop waited for one async checkpoint, the wait
   for a previous save still in flight included (each checkpoint step's ``checkpoint_blocked_s``
-  in ``metrics.jsonl``), over the median step time of the same run, for the real trainer
+  in the run's metrics), over the median step time of the same run, for the real trainer
   saving to ``s3://`` on moto's server over HTTP every ``--every-steps`` steps. Goal <= 1.
   ``blocking_save_steps`` is a whole save (staging, writing, upload, commit) over the median
   step: below that many steps between saves the loop waits for the previous one, whatever the
   staging costs.
+- ``metrics_bytes_ratio_2n``: bytes rank 0's metrics writer (``trainer.metrics.MetricsLog``,
+  driven directly, one process) stores over 2N steps over N steps, on ``file://`` and on S3
+  (moto's server over HTTP), counted by a storage wrapper; the worse of the two counts. Goal
+  <= 2.2. ``..._rewrite`` is the same figure for the previous version, which rewrote one
+  ``metrics.jsonl`` whole at each flush (computed from the same parts: each flush would have
+  written all parts so far); ``metrics_poll_bytes_ratio_2n`` is what one progress poll of the
+  trigger reads at 2N steps over at N (a reader that has read everything up to the last flush).
 
 - ``resume_bytes_ratio``: the bytes storage sent during one resume (the trainer's ``setup`` of
   a second attempt, which loads the checkpoint the first one committed), all ranks together,
@@ -353,6 +360,7 @@ SAVED = re.compile(r"checkpoint: step (\d+) staged in [0-9.]+s .*; committed in 
 
 def blocking_steps(tmp: Path, args: argparse.Namespace) -> list[str]:
     """The trainer on 2 ranks, 2 async saves to S3 (moto over HTTP), then its final one."""
+    from trainer.contract import MetricsReader, metrics_by_step
     from trainer.storage import open_storage
 
     data_uri = write_random_dataset(tmp / "data", tokens=200_000)
@@ -389,10 +397,8 @@ def blocking_steps(tmp: Path, args: argparse.Namespace) -> list[str]:
             raise RuntimeError(
                 f"the trainer failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
             )
-        records = [
-            json.loads(line) for line in open_storage(run_uri).get(f"{run_uri}/metrics.jsonl").splitlines()
-        ]
-    blocking = save_blocking(sorted(records, key=lambda r: r["step"]))
+        by_step = metrics_by_step(MetricsReader(open_storage(run_uri), run_uri).records())
+    blocking = save_blocking([by_step[step] for step in sorted(by_step)])
     whole = [float(s) for _, s in SAVED.findall(proc.stdout + proc.stderr)]
     save_s = statistics.median(whole)
     return [
@@ -409,11 +415,94 @@ def blocking_steps(tmp: Path, args: argparse.Namespace) -> list[str]:
     ]
 
 
+METRICS_STEPS = 1000  # N; flushed every 10 steps (the default), so N steps write 100 parts
+METRICS_FLUSH_EVERY = 10
+
+
+class CountingStorage:
+    """Hands each call used by the metrics writer and reader to ``inner``, counting bytes."""
+
+    def __init__(self, inner):
+        self.inner, self.written, self.read = inner, 0, 0
+
+    def put(self, uri, data, **conditions):
+        self.written += len(data)
+        return self.inner.put(uri, data, **conditions)
+
+    def get(self, uri):
+        return self.get_with_etag(uri)[0]
+
+    def get_with_etag(self, uri):
+        body, etag = self.inner.get_with_etag(uri)
+        self.read += len(body)
+        return body, etag
+
+    def head(self, uri):
+        return self.inner.head(uri)
+
+    def list(self, prefix_uri):
+        return self.inner.list(prefix_uri)
+
+
+def metrics_written(storage, run_uri: str, steps: int) -> tuple[int, list[int], int]:
+    """(bytes stored, each part's size, bytes one progress poll then reads) for ``steps`` steps."""
+    from trainer.contract import MetricsReader
+    from trainer.metrics import MetricsLog
+
+    counting = CountingStorage(storage)
+    log = MetricsLog(counting, run_uri, attempt=1, flush_every=METRICS_FLUSH_EVERY)  # type: ignore[arg-type]
+    poll = MetricsReader(counting, run_uri, attempt=1)
+    for step in range(1, steps + 1):
+        log.add(
+            step=step,
+            loss=2.0 + 1.0 / step,
+            lr=3e-4,
+            tokens_per_s=123456.7,
+            time=1.7e9 + step,
+            mfu=0.41,
+            peak_mem_gib=61.2,
+            checkpoint_blocked_s=0.0,  # another figure a record carries (issue #14)
+        )
+        if step == steps - METRICS_FLUSH_EVERY:
+            poll.latest()  # the trigger polled at the flush before the last
+    log.flush(final=True)
+    before = counting.read
+    poll.latest()
+    sizes = [len(storage.get(u)) for u in storage.list(f"{run_uri}/metrics")]
+    return counting.written, sizes, counting.read - before
+
+
+def metrics_bytes_ratio_2n(tmp: Path, args: argparse.Namespace) -> list[str]:
+    from trainer.storage import open_storage
+
+    lines, worst = [], 0.0
+    with counted_s3({}) as (_relay, bucket):
+        s3 = f"{bucket}/root"
+        for backend, root in (("file", tmp.as_uri()), ("s3", s3)):
+            storage = open_storage(root)
+            n, n_sizes, n_poll = metrics_written(storage, f"{root}/runs/n", METRICS_STEPS)
+            two_n, two_n_sizes, two_n_poll = metrics_written(storage, f"{root}/runs/2n", 2 * METRICS_STEPS)
+
+            def rewritten(sizes: list[int]) -> int:  # each flush rewrote everything so far
+                return sum(sum(sizes[: i + 1]) for i in range(len(sizes)))
+
+            worst = max(worst, two_n / n)
+            lines += [
+                f"metrics_{backend}_bytes_n={n} bytes_2n={two_n} parts_2n={len(two_n_sizes)} "
+                f"steps_n={METRICS_STEPS} flush_every={METRICS_FLUSH_EVERY}",
+                f"metrics_bytes_ratio_2n_{backend}={two_n / n:.3f}",
+                f"metrics_bytes_ratio_2n_{backend}_rewrite={rewritten(two_n_sizes) / rewritten(n_sizes):.3f}",
+                f"metrics_poll_bytes_ratio_2n_{backend}={two_n_poll / n_poll:.3f}",
+            ]
+    return [*lines, f"metrics_bytes_ratio_2n={worst:.3f}"]
+
+
 FIGURES: dict[str, Callable[[Path, argparse.Namespace], list[str]]] = {
     "setup_peak_rss_ratio": setup_peak_rss_ratio,
     "resume_bytes_ratio": resume_bytes_ratio,
     "data_bytes_ratio": data_bytes_ratio,
     "blocking_steps": blocking_steps,
+    "metrics_bytes_ratio_2n": metrics_bytes_ratio_2n,
 }
 WORKERS: dict[str, Callable[[Path, str], None]] = {"setup": setup_worker, "attempt": attempt_worker}
 

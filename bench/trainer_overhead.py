@@ -73,8 +73,11 @@ def ours(tmp: Path, data_uri: str, preset: str, steps: int, micro: int, seq: int
         )
     )
     torchrun(["-m", "trainer", "train", "--config", str(config)], 2, env(tmp / f"cache-{tag}"))
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return median_interval([r["time"] for r in sorted(records, key=lambda r: r["step"])], WARMUP)
+    from trainer.contract import MetricsReader, metrics_by_step
+    from trainer.storage import open_storage
+
+    by_step = metrics_by_step(MetricsReader(open_storage(run.as_uri()), run.as_uri()).records())
+    return median_interval([by_step[step]["time"] for step in sorted(by_step)], WARMUP)
 
 
 def main() -> None:

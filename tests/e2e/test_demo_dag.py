@@ -4,11 +4,9 @@ Three runs share one test (each trains for ~40 s): a first model, a second one t
 worse, and a third that an impossible threshold (a DAG param) rejects; then a rollback.
 """
 
-import json
-
 import pytest
 
-from trainer.contract import RunLayout, dataset_prefix, production_pointer
+from trainer.contract import MetricsReader, RunLayout, dataset_prefix, production_pointer
 from trainer.storage import open_storage
 from trainops.cli.main import DEMO_DAG, DEMO_TASKS, load_dag, main, xcom_results
 
@@ -69,7 +67,7 @@ def test_demo_twice_then_a_rejected_model_then_a_rollback(demo_env, capfd):
     assert latest["step"] == 120
     assert store.exists(f"{layout.checkpoint(120)}/_COMMITTED")
     assert store.exists(f"{layout.export}/model.safetensors")
-    metrics_steps = {json.loads(line)["step"] for line in store.get(layout.metrics).decode().splitlines()}
+    metrics_steps = {r["step"] for r in MetricsReader(store, layout.run_uri).records()}
     assert metrics_steps == set(range(1, 121))
 
     evaluation = store.get_json(layout.eval_metrics)

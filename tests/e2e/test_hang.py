@@ -25,8 +25,8 @@ import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
 from tests.trainer.helpers import TRAIN_KEYS, write_dataset
-from trainer.contract import RunLayout, max_step_of_attempt, metrics_records, run_prefix
-from trainer.storage import NotFound, open_storage
+from trainer.contract import MetricsReader, RunLayout, run_prefix
+from trainer.storage import open_storage
 from trainops.operators import FSDPTrainingOperator
 
 pytestmark = pytest.mark.slow
@@ -67,10 +67,8 @@ def wait_until(condition, what: str, timeout: float = DEADLINE_S) -> None:
 
 
 def last_step(store, layout: RunLayout, attempt: int) -> int:
-    try:
-        return max_step_of_attempt(metrics_records(store.get(layout.metrics).decode()), attempt)
-    except NotFound:
-        return 0
+    latest = MetricsReader(store, layout.run_uri, attempt=attempt).latest().get(attempt)
+    return int(latest["step"]) if latest else 0
 
 
 def node_workers(op, handle, node: int) -> list[psutil.Process]:

@@ -225,8 +225,11 @@ def test_an_outage_longer_than_the_tolerance_fails_the_attempt_as_infra_and_the_
 
 
 def refused_metrics_flushes(proxy) -> int:
-    """Requests for metrics.jsonl the proxy refused: rank 0's, which logs how it recovered."""
-    return sum(1 for e in list(proxy.events) if e.action == "refused" and "metrics.jsonl" in e.target)
+    """Requests for the metrics parts (a part's PUT, or the listing before the first) the proxy
+    refused: rank 0's, which logs how it recovered."""
+    from urllib.parse import unquote
+
+    return sum(1 for e in list(proxy.events) if e.action == "refused" and "/metrics/" in unquote(e.target))
 
 
 def test_an_outage_shorter_than_the_tolerance_is_ridden_out_in_one_attempt(

@@ -190,10 +190,10 @@ def read_json(path: Path) -> dict:
 
 
 def metrics_of(run_dir: Path) -> dict[int, dict]:
-    from trainer.contract import metrics_by_step, metrics_records
+    from trainer.contract import MetricsReader, metrics_by_step
+    from trainer.storage import open_storage
 
-    path = run_dir / "metrics.jsonl"
-    return metrics_by_step(metrics_records(path.read_text())) if path.exists() else {}
+    return metrics_by_step(MetricsReader(open_storage(run_dir.as_uri()), run_dir.as_uri()).records())
 
 
 def committed_steps(run_dir: Path) -> list[int]:

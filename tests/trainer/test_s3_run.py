@@ -5,7 +5,7 @@ import subprocess
 import pytest
 
 from tests.trainer.helpers import REPO, run_config, torchrun_argv, trainer_env
-from trainer.contract import RunLayout
+from trainer.contract import MetricsReader, RunLayout
 from trainer.storage import open_storage
 
 pytestmark = pytest.mark.slow
@@ -32,5 +32,5 @@ def test_checkpoints_metrics_records_and_export_go_to_s3(tmp_path, dataset_uri, 
             assert store.head(f"{layout.checkpoint_files(step, 1)}/{f['name']}")["size"] == f["size"]
     latest = store.get_json(layout.latest)
     assert (latest["step"], latest["attempt"], latest["fence"]) == (8, 1, [{"attempt": 1, "after_step": 0}])
-    assert len(store.get(layout.metrics).decode().splitlines()) == 8
+    assert [r["step"] for r in MetricsReader(store, run_uri).records()] == list(range(1, 9))
     assert store.exists(f"{layout.export}/model.safetensors")

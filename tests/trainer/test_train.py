@@ -344,7 +344,7 @@ def test_a_dataset_that_cannot_feed_the_config_is_refused_by_the_operators_own_r
             "train.global_batch_size=0",
         )
     assert (set(cache.iterdir()) if cache.exists() else set()) == before
-    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    assert not (tmp_path / "run" / "metrics").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
 def test_shards_that_hold_other_than_the_manifest_says_are_refused(world_of_one, tmp_path):
@@ -702,7 +702,7 @@ def test_when_every_checkpoint_is_corrupt_the_attempt_fails_with_the_reasons_and
     assert "refusing to start over from step 0" in error
     assert proc.stderr.strip().splitlines()[-1] == f"trainer: failed at step 0: {error}"
     # no step-0 restart: nothing trained, no checkpoint written or removed
-    assert not (run / "metrics.jsonl").exists() and not (run / "export").exists()
+    assert not (run / "metrics").exists() and not (run / "export").exists()
     after = {
         p: p.read_bytes() for p in (run / "checkpoints").rglob("*") if p.is_file() and p.name != "latest.json"
     }

@@ -639,14 +639,15 @@ class FSDPTrainingOperator(ClusterJobOperator):
     @staticmethod
     def _progress(store: Storage, layout: RunLayout, attempt: int) -> Progress | None:
         """What storage shows of an attempt that wrote no record (SIGKILL): its last logged
-        step and the newest committed checkpoint (None: it logged nothing)."""
-        from trainer.contract import max_step_of_attempt, metrics_records
+        step and the newest committed checkpoint (None: the run logged nothing)."""
+        from trainer.contract import MetricsReader
         from trainer.storage import NotFound
 
-        try:
-            last = max_step_of_attempt(metrics_records(store.get(layout.metrics).decode()), attempt)
-        except NotFound:
+        metrics = MetricsReader(store, layout.run_uri, attempt=attempt)
+        latest = metrics.latest().get(attempt)  # reads the attempt's newest part only
+        if not metrics.found:
             return None
+        last = int(latest["step"]) if latest else 0
         try:
             committed = int(get_json_object(store, layout.latest).get("step", 0))
         except NotFound:
@@ -655,21 +656,18 @@ class FSDPTrainingOperator(ClusterJobOperator):
 
     @staticmethod
     def _result(store: Storage, layout: RunLayout, job: JobRecord, record: AttemptRecord) -> dict[str, Any]:
-        from trainer.contract import metrics_by_step, metrics_records
-        from trainer.storage import NotFound
+        from trainer.contract import MetricsReader, last_record
         from trainops.recovery.record import total_steps_lost
 
-        try:
-            by_step = metrics_by_step(metrics_records(store.get(layout.metrics).decode()))
-        except NotFound:
-            by_step = {}
-        final_loss = by_step[max(by_step)]["loss"] if by_step else None
+        # each attempt's newest part holds its highest step: no need to read the whole run
+        final = last_record(MetricsReader(store, layout.run_uri).latest().values())
+        final_loss = final["loss"] if final else None
         return {
             "run_uri": layout.run_uri,
             "config_uri": layout.config,
             "job_uri": layout.job,
             "export_uri": layout.export,
-            "metrics_uri": layout.metrics,
+            "metrics_uri": layout.metrics_parts,
             "steps": record["last_step"],
             "checkpoint_step": record["checkpoint_step"],
             "attempts": len(job["attempts"]),

@@ -14,8 +14,10 @@ root) get 403, and only ``.json`` and text files (``.md``, ``.yaml``, ...) of at
 :data:`MAX_REPORT_BYTES` are read. ``s3://`` is read with the Airflow connection named by
 ``$TRAINOPS_REPORTS_AWS_CONN_ID`` (default ``aws_default``), as the operators do through
 :func:`trainops.hooks.storage.storage_for`. A run's ``job.json`` is shown as the run report:
-the app also reads the ``metrics.jsonl`` beside it (same checks, at most
-:data:`MAX_METRICS_BYTES`) for the loss curve and throughput, and says why when it cannot.
+the app also reads the run's metrics beside it (its parts and any ``metrics.jsonl`` of the
+previous version; same checks, at most :data:`MAX_METRICS_BYTES` together, only what is new
+since the last request for the run) for the loss curve and throughput, and says why when it
+cannot.
 
 A storage outage is a 503 page that names it, with ``Retry-After``, after riding it out for at
 most :data:`OUTAGE_TOLERANCE_S` per request: a person is waiting for the page, and the API
@@ -44,15 +46,22 @@ from __future__ import annotations
 import os
 import posixpath
 import re
-from collections.abc import Mapping, Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import HTTPException
 from fastapi.responses import HTMLResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from trainer.contract import MetricsReader, MetricsRecord, MetricsTooLarge
 from trainops.reports import pages, run_page
+
+if TYPE_CHECKING:
+    from trainer.storage import Storage
 
 __all__ = [
     "MAX_METRICS_BYTES",
@@ -71,11 +80,12 @@ __all__ = [
 REPORT_ROOTS_ENV = "TRAINOPS_REPORT_ROOTS"
 CONN_ID_ENV = "TRAINOPS_REPORTS_AWS_CONN_ID"
 MAX_REPORT_BYTES = 5 * 1024 * 1024
-MAX_METRICS_BYTES = 32 * 1024 * 1024  # a run's metrics.jsonl, read for its job.json's page
+MAX_METRICS_BYTES = 32 * 1024 * 1024  # a run's metrics, read for its job.json's page
+READERS_KEPT = 8  # runs whose metrics readers are kept between requests (see read_run_metrics)
 # Seconds one storage request of a page rides out an outage before the page says so (503).
 OUTAGE_TOLERANCE_S = 10.0
 RETRY_AFTER_S = 30  # what the 503 page's Retry-After header suggests
-JOB_NAME, METRICS_NAME = "job.json", "metrics.jsonl"
+JOB_NAME = "job.json"
 
 _HEADERS = {
     # Report contents are escaped; the policy is a second line: no script, no fetches.
@@ -267,20 +277,91 @@ def read_report(target: ReportTarget, aws_conn_id: str | None, max_bytes: int = 
 
 def read_run_metrics(
     job: ReportTarget, roots: Sequence[str], aws_conn_id: str | None
-) -> tuple[str | None, str | None]:
-    """``(text, None)`` of the ``metrics.jsonl`` beside a run's ``job.json``, or ``(None, why)``.
+) -> tuple[list[MetricsRecord] | None, str | None, str]:
+    """``(records, None, where)`` of the metrics beside a run's ``job.json``, or
+    ``(None, why, where)``; ``where`` is the parts' folder, or the previous version's
+    ``metrics.jsonl`` when the run has only that.
 
-    The sibling goes through the same checks as any report (under a root, no symbolic link
-    out of it), with a larger size limit: a long run logs many steps.
+    Read by :class:`trainer.contract.MetricsReader`: the run's parts and the previous version's
+    ``metrics.jsonl``. Each object goes through the same checks as any report (under a root,
+    no symbolic link out of it), and together they may hold at most :data:`MAX_METRICS_BYTES`.
+    The reader of each recently shown run is kept (:data:`READERS_KEPT`), so a reload reads
+    only the parts written since.
     """
-    uri = job.uri[: -len(JOB_NAME)] + METRICS_NAME
+    from trainer.storage import StorageError, StorageUnavailable
+    from trainops.hooks.storage import storage_for
+
+    run_uri = job.uri[: -len("/" + JOB_NAME)]
+
+    def check(uri: str) -> None:
+        target = check_report_uri(uri, roots)
+        if target.uri.startswith("file://"):
+            _check_real_path(target)
+
+    storage = storage_for(job.root, aws_conn_id, outage_tolerance_s=OUTAGE_TOLERANCE_S)
+    reader, lock = _readers.reader(storage, job.root, run_uri, check)
     try:
-        data = read_report(check_report_uri(uri, roots), aws_conn_id, MAX_METRICS_BYTES)
+        with lock:
+            # this request's client (its connection may have changed) and roots
+            reader.storage, reader.check = storage, check
+            records = reader.records()
+            found, parts = reader.found, reader.parts_held
     except ReportRequestError as exc:
-        if exc.status == 404:
-            return None, f"{METRICS_NAME} was not found next to {JOB_NAME} (no step logged yet?)"
-        return None, exc.message
-    return data.decode("utf-8", errors="replace"), None
+        return None, exc.message, reader.parts_uri + "/"
+    except MetricsTooLarge as exc:
+        return None, str(exc), reader.parts_uri + "/"
+    except StorageUnavailable:
+        return (
+            None,
+            (
+                f"storage is unavailable: reading the metrics under {run_uri!r} kept failing for "
+                f"{OUTAGE_TOLERANCE_S:g} s; reload this page in a minute"
+            ),
+            reader.parts_uri + "/",
+        )
+    except (StorageError, OSError) as exc:
+        return None, f"could not read the metrics under {run_uri!r}: {exc}", reader.parts_uri + "/"
+    finally:
+        _readers.trim()
+    where = reader.parts_uri + "/" if parts else reader.legacy_uri
+    if not found:
+        return None, f"no metrics were found next to {JOB_NAME} (no step logged yet?)", where
+    return records, None, where
+
+
+class _KeptReaders:
+    """The metrics readers of the runs shown lately, newest last: at most :data:`READERS_KEPT`,
+    and fewer when together they hold more than :data:`MAX_METRICS_BYTES` (the newest stays).
+    Each has a lock: one request at a time reads a run's new parts, and the next finds them read."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[tuple[str, str], tuple[MetricsReader, threading.Lock]] = OrderedDict()
+
+    def reader(
+        self, storage: Storage, root: str, run_uri: str, check: Callable[[str], None]
+    ) -> tuple[MetricsReader, threading.Lock]:
+        with self._lock:
+            kept = self._kept.pop((root, run_uri), None)
+            if kept is None:
+                kept = MetricsReader(storage, run_uri, max_bytes=MAX_METRICS_BYTES), threading.Lock()
+            self._kept[(root, run_uri)] = kept
+            return kept
+
+    def trim(self) -> None:
+        with self._lock:
+            while len(self._kept) > 1 and (
+                len(self._kept) > READERS_KEPT
+                or sum(reader.held_bytes for reader, _ in self._kept.values()) > MAX_METRICS_BYTES
+            ):
+                self._kept.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kept.clear()
+
+
+_readers = _KeptReaders()
 
 
 def _authorize(request: Request, user, dag_id: str | None) -> None:
@@ -338,8 +419,10 @@ def create_app() -> FastAPI:
         conn_id = os.environ.get(CONN_ID_ENV) or "aws_default"
         data = read_report(target, conn_id)
         if target.uri.endswith("/" + JOB_NAME):
-            metrics, problem = read_run_metrics(target, roots, conn_id)
-            page = run_page.render_run_report(target.uri, data, metrics, metrics_problem=problem)
+            metrics, problem, where = read_run_metrics(target, roots, conn_id)
+            page = run_page.render_run_report(
+                target.uri, data, metrics, metrics_problem=problem, metrics_uri=where
+            )
         else:
             page = pages.render_report(target.uri, data)
         return HTMLResponse(page, headers=_HEADERS)

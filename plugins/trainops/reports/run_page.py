@@ -1,4 +1,4 @@
-"""The training run page: a run's ``job.json`` and ``metrics.jsonl`` as one HTML page.
+"""The training run page: a run's ``job.json`` and its metrics as one HTML page.
 
 Status, the loss curve as an inline SVG (one line per attempt, so a resume after a preemption
 shows), throughput per attempt and the attempts table; pure functions, no I/O. It is built
@@ -13,7 +13,7 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from trainer.contract import metrics_records
+from trainer.contract import METRICS_DIR, MetricsRecord, metrics_records
 from trainops.reports.html import (
     dicts,
     escape,
@@ -226,7 +226,7 @@ def _outcome(value: object) -> str:
     return f'<span class="{css}">{escape(value)}</span>' if css else scalar(value)
 
 
-def _run_summary(uri: str, job: dict, final: dict | None, metrics_read: bool) -> str:
+def _run_summary(uri: str, job: dict, final: dict | None, metrics_uri: str | None) -> str:
     attempts = dicts(job.get("attempts"))
     lost = [a["steps_lost"] for a in attempts if _finite(a.get("steps_lost"))]
     rows = [
@@ -249,8 +249,15 @@ def _run_summary(uri: str, job: dict, final: dict | None, metrics_read: bool) ->
                     report_link(value) if value.endswith(TEXT_SUFFIXES) else f"<code>{escape(value)}</code>",
                 )
             )
-    if uri.endswith("/job.json") and metrics_read:
-        rows.append(("Metrics", report_link(uri[: -len("job.json")] + "metrics.jsonl")))
+    if metrics_uri:  # a file (an older run's metrics.jsonl) is a link; the parts are a folder
+        rows.append(
+            (
+                "Metrics",
+                report_link(metrics_uri)
+                if metrics_uri.endswith(TEXT_SUFFIXES)
+                else f"<code>{escape(metrics_uri)}</code>",
+            )
+        )
     return (
         "<table>"
         + "".join(f"<tr><th>{escape(k)}</th><td>{v}</td></tr>" for k, v in rows if v is not None)
@@ -258,10 +265,10 @@ def _run_summary(uri: str, job: dict, final: dict | None, metrics_read: bool) ->
     )
 
 
-def _loss_section(groups: dict, metrics_text: str | None, metrics_problem: str | None, outcomes: dict) -> str:
+def _loss_section(groups: dict, metrics_read: bool, metrics_problem: str | None, outcomes: dict) -> str:
     head = "<h2>Loss</h2>"
-    if metrics_text is None:
-        why = metrics_problem or "metrics.jsonl was not found next to job.json"
+    if not metrics_read:
+        why = metrics_problem or "no metrics were found next to job.json"
         return f'{head}<p class="muted">No loss curve: {escape(why)}.</p>'
     series = [
         (_attempt_name(a) + (f" ({outcomes[a]})" if a in outcomes else ""), _loss_points(recs))
@@ -378,27 +385,40 @@ def _attempts_table(job: dict) -> str:
 
 
 def run_report(
-    job: dict, metrics_text: str | None, *, uri: str = "", metrics_problem: str | None = None
+    job: dict,
+    metrics: str | Sequence[MetricsRecord] | None,
+    *,
+    uri: str = "",
+    metrics_problem: str | None = None,
+    metrics_uri: str | None = None,
 ) -> str:
     """A training run's report (HTML, no page around it) from its ``job.json`` and metrics.
 
     :param job: the run's ``job.json``, parsed.
-    :param metrics_text: its ``metrics.jsonl``, or None when it could not be read (the page
-        then says so, with ``metrics_problem`` as the reason, and draws no curve).
+    :param metrics: its records as :class:`trainer.contract.MetricsReader` merged them, or the
+        text of one ``metrics.jsonl`` (the previous version's file), or None when they could
+        not be read (the page then says so, with ``metrics_problem`` as the reason, and draws
+        no curve).
     :param uri: the job.json's storage URI, for links to the config and the metrics.
+    :param metrics_uri: where the metrics were read, for the summary; by default, beside
+        ``uri``: its ``metrics.jsonl`` for a text, its ``metrics/`` folder for records.
     """
     redacted = redact(job)
     job = redacted if isinstance(redacted, dict) else {}  # redact keeps a dict a dict
-    groups = _by_attempt(metrics_records(metrics_text or ""))
+    records = metrics_records(metrics) if isinstance(metrics, str) else list(metrics or [])
+    groups = _by_attempt(records)
     final = _last([r for recs in groups.values() for r in recs]) if groups else None
     outcomes = {
         a.get("attempt"): a["classification"]
         for a in dicts(job.get("attempts"))
         if isinstance(a.get("classification"), str)
     }
+    if metrics_uri is None and metrics is not None and uri.endswith("/job.json"):
+        folder = uri[: -len("job.json")]
+        metrics_uri = folder + ("metrics.jsonl" if isinstance(metrics, str) else f"{METRICS_DIR}/")
     return (
-        _run_summary(uri, job, final, metrics_text is not None)
-        + _loss_section(groups, metrics_text, metrics_problem, outcomes)
+        _run_summary(uri, job, final, metrics_uri if metrics is not None else None)
+        + _loss_section(groups, metrics is not None, metrics_problem, outcomes)
         + _throughput(groups)
         + _attempts_table(job)
     )
@@ -412,9 +432,14 @@ def _run_title(uri: str) -> str:
 
 
 def render_run_report(
-    uri: str, data: bytes, metrics_text: str | None, *, metrics_problem: str | None = None
+    uri: str,
+    data: bytes,
+    metrics: str | Sequence[MetricsRecord] | None,
+    *,
+    metrics_problem: str | None = None,
+    metrics_uri: str | None = None,
 ) -> str:
-    """The page for a run's ``job.json`` (bytes ``data``) with its ``metrics.jsonl`` text.
+    """The page for a run's ``job.json`` (bytes ``data``) with its metrics (see :func:`run_report`).
 
     The report (status, loss curve, throughput, attempts) comes first and the raw JSON last;
     a ``job.json`` that is not a JSON object gets :func:`render_report`'s page.
@@ -426,5 +451,5 @@ def render_run_report(
         return not_json_page(uri, text, exc)
     if not isinstance(job, dict):
         return render_report(uri, data)
-    body = run_report(job, metrics_text, uri=uri, metrics_problem=metrics_problem)
+    body = run_report(job, metrics, uri=uri, metrics_problem=metrics_problem, metrics_uri=metrics_uri)
     return page(_run_title(uri), uri, body + raw_json(job))

@@ -38,11 +38,11 @@ from trainops.triggers.events import JobEvent, Status
 from trainops.triggers.outage import DEFAULT_API_OUTAGE_TOLERANCE_S, RETRY_CAP_S, Outage
 
 if TYPE_CHECKING:
-    from trainer.contract import Heartbeat
+    from trainer.contract import Heartbeat, MetricsReader
     from trainer.storage import Storage
 
 DEFAULT_SETTLE_S = 20.0
-# How long one read of metrics.jsonl for a progress line rides out a storage outage. Short: the
+# How long one read of the metrics for a progress line rides out a storage outage. Short: the
 # line is optional, and the poll loop waits for it before it looks at the job again.
 PROGRESS_OUTAGE_TOLERANCE_S = 5.0
 # A trigger reports the deadline this long before it: Airflow's scheduler fails a deferral whose
@@ -100,7 +100,8 @@ class JobTrigger(BaseTrigger):
     :param poll_interval: seconds between polls.
     :param timeout: seconds after which to report ``{"status": "timeout"}`` (None: never).
     :param cluster_options: backend options, e.g. ``{"state_dir": ...}`` for ``local``.
-    :param progress_uri: the run's metrics.jsonl; when set, the latest step of this attempt
+    :param progress_uri: the run's metrics (``RunLayout.metrics``, or the run prefix: see
+        ``trainer.contract.metrics_run_uri``); when set, the latest step of this attempt
         is logged every ``progress_every`` seconds, so the task log shows training progress.
         Optional: a read that fails (storage out for :data:`PROGRESS_OUTAGE_TOLERANCE_S`) is
         logged once, until a read succeeds again, and never ends the wait.
@@ -160,6 +161,7 @@ class JobTrigger(BaseTrigger):
         self.settle_s = settle_seconds() if settle_s is None else settle_s
         self._log_cursor: LogCursor | None = None
         self._store: Storage | None = None  # one connection lookup per trigger, not per poll
+        self._metrics: MetricsReader | None = None  # what the progress lines read so far
         self._progress_failing = False  # a failed progress read was logged; quiet until one works
         self._status_reads = self._outage("status read")
         self._log_reads = self._outage("log read")
@@ -202,9 +204,9 @@ class JobTrigger(BaseTrigger):
 
     def _progress_line(self, progress_uri: str) -> str | None:
         """This attempt's latest metrics record as one line (blocking: run it in a thread);
-        None when there is none yet or it cannot be read (see ``progress_uri``)."""
-        from trainer.contract import latest_of_attempt, metrics_records
-        from trainer.storage import NotFound
+        None when there is none yet or it cannot be read (see ``progress_uri``). The reader is
+        kept across polls and reads only the attempt's newest part, once."""
+        from trainer.contract import MetricsReader
         from trainops.hooks.storage import storage_for
 
         attempt = int(self.handle.get("labels", {}).get("trainops/attempt", 1))
@@ -213,9 +215,9 @@ class JobTrigger(BaseTrigger):
                 self._store = storage_for(
                     progress_uri, self.aws_conn_id, outage_tolerance_s=PROGRESS_OUTAGE_TOLERANCE_S
                 )
-            text = self._store.get(progress_uri).decode()
-        except NotFound:
-            return None
+            if self._metrics is None:
+                self._metrics = MetricsReader(self._store, progress_uri, attempt=attempt)
+            rec = self._metrics.latest().get(attempt)
         except Exception as exc:
             if not self._progress_failing:
                 self._progress_failing = True
@@ -228,7 +230,6 @@ class JobTrigger(BaseTrigger):
         if self._progress_failing:
             self._progress_failing = False
             self.log.info("progress lines resume: %s can be read again", progress_uri)
-        rec = latest_of_attempt(metrics_records(text), attempt)
         if rec is None:
             return None
         rate = f", {rec['tokens_per_s']:,.0f} tok/s" if rec.get("tokens_per_s") else ""

@@ -301,6 +301,7 @@ def test_run_report_draws_the_loss_curve_from_the_metrics_beside_job_json(api, r
     text = page_text(page)
     assert text.startswith(f"Training run: retrain / manual_1 / train {job_uri} Status succeeded")
     assert ["Preemptions", "1"] in page_tables(page)[0]
+    assert dict(page_tables(page)[0])["Metrics"] == join(run_uri, "metrics.jsonl")  # an older run's file
     assert page.count("<svg") == 1 and page.count("<polyline") == 2
     assert "attempt 1 (preempted)" in text and "attempt 2 (succeeded)" in text
     assert table_with(page, "Attempt")[2][:4] == ["attempt 2", "5", "6 to 10", "4,000"]
@@ -317,7 +318,7 @@ def test_run_report_draws_the_loss_curve_from_the_metrics_beside_job_json(api, r
     missing = get(api, job_uri)
     assert missing.status_code == 200, missing.text
     assert "<svg" not in missing.text
-    assert "No loss curve: metrics.jsonl was not found next to job.json (no step logged yet?)." in page_text(
+    assert "No loss curve: no metrics were found next to job.json (no step logged yet?)." in page_text(
         missing.text
     )
     assert table_with(missing.text, "Attempt")[1][4] == "preempted"
@@ -329,6 +330,36 @@ def test_run_report_draws_the_loss_curve_from_the_metrics_beside_job_json(api, r
     linked = get(api, job_uri)
     assert linked.status_code == 200 and "<svg" not in linked.text and "1234" not in linked.text
     assert "leads outside the storage root" in page_text(linked.text)
+
+
+def test_run_report_reads_the_metrics_parts_and_on_a_reload_only_the_new_ones(api, root, monkeypatch):
+    from trainer.contract import RunLayout
+    from trainer.metrics import MetricsLog
+
+    report_app._readers.clear()
+    layout = RunLayout(join(root, "runs", "retrain", "manual_2", "train"))
+    storage = open_storage(root)
+    storage.put_json(layout.job, run_job(run_uri=layout.run_uri))
+    log = MetricsLog(storage, layout.metrics, attempt=1, flush_every=5)
+    for step in range(1, 11):
+        log.add(step=step, loss=10.0 / step, lr=0.1, tokens_per_s=100.0, time=float(step))
+    page = get(api, layout.job).text
+    assert page.count("<polyline") == 1 and ["Last logged step", "10"] in page_tables(page)[0]
+    assert dict(page_tables(page)[0])["Metrics"] == layout.metrics_parts + "/"
+    [(reader, _lock)] = report_app._readers._kept.values()
+    before = reader.bytes_read
+    for step in range(11, 16):
+        log.add(step=step, loss=10.0 / step, lr=0.1, tokens_per_s=100.0, time=float(step))
+    page = get(api, layout.job).text
+    assert ["Last logged step", "15"] in page_tables(page)[0]
+    assert reader.bytes_read - before == len(storage.get(layout.metrics_part(1, 3)))  # the new part only
+
+    # the cap holds for the parts together: past it the page says so and draws no curve
+    report_app._readers.clear()
+    monkeypatch.setattr(report_app, "MAX_METRICS_BYTES", 2 * len(storage.get(layout.metrics_part(1, 1))))
+    capped = get(api, layout.job)
+    assert capped.status_code == 200 and "<svg" not in capped.text
+    assert "bytes this reader may read" in page_text(capped.text)
 
 
 def _split_path(file_uri: str) -> str:

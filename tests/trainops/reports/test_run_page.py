@@ -125,7 +125,7 @@ def test_run_report_without_metrics_says_why_and_draws_nothing():
     job = json.dumps(run_job()).encode()
     missing = render_run_report(JOB_URI, job, None)
     assert "<svg" not in missing
-    assert "No loss curve: metrics.jsonl was not found next to job.json." in page_text(missing)
+    assert "No loss curve: no metrics were found next to job.json." in page_text(missing)
     assert table_with(missing, "Attempt")[1][0] == "1"  # the attempts table is still there
     assert "Throughput" not in page_text(missing)
 
@@ -137,6 +137,15 @@ def test_run_report_without_metrics_says_why_and_draws_nothing():
         assert "<svg" not in html and "Throughput" not in page_text(html)
         assert "No loss values have been logged yet." in page_text(html)
         assert "Preemptions 1" in page_text(html)
+    assert "No loss values have been logged yet." in page_text(render_run_report(JOB_URI, job, []))
+
+
+def test_run_report_from_merged_records_names_the_parts_folder():
+    from trainer.contract import metrics_records
+
+    html = render_run_report(JOB_URI, json.dumps(run_job()).encode(), metrics_records(RUN_METRICS))
+    assert html.count("<polyline") == 2 and dict(page_tables(html)[0])["Last logged step"] == "10"
+    assert dict(page_tables(html)[0])["Metrics"] == "s3://bucket/root/runs/retrain/manual_1/train/metrics/"
 
 
 def test_non_finite_losses_are_reported_and_left_out_of_the_curve():

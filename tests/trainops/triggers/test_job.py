@@ -89,6 +89,46 @@ def test_logs_training_progress_from_metrics(tmp_path, caplog, capsys):
     assert "step 3" not in logged  # another attempt's record
 
 
+class CountingReads:
+    """The trigger's storage, counting the objects it reads."""
+
+    def __init__(self, inner):
+        self.inner, self.gets = inner, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def get_with_etag(self, uri):
+        self.gets.append(uri.rsplit("/", 1)[-1])
+        return self.inner.get_with_etag(uri)
+
+
+def test_progress_lines_read_each_new_part_of_the_attempt_once(tmp_path):
+    """A long run has many parts: each poll lists them and reads only the attempt's newest one,
+    and only when it is new (the trigger once re-read the whole metrics.jsonl every poll)."""
+    from trainer.contract import RunLayout
+    from trainer.metrics import MetricsLog
+
+    layout = RunLayout((tmp_path / "run").as_uri())
+    store = open_storage(layout.run_uri)
+    older = MetricsLog(store, layout.metrics, attempt=1, flush_every=1)
+    current = MetricsLog(store, layout.metrics, attempt=2, flush_every=1)
+    for step in range(1, 6):
+        older.add(step=step, loss=9.0, lr=0.1, tokens_per_s=0.0, time=0.0)
+        current.add(step=step, loss=1.0 / step, lr=0.1, tokens_per_s=0.0, time=0.0)
+    trigger = JobTrigger(
+        handle={"cluster": "local", "job_id": "j", "labels": {"trainops/attempt": "2"}},
+        progress_uri=layout.metrics,  # what the operator passes, and what stored triggers hold
+    )
+    trigger._store = reads = CountingReads(store)
+    assert trigger._progress_line(layout.metrics) == "attempt 2: step 5, loss 0.2000"
+    assert reads.gets == ["part-000002-00000005.jsonl"]
+    assert trigger._progress_line(layout.metrics) == "attempt 2: step 5, loss 0.2000"
+    current.add(step=6, loss=0.125, lr=0.1, tokens_per_s=0.0, time=0.0)
+    assert trigger._progress_line(layout.metrics) == "attempt 2: step 6, loss 0.1250"
+    assert reads.gets == ["part-000002-00000005.jsonl", "part-000002-00000006.jsonl"]
+
+
 def test_restart_deletes_nothing_and_kill_deletes_the_job(tmp_path):
     cluster = LocalCluster(tmp_path)
     handle = cluster.launch(

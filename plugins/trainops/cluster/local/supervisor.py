@@ -31,8 +31,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Literal, NotRequired
 
-from trainer.contract import max_step_of_attempt, metrics_records, torchrun_argv
-from trainer.storage import NotFound, open_storage
+from trainer.contract import MetricsReader, torchrun_argv
+from trainer.storage import open_storage
 from trainops.cluster.base import Chaos, JobState
 from trainops.cluster.local.gpus import host_gpus, node_devices
 from trainops.cluster.local.pgroups import (
@@ -133,6 +133,7 @@ class Supervisor:
         self.cancelled = False
         self.teardown_at: float | None = None
         self._last_chaos_poll = 0.0
+        self._chaos_metrics: MetricsReader | None = None  # kept: each poll reads only what is new
 
     def save(self) -> None:
         """Publish the status (atomically: the backend may read it at any time)."""
@@ -189,11 +190,13 @@ class Supervisor:
         if not chaos or self.chaos_done or time.monotonic() - self._last_chaos_poll < CHAOS_POLL_S:
             return
         self._last_chaos_poll = time.monotonic()
-        try:
-            text = open_storage(chaos["metrics_uri"]).get(chaos["metrics_uri"]).decode()
-        except NotFound:
-            return
-        step = max_step_of_attempt(metrics_records(text), int(chaos.get("attempt", 1)))
+        attempt = int(chaos.get("attempt", 1))
+        if self._chaos_metrics is None:
+            self._chaos_metrics = MetricsReader(
+                open_storage(chaos["metrics_uri"]), chaos["metrics_uri"], attempt=attempt
+            )
+        latest = self._chaos_metrics.latest().get(attempt)
+        step = int(latest["step"]) if latest else 0
         if step < int(chaos["at_step"]):
             return
         node = int(chaos.get("node", 0))

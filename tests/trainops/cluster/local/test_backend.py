@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.trainops.cluster.local.fake_gpus import fake_nvidia_smi, gpu_listing
+from trainer.contract import MetricsReader, RunLayout
+from trainer.storage import open_storage
 from trainops.cluster.base import FINAL_PHASES, JobAlreadyExists
 from trainops.cluster.local.backend import LocalCluster
 from trainops.cluster.local.pgroups import job_processes, record_group
@@ -20,17 +22,25 @@ NODE_FAILS = (
     "import os, sys, time\nif os.environ['TRAINOPS_NODE_INDEX'] == '1': sys.exit(3)\ntime.sleep(60)\n"
 )
 
-# A stand-in for torchrun + trainer: logs steps to metrics.jsonl; on SIGTERM it writes a
-# marker and exits 1, as torchrun does whatever its workers return.
+# A stand-in for torchrun + trainer: logs steps as metrics parts (one per step, written to a
+# temp name and renamed, as the trainer's storage does), or appends them to the previous
+# version's metrics.jsonl; on SIGTERM it writes a marker and exits 1, as torchrun does whatever
+# its workers return.
 STEPPER = (
     "import json, os, signal, sys, time\n"
-    "out = sys.argv[1]\n"
+    "run, parts = sys.argv[1], sys.argv[2] == 'parts'\n"
+    "os.makedirs(run + '/metrics', exist_ok=True)\n"
     "def stop(*_):\n"
-    "    open(out + '.sigterm-' + os.environ['TRAINOPS_NODE_INDEX'], 'w').close(); sys.exit(1)\n"
+    "    open(run + '/sigterm-' + os.environ['TRAINOPS_NODE_INDEX'], 'w').close(); sys.exit(1)\n"
     "signal.signal(signal.SIGTERM, stop)\n"
     "for step in range(1, 400):\n"
     "    if os.environ['TRAINOPS_NODE_INDEX'] == '0':\n"
-    "        with open(out, 'a') as f: f.write(json.dumps({'step': step, 'attempt': 1}) + '\\n')\n"
+    "        line = json.dumps({'step': step, 'attempt': 1}) + '\\n'\n"
+    "        if parts:\n"
+    "            with open(run + '/metrics/.tmp', 'w') as f: f.write(line)\n"
+    "            os.rename(run + '/metrics/.tmp', run + '/metrics/part-000001-%08d.jsonl' % step)\n"
+    "        else:\n"
+    "            with open(run + '/metrics.jsonl', 'a') as f: f.write(line)\n"
     "    time.sleep(0.05)\n"
 )
 
@@ -82,19 +92,20 @@ def test_one_failed_node_tears_down_the_gang(cluster):
     assert time.monotonic() - started < 20  # not the 60 s node 0 would have slept
 
 
-def test_injected_preemption_signals_one_node_then_the_gang_stops(cluster, tmp_path):
-    metrics = tmp_path / "metrics.jsonl"
+@pytest.mark.parametrize("written_as", ["parts", "metrics.jsonl"])
+def test_injected_preemption_signals_one_node_then_the_gang_stops(cluster, tmp_path, written_as):
+    layout = RunLayout((tmp_path / "run").as_uri())
     handle = cluster.launch(
-        job("chaos", STEPPER, nodes=2, argv=[str(metrics)]),
-        chaos={"node": 1, "at_step": 5, "attempt": 1, "metrics_uri": f"file://{metrics}"},
+        job("chaos", STEPPER, nodes=2, argv=[str(tmp_path / "run"), written_as]),
+        chaos={"node": 1, "at_step": 5, "attempt": 1, "metrics_uri": layout.metrics},
     )
     state = wait_final(cluster, handle)
     assert [d["node"] for d in state["disruptions"]] == [1]
     assert state["disruptions"][0]["reason"] == "SpotInterruption"
     assert state["nodes"][1]["exit_code"] == 1  # the preempted node went first ...
     assert "node 1 exited non-zero" in state["reason"]  # ... and the gang was torn down
-    assert (tmp_path / "metrics.jsonl.sigterm-0").exists()
-    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert (tmp_path / "run" / "sigterm-0").exists()
+    steps = [r["step"] for r in MetricsReader(open_storage(layout.run_uri), layout.run_uri).records()]
     assert 5 <= max(steps) < 100  # stopped soon after step 5, not after all 399
 
 
