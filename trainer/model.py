@@ -16,6 +16,35 @@ from torch import nn
 from trainer.presets import ModelArgs
 
 
+class _RMSNormFunction(torch.autograd.Function):
+    """``x / rms(x) * weight`` with the statistics in fp32, keeping only ``x`` (in its own
+    dtype) and one fp32 reciprocal RMS per row for backward.
+
+    Written out with autograd, the same math kept two fp32 copies of ``x`` and the rounded
+    product, five times the bytes of a bf16 ``x`` (docs/models.md, "Precision and memory").
+    Backward recomputes the normalised ``x`` from what was kept, in fp32.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        x32 = x.to(torch.promote_types(x.dtype, torch.float32))
+        rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        # The same roundings as the plain formulation: normalise in fp32, round, then scale.
+        return (x32 * rstd).to(x.dtype) * weight
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        x, weight, rstd = ctx.saved_tensors
+        normed = x.to(rstd.dtype) * rstd
+        grad32 = grad.to(rstd.dtype)
+        grad_weight = (grad32 * normed).sum(dim=tuple(range(grad.dim() - 1)))
+        gn = grad32 * weight.to(rstd.dtype)
+        # d/dx of x * rstd: rstd * (gn - normed * mean(gn * normed)) along the normalised dim.
+        grad_x = rstd * (gn - normed * (gn * normed).mean(-1, keepdim=True))
+        return grad_x.to(x.dtype), grad_weight.to(weight.dtype), None
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -23,9 +52,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalize in fp32: bf16 sums of squares lose too much precision.
-        out = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
-        return out.type_as(x) * self.weight
+        # Statistics in fp32: bf16 sums of squares lose too much precision. Only x and the
+        # per-row scale are kept for backward (_RMSNormFunction), not an fp32 copy of x.
+        return _RMSNormFunction.apply(x, self.weight, self.eps)
 
 
 def rope_tables(
@@ -37,8 +66,13 @@ def rope_tables(
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate channel pairs of ``x`` (batch, seq, heads, head_dim) by position."""
-    x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
+    """Rotate channel pairs of ``x`` (batch, seq, heads, head_dim) by position.
+
+    In fp32, as torchtitan's RoPE: it keeps no fp32 activation for backward (the products
+    keep the tables, which need no gradient), so it costs time, not memory (docs/models.md).
+    """
+    x32 = x.float()  # one copy: the two strided halves below are views of it
+    x1, x2 = x32[..., 0::2], x32[..., 1::2]
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]
     out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
     return out.type_as(x)

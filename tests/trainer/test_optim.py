@@ -26,7 +26,8 @@ def test_weight_decay_applies_to_matrices_only_and_the_schedule_scales_the_peak_
     assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.1, 0.0)
     assert all(p.ndim >= 2 for p in decay["params"]) and all(p.ndim == 1 for p in no_decay["params"])
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
-    assert not optimizer.defaults["fused"]  # the fused kernel is CUDA's; these are CPU parameters
+    # One fused kernel per step on CPU too: foreach AdamW took 2.7x its time (bench/profile_step.py).
+    assert optimizer.defaults["fused"]
 
     kw = {"warmup_steps": 4, "max_steps": 14, "min_lr_ratio": 0.1}
     scheduler = build_scheduler(optimizer, **kw)
