@@ -53,7 +53,9 @@ def main() -> None:
     for block in model.layers:
         fully_shard(block, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.1)
+    from trainer.optim import build_optimizer
+
+    opt = build_optimizer(model, a.lr, 0.1)  # the trainer's AdamW (fused), so only the loop differs
 
     times = []
     cursor = 0

@@ -224,7 +224,7 @@ class Checkpointer:
         self._error: BaseException | None = None
         # Kept for the life of the checkpointer: the staging buffers and the save plans are the
         # same at every save (trainer.staging).
-        self._stager = staging.reusing_stager()
+        self._stagers = staging.SaveStagers()
         self._plan_key = staging.plan_key()
         self._background_since: float | None = None  # when the save in flight left the loop
         self._warned_back_pressure = False
@@ -290,7 +290,7 @@ class Checkpointer:
             storage_writer=self._writer(staging_dir, written),
             planner=staging.caching_planner(self._plan_key),
             process_group=self.group,
-            async_stager=self._stager,  # returns once the copy into the reused buffers is done
+            async_stager=self._stagers.for_save(),  # returns once the copy into the buffers is done
         )
         # Newer torch answers with a pair of futures (staged, uploaded); older with the upload's.
         upload: Future[Any] = result if isinstance(result, Future) else result.upload_completion

@@ -47,7 +47,7 @@ class TrainConfig:
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.1
     grad_clip: float = 1.0
-    log_every: int = 1
+    log_every: int = 10  # the loss is read to the host (a device sync) only every N steps
     # none | full (every block) | selective (every second block); true/false mean full/none.
     activation_checkpointing: str = "none"
     # true: skip the gradient reduce-scatter on all but the last micro-step of a step. Faster

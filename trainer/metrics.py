@@ -85,6 +85,7 @@ class MetricsLog:
         self.uri = self.layout.metrics_parts
         self.retry_after_s, self._clock = retry_after_s, clock
         self._waiting: list[MetricsRecord] = []  # added since the current part was fixed
+        self._due = False  # a step that calls for a flush was added since the last one
         self._part: tuple[int, bytes, int] | None = None  # (number, bytes, records): tried, not yet stored
         self._next: int | None = None  # the next part number; None: list to find it
         self.parts_written = 0
@@ -98,9 +99,23 @@ class MetricsLog:
         return len(self._waiting) + (self._part[2] if self._part else 0)
 
     def add(
-        self, *, step: int, loss: float, lr: float, tokens_per_s: float, time: float, **extra: float
+        self,
+        *,
+        step: int,
+        loss: float,
+        lr: float,
+        tokens_per_s: float,
+        time: float,
+        flush: bool = True,
+        **extra: float,
     ) -> None:
-        """Record one step; ``extra`` holds optional figures such as ``mfu`` and ``peak_mem_gib``."""
+        """Record one step; ``extra`` holds optional figures such as ``mfu`` and ``peak_mem_gib``.
+
+        :param flush: write a part now when ``step`` is a multiple of ``flush_every``; False
+            when several steps are added at once (the loop reads losses every
+            ``train.log_every`` steps), which then call :meth:`flush_if_due` once, so that
+            they make one part, not one per multiple of ``flush_every`` among them.
+        """
         self._waiting.append(
             {
                 "step": step,
@@ -112,8 +127,17 @@ class MetricsLog:
                 **extra,
             }
         )
-        if step % self.flush_every == 0:
-            self.flush()
+        self._due = self._due or step % self.flush_every == 0
+        if flush:
+            self.flush_if_due()
+
+    def flush_if_due(self) -> int:
+        """:meth:`flush` if a step added since the last flush was a multiple of ``flush_every``;
+        returns how many records are still unwritten."""
+        if not self._due:
+            return self.unwritten
+        self._due = False
+        return self.flush()
 
     def flush(self, *, final: bool = False) -> int:
         """Write what is waiting now, as a new part; never raises. Returns how many records are

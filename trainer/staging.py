@@ -19,11 +19,13 @@
 from __future__ import annotations
 
 import itertools
+import logging
 
 import torch
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
+log = logging.getLogger("trainer.checkpoint")
 _keys = itertools.count(1)
 
 
@@ -46,6 +48,48 @@ def reusing_stager(cuda: bool | None = None) -> DefaultStager:
             use_non_blocking_copy=cuda,
         )
     )
+
+
+def stager_reuse_works() -> bool:
+    """Whether this torch's ``DefaultStager`` survives a second save.
+
+    torch 2.11 closes a ``DefaultStager``'s copier at the end of every stage, so the next stage
+    fails with ``KeyError: <class 'type'>`` (pytorch/pytorch#183413, fixed in #183424). Found
+    by staging a one-element state twice, not by version: a backport counts.
+    """
+    probe = reusing_stager(cuda=False)
+    try:
+        for _ in range(2):
+            probe.stage({"probe": torch.zeros(1)})
+    except KeyError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
+class SaveStagers:
+    """The stager for each async save: one :func:`reusing_stager` kept for every save, or, on a
+    torch whose stager cannot be reused (:func:`stager_reuse_works`), a fresh one per save
+    (fresh staging memory each time, as DCP's default does: slower, still correct).
+
+    :param cuda: whether the state lives on a CUDA device (default: CUDA is available).
+    """
+
+    def __init__(self, cuda: bool | None = None):
+        self.cuda = torch.cuda.is_available() if cuda is None else cuda
+        self.reused = stager_reuse_works()
+        self._kept = reusing_stager(self.cuda) if self.reused else None
+        if not self.reused:
+            log.warning(
+                "checkpoint: torch %s cannot reuse DCP staging buffers (pytorch/pytorch#183413); each "
+                "async save stages into fresh memory, which holds the loop longer: use torch 2.13",
+                torch.__version__,
+            )
+
+    def for_save(self) -> DefaultStager:
+        """The stager of the next save."""
+        return self._kept if self._kept is not None else reusing_stager(self.cuda)
 
 
 def plan_key() -> str:

@@ -436,8 +436,10 @@ def _log_steps(
             time=result.time,
             **({"mfu": step_mfu} if step_mfu is not None else {}),
             **({"peak_mem_gib": peak_mem} if peak_mem is not None else {}),
+            flush=False,
             **result.extra,
         )
+    metrics.flush_if_due()  # the steps read together make one part
     if print_line:
         line = progress_line(
             last.step,

@@ -127,7 +127,7 @@ def test_config_dataclass_defaults_match_the_spec():
         3e-3,
         10,
     )
-    assert (t.min_lr_ratio, t.weight_decay, t.grad_clip, t.log_every) == (0.1, 0.1, 1.0, 1)
+    assert (t.min_lr_ratio, t.weight_decay, t.grad_clip, t.log_every) == (0.1, 0.1, 1.0, 10)
     assert (config.checkpoint.every_steps, config.checkpoint.keep, config.metrics.flush_every) == (25, 2, 10)
 
 

@@ -231,3 +231,19 @@ def test_after_a_failed_flush_the_next_ones_wait_instead_of_stalling_the_loop(tm
     storage.down = False
     assert log.flush(final=True) == 0
     assert steps_in(storage, tmp_path.as_uri()) == [(s, 1) for s in range(1, 50)]
+
+
+def test_steps_added_together_make_one_part_however_many_flush_points_they_cross(tmp_path):
+    # The loop reads losses every train.log_every steps (here 25) and adds those steps at once;
+    # with flush_every 10 that batch crosses two flush points, and writes one part, not two.
+    storage = open_storage(tmp_path.as_uri())
+    log = MetricsLog(storage, RunLayout(tmp_path.as_uri()).metrics, attempt=1, flush_every=10)
+    for step in range(1, 26):
+        log.add(step=step, loss=1.0, lr=1e-3, tokens_per_s=1.0, time=float(step), flush=False)
+    assert parts_of(storage, tmp_path.as_uri()) == []
+    assert log.flush_if_due() == 0
+    assert len(parts_of(storage, tmp_path.as_uri())) == 1
+    assert [s for s, _ in steps_in(storage, tmp_path.as_uri())] == list(range(1, 26))
+    for step in range(26, 30):  # no flush point among them: nothing is due
+        log.add(step=step, loss=1.0, lr=1e-3, tokens_per_s=1.0, time=float(step), flush=False)
+    assert log.flush_if_due() == 4 and len(parts_of(storage, tmp_path.as_uri())) == 1

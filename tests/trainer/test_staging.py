@@ -76,3 +76,25 @@ def test_on_cuda_the_staging_buffers_are_pinned_and_reused():
     for name, tensor in second["model"].items():
         assert torch.equal(tensor, live["model"][name].cpu()), name
     stager.close()
+
+
+def test_a_torch_whose_stager_cannot_be_reused_gets_a_fresh_stager_per_save(monkeypatch, caplog):
+    from trainer import staging
+
+    assert staging.stager_reuse_works()  # the pinned torch (constraints.txt) has the fix
+    kept = staging.SaveStagers(cuda=False)
+    assert kept.reused and kept.for_save() is kept.for_save()
+
+    class Closing(staging.DefaultStager):  # torch 2.11: every stage closes the copier
+        def stage(self, state_dict, **kwargs):
+            if getattr(self, "_closed_once", False):
+                raise KeyError(type)
+            self._closed_once = True
+            return super().stage(state_dict, **kwargs)
+
+    monkeypatch.setattr(staging, "DefaultStager", Closing)
+    assert not staging.stager_reuse_works()
+    with caplog.at_level("WARNING", logger="trainer.checkpoint"):
+        fresh = staging.SaveStagers(cuda=False)
+    assert not fresh.reused and fresh.for_save() is not fresh.for_save()
+    assert "cannot reuse DCP staging buffers (pytorch/pytorch#183413)" in caplog.text
