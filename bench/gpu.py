@@ -539,8 +539,15 @@ def section_checkpoint(plan: Plan, device, deadline: float, scratch: Path) -> di
                 sync(device)
                 step_times.append(time.perf_counter() - start)
                 state.step += 1
-            blocked = ckpt.save_async(state.step)
-            saves.append({"step": state.step, "blocked_s": blocked})
+            blocked = ckpt.save_async(state.step)  # the wait for the previous save included
+            saves.append(
+                {
+                    "step": state.step,
+                    "blocked_s": blocked.total_s,
+                    "waited_s": blocked.waited_s,
+                    "staged_s": blocked.staged_s,
+                }
+            )
         if not saves:
             raise OutOfTime("no save started before the section's deadline")
         drained = time.monotonic()

@@ -156,7 +156,7 @@ def back_pressure_warning(step: int, previous: int, save_s: float, loop_s: float
         f"{save_s:.1f}s in the background while {steps} steps of training took {loop_s:.1f}s: storage "
         "takes a checkpoint slower than checkpoint.every_steps steps train, so the loop stalls at every "
         f"save; set checkpoint.every_steps to at least {keep_up_every_steps(save_s, steps, loop_s)}, or "
-        "use faster storage (logged once; each save's wait is in metrics.jsonl as checkpoint_waited_s)"
+        "use faster storage (logged once; each save's wait is in the run's metrics as checkpoint_waited_s)"
     )
 
 

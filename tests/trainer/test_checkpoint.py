@@ -204,7 +204,7 @@ def test_a_save_that_waits_for_the_previous_one_counts_the_wait_and_warns_once(
         r"background while 4 steps of training took \d+\.\ds: storage takes a checkpoint slower than "
         r"checkpoint.every_steps steps train, so the loop stalls at every save; set "
         r"checkpoint.every_steps to at least \d+, or use faster storage \(logged once; each save's "
-        r"wait is in metrics.jsonl as checkpoint_waited_s\)",
+        r"wait is in the run's metrics as checkpoint_waited_s\)",
         warnings[0],
     )
     assert find_latest(open_storage(run_uri), RunLayout(run_uri))[0] == 12
