@@ -212,6 +212,8 @@ class Attempt:
     last_step: int = 0
     checkpoint_step: int | None = None
     emergency_save_s: float | None = None  # seconds from the stop to the committed emergency save
+    first_step_time: float | None = None  # epoch seconds: the attempt's first step began
+    signal_time: float | None = None  # epoch seconds: the stop signal came
 
     def committed(self, step: int) -> None:
         """A checkpoint of ``step`` was committed (the checkpointer's ``on_commit``)."""
@@ -243,6 +245,8 @@ class Attempt:
             cause=cause,
             metrics_unwritten=metrics_unwritten,
             emergency_save_s=self.emergency_save_s,
+            first_step_time=self.first_step_time,
+            signal_time=self.signal_time,
         )
 
     def store(self, record: AttemptRecord, *, exclusive: bool = False) -> None:

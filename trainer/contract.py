@@ -270,7 +270,10 @@ class AttemptRecord(TypedDict):
 
     ``cause`` (failed attempts) and ``metrics_unwritten`` (step records the attempt could not
     write to ``metrics.jsonl``, when there were any) are absent from records written before
-    them; read them with ``.get``.
+    them; read them with ``.get``. So are ``first_step_time`` (epoch seconds when the
+    attempt's first step began) and ``signal_time`` (epoch seconds when the stop signal came:
+    rank 0's own SIGTERM, else the moment the ranks agreed to stop), which the cost accounting
+    reads.
     """
 
     format: str
@@ -289,6 +292,8 @@ class AttemptRecord(TypedDict):
     cause: NotRequired[Cause]
     metrics_unwritten: NotRequired[int]
     emergency_save_s: NotRequired[float]  # a preempted attempt: its emergency save's seconds
+    first_step_time: NotRequired[float]
+    signal_time: NotRequired[float]
 
 
 def attempt_record(
@@ -307,6 +312,8 @@ def attempt_record(
     cause: str | None = None,
     metrics_unwritten: int = 0,
     emergency_save_s: float | None = None,
+    first_step_time: float | None = None,
+    signal_time: float | None = None,
 ) -> AttemptRecord:
     """The trainer's account of one attempt.
 
@@ -318,6 +325,9 @@ def attempt_record(
     :param metrics_unwritten: step records that never reached ``metrics.jsonl``.
     :param emergency_save_s: seconds the emergency checkpoint took, from the agreed stop to
         its commit (a preempted attempt; the operator compares it with the grace period).
+    :param first_step_time: epoch seconds when the attempt's first step began (None: it
+        trained none).
+    :param signal_time: epoch seconds when the stop signal came (a preempted attempt).
     """
     if outcome not in OUTCOMES:
         raise ValueError(f"unknown attempt outcome {outcome!r}; expected one of {OUTCOMES}")
@@ -345,6 +355,10 @@ def attempt_record(
         record["metrics_unwritten"] = int(metrics_unwritten)
     if emergency_save_s is not None:
         record["emergency_save_s"] = float(emergency_save_s)
+    if first_step_time is not None:
+        record["first_step_time"] = float(first_step_time)
+    if signal_time is not None:
+        record["signal_time"] = float(signal_time)
     return record
 
 
@@ -369,6 +383,12 @@ def parse_attempt_record(data: object) -> AttemptRecord:
         raise ValueError(
             f"attempt record field 'emergency_save_s' must be a number of seconds >= 0, got {save_s!r}"
         )
+    for key in ("first_step_time", "signal_time"):
+        value = data.get(key, 0.0)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise ValueError(
+                f"attempt record field {key!r} must be epoch seconds (a number >= 0), got {value!r}"
+            )
     return cast(AttemptRecord, data)
 
 

@@ -363,6 +363,7 @@ def train_loop(tr: Training, flag: StopFlag) -> str:
     """
     t, state = tr.config.train, tr.state
     started, first_step = time.monotonic(), state.step
+    tr.attempt.first_step_time = time.time()  # startup ends here (the cost accounting's split)
     beat = heartbeat.beats(tr.config.run_uri, tr.attempt.number, tr.env.is_main, state.step)
     unread: list[StepResult] = []  # steps whose loss is still on the device
     while state.step < t.max_steps:
@@ -461,6 +462,8 @@ def _stop_preempted(tr: Training, signal_name: str | None, signalled_at: float |
     own signal (``signalled_at``; else from the agreed stop) to the commit. No rank exits
     before the record exists."""
     step, started = tr.state.step, min(signalled_at or math.inf, time.monotonic())
+    # epoch, for the cost accounting: this rank's own signal, else the agreed stop (now)
+    tr.attempt.signal_time = time.time() - (time.monotonic() - started)
     tr.checkpointer.wait()  # a regular save of this very step may still be in flight
     if tr.checkpointer.last_committed != step:
         tr.checkpointer.save(step)  # synchronous, so nothing is lost

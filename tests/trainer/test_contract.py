@@ -189,7 +189,13 @@ def test_a_failed_record_says_its_cause_and_older_records_without_one_still_pars
     assert completed["metrics_unwritten"] == 4 and "cause" not in completed
     before = {k: v for k, v in failed.items() if k != "cause"}  # as the previous trainer wrote them
     assert parse_attempt_record(before) == before
-    assert set(AttemptRecord.__optional_keys__) == {"cause", "metrics_unwritten", "emergency_save_s"}
+    assert set(AttemptRecord.__optional_keys__) == {
+        "cause",
+        "metrics_unwritten",
+        "emergency_save_s",
+        "first_step_time",
+        "signal_time",
+    }
     node = attempt_record(
         attempt=1, outcome="failed", last_step=0, checkpoint_step=None, world_size=2, cause="node"
     )
@@ -419,6 +425,28 @@ def test_an_emergency_save_duration_travels_in_the_record_and_is_checked():
     )
     with pytest.raises(ValueError, match="'emergency_save_s' must be a number of seconds >= 0, got 'x'"):
         parse_attempt_record({**rec, "emergency_save_s": "x"})
+
+
+def test_the_first_step_and_signal_times_travel_in_the_record_and_are_checked():
+    from trainer.contract import attempt_record, parse_attempt_record
+
+    rec = attempt_record(
+        attempt=1,
+        outcome="preempted",
+        last_step=5,
+        checkpoint_step=5,
+        world_size=2,
+        first_step_time=1767225690.25,
+        signal_time=1767225752.5,
+    )
+    assert (rec["first_step_time"], rec["signal_time"]) == (1767225690.25, 1767225752.5)
+    assert parse_attempt_record(rec) == rec
+    older = attempt_record(attempt=1, outcome="completed", last_step=5, checkpoint_step=5, world_size=2)
+    assert "first_step_time" not in older and "signal_time" not in older  # and still read
+    assert parse_attempt_record(older) == older
+    for key in ("first_step_time", "signal_time"):
+        with pytest.raises(ValueError, match=f"'{key}' must be epoch seconds"):
+            parse_attempt_record({**rec, key: "noon"})
 
 
 def test_a_heartbeat_is_read_back_and_a_damaged_one_is_none():

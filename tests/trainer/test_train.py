@@ -271,6 +271,7 @@ def test_a_signalled_loop_stops_after_the_step_with_an_emergency_checkpoint(
         tmp_path, dataset_uri, world_of_one, 1, "train.max_steps=10", "checkpoint.every_steps=5"
     )
     flag = StopFlag()
+    before = time.time()
     flag.signal_name, flag.at = "SIGINT", time.monotonic() - 5.0  # as its handler sets them, 5 s ago
     assert train_loop(training, flag) == "preempted"
     record = read_json(run / "attempts" / "1.json")
@@ -284,6 +285,10 @@ def test_a_signalled_loop_stops_after_the_step_with_an_emergency_checkpoint(
     # what the notice window must hold, from the signal to the commit (the operator compares it
     # with the grace period)
     assert 5.0 <= record["emergency_save_s"] < 65
+    # the cost accounting's split, in epoch seconds: the signal 5 s before the loop began, and
+    # the first step's start, before that step's own record
+    assert before - 5.5 < record["signal_time"] < before - 4.5
+    assert before <= record["first_step_time"] <= metrics_of(run)[1]["time"]
 
 
 def test_a_checkpoint_steps_record_says_how_long_its_save_held_the_loop_the_wait_included(

@@ -11,6 +11,10 @@
   was production before), recording who (``--by``, default the OS user) and why in the
   pointer's history. ``--storage-root`` defaults to ``$TRAINOPS_STORAGE_ROOT``; ``s3://``
   roots use boto3's default credentials and ``AWS_ENDPOINT_URL_S3``.
+- ``cost RUN_URI [--prices FILE]``: what one training run cost, estimated: its attempts'
+  phases (queued, startup, productive, replayed, checkpoint stall, shutdown) in seconds and
+  GPU-hours, goodput, recovery time, cost, the on-demand equivalent and the spot savings
+  (docs/cost.md). ``--prices`` prices it with a JSON price table laid over the shipped one.
 """
 
 from __future__ import annotations
@@ -178,7 +182,16 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="file:///abs/path or s3://bucket/prefix (default: $TRAINOPS_STORAGE_ROOT)",
     )
+    cost = sub.add_parser("cost", help="print the estimated cost, goodput and phases of one training run")
+    cost.add_argument("run_uri", metavar="RUN_URI", help="the run prefix (the train task's run_uri)")
+    cost.add_argument(
+        "--prices", default=None, metavar="FILE", help="a JSON price table laid over the shipped one"
+    )
     args = parser.parse_args(argv)
+    if args.command == "cost":
+        from trainops.cli.cost import run_cost
+
+        return run_cost(args.run_uri, args.prices)
     if args.command == "rollback":
         return run_rollback(
             args.model, args.version, reason=args.reason, by=args.by, storage_root=args.storage_root

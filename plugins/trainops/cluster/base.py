@@ -62,11 +62,16 @@ class Disruption(TypedDict, total=False):
     reason: str | None
     message: str | None
     at: str  # local: when the preemption was injected (ISO 8601)
+    time: float  # local: the same, epoch seconds (the cost accounting's recovery time)
 
 
 class JobState(TypedDict):
     """An attempt as the backend sees it. ``infra_reason`` is set when the infrastructure,
-    not the program, stopped it; ``unschedulable`` when that was pods finding no node."""
+    not the program, stopped it; ``unschedulable`` when that was pods finding no node.
+    ``start_time`` and ``end_time`` (epoch seconds) bound what the attempt is billed for: its
+    first pod's start to its last trainer container's end (Kubernetes), its first node
+    process's start to its last one's exit (local); absent while unknown, and in states
+    written before them."""
 
     phase: Phase
     reason: str | None
@@ -74,6 +79,8 @@ class JobState(TypedDict):
     disruptions: list[Disruption]
     infra_reason: NotRequired[str]
     unschedulable: NotRequired[bool]
+    start_time: NotRequired[float]
+    end_time: NotRequired[float]
 
 
 class LogCursor(TypedDict, total=False):

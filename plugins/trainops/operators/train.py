@@ -95,6 +95,11 @@ class FSDPTrainingOperator(ClusterJobOperator):
         against ``max_infra_retries``. None (the default) derives it from the attempt's median
         step time, ``max(600, 20 x median)``; the first step gets 30 minutes more (compile,
         warm-up). A positive number otherwise.
+    :param prices: the price table for the run's cost estimate, laid over the Variable
+        ``trainops_prices`` and the shipped table (docs/cost.md): a mapping, or its JSON text,
+        of instance type -> ``spot`` / ``on-demand`` -> ``{"per_hour": USD, "gpus": N}``
+        (``"*"``: USD per GPU-hour of an instance type no table knows). Checked before anything
+        is launched. (templated)
     :param storage_root: ``file://`` or ``s3://`` root (templated; default: the embedded root).
     :param aws_conn_id: Airflow connection for ``s3://`` storage.
     :param kubernetes_conn_id: Airflow connection for ``cluster='kubernetes'``.
@@ -108,6 +113,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
         "gpus_per_node",
         "capacity",
         "max_preemptions",
+        "prices",
     )
     ui_color = "#f4d9c6"
     operator_extra_links = (RunReportLink(),)
@@ -137,6 +143,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
         job_timeout: float | None = None,
         keep_finished_jobs: bool = False,
         hang_timeout: float | None = None,
+        prices: dict[str, Any] | str | None = None,
         storage_root: str | None = None,
         aws_conn_id: str | None = "aws_default",
         kubernetes_conn_id: str | None = "kubernetes_default",
@@ -175,7 +182,10 @@ class FSDPTrainingOperator(ClusterJobOperator):
         self.unschedulable_timeout = optional_seconds(
             "unschedulable_timeout", unschedulable_timeout, default=900
         )
+        self.prices = prices
         # Plain values are checked now, at DAG parse; templated ones once rendered, in execute.
+        if not known_at_run_time(prices):
+            self._check_prices()
         if not known_at_run_time(dataset):
             dataset_uri(dataset)
         sizing_known = not any(
@@ -219,6 +229,12 @@ class FSDPTrainingOperator(ClusterJobOperator):
             termination_grace_seconds=self.termination_grace_seconds,
             **self.job_options,
         )
+
+    def _check_prices(self) -> None:
+        """The ``prices`` parameter, read as a price table (ValueError naming a bad entry)."""
+        from trainops.cost.prices import load_prices
+
+        load_prices(self.prices, None)
 
     def cluster_options(self) -> dict[str, Any]:
         options = super().cluster_options()
@@ -273,6 +289,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
 
         # Every input is checked before anything is written or launched.
         self._check_settings()
+        self._check_prices()
         data_uri = dataset_uri(self.dataset)
         store, layout, identity = self._run(context)
         settings = self.launch_settings()
@@ -511,7 +528,8 @@ class FSDPTrainingOperator(ClusterJobOperator):
             raise RuntimeError(waiting_failed(checked, attempt))
         if checked["status"] in ("timeout", "deadline"):
             self.backend.delete(checked["handle"])
-            store.put_json(layout.job, ended_by_deadline(job, checked, at=now_iso()))
+            job = self._with_cost(store, layout, ended_by_deadline(job, checked, at=now_iso()))
+            store.put_json(layout.job, job)
             raise RuntimeError(deadline_failure(checked, attempt))
         if checked["status"] == "hung":
             return self._hung(context, store, layout, job, checked)
@@ -530,6 +548,8 @@ class FSDPTrainingOperator(ClusterJobOperator):
             at=now_iso(),
             logs_tail=clip_tail(tail),
         )
+        if decision["action"] != "relaunch":  # the run is over: its bill goes with it
+            job = self._with_cost(store, layout, job)
         store.put_json(layout.job, job)
         entry = job["attempts"][-1]
         self.log.info(
@@ -568,7 +588,9 @@ class FSDPTrainingOperator(ClusterJobOperator):
             return
         handle = job["attempts"][-1].get("job") or {"cluster": self.cluster, "job_id": "", "labels": {}}
         event: Any = {"status": "deadline", "handle": handle, "message": f"{why}; the job was deleted"}
-        store.put_json(layout.job, ended_by_deadline(job, event, at=now_iso()))
+        store.put_json(
+            layout.job, self._with_cost(store, layout, ended_by_deadline(job, event, at=now_iso()))
+        )
 
     def _hung(self, context: Any, store: Storage, layout: RunLayout, job: JobRecord, event: Any) -> Any:
         """A hung attempt: keep its logs tail, record it as ``hung``, then relaunch the whole
@@ -588,6 +610,8 @@ class FSDPTrainingOperator(ClusterJobOperator):
             verdict={"classification": "hung", "reason": event.get("message") or "no new step"},
             logs_tail=clip_tail(tail),
         )
+        if decision["action"] != "relaunch":
+            job = self._with_cost(store, layout, job)
         store.put_json(layout.job, job)
         self.log.warning("attempt %d: hung (%s); %s", attempt, event.get("message"), decision["reason"])
         if decision["action"] == "relaunch":
@@ -608,9 +632,50 @@ class FSDPTrainingOperator(ClusterJobOperator):
         store, layout, identity = self._run(context)
         job = self._job(store, layout)
         if checked["status"] != "gone":
-            store.put_json(layout.job, mark_failed(job))
+            store.put_json(layout.job, self._with_cost(store, layout, mark_failed(job)))
             raise RuntimeError(f"not relaunching: {checked.get('message') or checked['status']}")
         return self._proceed(context, store, layout, job, identity, fresh_try=False)
+
+    def _with_cost(self, store: Storage, layout: RunLayout, job: JobRecord) -> JobRecord:
+        """``job`` with the run's bill (``"cost"``, a ``RunCost``), as it ended; logged in one
+        line. The estimate never fails the task: if it cannot be made, ``job`` is returned
+        as it was, with a warning."""
+        from trainer.contract import MetricsReader
+        from trainops.cost.accounting import account
+        from trainops.cost.prices import PRICES_VARIABLE, load_prices
+
+        try:
+            table, sources = load_prices(self.prices, self._prices_variable())
+        except ValueError as exc:  # the parameter was checked: the Variable is at fault
+            self.log.warning("Variable %s ignored for the cost estimate: %s", PRICES_VARIABLE, exc)
+            table, sources = load_prices(self.prices, None)
+        try:
+            cost = account(job, MetricsReader(store, layout.run_uri).records(), table)
+        except Exception as exc:  # an estimate: a fault in it must not fail a finished run
+            self.log.warning("no cost estimate for %s: %s", layout.run_uri, exc)
+            return job
+        goodput = "-" if cost["goodput"] is None else f"{cost['goodput']:.1%}"
+        self.log.info(
+            "estimated cost (prices: %s): $%.2f, on-demand $%.2f, savings $%.2f; %.3f GPU-hours "
+            "billed, goodput %s; python -m trainops cost %s for the breakdown",
+            sources,
+            cost["cost"],
+            cost["on_demand_cost"],
+            cost["savings"],
+            cost["billed_gpu_hours"],
+            goodput,
+            layout.run_uri,
+        )
+        return {**job, "cost": dict(cost)}
+
+    def _prices_variable(self) -> str | None:
+        """The Variable ``trainops_prices`` (JSON text), None when it is not set."""
+        from airflow.sdk import Variable
+
+        from trainops.cost.prices import PRICES_VARIABLE
+
+        value = Variable.get(PRICES_VARIABLE, default=None)
+        return None if value is None else str(value)
 
     def _log_tail(self, handle: JobHandle, lines: int = 200) -> str | None:
         """The attempt's last log lines, where the trainer prints its record when storage
@@ -674,4 +739,6 @@ class FSDPTrainingOperator(ClusterJobOperator):
             "preemptions": job["preemptions"],
             "steps_lost": total_steps_lost(job),
             "final_loss": final_loss,
+            "cost": job.get("cost"),  # an estimate (trainops.cost.accounting.RunCost)
+            "goodput": (job.get("cost") or {}).get("goodput"),
         }

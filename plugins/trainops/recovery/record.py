@@ -88,7 +88,9 @@ class JobRecord(TypedDict):
     on-demand on a fallback); ``preemptions`` and ``infra_failures`` are the totals over every
     run of the task, for the report; ``budget`` is what counts against the budgets (a capacity
     fallback is not an infrastructure failure). A record written before ``budget`` existed
-    counts from attempt 1 (:func:`budget_window`)."""
+    counts from attempt 1 (:func:`budget_window`). ``cost`` is the run's bill
+    (``trainops.cost.accounting.RunCost``), written when the run ends; a record from before it
+    has none."""
 
     run_uri: str
     config_uri: str
@@ -99,6 +101,7 @@ class JobRecord(TypedDict):
     status: Status
     attempts: list[AttemptEntry]
     budget: NotRequired[BudgetWindow]
+    cost: NotRequired[dict[str, Any]]
 
 
 class Progress(TypedDict):
@@ -144,13 +147,16 @@ def budget_window(job: JobRecord) -> BudgetWindow:
 def restart_record(job: JobRecord, *, capacity: str) -> JobRecord:
     """``job`` as a new run of the task starts on it (a clear or re-run after it finished):
     running again, on the operator's ``capacity``, with a budget window that opens at the next
-    attempt. The attempts and the totals stay, for the report."""
-    return {
+    attempt. The attempts and the totals stay, for the report; the bill (``cost``) goes, to be
+    made again, over every attempt, when this run ends."""
+    restarted: JobRecord = {
         **job,
         "status": "running",
         "capacity": capacity,
         "budget": {"from_attempt": next_attempt(job), "preemptions": 0, "infra_failures": 0},
     }
+    restarted.pop("cost", None)
+    return restarted
 
 
 def as_job_record(data: object, uri: str) -> JobRecord:

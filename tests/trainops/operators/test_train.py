@@ -7,6 +7,7 @@ real file:// storage.
 
 import asyncio
 import os
+import re
 import time
 from types import SimpleNamespace
 
@@ -462,6 +463,65 @@ def test_job_json_records_node_types_for_the_cost_report(file_root, cluster, con
         ("p5.48xlarge", "spot")
     ] * 2
     assert entry["launched_at"] <= entry["ended_at"]
+
+
+def test_the_result_and_job_json_carry_the_runs_estimated_cost(file_root, cluster, context):
+    # 2 CPU nodes (1 accelerator each) on p5.48xlarge spot, priced by the parameter at $16 per
+    # instance-hour = $2 per GPU-hour, for the hour the pods ran: $4. No step was logged, so
+    # all of it is startup and the goodput is 0.
+    op = operator(file_root, prices={"p5.48xlarge": {"spot": {"per_hour": 16.0}}})
+    with pytest.raises(TaskDeferred):
+        op.execute(context)
+    write_record(file_root, 1, "completed", last_step=100, checkpoint_step=100)
+    done = finished(state_phase="succeeded")
+    p5 = {"node_name": "ip-10-0-1-7", "exit_code": 0, "instance_type": "p5.48xlarge", "capacity_type": "spot"}
+    done["state"].update(
+        nodes=[{**p5, "index": 0}, {**p5, "index": 1}],
+        start_time=time.time() + 5,
+        end_time=time.time() + 3605,
+    )
+    result = op.execute_complete(context, done)
+    cost = open_storage(file_root).get_json(layout_of(file_root).job)["cost"]
+    assert result["cost"] == cost and result["goodput"] == cost["goodput"] == 0.0
+    assert cost["cost"] == pytest.approx(4.0) and cost["estimate"] is True
+    assert cost["attempts"][0]["price"]["source"] == "prices parameter"
+    assert cost["on_demand_cost"] == pytest.approx(2 * 98.32 / 8)  # the shipped on-demand price
+
+
+def test_a_failed_run_records_its_cost_too(file_root, cluster, context):
+    op = operator(file_root, max_preemptions=0)
+    with pytest.raises(TaskDeferred):
+        op.execute(context)
+    write_record(file_root, 1, "preempted", signal="SIGTERM")
+    with pytest.raises(RuntimeError, match="over the budget of 0"):
+        op.execute_complete(context, finished())
+    job = open_storage(file_root).get_json(layout_of(file_root).job)
+    assert job["status"] == "failed" and job["cost"]["attempts"][0]["preempted"] is True
+
+
+def test_bad_prices_fail_at_parse_or_once_rendered_before_launch(file_root, cluster, context):
+    with pytest.raises(
+        ValueError, match=re.escape("prices parameter: p4d.24xlarge spot: per_hour must be >= 0")
+    ):
+        operator(file_root, prices={"p4d.24xlarge": {"spot": {"per_hour": -1}}})
+    op = operator(file_root, prices="{{ params.prices }}")  # accepted at parse: unknown yet
+    op.prices = '{"p9.fake": {"spot": {"per_hour": 3}}}'  # as rendered: no gpus for an unknown type
+    with pytest.raises(
+        ValueError, match=re.escape("p9.fake spot: gpus must be the instance type's accelerator")
+    ):
+        op.execute(context)
+    assert cluster.launched == []
+
+
+def test_a_bad_prices_variable_is_ignored_with_a_warning(file_root, cluster, context, monkeypatch, capfd):
+    monkeypatch.setenv("AIRFLOW_VAR_TRAINOPS_PRICES", '{"p4d.24xlarge": []}')
+    op = operator(file_root)
+    with pytest.raises(TaskDeferred):
+        op.execute(context)
+    write_record(file_root, 1, "completed", last_step=100, checkpoint_step=100)
+    result = op.execute_complete(context, finished(state_phase="succeeded"))
+    assert result["cost"]["format"] == "trainops.cost/v1"
+    assert "Variable trainops_prices ignored for the cost estimate" in capfd.readouterr().out
 
 
 def test_what_only_rendering_refuses_also_fails_at_parse_time():

@@ -349,3 +349,13 @@ def test_a_record_of_the_previous_version_reads_as_launched_and_counts_from_atte
         old, state=state(disruptions=[SPOT]), record=None, progress=None, budgets=BUDGETS, at="t"
     )
     assert decision["action"] == "fail" and folded["preemptions"] == 3  # 3 > 2: the old counts still hold
+
+
+def test_a_restarted_run_drops_its_old_bill_and_keeps_its_attempts():
+    from trainops.recovery.record import restart_record
+
+    ended = {**launched(fresh()), "status": "succeeded", "cost": {"format": "trainops.cost/v1"}}
+    again = restart_record(ended, capacity="on-demand")
+    assert "cost" not in again and again["attempts"] == ended["attempts"]
+    assert (again["status"], again["capacity"]) == ("running", "on-demand")
+    assert "cost" in ended  # the record it came from is left as it was

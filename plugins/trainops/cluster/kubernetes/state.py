@@ -274,6 +274,20 @@ def _unschedulable_for(pod: Json, now: datetime) -> float | None:
     return None
 
 
+def billed_times(pods: list[Json]) -> tuple[float | None, float | None]:
+    """``(start, end)`` of what the attempt's nodes are billed for, as the cluster saw it
+    (epoch seconds): the earliest pod ``status.startTime``, and the latest trainer container
+    ``terminated.finishedAt`` once every pod has one. None while unknown."""
+    starts = [_time((p.get("status") or {}).get("startTime")) for p in pods]
+    ends = [
+        _time(((_container_status(p).get("state") or {}).get("terminated") or {}).get("finishedAt"))
+        for p in pods
+    ]
+    start = min((t for t in starts if t is not None), default=None)
+    end = max((t for t in ends if t is not None), default=None) if ends and all(ends) else None
+    return (start.timestamp() if start else None, end.timestamp() if end else None)
+
+
 def job_state(
     job: Json | None,
     pods: list[Json],
@@ -290,7 +304,8 @@ def job_state(
     :param unschedulable_deadline_s: how long pods may stay unschedulable before the attempt
         counts as an infrastructure failure (not while Kueue holds the job suspended).
     :param node_names_present: the names of the pods' nodes that still exist; None: unknown.
-    :return: ``{"phase", "reason", "nodes", "disruptions"}`` and ``infra_reason`` when the
+    :return: ``{"phase", "reason", "nodes", "disruptions"}``, the pods' ``start_time`` and
+        ``end_time`` when known (:func:`billed_times`), and ``infra_reason`` when the
         infrastructure, not the program, stopped the attempt; ``unschedulable: True`` (only)
         when that was pods finding no node past the deadline.
     """
@@ -304,6 +319,11 @@ def job_state(
         if disruption:
             disruptions.append(disruption)
     state: JobState = {"phase": "running", "reason": None, "nodes": nodes, "disruptions": disruptions}
+    start, end = billed_times(pods)
+    if start is not None:
+        state["start_time"] = start
+    if end is not None:
+        state["end_time"] = end
     evicted = eviction_reason(nodes)
     if evicted:  # whatever the job says next: the operator must not count it as a preemption
         state["infra_reason"] = evicted

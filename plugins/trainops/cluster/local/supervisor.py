@@ -149,6 +149,7 @@ class Supervisor:
             base_env[ENV_JOB_TOKEN] = token
         gpus = self.spec.gpus_per_node
         devices = host_gpus(base_env).devices if gpus else ()
+        self.status["start_time"] = time.time()  # what a pod's startTime is to a bill
         for node in range(self.spec.nodes):
             scratch = self.dir / f"node-{node}"
             (scratch / "cache").mkdir(parents=True, exist_ok=True)
@@ -210,6 +211,7 @@ class Supervisor:
                 "reason": "SpotInterruption",
                 "message": f"injected spot preemption: SIGTERM to node {node}'s torchrun at step {step}",
                 "at": now_iso(),
+                "time": time.time(),
             }
         )
         self.save()
@@ -238,6 +240,7 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self.on_cancel)
         self.start()
         phase = self.watch()
+        self.status["end_time"] = time.time()  # the last node process has exited
         self.status["phase"] = "failed" if self.cancelled else phase
         self.status["ended_at"] = now_iso()
         # A pod's ephemeral storage goes with the pod: drop the nodes' scratch (shard cache,

@@ -475,3 +475,24 @@ def test_an_eviction_spends_the_infrastructure_budget_not_the_preemption_budget(
     assert decision["action"] == "relaunch" and decision.get("delay_s")  # with a preemption budget of 0
     entry = folded["attempts"][0]
     assert entry["classification"] == "infra" and "low on resource: ephemeral-storage" in entry["reason"]
+
+
+def test_the_billed_window_is_first_pod_start_to_last_trainer_exit():
+    start = datetime(2026, 1, 1, 10, 0, 41, tzinfo=UTC).timestamp()
+    done = state_of("job-complete", ["pod-succeeded"])
+    assert (done["start_time"], done["end_time"]) == (
+        start,
+        datetime(2026, 1, 1, 11, 42, 17, tzinfo=UTC).timestamp(),
+    )
+    late = load("pod-oomkilled")
+    late["status"]["startTime"] = "2026-01-01T10:05:00Z"
+    late["status"]["containerStatuses"][0]["state"]["terminated"]["finishedAt"] = "2026-01-01T11:50:00Z"
+    both = state_of("job-failed-exitcode", ["pod-succeeded", late])
+    assert (both["start_time"], both["end_time"]) == (
+        start,
+        datetime(2026, 1, 1, 11, 50, tzinfo=UTC).timestamp(),
+    )
+    # a pod still running: started, not ended; no pod yet: neither
+    running = state_of("job-running", ["pod-running", "pod-succeeded"])
+    assert running["start_time"] == start and "end_time" not in running
+    assert "start_time" not in state_of("job-running", [], present=set())

@@ -81,6 +81,14 @@ def test_success_logs_and_labels(cluster):
     assert cluster.find({"trainops/run": "r1"}) == []  # finished jobs are not reattached
 
 
+def test_the_state_bounds_the_node_processes_in_epoch_seconds(cluster):
+    before = time.time()
+    handle = cluster.launch(job("timed", "import time; time.sleep(1.0)", nodes=2))
+    state = wait_final(cluster, handle)
+    assert before <= state["start_time"] and state["end_time"] <= time.time()
+    assert state["end_time"] - state["start_time"] >= 1.0  # the nodes' whole run, not the poll
+
+
 def test_one_failed_node_tears_down_the_gang(cluster):
     started = time.monotonic()
     handle = cluster.launch(job("gang", NODE_FAILS, nodes=2, termination_grace_seconds=5))
@@ -102,6 +110,7 @@ def test_injected_preemption_signals_one_node_then_the_gang_stops(cluster, tmp_p
     state = wait_final(cluster, handle)
     assert [d["node"] for d in state["disruptions"]] == [1]
     assert state["disruptions"][0]["reason"] == "SpotInterruption"
+    assert state["start_time"] < state["disruptions"][0]["time"] < state["end_time"]  # the bill's bounds
     assert state["nodes"][1]["exit_code"] == 1  # the preempted node went first ...
     assert "node 1 exited non-zero" in state["reason"]  # ... and the gang was torn down
     assert (tmp_path / "run" / "sigterm-0").exists()

@@ -1,0 +1,133 @@
+"""``python -m trainops cost RUN_URI [--prices FILE]``: what one training run cost, estimated.
+
+Reads the run's ``job.json`` (``s3://`` through the Airflow connection ``aws_default`` when it
+is defined, else boto3's default credentials, as the operator reads it). A run that ended
+since this version holds its bill (``"cost"``, priced when it ended); an older or still
+running run, or ``--prices``, prices it now from ``job.json`` and the run's metrics.
+:func:`render` is a pure function of the bill.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainops.cost.accounting import RunCost
+
+PHASE_LABELS = {
+    "queued": "queued (not billed)",
+    "startup": "startup",
+    "productive": "productive",
+    "replayed": "replayed (steps lost)",
+    "checkpoint_stall": "checkpoint stall",
+    "shutdown": "shutdown",
+}
+
+
+def _money(value: float) -> str:
+    return f"${value:,.2f}" if abs(value) >= 0.01 or value == 0 else f"${value:.4f}"
+
+
+def render(cost: RunCost, run_uri: str, prices_from: str) -> str:
+    """The bill as a person reads it: phases per attempt (seconds) and in total (seconds and
+    GPU-hours), goodput, recovery times, money, notes; every figure marked an estimate."""
+    from trainops.cost.accounting import PHASES
+
+    attempts = cost["attempts"]
+    lines = [
+        f"Estimated cost of {run_uri}",
+        f"(every figure is an estimate, in {cost['currency']}; prices: {prices_from})",
+        "",
+    ]
+    header = ["phase (seconds)", *(f"attempt {a['attempt']}" for a in attempts), "total s", "GPU-hours"]
+    rows = [header]
+    for phase in PHASES:
+        gpu_h = sum(a["seconds"][phase] * a["accelerators"] for a in attempts) / 3600
+        rows.append(
+            [
+                PHASE_LABELS[phase],
+                *(f"{a['seconds'][phase]:.1f}" for a in attempts),
+                f"{cost['seconds'][phase]:.1f}",
+                "-" if phase == "queued" else f"{gpu_h:.4f}",
+            ]
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for row in rows:
+        lines.append(
+            "  ".join(
+                c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+    lines.append("")
+    sources = list(dict.fromkeys(a["price"]["source"] for a in attempts))
+    for a in attempts:
+        machine = a["instance_type"] or "unknown instance type"
+        lines.append(
+            f"attempt {a['attempt']}: {a['outcome']}, {a['capacity']} {machine}, {a['accelerators']} "
+            f"accelerator(s), {a['billed_gpu_s'] / 3600:.4f} GPU-hours billed at "
+            f"{_money(a['price']['per_gpu_hour'])}/GPU-hour [{sources.index(a['price']['source']) + 1}]: "
+            f"est. {_money(a['cost'])} (on-demand {_money(a['on_demand_cost'])})"
+        )
+    goodput = "n/a (nothing billed)" if cost["goodput"] is None else f"{cost['goodput']:.1%}"
+    recovery = ", ".join(f"{s:.1f}s" for s in cost["recovery_s"]) or "none (no interruption)"
+    share = f" ({cost['savings'] / cost['on_demand_cost']:.0%})" if cost["on_demand_cost"] else ""
+    lines += [
+        "",
+        f"goodput (productive / billed GPU-hours)   {goodput}: "
+        f"{cost['productive_gpu_hours']:.4f} / {cost['billed_gpu_hours']:.4f}",
+        f"preemptions                               {cost['preemptions']}",
+        f"recovery time (signal -> next first step) {recovery}",
+        f"GPU-hours lost to interruptions           {cost['lost_gpu_hours']:.4f}",
+        f"estimated cost                            {_money(cost['cost'])}",
+        f"on-demand equivalent                      {_money(cost['on_demand_cost'])}",
+        f"estimated spot savings                    {_money(cost['savings'])}{share}",
+    ]
+    lines += ["", "price sources:", *(f"[{i}] {source}" for i, source in enumerate(sources, 1))]
+    if cost["notes"]:
+        lines += ["", "notes:", *(f"- {note}" for note in cost["notes"])]
+    return "\n".join(lines)
+
+
+def run_cost(run_uri: str, prices_file: str | None, aws_conn_id: str | None = "aws_default") -> int:
+    """``cost``: print the bill of the run at ``run_uri``; 1 (and why, on stderr) when there is
+    no run there or the prices are wrong."""
+    import time
+
+    from trainer.contract import MetricsReader, RunLayout
+    from trainer.storage import NotFound
+    from trainops.cost.accounting import account, stored_cost
+    from trainops.cost.prices import PARAMETER_SOURCE, load_prices
+    from trainops.hooks.storage import get_json_object, storage_for
+    from trainops.recovery.record import as_job_record
+
+    layout = RunLayout(run_uri.rstrip("/"))
+    store = storage_for(layout.run_uri, aws_conn_id)
+    try:
+        job = as_job_record(get_json_object(store, layout.job), layout.job)
+        stored = None if prices_file else stored_cost(job)
+        if stored is not None:
+            print(render(stored, layout.run_uri, "as priced when the run ended"))
+            return 0
+        text = None
+        if prices_file:
+            with open(prices_file, encoding="utf-8") as f:
+                text = f.read()
+        table, sources = load_prices(text, None)
+        given = f"--prices {prices_file}"
+        for capacities in table.values():  # the file's entries without a source of their own
+            for price in capacities.values():
+                if price["source"] == PARAMETER_SOURCE:
+                    price["source"] = given
+    except NotFound:
+        print(
+            f"cost: no job.json at {layout.job}; give a training run's prefix (its job_uri without /job.json)",
+            file=sys.stderr,
+        )
+        return 1
+    except (OSError, ValueError) as exc:
+        print(f"cost: {exc}", file=sys.stderr)
+        return 1
+    cost = account(job, MetricsReader(store, layout.run_uri).records(), table, now=time.time())
+    print(render(cost, layout.run_uri, sources.replace(PARAMETER_SOURCE, f"--prices {prices_file}")))
+    return 0

@@ -1,0 +1,385 @@
+"""What a run's attempts cost, phase by phase: pure, over ``job.json`` and the run's metrics.
+
+Each attempt is billed for its accelerators (nodes x GPUs; a CPU node counts as one) over the
+cluster's view of it: pod start to end on Kubernetes, the node processes' start to end on the
+local backend (``JobState`` ``start_time`` / ``end_time``). That billed time is cut into
+phases, so that they add up to it exactly:
+
+- ``queued``: launch to the pod's start (unschedulable, held by Kueue); shown, not billed;
+- ``startup``: pod start to the attempt's first step (image pull, rendezvous, model setup,
+  resume), and the warm-up of a first step slower than the attempt's median step (the first
+  collective, compile); the trainer records when its first step began (``first_step_time``);
+- ``productive``: the steps kept, each from the end of the step before it (and of that step's
+  checkpoint stall) to its own end, as the metrics' ``time`` stamps say;
+- ``replayed``: the steps after the attempt's last committed checkpoint (``steps_lost``):
+  lost, and trained again by the next attempt;
+- ``checkpoint_stall``: the loop blocked by a save (the records' ``checkpoint_blocked_s``);
+- ``shutdown``: the end of the loop to the attempt's end: the emergency checkpoint after
+  SIGTERM, the final checkpoint and export of a finished run, or the time a failed or hung
+  attempt spent before it was ended. A step trained after the signal is kept by the emergency
+  checkpoint, so it counts as productive.
+
+Goodput is productive over billed accelerator-seconds. Recovery time is, per interruption, the
+signal (the cluster's time of it where it has one, else the trainer's ``signal_time``; for a
+failure or hang, the attempt's last step) to the first step of the next attempt that stepped. A field that an older ``job.json`` or
+attempt record lacks is estimated from what is there, and the estimate says so in ``notes``.
+"""
+
+# No ``from __future__ import annotations``: TypedDict reads its annotations at run time.
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from statistics import median
+from typing import Any, TypedDict
+
+from trainer.contract import MetricsRecord
+from trainops.cost.prices import CAPACITY_KINDS, Priced, PriceTable, price_of
+from trainops.recovery.record import AttemptEntry, JobRecord
+
+COST_FORMAT = "trainops.cost/v1"
+PHASES = ("queued", "startup", "productive", "replayed", "checkpoint_stall", "shutdown")
+BILLED_PHASES = PHASES[1:]
+# The phases of an interrupted attempt (not completed) that the interruption cost, with replayed.
+LOST_PHASES = ("startup", "shutdown")
+
+
+class Span(TypedDict):
+    """One stretch of an attempt's timeline: ``phase`` from ``start`` to ``end`` (epoch s)."""
+
+    phase: str
+    start: float
+    end: float
+
+
+class AttemptCost(TypedDict):
+    """One attempt's bill: its phases (wall seconds), its timeline, and its price."""
+
+    attempt: int
+    capacity: str
+    instance_type: str | None
+    accelerators: int
+    outcome: str
+    preempted: bool
+    start: float
+    end: float
+    seconds: dict[str, float]
+    spans: list[Span]
+    billed_gpu_s: float
+    cost: float
+    on_demand_cost: float
+    price: Priced
+
+
+class RunCost(TypedDict):
+    """A run's bill (``job.json`` ``"cost"``): every figure an estimate, in USD."""
+
+    format: str
+    estimate: bool
+    currency: str
+    attempts: list[AttemptCost]
+    seconds: dict[str, float]
+    billed_gpu_hours: float
+    productive_gpu_hours: float
+    lost_gpu_hours: float
+    goodput: float | None
+    recovery_s: list[float]
+    preemptions: int
+    cost: float
+    on_demand_cost: float
+    savings: float
+    notes: list[str]
+
+
+def epoch(value: object) -> float | None:
+    """An ISO 8601 time (as the records write them) or epoch seconds, as epoch seconds;
+    None for anything else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str) and value:
+        try:
+            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+    return None
+
+
+def _steps_of(metrics: Iterable[MetricsRecord], attempt: int) -> list[MetricsRecord]:
+    """The attempt's step records with a time, one per step (the later one), by step."""
+    by_step: dict[int, MetricsRecord] = {}
+    for record in metrics:
+        if record.get("attempt") == attempt and epoch(record.get("time")) is not None:
+            by_step[int(record["step"])] = record
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def _blocked(record: MetricsRecord) -> float:
+    value = record.get("checkpoint_blocked_s")
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+
+
+def _machine(entry: AttemptEntry, notes: list[str]) -> tuple[str | None, str]:
+    """The attempt's instance type (the most common over its nodes) and billing capacity (the
+    nodes' own, when the cluster said; else what the attempt asked for)."""
+    n = entry["attempt"]
+    types = Counter(t["instance_type"] for t in entry.get("node_types") or [] if t.get("instance_type"))
+    instance_type = types.most_common(1)[0][0] if types else None
+    if len(types) > 1:
+        notes.append(
+            f"attempt {n}: its nodes ran on {', '.join(sorted(str(t) for t in types))}; "
+            f"all priced as {instance_type}"
+        )
+    said = {str(t.get("capacity_type")) for t in entry.get("node_types") or []} & set(CAPACITY_KINDS)
+    capacity = said.pop() if len(said) == 1 else ("on-demand" if entry["capacity"] == "on-demand" else "spot")
+    return instance_type, capacity
+
+
+def _outcome(entry: AttemptEntry) -> tuple[str, bool]:
+    record = entry.get("record") or {}
+    kind = entry.get("classification")
+    outcome = str(record.get("outcome") or kind or "running")
+    return outcome, outcome == "preempted" or kind == "preempted"
+
+
+class _Timeline:
+    """Builds an attempt's spans in order, clipped to its billing window ``[start, end]``."""
+
+    def __init__(self, start: float, end: float):
+        self.start, self.end = start, end
+        self.spans: list[Span] = []
+
+    def add(self, phase: str, start: float, end: float) -> None:
+        if phase != "queued":
+            start, end = max(start, self.start), min(end, self.end)
+        if self.spans:
+            start = max(start, self.spans[-1]["end"])
+        if end <= start:
+            return
+        if self.spans and self.spans[-1]["phase"] == phase and self.spans[-1]["end"] == start:
+            self.spans[-1]["end"] = end
+        else:
+            self.spans.append({"phase": phase, "start": start, "end": end})
+
+    def seconds(self) -> dict[str, float]:
+        out = dict.fromkeys(PHASES, 0.0)
+        for span in self.spans:
+            out[span["phase"]] += span["end"] - span["start"]
+        return out
+
+
+def _window(
+    entry: AttemptEntry, steps: list[MetricsRecord], now: float | None, notes: list[str]
+) -> tuple[float, float | None, float]:
+    """``(launched, start, end)`` of the attempt, epoch seconds; ``start`` None when it never
+    started (queued to its end). Missing fields are estimated, and ``notes`` says how."""
+    n = entry["attempt"]
+    state: Mapping[str, Any] = entry.get("state") or {}
+    record: Mapping[str, Any] = entry.get("record") or {}
+    launched = epoch(entry["launched_at"]) or 0.0
+    last_step = epoch(steps[-1]["time"]) + _blocked(steps[-1]) if steps else None  # type: ignore[operator]
+    start = epoch(state.get("start_time"))
+    if start is None:
+        start = epoch(record.get("started_at"))
+        if start is not None:
+            notes.append(f"attempt {n}: no pod start time recorded; billed from the trainer's start")
+        elif steps:
+            start = launched
+            notes.append(f"attempt {n}: no start time recorded; billed from its launch")
+    end = epoch(state.get("end_time"))
+    if end is None:
+        for value, what in (
+            (record.get("ended_at"), "the trainer's end"),
+            (entry.get("ended_at"), "when the operator saw it end"),
+        ):
+            end = epoch(value)
+            if end is not None:
+                if start is not None:  # an attempt that never started is billed nothing anyway
+                    notes.append(f"attempt {n}: no pod end time recorded; billed up to {what}")
+                break
+    if end is None:
+        end = now if now is not None else (last_step or start or launched)
+        notes.append(
+            f"attempt {n} has not ended: billed up to {'now' if now is not None else 'its last step'}"
+        )
+    if start is not None:  # clocks disagree by a little: the bill covers every step
+        end = max(end, start, last_step or start)
+    return launched, start, end if start is not None else max(end, launched)
+
+
+def _first_step_begins(
+    entry: AttemptEntry, steps: list[MetricsRecord], start: float, notes: list[str]
+) -> float | None:
+    """Where the attempt's productive time begins (None: it trained no step): its first
+    step's end less that step's productive share, which is no more than the attempt's median
+    step time. The rest of a slow first step is warm-up (the first collective, compile,
+    allocator growth) and belongs to startup, as the hang watch leaves it out of the median.
+    The trainer's ``first_step_time`` bounds the step from below; a record from before that
+    field is taken to have stepped at its median."""
+    if not steps:
+        return None
+    first_end = epoch(steps[0]["time"]) or start
+    times = [epoch(r["time"]) or 0.0 for r in steps]
+    gaps = [b - a - _blocked(r) for a, b, r in zip(times, times[1:], steps, strict=False)]
+    typical = median(gaps) if gaps else None
+    recorded = epoch((entry.get("record") or {}).get("first_step_time"))
+    if recorded is not None:
+        took = max(0.0, first_end - recorded)
+        counted = took if typical is None else min(took, typical)
+    else:
+        counted = typical or 0.0
+        notes.append(
+            f"attempt {entry['attempt']}: no first-step time recorded; its first step is taken to have "
+            f"lasted its median step time ({counted:.2f}s)"
+        )
+    return min(max(start, first_end - counted), first_end)
+
+
+def _interrupted_at(entry: AttemptEntry, steps: list[MetricsRecord], end: float) -> float:
+    """When an interrupted attempt stopped making progress: when the cluster signalled it (the
+    local backend's injected preemption, to the split second), else when the trainer got the
+    signal (rank 0's own, or the ranks' agreed stop), else the cluster's time to the second,
+    else its last step's end, else its end."""
+    state: Mapping[str, Any] = entry.get("state") or {}
+    disruptions = state.get("disruptions") or []
+    found = [epoch(d.get("time")) for d in disruptions]
+    found += [epoch((entry.get("record") or {}).get("signal_time"))]
+    found += [epoch(d.get("at")) for d in disruptions]
+    found += [epoch(steps[-1]["time"]) if steps else None, end]
+    return next(t for t in found if t is not None)
+
+
+def account_attempt(
+    entry: AttemptEntry,
+    metrics: list[MetricsRecord],
+    prices: PriceTable,
+    notes: list[str],
+    now: float | None = None,
+) -> tuple[AttemptCost, float | None]:
+    """One attempt's bill, and when its first step began (None: it trained no step).
+
+    :param notes: where to say what was estimated (appended to).
+    """
+    n = entry["attempt"]
+    steps = _steps_of(metrics, n)
+    launched, start, end = _window(entry, steps, now, notes)
+    outcome, preempted = _outcome(entry)
+    accelerators = int(entry["nodes"]) * max(1, int(entry["gpus_per_node"]))
+    instance_type, capacity = _machine(entry, notes)
+    first = None
+    timeline = _Timeline(start if start is not None else end, end)
+    if start is None:  # never started: queued until it ended
+        timeline.add("queued", launched, end)
+    else:
+        timeline.add("queued", launched, start)
+        first = _first_step_begins(entry, steps, start, notes)
+        record = entry.get("record") or {}
+        lost = int(entry.get("steps_lost") or record.get("steps_lost") or 0)
+        kept_up_to = int(steps[-1]["step"]) - lost if steps else 0
+        if first is None:  # no step: a signal during setup starts the shutdown
+            signal = epoch(record.get("signal_time"))
+            timeline.add("startup", start, signal if signal is not None else end)
+        else:
+            timeline.add("startup", start, first)
+            begin = first
+            for step in steps:
+                t = epoch(step["time"]) or begin
+                timeline.add("productive" if step["step"] <= kept_up_to else "replayed", begin, t)
+                begin = t + _blocked(step)
+                timeline.add("checkpoint_stall", t, begin)
+        timeline.add("shutdown", timeline.spans[-1]["end"] if timeline.spans else start, end)
+    seconds = timeline.seconds()
+    billed_gpu_s = sum(seconds[p] for p in BILLED_PHASES) * accelerators
+    priced = price_of(prices, instance_type, capacity)
+    on_demand = price_of(prices, instance_type, "on-demand")
+    if not priced["known"] and billed_gpu_s:
+        notes.append(
+            f"attempt {n}: {priced['source']}: priced at ${priced['per_gpu_hour']:.2f}/GPU-hour {capacity}"
+        )
+    cost: AttemptCost = {
+        "attempt": n,
+        "capacity": capacity,
+        "instance_type": instance_type,
+        "accelerators": accelerators,
+        "outcome": outcome,
+        "preempted": preempted,
+        "start": start if start is not None else end,
+        "end": end,
+        "seconds": seconds,
+        "spans": timeline.spans,
+        "billed_gpu_s": billed_gpu_s,
+        "cost": billed_gpu_s / 3600 * priced["per_gpu_hour"],
+        "on_demand_cost": billed_gpu_s / 3600 * on_demand["per_gpu_hour"],
+        "price": priced,
+    }
+    return cost, first
+
+
+def account(
+    job: JobRecord, metrics: list[MetricsRecord], prices: PriceTable, now: float | None = None
+) -> RunCost:
+    """The run's bill from its ``job.json`` and metrics records (every attempt's).
+
+    :param prices: from :func:`trainops.cost.prices.load_prices`.
+    :param now: epoch seconds, the end of an attempt that has not ended (a running run's
+        report); None: its last step.
+    """
+    notes: list[str] = []
+    attempts: list[AttemptCost] = []
+    firsts: list[float | None] = []
+    for entry in job["attempts"]:
+        cost, first = account_attempt(entry, metrics, prices, notes, now)
+        attempts.append(cost)
+        firsts.append(first)
+    recovery: list[float] = []
+    for i, (entry, cost) in enumerate(zip(job["attempts"], attempts, strict=True)):
+        if cost["outcome"] in ("completed", "running") or i + 1 == len(attempts):
+            continue
+        if i > 0 and firsts[i] is None and attempts[i - 1]["outcome"] not in ("completed", "running"):
+            continue  # interrupted before its first step: part of the earlier interruption's recovery
+        later = next((f for f in firsts[i + 1 :] if f is not None), None)
+        if later is not None:
+            at = _interrupted_at(entry, _steps_of(metrics, entry["attempt"]), cost["end"])
+            recovery.append(max(0.0, later - at))
+    seconds = {p: sum(a["seconds"][p] for a in attempts) for p in PHASES}
+    billed = sum(a["billed_gpu_s"] for a in attempts)
+    productive = sum(a["seconds"]["productive"] * a["accelerators"] for a in attempts)
+    lost = sum(
+        (
+            a["seconds"]["replayed"]
+            + (0.0 if a["outcome"] in ("completed", "running") else _sum(a, LOST_PHASES))
+        )
+        * a["accelerators"]
+        for a in attempts
+    )
+    total, on_demand = sum(a["cost"] for a in attempts), sum(a["on_demand_cost"] for a in attempts)
+    return {
+        "format": COST_FORMAT,
+        "estimate": True,
+        "currency": "USD",
+        "attempts": attempts,
+        "seconds": seconds,
+        "billed_gpu_hours": billed / 3600,
+        "productive_gpu_hours": productive / 3600,
+        "lost_gpu_hours": lost / 3600,
+        "goodput": productive / billed if billed else None,
+        "recovery_s": recovery,
+        "preemptions": sum(1 for a in attempts if a["preempted"]),
+        "cost": total,
+        "on_demand_cost": on_demand,
+        "savings": on_demand - total,
+        "notes": list(dict.fromkeys(notes)),
+    }
+
+
+def _sum(attempt: AttemptCost, phases: Iterable[str]) -> float:
+    return sum(attempt["seconds"][p] for p in phases)
+
+
+def stored_cost(job: Mapping[str, Any]) -> RunCost | None:
+    """The RunCost that ``job.json`` holds (``"cost"``, written when the run ended), or None
+    for a run older than it (then call :func:`account`)."""
+    cost = job.get("cost")
+    if isinstance(cost, dict) and cost.get("format") == COST_FORMAT:
+        return cost  # type: ignore[return-value]
+    return None

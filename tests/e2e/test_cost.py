@@ -1,0 +1,144 @@
+"""The cost accounting of a real run, checked against figures computed here independently.
+
+FSDPTrainingOperator on the local cluster (two nodes of one CPU rank each under torchrun, the
+tiny model, file:// storage) with one injected spot preemption, driven as Airflow drives it.
+The goodput and recovery time that trainops reports (job.json ``"cost"``, the XCom result)
+must agree within 5% with figures this test computes from the raw material alone, by its own
+simpler rules: the supervisors' ``status.json`` (process start and end, and when the SIGTERM
+was sent) and the metrics' step timestamps, every step taken to last its attempt's median
+where its start is not stamped. No field of job.json or of an attempt record is read for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from pathlib import Path
+from statistics import median
+from types import SimpleNamespace
+
+import pytest
+from airflow.sdk.exceptions import TaskDeferred
+
+from tests.trainer.helpers import TRAIN_KEYS, write_dataset
+from trainer.contract import MetricsReader, RunLayout, run_prefix
+from trainer.storage import open_storage
+from trainops.cli.main import main
+from trainops.operators import FSDPTrainingOperator
+
+pytestmark = pytest.mark.slow
+
+MAX_STEPS = 40
+PREEMPT_AT = 15
+RUN_ID = "manual__2026-12-01T00:00:00+00:00"
+DEADLINE_S = 300.0
+
+
+def deferred(call) -> TaskDeferred:
+    with pytest.raises(TaskDeferred) as caught:
+        call()
+    return caught.value
+
+
+def run_trigger(trigger) -> dict:
+    async def first():
+        async for event in trigger.run():
+            return event.payload
+
+    return asyncio.run(asyncio.wait_for(first(), timeout=DEADLINE_S))
+
+
+def independent_figures(local_state: Path, metrics: list[dict], accelerators: int) -> dict:
+    """Goodput and recovery time from the process times and the metrics' timestamps alone."""
+    statuses = sorted(
+        (json.loads(p.read_text()) for p in local_state.rglob("status.json")), key=lambda s: s["start_time"]
+    )
+    assert len(statuses) == 2, statuses
+    steps = {n: sorted((r for r in metrics if r["attempt"] == n), key=lambda r: r["step"]) for n in (1, 2)}
+    first_of_2 = steps[2][0]["step"]
+
+    def durations(records):
+        """Each step's seconds: from the previous step's end (after its save's stall) to its end;
+        the first one, of unknown start, as the attempt's median."""
+        out = [
+            b["time"] - a["time"] - a.get("checkpoint_blocked_s", 0.0) for a, b in itertools.pairwise(records)
+        ]
+        return [median(out), *out]
+
+    productive = sum(d for r, d in zip(steps[1], durations(steps[1]), strict=True) if r["step"] < first_of_2)
+    productive += sum(durations(steps[2]))
+    billed = sum(s["end_time"] - s["start_time"] for s in statuses)
+    sigterm = statuses[0]["disruptions"][0]["time"]
+    next_first_step = steps[2][0]["time"] - durations(steps[2])[0]
+    return {
+        "goodput": productive / billed,
+        "recovery_s": next_first_step - sigterm,
+        "billed_gpu_hours": billed * accelerators / 3600,
+    }
+
+
+def test_one_injected_preemption_goodput_and_recovery_agree_with_an_independent_count(
+    file_root, tmp_path, monkeypatch, capsys
+):
+    local_state = tmp_path / "local"
+    monkeypatch.setenv("TRAINOPS_LOCAL_STATE", str(local_state))
+    dataset = write_dataset(tmp_path / "data" / "datasets" / "demo" / "v1")
+    op = FSDPTrainingOperator(
+        task_id="train",
+        dataset={"uri": dataset},
+        storage_root=file_root,
+        trainer_config={**TRAIN_KEYS, "train": {**TRAIN_KEYS["train"], "max_steps": MAX_STEPS}},
+        nodes=2,
+        cluster="local",
+        deferrable=True,
+        poll_interval=0.5,
+        progress_every=3600,
+        termination_grace_seconds=30,
+        inject_preemption={"node": 1, "at_step": PREEMPT_AT},
+        job_options={"env": {"OMP_NUM_THREADS": "1"}},
+    )
+    ctx = {"ti": SimpleNamespace(dag_id="retrain", run_id=RUN_ID, task_id="train", map_index=-1)}
+    layout = RunLayout(run_prefix(file_root, "retrain", RUN_ID, "train"))
+    store = open_storage(file_root)
+
+    first = deferred(lambda: op.execute(ctx))
+    gone_wait = deferred(lambda: op.execute_complete(ctx, run_trigger(first.trigger)))
+    second = deferred(lambda: op.relaunch_when_gone(ctx, run_trigger(gone_wait.trigger)))
+    result = op.execute_complete(ctx, run_trigger(second.trigger))
+    assert (result["attempts"], result["preemptions"], result["steps"]) == (2, 1, MAX_STEPS)
+
+    job = store.get_json(layout.job)
+    cost = job["cost"]
+    assert result["cost"] == cost and result["goodput"] == cost["goodput"]
+    assert [a["outcome"] for a in cost["attempts"]] == ["preempted", "completed"]
+    assert cost["notes"] == [  # the local backend knows no instance type: said plainly
+        f"attempt {n}: default per-GPU-hour (no instance type known): priced at $1.40/GPU-hour spot"
+        for n in (1, 2)
+    ]
+    # the emergency checkpoint kept every step: nothing replayed, as nothing was lost
+    assert result["steps_lost"] == 0 and cost["seconds"]["replayed"] == 0.0
+    for attempt in cost["attempts"]:
+        assert sum(attempt["seconds"][p] for p in attempt["seconds"] if p != "queued") == pytest.approx(
+            attempt["end"] - attempt["start"]
+        )
+
+    metrics = MetricsReader(store, layout.run_uri).records()
+    mine = independent_figures(local_state, metrics, accelerators=2)
+    assert cost["goodput"] == pytest.approx(mine["goodput"], rel=0.05)
+    (recovery,) = cost["recovery_s"]
+    assert recovery == pytest.approx(mine["recovery_s"], rel=0.05)
+    assert cost["billed_gpu_hours"] == pytest.approx(mine["billed_gpu_hours"], rel=0.05)
+
+    capsys.readouterr()
+    assert main(["cost", layout.run_uri]) == 0
+    printed = capsys.readouterr().out
+    assert f"goodput (productive / billed GPU-hours)   {cost['goodput']:.1%}" in printed
+    seconds = ", ".join(f"{p} {s:.1f}s" for p, s in cost["seconds"].items())
+    with capsys.disabled():
+        print(
+            f"\ncost e2e: goodput {cost['goodput']:.1%} (independent {mine['goodput']:.1%}), recovery "
+            f"{recovery:.1f}s (independent {mine['recovery_s']:.1f}s); {seconds}; "
+            f"{cost['billed_gpu_hours']:.4f} GPU-hours, est. ${cost['cost']:.4f}, "
+            f"on-demand ${cost['on_demand_cost']:.4f}\n{printed}"
+        )

@@ -1,0 +1,97 @@
+"""``python -m trainops cost RUN_URI``: one run's bill as a person reads it."""
+
+import json
+
+import pytest
+
+from tests.trainops.cost.fixtures import FIXTURE_PRICES, one_preemption_job
+from trainer.contract import RunLayout, metrics_part_name
+from trainer.storage import open_storage
+from trainops.cli.main import main
+from trainops.cost.accounting import account
+
+
+@pytest.fixture
+def run(tmp_path):
+    """The fixture's run in file:// storage: its job.json and metrics parts, no stored cost."""
+    job, metrics = one_preemption_job()
+    layout = RunLayout((tmp_path / "runs" / "nightly" / "r1" / "train").as_uri())
+    store = open_storage(layout.run_uri)
+    store.put_json(layout.job, {**job, "run_uri": layout.run_uri})
+    for attempt in (1, 2):
+        body = "".join(json.dumps(r) + "\n" for r in metrics if r["attempt"] == attempt)
+        store.put(f"{layout.metrics_parts}/{metrics_part_name(attempt, 1)}", body.encode())
+    return layout, store
+
+
+def test_an_older_run_is_priced_now_from_its_job_json_and_metrics(run, capsys):
+    layout, _ = run
+    assert main(["cost", layout.run_uri]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(
+        f"Estimated cost of {layout.run_uri}\n(every figure is an estimate, in USD; prices: default table)"
+    )
+    lines = {line.split("  ")[0]: line.split() for line in out.splitlines()}
+    assert lines["replayed (steps lost)"][-4:] == [
+        "10.0",
+        "0.0",
+        "10.0",
+        "0.0222",
+    ]  # s per attempt, total, GPU-h
+    assert lines["productive"][-4:] == ["50.0", "70.0", "120.0", "0.2667"]
+    assert lines["queued (not billed)"][-2:] == ["50.0", "-"]
+    assert "goodput (productive / billed GPU-hours)   47.2%: 0.2667 / 0.5644" in out
+    assert "recovery time (signal -> next first step) 77.5s" in out
+    assert "estimated cost                            $0.81" in out
+    assert "on-demand equivalent                      $2.31" in out
+    assert "estimated spot savings                    $1.50 (65%)" in out
+    assert "attempt 1: preempted, spot p4d.24xlarge, 8 accelerator(s), 0.2889 GPU-hours billed" in out
+    assert "[1] typical spot price as of 2024-12-01" in out
+
+
+def test_a_run_that_ended_since_this_version_prints_its_stored_bill(run, capsys):
+    layout, store = run
+    job = store.get_json(layout.job)
+    cost = account(job, [], FIXTURE_PRICES)  # no metrics: a bill unlike the recomputed one
+    store.put_json(layout.job, {**job, "cost": dict(cost)})
+    assert main(["cost", layout.run_uri + "/"]) == 0
+    out = capsys.readouterr().out
+    assert "prices: as priced when the run ended" in out
+    assert f"estimated cost                            ${cost['cost']:.2f}" in out
+
+
+def test_prices_from_a_file_are_laid_over_the_shipped_table(run, tmp_path, capsys):
+    layout, _ = run
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"p4d.24xlarge": {"spot": {"per_hour": 8.0}}}))
+    assert main(["cost", layout.run_uri, "--prices", str(prices)]) == 0
+    out = capsys.readouterr().out
+    assert f"prices: --prices {prices} + default table" in out
+    assert f"estimated cost                            ${254 * 8 / 3600 * 1.0:.2f}" in out  # $8/8 GPUs
+    assert f"[1] --prices {prices}" in out
+
+
+def test_no_run_or_bad_prices_exit_1_saying_why(run, tmp_path, capsys):
+    layout, _ = run
+    assert main(["cost", (tmp_path / "nothing").as_uri()]) == 1
+    assert "no job.json at" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"p4d.24xlarge": {"spot": {"per_hour": -3}}}')
+    assert main(["cost", layout.run_uri, "--prices", str(bad)]) == 1
+    assert "p4d.24xlarge spot: per_hour must be >= 0" in capsys.readouterr().err
+    assert main(["cost", layout.run_uri, "--prices", str(tmp_path / "missing.json")]) == 1
+    assert "missing.json" in capsys.readouterr().err
+
+
+def test_an_unknown_instance_type_is_noted_plainly(run, capsys):
+    layout, store = run
+    job = store.get_json(layout.job)
+    for entry in job["attempts"]:
+        entry["node_types"][0]["instance_type"] = "p9.fake"
+    store.put_json(layout.job, job)
+    assert main(["cost", layout.run_uri]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "notes:\n- attempt 1: default per-GPU-hour (unknown instance type p9.fake): priced at $1.40/GPU-hour spot"
+        in out
+    )

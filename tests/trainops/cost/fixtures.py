@@ -1,0 +1,290 @@
+"""A hand-computable run for the cost accounting, its report pages and the fleet page.
+
+Two attempts on 1 node x 8 GPUs of ``p4d.24xlarge`` spot; train.max_steps 120, a checkpoint
+every 25 steps that blocks the loop 2 s, every step 1 s. Times are seconds after ``T0``
+(2026-01-01T00:00:00Z):
+
+attempt 1 (spot, preempted)          attempt 2 (spot, completed, resumed from step 50)
+  0  launched (queued 30 s)            170  launched (queued 20 s)
+ 30  pod started (startup 60 s)        190  pod started (startup 40 s)
+ 90  first step begins                 230  first step (51) begins
+115  step 25 ends, save blocks 2 s     255  step 75 ends, save blocks 2 s
+142  step 50 ends, save blocks 2 s     282  step 100 ends, save blocks 2 s
+152.5  SIGTERM (during step 59)        304  step 120 ends (final save, export: shutdown 10 s)
+154  step 60 ends: the emergency       314  pod ended
+     save fails, 51..60 are lost
+160  pod ended (shutdown 6 s)
+165  the operator sees it end
+
+Attempt 1 bills 130 s (startup 60, productive 50, checkpoint_stall 4, replayed 10,
+shutdown 6); attempt 2 bills 124 s (startup 40, productive 70, checkpoint_stall 4, shutdown 10).
+Goodput 120/254; recovery 230 - 152.5 = 77.5 s. Prices: :data:`FIXTURE_PRICES` (the shipped
+table's p4d.24xlarge figures). The amounts are exact expressions of those figures: compare
+them with ``pytest.approx``.
+"""
+
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainops.cost.accounting import RunCost
+    from trainops.cost.prices import PriceTable
+    from trainops.recovery.record import JobRecord
+
+T0 = 1767225600.0  # 2026-01-01T00:00:00Z
+RUN_URI = "file:///tmp/trainops/runs/nightly/scheduled__2026-01-01/train"
+P4D_SPOT, P4D_ON_DEMAND = 11.4704, 32.7726  # USD per instance-hour (8 GPUs)
+AWS = "https://aws.amazon.com/ec2/pricing/on-demand/ (us-east-1, Linux)"
+P4D_SOURCE = (
+    "typical spot price as of 2024-12-01, about 35% of the list price (spot prices move by zone "
+    f"and hour): {AWS}"
+)
+FIXTURE_PRICES: "PriceTable" = {
+    "p4d.24xlarge": {
+        "spot": {"per_hour": P4D_SPOT, "gpus": 8, "source": P4D_SOURCE, "date": "2024-12-01"},
+        "on-demand": {
+            "per_hour": P4D_ON_DEMAND,
+            "gpus": 8,
+            "source": f"list price as of 2024-12-01: {AWS}",
+            "date": "2024-12-01",
+        },
+    }
+}
+GPUS = 8
+
+
+def iso(offset: float) -> str:
+    """``T0 + offset`` as the operator and the trainer write times (ISO 8601, seconds)."""
+    return datetime.fromtimestamp(T0 + offset, UTC).isoformat(timespec="seconds")
+
+
+def step_records(
+    attempt: int, first: int, last: int, begins: float, saves: dict[int, float]
+) -> list[dict[str, Any]]:
+    """Metrics records of steps ``first..last``, 1 s each, the loop blocked ``saves[step]`` s
+    after the steps in ``saves``; the first step begins at ``T0 + begins``."""
+    out, t = [], T0 + begins
+    for step in range(first, last + 1):
+        t += 1.0
+        record: dict[str, Any] = {
+            "step": step,
+            "attempt": attempt,
+            "loss": 5.0 - step / 100,
+            "lr": 3e-4,
+            "tokens_per_s": 1000.0,
+            "time": t,
+        }
+        if step in saves:
+            record["checkpoint_blocked_s"] = saves[step]
+            record["checkpoint_waited_s"] = 0.0
+            t += saves[step]
+        out.append(record)
+    return out
+
+
+def _node(instance_type: str = "p4d.24xlarge") -> dict[str, Any]:
+    return {"index": 0, "node_name": "ip-10-0-0-1", "instance_type": instance_type, "capacity_type": "spot"}
+
+
+def attempt_entry(n: int, launched: float, ended_seen: float, **fields: Any) -> dict[str, Any]:
+    return {
+        "attempt": n,
+        "job": {"cluster": "kubernetes", "job_id": f"train-0a1b2c3d-a{n}", "labels": {}},
+        "status": "ended",
+        "job_name": f"train-0a1b2c3d-a{n}",
+        "try_number": 1,
+        "capacity": "spot",
+        "nodes": 1,
+        "gpus_per_node": GPUS,
+        "args": ["python", "-m", "trainer", "train", "--config", f"{RUN_URI}/config.yaml"],
+        "spec": {},
+        "manifests": [],
+        "launched_at": iso(launched),
+        "ended_at": iso(ended_seen),
+        "node_types": [_node()],
+        **fields,
+    }
+
+
+def one_preemption_job() -> tuple["JobRecord", list[dict[str, Any]]]:
+    """The run's ``job.json`` and its metrics records (see the module docstring)."""
+    first = attempt_entry(
+        1,
+        0,
+        165,
+        state={
+            "phase": "failed",
+            "reason": "SpotInterruption",
+            "nodes": [{**_node(), "pod": "train-0a1b2c3d-a1-0", "exit_code": 143}],
+            "disruptions": [{"node": 0, "reason": "SpotInterruption", "message": "spot interruption notice"}],
+            "start_time": T0 + 30,
+            "end_time": T0 + 160,
+        },
+        record={
+            "format": "trainops.attempt/v1",
+            "attempt": 1,
+            "outcome": "preempted",
+            "last_step": 60,
+            "checkpoint_step": 50,
+            "steps_lost": 10,
+            "resumed_from_step": None,
+            "world_size": GPUS,
+            "signal": "SIGTERM",
+            "hint": None,
+            "error": None,
+            "started_at": iso(35),
+            "ended_at": iso(160),
+            "first_step_time": T0 + 90,
+            "signal_time": T0 + 152.5,
+        },
+        steps_lost=10,
+        decision={
+            "action": "relaunch",
+            "capacity": "spot",
+            "reason": "preempted 1 time, within the budget of 2",
+        },
+        classification="preempted",
+        reason="SpotInterruption",
+    )
+    second = attempt_entry(
+        2,
+        170,
+        320,
+        state={
+            "phase": "succeeded",
+            "reason": None,
+            "nodes": [{**_node(), "pod": "train-0a1b2c3d-a2-0", "exit_code": 0}],
+            "disruptions": [],
+            "start_time": T0 + 190,
+            "end_time": T0 + 314,
+        },
+        record={
+            "format": "trainops.attempt/v1",
+            "attempt": 2,
+            "outcome": "completed",
+            "last_step": 120,
+            "checkpoint_step": 120,
+            "steps_lost": 0,
+            "resumed_from_step": 50,
+            "world_size": GPUS,
+            "signal": None,
+            "hint": None,
+            "error": None,
+            "started_at": iso(195),
+            "ended_at": iso(314),
+            "first_step_time": T0 + 230,
+        },
+        steps_lost=0,
+        decision={"action": "finish", "capacity": "spot", "reason": "completed"},
+        classification="completed",
+        reason=None,
+    )
+    job = {
+        "run_uri": RUN_URI,
+        "config_uri": f"{RUN_URI}/config.yaml",
+        "cluster": "kubernetes",
+        "capacity": "spot",
+        "preemptions": 1,
+        "infra_failures": 0,
+        "status": "succeeded",
+        "attempts": [first, second],
+        "budget": {"from_attempt": 1, "preemptions": 1, "infra_failures": 0},
+    }
+    metrics = step_records(1, 1, 60, 90, {25: 2.0, 50: 2.0}) + step_records(
+        2, 51, 120, 230, {75: 2.0, 100: 2.0}
+    )
+    return job, metrics  # type: ignore[return-value]
+
+
+def _span(phase: str, start: float, end: float) -> dict[str, Any]:
+    return {"phase": phase, "start": T0 + start, "end": T0 + end}
+
+
+def one_preemption_cost() -> "RunCost":
+    """What ``account(*one_preemption_job(), FIXTURE_PRICES)`` must give."""
+    spot, on_demand = P4D_SPOT / GPUS, P4D_ON_DEMAND / GPUS  # USD per GPU-hour
+    priced = {"per_gpu_hour": spot, "source": P4D_SOURCE, "known": True}
+
+    def attempt(
+        n: int, outcome: str, start: float, end: float, seconds: dict[str, float], spans: list
+    ) -> dict:
+        billed = (end - start) * GPUS
+        return {
+            "attempt": n,
+            "capacity": "spot",
+            "instance_type": "p4d.24xlarge",
+            "accelerators": GPUS,
+            "outcome": outcome,
+            "preempted": outcome == "preempted",
+            "start": T0 + start,
+            "end": T0 + end,
+            "seconds": seconds,
+            "spans": spans,
+            "billed_gpu_s": billed,
+            "cost": billed / 3600 * spot,
+            "on_demand_cost": billed / 3600 * on_demand,
+            "price": priced,
+        }
+
+    first = attempt(
+        1,
+        "preempted",
+        30,
+        160,
+        {"queued": 30, "startup": 60, "productive": 50, "replayed": 10, "checkpoint_stall": 4, "shutdown": 6},
+        [
+            _span("queued", 0, 30),
+            _span("startup", 30, 90),
+            _span("productive", 90, 115),
+            _span("checkpoint_stall", 115, 117),
+            _span("productive", 117, 142),
+            _span("checkpoint_stall", 142, 144),
+            _span("replayed", 144, 154),
+            _span("shutdown", 154, 160),
+        ],
+    )
+    second = attempt(
+        2,
+        "completed",
+        190,
+        314,
+        {"queued": 20, "startup": 40, "productive": 70, "replayed": 0, "checkpoint_stall": 4, "shutdown": 10},
+        [
+            _span("queued", 170, 190),
+            _span("startup", 190, 230),
+            _span("productive", 230, 255),
+            _span("checkpoint_stall", 255, 257),
+            _span("productive", 257, 282),
+            _span("checkpoint_stall", 282, 284),
+            _span("productive", 284, 304),
+            _span("shutdown", 304, 314),
+        ],
+    )
+    billed_s = 130 + 124
+    cost = billed_s * GPUS / 3600 * spot
+    on_demand_cost = billed_s * GPUS / 3600 * on_demand
+    return {  # type: ignore[return-value]
+        "format": "trainops.cost/v1",
+        "estimate": True,
+        "currency": "USD",
+        "attempts": [first, second],
+        "seconds": {
+            "queued": 50,
+            "startup": 100,
+            "productive": 120,
+            "replayed": 10,
+            "checkpoint_stall": 8,
+            "shutdown": 16,
+        },
+        "billed_gpu_hours": billed_s * GPUS / 3600,
+        "productive_gpu_hours": 120 * GPUS / 3600,
+        # replayed 10 s, plus the preempted attempt's startup 60 s and shutdown 6 s
+        "lost_gpu_hours": (10 + 60 + 6) * GPUS / 3600,
+        "goodput": 120 / billed_s,
+        "recovery_s": [77.5],
+        "preemptions": 1,
+        "cost": cost,
+        "on_demand_cost": on_demand_cost,
+        "savings": on_demand_cost - cost,
+        "notes": [],
+    }

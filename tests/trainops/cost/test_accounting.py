@@ -1,0 +1,363 @@
+"""The cost accounting against timelines computed by hand (seconds after T0 in the comments).
+
+Every step lasts 1 s; 1 node x 8 GPUs unless said otherwise; prices are the fixture's
+p4d.24xlarge figures (USD per GPU-hour: spot 11.4704 / 8, on-demand 32.7726 / 8).
+"""
+
+import copy
+import itertools
+
+import pytest
+
+from tests.trainops.cost.fixtures import (
+    FIXTURE_PRICES,
+    GPUS,
+    P4D_ON_DEMAND,
+    P4D_SPOT,
+    T0,
+    attempt_entry,
+    iso,
+    one_preemption_cost,
+    one_preemption_job,
+    step_records,
+)
+from trainops.cost.accounting import PHASES, account, epoch, stored_cost
+from trainops.cost.prices import DEFAULT_GPU_HOUR, default_table
+
+SPOT_H, ON_DEMAND_H = P4D_SPOT / GPUS, P4D_ON_DEMAND / GPUS
+
+
+def seconds(**given):
+    return {phase: float(given.get(phase, 0)) for phase in PHASES}
+
+
+def record(n, outcome, last_step, checkpoint_step, **extra):
+    return {
+        "format": "trainops.attempt/v1",
+        "attempt": n,
+        "outcome": outcome,
+        "last_step": last_step,
+        "checkpoint_step": checkpoint_step,
+        "steps_lost": last_step - (checkpoint_step or 0),
+        "resumed_from_step": None,
+        "world_size": GPUS,
+        "signal": "SIGTERM" if outcome == "preempted" else None,
+        "hint": None,
+        "error": None,
+        "started_at": None,
+        "ended_at": None,
+        **extra,
+    }
+
+
+def attempt(n, *, launched, start, end, classification, rec=None, capacity="spot", steps_lost=0, **state):
+    """A job.json entry whose pods ran ``start``..``end`` (None: never started)."""
+    times = {} if start is None else {"start_time": T0 + start, "end_time": T0 + end}
+    entry = attempt_entry(
+        n,
+        launched,
+        end + 1,
+        capacity=capacity,
+        state={"phase": "failed", "reason": None, "nodes": [], "disruptions": [], **times, **state},
+        record=rec,
+        steps_lost=steps_lost,
+        classification=classification,
+    )
+    for node in entry["node_types"]:
+        node["capacity_type"] = capacity
+    return entry
+
+
+def job_of(*entries):
+    job, _ = one_preemption_job()
+    return {**job, "attempts": list(entries)}
+
+
+def test_one_preemption_gives_the_hand_computed_bill():
+    job, metrics = one_preemption_job()
+    cost = account(job, metrics, FIXTURE_PRICES)
+    want = one_preemption_cost()
+    assert _same(cost, want)
+    assert [a["seconds"] for a in cost["attempts"]] == [
+        seconds(queued=30, startup=60, productive=50, replayed=10, checkpoint_stall=4, shutdown=6),
+        seconds(queued=20, startup=40, productive=70, checkpoint_stall=4, shutdown=10),
+    ]
+    assert cost["goodput"] == pytest.approx(120 / 254)
+    assert cost["recovery_s"] == pytest.approx([77.5])
+    assert cost["cost"] == pytest.approx(254 * 8 / 3600 * SPOT_H)  # $0.81
+    assert cost["savings"] == pytest.approx(254 * 8 / 3600 * (ON_DEMAND_H - SPOT_H))  # $1.50
+    assert cost["notes"] == [] and cost["estimate"] is True
+
+
+def _same(got, want):
+    """``got`` equals ``want``, floats to 1e-9 (pytest.approx does not nest into lists of dicts)."""
+    if isinstance(want, dict):
+        assert set(got) == set(want)
+        return all(_same(got[k], want[k]) for k in want)
+    if isinstance(want, list):
+        assert len(got) == len(want)
+        return all(_same(g, w) for g, w in zip(got, want, strict=True))
+    if isinstance(want, float) or isinstance(got, float):
+        assert got == pytest.approx(want, rel=1e-9, abs=1e-9)
+        return True
+    assert got == want
+    return True
+
+
+def test_the_spans_tile_each_attempt_in_order_and_sum_to_its_seconds():
+    cost = account(*one_preemption_job(), FIXTURE_PRICES)
+    for a in cost["attempts"]:
+        spans = a["spans"]
+        assert all(x["end"] == y["start"] for x, y in itertools.pairwise(spans))
+        assert spans[-1]["end"] == a["end"] and spans[1]["start"] == a["start"]  # after queued
+        for phase in PHASES:
+            assert sum(s["end"] - s["start"] for s in spans if s["phase"] == phase) == pytest.approx(
+                a["seconds"][phase]
+            )
+        assert a["billed_gpu_s"] == pytest.approx((a["end"] - a["start"]) * a["accelerators"])
+
+
+def test_a_storm_of_three_preemptions():
+    # 1: pods 10..33, first step 20, steps 1-10 end 21..30, SIGTERM 29.5, emergency save kept 10
+    # 2: pods 45..72, first step 60, steps 11-20 end 61..70, SIGTERM 69.5, kept 20
+    # 3: pods 85..108, first step 100, steps 21-25 end 101..105, SIGKILLed: no record, 5 lost,
+    #    the disruption injected at 104.5
+    # 4: pods 125..165, first step 140, steps 21-40 end 141..160, completed
+    entries = [
+        attempt(
+            1,
+            launched=0,
+            start=10,
+            end=33,
+            classification="preempted",
+            rec=record(1, "preempted", 10, 10, first_step_time=T0 + 20, signal_time=T0 + 29.5),
+        ),
+        attempt(
+            2,
+            launched=40,
+            start=45,
+            end=72,
+            classification="preempted",
+            rec=record(2, "preempted", 20, 20, first_step_time=T0 + 60, signal_time=T0 + 69.5),
+        ),
+        attempt(
+            3,
+            launched=80,
+            start=85,
+            end=108,
+            classification="preempted",
+            steps_lost=5,
+            disruptions=[{"node": 0, "reason": "SpotInterruption", "time": T0 + 104.5}],
+        ),
+        attempt(
+            4,
+            launched=120,
+            start=125,
+            end=165,
+            classification="succeeded",
+            rec=record(4, "completed", 40, 40, first_step_time=T0 + 140),
+        ),
+    ]
+    metrics = (
+        step_records(1, 1, 10, 20, {})
+        + step_records(2, 11, 20, 60, {})
+        + step_records(3, 21, 25, 100, {})
+        + step_records(4, 21, 40, 140, {})
+    )
+    cost = account(job_of(*entries), metrics, FIXTURE_PRICES)
+    assert [a["seconds"] for a in cost["attempts"]] == [
+        seconds(queued=10, startup=10, productive=10, shutdown=3),
+        seconds(queued=5, startup=15, productive=10, shutdown=2),
+        seconds(queued=5, startup=15, replayed=5, shutdown=3),
+        seconds(queued=5, startup=15, productive=20, shutdown=5),
+    ]
+    assert cost["seconds"] == seconds(queued=25, startup=55, productive=40, replayed=5, shutdown=13)
+    assert cost["preemptions"] == 3
+    assert cost["recovery_s"] == pytest.approx([30.5, 30.5, 35.5])
+    assert cost["goodput"] == pytest.approx(40 / 113)
+    # replayed 5, plus startup and shutdown of the three preempted attempts: 13 + 17 + 18
+    assert cost["lost_gpu_hours"] == pytest.approx((5 + 48) * 8 / 3600)
+    assert cost["cost"] == pytest.approx(113 * 8 / 3600 * SPOT_H)
+    assert cost["notes"] == [  # the SIGKILLed attempt wrote no record
+        "attempt 3: no first-step time recorded; its first step is taken to have lasted its median "
+        "step time (1.00s)"
+    ]
+
+
+def test_an_on_demand_fallback_prices_each_attempt_at_its_own_capacity():
+    job, metrics = one_preemption_job()
+    second = job["attempts"][1]
+    second["capacity"] = "on-demand"
+    second["node_types"][0]["capacity_type"] = "on-demand"
+    cost = account(job, metrics, FIXTURE_PRICES)
+    first, then = cost["attempts"]
+    assert (first["capacity"], then["capacity"]) == ("spot", "on-demand")
+    assert first["cost"] == pytest.approx(130 * 8 / 3600 * SPOT_H)
+    assert then["cost"] == pytest.approx(124 * 8 / 3600 * ON_DEMAND_H) == then["on_demand_cost"]
+    assert cost["cost"] == pytest.approx((130 * SPOT_H + 124 * ON_DEMAND_H) * 8 / 3600)
+    # only the spot attempt saved anything
+    assert cost["savings"] == pytest.approx(130 * 8 / 3600 * (ON_DEMAND_H - SPOT_H))
+
+
+def test_a_hang_relaunch_counts_the_hang_as_shutdown_and_recovers_from_the_last_step():
+    # 1: pods 0..341, first step 10, steps 1-20 end 11..30, a save blocks 1 s, steps 21-30 end
+    #    32..41, then nothing: the hang watch ends it at 341; no record, 10 steps lost
+    # 2: pods 360..404, first step 380, steps 21-40 end 381..400, completed
+    entries = [
+        attempt(1, launched=0, start=0, end=341, classification="hung", steps_lost=10),
+        attempt(
+            2,
+            launched=350,
+            start=360,
+            end=404,
+            classification="succeeded",
+            rec=record(2, "completed", 40, 40, first_step_time=T0 + 380),
+        ),
+    ]
+    # the first step's start is not recorded: estimated from its median step time (1 s)
+    metrics = step_records(1, 1, 30, 10, {20: 1.0}) + step_records(2, 21, 40, 380, {})
+    cost = account(job_of(*entries), metrics, FIXTURE_PRICES)
+    assert [a["seconds"] for a in cost["attempts"]] == [
+        seconds(startup=10, productive=20, checkpoint_stall=1, replayed=10, shutdown=300),
+        seconds(queued=10, startup=20, productive=20, shutdown=4),
+    ]
+    assert cost["attempts"][0]["outcome"] == "hung" and not cost["attempts"][0]["preempted"]
+    assert cost["recovery_s"] == pytest.approx([380 - 41])
+    assert cost["goodput"] == pytest.approx(40 / 385)
+    assert cost["lost_gpu_hours"] == pytest.approx((10 + 10 + 300) * 8 / 3600)
+    assert cost["notes"] == [
+        "attempt 1: no first-step time recorded; its first step is taken to have lasted its median "
+        "step time (1.00s)"
+    ]
+
+
+def test_a_queued_attempt_is_shown_and_not_billed():
+    # 1: launched 0, pods never started (unschedulable until 900): queued, then infra
+    # 2: on-demand, launched 910, pods 915..940, first step 925, steps 1-10 end 926..935
+    entries = [
+        attempt(1, launched=0, start=None, end=900, classification="infra"),
+        attempt(
+            2,
+            launched=910,
+            start=915,
+            end=940,
+            capacity="on-demand",
+            classification="succeeded",
+            rec=record(2, "completed", 10, 10, first_step_time=T0 + 925),
+        ),
+    ]
+    entries[0]["ended_at"] = iso(900)
+    cost = account(job_of(*entries), step_records(2, 1, 10, 925, {}), FIXTURE_PRICES)
+    queued, ran = cost["attempts"]
+    assert queued["seconds"] == seconds(queued=900) and queued["billed_gpu_s"] == queued["cost"] == 0
+    assert queued["spans"] == [{"phase": "queued", "start": T0, "end": T0 + 900}]
+    assert ran["seconds"] == seconds(queued=5, startup=10, productive=10, shutdown=5)
+    assert cost["goodput"] == pytest.approx(10 / 25)
+    assert cost["recovery_s"] == pytest.approx([25.0])  # the failure (900) to the next first step
+    assert cost["cost"] == pytest.approx(25 * 8 / 3600 * ON_DEMAND_H) and cost["savings"] == pytest.approx(0)
+
+
+def test_an_unknown_instance_type_is_priced_per_gpu_hour_and_says_so():
+    job, metrics = one_preemption_job()
+    for entry in job["attempts"]:
+        entry["node_types"][0]["instance_type"] = "p9.fake"
+    cost = account(job, metrics, default_table())
+    assert [a["price"]["known"] for a in cost["attempts"]] == [False, False]
+    assert cost["cost"] == pytest.approx(254 * 8 / 3600 * DEFAULT_GPU_HOUR["spot"])
+    assert cost["on_demand_cost"] == pytest.approx(254 * 8 / 3600 * DEFAULT_GPU_HOUR["on-demand"])
+    assert cost["notes"] == [
+        f"attempt {n}: default per-GPU-hour (unknown instance type p9.fake): priced at $1.40/GPU-hour spot"
+        for n in (1, 2)
+    ]
+
+
+def test_a_local_cpu_run_counts_one_accelerator_per_node_and_has_no_instance_type():
+    job, metrics = one_preemption_job()
+    for entry in job["attempts"]:
+        entry.update(nodes=2, gpus_per_node=0, node_types=[])
+    cost = account(job, metrics, default_table())
+    assert [a["accelerators"] for a in cost["attempts"]] == [2, 2]
+    assert cost["billed_gpu_hours"] == pytest.approx(254 * 2 / 3600)
+    assert "no instance type known" in cost["notes"][0]
+
+
+def test_a_job_json_from_before_this_change_is_estimated_and_says_how():
+    job, metrics = one_preemption_job()
+    for entry in job["attempts"]:
+        del entry["state"]["start_time"], entry["state"]["end_time"]
+        entry["record"].pop("first_step_time")
+        entry["record"].pop("signal_time", None)
+    cost = account(job, metrics, FIXTURE_PRICES)
+    # billed from the trainer's start (35, 195) to its end (160, 314); the first step's start
+    # estimated from the median step time: 91 - 1 and 231 - 1, as recorded in the fixture
+    assert [a["seconds"] for a in cost["attempts"]] == [
+        seconds(queued=35, startup=55, productive=50, replayed=10, checkpoint_stall=4, shutdown=6),
+        seconds(queued=25, startup=35, productive=70, checkpoint_stall=4, shutdown=10),
+    ]
+    assert cost["recovery_s"] == pytest.approx([230 - 154])  # from the last step: no signal time
+    assert cost["goodput"] == pytest.approx(120 / 244)
+    assert "attempt 1: no pod start time recorded; billed from the trainer's start" in cost["notes"]
+    assert "attempt 2: no pod end time recorded; billed up to the trainer's end" in cost["notes"]
+
+
+def test_an_attempt_without_any_times_falls_back_to_the_operators_and_is_still_billed():
+    job, metrics = one_preemption_job()
+    entry = job["attempts"][0]
+    entry.pop("state")
+    entry["record"] = None  # SIGKILLed: no record either
+    cost = account(job, metrics, FIXTURE_PRICES)
+    first = cost["attempts"][0]
+    # from its launch (0) to when the operator saw it end (165)
+    assert (first["start"], first["end"]) == (T0, T0 + 165)
+    assert first["seconds"]["replayed"] == 10 and first["outcome"] == "preempted"
+    assert "attempt 1: no start time recorded; billed from its launch" in cost["notes"]
+
+
+def test_a_running_attempt_is_billed_up_to_now():
+    job, metrics = one_preemption_job()
+    running = copy.deepcopy(job["attempts"][1])
+    for key in ("ended_at", "state", "record", "classification", "decision"):
+        running.pop(key)
+    running["state"] = {
+        "phase": "running",
+        "reason": None,
+        "nodes": [],
+        "disruptions": [],
+        "start_time": T0 + 190,
+    }
+    job = {**job, "status": "running", "attempts": [job["attempts"][0], running]}
+    partial = [r for r in metrics if r["attempt"] == 1 or r["step"] <= 80]  # up to 230 + 32
+    cost = account(job, partial, FIXTURE_PRICES, now=T0 + 270)
+    now = cost["attempts"][1]
+    assert now["outcome"] == "running" and now["end"] == T0 + 270
+    assert now["seconds"] == seconds(queued=20, startup=40, productive=30, checkpoint_stall=2, shutdown=8)
+    assert "attempt 2 has not ended: billed up to now" in cost["notes"]
+    assert cost["lost_gpu_hours"] == pytest.approx((10 + 60 + 6) * 8 / 3600)  # running: nothing lost
+
+
+def test_the_stored_cost_is_read_back_and_an_older_record_has_none():
+    job, metrics = one_preemption_job()
+    assert stored_cost(job) is None
+    cost = account(job, metrics, FIXTURE_PRICES)
+    assert stored_cost({**job, "cost": dict(cost)}) == cost
+
+
+def test_times_are_read_from_iso_text_and_epoch_seconds():
+    assert epoch("2026-01-01T00:00:00+00:00") == epoch("2026-01-01T00:00:00Z") == T0
+    assert epoch(T0) == T0 and epoch(None) is None and epoch("yesterday") is None and epoch(True) is None
+
+
+def test_a_slow_first_step_is_warm_up_and_counts_as_startup_beyond_the_median_step():
+    job, metrics = one_preemption_job()
+    second = job["attempts"][1]["record"]
+    second["first_step_time"] = T0 + 224  # step 51 took 7 s (compile, the first collective)
+    cost = account(job, metrics, FIXTURE_PRICES)
+    assert cost["attempts"][1]["seconds"] == seconds(
+        queued=20, startup=40, productive=70, checkpoint_stall=4, shutdown=10
+    )  # 6 of the 7 s are startup: the step counts at the attempt's median, 1 s
+    second["first_step_time"] = T0 + 230.5  # a first step faster than the median counts as it ran
+    cost = account(job, metrics, FIXTURE_PRICES)
+    assert cost["attempts"][1]["seconds"] == seconds(
+        queued=20, startup=40.5, productive=69.5, checkpoint_stall=4, shutdown=10
+    )
+    assert cost["recovery_s"] == pytest.approx([230.5 - 152.5])
