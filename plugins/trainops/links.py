@@ -33,6 +33,10 @@ So the links need no plugin registration, and must not get one: a plugin's
 where the Task SDK's ``XCom`` cannot be read. A task that pushed no URI gets an empty link,
 which the UI shows disabled.
 
+The report app also serves the fleet page (:data:`FLEET_PATH`, :func:`fleet_url`): the last
+runs of each DAG with their cost, goodput, preemptions and savings. The plugin puts it in
+Airflow's navigation ("Browse", "Training cost"; see ``trainops.plugin``).
+
 The URL starts with ``[api] base_url`` (``AIRFLOW__API__BASE_URL``), so it works behind a proxy
 that serves Airflow under a path; without it the link is relative to the host (``/trainops/...``).
 """
@@ -45,6 +49,7 @@ from urllib.parse import urlencode
 from airflow.sdk import BaseOperatorLink
 
 __all__ = [
+    "FLEET_PATH",
     "GATE_REPORT_KEY",
     "MODEL_CARD_KEY",
     "REPORT_PATH",
@@ -55,6 +60,7 @@ __all__ = [
     "RunReportLink",
     "StoredReportLink",
     "ValidationReportLink",
+    "fleet_url",
     "report_url",
 ]
 
@@ -63,6 +69,15 @@ GATE_REPORT_KEY = "trainops_gate_report"
 MODEL_CARD_KEY = "trainops_model_card"
 RUN_REPORT_KEY = "trainops_run_report"
 REPORT_PATH = "/trainops/report"
+FLEET_PATH = "/trainops/fleet"
+
+
+def _base_url(base_url: str | None) -> str:
+    if base_url is None:
+        from airflow.sdk.configuration import conf
+
+        base_url = conf.get("api", "base_url", fallback="") or ""
+    return base_url.rstrip("/")
 
 
 def report_url(uri: str, base_url: str | None = None) -> str:
@@ -71,11 +86,17 @@ def report_url(uri: str, base_url: str | None = None) -> str:
     :param base_url: Airflow's public URL, e.g. ``https://airflow.example.com/airflow``;
         defaults to ``[api] base_url``.
     """
-    if base_url is None:
-        from airflow.sdk.configuration import conf
+    return f"{_base_url(base_url)}{REPORT_PATH}?{urlencode({'uri': uri})}"
 
-        base_url = conf.get("api", "base_url", fallback="") or ""
-    return f"{base_url.rstrip('/')}{REPORT_PATH}?{urlencode({'uri': uri})}"
+
+def fleet_url(base_url: str | None = None, *, dag_id: str | None = None, limit: int | None = None) -> str:
+    """The report app's URL for the fleet page, of every DAG or of ``dag_id``.
+
+    :param base_url: Airflow's public URL; defaults to ``[api] base_url``.
+    :param limit: runs per DAG (the page's default, 20, when None).
+    """
+    query = {k: str(v) for k, v in (("dag", dag_id), ("limit", limit)) if v is not None}
+    return f"{_base_url(base_url)}{FLEET_PATH}" + (f"?{urlencode(query)}" if query else "")
 
 
 class StoredReportLink(BaseOperatorLink):

@@ -1,9 +1,11 @@
 """The Airflow plugin. Registered by the ``airflow.plugins`` entry point when trainops is
 pip-installed, and by ``plugins/trainops_plugin.py`` when it is used from a plugins folder.
 
-It serves the report app (:mod:`trainops.reports.app`) at ``<base_url>/trainops``. The
-operator extra links (:mod:`trainops.links`) are declared by the operators themselves and
-are deliberately not registered here: see that module for why.
+It serves the report app (:mod:`trainops.reports.app`) at ``<base_url>/trainops``, and puts its
+fleet page (the cost, goodput and savings of the last runs of each DAG) in Airflow's navigation
+under Browse, as "Training cost". The operator extra links (:mod:`trainops.links`) are
+declared by the operators themselves and are deliberately not registered here: see that
+module for why.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from airflow.plugins_manager import AirflowPlugin
+
+from trainops.links import fleet_url
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
@@ -44,6 +48,17 @@ class TrainopsPlugin(AirflowPlugin):
     name = "trainops"
     fastapi_apps = [  # noqa: RUF012 - AirflowPlugin reads plain class lists
         {"app": _ReportsApp(), "url_prefix": REPORTS_URL_PREFIX, "name": "trainops reports"},
+    ]
+    # Shown in Airflow's UI (an iframe at /plugin/trainops-fleet); the page's CSP allows
+    # framing by the same origin only.
+    external_views = [  # noqa: RUF012 - AirflowPlugin reads plain class lists
+        {
+            "name": "Training cost",
+            "href": fleet_url(),
+            "destination": "nav",
+            "category": "browse",
+            "url_route": "trainops-fleet",
+        },
     ]
 
 

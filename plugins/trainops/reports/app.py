@@ -19,6 +19,18 @@ previous version; same checks, at most :data:`MAX_METRICS_BYTES` together, only 
 since the last request for the run) for the loss curve and throughput, and says why when it
 cannot.
 
+The report page of a run shows its cost and goodput (:mod:`trainops.reports.cost_page`):
+the ``cost`` in its ``job.json``, or, for a run older than the accounting, the accounting of
+it now.
+
+``GET <base_url>/trainops/fleet[?limit=N][&dag=DAG]`` is the fleet page
+(:mod:`trainops.reports.fleet`): the last ``N`` runs of each DAG (default
+:data:`FLEET_DEFAULT_RUNS`, at most :data:`FLEET_MAX_RUNS`), found by listing
+``<root>/runs/`` of every root (:func:`find_runs`). Each ``job.json`` passes the checks every
+report does (under a root, no ``.`` segments, no symbolic link out, at most
+:data:`MAX_REPORT_BYTES`); one that fails them, or cannot be read, is a row saying why. The page
+needs website access, and shows only the DAGs whose task instances the user may read.
+
 A storage outage is a 503 page that names it, with ``Retry-After``, after riding it out for at
 most :data:`OUTAGE_TOLERANCE_S` per request: a person is waiting for the page, and the API
 server's request threads are not to be held for the operators' two minutes.
@@ -43,10 +55,12 @@ This module imports FastAPI; Airflow's API security modules are imported only by
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 import re
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -58,12 +72,15 @@ from fastapi.responses import HTMLResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trainer.contract import MetricsReader, MetricsRecord, MetricsTooLarge
-from trainops.reports import pages, run_page
+from trainops.reports import fleet, pages, run_page
 
 if TYPE_CHECKING:
     from trainer.storage import Storage
 
 __all__ = [
+    "FLEET_DEFAULT_RUNS",
+    "FLEET_MAX_RUNS",
+    "FLEET_MAX_SCANNED",
     "MAX_METRICS_BYTES",
     "MAX_REPORT_BYTES",
     "OUTAGE_TOLERANCE_S",
@@ -72,6 +89,9 @@ __all__ = [
     "allowed_roots",
     "check_report_uri",
     "create_app",
+    "find_runs",
+    "fleet_dag",
+    "fleet_limit",
     "read_report",
     "read_run_metrics",
     "required_access",
@@ -86,6 +106,9 @@ READERS_KEPT = 8  # runs whose metrics readers are kept between requests (see re
 OUTAGE_TOLERANCE_S = 10.0
 RETRY_AFTER_S = 30  # what the 503 page's Retry-After header suggests
 JOB_NAME = "job.json"
+FLEET_DEFAULT_RUNS = 20  # runs per DAG on the fleet page without ?limit=
+FLEET_MAX_RUNS = 100  # the most ?limit= may ask for: each run is one job.json read
+FLEET_MAX_SCANNED = 1000  # job.json objects per DAG whose time is asked (one HEAD each)
 
 _HEADERS = {
     # Report contents are escaped; the policy is a second line: no script, no fetches.
@@ -238,12 +261,18 @@ def _check_real_path(target: ReportTarget) -> None:
 def read_report(target: ReportTarget, aws_conn_id: str | None, max_bytes: int = MAX_REPORT_BYTES) -> bytes:
     """The report's bytes, read with the operators' storage client (with the app's outage
     tolerance); ReportRequestError if not: 503 naming the outage when storage is unavailable."""
-    from trainer.storage import NotFound, StorageError, StorageUnavailable
     from trainops.hooks.storage import storage_for
 
     if target.uri.startswith("file://"):
         _check_real_path(target)
     storage = storage_for(target.root, aws_conn_id, outage_tolerance_s=OUTAGE_TOLERANCE_S)
+    return _read_with(storage, target, max_bytes)
+
+
+def _read_with(storage: Storage, target: ReportTarget, max_bytes: int) -> bytes:
+    """:func:`read_report` with a client at hand (the root and link checks already done)."""
+    from trainer.storage import NotFound, StorageError, StorageUnavailable
+
     try:
         head = storage.head(target.uri)
         if head is None:
@@ -329,6 +358,169 @@ def read_run_metrics(
     return records, None, where
 
 
+# ----------------------------------------------------------------------------- the fleet
+
+
+def fleet_limit(value: str) -> int:
+    """The fleet page's ``limit`` parameter: runs per DAG, :data:`FLEET_DEFAULT_RUNS` when
+    empty, at most :data:`FLEET_MAX_RUNS`; ReportRequestError (400) when not a positive integer."""
+    if not value.strip():
+        return FLEET_DEFAULT_RUNS
+    try:
+        limit = int(value)
+    except ValueError:
+        limit = 0
+    if limit < 1:
+        raise ReportRequestError(
+            400, f"limit {value!r} is not a positive whole number: pass ?limit=20 (at most {FLEET_MAX_RUNS})"
+        )
+    return min(limit, FLEET_MAX_RUNS)
+
+
+def fleet_dag(value: str) -> str | None:
+    """The fleet page's ``dag`` parameter as the runs' folder name, or None when empty;
+    ReportRequestError (400) for a name that cannot be a folder (``.``, ``..``, control characters)."""
+    from trainer.contract import safe_segment
+
+    if not value:
+        return None
+    if _CONTROL.search(value):
+        raise ReportRequestError(400, f"dag {value!r} contains control characters")
+    try:
+        return safe_segment(value)
+    except ValueError as exc:
+        raise ReportRequestError(400, f"dag {value!r} is not a DAG id: {exc}") from None
+
+
+def _run_ids(target: ReportTarget) -> tuple[str, str, str] | None:
+    """``(dag_id, run_id, task_id)`` of ``runs/<dag>/<run>/<task>/job.json``, else None."""
+    parts = target.relative.split("/")
+    if len(parts) == 5 and parts[0] == "runs" and parts[4] == JOB_NAME and all(parts[1:4]):
+        return parts[1], parts[2], parts[3]
+    return None
+
+
+def find_runs(
+    roots: Sequence[str],
+    aws_conn_id: str | None,
+    *,
+    limit: int,
+    dag_id: str | None = None,
+    may_read: Callable[[str], bool] = lambda dag: True,
+) -> tuple[list[fleet.FleetRun], int, list[str]]:
+    """``(runs, hidden DAGs, problems)``: the newest ``limit`` runs of each DAG under ``roots``.
+
+    A run is a ``runs/<dag>/<run>/<task>/job.json`` in a listing of ``<root>/runs/`` (or of
+    ``<root>/runs/<dag_id>/``). Each is checked as any report is (under its root, no ``.``
+    segment, no symbolic link out of the root) and read with the same byte cap; DAGs that
+    ``may_read`` refuses are counted, not read. The newest are those whose ``job.json`` was
+    written last (one HEAD each, for the :data:`FLEET_MAX_SCANNED` highest run ids of a DAG).
+    A run that cannot be read is returned with the reason; a root that cannot be listed is a
+    problem, and the other roots are still shown.
+    """
+    from trainer.contract import join
+    from trainer.storage import StorageError, StorageUnavailable
+    from trainops.hooks.storage import storage_for
+
+    problems: list[str] = []
+    found: dict[str, tuple[Storage, ReportTarget, tuple[str, str, str]]] = {}
+    for root in roots:
+        prefix = join(root, "runs", dag_id) if dag_id else join(root, "runs")
+        storage = storage_for(root, aws_conn_id, outage_tolerance_s=OUTAGE_TOLERANCE_S)
+        try:
+            listed = storage.list(prefix)
+        except StorageUnavailable:
+            problems.append(
+                f"storage is unavailable: listing {prefix!r} kept failing for {OUTAGE_TOLERANCE_S:g} s, "
+                "so its runs are not shown; reload this page in a minute"
+            )
+            continue
+        except (StorageError, OSError) as exc:
+            problems.append(f"could not list {prefix!r}, so its runs are not shown: {exc}")
+            continue
+        for uri in listed:
+            if not uri.endswith("/" + JOB_NAME):
+                continue
+            try:
+                target = check_report_uri(uri, [root])
+            except ReportRequestError:
+                continue  # a name with a "." segment or control characters is no run of ours
+            ids = _run_ids(target)
+            if ids is not None and (dag_id is None or ids[0] == dag_id):
+                found.setdefault(target.uri, (storage, target, ids))
+    by_dag: dict[str, list[tuple[Storage, ReportTarget, tuple[str, str, str]]]] = {}
+    for item in found.values():
+        by_dag.setdefault(item[2][0], []).append(item)
+    hidden = 0
+    runs: list[fleet.FleetRun] = []
+    down: set[str] = set()  # roots found unavailable while this page was read
+    for dag in sorted(by_dag):
+        if not may_read(dag):
+            hidden += 1
+            continue
+        candidates = sorted(by_dag[dag], key=lambda item: item[2][1:], reverse=True)[:FLEET_MAX_SCANNED]
+        if len(by_dag[dag]) > FLEET_MAX_SCANNED:
+            problems.append(
+                f"DAG {dag!r} has {len(by_dag[dag])} runs; only the {FLEET_MAX_SCANNED} with the highest "
+                "run ids were considered"
+            )
+        dated = [(_mtime(storage, target, down), storage, target, ids) for storage, target, ids in candidates]
+        dated.sort(key=lambda d: (d[0] is None, -(d[0] or 0.0)))
+        for mtime, storage, target, ids in dated[:limit]:
+            runs.append(_read_run(storage, target, ids, mtime, down))
+    return runs, hidden, problems
+
+
+def _mtime(storage: Storage, target: ReportTarget, down: set[str]) -> float | None:
+    """When the run's job.json was last written, None when that cannot be told (it is read,
+    and its problem shown, later). A root found unavailable joins ``down``: its other runs
+    are not asked, so an outage costs a page one tolerance, not one per run."""
+    from trainer.storage import StorageError, StorageUnavailable
+
+    if target.root in down:
+        return None
+    try:
+        head = storage.head(target.uri)
+    except StorageUnavailable:
+        down.add(target.root)
+        return None
+    except (StorageError, OSError):
+        return None
+    mtime = head.get("mtime") if head else None
+    return float(mtime) if isinstance(mtime, (int, float)) else None
+
+
+def _read_run(
+    storage: Storage, target: ReportTarget, ids: tuple[str, str, str], mtime: float | None, down: set[str]
+) -> fleet.FleetRun:
+    run = fleet.FleetRun(
+        dag_id=ids[0], run_id=ids[1], task_id=ids[2], uri=target.uri, mtime=mtime, job=None, problem=None
+    )
+    if target.root in down:
+        return {
+            **run,
+            "problem": (
+                f"not read: the storage behind {target.root!r} was unavailable for this page; reload "
+                "it in a minute"
+            ),
+        }
+    try:
+        if target.uri.startswith("file://"):
+            _check_real_path(target)
+        data = _read_with(storage, target, MAX_REPORT_BYTES)
+    except ReportRequestError as exc:
+        if exc.status == 503:
+            down.add(target.root)
+        return {**run, "problem": exc.message}
+    try:
+        job = json.loads(data.decode("utf-8", errors="replace"))
+    except (ValueError, RecursionError) as exc:
+        return {**run, "problem": f"job.json is not valid JSON ({exc})"}
+    if not isinstance(job, dict):
+        return {**run, "problem": f"job.json holds a JSON {type(job).__name__}, not a run record"}
+    return {**run, "job": job}
+
+
 class _KeptReaders:
     """The metrics readers of the runs shown lately, newest last: at most :data:`READERS_KEPT`,
     and fewer when together they hold more than :data:`MAX_METRICS_BYTES` (the newest stays).
@@ -381,6 +573,19 @@ def _authorize(request: Request, user, dag_id: str | None) -> None:
         raise ReportRequestError(exc.status_code, f"user {user.get_name()!r} may not read {what}") from None
 
 
+def _may_read_dag(request: Request, user) -> Callable[[str], bool]:
+    """Whether ``user`` may read the task reports of a DAG (the fleet page's filter)."""
+
+    def may_read(dag_id: str) -> bool:
+        try:
+            _authorize(request, user, dag_id)
+        except ReportRequestError:
+            return False
+        return True
+
+    return may_read
+
+
 def _error_response(status: int, message: str, headers: Mapping[str, str] | None = None) -> HTMLResponse:
     return HTMLResponse(
         pages.error_page(status, message), status_code=status, headers={**_HEADERS, **(headers or {})}
@@ -421,10 +626,32 @@ def create_app() -> FastAPI:
         if target.uri.endswith("/" + JOB_NAME):
             metrics, problem, where = read_run_metrics(target, roots, conn_id)
             page = run_page.render_run_report(
-                target.uri, data, metrics, metrics_problem=problem, metrics_uri=where
+                target.uri, data, metrics, metrics_problem=problem, metrics_uri=where, now=time.time()
             )
         else:
             page = pages.render_report(target.uri, data)
+        return HTMLResponse(page, headers=_HEADERS)
+
+    @app.get("/fleet", response_class=HTMLResponse)
+    def fleet_page(
+        request: Request,
+        limit: str = Query("", description=f"runs per DAG (default {FLEET_DEFAULT_RUNS})"),
+        dag: str = Query("", description="only this DAG's runs"),
+        user=Depends(get_user),
+    ) -> HTMLResponse:
+        _authorize(request, user, None)
+        runs_per_dag, dag_id = fleet_limit(limit), fleet_dag(dag)
+        try:
+            roots = allowed_roots()
+        except ValueError as exc:
+            raise ReportRequestError(500, str(exc)) from None
+        conn_id = os.environ.get(CONN_ID_ENV) or "aws_default"
+        runs, hidden, problems = find_runs(
+            roots, conn_id, limit=runs_per_dag, dag_id=dag_id, may_read=_may_read_dag(request, user)
+        )
+        page = fleet.fleet_page(
+            runs, limit=runs_per_dag, dag_id=dag_id, hidden_dags=hidden, problems=problems
+        )
         return HTMLResponse(page, headers=_HEADERS)
 
     return app

@@ -183,10 +183,12 @@ def raw_json(report: object) -> str:
     return f"<h2>Raw JSON</h2><pre>{escape(pretty_json(report))}</pre>"
 
 
-def report_link(uri: str) -> str:
-    """A link to another stored object through this app (relative, so proxies keep working)."""
+def report_link(uri: str, label: str | None = None) -> str:
+    """A link to another stored object through this app (relative, so proxies keep working),
+    showing the URI, or ``label`` (plain text) when given."""
     href = "report?" + urlencode({"uri": uri})
-    return f'<a href="{escape(href)}"><code>{escape(uri)}</code></a>'
+    text = f"<code>{escape(uri)}</code>" if label is None else escape(label)
+    return f'<a href="{escape(href)}">{text}</a>'
 
 
 # ----------------------------------------------------------------------------- pages

@@ -1,9 +1,10 @@
 """The training run page: a run's ``job.json`` and its metrics as one HTML page.
 
-Status, the loss curve as an inline SVG (one line per attempt, so a resume after a preemption
-shows), throughput per attempt and the attempts table; pure functions, no I/O. It is built
-from the page primitives of :mod:`trainops.reports.html`, so every report page looks and is
-escaped the same way.
+Status, cost and goodput (the timeline of attempts by phase and the cost table, from
+:mod:`trainops.reports.cost_page`), the loss curve as an inline SVG (one line per attempt, so a
+resume after a preemption shows), throughput per attempt and the attempts table; pure
+functions, no I/O. It is built from the page primitives of :mod:`trainops.reports.html`, so
+every report page looks and is escaped the same way.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import statistics
 from collections.abc import Sequence
 
 from trainer.contract import METRICS_DIR, MetricsRecord, metrics_records
+from trainops.reports.cost_page import cost_section
 from trainops.reports.html import (
     dicts,
     escape,
@@ -391,6 +393,7 @@ def run_report(
     uri: str = "",
     metrics_problem: str | None = None,
     metrics_uri: str | None = None,
+    now: float | None = None,
 ) -> str:
     """A training run's report (HTML, no page around it) from its ``job.json`` and metrics.
 
@@ -402,6 +405,8 @@ def run_report(
     :param uri: the job.json's storage URI, for links to the config and the metrics.
     :param metrics_uri: where the metrics were read, for the summary; by default, beside
         ``uri``: its ``metrics.jsonl`` for a text, its ``metrics/`` folder for records.
+    :param now: the time a running run is accounted up to, when its ``job.json`` holds no
+        ``cost`` (see :func:`trainops.reports.cost_page.cost_section`).
     """
     redacted = redact(job)
     job = redacted if isinstance(redacted, dict) else {}  # redact keeps a dict a dict
@@ -418,6 +423,7 @@ def run_report(
         metrics_uri = folder + ("metrics.jsonl" if isinstance(metrics, str) else f"{METRICS_DIR}/")
     return (
         _run_summary(uri, job, final, metrics_uri if metrics is not None else None)
+        + cost_section(job, records if metrics is not None else None, now=now)
         + _loss_section(groups, metrics is not None, metrics_problem, outcomes)
         + _throughput(groups)
         + _attempts_table(job)
@@ -438,10 +444,11 @@ def render_run_report(
     *,
     metrics_problem: str | None = None,
     metrics_uri: str | None = None,
+    now: float | None = None,
 ) -> str:
     """The page for a run's ``job.json`` (bytes ``data``) with its metrics (see :func:`run_report`).
 
-    The report (status, loss curve, throughput, attempts) comes first and the raw JSON last;
+    The report (status, cost, loss curve, throughput, attempts) comes first and the raw JSON last;
     a ``job.json`` that is not a JSON object gets :func:`render_report`'s page.
     """
     text = data.decode("utf-8", errors="replace")
@@ -451,5 +458,7 @@ def render_run_report(
         return not_json_page(uri, text, exc)
     if not isinstance(job, dict):
         return render_report(uri, data)
-    body = run_report(job, metrics, uri=uri, metrics_problem=metrics_problem, metrics_uri=metrics_uri)
+    body = run_report(
+        job, metrics, uri=uri, metrics_problem=metrics_problem, metrics_uri=metrics_uri, now=now
+    )
     return page(_run_title(uri), uri, body + raw_json(job))

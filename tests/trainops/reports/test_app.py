@@ -7,6 +7,7 @@ The app under test is Airflow's own ``create_app`` (which mounts plugin apps wit
 from __future__ import annotations
 
 import html
+import json
 import os
 import re
 
@@ -16,6 +17,7 @@ import pytest
 
 from tests.trainops.reports.helpers import (
     RUN_METRICS,
+    Svg,
     page_tables,
     page_text,
     run_job,
@@ -450,3 +452,193 @@ def test_run_reports_name_their_dag():
     assert required_access(target) == "retrain"
     models = check_report_uri("s3://b/root/models/m/versions/1/card.json", ["s3://b/root"])
     assert required_access(models) is None
+
+
+# ----------------------------------------------------------------------------- cost and the fleet
+
+
+def _costed_job(run_uri: str, **fields) -> dict:
+    from tests.trainops.cost.fixtures import one_preemption_cost, one_preemption_job
+
+    job, _ = one_preemption_job()
+    return {
+        **job,
+        "run_uri": run_uri,
+        "config_uri": join(run_uri, "config.yaml"),
+        "cost": one_preemption_cost(),
+        **fields,
+    }
+
+
+def _put_run(storage, root: str, dag: str, run: str, job: dict | bytes, mtime: float) -> str:
+    uri = join(root, "runs", dag, run, "train", "job.json")
+    if isinstance(job, bytes):
+        storage.put(uri, job)
+    else:
+        storage.put_json(uri, job)
+    os.utime(_split_path(uri), (mtime, mtime))
+    return uri
+
+
+def test_run_report_draws_the_timeline_and_the_cost_table(api, root):
+    from tests.trainops.cost.fixtures import one_preemption_cost, one_preemption_job
+    from trainops.reports.cost_page import money
+
+    run_uri = join(root, "runs", "nightly", "scheduled_1", "train")
+    storage = open_storage(root)
+    storage.put_json(join(run_uri, "job.json"), _costed_job(run_uri))
+    storage.put(
+        join(run_uri, "metrics.jsonl"),
+        "".join(json.dumps(r) + "\n" for r in one_preemption_job()[1]).encode(),
+    )
+    response = get(api, join(run_uri, "job.json"))
+    assert response.status_code == 200, response.text
+    assert "default-src 'none'" in response.headers["content-security-policy"]
+    page = response.text
+    assert page.count('class="chart timeline"') == 1 and page.count('class="preemption"') == 1
+    assert page.count('class="phase"') == 16
+    cost = dict(page_tables(page)[1])
+    assert cost["Goodput (productive / billed GPU time)"] == "47.2%"
+    assert cost["Spot savings (estimate)"] == money(one_preemption_cost()["savings"])
+    assert "<script" not in page and "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
+
+
+def fleet(api, headers: dict | None = None, **params):
+    return api[0].get("/trainops/fleet", params=params, headers=bearer(api) if headers is None else headers)
+
+
+def _fleet_rows(html_text: str, dag: str) -> list[list[str]]:
+    text = page_text(html_text)
+    tables = [t for t in page_tables(html_text) if t[0][0] == "Run / task"]
+    dags = [d for d in ("adhoc", "nightly") if f" {d} " in text]
+    return tables[dags.index(dag)][1:]
+
+
+def test_fleet_page_over_a_folder_of_runs(api, root, tmp_path):
+    from tests.trainops.cost.fixtures import one_preemption_cost
+    from trainops.reports.cost_page import money
+
+    storage = open_storage(root)
+    for i in (1, 2, 3):
+        _put_run(
+            storage, root, "nightly", f"r{i}", _costed_job(f"{root}/runs/nightly/r{i}/train"), 1000.0 * i
+        )
+    old = _costed_job(f"{root}/runs/nightly/old/train")
+    del old["cost"]
+    _put_run(storage, root, "nightly", "old", old, 500.0)
+    _put_run(storage, root, "nightly", "broken", b"{", 2500.0)
+    _put_run(storage, root, "adhoc", "a1", _costed_job(f"{root}/runs/adhoc/a1/train"), 100.0)
+    # not runs: a checkpoint, a gate decision, a job.json at the wrong depth
+    storage.put(join(root, "runs", "nightly", "r1", "train", "checkpoints", "step_1", "x.distcp"), b"x")
+    storage.put_json(join(root, "runs", "nightly", "r1", "train", "eval", "gate.json"), {"approved": True})
+    storage.put_json(join(root, "runs", "nightly", "job.json"), _costed_job(root))
+    # a run whose job.json is a symbolic link out of the root, written last
+    outside = tmp_path / "outside.json"
+    outside.write_text(json.dumps({**_costed_job(root), "status": "TOP-SECRET"}))
+    os.utime(outside, (9000.0, 9000.0))
+    linked = _split_path(join(root, "runs", "nightly", "linked", "train", "job.json"))
+    os.makedirs(os.path.dirname(linked))
+    os.symlink(outside, linked)
+
+    response = fleet(api)
+    assert response.status_code == 200, response.text
+    assert "default-src 'none'" in response.headers["content-security-policy"]
+    html_text = response.text
+    assert "TOP-SECRET" not in html_text and "<script" not in html_text
+    nightly = _fleet_rows(html_text, "nightly")
+    assert [row[0] for row in nightly] == [
+        "linked / train",
+        "r3 / train",
+        "broken / train",
+        "r2 / train",
+        "r1 / train",
+        "old / train",
+    ]
+    by_run = {row[0]: row for row in nightly}
+    assert (
+        by_run["linked / train"][1] == "unreadable"
+        and "leads outside the storage root" in by_run["linked / train"][2]
+    )
+    assert by_run["broken / train"][1:3] == [
+        "unreadable",
+        "job.json is not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))",
+    ]
+    assert by_run["old / train"][2].startswith("no cost in job.json: a run older than cost accounting")
+    expected = one_preemption_cost()
+    assert by_run["r3 / train"][2:] == [
+        money(expected["cost"]),
+        money(expected["on_demand_cost"]),
+        money(expected["savings"]),
+        "47.2%",
+        "1",
+        "0.169",
+    ]
+    assert [row[0] for row in _fleet_rows(html_text, "adhoc")] == ["a1 / train"]
+    assert Svg(html_text).svgs == 4  # a cost and a goodput trend per DAG
+    assert dict(page_tables(html_text)[0])["Runs with a cost"] == "4"
+
+    # each row links to the run's report, which the app serves
+    href = re.search(r'href="(report\?uri=[^"]*r3[^"]*)"', html_text).group(1)
+    assert api[0].get(f"/trainops/{html.unescape(href)}", headers=bearer(api)).status_code == 200
+
+    two = fleet(api, limit="2")
+    assert [row[0] for row in _fleet_rows(two.text, "nightly")] == ["linked / train", "r3 / train"]
+    assert page_text(two.text).startswith("Training cost of the fleet The last 2 runs of each DAG")
+    only = fleet(api, dag="adhoc")
+    assert page_text(only.text).startswith("Training cost: adhoc") and "r3 / train" not in only.text
+    assert "The last 100 runs" in page_text(fleet(api, limit="100000").text)
+
+    # DAGs the user may not read are counted, not read
+    runs, hidden, problems = report_app.find_runs(
+        [root], None, limit=20, may_read=lambda dag: dag != "nightly"
+    )
+    assert ([r["run_id"] for r in runs], hidden, problems) == (["a1"], 1, [])
+
+
+def test_fleet_page_refusals_and_empty_cases(api, root):
+    assert "No training runs were found under the storage roots." in page_text(fleet(api).text)
+    bad = fleet(api, limit="lots")
+    assert bad.status_code == 400
+    assert "limit 'lots' is not a positive whole number: pass ?limit=20 (at most 100)" in page_text(bad.text)
+    assert fleet(api, limit="0").status_code == 400
+    assert fleet(api, dag="..").status_code == 400
+    assert fleet(api, headers={}).status_code == 401
+    refused = fleet(api, headers=bearer(api, role=None, name="nobody"))
+    assert refused.status_code == 403 and "user 'nobody' may not read trainops reports" in page_text(
+        refused.text
+    )
+
+
+def test_the_plugin_puts_the_fleet_page_in_airflows_navigation(api, root):
+    from trainops.plugin import TrainopsPlugin
+
+    [view] = TrainopsPlugin.external_views
+    assert view["href"] == "/trainops/fleet" and view["url_route"] == "trainops-fleet"
+    listed = api[0].get("/api/v2/plugins", headers=bearer(api, role="admin"))
+    assert listed.status_code == 200, listed.text
+    [trainops] = [p for p in listed.json()["plugins"] if p["name"] == "trainops"]
+    assert [(v["name"], v["href"], v["category"]) for v in trainops["external_views"]] == [
+        ("Training cost", "/trainops/fleet", "browse")
+    ]
+    assert api[0].get(view["href"], headers=bearer(api)).status_code == 200
+
+
+def test_fleet_page_during_a_storage_outage_names_it(api, faulty_s3_root, s3_faults, monkeypatch):
+    # A page's storage request gives up after 0.5 s here (scaled down from 10 s).
+    monkeypatch.setattr(report_app, "OUTAGE_TOLERANCE_S", 0.5)
+    monkeypatch.setenv("TRAINOPS_STORAGE_ROOT", faulty_s3_root)
+    storage = open_storage(faulty_s3_root)
+    for run in ("r1", "r2"):
+        run_uri = join(faulty_s3_root, "runs", "nightly", run, "train")
+        storage.put_json(join(run_uri, "job.json"), _costed_job(run_uri))
+    # written within a second (S3 keeps seconds): the higher run id first
+    assert [row[0] for row in _fleet_rows(fleet(api).text, "nightly")] == ["r2 / train", "r1 / train"]
+
+    s3_faults.blackout()
+    response = fleet(api)
+    assert response.status_code == 200
+    assert (
+        f"storage is unavailable: listing '{faulty_s3_root}/runs' kept failing for 0.5 s, so its runs are "
+        "not shown; reload this page in a minute"
+    ) in page_text(response.text)
+    s3_faults.end_blackout()

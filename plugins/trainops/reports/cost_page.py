@@ -1,0 +1,400 @@
+"""A run's cost and goodput on its report page: the timeline picture and the cost table.
+
+Drawn from the run's ``RunCost`` (``trainops.cost/v1``, the ``cost`` of its ``job.json``; see
+:mod:`trainops.cost.accounting`): one bar per attempt over wall time, coloured by phase, a mark
+where a preemption ended an attempt, and beside it what each attempt cost at spot and at
+on-demand prices. A run older than the accounting has no ``cost``: :func:`cost_section` then
+accounts for it from its ``job.json`` and metrics, or says in one sentence why it cannot.
+
+Pure functions, no I/O. ``job.json`` is data and may be hostile or from another version, so
+every value is checked before it is drawn and escaped before it is shown.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+from trainer.contract import MetricsRecord
+from trainops.reports.html import dicts, escape, table
+
+if TYPE_CHECKING:
+    from trainops.recovery.record import JobRecord
+
+__all__ = [
+    "COST_FORMAT",
+    "PHASE_COLOURS",
+    "PHASE_LABELS",
+    "TIMELINE_BOX",
+    "cost_section",
+    "cost_table",
+    "duration",
+    "gpu_hours",
+    "money",
+    "percent",
+    "svg_timeline",
+]
+
+COST_FORMAT = "trainops.cost/v1"
+# Okabe and Ito's palette, which stays distinct under the common colour-vision deficiencies;
+# queued is grey because it is not billed.
+PHASE_COLOURS = {
+    "queued": "#bbbbbb",
+    "startup": "#e69f00",
+    "productive": "#009e73",
+    "replayed": "#d55e00",
+    "checkpoint_stall": "#56b4e9",
+    "shutdown": "#cc79a7",
+}
+PHASE_LABELS = {
+    "queued": "queued (not billed)",
+    "startup": "startup",
+    "productive": "productive",
+    "replayed": "replayed",
+    "checkpoint_stall": "checkpoint stall",
+    "shutdown": "shutdown",
+}
+# The plot area of the timeline: left, top, width (pixels); each attempt is one row below top.
+TIMELINE_BOX = (140.0, 28.0, 564.0)
+_ROW_H, _BAR_H, _WIDTH = 26.0, 16.0, 720
+# Tick spacings the time axis may use, in seconds: readable steps of a clock.
+_TICK_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
+_MAX_TICKS = 8
+
+
+def _num(value: object) -> float | None:
+    """``value`` as a finite float, None for anything else (a bool, a string, NaN)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _dict(value: object) -> dict[Any, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def money(value: object) -> str:
+    """USD with cents (``$1,234.56``), or ``-`` for a missing value."""
+    amount = _num(value)
+    if amount is None:
+        return "-"
+    return f"-${-amount:,.2f}" if amount < 0 else f"${amount:,.2f}"
+
+
+def gpu_hours(value: object) -> str:
+    """GPU-hours with three decimals, or ``-``."""
+    hours = _num(value)
+    return "-" if hours is None else f"{hours:,.3f}"
+
+
+def percent(value: object) -> str:
+    """A fraction as a percentage with one decimal, or ``-``."""
+    fraction = _num(value)
+    return "-" if fraction is None else f"{100 * fraction:.1f}%"
+
+
+def duration(seconds: object) -> str:
+    """Seconds as ``77.5 s`` (under 10 minutes), ``14 min 05 s`` or ``2 h 03 min``; ``-`` for a
+    missing value."""
+    s = _num(seconds)
+    if s is None:
+        return "-"
+    if abs(s) < 600:
+        return f"{s:.1f} s"
+    whole = round(s)
+    if abs(whole) < 3600:
+        return f"{whole // 60} min {whole % 60:02d} s"
+    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
+
+
+def _clock(seconds: float) -> str:
+    """An axis label: elapsed time as ``m:ss`` or ``h:mm:ss``."""
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+def _tick_step(span: float) -> float:
+    """The smallest readable spacing that puts at most :data:`_MAX_TICKS` intervals on ``span``."""
+    for step in _TICK_STEPS:
+        if span / step <= _MAX_TICKS:
+            return float(step)
+    return float(math.ceil(span / _MAX_TICKS / 86400) * 86400)
+
+
+# ----------------------------------------------------------------------------- timeline
+
+
+def _spans(attempt: dict[str, Any]) -> list[tuple[str, float, float]]:
+    """The attempt's spans that can be drawn: a known phase, finite times, end not before start."""
+    out = []
+    for span in dicts(attempt.get("spans")):
+        phase, start, end = span.get("phase"), _num(span.get("start")), _num(span.get("end"))
+        if phase in PHASE_COLOURS and start is not None and end is not None and end >= start:
+            out.append((str(phase), start, end))
+    return out
+
+
+def _attempt_label(attempt: dict[str, Any], index: int) -> str:
+    number = attempt.get("attempt", index + 1)
+    capacity = attempt.get("capacity")
+    return f"attempt {number}" + (f" ({capacity})" if isinstance(capacity, str) and capacity else "")
+
+
+def svg_timeline(cost: dict[str, Any]) -> str:
+    """An inline SVG: one bar per attempt over wall time, a rectangle per phase span.
+
+    Every rectangle carries ``data-attempt``, ``data-phase`` and ``data-seconds`` and a tooltip
+    (``<title>``); a preempted attempt gets a black mark at its end (``class="preemption"``).
+    The time axis is elapsed wall time from the first span's start, with ticks at a readable
+    spacing (seconds, minutes or hours). No script, no external references.
+    """
+    attempts = dicts(cost.get("attempts"))
+    rows = [(a, _spans(a)) for a in attempts]
+    times = [t for _, spans in rows for _, start, end in spans for t in (start, end)]
+    left, top, plot_w = TIMELINE_BOX
+    height = top + max(1, len(rows)) * _ROW_H + 58
+    out = [
+        f'<svg class="chart timeline" xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" '
+        f'height="{height:.0f}" viewBox="0 0 {_WIDTH} {height:.0f}" role="img" '
+        'aria-label="Attempts over wall time, by phase"><title>Attempts over wall time, by phase</title>'
+    ]
+    if not times:
+        out.append(
+            f'<text x="{left + plot_w / 2:.1f}" y="{top + 14:.1f}" text-anchor="middle">'
+            "no timeline: the cost record holds no phase spans</text></svg>"
+        )
+        return "".join(out)
+    t0, t1 = min(times), max(times)
+    wall = max(t1 - t0, 1e-9)
+    scale = plot_w / wall
+
+    def x_of(t: float) -> float:
+        return left + (t - t0) * scale
+
+    bottom = top + len(rows) * _ROW_H
+    step = _tick_step(wall)
+    tick = 0.0
+    while tick <= wall + 1e-9:
+        x = x_of(t0 + tick)
+        out.append(
+            f'<line x1="{x:.2f}" y1="{top - 4}" x2="{x:.2f}" y2="{bottom}" stroke="#d0d7de"/>'
+            f'<text class="tick" x="{x:.2f}" y="{bottom + 14:.1f}" text-anchor="middle">'
+            f"{_clock(tick)}</text>"
+        )
+        tick += step
+    out.append(
+        f'<text x="{left + plot_w / 2:.1f}" y="{bottom + 30:.1f}" text-anchor="middle">'
+        "wall time since the first launch (m:ss, h:mm:ss)</text>"
+    )
+    for i, (attempt, spans) in enumerate(rows):
+        y = top + i * _ROW_H + (_ROW_H - _BAR_H) / 2
+        number = escape(attempt.get("attempt", i + 1))
+        out.append(
+            f'<text class="row" x="{left - 8}" y="{y + _BAR_H - 4:.1f}" text-anchor="end">'
+            f"{escape(_attempt_label(attempt, i))}</text>"
+        )
+        for phase, start, end in spans:
+            seconds = end - start
+            out.append(
+                f'<rect class="phase" data-attempt="{number}" data-phase="{phase}" '
+                f'data-seconds="{seconds:.3f}" x="{x_of(start):.2f}" y="{y:.1f}" '
+                f'width="{seconds * scale:.2f}" height="{_BAR_H}" fill="{PHASE_COLOURS[phase]}">'
+                f"<title>attempt {number}: {PHASE_LABELS[phase]}, {escape(duration(seconds))}</title></rect>"
+            )
+        if attempt.get("preempted") is True and spans:
+            x = x_of(max(end for _, _, end in spans))
+            out.append(
+                f'<path class="preemption" data-attempt="{number}" '
+                f'd="M{x:.2f} {y - 1:.1f}l-5 -7h10zM{x - 0.75:.2f} {y - 1:.1f}h1.5v{_BAR_H + 2}h-1.5z" '
+                f'fill="#000"><title>attempt {number} preempted</title></path>'
+            )
+    out.append(_legend(bottom + 48))
+    return "".join(out) + "</svg>"
+
+
+def _legend(y: float) -> str:
+    """The phases' colours, then the preemption mark, on one row below the axis."""
+    out, x = [], 8.0
+    for phase, colour in PHASE_COLOURS.items():
+        label = PHASE_LABELS[phase]
+        out.append(
+            f'<rect x="{x:.1f}" y="{y - 9:.1f}" width="12" height="10" fill="{colour}"/>'
+            f'<text class="legend" x="{x + 16:.1f}" y="{y:.1f}">{label}</text>'
+        )
+        x += 22 + 6.2 * len(label)
+    out.append(
+        f'<path d="M{x + 6:.1f} {y:.1f}l-5 -8h10z" fill="#000"/>'
+        f'<text class="legend" x="{x + 16:.1f}" y="{y:.1f}">preemption</text>'
+    )
+    return "".join(out)
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+def _price_cell(attempt: dict[str, Any]) -> str:
+    price = _dict(attempt.get("price"))
+    rate = _num(price.get("per_gpu_hour"))
+    text = f"{money(rate)}/GPU-hour" if rate is not None else "-"
+    source = price.get("source")
+    if isinstance(source, str) and source:
+        text += f" ({source})"
+    cell = escape(text)
+    return cell if price.get("known") is not False else f'<span class="fail">{cell}</span>'
+
+
+_PHASE_COLUMNS = ("productive", "replayed", "startup", "checkpoint_stall", "shutdown", "queued")
+
+
+def cost_table(cost: dict[str, Any]) -> str:
+    """The cost per attempt and in total, then the run's goodput, losses and savings (HTML)."""
+    attempts = dicts(cost.get("attempts"))
+    header = [
+        "Attempt (billed)",
+        "Capacity",
+        "Instance type",
+        "GPUs",
+        "Outcome",
+        *(escape(PHASE_LABELS[p].split(" (")[0].capitalize()) for p in _PHASE_COLUMNS),
+        "GPU-hours billed",
+        "Price (estimate)",
+        "Cost (estimate)",
+        "On-demand equivalent (estimate)",
+        "Savings (estimate)",
+    ]
+    rows = []
+    for i, a in enumerate(attempts):
+        seconds = _dict(a.get("seconds"))
+        cost_, on_demand = _num(a.get("cost")), _num(a.get("on_demand_cost"))
+        billed = _num(a.get("billed_gpu_s"))
+        outcome = a.get("outcome", "-")
+        rows.append(
+            [
+                escape(a.get("attempt", i + 1)),
+                escape(a.get("capacity", "-")),
+                escape(a.get("instance_type") or "unknown"),
+                escape(a.get("accelerators", "-")),
+                escape(outcome)
+                + (" (preempted)" if a.get("preempted") is True and outcome != "preempted" else ""),
+                *(escape(duration(seconds.get(p))) for p in _PHASE_COLUMNS),
+                escape(gpu_hours(billed / 3600 if billed is not None else None)),
+                _price_cell(a),
+                escape(money(cost_)),
+                escape(money(on_demand)),
+                escape(money(on_demand - cost_ if cost_ is not None and on_demand is not None else None)),
+            ]
+        )
+    totals = _dict(cost.get("seconds"))
+    rows.append(
+        [
+            "<strong>Total</strong>",
+            "",
+            "",
+            "",
+            escape(f"{len(attempts)} attempt(s)"),
+            *(escape(duration(totals.get(p))) for p in _PHASE_COLUMNS),
+            escape(gpu_hours(cost.get("billed_gpu_hours"))),
+            "",
+            escape(money(cost.get("cost"))),
+            escape(money(cost.get("on_demand_cost"))),
+            escape(money(cost.get("savings"))),
+        ]
+    )
+    recovery = [duration(r) for r in cost.get("recovery_s") or [] if _num(r) is not None]
+    summary = [
+        ("Goodput (productive / billed GPU time)", percent(cost.get("goodput"))),
+        ("Cost (estimate)", money(cost.get("cost"))),
+        ("On-demand equivalent (estimate)", money(cost.get("on_demand_cost"))),
+        ("Spot savings (estimate)", money(cost.get("savings"))),
+        ("GPU-hours billed", gpu_hours(cost.get("billed_gpu_hours"))),
+        ("GPU-hours productive", gpu_hours(cost.get("productive_gpu_hours"))),
+        ("GPU-hours lost to preemptions and failures", gpu_hours(cost.get("lost_gpu_hours"))),
+        ("Preemptions", str(cost.get("preemptions", "-"))),
+        ("Recovery time (interruption to the next first step)", ", ".join(recovery) or "-"),
+    ]
+    summary_html = (
+        '<table class="cost-summary">'
+        + "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in summary)
+        + "</table>"
+    )
+    return summary_html + table(header, rows)
+
+
+def _notes(cost: dict[str, Any]) -> str:
+    notes = [n for n in cost.get("notes") or [] if isinstance(n, str) and n]
+    if not notes:
+        return ""
+    return '<p>Notes:</p><ul class="notes">' + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>"
+
+
+# ----------------------------------------------------------------------------- the section
+
+
+def _accounted(
+    job: dict[str, Any], records: Sequence[MetricsRecord] | None, now: float | None
+) -> tuple[dict[str, Any] | None, str]:
+    """``(RunCost, how)`` for a run whose job.json holds none, from the accounting now, or
+    ``(None, why not)`` in one sentence."""
+    if records is None:
+        return None, (
+            "No cost: this run's job.json predates cost accounting, and its metrics, which the "
+            "accounting needs, could not be read."
+        )
+    try:
+        from trainops.cost.accounting import account
+        from trainops.cost.prices import load_prices
+    except ImportError as exc:
+        return None, (
+            "No cost: this run's job.json predates cost accounting, and this installation cannot "
+            f"compute it ({exc})."
+        )
+    try:
+        prices, source = load_prices(None, None)
+        cost = account(cast("JobRecord", job), list(records), prices, now=now)
+    except Exception as exc:  # any failure of an older record is a sentence, never a 500
+        why = f"its job.json has no field {exc.args[0]!r}" if isinstance(exc, KeyError) and exc.args else exc
+        return (
+            None,
+            f"No cost: this run's job.json predates cost accounting, and accounting for it failed: {why}.",
+        )
+    return dict(cost), (
+        f"This run's job.json predates cost accounting: the figures below were computed now (prices: {source})."
+    )
+
+
+def cost_section(
+    job: dict[str, Any], records: Sequence[MetricsRecord] | None, *, now: float | None = None
+) -> str:
+    """The "Cost and goodput" section of a run's report: the timeline and the cost table.
+
+    :param job: the run's ``job.json``; its ``cost`` (a ``RunCost``) is drawn when present.
+    :param records: the run's metrics records, None when they could not be read; used only to
+        account for a run whose ``job.json`` has no ``cost``.
+    :param now: the time a running attempt is accounted up to (epoch seconds).
+    """
+    head = "<h2>Cost and goodput (estimates)</h2>"
+    cost = job.get("cost")
+    how = ""
+    if cost is None:
+        cost, how = _accounted(job, records, now)
+        if cost is None:
+            return f'{head}<p class="muted">{escape(how)}</p>'
+    if not isinstance(cost, dict):
+        return (
+            f'{head}<p class="fail">The cost in job.json is not a record ({escape(type(cost).__name__)}).</p>'
+        )
+    if cost.get("format") != COST_FORMAT:
+        return (
+            f'{head}<p class="fail">The cost in job.json has format {escape(cost.get("format"))}, '
+            f"which this version does not read (it reads {COST_FORMAT}).</p>"
+        )
+    currency = cost.get("currency", "USD")
+    caption = (
+        f'<p class="muted">Every figure is an estimate, in {escape(currency)}: billed time as the '
+        "cluster saw it, priced as each attempt's Price column says; not an invoice."
+        + (f" {escape(how)}" if how else "")
+        + "</p>"
+    )
+    return head + caption + svg_timeline(cost) + cost_table(cost) + _notes(cost)

@@ -1,0 +1,317 @@
+"""The cost section of a run's report: the timeline picture and the cost table, checked against
+the hand-computed run of ``tests/trainops/cost/fixtures.py`` (one preemption, 10 steps replayed)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import types
+from html.parser import HTMLParser
+
+import pytest
+
+from tests.trainops.cost.fixtures import (
+    P4D_ON_DEMAND,
+    P4D_SOURCE,
+    P4D_SPOT,
+    T0,
+    one_preemption_cost,
+    one_preemption_job,
+)
+from tests.trainops.reports.helpers import JOB_URI, page_tables, page_text, table_with
+from trainops.reports.cost_page import (
+    PHASE_COLOURS,
+    TIMELINE_BOX,
+    cost_section,
+    duration,
+    money,
+    svg_timeline,
+)
+from trainops.reports.run_page import render_run_report
+
+ATTACK = "<script>alert(1)</script>"
+
+
+class Timeline(HTMLParser):
+    """The timeline's shapes: phase rectangles, preemption marks, tick and legend texts."""
+
+    def __init__(self, html: str):
+        super().__init__()
+        self.rects: list[dict] = []
+        self.marks: list[dict] = []
+        self.ticks: list[str] = []
+        self.legend: list[str] = []
+        self._text: str | None = None
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "rect" and attrs.get("class") == "phase":
+            self.rects.append(attrs)
+        elif tag == "path" and attrs.get("class") == "preemption":
+            self.marks.append(attrs)
+        elif tag == "text":
+            self._text = attrs.get("class")
+
+    def handle_endtag(self, tag):
+        if tag == "text":
+            self._text = None
+
+    def handle_data(self, data):
+        if self._text == "tick":
+            self.ticks.append(data)
+        elif self._text == "legend":
+            self.legend.append(data)
+
+
+def _run_with_cost() -> tuple[dict, list[dict]]:
+    job, metrics = one_preemption_job()
+    return {**job, "cost": one_preemption_cost()}, metrics
+
+
+def test_one_bar_per_attempt_with_each_phase_as_wide_as_its_seconds():
+    cost = one_preemption_cost()
+    shapes = Timeline(svg_timeline(cost))
+    left, _top, plot_w = TIMELINE_BOX
+    px_per_s = plot_w / (314 - 0)  # the run spans T0 (first launch) to T0 + 314 (last pod end)
+
+    rows = {}
+    for rect in shapes.rects:
+        rows.setdefault(rect["data-attempt"], set()).add(rect["y"])
+    assert {a: len(ys) for a, ys in rows.items()} == {"1": 1, "2": 1}  # one bar (row) each
+    assert float(rows["1"].pop()) < float(rows["2"].pop())
+
+    for attempt in cost["attempts"]:
+        rects = [r for r in shapes.rects if r["data-attempt"] == str(attempt["attempt"])]
+        for phase, seconds in attempt["seconds"].items():
+            drawn = sum(float(r["width"]) for r in rects if r["data-phase"] == phase)
+            assert drawn == pytest.approx(seconds * px_per_s, abs=1.0), (attempt["attempt"], phase)
+        for rect, span in zip(rects, (s for s in attempt["spans"] if s["end"] > s["start"]), strict=True):
+            assert rect["data-phase"] == span["phase"]
+            assert float(rect["x"]) == pytest.approx(left + (span["start"] - T0) * px_per_s, abs=1.0)
+            assert rect["fill"] == PHASE_COLOURS[span["phase"]]
+    # hand-computed: attempt 1 replays 10 s, attempt 2 none; attempt 2 starts queued at 170 s
+    replayed = [r for r in shapes.rects if r["data-phase"] == "replayed"]
+    assert [(r["data-attempt"], float(r["data-seconds"])) for r in replayed] == [("1", 10.0)]
+    first_of_2 = next(r for r in shapes.rects if r["data-attempt"] == "2")
+    assert (first_of_2["data-phase"], float(first_of_2["x"])) == (
+        "queued",
+        pytest.approx(left + 170 * px_per_s, abs=1),
+    )
+
+
+def test_preemptions_are_marked_where_the_attempt_ended_and_the_axis_reads_as_a_clock():
+    cost = one_preemption_cost()
+    shapes = Timeline(svg_timeline(cost))
+    left, _top, plot_w = TIMELINE_BOX
+    assert [m["data-attempt"] for m in shapes.marks] == ["1"]
+    mark_x = float(shapes.marks[0]["d"][1:].split()[0])
+    assert mark_x == pytest.approx(left + 160 * plot_w / 314, abs=1.0)  # attempt 1's pod ended at 160 s
+    assert shapes.ticks == ["0:00", "1:00", "2:00", "3:00", "4:00", "5:00"]
+    assert shapes.legend == [
+        "queued (not billed)",
+        "startup",
+        "productive",
+        "replayed",
+        "checkpoint stall",
+        "shutdown",
+        "preemption",
+    ]
+
+    storm = copy.deepcopy(cost)
+    for attempt in storm["attempts"]:
+        attempt["preempted"] = True
+    assert [m["data-attempt"] for m in Timeline(svg_timeline(storm)).marks] == ["1", "2"]
+
+
+# By hand: 254 billed seconds (130 + 124) on 8 GPUs, priced per instance-hour (8 GPUs).
+SPOT_COST = 254 / 3600 * P4D_SPOT
+ON_DEMAND_COST = 254 / 3600 * P4D_ON_DEMAND
+
+
+def test_the_table_shows_the_run_costs_figures_labelled_as_estimates():
+    job, metrics = _run_with_cost()
+    cost = job["cost"]
+    html = cost_section(job, metrics)
+    text = page_text(html)
+    assert text.startswith("Cost and goodput (estimates) Every figure is an estimate, in USD")
+
+    summary = dict(page_tables(html)[0])
+    assert summary == {
+        "Goodput (productive / billed GPU time)": "47.2%",  # 120 / 254
+        "Cost (estimate)": f"${SPOT_COST:,.2f}",
+        "On-demand equivalent (estimate)": f"${ON_DEMAND_COST:,.2f}",
+        "Spot savings (estimate)": f"${ON_DEMAND_COST - SPOT_COST:,.2f}",
+        "GPU-hours billed": "0.564",  # 254 x 8 / 3600
+        "GPU-hours productive": "0.267",
+        "GPU-hours lost to preemptions and failures": "0.169",  # (10 + 60 + 6) x 8 / 3600
+        "Preemptions": "1",
+        "Recovery time (interruption to the next first step)": "77.5 s",  # 230 - 152.5
+    }
+    assert summary["Cost (estimate)"] == money(cost["cost"])
+    assert summary["Spot savings (estimate)"] == money(cost["savings"])
+
+    per_attempt = table_with(html, "Attempt (billed)")
+    assert per_attempt[0][5:11] == [
+        "Productive",
+        "Replayed",
+        "Startup",
+        "Checkpoint stall",
+        "Shutdown",
+        "Queued",
+    ]
+    for row, attempt in zip(per_attempt[1:3], cost["attempts"], strict=True):
+        assert row[:5] == [str(attempt["attempt"]), "spot", "p4d.24xlarge", "8", attempt["outcome"]]
+        assert row[5:11] == [
+            duration(attempt["seconds"][p])
+            for p in ("productive", "replayed", "startup", "checkpoint_stall", "shutdown", "queued")
+        ]
+        assert row[11] == f"{attempt['billed_gpu_s'] / 3600:,.3f}"
+        assert row[12] == f"${P4D_SPOT / 8:,.2f}/GPU-hour ({P4D_SOURCE})"
+        assert row[13:] == [
+            money(attempt["cost"]),
+            money(attempt["on_demand_cost"]),
+            money(attempt["on_demand_cost"] - attempt["cost"]),
+        ]
+    assert per_attempt[1][5:11] == ["50.0 s", "10.0 s", "60.0 s", "4.0 s", "6.0 s", "30.0 s"]
+    assert per_attempt[3][0] == "Total"
+    assert per_attempt[3][13:] == [money(SPOT_COST), money(ON_DEMAND_COST), money(ON_DEMAND_COST - SPOT_COST)]
+    assert per_attempt[3][5:11] == ["120.0 s", "10.0 s", "100.0 s", "8.0 s", "16.0 s", "50.0 s"]
+
+
+def test_hostile_names_and_notes_are_escaped_and_an_unknown_price_is_flagged():
+    job, metrics = _run_with_cost()
+    attempt = job["cost"]["attempts"][0]
+    attempt["instance_type"] = ATTACK
+    attempt["price"] = {"per_gpu_hour": 2.5, "source": f"default per-GPU-hour ({ATTACK})", "known": False}
+    attempt["attempt"] = ATTACK
+    job["cost"]["notes"] = [f"{ATTACK}: unknown instance type, priced at the default $2.50/GPU-hour"]
+    html = cost_section(job, metrics)
+    assert "<script" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    row = table_with(html, "Attempt (billed)")[1]
+    assert (
+        row[0] == ATTACK
+        and row[2] == ATTACK
+        and row[12] == f"$2.50/GPU-hour (default per-GPU-hour ({ATTACK}))"
+    )
+    assert '<span class="fail">$2.50/GPU-hour' in html
+    assert f"Notes: {ATTACK}: unknown instance type, priced at the default $2.50/GPU-hour" in page_text(html)
+    assert Timeline(svg_timeline(job["cost"])).rects[0]["data-attempt"] == ATTACK
+
+
+def test_a_broken_cost_record_is_a_sentence_and_bad_values_are_dashes():
+    job, metrics = _run_with_cost()
+    assert "has format 'v0'" not in page_text(cost_section({**job, "cost": {"format": "v0"}}, metrics))
+    assert (
+        "The cost in job.json has format v0, which this version does not read (it reads trainops.cost/v1)."
+        in page_text(cost_section({**job, "cost": {"format": "v0"}}, metrics))
+    )
+    assert "The cost in job.json is not a record (list)." in page_text(
+        cost_section({**job, "cost": [1]}, metrics)
+    )
+
+    odd = copy.deepcopy(job)
+    odd["cost"]["goodput"] = float("nan")
+    odd["cost"]["cost"] = "lots"
+    odd["cost"]["attempts"][0]["spans"] = [{"phase": "coffee", "start": 0, "end": 1}, {"phase": "startup"}]
+    html = cost_section(odd, metrics)
+    summary = dict(page_tables(html)[0])
+    assert (summary["Goodput (productive / billed GPU time)"], summary["Cost (estimate)"]) == ("-", "-")
+    assert {r["data-attempt"] for r in Timeline(html).rects} == {"2"}  # attempt 1's spans were unusable
+
+    empty = copy.deepcopy(job)
+    empty["cost"]["attempts"] = []
+    assert "no timeline: the cost record holds no phase spans" in svg_timeline(empty["cost"])
+
+
+class _Accounting:
+    """``trainops.cost.accounting`` and ``trainops.cost.prices`` as stand-ins in ``sys.modules``."""
+
+    def __init__(self, monkeypatch, account):
+        self.calls: list[tuple] = []
+
+        def recorded(job, metrics, prices, now=None):
+            self.calls.append((job, metrics, prices, now))
+            return account(job, metrics, prices, now)
+
+        accounting = types.ModuleType("trainops.cost.accounting")
+        accounting.account = recorded
+        prices = types.ModuleType("trainops.cost.prices")
+        prices.load_prices = lambda param, variable: ({"p4d.24xlarge": {}}, "the shipped default table")
+        monkeypatch.setitem(sys.modules, "trainops.cost", types.ModuleType("trainops.cost"))
+        monkeypatch.setitem(sys.modules, "trainops.cost.accounting", accounting)
+        monkeypatch.setitem(sys.modules, "trainops.cost.prices", prices)
+
+
+def test_an_older_run_without_cost_is_accounted_now(monkeypatch):
+    job, metrics = one_preemption_job()
+    assert "cost" not in job
+    fake = _Accounting(monkeypatch, lambda job, metrics, prices, now: one_preemption_cost())
+    html = cost_section(job, metrics, now=T0 + 400)
+    assert len(fake.calls) == 1 and fake.calls[0][1:] == (metrics, {"p4d.24xlarge": {}}, T0 + 400)
+    assert (
+        "This run's job.json predates cost accounting: the figures below were computed now "
+        "(prices: the shipped default table)."
+    ) in page_text(html)
+    assert len(Timeline(html).rects) == 16
+    assert dict(page_tables(html)[0])["Cost (estimate)"] == money(SPOT_COST)
+
+
+def test_an_older_run_says_why_when_it_cannot_be_accounted(monkeypatch):
+    job, metrics = one_preemption_job()
+    no_metrics = page_text(cost_section(job, None))
+    assert no_metrics == (
+        "Cost and goodput (estimates) No cost: this run's job.json predates cost accounting, and its "
+        "metrics, which the accounting needs, could not be read."
+    )
+
+    def fails(*_args):
+        raise ValueError(f"attempt 1 has no launched_at {ATTACK}")
+
+    _Accounting(monkeypatch, fails)
+    html = cost_section(job, metrics)
+    assert "<svg" not in html and "<script" not in html
+    assert page_text(html).endswith(
+        f"No cost: this run's job.json predates cost accounting, and accounting for it failed: "
+        f"attempt 1 has no launched_at {ATTACK}."
+    )
+
+    def lacks(*_args):
+        raise KeyError("nodes")
+
+    _Accounting(monkeypatch, lacks)
+    assert page_text(cost_section(job, metrics)).endswith(
+        "accounting for it failed: its job.json has no field 'nodes'."
+    )
+
+    monkeypatch.setitem(sys.modules, "trainops.cost.accounting", None)  # not installed
+    absent = page_text(cost_section(job, metrics))
+    assert absent.startswith(
+        "Cost and goodput (estimates) No cost: this run's job.json predates cost accounting, and "
+        "this installation cannot compute it ("
+    )
+
+
+def test_an_older_run_is_accounted_by_the_real_accounting():
+    pytest.importorskip("trainops.cost.accounting", reason="the accounting (#15) is not in this tree")
+    job, metrics = one_preemption_job()
+    html = cost_section(job, metrics)
+    assert "computed now" in page_text(html)
+    shapes = Timeline(html)
+    assert {r["data-attempt"] for r in shapes.rects} == {"1", "2"}
+    assert [m["data-attempt"] for m in shapes.marks] == ["1"]
+    assert dict(page_tables(html)[0])["Goodput (productive / billed GPU time)"] == "47.2%"
+
+
+def test_the_run_report_shows_the_cost_between_the_summary_and_the_loss():
+    job, metrics = _run_with_cost()
+    html = render_run_report(JOB_URI, json.dumps(job).encode(), metrics)
+    text = page_text(html)
+    assert text.index("Status succeeded") < text.index("Cost and goodput (estimates)")
+    assert html.index("<h2>Cost and goodput (estimates)</h2>") < html.index("<h2>Loss</h2>")
+    assert html.count('class="chart timeline"') == 1 and html.count("<polyline") == 2  # and the loss curve
+    assert dict(page_tables(html)[1])["Goodput (productive / billed GPU time)"] == "47.2%"
+    assert table_with(html, "Attempt")[1][0] == "attempt 1"  # the throughput table is still found
+    assert "<script" not in html and "javascript:" not in html
