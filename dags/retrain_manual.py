@@ -10,7 +10,8 @@ rejects a bad value naming the field; the `plan` task also refuses keys it does 
 
 **Tasks**: `plan` checks the settings and decides the training arguments; with **Dry run**
 on, `dry_run` writes what would be launched (resolved trainer config, the JobSpec of attempt 1
-and the Kubernetes manifests it becomes) into its log and XCom, and everything else is
+and the Kubernetes manifests it becomes) and what it would cost (steps x expected step time x
+price, spot and on-demand: docs/cost-estimate.md) into its log and XCom, and everything else is
 skipped. Otherwise: `source` (writes the demo data if the default location is empty) ->
 `stage` (validate and tokenize; a content-addressed dataset version) ->
 `train` (FSDP under torchrun, deferred while it runs, relaunched after preemptions) ->
@@ -65,13 +66,24 @@ with DAG(
 
     @task
     def dry_run(run_plan: dict, dag=None, dag_run=None) -> dict:
-        """Render what the train task would launch; launch nothing."""
+        """Render what the train task would launch and estimate its cost; launch nothing."""
         import json
 
         import yaml
+        from airflow.sdk import Variable
 
-        report = dry_run_report(run_plan, dag.get_task("train"), dag_id=dag_run.dag_id, run_id=dag_run.run_id)
+        from trainops.cost.estimate import estimate_lines
+        from trainops.cost.prices import PRICES_VARIABLE
+
+        report = dry_run_report(
+            run_plan,
+            dag.get_task("train"),
+            dag_id=dag_run.dag_id,
+            run_id=dag_run.run_id,
+            prices_variable=Variable.get(PRICES_VARIABLE, default=None),
+        )
         print(f"DRY RUN on cluster {report['cluster']!r}: nothing is staged or launched.")
+        print("\n".join(estimate_lines(report["estimate"])))
         print("resolved trainer config:\n" + yaml.safe_dump(report["trainer_config"], sort_keys=False))
         print("JobSpec of attempt 1:\n" + json.dumps(report["job_spec"], indent=2))
         print("Kubernetes manifests:\n" + yaml.safe_dump_all(report["manifests"], sort_keys=False))

@@ -123,6 +123,27 @@ def test_a_dry_run_renders_the_job_and_launches_nothing(airflow_db, storage, tmp
     out = capfd.readouterr()
     assert "DRY RUN on cluster 'local': nothing is staged or launched." in out.out + out.err
     assert "kind: Job" in out.out + out.err
+    # The cost estimate: no earlier run, so the tiny preset's FLOPs on 16 GPUs of no known type.
+    estimate = report["estimate"]
+    assert (estimate["steps"], estimate["accelerators"], estimate["step_time_source"]) == (
+        500,
+        16,
+        "preset FLOPs",
+    )
+    assert estimate["on_demand_cost"] == pytest.approx(
+        estimate["gpu_hours"] * 4.0
+    )  # the default per GPU-hour
+    printed = out.out + out.err
+    assert "COST ESTIMATE (before launch; every figure is an estimate, in USD):" in printed
+    assert (
+        "  500 steps x 5.3e-05 s/step (preset FLOPs) = 0.0267 s on 16 accelerators (instance type unknown)"
+        in printed
+    )
+    assert (
+        "peak FLOP/s unknown for GPU nodes of unknown instance type: assumed an A100's 312 TFLOP/s bf16"
+        in printed
+    )
+    assert "capacity spot-then-on-demand" in printed
 
     # Nothing was staged, trained or written, and no job was started.
     assert open_storage(storage).list(storage) == []

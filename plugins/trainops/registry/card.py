@@ -11,7 +11,11 @@ trainops version and the time. Keys (docs/promotion.md lists them with an exampl
 - ``eval_basis``: what the evaluation scored (:func:`trainops.registry.regate.eval_basis`);
 - ``metrics``: the candidate's and the production model's evaluation, per slice too;
 - ``gate``: the decision, its checks and their definitions, and any re-gates;
-- ``training``: steps, attempts, ``preemptions`` (also ``preemptions_survived``), steps lost.
+- ``training``: steps, attempts, ``preemptions`` (also ``preemptions_survived``), steps lost;
+- ``training_cost``: what training the version cost (:func:`training_cost`, from the run's
+  ``job.json`` ``cost``), every figure an estimate; None for a run that recorded no cost.
+
+Readers of earlier cards are unaffected: ``training_cost`` is a key they never read.
 """
 
 from __future__ import annotations
@@ -24,7 +28,25 @@ from trainops.registry.errors import PromotionError
 from trainops.registry.promotion import read_config_bytes
 from trainops.registry.regate import eval_basis
 
-__all__ = ["build_card", "validation_summary"]
+__all__ = ["COST_KEYS", "build_card", "training_cost", "validation_summary"]
+
+# The figures of the run's cost (``trainops.cost.accounting.RunCost``) that a card keeps; the
+# per-attempt timeline stays in the run's job.json.
+COST_KEYS = (
+    "format",
+    "currency",
+    "cost",
+    "on_demand_cost",
+    "savings",
+    "goodput",
+    "billed_gpu_hours",
+    "productive_gpu_hours",
+    "lost_gpu_hours",
+    "preemptions",
+    "recovery_s",
+    "seconds",
+    "notes",
+)
 
 
 def validation_summary(storage: Storage, validation_uri: str | None) -> dict[str, Any] | None:
@@ -48,6 +70,26 @@ def validation_summary(storage: Storage, validation_uri: str | None) -> dict[str
         "rows": report.get("rows"),
         "failed": failed,
     }
+
+
+def training_cost(storage: Storage, training: dict[str, Any]) -> dict[str, Any] | None:
+    """The card's training-cost section: the run's cost as its ``job.json`` records it (the
+    training result's ``cost`` when the record cannot be read or holds none), labelled an
+    estimate, with ``job_uri`` for the per-attempt detail. None when the run recorded no cost
+    (one trained before trainops accounted for cost)."""
+    job_uri = training.get("job_uri")
+    cost = None
+    if job_uri:
+        try:
+            job = storage.get_json(job_uri)
+        except (NotFound, ValueError):  # no record, or a damaged one: the result's copy, if any
+            job = None
+        cost = job.get("cost") if isinstance(job, dict) else None
+    if not isinstance(cost, dict):
+        cost = training.get("cost")
+    if not isinstance(cost, dict):
+        return None
+    return {"estimate": True, **{key: cost.get(key) for key in COST_KEYS}, "job_uri": job_uri}
 
 
 def _read_config(storage: Storage, config_uri: str) -> tuple[bytes, dict[str, Any]]:
@@ -114,4 +156,5 @@ def build_card(
         },
         "preemptions_survived": training.get("preemptions"),
         "steps": training.get("steps"),
+        "training_cost": training_cost(storage, training),
     }

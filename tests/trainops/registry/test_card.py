@@ -132,3 +132,76 @@ def test_a_missing_or_broken_trainer_config_is_named(file_root):
         PromotionError, match=r"nowhere/config\.yaml' does not exist; pass the training result"
     ):
         build_card(storage, **results)
+
+
+# A run's cost as job.json records it (trainops.cost.accounting.RunCost; attempts abridged).
+RUN_COST = {
+    "format": "trainops.cost/v1",
+    "estimate": True,
+    "currency": "USD",
+    "attempts": [{"attempt": 1, "spans": [{"phase": "productive", "start": 0.0, "end": 50.0}]}],
+    "seconds": {"queued": 30.0, "startup": 60.0, "productive": 120.0, "replayed": 10.0},
+    "billed_gpu_hours": 0.5644,
+    "productive_gpu_hours": 0.2667,
+    "lost_gpu_hours": 0.1689,
+    "goodput": 0.4724,
+    "recovery_s": [77.5],
+    "preemptions": 1,
+    "cost": 0.8093,
+    "on_demand_cost": 2.3121,
+    "savings": 1.5028,
+    "notes": [],
+}
+
+
+def test_the_card_records_the_training_cost_from_the_runs_job_json(file_root):
+    storage = open_storage(file_root)
+    results = upstream(file_root, storage)
+    job_uri = results["training"]["job_uri"]
+    storage.put_json(job_uri, {"run_uri": results["training"]["run_uri"], "attempts": [], "cost": RUN_COST})
+    card = build_card(storage, **results)
+    assert card["training_cost"] == {
+        "estimate": True,
+        "format": "trainops.cost/v1",
+        "currency": "USD",
+        "cost": 0.8093,
+        "on_demand_cost": 2.3121,
+        "savings": 1.5028,
+        "goodput": 0.4724,
+        "billed_gpu_hours": 0.5644,
+        "productive_gpu_hours": 0.2667,
+        "lost_gpu_hours": 0.1689,
+        "preemptions": 1,
+        "recovery_s": [77.5],
+        "seconds": RUN_COST["seconds"],
+        "notes": [],
+        "job_uri": job_uri,
+    }
+    # the rest of the card is as before: its readers find what they read
+    assert card["run_uri"] == results["training"]["run_uri"] and card["eval_basis"]["seq_len"] == 64
+
+
+def test_a_run_without_a_cost_gets_none_and_the_results_copy_stands_in_for_a_missing_record(file_root):
+    storage = open_storage(file_root)
+    results = upstream(file_root, storage)
+    assert build_card(storage, **results)["training_cost"] is None  # no job.json at all
+    storage.put_json(results["training"]["job_uri"], {"attempts": []})  # a run from before cost accounting
+    assert build_card(storage, **results)["training_cost"] is None
+    results["training"]["cost"] = RUN_COST  # the training result carries it (XCom "cost")
+    cost = build_card(storage, **results)["training_cost"]
+    assert (cost["cost"], cost["goodput"], cost["estimate"]) == (0.8093, 0.4724, True)
+
+
+def test_a_card_with_a_training_cost_still_reads_as_a_model_card(file_root):
+    import json
+
+    from trainops.reports.pages import render_report, report_kind
+
+    storage = open_storage(file_root)
+    results = upstream(file_root, storage)
+    storage.put_json(results["training"]["job_uri"], {"attempts": [], "cost": RUN_COST})
+    card = {**build_card(storage, **results), "format": "trainops.model-card/v1", "model": "m", "version": 3}
+    uri = join(file_root, "models", "m", "versions", "3", "card.json")
+    assert report_kind(uri, card) == "model_card"
+    page = render_report(uri, json.dumps(card).encode())
+    assert "Model card: m v3" in page and "training_cost" in page and "0.4724" in page
