@@ -11,7 +11,7 @@ rejects a bad value naming the field; the `plan` task also refuses keys it does 
 **Tasks**: `plan` checks the settings and decides the training arguments; with **Dry run**
 on, `dry_run` writes what would be launched (resolved trainer config, the JobSpec of attempt 1
 and the Kubernetes manifests it becomes) and what it would cost (steps x expected step time x
-price, spot and on-demand: docs/cost-estimate.md) into its log and XCom, and everything else is
+price, spot and on-demand: docs/cost.md, "Before launch") into its log and XCom, and everything else is
 skipped. Otherwise: `source` (writes the demo data if the default location is empty) ->
 `stage` (validate and tokenize; a content-addressed dataset version) ->
 `train` (FSDP under torchrun, deferred while it runs, relaunched after preemptions) ->

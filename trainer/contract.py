@@ -27,7 +27,7 @@ CONTRACT_VERSION = 1
 # The trainer modules the Airflow side may import: they import neither torch nor Airflow
 # (standard library, PyYAML, boto3 inside the S3 client). Nothing else of the trainer may reach
 # a scheduler, worker or triggerer; tests/test_boundaries.py holds both halves to it.
-SHARED_MODULES = ("trainer.contract", "trainer.storage", "trainer.config", "trainer.presets")
+SHARED_MODULES = ("trainer.contract", "trainer.storage", "trainer.config", "trainer.presets", "trainer.flops")
 TRAINER_COMMANDS = ("train", "evaluate", "export")
 
 # --- 2. environment -------------------------------------------------------------

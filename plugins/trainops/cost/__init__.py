@@ -1,2 +1,3 @@
 """What a training run cost: the accounting of its attempts into phases, goodput and money
-(``accounting``), and the prices it uses (``prices``). Plain Python: neither torch nor Airflow."""
+(``accounting``), the prices it uses (``prices``), and the cost before launch (``estimate``).
+Plain Python: neither torch nor Airflow."""

@@ -7,17 +7,16 @@ instance type, for spot and for on-demand. Pure: the dry run (:mod:`trainops.rec
 reads the previous run and the prices; :func:`estimate_run` only computes, and
 :func:`estimate_lines` says it in a few lines. Every figure is an estimate, in USD.
 
-FLOPs per token follow ``trainer.flops`` (PaLM, appendix B: ``6 N + 12 L d T``) and the peaks
-are ``trainer.flops.PEAK_FLOPS``'s datasheet figures: that module is not one of the trainer
-modules the Airflow side may import (``trainer.contract.SHARED_MODULES``), so the two are
-mirrored here from the preset's numbers, and ``tests/trainops/cost/test_estimate.py`` holds
-them equal to the trainer's for every preset, GPU and precision.
+FLOPs per token and the GPUs' peaks are the trainer's own (``trainer.flops``: PaLM, appendix
+B, ``6 N + 12 L d T``, and NVIDIA's datasheet peaks), one of the torch-free trainer modules the
+Airflow side may import (``trainer.contract.SHARED_MODULES``).
 """
 
 # No ``from __future__ import annotations``: TypedDict reads its annotations at run time.
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypedDict
 
+from trainer import flops
 from trainer.config import Config, accumulation_steps
 from trainer.contract import MetricsRecord, metrics_by_step
 from trainer.presets import PRESETS, ModelArgs, non_embedding_params
@@ -31,18 +30,11 @@ DEFAULT_MFU = 0.4
 # this GPU's peak and says so: the most common training GPU of the price table's instance types.
 REFERENCE_GPU = "A100"
 
-# Dense (not 2:4-sparse) tensor-core peak FLOP/s per GPU by compute dtype, from NVIDIA's
-# datasheets: ``trainer.flops.PEAK_FLOPS``'s figures (the test holds them equal). fp32 is plain
-# fp32 (torch leaves TF32 off for matmuls by default).
+# Dense tensor-core peak FLOP/s per GPU by compute dtype: the trainer's datasheet table
+# (``trainer.flops``, one of the shared trainer modules), for the GPUs the instance types have.
 PEAK_FLOPS: dict[str, dict[str, float]] = {
-    "H200": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
-    "H100": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},  # SXM, as in every instance below
-    "A100": {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12},
-    "L40S": {"bf16": 362e12, "fp16": 362e12, "fp32": 91.6e12},
-    "L4": {"bf16": 121e12, "fp16": 121e12, "fp32": 30.3e12},
-    # The A10's datasheet figure: AWS publishes none for its A10G, which measures lower, so an
-    # A10G estimate is optimistic (trainer.flops says the same of its MFU).
-    "A10G": {"bf16": 125e12, "fp16": 125e12, "fp32": 31.2e12},
+    gpu: {dtype: float(flops.peak_flops(f"NVIDIA {gpu}", dtype) or 0.0) for dtype in flops.DTYPES}
+    for gpu in ("H200", "H100", "A100", "L40S", "L4", "A10G")
 }
 
 # Instance type -> (GPU, GPUs per instance), from the providers' instance-type pages (AWS EC2
@@ -143,7 +135,7 @@ def model_args(config: Config) -> ModelArgs | None:
 
 def flops_per_token(args: ModelArgs, seq_len: int) -> float:
     """Training FLOPs (forward + backward) per token: ``6 N + 12 L d T`` (``trainer.flops``)."""
-    return 6.0 * non_embedding_params(args) + 12.0 * args.n_layers * args.dim * seq_len
+    return flops.flops_per_token(non_embedding_params(args), args.n_layers, args.dim, seq_len)
 
 
 def same_model(a: Config, b: Config) -> bool:

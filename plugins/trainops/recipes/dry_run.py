@@ -125,7 +125,7 @@ def run_estimate(
     if kind is None and measured is not None and measured["instance_type"]:
         kind = measured["instance_type"]
         notes.append(f"instance type {kind}: what the last run of this DAG and model ran on")
-    param = getattr(train, "prices", None)  # the operator's ``prices``, laid over the Variable
+    param = train.prices  # the operator's ``prices``, laid over the Variable
     if param is not None and known_at_run_time(param):
         notes.append("the task's prices parameter is a template, rendered only when it runs: not used here")
         param = None

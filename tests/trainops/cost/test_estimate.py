@@ -1,13 +1,11 @@
 """The estimate before launch: steps x expected step time x price, checked against hand-computed
-figures, and its mirror of ``trainer.flops`` held equal to the trainer's."""
+figures."""
 
 from __future__ import annotations
 
 import pytest
 
-from trainer import flops
 from trainer.config import config_from_mapping
-from trainer.presets import PRESETS
 from trainops.cost import estimate as est
 from trainops.cost.prices import default_table
 
@@ -258,24 +256,12 @@ def test_same_model_compares_the_builder_or_else_the_preset():
     assert not est.same_model(config(model={"builder": "m:f"}), config())
 
 
-# ----------------------------------------------------------------------- the mirrored tables
+# ----------------------------------------------------------------------- the tables
 
 
-@pytest.mark.parametrize("preset", sorted(PRESETS))
-@pytest.mark.parametrize("seq_len", [64, 2048])
-def test_flops_per_token_is_the_trainers(preset, seq_len):
-    args = PRESETS[preset]
-    from trainer.presets import non_embedding_params
-
-    expected = flops.flops_per_token(non_embedding_params(args), args.n_layers, args.dim, seq_len)
-    assert est.flops_per_token(args, seq_len) == expected
-
-
-def test_the_peaks_are_the_trainers_for_every_gpu_and_precision():
-    for gpu, peaks in est.PEAK_FLOPS.items():
-        for dtype in flops.DTYPES:
-            assert peaks[dtype] == flops.peak_flops(f"NVIDIA {gpu}", dtype), (gpu, dtype)
+def test_every_gpu_of_an_instance_type_has_its_peak_in_every_precision():
     assert {gpu for gpu, _ in est.INSTANCE_GPUS.values()} <= set(est.PEAK_FLOPS)
+    assert all(peak > 0 for peaks in est.PEAK_FLOPS.values() for peak in peaks.values())
 
 
 def test_every_instance_type_the_shipped_prices_know_has_its_gpu_and_count_here():
