@@ -11,7 +11,6 @@ where its start is not stamped. No field of job.json or of an attempt record is 
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 from pathlib import Path
@@ -19,8 +18,9 @@ from statistics import median
 from types import SimpleNamespace
 
 import pytest
-from airflow.sdk.exceptions import TaskDeferred
 
+from tests.e2e import driving
+from tests.e2e.driving import deferred
 from tests.trainer.helpers import TRAIN_KEYS, write_dataset
 from trainer.contract import MetricsReader, RunLayout, run_prefix
 from trainer.storage import open_storage
@@ -35,18 +35,8 @@ RUN_ID = "manual__2026-12-01T00:00:00+00:00"
 DEADLINE_S = 300.0
 
 
-def deferred(call) -> TaskDeferred:
-    with pytest.raises(TaskDeferred) as caught:
-        call()
-    return caught.value
-
-
 def run_trigger(trigger) -> dict:
-    async def first():
-        async for event in trigger.run():
-            return event.payload
-
-    return asyncio.run(asyncio.wait_for(first(), timeout=DEADLINE_S))
+    return driving.run_trigger(trigger, DEADLINE_S)
 
 
 def independent_figures(local_state: Path, metrics: list[dict], accelerators: int) -> dict:

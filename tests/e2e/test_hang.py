@@ -13,7 +13,6 @@ operator is driven as Airflow drives it (``execute``, ``execute_complete``,
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -22,8 +21,9 @@ from types import SimpleNamespace
 
 import psutil
 import pytest
-from airflow.sdk.exceptions import TaskDeferred
 
+from tests.e2e import driving
+from tests.e2e.driving import deferred
 from tests.trainer.helpers import TRAIN_KEYS, write_dataset
 from trainer.contract import MetricsReader, RunLayout, run_prefix
 from trainer.storage import open_storage
@@ -39,24 +39,14 @@ RUN_ID = "manual__2026-12-01T00:00:00+00:00"
 DEADLINE_S = 240.0
 
 
+def run_trigger(trigger) -> dict:
+    return driving.run_trigger(trigger, DEADLINE_S)
+
+
 @pytest.fixture
 def local_state(tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINOPS_LOCAL_STATE", str(tmp_path / "local"))
     return tmp_path / "local"
-
-
-def deferred(call) -> TaskDeferred:
-    with pytest.raises(TaskDeferred) as caught:
-        call()
-    return caught.value
-
-
-def run_trigger(trigger) -> dict:
-    async def first():
-        async for event in trigger.run():
-            return event.payload
-
-    return asyncio.run(asyncio.wait_for(first(), timeout=DEADLINE_S))
 
 
 def wait_until(condition, what: str, timeout: float = DEADLINE_S) -> None:

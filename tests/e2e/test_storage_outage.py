@@ -14,7 +14,6 @@ relaunch (30 s) is skipped, once the blackout is over, as that back-off is there
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import threading
 import time
@@ -22,8 +21,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from airflow.sdk.exceptions import TaskDeferred
 
+from tests.e2e import driving
+from tests.e2e.driving import deferred
 from tests.trainer.helpers import TRAIN_KEYS, run_config, torchrun_argv, trainer_env, write_dataset
 from trainer.contract import RunLayout, attempt_record_in_log, run_prefix
 from trainer.storage import open_storage
@@ -39,6 +39,10 @@ CONFIG = {**TRAIN_KEYS, "metrics": {"flush_every": 10}}
 MAX_STEPS = CONFIG["train"]["max_steps"]
 RUN_ID = "manual__2026-12-01T00:00:00+00:00"
 DEADLINE_S = 180.0
+
+
+def run_trigger(trigger) -> dict:
+    return driving.run_trigger(trigger, DEADLINE_S)
 
 
 @pytest.fixture(scope="module")
@@ -91,22 +95,6 @@ def training_operator(root: str, dataset: str, tolerance_s: float) -> FSDPTraini
             "env": {"TRAINOPS_STORAGE_OUTAGE_TOLERANCE_S": str(tolerance_s), "OMP_NUM_THREADS": "1"}
         },
     )
-
-
-def run_trigger(trigger) -> dict:
-    """The trigger's first event, running it for real (as the triggerer would)."""
-
-    async def first():
-        async for event in trigger.run():
-            return event.payload
-
-    return asyncio.run(asyncio.wait_for(first(), timeout=DEADLINE_S))
-
-
-def deferred(call) -> TaskDeferred:
-    with pytest.raises(TaskDeferred) as caught:
-        call()
-    return caught.value
 
 
 class Background(threading.Thread):

@@ -251,3 +251,15 @@ class ForwardingStorage(Storage):
     def copy(self, src_uri, dst_uri):
         self.before("copy", src_uri)
         return self.inner.copy(src_uri, dst_uri)
+
+
+class CountingDownloads(ForwardingStorage):
+    """Records the URI of every file downloaded through it (``downloads``)."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.downloads: list[str] = []
+
+    def download_file_hashed(self, uri, local_path):
+        self.downloads.append(uri)
+        return self.inner.download_file_hashed(uri, local_path)

@@ -239,16 +239,8 @@ def test_on_cuda_the_feed_reads_into_pinned_memory_and_copies_on_its_own_stream(
 
 
 def test_the_shards_are_fetched_once_per_node_and_verified(tmp_path, monkeypatch):
-    from tests.trainer.helpers import ForwardingStorage, write_dataset
-
-    class Counting(ForwardingStorage):
-        def __init__(self, inner):
-            super().__init__(inner)
-            self.downloads = []
-
-        def download_file_hashed(self, uri, local_path):
-            self.downloads.append(uri)
-            return self.inner.download_file_hashed(uri, local_path)
+    from tests.trainer.helpers import CountingDownloads as Counting
+    from tests.trainer.helpers import write_dataset
 
     monkeypatch.setenv("TRAINOPS_CACHE_DIR", str(tmp_path / "node"))
     uri = write_dataset(tmp_path / "ds", train_records=20, eval_records=5)

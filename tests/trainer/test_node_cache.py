@@ -9,19 +9,9 @@ import textwrap
 
 import pytest
 
-from tests.trainer.helpers import ForwardingStorage
+from tests.trainer.helpers import CountingDownloads as Counting
 from trainer import node_cache
 from trainer.storage import open_storage
-
-
-class Counting(ForwardingStorage):
-    def __init__(self, inner):
-        super().__init__(inner)
-        self.downloads = []
-
-    def download_file_hashed(self, uri, local_path):
-        self.downloads.append(uri)
-        return self.inner.download_file_hashed(uri, local_path)
 
 
 def stored(tmp_path, content: bytes):
