@@ -1,82 +1,88 @@
 """A minimal hand-written FSDP2 training loop: the baseline our trainer is measured against.
 
-Same model class, data windows, precision policy, optimizer and per-step work (forward,
-backward, clip, step, one all-reduce of the loss) as ``python -m trainer train``, and nothing
-else: no checkpoints, no metrics files, no preemption flag. Run under torchrun:
+It reads the same config file as ``python -m trainer train`` and builds the same parts from it:
+the sharded model with the trainer's initial weights, the optimizer (fused AdamW), the LR
+schedule and the data windows in the trainer's sample order. Only the loop is hand-written
+(forward, loss, backward, clip, optimizer and schedule step, one all-reduce of the loss), with
+nothing else: no checkpoints, no metrics files, no preemption flag, no heartbeat, no prefetch.
 
-    torchrun --standalone --nproc-per-node=2 bench/baseline_fsdp.py --data-uri file:///... \
-        --preset tiny --steps 40 --micro-batch 8 --seq-len 64 --out times.json
+Both runs therefore do the same arithmetic on the same numbers, step for step, and their losses
+agree (``trainer_overhead.py`` checks it). That matters on a CPU more than it seems: there,
+denormal floats cost microcode assists, so two loops that start from different weights or
+follow different LR schedules can differ in speed by several percent for reasons that have
+nothing to do with the loop. Run under torchrun:
+
+    torchrun --standalone --nproc-per-node=2 bench/baseline_fsdp.py --config config.yaml --out out.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 
 
 def main() -> None:
-    import numpy as np
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from trainer.model import Transformer
-    from trainer.presets import PRESETS
+    from trainer import data, parallel
+    from trainer.config import load_config
+    from trainer.optim import build_optimizer, build_scheduler
+    from trainer.storage import open_storage
+    from trainer.train import build_sharded_model
 
     p = argparse.ArgumentParser()
-    p.add_argument("--data-uri", required=True)
-    p.add_argument("--preset", default="tiny")
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--micro-batch", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--config", required=True, help="the trainer config file both runs read")
     p.add_argument("--out", required=True)
     a = p.parse_args()
 
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    folder = a.data_uri.removeprefix("file://")
-    with open(os.path.join(folder, "manifest.json")) as f:
-        manifest = json.load(f)
-    tokens = np.fromfile(
-        os.path.join(folder, manifest["splits"]["train"]["shards"][0]["path"]), dtype=np.uint16
-    )
-    n_samples = (len(tokens) - 1) // a.seq_len
-    order = torch.randperm(n_samples, generator=torch.Generator().manual_seed(1234))
-
-    torch.manual_seed(1234)
-    model = Transformer(PRESETS[a.preset].with_vocab(manifest["tokenizer"]["vocab_size"]))
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for block in model.layers:
-        fully_shard(block, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
-    from trainer.optim import build_optimizer
-
-    opt = build_optimizer(model, a.lr, 0.1)  # the trainer's AdamW (fused), so only the loop differs
-
-    times = []
-    cursor = 0
-    for _ in range(a.steps):
-        ids = order[(cursor + rank * a.micro_batch) % n_samples :][: a.micro_batch].tolist()
-        cursor += a.micro_batch * world
-        batch = torch.from_numpy(
-            np.stack([tokens[i * a.seq_len : i * a.seq_len + a.seq_len + 1] for i in ids]).astype(np.int64)
+    config = load_config(a.config)
+    t = config.train
+    if t.grad_accum_steps != 1 or t.global_batch_size:
+        raise SystemExit(
+            f"the baseline runs one micro-batch per step; set train.grad_accum_steps: 1 and no "
+            f"train.global_batch_size (got {t.grad_accum_steps} and {t.global_batch_size})"
         )
-        logits = model(batch[:, :-1])
-        loss = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+    env = parallel.init_distributed()
+    storage = open_storage(config.data_uri)
+    manifest = data.read_manifest(storage, config.data_uri)
+    vocab = config.model.vocab_size or int(manifest["tokenizer"]["vocab_size"])
+    batches = data.TrainBatches(
+        data.open_split(storage, config.data_uri, manifest, "train"),
+        t.seq_len,
+        config.seed,
+        t.micro_batch_size,
+        env.world_size,
+        env.rank,
+    )
+    model = build_sharded_model(
+        config, env, vocab, parallel.device_mesh(env, config.parallel.replicate)
+    ).model
+    opt = build_optimizer(model, t.lr, t.weight_decay)
+    scheduler = build_scheduler(
+        opt, warmup_steps=t.warmup_steps, max_steps=t.max_steps, min_lr_ratio=t.min_lr_ratio
+    )
+    global_batch = t.micro_batch_size * env.world_size
+
+    times, losses = [], []
+    for step in range(t.max_steps):
+        inputs, targets = data.inputs_and_targets(batches.micro_batch(step * global_batch, 0))
+        logits = model(inputs)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
         opt.step()
+        scheduler.step()
         opt.zero_grad(set_to_none=True)
-        total = torch.tensor([loss.item()])
+        total = torch.tensor([loss.item()], dtype=torch.float64)
         dist.all_reduce(total)
         times.append(time.time())
-    if rank == 0:
+        losses.append(total.item() / env.world_size)
+    if env.is_main:
         with open(a.out, "w") as f:
-            json.dump({"times": times}, f)
+            json.dump({"times": times, "losses": losses}, f)
     dist.destroy_process_group()
 
 

@@ -1,10 +1,12 @@
 """How much slower is a step of our trainer than a minimal hand-written FSDP2 loop?
 
-CPU, 2 processes (torchrun, gloo), bf16 mixed precision, the same model, data and per-step
-work in both; checkpoints off (the trainer's only checkpoint comes after the last timed step).
+CPU, 2 processes (torchrun, gloo), bf16 mixed precision. Both read one config and build the
+same parts from it (initial weights, optimizer, LR schedule, sample order), so they do the same
+arithmetic and their losses must agree (checked; ``loss_max_abs_diff=``): only the loop differs.
+Checkpoints off (the trainer's only checkpoint comes after the last timed step).
 It first picks a micro-batch at which one baseline step takes at least 100 ms, so fixed costs
-do not dominate, then alternates ours and the baseline several times and prints the median
-ratio of step times. Goal: overhead_ratio <= 1.03.
+do not dominate, then alternates ours and the baseline several times (which one goes first
+alternates too) and prints the median ratio of step times. Goal: overhead_ratio <= 1.03.
 
     .venv/bin/python bench/trainer_overhead.py [--rounds 3] [--steps 40]
 """
@@ -22,39 +24,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, env, median_interval, torchrun, write_random_dataset
 
 WARMUP = 5
+LOSS_TOLERANCE = 1e-6  # the two loops do the same arithmetic: their losses must agree
 
 
-def baseline(tmp: Path, data_uri: str, preset: str, steps: int, micro: int, seq: int, tag: str) -> float:
-    out = tmp / f"baseline-{tag}.json"
-    torchrun(
-        [
-            str(REPO / "bench" / "baseline_fsdp.py"),
-            "--data-uri",
-            data_uri,
-            "--preset",
-            preset,
-            "--steps",
-            str(steps),
-            "--micro-batch",
-            str(micro),
-            "--seq-len",
-            str(seq),
-            "--out",
-            str(out),
-        ],
-        2,
-        env(tmp / f"cache-{tag}"),
-    )
-    return median_interval(json.loads(out.read_text())["times"], WARMUP)
-
-
-def ours(tmp: Path, data_uri: str, preset: str, steps: int, micro: int, seq: int, tag: str) -> float:
-    run = tmp / f"run-{tag}"
+def write_config(tmp: Path, data_uri: str, preset: str, steps: int, micro: int, seq: int, tag: str) -> Path:
+    """The trainer config both runs read (the baseline ignores what it has no use for)."""
     config = tmp / f"config-{tag}.yaml"
     config.write_text(
         json.dumps(
             {
-                "run_uri": f"file://{run}",
+                "run_uri": f"file://{tmp / f'run-{tag}'}",
                 "data_uri": data_uri,
                 "seed": 1234,
                 "precision": "bf16",
@@ -72,12 +51,42 @@ def ours(tmp: Path, data_uri: str, preset: str, steps: int, micro: int, seq: int
             }
         )
     )
+    return config
+
+
+def baseline(tmp: Path, config: Path, tag: str) -> tuple[float, list[float]]:
+    """The hand-written loop's median step time and its losses."""
+    out = tmp / f"baseline-{tag}.json"
+    script = str(REPO / "bench" / "baseline_fsdp.py")
+    torchrun([script, "--config", str(config), "--out", str(out)], 2, env(tmp / f"cache-{tag}"))
+    result = json.loads(out.read_text())
+    return median_interval(result["times"], WARMUP), result["losses"]
+
+
+def ours(tmp: Path, config: Path, tag: str) -> tuple[float, list[float]]:
+    """The trainer's median step time (from its metrics records) and its losses."""
     torchrun(["-m", "trainer", "train", "--config", str(config)], 2, env(tmp / f"cache-{tag}"))
+    from trainer.config import load_config
     from trainer.contract import MetricsReader, metrics_by_step
     from trainer.storage import open_storage
 
-    by_step = metrics_by_step(MetricsReader(open_storage(run.as_uri()), run.as_uri()).records())
-    return median_interval([by_step[step]["time"] for step in sorted(by_step)], WARMUP)
+    run_uri = load_config(str(config)).run_uri
+    by_step = metrics_by_step(MetricsReader(open_storage(run_uri), run_uri).records())
+    steps = sorted(by_step)
+    return median_interval([by_step[s]["time"] for s in steps], WARMUP), [by_step[s]["loss"] for s in steps]
+
+
+def check_same_work(ours_losses: list[float], base_losses: list[float]) -> float:
+    """The largest loss difference; raises when the loops did not do the same work."""
+    if len(ours_losses) != len(base_losses):
+        raise SystemExit(f"the trainer logged {len(ours_losses)} steps, the baseline {len(base_losses)}")
+    worst = max(abs(a - b) for a, b in zip(ours_losses, base_losses, strict=True))
+    if worst > LOSS_TOLERANCE:
+        raise SystemExit(
+            f"the trainer's and the baseline's losses differ by up to {worst:.3g} (> {LOSS_TOLERANCE}): "
+            "they no longer do the same work, so their step times are not comparable"
+        )
+    return worst
 
 
 def main() -> None:
@@ -93,7 +102,8 @@ def main() -> None:
         data_uri = write_random_dataset(tmp / "data")
         micro = 4
         while True:  # the smallest power-of-two micro-batch whose step takes >= min_step_s
-            step = baseline(tmp, data_uri, a.preset, 12, micro, a.seq_len, f"probe{micro}")
+            probe = write_config(tmp, data_uri, a.preset, 12, micro, a.seq_len, f"probe{micro}")
+            step = baseline(tmp, probe, f"probe{micro}")[0]
             print(
                 f"probe: preset {a.preset}, micro-batch {micro}, seq {a.seq_len}: {step * 1000:.0f} ms/step",
                 file=sys.stderr,
@@ -102,18 +112,22 @@ def main() -> None:
             if step >= a.min_step_s or micro >= 512:
                 break
             micro *= 2
-        ratios = []
+        ratios, worst = [], 0.0
         for r in range(a.rounds):
-            t_ours = ours(tmp, data_uri, a.preset, a.steps, micro, a.seq_len, f"r{r}")
-            t_base = baseline(tmp, data_uri, a.preset, a.steps, micro, a.seq_len, f"r{r}")
+            config = write_config(tmp, data_uri, a.preset, a.steps, micro, a.seq_len, f"r{r}")
+            order = (ours, baseline) if r % 2 == 0 else (baseline, ours)  # a drift in speed cancels
+            runs = {run.__name__: run(tmp, config, f"r{r}") for run in order}
+            (t_ours, l_ours), (t_base, l_base) = runs["ours"], runs["baseline"]
+            worst = max(worst, check_same_work(l_ours, l_base))
             ratios.append(t_ours / t_base)
             print(
                 f"round {r + 1}: ours {t_ours * 1000:.1f} ms/step, baseline {t_base * 1000:.1f} ms/step, "
-                f"ratio {ratios[-1]:.3f}",
+                f"ratio {ratios[-1]:.3f}, losses agree to {worst:.1g}",
                 file=sys.stderr,
                 flush=True,
             )
     print(f"config: preset={a.preset} micro_batch={micro} seq_len={a.seq_len} world=2 precision=bf16 cpu")
+    print(f"loss_max_abs_diff={worst:.3g}")
     print(f"ratios={','.join(f'{x:.3f}' for x in ratios)}")
     print(f"overhead_ratio={statistics.median(ratios):.3f}")
 
