@@ -7,16 +7,24 @@ must agree within 5% with figures this test computes from the raw material alone
 simpler rules: the supervisors' ``status.json`` (process start and end, and when the SIGTERM
 was sent) and the metrics' step timestamps, every step taken to last its attempt's median
 where its start is not stamped. No field of job.json or of an attempt record is read for them.
+
+A second run loses steps (a preemption with no emergency checkpoint): its ``replayed`` time
+must be those steps' time, as their metrics' timestamps measure it; the first run lost none,
+and replayed nothing.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
+import signal
+import time
 from pathlib import Path
 from statistics import median
 from types import SimpleNamespace
 
+import psutil
 import pytest
 
 from tests.e2e import driving
@@ -132,3 +140,81 @@ def test_one_injected_preemption_goodput_and_recovery_agree_with_an_independent_
             f"{cost['billed_gpu_hours']:.4f} GPU-hours, est. ${cost['cost']:.4f}, "
             f"on-demand ${cost['on_demand_cost']:.4f}\n{printed}"
         )
+
+
+LOSE_AFTER = 15  # past the step-10 checkpoint (committed by then): steps 11 to 15 (or 16) are lost
+
+
+def node_workers(op, handle, node: int) -> list[psutil.Process]:
+    """The trainer processes torchrun started on ``node`` (its agent's children)."""
+    pid = next(n["pid"] for n in op.backend.status(handle)["nodes"] if n["index"] == node)
+    return [p for p in psutil.Process(pid).children(recursive=True) if "trainer" in " ".join(p.cmdline())]
+
+
+def test_a_preemption_without_an_emergency_checkpoint_bills_the_lost_steps_as_replayed(
+    file_root, tmp_path, monkeypatch
+):
+    """The spot notice reaches node 1 while its rank no longer answers (SIGSTOPped once the
+    metrics show step 15, as a VM being reclaimed stops): the gang cannot agree on an emergency
+    checkpoint, torchrun kills the rank after the grace (2 s), and the steps since the step-10
+    checkpoint are lost. ``replayed`` must be those steps, timed independently from their
+    metrics' timestamps (``train.log_every: 1``, so every step has its record when it ends)."""
+    monkeypatch.setenv("TRAINOPS_LOCAL_STATE", str(tmp_path / "local"))
+    dataset = write_dataset(tmp_path / "data" / "datasets" / "demo" / "v1")
+    train = {**TRAIN_KEYS["train"], "max_steps": 24, "log_every": 1}
+    op = FSDPTrainingOperator(
+        task_id="train",
+        dataset={"uri": dataset},
+        storage_root=file_root,
+        trainer_config={**TRAIN_KEYS, "train": train},
+        nodes=2,
+        cluster="local",
+        deferrable=True,
+        poll_interval=0.5,
+        progress_every=3600,
+        termination_grace_seconds=2,
+        inject_preemption={"node": 1, "at_step": LOSE_AFTER},
+        job_options={"env": {"OMP_NUM_THREADS": "1"}},
+    )
+    ctx = {"ti": SimpleNamespace(dag_id="retrain", run_id=RUN_ID, task_id="train", map_index=-1)}
+    layout = RunLayout(run_prefix(file_root, "retrain", RUN_ID, "train"))
+    store = open_storage(file_root)
+
+    first = deferred(lambda: op.execute(ctx))
+    reader = MetricsReader(store, layout.run_uri, attempt=1)
+    deadline = time.monotonic() + DEADLINE_S
+    while not (latest := reader.latest().get(1)) or latest["step"] < LOSE_AFTER:
+        assert time.monotonic() < deadline, f"attempt 1 did not reach step {LOSE_AFTER}"
+        time.sleep(0.01)
+    for worker in node_workers(op, first.trigger.handle, 1):
+        os.kill(worker.pid, signal.SIGSTOP)
+
+    gone_wait = deferred(lambda: op.execute_complete(ctx, run_trigger(first.trigger)))
+    second = deferred(lambda: op.relaunch_when_gone(ctx, run_trigger(gone_wait.trigger)))
+    result = op.execute_complete(ctx, run_trigger(second.trigger))
+    job = store.get_json(layout.job)
+    cost = job["cost"]
+    assert [a["classification"] for a in job["attempts"]] == ["preempted", "succeeded"]
+    lost = job["attempts"][0]["steps_lost"]
+    assert lost >= LOSE_AFTER - 10 and result["steps_lost"] == lost
+
+    # independently: each lost step's seconds from its record's timestamp and the one before
+    steps = {r["step"]: r for r in MetricsReader(store, layout.run_uri).records() if r["attempt"] == 1}
+    last = max(steps)
+    resumed = store.get_json(layout.attempt(2))["resumed_from_step"]
+    assert resumed == 10 and last - lost == resumed
+    durations = {
+        s: steps[s]["time"] - steps[s - 1]["time"] - steps[s - 1].get("checkpoint_blocked_s", 0.0)
+        for s in range(2, last + 1)
+    }
+    measured = sum(durations[s] for s in range(resumed + 1, last + 1))
+    replayed = cost["attempts"][0]["seconds"]["replayed"]
+    assert replayed > 0
+    assert replayed == pytest.approx(measured, rel=0.05)  # steps_lost x their measured step time
+    assert cost["seconds"]["replayed"] == replayed  # attempt 2 replays them as productive steps
+    assert cost["lost_gpu_hours"] > replayed * 2 / 3600  # plus the interrupted attempt's startup and end
+    print(
+        f"\nreplayed e2e: {lost} steps lost after the step-10 checkpoint; replayed {replayed:.2f}s, "
+        f"measured {measured:.2f}s ({measured / lost:.3f} s/step, median step "
+        f"{median(durations.values()):.3f} s); goodput {cost['goodput']:.1%}"
+    )

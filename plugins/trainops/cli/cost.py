@@ -12,6 +12,8 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
+from trainops.cost.money import money
+
 if TYPE_CHECKING:
     from trainops.cost.accounting import RunCost
 
@@ -23,10 +25,6 @@ PHASE_LABELS = {
     "checkpoint_stall": "checkpoint stall",
     "shutdown": "shutdown",
 }
-
-
-def _money(value: float) -> str:
-    return f"${value:,.2f}" if abs(value) >= 0.01 or value == 0 else f"${value:.4f}"
 
 
 def render(cost: RunCost, run_uri: str, prices_from: str) -> str:
@@ -66,8 +64,8 @@ def render(cost: RunCost, run_uri: str, prices_from: str) -> str:
         lines.append(
             f"attempt {a['attempt']}: {a['outcome']}, {a['capacity']} {machine}, {a['accelerators']} "
             f"accelerator(s), {a['billed_gpu_s'] / 3600:.4f} GPU-hours billed at "
-            f"{_money(a['price']['per_gpu_hour'])}/GPU-hour [{sources.index(a['price']['source']) + 1}]: "
-            f"est. {_money(a['cost'])} (on-demand {_money(a['on_demand_cost'])})"
+            f"{money(a['price']['per_gpu_hour'])}/GPU-hour [{sources.index(a['price']['source']) + 1}]: "
+            f"est. {money(a['cost'])} (on-demand {money(a['on_demand_cost'])})"
         )
     goodput = "n/a (nothing billed)" if cost["goodput"] is None else f"{cost['goodput']:.1%}"
     recovery = ", ".join(f"{s:.1f}s" for s in cost["recovery_s"]) or "none (no interruption)"
@@ -79,9 +77,9 @@ def render(cost: RunCost, run_uri: str, prices_from: str) -> str:
         f"preemptions                               {cost['preemptions']}",
         f"recovery time (signal -> next first step) {recovery}",
         f"GPU-hours lost to interruptions           {cost['lost_gpu_hours']:.4f}",
-        f"estimated cost                            {_money(cost['cost'])}",
-        f"on-demand equivalent                      {_money(cost['on_demand_cost'])}",
-        f"estimated spot savings                    {_money(cost['savings'])}{share}",
+        f"estimated cost                            {money(cost['cost'])}",
+        f"on-demand equivalent                      {money(cost['on_demand_cost'])}",
+        f"estimated spot savings                    {money(cost['savings'])}{share}",
     ]
     lines += ["", "price sources:", *(f"[{i}] {source}" for i, source in enumerate(sources, 1))]
     if cost["notes"]:

@@ -1,9 +1,14 @@
 """The demo's closing summary: what a person wants to know after a retraining run.
 
-``collect`` reads storage (I/O); ``render`` is a pure function of what it collected.
+``collect`` reads storage (I/O); ``render`` is a pure function of what it collected. The cost
+lines come from the training task's result (``cost``, the run's bill as ``job.json`` records
+it, see :mod:`trainops.cost.accounting`), written with the one money rule
+(:func:`trainops.cost.money.money`) and labelled estimates.
 """
 
 from __future__ import annotations
+
+from trainops.cost.money import money
 
 
 def collect(store, root: str, results: dict, model_name: str) -> dict:
@@ -21,6 +26,29 @@ def collect(store, root: str, results: dict, model_name: str) -> dict:
     except NotFound:
         facts["production"] = None
     return facts
+
+
+def _cost_lines(cost: object) -> list[str]:
+    """Goodput, recovery time, GPU-hours and the estimated cost of the training run."""
+    if not isinstance(cost, dict) or not isinstance(cost.get("billed_gpu_hours"), int | float):
+        return ["cost             not recorded (the train task's log says why); no goodput either"]
+    goodput = cost.get("goodput")
+    recovery = [f"{s:.1f} s" for s in cost.get("recovery_s") or [] if isinstance(s, int | float)]
+    on_demand, savings = cost.get("on_demand_cost"), cost.get("savings")
+    share = (
+        f" ({savings / on_demand:.0%})"
+        if isinstance(savings, int | float) and isinstance(on_demand, int | float) and on_demand
+        else ""
+    )
+    return [
+        f"goodput          {'-' if not isinstance(goodput, int | float) else f'{goodput:.1%}'} "
+        f"(productive / billed GPU time); recovery {', '.join(recovery) or 'none (no interruption)'} "
+        "(signal to the next attempt's first step)",
+        f"GPU-hours        {cost['billed_gpu_hours']:.4f} billed, {cost.get('productive_gpu_hours', 0):.4f} "
+        f"productive, {cost.get('lost_gpu_hours', 0):.4f} lost to interruptions",
+        f"cost (estimate)  {money(cost.get('cost'))} spot, {money(on_demand)} on-demand equivalent: "
+        f"spot saved {money(savings)}{share}",
+    ]
 
 
 def render(facts: dict) -> str:
@@ -46,6 +74,7 @@ def render(facts: dict) -> str:
         )
         if train.get("final_loss") is not None:
             lines.append(f"final train loss {train['final_loss']:.4f}")
+        lines += _cost_lines(train.get("cost"))
     if ev:
         cand = ev["candidate"]
         line = f"eval loss        {cand['eval_loss']:.4f} (perplexity {cand['perplexity']:.2f}, {cand['tokens']:,} tokens)"

@@ -12,7 +12,10 @@ phases, so that they add up to it exactly:
 - ``productive``: the steps kept, each from the end of the step before it (and of that step's
   checkpoint stall) to its own end, as the metrics' ``time`` stamps say;
 - ``replayed``: the steps after the attempt's last committed checkpoint (``steps_lost``):
-  lost, and trained again by the next attempt;
+  lost, and trained again by the next attempt; lost steps that have no metrics record (the
+  trainer writes them every ``train.log_every`` steps, so an attempt killed between two reads
+  leaves its last steps unrecorded; its attempt record's ``last_step`` counts them) last the
+  attempt's median step time each, from its last recorded step on;
 - ``checkpoint_stall``: the loop blocked by a save (the records' ``checkpoint_blocked_s``);
 - ``shutdown``: the end of the loop to the attempt's end: the emergency checkpoint after
   SIGTERM, the final checkpoint and export of a finished run, or the time a failed or hung
@@ -33,6 +36,7 @@ from statistics import median
 from typing import Any, TypedDict
 
 from trainer.contract import MetricsRecord
+from trainops.cost.money import money
 from trainops.cost.prices import CAPACITY_KINDS, Priced, PriceTable, price_of
 from trainops.recovery.record import AttemptEntry, JobRecord
 
@@ -219,9 +223,7 @@ def _first_step_begins(
     if not steps:
         return None
     first_end = epoch(steps[0]["time"]) or start
-    times = [epoch(r["time"]) or 0.0 for r in steps]
-    gaps = [b - a - _blocked(r) for a, b, r in zip(times, times[1:], steps, strict=False)]
-    typical = median(gaps) if gaps else None
+    typical = _median_step(steps)
     recorded = epoch((entry.get("record") or {}).get("first_step_time"))
     if recorded is not None:
         took = max(0.0, first_end - recorded)
@@ -233,6 +235,14 @@ def _first_step_begins(
             f"lasted its median step time ({counted:.2f}s)"
         )
     return min(max(start, first_end - counted), first_end)
+
+
+def _median_step(steps: list[MetricsRecord]) -> float | None:
+    """The attempt's median step time, from one step's end (after its save's stall) to the
+    next one's; None with fewer than two steps."""
+    times = [epoch(r["time"]) or 0.0 for r in steps]
+    gaps = [b - a - _blocked(r) for a, b, r in zip(times, times[1:], steps, strict=False)]
+    return median(gaps) if gaps else None
 
 
 def _interrupted_at(entry: AttemptEntry, steps: list[MetricsRecord], end: float) -> float:
@@ -275,7 +285,12 @@ def account_attempt(
         first = _first_step_begins(entry, steps, start, notes)
         record = entry.get("record") or {}
         lost = int(entry.get("steps_lost") or record.get("steps_lost") or 0)
-        kept_up_to = int(steps[-1]["step"]) - lost if steps else 0
+        logged = int(steps[-1]["step"]) if steps else 0
+        # The trainer writes its step records every train.log_every steps: the steps an
+        # interrupted attempt trained after its last read have its record's word, not a record.
+        said = record.get("last_step")
+        last = said if isinstance(said, int) and not isinstance(said, bool) and said > logged else logged
+        kept_up_to = last - lost
         if first is None:  # no step: a signal during setup starts the shutdown
             signal = epoch(record.get("signal_time"))
             timeline.add("startup", start, signal if signal is not None else end)
@@ -287,6 +302,15 @@ def account_attempt(
                 timeline.add("productive" if step["step"] <= kept_up_to else "replayed", begin, t)
                 begin = t + _blocked(step)
                 timeline.add("checkpoint_stall", t, begin)
+            unlogged = min(last - logged, lost)
+            typical = _median_step(steps)
+            if unlogged and typical is not None:
+                timeline.add("replayed", begin, begin + unlogged * typical)
+                notes.append(
+                    f"attempt {n}: its last {unlogged} lost step(s), after step {logged}, have no metrics "
+                    f"record (they are written every train.log_every steps): billed as replayed at its "
+                    f"median step time ({typical:.2f}s)"
+                )
         timeline.add("shutdown", timeline.spans[-1]["end"] if timeline.spans else start, end)
     seconds = timeline.seconds()
     billed_gpu_s = sum(seconds[p] for p in BILLED_PHASES) * accelerators
@@ -294,7 +318,7 @@ def account_attempt(
     on_demand = price_of(prices, instance_type, "on-demand")
     if not priced["known"] and billed_gpu_s:
         notes.append(
-            f"attempt {n}: {priced['source']}: priced at ${priced['per_gpu_hour']:.2f}/GPU-hour {capacity}"
+            f"attempt {n}: {priced['source']}: priced at {money(priced['per_gpu_hour'])}/GPU-hour {capacity}"
         )
     cost: AttemptCost = {
         "attempt": n,

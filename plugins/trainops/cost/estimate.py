@@ -20,6 +20,7 @@ from trainer import flops
 from trainer.config import Config, accumulation_steps
 from trainer.contract import MetricsRecord, metrics_by_step
 from trainer.presets import PRESETS, ModelArgs, non_embedding_params
+from trainops.cost.money import money
 
 if TYPE_CHECKING:
     from trainops.cost.prices import Priced, PriceTable
@@ -343,7 +344,7 @@ def estimate_run(
         )
     spot, on_demand = price_of(prices, instance_type, "spot"), price_of(prices, instance_type, "on-demand")
     for capacity_name, priced in (("spot", spot), ("on-demand", on_demand)):
-        said.append(f"{capacity_name}: ${priced['per_gpu_hour']:.2f}/GPU-hour ({priced['source']})")
+        said.append(f"{capacity_name}: {money(priced['per_gpu_hour'])}/GPU-hour ({priced['source']})")
     if not gpus_per_node:
         said.append("CPU nodes: each node is priced as one accelerator")
     said.append(
@@ -377,10 +378,6 @@ def estimate_run(
     }
 
 
-def _money(value: float) -> str:
-    return f"${value:,.2f}" if value >= 0.01 or value == 0 else f"${value:.2g}"
-
-
 def _number(value: float) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.3g}" if value >= 0.001 else f"{value:.1e}"
 
@@ -407,7 +404,7 @@ def estimate_lines(estimate: Estimate) -> list[str]:
             head,
             f"  {estimate['steps']:,} steps x {_number(step_s)} s/step ({estimate['step_time_source']}) = "
             f"{_duration(hours * 3600)} on {shape} = {_number(gpu_hours)} GPU-hours",
-            f"  spot {_money(spot)}, on-demand {_money(on_demand)}: spot saves {_money(on_demand - spot)} "
+            f"  spot {money(spot)}, on-demand {money(on_demand)}: spot saves {money(on_demand - spot)} "
             f"({saved}) if no preemption comes",
         ]
     return lines + [f"  - {line}" for line in estimate["assumptions"]]

@@ -25,8 +25,8 @@ it now.
 
 ``GET <base_url>/trainops/fleet[?limit=N][&dag=DAG]`` is the fleet page
 (:mod:`trainops.reports.fleet`): the last ``N`` runs of each DAG (default
-:data:`FLEET_DEFAULT_RUNS`, at most :data:`FLEET_MAX_RUNS`), found by listing
-``<root>/runs/`` of every root (:func:`find_runs`). Each ``job.json`` passes the checks every
+:data:`FLEET_DEFAULT_RUNS`, at most :data:`FLEET_MAX_RUNS`), found by listing every root
+(:func:`find_runs`): runs under a DAG's own storage root below a listed root are found too. Each ``job.json`` passes the checks every
 report does (under a root, no ``.`` segments, no symbolic link out, at most
 :data:`MAX_REPORT_BYTES`); one that fails them, or cannot be read, is a row saying why. The page
 needs website access, and shows only the DAGs whose task instances the user may read.
@@ -221,10 +221,13 @@ def check_report_uri(uri: str, roots: Sequence[str]) -> ReportTarget:
 
 
 def required_access(target: ReportTarget) -> str | None:
-    """The DAG whose task-instance read access the report needs, or None (website access)."""
+    """The DAG whose task-instance read access the report needs, or None (website access):
+    a report below ``runs/<dag_id>/``, whether under the root itself or under a DAG's own
+    storage root below it (``team-a/runs/<dag_id>/...``, see :mod:`trainops.cost.runs`)."""
     parts = target.relative.split("/")
-    if len(parts) >= 3 and parts[0] == "runs" and parts[1]:
-        return parts[1]
+    for i, part in enumerate(parts[:-2]):
+        if part == "runs" and parts[i + 1]:
+            return parts[i + 1]
     return None
 
 
@@ -393,11 +396,16 @@ def fleet_dag(value: str) -> str | None:
 
 
 def _run_ids(target: ReportTarget) -> tuple[str, str, str] | None:
-    """``(dag_id, run_id, task_id)`` of ``runs/<dag>/<run>/<task>/job.json``, else None."""
-    parts = target.relative.split("/")
-    if len(parts) == 5 and parts[0] == "runs" and parts[4] == JOB_NAME and all(parts[1:4]):
-        return parts[1], parts[2], parts[3]
-    return None
+    """``(dag_id, run_id, task_id)`` of ``[<prefix>/]runs/<dag>/<run>/<task>/job.json``
+    (:func:`trainops.cost.runs.run_of`), else None; also None when the page's access check
+    would ask about another DAG (a ``runs`` folder inside a run), so a run is shown only to
+    those who may open its report."""
+    from trainops.cost.runs import run_of
+
+    run = run_of(target.relative)
+    if run is None or required_access(target) != run.dag_id:
+        return None
+    return run.dag_id, run.run_id, run.task
 
 
 def find_runs(
@@ -410,22 +418,21 @@ def find_runs(
 ) -> tuple[list[fleet.FleetRun], int, list[str]]:
     """``(runs, hidden DAGs, problems)``: the newest ``limit`` runs of each DAG under ``roots``.
 
-    A run is a ``runs/<dag>/<run>/<task>/job.json`` in a listing of ``<root>/runs/`` (or of
-    ``<root>/runs/<dag_id>/``). Each is checked as any report is (under its root, no ``.``
+    A run is a ``runs/<dag>/<run>/<task>/job.json`` in a listing of ``<root>``, at any depth
+    (:mod:`trainops.cost.runs`: a DAG's own storage root may lie below a listed one). Each is checked as any report is (under its root, no ``.``
     segment, no symbolic link out of the root) and read with the same byte cap; DAGs that
     ``may_read`` refuses are counted, not read. The newest are those whose ``job.json`` was
     written last (one HEAD each, for the :data:`FLEET_MAX_SCANNED` highest run ids of a DAG).
     A run that cannot be read is returned with the reason; a root that cannot be listed is a
     problem, and the other roots are still shown.
     """
-    from trainer.contract import join
     from trainer.storage import StorageError, StorageUnavailable
     from trainops.hooks.storage import storage_for
 
     problems: list[str] = []
     found: dict[str, tuple[Storage, ReportTarget, tuple[str, str, str]]] = {}
     for root in roots:
-        prefix = join(root, "runs", dag_id) if dag_id else join(root, "runs")
+        prefix = root
         storage = storage_for(root, aws_conn_id, outage_tolerance_s=OUTAGE_TOLERANCE_S)
         try:
             listed = storage.list(prefix)

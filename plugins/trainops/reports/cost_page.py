@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from trainer.contract import MetricsRecord
+from trainops.cost.money import money
 from trainops.reports.html import dicts, escape, table
 
 if TYPE_CHECKING:
@@ -31,7 +32,6 @@ __all__ = [
     "cost_table",
     "duration",
     "gpu_hours",
-    "money",
     "percent",
     "svg_timeline",
 ]
@@ -56,8 +56,8 @@ PHASE_LABELS = {
     "shutdown": "shutdown",
 }
 # The plot area of the timeline: left, top, width (pixels); each attempt is one row below top.
-TIMELINE_BOX = (140.0, 28.0, 564.0)
-_ROW_H, _BAR_H, _WIDTH = 26.0, 16.0, 720
+TIMELINE_BOX = (140.0, 28.0, 824.0)
+_ROW_H, _BAR_H, _WIDTH = 30.0, 20.0, 980
 # Tick spacings the time axis may use, in seconds: readable steps of a clock.
 _TICK_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
 _MAX_TICKS = 8
@@ -72,14 +72,6 @@ def _num(value: object) -> float | None:
 
 def _dict(value: object) -> dict[Any, Any]:
     return value if isinstance(value, dict) else {}
-
-
-def money(value: object) -> str:
-    """USD with cents (``$1,234.56``), or ``-`` for a missing value."""
-    amount = _num(value)
-    if amount is None:
-        return "-"
-    return f"-${-amount:,.2f}" if amount < 0 else f"${amount:,.2f}"
 
 
 def gpu_hours(value: object) -> str:
@@ -225,8 +217,8 @@ def _legend(y: float) -> str:
         )
         x += 22 + 6.2 * len(label)
     out.append(
-        f'<path d="M{x + 6:.1f} {y:.1f}l-5 -8h10z" fill="#000"/>'
-        f'<text class="legend" x="{x + 16:.1f}" y="{y:.1f}">preemption</text>'
+        f'<path d="M{x + 12:.1f} {y:.1f}l-5 -8h10z" fill="#000"/>'
+        f'<text class="legend" x="{x + 22:.1f}" y="{y:.1f}">preemption</text>'
     )
     return "".join(out)
 
@@ -234,68 +226,89 @@ def _legend(y: float) -> str:
 # ----------------------------------------------------------------------------- the table
 
 
-def _price_cell(attempt: dict[str, Any]) -> str:
+def _price_cells(attempt: dict[str, Any]) -> list[str]:
+    """The price per GPU-hour and where it comes from; flagged when no table knew the type."""
     price = _dict(attempt.get("price"))
     rate = _num(price.get("per_gpu_hour"))
-    text = f"{money(rate)}/GPU-hour" if rate is not None else "-"
     source = price.get("source")
-    if isinstance(source, str) and source:
-        text += f" ({source})"
-    cell = escape(text)
-    return cell if price.get("known") is not False else f'<span class="fail">{cell}</span>'
+    cells = [escape(f"{money(rate)}" if rate is not None else "-"), escape(source if source else "-")]
+    return cells if price.get("known") is not False else [f'<span class="fail">{c}</span>' for c in cells]
 
 
 _PHASE_COLUMNS = ("productive", "replayed", "startup", "checkpoint_stall", "shutdown", "queued")
 
 
+def _outcome(attempt: dict[str, Any]) -> str:
+    outcome = attempt.get("outcome", "-")
+    preempted = attempt.get("preempted") is True and outcome != "preempted"
+    return escape(outcome) + (" (preempted)" if preempted else "")
+
+
 def cost_table(cost: dict[str, Any]) -> str:
-    """The cost per attempt and in total, then the run's goodput, losses and savings (HTML)."""
+    """The run's goodput, losses and savings, then two tables per attempt and in total: the
+    wall time of each phase, and the money (HTML). Two narrow tables rather than one wide one,
+    so that both fit a laptop's window."""
     attempts = dicts(cost.get("attempts"))
-    header = [
-        "Attempt (billed)",
+    time_header = [
+        "Attempt (time by phase)",
         "Capacity",
         "Instance type",
         "GPUs",
         "Outcome",
-        *(escape(PHASE_LABELS[p].split(" (")[0].capitalize()) for p in _PHASE_COLUMNS),
+        *(escape(PHASE_LABELS[p][0].upper() + PHASE_LABELS[p][1:]) for p in _PHASE_COLUMNS),
+    ]
+    money_header = [
+        "Attempt (money)",
         "GPU-hours billed",
-        "Price (estimate)",
+        "Price per GPU-hour (estimate)",
+        "Price source",
         "Cost (estimate)",
         "On-demand equivalent (estimate)",
         "Savings (estimate)",
     ]
-    rows = []
+    time_rows, money_rows = [], []
     for i, a in enumerate(attempts):
         seconds = _dict(a.get("seconds"))
         cost_, on_demand = _num(a.get("cost")), _num(a.get("on_demand_cost"))
         billed = _num(a.get("billed_gpu_s"))
-        outcome = a.get("outcome", "-")
-        rows.append(
+        number = escape(a.get("attempt", i + 1))
+        time_rows.append(
             [
-                escape(a.get("attempt", i + 1)),
+                number,
                 escape(a.get("capacity", "-")),
                 escape(a.get("instance_type") or "unknown"),
                 escape(a.get("accelerators", "-")),
-                escape(outcome)
-                + (" (preempted)" if a.get("preempted") is True and outcome != "preempted" else ""),
+                _outcome(a),
                 *(escape(duration(seconds.get(p))) for p in _PHASE_COLUMNS),
+            ]
+        )
+        money_rows.append(
+            [
+                number,
                 escape(gpu_hours(billed / 3600 if billed is not None else None)),
-                _price_cell(a),
+                *_price_cells(a),
                 escape(money(cost_)),
                 escape(money(on_demand)),
                 escape(money(on_demand - cost_ if cost_ is not None and on_demand is not None else None)),
             ]
         )
     totals = _dict(cost.get("seconds"))
-    rows.append(
+    total = "<strong>Total</strong>"
+    time_rows.append(
         [
-            "<strong>Total</strong>",
+            total,
             "",
             "",
             "",
             escape(f"{len(attempts)} attempt(s)"),
             *(escape(duration(totals.get(p))) for p in _PHASE_COLUMNS),
+        ]
+    )
+    money_rows.append(
+        [
+            total,
             escape(gpu_hours(cost.get("billed_gpu_hours"))),
+            "",
             "",
             escape(money(cost.get("cost"))),
             escape(money(cost.get("on_demand_cost"))),
@@ -319,7 +332,7 @@ def cost_table(cost: dict[str, Any]) -> str:
         + "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in summary)
         + "</table>"
     )
-    return summary_html + table(header, rows)
+    return summary_html + table(time_header, time_rows) + table(money_header, money_rows)
 
 
 def _notes(cost: dict[str, Any]) -> str:
@@ -393,7 +406,7 @@ def cost_section(
     currency = cost.get("currency", "USD")
     caption = (
         f'<p class="muted">Every figure is an estimate, in {escape(currency)}: billed time as the '
-        "cluster saw it, priced as each attempt's Price column says; not an invoice."
+        "cluster saw it, priced as each attempt's Price source says; not an invoice."
         + (f" {escape(how)}" if how else "")
         + "</p>"
     )

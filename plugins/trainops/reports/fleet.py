@@ -11,7 +11,8 @@ runs (:func:`trainops.reports.app.find_runs`) and hands them here as :class:`Fle
 from collections.abc import Sequence
 from typing import Any, TypedDict
 
-from trainops.reports.cost_page import COST_FORMAT, gpu_hours, money, percent
+from trainops.cost.money import money
+from trainops.reports.cost_page import COST_FORMAT, gpu_hours, percent
 from trainops.reports.html import escape, page, report_link, table
 from trainops.reports.run_page import svg_line_chart
 
@@ -89,8 +90,11 @@ def _row(run: FleetRun) -> list[str]:
 def _trend(dag_id: str, runs: Sequence[FleetRun]) -> str:
     """Cost and goodput of the runs with a cost, oldest first (x: the run's place in the list)."""
     costs = [c for c, _ in map(_cost_of, reversed(runs)) if c is not None]
-    if not costs:
-        return ""
+    if len(costs) < 2:  # one point is no trend
+        return (
+            '<p class="muted">The trend charts of cost and goodput appear once the DAG has two runs '
+            "with a cost.</p>"
+        )
 
     def series(key: str, factor: float = 1.0) -> list[tuple[float, float]]:
         out = []
@@ -106,6 +110,7 @@ def _trend(dag_id: str, runs: Sequence[FleetRun]) -> str:
         y_label="USD",
         title=f"Cost per run of {dag_id}",
         height=200,
+        y_from_zero=True,
     )
     goodput_chart = svg_line_chart(
         [("goodput", series("goodput", 100.0))],
@@ -113,6 +118,7 @@ def _trend(dag_id: str, runs: Sequence[FleetRun]) -> str:
         y_label="goodput %",
         title=f"Goodput per run of {dag_id}",
         height=200,
+        y_from_zero=True,
     )
     return money_chart + goodput_chart
 

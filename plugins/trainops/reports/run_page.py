@@ -133,12 +133,14 @@ def svg_line_chart(
     x_label: str = "step",
     y_label: str = "loss",
     title: str = "",
+    y_from_zero: bool = False,
 ) -> str:
     """An inline SVG line chart: one polyline per ``(label, [(x, y), ...])`` series.
 
     Each series has its own colour and dash pattern and a dot at its first point (where an
     attempt starts, or resumes); a legend follows the plot. The axes span the data, labelled
-    with its minimum and maximum. Points with a non-finite coordinate are left out; with no
+    with its minimum and maximum; with ``y_from_zero`` the y axis starts at 0 (amounts and
+    shares, where a cut axis would make a small change look large). Points with a non-finite coordinate are left out; with no
     point at all the chart says "no data". No script, no external references.
     """
     series = [
@@ -162,7 +164,7 @@ def svg_line_chart(
         out.append(_svg_frame(box))
         out.append(_svg_text(left + box[2] / 2, top + box[3] / 2, "no data", "middle"))
         return "".join(out) + "</svg>"
-    x_dom, y_dom = _domain(xs), _domain(ys)
+    x_dom, y_dom = _domain(xs), _domain([0.0, *ys] if y_from_zero and min(ys) >= 0 else ys)
     out.append(_svg_axes(box, x_dom, y_dom, x_label, y_label))
 
     def at(x: float, y: float) -> tuple[float, float]:

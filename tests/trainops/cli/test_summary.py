@@ -23,6 +23,16 @@ TRAIN = {
     "steps_lost": 3,
     "final_loss": 2.51234,
     "run_uri": "file:///s/runs/trainops_demo/r1/train",
+    "cost": {  # the part of a RunCost (trainops.cost.accounting) that the summary shows
+        "goodput": 0.2793,
+        "recovery_s": [16.42],
+        "billed_gpu_hours": 0.02214,
+        "productive_gpu_hours": 0.00618,
+        "lost_gpu_hours": 0.00791,
+        "cost": 0.031,
+        "on_demand_cost": 0.0886,
+        "savings": 0.0576,
+    },
 }
 EVALUATE = {
     "candidate": {"eval_loss": 2.6, "perplexity": 13.46, "tokens": 4096},
@@ -58,6 +68,10 @@ def test_a_promoted_run_is_summed_up_line_by_line():
         "staged and validated",
         "training         40 steps in 2 attempt(s); preemptions survived 1, steps lost 3",
         "final train loss 2.5123",
+        "goodput          27.9% (productive / billed GPU time); recovery 16.4 s (signal to the next "
+        "attempt's first step)",
+        "GPU-hours        0.0221 billed, 0.0062 productive, 0.0079 lost to interruptions",
+        "cost (estimate)  $0.03 spot, $0.09 on-demand equivalent: spot saved $0.06 (65%)",
         "eval loss        2.6000 (perplexity 13.46, 4,096 tokens); production v1: 2.7000",
         "gate             approved (loss cap: pass, no regression: pass)",
         "promoted         demo-lm v2 (was v1)",
@@ -87,6 +101,16 @@ def test_a_rejected_candidate_promotes_nothing():
     assert "gate             REJECTED (loss cap: FAIL)" in text
     assert "promoted         nothing: the gate rejected the candidate" in text
     assert "production     " not in text
+
+
+def test_a_run_without_an_interruption_or_a_bill_says_so():
+    calm = {**TRAIN["cost"], "recovery_s": [], "cost": 0.0042, "on_demand_cost": 0.012, "savings": 0.0078}
+    text = render(facts(train={**TRAIN, "cost": calm}))
+    assert "recovery none (no interruption)" in text
+    assert "cost (estimate)  $0.0042 spot, $0.01 on-demand equivalent: spot saved $0.0078 (65%)" in text
+    unpriced = render(facts(train={**TRAIN, "cost": None}))
+    assert "cost             not recorded (the train task's log says why); no goodput either" in unpriced
+    assert "GPU-hours" not in unpriced
 
 
 def test_data_rejected_by_staging_trains_nothing():

@@ -361,3 +361,22 @@ def test_a_slow_first_step_is_warm_up_and_counts_as_startup_beyond_the_median_st
         queued=20, startup=40.5, productive=69.5, checkpoint_stall=4, shutdown=10
     )
     assert cost["recovery_s"] == pytest.approx([230.5 - 152.5])
+
+
+def test_lost_steps_without_a_metrics_record_are_replayed_at_the_median_step_time():
+    # The fixture's attempt 1 with its step records written every 25 steps: steps 51..60 were
+    # never read before the kill, so only the attempt record (last_step 60) knows of them.
+    job, metrics = one_preemption_job()
+    unlogged = [r for r in metrics if not (r["attempt"] == 1 and r["step"] > 50)]
+    cost = account(job, unlogged, FIXTURE_PRICES)
+    expected = one_preemption_cost()
+    assert cost["attempts"][0]["spans"] == expected["attempts"][0]["spans"]  # 144..154 replayed
+    assert cost["seconds"] == pytest.approx(expected["seconds"])
+    assert cost["goodput"] == pytest.approx(expected["goodput"])
+    assert cost["notes"] == [
+        "attempt 1: its last 10 lost step(s), after step 50, have no metrics record (they are written "
+        "every train.log_every steps): billed as replayed at its median step time (1.00s)"
+    ]
+    # half of them recorded: the recorded ones are timed by their records, the rest at the median
+    partly = [r for r in metrics if not (r["attempt"] == 1 and r["step"] > 55)]
+    assert account(job, partly, FIXTURE_PRICES)["attempts"][0]["spans"] == expected["attempts"][0]["spans"]

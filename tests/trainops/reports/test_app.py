@@ -452,6 +452,9 @@ def test_run_reports_name_their_dag():
     assert required_access(target) == "retrain"
     models = check_report_uri("s3://b/root/models/m/versions/1/card.json", ["s3://b/root"])
     assert required_access(models) is None
+    # a DAG's own storage root below the served one: its runs still need that DAG's access
+    nested = check_report_uri("s3://b/root/team-a/runs/secret/r1/train/eval/gate.json", ["s3://b/root"])
+    assert required_access(nested) == "secret"
 
 
 # ----------------------------------------------------------------------------- cost and the fleet
@@ -482,7 +485,7 @@ def _put_run(storage, root: str, dag: str, run: str, job: dict | bytes, mtime: f
 
 def test_run_report_draws_the_timeline_and_the_cost_table(api, root):
     from tests.trainops.cost.fixtures import one_preemption_cost, one_preemption_job
-    from trainops.reports.cost_page import money
+    from trainops.cost.money import money
 
     run_uri = join(root, "runs", "nightly", "scheduled_1", "train")
     storage = open_storage(root)
@@ -516,7 +519,7 @@ def _fleet_rows(html_text: str, dag: str) -> list[list[str]]:
 
 def test_fleet_page_over_a_folder_of_runs(api, root, tmp_path):
     from tests.trainops.cost.fixtures import one_preemption_cost
-    from trainops.reports.cost_page import money
+    from trainops.cost.money import money
 
     storage = open_storage(root)
     for i in (1, 2, 3):
@@ -528,6 +531,13 @@ def test_fleet_page_over_a_folder_of_runs(api, root, tmp_path):
     _put_run(storage, root, "nightly", "old", old, 500.0)
     _put_run(storage, root, "nightly", "broken", b"{", 2500.0)
     _put_run(storage, root, "adhoc", "a1", _costed_job(f"{root}/runs/adhoc/a1/train"), 100.0)
+    # a DAG whose own storage_root lies below the served root, with a mapped training task
+    team = join(root, "teams", "nlp")
+    nested = _put_run(storage, team, "nightly", "t1", _costed_job(f"{team}/runs/nightly/t1/train"), 1500.0)
+    storage.put_json(nested.replace("/train/job.json", "/train.3/job.json"), _costed_job(team))
+    os.utime(_split_path(nested.replace("/train/job.json", "/train.3/job.json")), (1400.0, 1400.0))
+    # not a run: a "runs" folder inside a run, which would name another DAG than its report's
+    storage.put_json(join(root, "runs", "nightly", "r1", "train", "runs", "x", "y", "z", "job.json"), {})
     # not runs: a checkpoint, a gate decision, a job.json at the wrong depth
     storage.put(join(root, "runs", "nightly", "r1", "train", "checkpoints", "step_1", "x.distcp"), b"x")
     storage.put_json(join(root, "runs", "nightly", "r1", "train", "eval", "gate.json"), {"approved": True})
@@ -551,6 +561,8 @@ def test_fleet_page_over_a_folder_of_runs(api, root, tmp_path):
         "r3 / train",
         "broken / train",
         "r2 / train",
+        "t1 / train",
+        "t1 / train.3",
         "r1 / train",
         "old / train",
     ]
@@ -574,8 +586,8 @@ def test_fleet_page_over_a_folder_of_runs(api, root, tmp_path):
         "0.169",
     ]
     assert [row[0] for row in _fleet_rows(html_text, "adhoc")] == ["a1 / train"]
-    assert Svg(html_text).svgs == 4  # a cost and a goodput trend per DAG
-    assert dict(page_tables(html_text)[0])["Runs with a cost"] == "4"
+    assert Svg(html_text).svgs == 2  # a cost and a goodput trend for nightly; adhoc has one run
+    assert dict(page_tables(html_text)[0])["Runs with a cost"] == "6"
 
     # each row links to the run's report, which the app serves
     href = re.search(r'href="(report\?uri=[^"]*r3[^"]*)"', html_text).group(1)
@@ -638,7 +650,7 @@ def test_fleet_page_during_a_storage_outage_names_it(api, faulty_s3_root, s3_fau
     response = fleet(api)
     assert response.status_code == 200
     assert (
-        f"storage is unavailable: listing '{faulty_s3_root}/runs' kept failing for 0.5 s, so its runs are "
+        f"storage is unavailable: listing '{faulty_s3_root}' kept failing for 0.5 s, so its runs are "
         "not shown; reload this page in a minute"
     ) in page_text(response.text)
     s3_faults.end_blackout()

@@ -20,12 +20,12 @@ from tests.trainops.cost.fixtures import (
     one_preemption_job,
 )
 from tests.trainops.reports.helpers import JOB_URI, page_tables, page_text, table_with
+from trainops.cost.money import money
 from trainops.reports.cost_page import (
     PHASE_COLOURS,
     TIMELINE_BOX,
     cost_section,
     duration,
-    money,
     svg_timeline,
 )
 from trainops.reports.run_page import render_run_report
@@ -152,32 +152,43 @@ def test_the_table_shows_the_run_costs_figures_labelled_as_estimates():
     assert summary["Cost (estimate)"] == money(cost["cost"])
     assert summary["Spot savings (estimate)"] == money(cost["savings"])
 
-    per_attempt = table_with(html, "Attempt (billed)")
-    assert per_attempt[0][5:11] == [
+    times = table_with(html, "Attempt (time by phase)")
+    assert times[0][5:] == [
         "Productive",
         "Replayed",
         "Startup",
         "Checkpoint stall",
         "Shutdown",
-        "Queued",
+        "Queued (not billed)",
     ]
-    for row, attempt in zip(per_attempt[1:3], cost["attempts"], strict=True):
+    money_rows = table_with(html, "Attempt (money)")
+    assert money_rows[0][1:] == [
+        "GPU-hours billed",
+        "Price per GPU-hour (estimate)",
+        "Price source",
+        "Cost (estimate)",
+        "On-demand equivalent (estimate)",
+        "Savings (estimate)",
+    ]
+    for row, paid, attempt in zip(times[1:3], money_rows[1:3], cost["attempts"], strict=True):
         assert row[:5] == [str(attempt["attempt"]), "spot", "p4d.24xlarge", "8", attempt["outcome"]]
-        assert row[5:11] == [
+        assert row[5:] == [
             duration(attempt["seconds"][p])
             for p in ("productive", "replayed", "startup", "checkpoint_stall", "shutdown", "queued")
         ]
-        assert row[11] == f"{attempt['billed_gpu_s'] / 3600:,.3f}"
-        assert row[12] == f"${P4D_SPOT / 8:,.2f}/GPU-hour ({P4D_SOURCE})"
-        assert row[13:] == [
+        assert paid == [
+            str(attempt["attempt"]),
+            f"{attempt['billed_gpu_s'] / 3600:,.3f}",
+            f"${P4D_SPOT / 8:,.2f}",
+            P4D_SOURCE,
             money(attempt["cost"]),
             money(attempt["on_demand_cost"]),
             money(attempt["on_demand_cost"] - attempt["cost"]),
         ]
-    assert per_attempt[1][5:11] == ["50.0 s", "10.0 s", "60.0 s", "4.0 s", "6.0 s", "30.0 s"]
-    assert per_attempt[3][0] == "Total"
-    assert per_attempt[3][13:] == [money(SPOT_COST), money(ON_DEMAND_COST), money(ON_DEMAND_COST - SPOT_COST)]
-    assert per_attempt[3][5:11] == ["120.0 s", "10.0 s", "100.0 s", "8.0 s", "16.0 s", "50.0 s"]
+    assert times[1][5:] == ["50.0 s", "10.0 s", "60.0 s", "4.0 s", "6.0 s", "30.0 s"]
+    assert times[3][0] == "Total" and money_rows[3][0] == "Total"
+    assert money_rows[3][4:] == [money(SPOT_COST), money(ON_DEMAND_COST), money(ON_DEMAND_COST - SPOT_COST)]
+    assert times[3][5:] == ["120.0 s", "10.0 s", "100.0 s", "8.0 s", "16.0 s", "50.0 s"]
 
 
 def test_hostile_names_and_notes_are_escaped_and_an_unknown_price_is_flagged():
@@ -190,13 +201,10 @@ def test_hostile_names_and_notes_are_escaped_and_an_unknown_price_is_flagged():
     html = cost_section(job, metrics)
     assert "<script" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
-    row = table_with(html, "Attempt (billed)")[1]
-    assert (
-        row[0] == ATTACK
-        and row[2] == ATTACK
-        and row[12] == f"$2.50/GPU-hour (default per-GPU-hour ({ATTACK}))"
-    )
-    assert '<span class="fail">$2.50/GPU-hour' in html
+    row = table_with(html, "Attempt (time by phase)")[1]
+    assert row[0] == ATTACK and row[2] == ATTACK
+    assert table_with(html, "Attempt (money)")[1][2:4] == ["$2.50", f"default per-GPU-hour ({ATTACK})"]
+    assert '<span class="fail">$2.50</span>' in html
     assert f"Notes: {ATTACK}: unknown instance type, priced at the default $2.50/GPU-hour" in page_text(html)
     assert Timeline(svg_timeline(job["cost"])).rects[0]["data-attempt"] == ATTACK
 

@@ -56,13 +56,16 @@ def test_each_dag_shows_its_newest_runs_with_their_figures_and_a_trend():
     ]
     assert 'href="report?uri=file%3A%2F%2F%2Fr%2Fruns%2Fnightly%2Fr4%2Ftrain%2Fjob.json"' in html
 
-    # per DAG a cost chart (spot and on-demand, oldest to newest) and a goodput chart
+    # per DAG with two runs or more a cost chart (spot and on-demand, oldest to newest) and a
+    # goodput chart, both from zero; a DAG with one run says why it has none
     charts = Svg(html)
-    assert charts.svgs == 4
-    spot = [points for name, points in charts.lines if name == "cost (spot, estimate)"]
-    assert [len(points) for points in spot] == [1, 3]
-    nightly_spot = spot[1]
+    assert charts.svgs == 2
+    assert "The trend charts of cost and goodput appear once the DAG has two runs with a cost." in text
+    assert text.index("appear once the DAG") < text.index("nightly")  # under adhoc
+    [nightly_spot] = [points for name, points in charts.lines if name == "cost (spot, estimate)"]
+    assert len(nightly_spot) == 3
     assert nightly_spot[0][1] > nightly_spot[1][1] > nightly_spot[2][1]  # r2 < r3 < r4: rising (y down)
+    assert html.count('class="tick y-min">0</text>') == 2
 
     totals = dict(page_tables(html)[0])  # over the runs shown: adhoc's a1 and nightly's r2..r4
     assert totals["Runs with a cost"] == "4"

@@ -1,0 +1,252 @@
+"""Regenerate the screenshots in docs/reports.md: the demo run's report and the fleet page,
+as a real browser shows them when a user opens them in Airflow.
+
+    .venv/bin/python docs/img/screenshots.py [--demo-dir DIR] [--chromium /usr/bin/chromium]
+
+1. Runs the demo pipeline as ``make demo`` does (``python -m trainops demo``), twice (the
+   fleet page's trend needs two runs), with every folder (Airflow home, its SQLite database,
+   storage root, local cluster state) in a temporary folder, or in ``--demo-dir``, whose
+   finished demo runs count. The report shown is the newest run's.
+2. Starts Airflow's API server (``python -m airflow api-server``) on that home, with the
+   simple auth manager's ``all_admins`` switch so a headless browser needs no login; the
+   trainops plugin mounts the report app at ``/trainops`` as on any deployment.
+3. Opens ``/trainops/report?uri=<the run's job.json>`` and ``/trainops/fleet`` in headless
+   Chromium and writes ``docs/img/report.png`` and ``docs/img/fleet.png``, reduced to 64
+   colours with ImageMagick's ``convert`` when it is installed (the pages are flat colours, so
+   nothing visible is lost and each file stays well under 300 KB).
+
+Not a test: it needs Chromium and takes about three minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import zlib
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parents[2]
+OUT = Path(__file__).resolve().parent
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+]
+# (file, path under the API server, window width x height): tall enough for the section shown
+SHOTS = (("report.png", "report", (1280, 1380)), ("fleet.png", "fleet", (1280, 900)))
+
+
+def demo_env(demo_dir: Path) -> dict[str, str]:
+    """The environment of the demo and the API server: everything under ``demo_dir``."""
+    home = demo_dir / "airflow"
+    home.mkdir(parents=True, exist_ok=True)
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(PROJECT / "plugins"), str(PROJECT)]),
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+        "TRAINOPS_STORAGE_ROOT": f"file://{demo_dir / 'storage'}",
+        "TRAINOPS_LOCAL_STATE": str(demo_dir / "local"),
+    }
+
+
+def demo_jobs(demo_dir: Path) -> list[Path]:
+    """The ``job.json`` of each demo run under ``demo_dir``, oldest first."""
+    return sorted((demo_dir / "storage" / "runs" / "trainops_demo").glob("*/train/job.json"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(url: str, server: subprocess.Popen, timeout_s: float = 180.0) -> None:
+    """Until ``url`` answers 200; fails naming the URL when the server exits or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"the API server exited with {server.returncode} before {url} answered")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"{url} did not answer within {timeout_s:.0f} s")
+
+
+def shoot(chromium: str, url: str, target: Path, size: tuple[int, int]) -> None:
+    with tempfile.TemporaryDirectory() as profile:
+        subprocess.run(
+            [
+                chromium,
+                *CHROMIUM_FLAGS,
+                f"--user-data-dir={profile}",
+                f"--window-size={size[0]},{size[1]}",
+                f"--screenshot={target}",
+                url,
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=120,
+        )
+    before = target.stat().st_size
+    target.write_bytes(palette_png(target.read_bytes()))
+    print(
+        f"{target}: {before // 1024} KB from the browser, {target.stat().st_size // 1024} KB with a palette"
+    )
+
+
+# ----------------------------------------------------------------------------- PNG to 256 colours
+# No image library is among the project's dependencies, so the screenshots are reduced here with
+# zlib and numpy: decode the browser's 8-bit RGB(A) PNG, keep its 256 most frequent colours (a
+# page of flat colours and anti-aliased text has few that matter), map every other colour to the
+# nearest of them, and write an indexed PNG.
+
+
+def _chunks(data: bytes) -> list[tuple[bytes, bytes]]:
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ValueError("not a PNG file")
+    out, at = [], 8
+    while at < len(data):
+        (length,) = struct.unpack(">I", data[at : at + 4])
+        out.append((data[at + 4 : at + 8], data[at + 8 : at + 8 + length]))
+        at += 12 + length
+    return out
+
+
+def _unfilter(raw: bytes, width: int, height: int, bpp: int):
+    """The pixel bytes of a non-interlaced 8-bit PNG, its five row filters undone."""
+    import numpy as np
+
+    stride = width * bpp
+    rows = np.zeros((height, stride), dtype=np.uint8)
+    previous = np.zeros(stride, dtype=np.uint8)
+    for y in range(height):
+        start = y * (stride + 1)
+        kind, line = raw[start], np.frombuffer(raw, np.uint8, stride, start + 1)
+        if kind == 0:
+            row = line.copy()
+        elif kind == 1:  # Sub: a running sum per channel, modulo 256
+            row = (np.cumsum(line.reshape(width, bpp).astype(np.uint32), axis=0) % 256).astype(np.uint8)
+            row = row.reshape(stride)
+        elif kind == 2:  # Up
+            row = line + previous
+        else:  # Average (3) and Paeth (4) depend on the byte to the left: byte by byte
+            out, up = bytearray(line.tobytes()), previous.tobytes()
+            for i in range(stride):
+                a = out[i - bpp] if i >= bpp else 0
+                b = up[i]
+                if kind == 3:
+                    out[i] = (out[i] + (a + b) // 2) & 255
+                else:
+                    c = up[i - bpp] if i >= bpp else 0
+                    pa, pb, pc = abs(b - c), abs(a - c), abs(a + b - 2 * c)
+                    out[i] = (out[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+            row = np.frombuffer(bytes(out), np.uint8)
+        rows[y] = row
+        previous = row
+    return rows.reshape(height, width, bpp)
+
+
+def palette_png(data: bytes) -> bytes:
+    """``data`` (an 8-bit RGB or RGBA PNG, opaque) as an indexed PNG of at most 256 colours."""
+    import numpy as np
+
+    chunks = _chunks(data)
+    width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", chunks[0][1])
+    if depth != 8 or colour not in (2, 6) or interlace:
+        return data  # not what a browser writes: leave it as it is
+    raw = zlib.decompress(b"".join(body for kind, body in chunks if kind == b"IDAT"))
+    pixels = _unfilter(raw, width, height, 4 if colour == 6 else 3)[:, :, :3].reshape(-1, 3)
+    keys = (pixels[:, 0].astype(np.uint32) << 16) | (pixels[:, 1].astype(np.uint32) << 8) | pixels[:, 2]
+    colours, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
+    rgb = np.stack([(colours >> 16) & 255, (colours >> 8) & 255, colours & 255], axis=1).astype(np.int32)
+    kept = np.argsort(-counts, kind="stable")[:256]
+    nearest = np.empty(len(colours), dtype=np.uint8)
+    for start in range(0, len(colours), 4096):  # each colour to the closest kept one
+        block = rgb[start : start + 4096, None, :] - rgb[None, kept, :]
+        nearest[start : start + 4096] = np.argmin((block * block).sum(axis=2), axis=1)
+    index = nearest[inverse.reshape(-1)].reshape(height, width)
+    lines = np.zeros((height, width + 1), dtype=np.uint8)  # filter 0 before each row
+    lines[:, 1:] = index
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 3, 0, 0, 0)
+    return b"".join(
+        [
+            b"\x89PNG\r\n\x1a\n",
+            chunk(b"IHDR", header),
+            chunk(b"PLTE", rgb[kept].astype(np.uint8).tobytes()),
+            chunk(b"IDAT", zlib.compress(lines.tobytes(), 9)),
+            chunk(b"IEND", b""),
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--demo-dir", type=Path, help="a folder for the demo (reused when it holds a run)")
+    parser.add_argument("--chromium", default="/usr/bin/chromium")
+    parser.add_argument(
+        "--runs", type=int, default=2, help="demo runs to have (the fleet page's trend needs two)"
+    )
+    args = parser.parse_args(argv)
+    demo_dir = (args.demo_dir or Path(tempfile.mkdtemp(prefix="trainops-screenshots-"))).resolve()
+    env = demo_env(demo_dir)
+    while len(demo_jobs(demo_dir)) < args.runs:
+        before = len(demo_jobs(demo_dir))
+        subprocess.run([sys.executable, "-m", "trainops", "demo"], env=env, cwd=PROJECT, check=True)
+        if len(demo_jobs(demo_dir)) == before:
+            raise SystemExit(f"the demo wrote no training run under {demo_dir}")
+    job = demo_jobs(demo_dir)[-1]
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "airflow", "api-server", "--apps", "core", "-H", "127.0.0.1", "-p", str(port)],
+        env=env,
+        cwd=PROJECT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        wait_for(f"{base}/api/v2/monitor/health", server)
+        report = f"{base}/trainops/report?uri={urllib.parse.quote(job.as_uri(), safe='')}"
+        urls = {"report": report, "fleet": f"{base}/trainops/fleet"}
+        for name, path, size in SHOTS:
+            wait_for(urls[path], server)
+            shoot(args.chromium, urls[path], OUT / name, size)
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=30)
+    print(f"demo run: {job}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
