@@ -5,7 +5,8 @@ through the REST API (`POST /api/v2/dags/retrain_manual/dagRuns` with
 `{"logical_date": null, "conf": {"max_steps": 200}}`; docs/dags.md has a curl example).
 Every field has a default that runs on the embedded default: the demo dataset under the
 storage root (generated on first use), the tiny model, one CPU "node" on the local cluster,
-60 steps. Airflow checks the form against each field's schema when the run is triggered and
+60 steps, warm-started from the production model when there is one (**Warm start**: `auto`;
+`none` trains from random weights, or give a version URI). Airflow checks the form against each field's schema when the run is triggered and
 rejects a bad value naming the field; the `plan` task also refuses keys it does not know.
 
 **Tasks**: `plan` checks the settings and decides the training arguments; with **Dry run**

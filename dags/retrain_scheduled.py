@@ -7,10 +7,12 @@ active run at a time.
 touching code:
 
 - Airflow Variable `trainops_retrain` (JSON object), any of `dataset_uri`, `model_preset`,
-  `nodes`, `gpus_per_node`, `capacity`, `max_preemptions`, `lr`, `max_steps`, with the same
+  `nodes`, `gpus_per_node`, `capacity`, `max_preemptions`, `lr`, `max_steps`, `warm_start`, with the same
   meanings, limits and defaults as the `retrain_manual` form. Unset keys keep their defaults,
   which run on the embedded default: the demo dataset under the storage root (generated on
-  first use), the tiny model, one CPU "node", 60 steps. An unknown key or a bad value fails
+  first use), the tiny model, one CPU "node", 60 steps, and `warm_start` `auto`: training starts
+  from the production version of `retrain-lm` when there is one, else from random weights (the
+  `train` log says which; `none` always starts cold). An unknown key or a bad value fails
   the `plan` task, naming it. Example: `{"dataset_uri": "s3://raw/tickets/", "nodes": 4,
   "gpus_per_node": 8, "capacity": "spot-then-on-demand", "max_steps": 20000}`.
 - Connections: `aws_default` (an `aws` connection: keys, `endpoint_url`, `region_name`) for

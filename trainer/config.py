@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.presets import PRESETS
+from trainer.presets import PRESETS, ModelArgs
 
 
 class ConfigError(ValueError):
@@ -98,6 +98,23 @@ class ParallelConfig:
     replicate: str = "auto"
 
 
+# ``init.from``'s words; anything else must be a storage URI of a Hugging Face Llama folder.
+INIT_NONE = "none"
+INIT_AUTO = "auto"
+INIT_PRODUCTION = "production"
+INIT_SCHEMES = ("file://", "s3://")
+
+
+@dataclass
+class InitConfig:
+    # The weights a run starts from (docs/trainer.md, "Warm start"): none (random; the default),
+    # production or auto (the operator resolves them into a version URI before launch: the
+    # production version of its model_name; auto is none when there is none), or the URI of a
+    # folder in the Hugging Face Llama layout (a promoted version, a run's export). Weights only:
+    # the optimizer, step and schedule start fresh, and a committed checkpoint of the run wins.
+    from_: str = INIT_NONE
+
+
 @dataclass
 class Config:
     run_uri: str = ""
@@ -112,9 +129,27 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    init: InitConfig = field(default_factory=InitConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The config as nested keys, spelt as a config file holds them (``init.from``)."""
+        return _spelt(dataclasses.asdict(self))
+
+
+def key_name(attribute: str) -> str:
+    """A field's key in a config file: a Python keyword is an attribute with a trailing ``_``
+    (``from_``), written without it (``init.from``)."""
+    bare = attribute.removesuffix("_")
+    return bare if bare != attribute and keyword.iskeyword(bare) else attribute
+
+
+def attribute_name(key: str) -> str:
+    """The dataclass attribute of a key part (``from`` -> ``from_``): :func:`key_name`'s inverse."""
+    return f"{key}_" if keyword.iskeyword(key) else key
+
+
+def _spelt(data: dict[str, Any]) -> dict[str, Any]:
+    return {key_name(k): _spelt(v) if isinstance(v, dict) else v for k, v in data.items()}
 
 
 CHOICES = {
@@ -167,7 +202,7 @@ def all_keys() -> list[str]:
     for f in dataclasses.fields(Config):
         hint = _hint(Config, f.name)
         if dataclasses.is_dataclass(hint):
-            keys += [f"{f.name}.{sub.name}" for sub in dataclasses.fields(hint)]
+            keys += [f"{f.name}.{key_name(sub.name)}" for sub in dataclasses.fields(hint)]
         else:
             keys.append(f.name)
     return keys
@@ -224,10 +259,12 @@ def _apply(config: Config, data: object, source: str) -> None:
                 raise ConfigError(f"{name}: expected a mapping of {name}.* keys, got {value!r}")
             section = getattr(config, name)
             for sub, subvalue in value.items():
-                key = f"{name}.{sub}"
-                if str(sub) not in {f.name for f in dataclasses.fields(hint)}:
+                key, attribute = f"{name}.{sub}", attribute_name(str(sub))
+                if key_name(attribute) != str(sub) or attribute not in {
+                    f.name for f in dataclasses.fields(hint)
+                }:
                     raise _unknown(key)
-                setattr(section, str(sub), _coerce(key, subvalue, _hint(hint, str(sub))))
+                setattr(section, attribute, _coerce(key, subvalue, _hint(hint, attribute)))
         else:
             setattr(config, name, _coerce(name, value, hint))
 
@@ -236,7 +273,7 @@ def get_key(config: Config, key: str) -> Any:
     """The value at a dotted key (``train.lr``)."""
     obj: Any = config
     for part in key.split("."):
-        obj = getattr(obj, part)
+        obj = getattr(obj, attribute_name(part))
     return obj
 
 
@@ -269,7 +306,25 @@ def validate(config: Config) -> Config:
         builder_parts(config.model.builder)
     for key in AUTO_OR_COUNT:
         _auto_or_count(key, get_key(config, key))
+    init_source(config.init.from_)
     return config
+
+
+def init_source(value: str) -> str:
+    """The kind of an ``init.from`` value: ``none``, ``production`` (``auto`` and
+    ``production``, which the operator resolves) or ``uri``; ConfigError naming the value
+    otherwise. Pure: whether the folder exists and fits is checked before launch."""
+    if value == INIT_NONE:
+        return INIT_NONE
+    if value in (INIT_AUTO, INIT_PRODUCTION):
+        return INIT_PRODUCTION
+    if value.startswith(INIT_SCHEMES) and value.split("://", 1)[1].strip("/") and value.strip() == value:
+        return "uri"
+    raise ConfigError(
+        f"init.from: expected none, auto, production or the file:// or s3:// URI of a Hugging Face "
+        f"Llama folder (config.json and model.safetensors), got {value!r}; e.g. "
+        "init.from=s3://bucket/models/retrain-lm/versions/3/"
+    )
 
 
 def _auto_or_count(key: str, value: str) -> int | None:
@@ -307,7 +362,7 @@ def float_keys() -> list[str]:
     for key in all_keys():
         section, _, name = key.rpartition(".")
         owner = _hint(Config, section) if section else Config
-        if _hint(owner, name) is float:
+        if _hint(owner, attribute_name(name)) is float:
             floats.append(key)
     return floats
 
@@ -466,3 +521,41 @@ def resolved_eval_uris(config: Config) -> tuple[str, str]:
 
     layout = RunLayout(config.run_uri)
     return config.eval.model_uri or layout.export, config.eval.output_uri or layout.eval_metrics
+
+
+# ``ModelArgs`` fields as a Hugging Face Llama ``config.json`` names them (``trainer.hf.hf_config``
+# writes them; a test holds the two to the same names), for the check before a warm start.
+HF_SHAPE_KEYS = {
+    "vocab_size": "vocab_size",
+    "dim": "hidden_size",
+    "n_layers": "num_hidden_layers",
+    "n_heads": "num_attention_heads",
+    "kv_heads": "num_key_value_heads",
+    "hidden": "intermediate_size",
+}
+
+
+def check_init_fit(args: ModelArgs, source_config: Mapping[str, Any], source_uri: str) -> None:
+    """Raise ConfigError when the weights at ``source_uri`` (``init.from``), whose ``config.json``
+    is ``source_config``, cannot start the model ``args`` describes (the preset with the run's
+    vocabulary): another architecture, or any dimension that differs, named on both sides.
+    Pure and torch-free, so the operator refuses before launch and the trainer before loading."""
+    if source_config.get("model_type") != "llama":
+        raise ConfigError(
+            f"init.from={source_uri!r} holds a {source_config.get('model_type')!r} model, not a Llama one; "
+            "warm start loads the Hugging Face Llama layout only: set init.from to a Llama folder or none"
+        )
+    differ = []
+    for ours, theirs in HF_SHAPE_KEYS.items():
+        want = getattr(args, ours)
+        got = source_config.get(theirs)
+        if ours == "kv_heads" and got is None:  # HF's default: as many as the attention heads
+            got = source_config.get("num_attention_heads")
+        if got != want:
+            differ.append(f"{theirs} {got!r} in the source, {want!r} in the run")
+    if differ:
+        raise ConfigError(
+            f"init.from={source_uri!r} does not fit the run's model: {'; '.join(differ)}; pick the preset "
+            "(model.preset, model.vocab_size) the source was trained with, a source of this shape, or "
+            "init.from=none"
+        )

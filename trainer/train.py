@@ -45,6 +45,7 @@ from trainer.progress import progress_line
 from trainer.state import TrainState, checkpoint_states
 from trainer.step import apply_gradients, first_non_finite, forward_backward, read_losses
 from trainer.storage import Storage, open_storage, outage_tolerance
+from trainer.warm_start import warm_start
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -151,7 +152,8 @@ def _attempt_without_group(storage: Storage, layout: RunLayout, started_at: str)
 # --- setup ---------------------------------------------------------------------------------
 def setup(config: Config, env: parallel.DistEnv, attempt: Attempt) -> Training:
     """Raise the fence, build data, model, optimizer and checkpointer on every rank, then resume
-    from the newest committed checkpoint (``resume: auto``). The model is sharded over
+    from the newest committed checkpoint (``resume: auto``), or else load ``init.from``'s
+    weights (``trainer.warm_start``: each rank its own rows). The model is sharded over
     ``parallel.replicate``'s mesh (flat FSDP or HSDP) and, for a preset, never held whole by
     any rank (:func:`build_sharded_model`).
 
@@ -205,11 +207,12 @@ def setup(config: Config, env: parallel.DistEnv, attempt: Attempt) -> Training:
         on_commit=attempt.committed,
         attempt=attempt.number,
     )
-    if config.resume == "auto":
-        resumed = checkpointer.load_latest()
-        if resumed is not None:
-            attempt.resumed_from_step = attempt.checkpoint_step = resumed
-            log.info("resume: step %d, data cursor %d", state.step, state.cursor)
+    resumed = checkpointer.load_latest() if config.resume == "auto" else None
+    if resumed is not None:
+        attempt.resumed_from_step = attempt.checkpoint_step = resumed
+        log.info("resume: step %d, data cursor %d", state.step, state.cursor)
+    else:  # a committed checkpoint wins over init.from: a warm-started run resumes exactly
+        warm_start(config, model, built.args)
     attempt.last_step = state.step
     batches = _train_batches(config, env, data_storage, manifest, state, global_batch)
     metrics = (

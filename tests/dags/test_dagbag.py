@@ -63,6 +63,7 @@ def test_retrain_manual_has_no_schedule_and_the_form(bag):
         "max_preemptions",
         "lr",
         "max_steps",
+        "warm_start",
         "dry_run",
     }
     for key in dag.params:
@@ -97,6 +98,8 @@ def test_scheduled_plan_reads_the_variable_and_refuses_what_it_does_not_know(bag
     defaults = plan()
     assert defaults["dataset_uri"].endswith("/raw/demo-text")
     assert defaults["trainer_config"]["train"]["max_steps"] == 60
+    # scheduled retraining starts from production when there is one (the operator resolves auto)
+    assert defaults["trainer_config"]["init"] == {"from": "auto"}
 
     monkeypatch.setenv(
         "AIRFLOW_VAR_TRAINOPS_RETRAIN",
@@ -107,6 +110,7 @@ def test_scheduled_plan_reads_the_variable_and_refuses_what_it_does_not_know(bag
                 "gpus_per_node": 8,
                 "capacity": "spot-then-on-demand",
                 "max_steps": 20000,
+                "warm_start": "none",
             }
         ),
     )
@@ -115,6 +119,7 @@ def test_scheduled_plan_reads_the_variable_and_refuses_what_it_does_not_know(bag
     kwargs = chosen
     assert (kwargs["nodes"], kwargs["gpus_per_node"], kwargs["capacity"]) == (4, 8, "spot-then-on-demand")
     assert kwargs["trainer_config"]["train"]["max_steps"] == 20000
+    assert kwargs["trainer_config"]["init"] == {"from": "none"}
 
     monkeypatch.setenv("AIRFLOW_VAR_TRAINOPS_RETRAIN", json.dumps({"dry_run": True}))
     with pytest.raises(SettingsError, match=r"Variable trainops_retrain: unknown setting.*'dry_run'"):

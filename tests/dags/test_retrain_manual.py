@@ -46,6 +46,7 @@ def test_every_default_is_valid_and_runs_on_the_embedded_default(server_params, 
         "max_preemptions": 3,
         "lr": 0.003,
         "max_steps": 60,
+        "warm_start": "auto",
         "dry_run": False,
     }
     assert validate(
@@ -76,6 +77,8 @@ def test_every_default_is_valid_and_runs_on_the_embedded_default(server_params, 
         ("lr", 2.0),
         ("max_steps", 0),
         ("dry_run", "yes"),
+        ("warm_start", "latest"),  # not a word init.from knows
+        ("warm_start", "https://hf.co/model"),  # not file:// or s3://
     ],
 )
 def test_a_bad_value_is_refused_naming_the_field(server_params, field, value):

@@ -8,6 +8,7 @@ from trainer.config import (
     Config,
     ConfigError,
     accumulation_steps,
+    all_keys,
     builder_parts,
     check_data_fit,
     config_from_mapping,
@@ -311,3 +312,73 @@ def test_parallel_replicate_takes_auto_or_a_whole_number_and_must_divide_the_wor
             config_from_mapping({**MINIMAL, "parallel": {"replicate": bad}})
     with pytest.raises(ConfigError, match=r"parallel.replicate=3 does not divide the world size 16"):
         replicate_degree("3", 16, 8)
+
+
+# --- init.from (warm start) -------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "value, kind",
+    [
+        ("none", "none"),
+        ("production", "production"),
+        ("auto", "production"),
+        ("s3://bucket/models/retrain-lm/versions/3/", "uri"),
+        ("file:///runs/r1/export", "uri"),
+    ],
+)
+def test_init_from_takes_none_production_auto_or_a_folder_uri(value, kind, tmp_path):
+    from trainer.config import init_source
+
+    config = base(f"init.from={value}")
+    assert config.init.from_ == value and init_source(value) == kind
+    # written and read back as a config file spells it: init: {from: ...}
+    assert yaml.safe_load(dump_yaml(config))["init"] == {"from": value}
+    assert load_config(str(write_config(tmp_path / "c.yaml", **yaml.safe_load(dump_yaml(config))))) == config
+    assert get_key(config, "init.from") == value
+    assert config_from_mapping({**MINIMAL, "init": {"from": value}}).init.from_ == value
+
+
+def test_init_from_defaults_to_none_and_a_config_without_it_still_loads(tmp_path):
+    assert Config().init.from_ == "none"
+    assert load_config(str(write_config(tmp_path / "old.yaml", **MINIMAL))).init.from_ == "none"
+    assert "init.from" in all_keys()
+
+
+@pytest.mark.parametrize("value", ["prod", "http://host/model", "file://", "s3://", "/abs/path", " none"])
+def test_a_bad_init_from_names_the_value_and_the_choices(value):
+    with pytest.raises(
+        ConfigError,
+        match=rf"init.from: expected none, auto, production or the file:// or s3:// URI.*got {value!r}",
+    ):
+        base(f"init.from={value!r}")
+
+
+def test_init_from_is_spelt_without_the_attributes_underscore():
+    with pytest.raises(ConfigError, match=r"unknown key 'init.from_' \(did you mean 'init.from'\?\)"):
+        base("init.from_=none")
+
+
+def test_a_source_whose_shape_differs_is_named_on_both_sides():
+    from trainer.config import HF_SHAPE_KEYS, check_init_fit
+
+    args = PRESETS["tiny"].with_vocab(257)
+    same = {"model_type": "llama", **{theirs: getattr(args, ours) for ours, theirs in HF_SHAPE_KEYS.items()}}
+    check_init_fit(args, same, "s3://b/v/1")
+    check_init_fit(args, {k: v for k, v in same.items() if k != "num_key_value_heads"}, "s3://b/v/1")
+    with pytest.raises(
+        ConfigError, match=r"num_hidden_layers 4 in the source, 2 in the run; pick the preset"
+    ):
+        check_init_fit(args, {**same, "num_hidden_layers": 4}, "s3://b/v/1")
+    with pytest.raises(ConfigError, match=r"holds a 'gpt2' model, not a Llama one"):
+        check_init_fit(args, {**same, "model_type": "gpt2"}, "s3://b/v/1")
+
+
+def test_the_shape_keys_are_the_ones_the_export_writes():
+    from trainer import hf
+    from trainer.config import HF_SHAPE_KEYS
+
+    for preset in PRESETS.values():
+        written = hf.hf_config(preset, 64)
+        assert {theirs: written[theirs] for theirs in HF_SHAPE_KEYS.values()} == {
+            theirs: getattr(preset, ours) for ours, theirs in HF_SHAPE_KEYS.items()
+        }
+        assert hf.args_from_hf_config(written).kv_heads == preset.kv_heads

@@ -50,7 +50,10 @@ class FSDPTrainingOperator(ClusterJobOperator):
     :param dataset: the StageDatasetOperator result (its ``uri`` is the trainer's ``data_uri``)
         or a dataset version URI (``file:///abs/...`` or ``s3://bucket/...``). (templated)
     :param trainer_config: trainer settings, nested (``{"train": {"lr": 1e-3}}``) or dotted
-        (``{"train.lr": 1e-3}``); see ``python -m trainer train --help``. (templated)
+        (``{"train.lr": 1e-3}``); see ``python -m trainer train --help``. ``init.from``
+        ``production``/``auto`` is resolved here, before launch (docs/trainer.md, "Warm start"). (templated)
+    :param model_name: the registry model whose production version ``init.from: production``
+        (or ``auto``) starts from; None: those values are refused.
     :param nodes: number of nodes; each runs one torchrun agent. (templated)
     :param gpus_per_node: GPUs per node; 0 runs one CPU process per node (gloo). (templated)
     :param cluster: ``local`` (this host; the embedded default) or ``kubernetes``.
@@ -124,6 +127,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
         *,
         dataset: Any,
         trainer_config: dict[str, Any] | None = None,
+        model_name: str | None = None,
         nodes: int = 1,
         gpus_per_node: int = 0,
         cluster: str = "local",
@@ -164,7 +168,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
             **kwargs,
         )
         self.dataset = dataset
-        self.trainer_config = trainer_config or {}
+        self.trainer_config, self.model_name = trainer_config or {}, model_name
         self.nodes, self.gpus_per_node = nodes, gpus_per_node
         self.capacity, self.max_preemptions = capacity, max_preemptions
         self.max_infra_retries = as_int("max_infra_retries", max_infra_retries, minimum=0)
@@ -283,6 +287,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
     def execute(self, context: Any) -> Any:
         from trainer.config import dump_yaml
         from trainops.hooks.storage import storage_for
+        from trainops.operators import warm_start
         from trainops.operators.launch_plan import checked_run_config
         from trainops.operators.preflight import check_builder, check_fit, check_gpus, dataset_manifest
         from trainops.recovery.record import start_record
@@ -301,6 +306,15 @@ class FSDPTrainingOperator(ClusterJobOperator):
         manifest = dataset_manifest(storage_for(data_uri, self.aws_conn_id), data_uri)
         check_fit(config, manifest, world_size=settings.world_size)
         check_builder(config.model.builder, self.cluster, env=job_env)
+        config = warm_start.prepare(
+            config,
+            manifest,
+            model_name=self.model_name,
+            storage_root=self.storage_root,
+            store=store,
+            config_uri=layout.config,
+            storage_of=lambda uri: storage_for(uri, self.aws_conn_id),
+        )
         store.put(layout.config, dump_yaml(config).encode())
         self.log.info("trainer config written to %s", layout.config)
 

@@ -1,6 +1,6 @@
 """The retraining settings: one schema for the trigger form, the Variable and the run plan.
 
-Settings are the same nine keys wherever they come from: the ``retrain_manual`` form (DAG
+Settings are the same ten keys wherever they come from: the ``retrain_manual`` form (DAG
 params), or the ``trainops_retrain`` Variable for the unattended DAGs. Every key has a default
 that runs on the embedded default (``file://`` storage, the local cluster, a tiny model).
 
@@ -87,6 +87,20 @@ SETTINGS: dict[str, dict] = {
         "default": 60,
         "title": "Training steps",
         "description": "Optimizer steps, 1 to 1,000,000. The default trains the tiny model in seconds.",
+    },
+    "warm_start": {
+        "schema": {
+            "type": "string",
+            "pattern": r"^(auto|none|production|(file:///|s3://[^/\s]+/)\S+)$",
+            "maxLength": 2048,
+        },
+        "default": "auto",
+        "title": "Warm start",
+        "description": "The weights training starts from (the trainer's init.from): auto (the "
+        "production model when there is one, else random), production (it must exist), none "
+        "(random), or the file:/// or s3:// URI of a promoted version or any Hugging Face Llama "
+        "folder. Weights only: optimizer and schedule start fresh. Checked before launch: shape, "
+        "vocabulary and tokenizer must match the run's.",
     },
     "dry_run": {
         "schema": {"type": "boolean"},
@@ -185,11 +199,13 @@ def dataset_name_for(uri: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=-]", "_", name)
 
 
-def trainer_config(model_preset: str, lr: float, max_steps: int) -> dict:
+def trainer_config(model_preset: str, lr: float, max_steps: int, warm_start: str = "none") -> dict:
     """The trainer config for a retraining run: small batches of 64-token windows, bf16,
     a warmup of a tenth of the run (at most 100 steps), a checkpoint every quarter of the run
-    (every 10 to 200 steps), so a preemption costs at most that many steps."""
+    (every 10 to 200 steps), so a preemption costs at most that many steps; ``warm_start`` is
+    ``init.from`` (the training operator resolves ``auto`` and ``production``)."""
     return {
+        "init": {"from": warm_start},
         "precision": "bf16",
         "model": {"preset": model_preset},
         "train": {
@@ -212,7 +228,12 @@ def training_kwargs(settings: dict) -> dict:
         "gpus_per_node": settings["gpus_per_node"],
         "capacity": settings["capacity"],
         "max_preemptions": settings["max_preemptions"],
-        "trainer_config": trainer_config(settings["model_preset"], settings["lr"], settings["max_steps"]),
+        "trainer_config": trainer_config(
+            settings["model_preset"],
+            settings["lr"],
+            settings["max_steps"],
+            settings.get("warm_start", "none"),
+        ),
     }
 
 

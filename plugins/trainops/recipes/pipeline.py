@@ -60,6 +60,7 @@ def train_evaluate_gate_promote(stage, args, *, model: str, place: dict, **train
         capacity=args["capacity"],
         max_preemptions=args["max_preemptions"],
         trainer_config=args["trainer_config"],
+        model_name=model,  # init.from production/auto: this model's production version
         retries=0,
         **where,
         **train_options,

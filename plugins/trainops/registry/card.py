@@ -13,14 +13,19 @@ trainops version and the time. Keys (docs/promotion.md lists them with an exampl
 - ``gate``: the decision, its checks and their definitions, and any re-gates;
 - ``training``: steps, attempts, ``preemptions`` (also ``preemptions_survived``), steps lost;
 - ``training_cost``: what training the version cost (:func:`training_cost`, from the run's
-  ``job.json`` ``cost``), every figure an estimate; None for a run that recorded no cost.
+  ``job.json`` ``cost``), every figure an estimate; None for a run that recorded no cost;
+- ``lineage``: ``{"parent": {"name", "version", "uri"}}``, the weights the run started from
+  (its config's ``init.from``, as the training operator resolved it: :func:`parent_of`), or
+  ``{"parent": None}`` for a run from random weights. Each parent's card has its own, so the
+  chain of versions can be followed back to a cold start.
 
-Readers of earlier cards are unaffected: ``training_cost`` is a key they never read.
+Readers of earlier cards are unaffected: ``training_cost`` and ``lineage`` are keys they never read.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any
 
 from trainer.storage import NotFound, Storage
@@ -28,7 +33,10 @@ from trainops.registry.errors import PromotionError
 from trainops.registry.promotion import read_config_bytes
 from trainops.registry.regate import eval_basis
 
-__all__ = ["COST_KEYS", "build_card", "training_cost", "validation_summary"]
+__all__ = ["COST_KEYS", "build_card", "parent_of", "training_cost", "validation_summary"]
+
+# A promoted version's folder: <root>/models/<name>/versions/<v> (``trainer.contract.model_version_prefix``).
+_VERSION_URI = re.compile(r"/models/(?P<name>[^/]+)/versions/(?P<version>\d+)/?$")
 
 # The figures of the run's cost (``trainops.cost.accounting.RunCost``) that a card keeps; the
 # per-attempt timeline stays in the run's job.json.
@@ -90,6 +98,21 @@ def training_cost(storage: Storage, training: dict[str, Any]) -> dict[str, Any] 
     if not isinstance(cost, dict):
         return None
     return {"estimate": True, **{key: cost.get(key) for key in COST_KEYS}, "job_uri": job_uri}
+
+
+def parent_of(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The card's ``lineage.parent`` for a run's resolved ``config``: the model ``name`` and
+    ``version`` its ``init.from`` names (None for a folder that is not a promoted version, such
+    as another run's export), and the ``uri``; None when the run started from random weights."""
+    source = (config.get("init") or {}).get("from") if isinstance(config.get("init"), dict) else None
+    if not isinstance(source, str) or source in ("", "none"):
+        return None
+    match = _VERSION_URI.search(source)
+    return {
+        "name": match["name"] if match else None,
+        "version": int(match["version"]) if match else None,
+        "uri": source,
+    }
 
 
 def _read_config(storage: Storage, config_uri: str) -> tuple[bytes, dict[str, Any]]:
@@ -157,4 +180,5 @@ def build_card(
         "preemptions_survived": training.get("preemptions"),
         "steps": training.get("steps"),
         "training_cost": training_cost(storage, training),
+        "lineage": {"parent": parent_of(config)},
     }

@@ -91,3 +91,23 @@ def test_the_variable_is_checked_like_the_form(monkeypatch):
     monkeypatch.setenv("AIRFLOW_VAR_TRAINOPS_RETRAIN", json.dumps({"dry_run": True}))
     with pytest.raises(form.SettingsError, match=r"Variable trainops_retrain: unknown setting.*'dry_run'"):
         form.variable_settings(allowed=allowed)
+
+
+@pytest.mark.parametrize(
+    "warm", ["auto", "none", "production", "s3://models/retrain-lm/versions/3/", "file:///runs/r/export"]
+)
+def test_every_warm_start_the_form_accepts_is_an_init_from_the_trainer_accepts(warm):
+    settings = form.check_settings({"warm_start": warm}, source="test")
+    config = form.plan_run(settings)["trainer_config"]
+    assert config["init"] == {"from": warm}
+    resolve_trainer_config({"run_uri": "file:///r", "data_uri": "file:///d", **config}, 1)
+
+
+@pytest.mark.parametrize("warm", ["latest", "s3://", "file://relative", "https://hf.co/m", "none "])
+def test_a_warm_start_the_trainer_would_refuse_is_refused_by_the_form(warm):
+    with pytest.raises(form.SettingsError, match=r"test: warm_start=.* is invalid"):
+        form.check_settings({"warm_start": warm}, source="test")
+
+
+def test_unattended_runs_default_to_auto():
+    assert form.defaults()["warm_start"] == "auto"

@@ -205,3 +205,30 @@ def test_a_card_with_a_training_cost_still_reads_as_a_model_card(file_root):
     assert report_kind(uri, card) == "model_card"
     page = render_report(uri, json.dumps(card).encode())
     assert "Model card: m v3" in page and "training_cost" in page and "0.4724" in page
+
+
+def test_the_lineage_names_the_parent_version_a_run_started_from(file_root):
+    storage = open_storage(file_root)
+    parent = join(file_root, "models", "retrain-lm", "versions", "7")
+    warm = CONFIG + f"init:\n  from: {parent}/\n".encode()
+    card = build_card(storage, **upstream(file_root, storage, config=warm))
+    assert card["lineage"] == {"parent": {"name": "retrain-lm", "version": 7, "uri": f"{parent}/"}}
+    cold = build_card(storage, **upstream(file_root, storage, config=CONFIG + b"init:\n  from: none\n"))
+    assert cold["lineage"] == {"parent": None}
+    older = build_card(storage, **upstream(file_root, storage))  # a config from before init.from
+    assert older["lineage"] == {"parent": None}
+
+
+@pytest.mark.parametrize(
+    "source,parent",
+    [
+        ("s3://b/root/models/m/versions/12", {"name": "m", "version": 12}),
+        ("file:///r/runs/d/r1/train/export", {"name": None, "version": None}),
+        ("s3://b/models/m/versions/latest", {"name": None, "version": None}),
+    ],
+)
+def test_a_parent_that_is_not_a_promoted_version_keeps_its_uri_only(source, parent):
+    from trainops.registry.card import parent_of
+
+    assert parent_of({"init": {"from": source}}) == {**parent, "uri": source}
+    assert parent_of({"init": "none"}) is None and parent_of({}) is None

@@ -1,0 +1,162 @@
+"""Warm start before launch: ``production``/``auto`` resolved through the pointer, and the source's
+shape, vocabulary and tokenizer checked against the run, naming both sides, before anything is
+written or launched."""
+
+from types import SimpleNamespace
+
+import pytest
+import yaml
+from airflow.sdk.exceptions import TaskDeferred
+
+from tests.trainops.cluster.fake_backend import use_fake_cluster
+from tests.trainops.operators.helpers import staged_dataset
+from trainer.config import HF_SHAPE_KEYS
+from trainer.contract import RunLayout, join, model_version_prefix, production_pointer, run_prefix
+from trainer.presets import PRESETS
+from trainer.storage import open_storage
+from trainops.operators import FSDPTrainingOperator
+from trainops.operators.warm_start import check_tokenizer, resolve
+from trainops.registry.pointer import new_pointer
+from trainops.staging.tokenize import TOKENIZER
+
+MODEL = "retrain-lm"
+
+
+@pytest.fixture
+def cluster(monkeypatch):
+    return use_fake_cluster(monkeypatch)
+
+
+@pytest.fixture
+def context():
+    return {"ti": SimpleNamespace(dag_id="retrain", run_id="manual__1", task_id="train", map_index=-1)}
+
+
+def llama_folder(uri: str, *, preset: str = "tiny", vocab: int = TOKENIZER["vocab_size"], **info) -> str:
+    """A source folder's ``config.json`` (as ``trainer.hf.hf_config`` names the keys) and
+    ``export.json`` (``info``); no weights: the operator reads only these."""
+    args = PRESETS[preset].with_vocab(vocab)
+    config = {
+        "model_type": "llama",
+        **{theirs: getattr(args, ours) for ours, theirs in HF_SHAPE_KEYS.items()},
+    }
+    storage = open_storage(uri)
+    storage.put_json(join(uri, "config.json"), config)
+    if info:
+        storage.put_json(join(uri, "export.json"), info)
+    return uri
+
+
+def promote(root: str, version: int) -> str:
+    uri = model_version_prefix(root, MODEL, version)
+    entry = {"at": "2026-01-01T00:00:00+00:00", "action": "promote", "run_uri": None}
+    pointer = new_pointer(None, name=MODEL, version=version, version_uri=uri, entry=entry)
+    open_storage(root).put_json(production_pointer(root, MODEL), pointer)
+    return uri
+
+
+def operator(root: str, warm: str, **kw):
+    data = staged_dataset(f"{root.rsplit('/', 1)[0]}/data/datasets/demo/abc")
+    return FSDPTrainingOperator(
+        task_id="train",
+        dataset={"uri": data},
+        storage_root=root,
+        trainer_config={"train.max_steps": 10, "init.from": warm},
+        **kw,
+    )
+
+
+def written_init(root: str) -> str:
+    layout = RunLayout(run_prefix(root, "retrain", "manual__1", "train"))
+    return yaml.safe_load(open_storage(root).get(layout.config))["init"]["from"]
+
+
+# --- the pure decisions -------------------------------------------------------------------
+def test_resolve_each_value():
+    pointer = {"version": 4, "uri": "s3://b/r/models/m/versions/4"}
+    assert resolve("none", model_name="m", pointer=pointer, earlier=None)[0] == "none"
+    assert resolve("s3://b/x/", model_name=None, pointer=None, earlier=None)[0] == "s3://b/x/"
+    uri, said = resolve("production", model_name="m", pointer=pointer, earlier=None)
+    assert uri == pointer["uri"] and "production v4" in said
+    assert resolve("auto", model_name="m", pointer=pointer, earlier=None)[0] == pointer["uri"]
+    uri, said = resolve("auto", model_name="m", pointer=None, earlier=None)
+    assert uri == "none" and "no production version yet" in said
+    assert resolve("auto", model_name=None, pointer=None, earlier=None)[0] == "none"
+    # a retried task keeps what its first try resolved, though production moved since
+    assert resolve("production", model_name="m", pointer=pointer, earlier="file:///v/3")[0] == "file:///v/3"
+    with pytest.raises(ValueError, match=r"model 'm' has no production version yet; set init.from=auto"):
+        resolve("production", model_name="m", pointer=None, earlier=None)
+    with pytest.raises(ValueError, match=r"has no model_name: pass model_name"):
+        resolve("production", model_name=None, pointer=pointer, earlier=None)
+
+
+def test_a_tokenizer_mismatch_names_both_and_an_unknown_one_is_a_warning():
+    byte = dict(TOKENIZER)
+    assert check_tokenizer(byte, byte, source_uri="s", data_uri="d") is None
+    hf_tok = {"kind": "hf", "name": "gpt2", "vocab_size": 50257}
+    with pytest.raises(
+        ValueError, match=r"trained with tokenizer .*'hf'.* but dataset 'd' is tokenized with .*'byte'"
+    ):
+        check_tokenizer(hf_tok, byte, source_uri="s", data_uri="d")
+    assert "only its shapes and vocabulary were checked" in check_tokenizer(
+        None, byte, source_uri="s", data_uri="d"
+    )
+
+
+# --- the operator, before launch ------------------------------------------------------------
+def test_production_is_resolved_to_the_version_uri_in_the_written_config(file_root, cluster, context):
+    version = llama_folder(promote(file_root, 3), tokenizer=dict(TOKENIZER))
+    with pytest.raises(TaskDeferred):
+        operator(file_root, "production", model_name=MODEL).execute(context)
+    assert written_init(file_root) == version
+    promote(file_root, 4)  # production moves; a retry of the same run keeps its parent
+    llama_folder(model_version_prefix(file_root, MODEL, 4), tokenizer=dict(TOKENIZER))
+    cluster.live = []
+    with pytest.raises(TaskDeferred):
+        operator(file_root, "production", model_name=MODEL).execute(context)
+    assert written_init(file_root) == version
+
+
+def test_auto_without_production_trains_cold(file_root, cluster, context):
+    with pytest.raises(TaskDeferred):
+        operator(file_root, "auto", model_name=MODEL).execute(context)
+    assert written_init(file_root) == "none"
+
+
+@pytest.mark.parametrize(
+    "folder,message",
+    [
+        ({"preset": "small"}, r"hidden_size 768 in the source, 64 in the run"),
+        ({"vocab": 300}, r"vocab_size 300 in the source, 257 in the run"),
+        (
+            {"tokenizer": {"kind": "hf", "name": "gpt2", "vocab_size": 257}},
+            r"trained with tokenizer .*gpt2.* but dataset .* is tokenized with .*byte",
+        ),
+    ],
+)
+def test_a_source_that_does_not_fit_fails_before_anything_is_written_or_launched(
+    file_root, tmp_path, cluster, context, folder, message
+):
+    source = llama_folder((tmp_path / "source").as_uri(), **folder)
+    with pytest.raises(ValueError, match=message):
+        operator(file_root, source).execute(context)
+    assert cluster.launched == []
+    assert open_storage(file_root).list(file_root) == []
+
+
+def test_the_sources_tokenizer_is_its_datasets_when_its_export_names_none(
+    file_root, tmp_path, cluster, context
+):
+    other = staged_dataset((tmp_path / "other").as_uri(), vocab_size=300)
+    source = llama_folder((tmp_path / "source").as_uri(), data_uri=other)
+    with pytest.raises(ValueError, match=r"'vocab_size': 300.* is tokenized with .*'vocab_size': 257"):
+        operator(file_root, source).execute(context)
+    assert cluster.launched == []
+
+
+def test_a_missing_source_or_production_is_refused(file_root, tmp_path, cluster, context):
+    with pytest.raises(ValueError, match=r"holds no config.json"):
+        operator(file_root, (tmp_path / "nothing").as_uri()).execute(context)
+    with pytest.raises(ValueError, match=r"no production version yet"):
+        operator(file_root, "production", model_name=MODEL).execute(context)
+    assert cluster.launched == []
