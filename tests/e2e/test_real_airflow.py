@@ -52,6 +52,7 @@ PAYLOAD = {
     "max_preemptions": 1,
     "lr": 0.004,
     "max_steps": 20,
+    "warm_start": "auto",
     "dry_run": False,
 }
 

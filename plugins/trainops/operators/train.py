@@ -656,6 +656,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
         as it was, with a warning."""
         from trainer.contract import MetricsReader
         from trainops.cost.accounting import account
+        from trainops.cost.money import money
         from trainops.cost.prices import PRICES_VARIABLE, load_prices
 
         try:
@@ -670,12 +671,12 @@ class FSDPTrainingOperator(ClusterJobOperator):
             return job
         goodput = "-" if cost["goodput"] is None else f"{cost['goodput']:.1%}"
         self.log.info(
-            "estimated cost (prices: %s): $%.2f, on-demand $%.2f, savings $%.2f; %.3f GPU-hours "
+            "estimated cost (prices: %s): %s, on-demand %s, savings %s; %.3f GPU-hours "
             "billed, goodput %s; python -m trainops cost %s for the breakdown",
             sources,
-            cost["cost"],
-            cost["on_demand_cost"],
-            cost["savings"],
+            money(cost["cost"]),
+            money(cost["on_demand_cost"]),
+            money(cost["savings"]),
             cost["billed_gpu_hours"],
             goodput,
             layout.run_uri,

@@ -151,25 +151,24 @@ def last_run(storage: Storage, root: str, dag_id: str, task_id: str, config: Con
     """What the newest earlier run of ``dag_id`` that trained the same model as ``config``
     measured (:func:`trainops.cost.estimate.measure_run`), or None when there is none.
 
-    Finds the runs' ``job.json`` under ``<root>/runs/<dag_id>/<run>/<task_id>/`` (one listing
-    of the DAG's runs), newest first by their last attempt's launch or end; a run whose record
+    Finds the runs' ``job.json`` under ``<root>/.../runs/<dag_id>/<run>/<task_id>[.<map_index>]/``
+    (``trainops.cost.runs``: one listing of the DAG's runs), newest first by their last attempt's launch or end; a run whose record
     or config cannot be read, whose metrics pass :data:`MAX_METRICS_BYTES`, or hold no two
     consecutive steps, is passed over.
     """
     import yaml
 
     from trainer.config import ConfigError, config_from_mapping
-    from trainer.contract import MetricsReader, MetricsTooLarge, join, safe_segment
+    from trainer.contract import MetricsReader, MetricsTooLarge, safe_segment
     from trainer.storage import NotFound
     from trainops.cost.estimate import measure_run, same_model
+    from trainops.cost.runs import runs_below, task_matches
     from trainops.recovery.record import as_job_record
 
-    prefix = join(root, "runs", safe_segment(dag_id))
     task = safe_segment(task_id)
     found = []
-    for uri in storage.list(prefix):
-        parts = uri[len(prefix) + 1 :].split("/") if uri.startswith(prefix + "/") else []
-        if len(parts) != 3 or parts[1:] != [task, "job.json"]:
+    for uri, run in runs_below(storage, root, dag_id=safe_segment(dag_id)):
+        if not task_matches(run.task, task):
             continue
         try:
             job = as_job_record(storage.get_json(uri), uri)

@@ -122,12 +122,19 @@ def steps(attempt, first, last, start, seconds):
 
 
 def earlier_run(
-    root, run_id, *, preset="tiny", step_s=2.0, ended="2026-11-30T00:00:00+00:00", dag_id="retrain_manual"
+    root,
+    run_id,
+    *,
+    preset="tiny",
+    step_s=2.0,
+    ended="2026-11-30T00:00:00+00:00",
+    dag_id="retrain_manual",
+    task="train",
 ):
     """An earlier run's folder: config.yaml, job.json (1 node x 8 GPUs of p4d.24xlarge, preempted once
     after step 30 with its checkpoint at 20) and its metrics parts, every step ``step_s`` seconds."""
     storage = open_storage(root)
-    run_uri = run_prefix(root, dag_id, run_id, "train")
+    run_uri = run_prefix(root, dag_id, run_id, task)
     user = {**plan()["trainer_config"], "model": {"preset": preset}}
     config = checked_run_config(user, run_uri=run_uri, data_uri=f"{root}/datasets/tickets/v0", world_size=8)
     storage.put(join(run_uri, "config.yaml"), dump_yaml(config).encode())
@@ -204,6 +211,19 @@ def test_the_dry_run_estimates_from_the_last_run_of_the_same_dag_and_model(file_
         "  spot $3.33, on-demand $8.89: spot saves $5.56 (62%) if no preemption comes",
     ]
     assert open_storage(file_root).list(file_root) == before  # read, nothing written
+
+
+def test_a_mapped_train_task_counts_as_an_earlier_run_and_other_tasks_do_not(file_root, monkeypatch):
+    use_fake_cluster(monkeypatch)
+    mapped = earlier_run(file_root, "manual__3", step_s=3.0, ended="2026-11-30T00:00:00+00:00", task="train.2")
+    earlier_run(file_root, "manual__4", step_s=7.0, ended="2026-11-30T06:00:00+00:00", task="trainer")  # newer
+    run_plan = plan(nodes=1, gpus_per_node=8, max_steps=500)
+    report = dry_run_report(
+        run_plan, train_task(run_plan, file_root), dag_id="retrain_manual", run_id=RUN_ID
+    )
+    estimate = report["estimate"]
+    assert (estimate["step_s"], estimate["step_time_source"]) == (pytest.approx(3.0), "previous run")
+    assert mapped in estimate["assumptions"][2]
 
 
 def test_the_dry_run_estimates_from_flops_on_the_node_selectors_instance_type(file_root, monkeypatch):
