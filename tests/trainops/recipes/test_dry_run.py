@@ -215,12 +215,14 @@ def test_the_dry_run_estimates_from_the_last_run_of_the_same_dag_and_model(file_
 
 def test_a_mapped_train_task_counts_as_an_earlier_run_and_other_tasks_do_not(file_root, monkeypatch):
     use_fake_cluster(monkeypatch)
-    mapped = earlier_run(file_root, "manual__3", step_s=3.0, ended="2026-11-30T00:00:00+00:00", task="train.2")
-    earlier_run(file_root, "manual__4", step_s=7.0, ended="2026-11-30T06:00:00+00:00", task="trainer")  # newer
-    run_plan = plan(nodes=1, gpus_per_node=8, max_steps=500)
-    report = dry_run_report(
-        run_plan, train_task(run_plan, file_root), dag_id="retrain_manual", run_id=RUN_ID
+    mapped = earlier_run(
+        file_root, "manual__3", step_s=3.0, ended="2026-11-30T00:00:00+00:00", task="train.2"
     )
+    earlier_run(
+        file_root, "manual__4", step_s=7.0, ended="2026-11-30T06:00:00+00:00", task="trainer"
+    )  # newer
+    run_plan = plan(nodes=1, gpus_per_node=8, max_steps=500)
+    report = dry_run_report(run_plan, train_task(run_plan, file_root), dag_id="retrain_manual", run_id=RUN_ID)
     estimate = report["estimate"]
     assert (estimate["step_s"], estimate["step_time_source"]) == (pytest.approx(3.0), "previous run")
     assert mapped in estimate["assumptions"][2]
