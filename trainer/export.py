@@ -1,25 +1,34 @@
-"""Export: consolidated weights (bf16 by default) + model config under ``<run_uri>/export``; loading models back.
+"""Export: consolidated weights (bf16 by default), model config and tokenizer under ``<run_uri>/export``.
 
 A built-in preset is exported in the Hugging Face Llama layout, so
-``LlamaForCausalLM.from_pretrained(folder)`` loads it as is:
+``AutoModelForCausalLM.from_pretrained(folder)`` and ``AutoTokenizer.from_pretrained(folder)``
+load it as is (docs/promotion.md, "Serving a promoted version"):
 
-- ``config.json``: a ``LlamaConfig`` (``trainer.hf.hf_config``);
+- ``config.json``: a ``LlamaConfig`` (``trainer.hf.hf_config``) with the tokenizer's
+  ``bos_token_id`` / ``eos_token_id`` (and ``pad_token_id`` when it has one);
+- ``generation_config.json``: the same ids, ``max_length`` the trained context;
 - ``model.safetensors``: bf16 tensors (``export.dtype: fp32``: the trained fp32 weights bit for
-  bit) under HF names, q/k rows in HF's RoPE order;
+  bit) under HF names, q/k rows in HF's RoPE order; above ``export.max_shard_bytes`` (5 GiB)
+  ``model-0000i-of-0000N.safetensors`` files with ``model.safetensors.index.json``, as HF shards;
+- the tokenizer the dataset was staged with (``trainer.tokenizer_files``): ``tokenizer.json``,
+  ``tokenizer_config.json`` (and ``special_tokens_map.json``), found through the manifest at
+  ``data_uri``;
 - ``model_config.json``: what rebuilds our model (``ModelArgs`` fields, or a user builder's
   ``{"builder", "vocab_size", "seq_len"}``); a user model's weights keep its own names;
-- ``export.json``: step, data, run, precision, dtype, parameter count, layout.
+- ``export.json``: step, data, run, precision, dtype, parameter count, layout, weight files.
 
 Written at the end of ``train`` (every rank gathers one tensor at a time, rank 0 streams it
-into the file: no full copy of the model on one CPU) and by the ``export`` command (a single
-process, from the newest valid checkpoint). Both give the same bytes for the same checkpoint
-and dtype.
+into the file: no full copy of the model on one CPU, and one weight file on the local disk at a
+time) and by the ``export`` command (a single process, from the newest valid checkpoint). Both
+give the same bytes for the same checkpoint, dtype and size limit.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
+import re
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -33,10 +42,11 @@ from torch.distributed.tensor import DTensor
 
 from trainer import hf
 from trainer.contract import RunLayout, checkpoint_step_of, join
-from trainer.data import cache_dir
+from trainer.data import cache_dir, read_manifest
 from trainer.presets import ModelArgs
-from trainer.safetensors_writer import Entry, StreamWriter, ordered
-from trainer.storage import Storage
+from trainer.safetensors_writer import INDEX_FILE, SINGLE_FILE, Entry, ShardedWriter, ordered
+from trainer.storage import NotFound, Storage, open_storage
+from trainer.tokenizer_files import GENERATION_CONFIG, TokenizerFiles, generation_config, tokenizer_files
 
 if TYPE_CHECKING:
     from trainer.builder import BuiltModel
@@ -44,11 +54,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trainer.export")
 
-WEIGHTS = "model.safetensors"
+WEIGHTS = SINGLE_FILE
+WEIGHTS_INDEX = INDEX_FILE
 HF_CONFIG = "config.json"
 MODEL_CONFIG = "model_config.json"
 INFO = "export.json"
 DEFAULT_MAX_POSITIONS = 2048  # config.json's max_position_embeddings when the context is unknown
+DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3  # export.max_shard_bytes: HF's own default shard size
+# A weight file of an earlier export in this folder (removed when this one does not write it).
+_WEIGHT_FILE = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?$")
 
 
 def _spec_of(model: ModelArgs | BuiltModel) -> tuple[ModelArgs | None, dict[str, Any]]:
@@ -95,6 +109,8 @@ def write_export(
     precision: str,
     seq_len: int | None = None,
     dtype: str = "bf16",
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    tokenizer: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write the export folder, one tensor at a time; ``model`` is the preset's ``ModelArgs`` or a ``BuiltModel``.
 
@@ -106,14 +122,33 @@ def write_export(
     :param seq_len: the training context, ``max_position_embeddings`` in ``config.json``.
     :param dtype: ``export.dtype``: floating tensors are stored as ``bf16`` or ``fp32`` (the
         trained weights bit for bit); other dtypes are kept.
+    :param max_shard_bytes: ``export.max_shard_bytes``: above it the weights are split into
+        several files with an index; at or below it they are one ``model.safetensors``.
+    :param tokenizer: the manifest's tokenizer spec; by default read from ``data_uri``'s manifest.
+        Weights made outside a run (``data_uri`` empty, no ``tokenizer``) are exported without
+        tokenizer files or token ids: there is no dataset to say how text was tokenized.
     """
     args, spec = _spec_of(model)
     plan = _plan(state_dict, args, dtype)
+    context = int(seq_len or DEFAULT_MAX_POSITIONS)
+    # The tokenizer first: a missing or changed tokenizer fails before the weights are gathered.
+    tokens = _tokenizer_files(data_uri, tokenizer, context) if data_uri or tokenizer is not None else None
+    if tokens is None:
+        log.warning("export: no data_uri, so no tokenizer files and no token ids in config.json")
     with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
-        path = f"{tmp}/{WEIGHTS}"
-        with StreamWriter(path, plan.entries, metadata={"format": "pt"}) as writer:
+
+        def upload(path: str, name: str) -> None:
+            storage.upload_file(path, join(export_uri, name), move=True)
+
+        with ShardedWriter(
+            tmp, plan.entries, max_shard_bytes, metadata={"format": "pt"}, done=upload
+        ) as writer:
             _stream(state_dict, plan, writer)
-        storage.upload_file(path, join(export_uri, WEIGHTS))
+    if writer.index is not None:
+        storage.put_json(join(export_uri, WEIGHTS_INDEX), writer.index)
+    _remove_stale_weights(
+        storage, export_uri, keep={*writer.names, *([WEIGHTS_INDEX] if writer.index else [])}
+    )
     info = {
         "step": int(step),
         "data_uri": data_uri,
@@ -123,25 +158,53 @@ def write_export(
         "param_count": sum(math.prod(e.shape) for e in plan.entries),
         "layout": "hf-llama" if args is not None else "state-dict",
         "model": spec.get("builder", "llama"),
+        "weight_files": list(writer.names),
     }
+    for name, data in (tokens.files if tokens else {}).items():
+        storage.put(join(export_uri, name), data)
     if args is not None:
+        stored = str(plan.dtype).removeprefix("torch.")
         storage.put_json(
             join(export_uri, HF_CONFIG),
-            hf.hf_config(
-                args, seq_len or DEFAULT_MAX_POSITIONS, dtype=str(plan.dtype).removeprefix("torch.")
-            ),
+            hf.hf_config(args, context, dtype=stored, token_ids=tokens.ids.fields() if tokens else None),
         )
+        if tokens is not None:
+            storage.put_json(join(export_uri, GENERATION_CONFIG), generation_config(tokens.ids, context))
     storage.put_json(join(export_uri, MODEL_CONFIG), spec)
     storage.put_json(join(export_uri, INFO), info)
     log.info(
-        "export: step %d, %s parameters (%s layout, %s), written to %s",
+        "export: step %d, %s parameters (%s layout, %s, %d weight file(s)), written to %s",
         step,
         f"{info['param_count']:,}",
         info["layout"],
         dtype,
+        len(writer.names),
         export_uri,
     )
     return info
+
+
+def _tokenizer_files(data_uri: str, tokenizer: Mapping[str, Any] | None, context: int) -> TokenizerFiles:
+    """The tokenizer files for ``tokenizer`` or, by default, for the manifest at ``data_uri``."""
+    if tokenizer is None:
+        tokenizer = read_manifest(open_storage(data_uri), data_uri).get("tokenizer") or {}
+
+    def read(uri: str) -> bytes | None:
+        try:
+            return open_storage(uri).get(uri)
+        except NotFound:
+            return None
+
+    return tokenizer_files(tokenizer, context, read)
+
+
+def _remove_stale_weights(storage: Storage, export_uri: str, keep: set[str]) -> None:
+    """Delete weight files an earlier export left here that this one did not write (other sharding)."""
+    base = export_uri.rstrip("/")
+    for uri in storage.list(base):
+        name = uri[len(base) + 1 :]
+        if _WEIGHT_FILE.match(name) and name not in keep:
+            storage.delete(uri)
 
 
 def join_export(
@@ -151,7 +214,7 @@ def join_export(
     _stream(state_dict, _plan(state_dict, _spec_of(model)[0], dtype), None)
 
 
-def _stream(state_dict: Mapping[str, torch.Tensor], plan: _Plan, writer: StreamWriter | None) -> None:
+def _stream(state_dict: Mapping[str, torch.Tensor], plan: _Plan, writer: ShardedWriter | None) -> None:
     """Gather each tensor in file order and hand it to ``writer`` (None: only take part in the gathers)."""
     for entry in ordered(plan.entries):  # the same order on every rank: the gathers are collectives
         raw = plan.names[entry.name]
@@ -179,30 +242,46 @@ def _gathered(value: torch.Tensor, dtype: torch.dtype, keep: bool) -> torch.Tens
 def load_export(storage: Storage, export_uri: str) -> tuple[nn.Module, ModelArgs | None]:
     """``(model, args)`` from an export folder: an fp32 model in eval mode, ``args`` None for a user model.
 
-    A bf16 export loads into fp32 parameters exactly (every bf16 value is an fp32 value).
+    A bf16 export loads into fp32 parameters exactly (every bf16 value is an fp32 value). The
+    weights may be one ``model.safetensors`` or files listed by ``model.safetensors.index.json``.
 
     Also reads exports written before the HF layout (our own names) and plain HF Llama folders.
     """
     from trainer.builder import build_from_spec, build_preset
 
-    if storage.head(join(export_uri, WEIGHTS)) is None:
-        raise FileNotFoundError(
-            f"{export_uri} holds no {WEIGHTS}; point the model URI at an export folder "
-            f"(<run_uri>/export), a checkpoint (<run_uri>/checkpoints/step_<N>) or a run's "
-            f"checkpoints/ prefix (the newest committed one)"
-        )
+    files = weight_files(storage, export_uri)
     if storage.head(join(export_uri, MODEL_CONFIG)) is not None:
         built = build_from_spec(_json_object(storage, join(export_uri, MODEL_CONFIG)))
     else:
         built = build_preset(hf.args_from_hf_config(_json_object(storage, join(export_uri, HF_CONFIG))))
+    tensors: dict[str, torch.Tensor] = {}
     with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
-        path = f"{tmp}/{WEIGHTS}"
-        storage.download_file(join(export_uri, WEIGHTS), path)
-        tensors = load_file(path)
+        for name in files:  # one file on the local disk at a time
+            path = os.path.join(tmp, name)
+            storage.download_file(join(export_uri, name), path)
+            tensors.update(load_file(path))
+            os.remove(path)
     if built.args is not None and "model.embed_tokens.weight" in tensors:
         tensors = hf.from_hf_state_dict(tensors, built.args)
     built.model.load_state_dict(tensors)
     return built.model.eval(), built.args
+
+
+def weight_files(storage: Storage, export_uri: str) -> list[str]:
+    """The weight files of an export folder: the index's files when sharded, else ``model.safetensors``."""
+    index_uri = join(export_uri, WEIGHTS_INDEX)
+    if storage.head(index_uri) is not None:
+        weight_map = _json_object(storage, index_uri).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ValueError(f"{index_uri} has no weight_map; re-export the model")
+        return sorted(set(weight_map.values()))
+    if storage.head(join(export_uri, WEIGHTS)) is None:
+        raise FileNotFoundError(
+            f"{export_uri} holds no {WEIGHTS} (nor {WEIGHTS_INDEX}); point the model URI at an export "
+            f"folder (<run_uri>/export), a checkpoint (<run_uri>/checkpoints/step_<N>) or a run's "
+            f"checkpoints/ prefix (the newest committed one)"
+        )
+    return [WEIGHTS]
 
 
 def _json_object(storage: Storage, uri: str) -> dict[str, Any]:
@@ -272,8 +351,6 @@ def load_model(storage: Storage, model_uri: str) -> tuple[nn.Module, ModelArgs |
 
 def export_from_checkpoint(config: Config) -> dict[str, Any]:
     """The ``export`` command: newest valid checkpoint of ``config.run_uri`` -> ``<run_uri>/export``."""
-    from trainer.storage import open_storage
-
     storage = open_storage(config.run_uri)
     layout = RunLayout(config.run_uri)
     built, step, marker = load_checkpoint_model(storage, layout.checkpoints)
@@ -288,4 +365,6 @@ def export_from_checkpoint(config: Config) -> dict[str, Any]:
         precision=marker.get("precision", config.precision),
         seq_len=config.train.seq_len,
         dtype=config.export.dtype,
+        # export.max_shard_bytes joins ExportConfig with #16; a config without it takes HF's 5 GiB.
+        max_shard_bytes=int(getattr(config.export, "max_shard_bytes", DEFAULT_MAX_SHARD_BYTES)),
     )

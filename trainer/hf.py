@@ -12,6 +12,7 @@ both get the same reordering, so nothing else changes.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 import torch
 
@@ -116,10 +117,18 @@ def from_hf_state_dict(tensors: dict[str, torch.Tensor], args: ModelArgs) -> dic
     return out
 
 
-def hf_config(args: ModelArgs, max_position_embeddings: int, dtype: str = "float32") -> dict:
+def hf_config(
+    args: ModelArgs,
+    max_position_embeddings: int,
+    dtype: str = "float32",
+    token_ids: Mapping[str, int | None] | None = None,
+) -> dict:
     """``config.json`` for ``LlamaForCausalLM``.
 
     ``rope_theta`` is written both flat (transformers 4) and as ``rope_parameters`` (5).
+
+    :param token_ids: ``bos_token_id``, ``eos_token_id`` (and ``pad_token_id``) of the tokenizer;
+        without them ``LlamaConfig`` would assume Llama's own ids (1 and 2).
     """
     return {
         "architectures": ["LlamaForCausalLM"],
@@ -140,6 +149,7 @@ def hf_config(args: ModelArgs, max_position_embeddings: int, dtype: str = "float
         "attention_bias": False,
         "mlp_bias": False,
         "torch_dtype": dtype,
+        **(token_ids or {}),
     }
 
 

@@ -9,15 +9,20 @@ header length, a compact JSON header padded with spaces to a multiple of 8 bytes
 tensors back to back in header order. Entries are ordered by element size, largest first, then
 by name, as ``save_file`` orders them, so every tensor starts aligned to its element size; for
 one dtype the bytes equal ``save_file``'s.
+
+Above a size limit the tensors go to several files, as Hugging Face shards a checkpoint
+(:class:`ShardedWriter`): ``model-00001-of-0000N.safetensors`` and so on, each holding a run of
+the tensors in file order, with ``model.safetensors.index.json`` mapping every tensor to its file.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -124,5 +129,123 @@ class StreamWriter:
     def __exit__(self, *exc: object) -> None:
         if exc[0] is not None:
             self._file.close()
+        else:
+            self.close()
+
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def split_shards(entries: Iterable[Entry], max_bytes: int) -> list[list[Entry]]:
+    """``entries`` in file order, cut into runs of at most ``max_bytes`` tensor bytes each.
+
+    A tensor larger than the limit is a file of its own (a tensor is never split, as in HF).
+    """
+    if max_bytes < 1:
+        raise ValueError(f"the shard size limit must be a positive number of bytes, got {max_bytes}")
+    shards: list[list[Entry]] = [[]]
+    size = 0
+    for entry in ordered(entries):
+        if shards[-1] and size + entry.nbytes > max_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(entry)
+        size += entry.nbytes
+    return shards
+
+
+def shard_names(count: int) -> list[str]:
+    """The file names of ``count`` shards: ``model.safetensors`` alone, else HF's numbered names."""
+    if count == 1:
+        return [SINGLE_FILE]
+    return [f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
+
+
+def index_document(shards: list[list[Entry]], names: list[str]) -> dict[str, object]:
+    """``model.safetensors.index.json``: ``metadata.total_size`` (tensor bytes) and ``weight_map``."""
+    return {
+        "metadata": {"total_size": sum(e.nbytes for shard in shards for e in shard)},
+        "weight_map": {e.name: name for shard, name in zip(shards, names, strict=True) for e in shard},
+    }
+
+
+class ShardedWriter:
+    """Writes ``entries`` to files of at most ``max_bytes`` in ``folder``, one file at a time.
+
+    :meth:`write` takes the tensors in :func:`ordered` order, as :class:`StreamWriter` does;
+    each file is opened when its first tensor comes and handed to ``done(path, name)`` once its
+    last one is written (to upload and remove it), so the local disk holds one file at a time.
+
+    :param folder: a local folder for the file being written.
+    :param entries: every tensor of the model.
+    :param max_bytes: the size limit of one file's tensors.
+    :param metadata: each file's ``__metadata__``.
+    :param done: called with each finished file's local path and name.
+    """
+
+    def __init__(
+        self,
+        folder: str,
+        entries: Iterable[Entry],
+        max_bytes: int,
+        *,
+        metadata: dict[str, str] | None = None,
+        done: Callable[[str, str], None],
+    ):
+        self.shards = split_shards(entries, max_bytes)
+        self.names = shard_names(len(self.shards))
+        self._folder = folder
+        self._metadata = metadata
+        self._done = done
+        self._shard = 0
+        self._left = 0
+        self._writer: StreamWriter | None = None
+
+    @property
+    def index(self) -> dict[str, object] | None:
+        """The index document when the model takes several files; None for one file."""
+        return index_document(self.shards, self.names) if len(self.shards) > 1 else None
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        """Append the next tensor (in entries order) to its file."""
+        if self._writer is None:
+            if self._shard >= len(self.shards):
+                raise ValueError(f"tensor {name!r} is one more than the model's tensors the files declare")
+            entries = self.shards[self._shard]
+            self._writer = StreamWriter(self._path(), entries, self._metadata)
+            self._left = len(entries)
+        self._writer.write(name, tensor)
+        self._left -= 1
+        if not self._left:
+            self._writer.close()
+            self._writer = None
+            self._done(self._path(), self.names[self._shard])
+            self._shard += 1
+
+    def close(self) -> None:
+        """Raise if a declared tensor was never written (the files are then incomplete)."""
+        if self._writer is not None:
+            self._writer.close()  # raises, naming the first missing tensor
+        if self.shards == [[]]:  # a model without tensors: one file with a header only
+            StreamWriter(self._path(), [], self._metadata).close()
+            self._done(self._path(), self.names[0])
+            self._shard = 1
+        if self._shard != len(self.shards):
+            raise ValueError(
+                f"{len(self.shards) - self._shard} of {len(self.shards)} files were never written; "
+                f"the export is incomplete"
+            )
+
+    def _path(self) -> str:
+        return os.path.join(self._folder, self.names[self._shard])
+
+    def __enter__(self) -> ShardedWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is not None:
+            if self._writer is not None:
+                self._writer.__exit__(*exc)  # close the file, raise nothing over the error
         else:
             self.close()

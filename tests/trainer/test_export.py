@@ -18,6 +18,7 @@ from tests.trainer.helpers import REPO, run_config
 from trainer import export as export_module
 from trainer.builder import build_model
 from trainer.cli import main
+from trainer.data import DataError
 from trainer.export import load_checkpoint_model, load_export, write_export
 from trainer.hf import from_hf_state_dict, half_to_interleaved
 from trainer.model import Transformer
@@ -27,9 +28,12 @@ from trainer.storage import open_storage
 
 # Grouped-query attention, so q and k are permuted with different head counts.
 ARGS = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=97, rope_theta=500000.0)
+BYTE_TOKENIZER = {"kind": "byte", "vocab_size": 257, "eos_id": 256}  # the manifest's spec
 
 
 def export(tmp_path, model, args=ARGS, name="export", state_dict=None, **kwargs):
+    """Export ``model``; the tokenizer is given as the manifest holds it (``file:///d`` has none)."""
+    kwargs.setdefault("tokenizer", BYTE_TOKENIZER)
     uri = (tmp_path / name).as_uri()
     write_export(
         open_storage(uri),
@@ -70,8 +74,12 @@ def test_export_has_hf_names_and_llama_config(tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == [
         "config.json",
         "export.json",
+        "generation_config.json",
         "model.safetensors",
         "model_config.json",
+        "special_tokens_map.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
     ]
     tensors = load_file(folder / "model.safetensors")
     assert set(tensors) == hf_names(2) and all(t.dtype == torch.bfloat16 for t in tensors.values())
@@ -92,6 +100,15 @@ def test_export_has_hf_names_and_llama_config(tmp_path):
         "max_position_embeddings": 128,
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
+        "bos_token_id": 256,  # the byte tokenizer's EOS, which also starts every record but the first
+        "eos_token_id": 256,
+    }
+    assert "pad_token_id" not in config  # the byte tokenizer has none
+    assert json.loads((folder / "generation_config.json").read_text()) == {
+        "bos_token_id": 256,
+        "eos_token_id": 256,
+        "max_length": 128,
+        "do_sample": False,
     }
     info = json.loads((folder / "export.json").read_text())
     assert (info["step"], info["layout"], info["dtype"], info["param_count"]) == (
@@ -176,7 +193,8 @@ def test_user_model_exports_its_own_names_and_loads_through_its_builder(tmp_path
 def test_missing_export_says_what_to_point_at(tmp_path):
     uri = (tmp_path / "nothing").as_uri()
     with pytest.raises(
-        FileNotFoundError, match=f"{uri} holds no model.safetensors; point the model URI at an export"
+        FileNotFoundError,
+        match=re.escape(f"{uri} holds no model.safetensors (nor model.safetensors.index.json); point the"),
     ):
         load_export(open_storage(uri), uri)
 
@@ -222,6 +240,77 @@ def test_transformers_loads_the_bf16_export_in_bf16_or_upcast_to_the_same_logits
     tokens = torch.randint(0, 97, (2, 24))
     with torch.no_grad():
         torch.testing.assert_close(upcast(tokens).logits, rounded(model)(tokens), rtol=0, atol=1e-4)
+
+
+def test_above_the_size_limit_the_weights_are_hf_shards_with_an_index_that_every_reader_reads(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = rounded(Transformer(ARGS).eval())
+    one, _ = export(tmp_path, model, name="one", seq_len=64)
+    limit = 40_000  # bytes: the bf16 model is about 180 kB, its largest tensors 12 kB
+    folder, uri = export(tmp_path, model, name="many", seq_len=64, max_shard_bytes=limit)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    count = len(files)
+    assert count > 2 and files == [f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
+    assert not (folder / "model.safetensors").exists()
+    single = load_file(one / "model.safetensors")
+    parts = {name: load_file(folder / name) for name in files}
+    assert all(sum(t.nbytes for t in part.values()) <= limit for part in parts.values())
+    assert {k: name for name, part in parts.items() for k in part} == index["weight_map"]
+    merged = {k: v for part in parts.values() for k, v in part.items()}
+    assert merged.keys() == single.keys() and all(torch.equal(merged[k], v) for k, v in single.items())
+    assert index["metadata"]["total_size"] == sum(t.nbytes for t in single.values())
+    assert json.loads((folder / "export.json").read_text())["weight_files"] == files
+    tokens = torch.randint(0, 97, (2, 12))
+    with torch.no_grad():
+        expected = model(tokens)
+        torch.testing.assert_close(load_export(open_storage(uri), uri)[0](tokens), expected, rtol=0, atol=0)
+        hf_model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        torch.testing.assert_close(hf_model(tokens).logits, expected, rtol=0, atol=1e-4)
+    # Re-exported under the limit into the same folder: one file, and no shard of the last one left.
+    export(tmp_path, model, name="many", seq_len=64)
+    assert sorted(p.name for p in folder.glob("model*.safetensors*")) == ["model.safetensors"]
+    export(tmp_path, model, name="many", seq_len=64, max_shard_bytes=limit)
+    assert sorted(p.name for p in folder.glob("model*.safetensors*")) == [
+        *files,
+        "model.safetensors.index.json",
+    ]
+
+
+def test_the_tokenizer_comes_from_the_manifest_at_data_uri(tmp_path, dataset_uri):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    uri = (tmp_path / "export").as_uri()
+    write_export(
+        open_storage(uri),
+        uri,
+        Transformer(ARGS).state_dict(),
+        ARGS,
+        step=1,
+        data_uri=dataset_uri,
+        run_uri="file:///r",
+        precision="bf16",
+        seq_len=32,
+    )
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "export")
+    assert tokenizer.encode("[news] a dog eats.") == list(b"[news] a dog eats.")
+    assert (tokenizer.eos_token_id, tokenizer.model_max_length) == (256, 32)
+    # Weights made outside a run (no dataset): no tokenizer to ship, and config.json says no ids.
+    bare = (tmp_path / "bare").as_uri()
+    write_export(open_storage(bare), bare, {}, ARGS, step=0, data_uri="", run_uri="", precision="fp32")
+    assert sorted(p.name for p in (tmp_path / "bare").iterdir()) == [
+        "config.json",
+        "export.json",
+        "model.safetensors",
+        "model_config.json",
+    ]
+    assert "eos_token_id" not in json.loads((tmp_path / "bare" / "config.json").read_text())
+    missing = (tmp_path / "no-dataset").as_uri()
+    with pytest.raises(DataError, match=f"data_uri '{missing}' holds no manifest.json"):
+        write_export(
+            open_storage(uri), uri, {}, ARGS, step=1, data_uri=missing, run_uri="file:///r", precision="bf16"
+        )
 
 
 def _world_of_one():

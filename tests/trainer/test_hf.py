@@ -65,3 +65,14 @@ def test_clean_name_drops_every_wrapper_segment():
     )
     assert clean_name("_orig_mod.layers.1._fsdp_wrapped_module.ffn.w1.weight") == "layers.1.ffn.w1.weight"
     assert clean_name("tok_embeddings.weight") == "tok_embeddings.weight"
+
+
+def test_the_config_carries_the_tokenizers_ids_so_llama_defaults_never_apply():
+    transformers = pytest.importorskip("transformers")
+    ids = {"bos_token_id": 256, "eos_token_id": 256}
+    config = hf_config(ARGS, max_position_embeddings=128, token_ids=ids)
+    assert {k: config[k] for k in ids} == ids and "pad_token_id" not in config
+    loaded = transformers.LlamaConfig.from_dict(config)
+    assert (loaded.bos_token_id, loaded.eos_token_id, loaded.pad_token_id) == (256, 256, None)
+    # without them LlamaConfig assumes Llama's own tokenizer: BOS 1, EOS 2
+    assert transformers.LlamaConfig.from_dict(hf_config(ARGS, 128)).eos_token_id == 2

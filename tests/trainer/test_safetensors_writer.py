@@ -6,7 +6,15 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from trainer.safetensors_writer import Entry, StreamWriter, ordered
+from trainer.safetensors_writer import (
+    Entry,
+    ShardedWriter,
+    StreamWriter,
+    index_document,
+    ordered,
+    shard_names,
+    split_shards,
+)
 
 
 def tensors(dtype):
@@ -69,3 +77,49 @@ def test_a_tensor_out_of_order_or_missing_is_refused_by_name(tmp_path):
         ValueError, match=re.escape("dtype torch.complex64, which this writer does not store")
     ):
         StreamWriter(path, [Entry("c", torch.complex64, (2,))])
+
+
+def test_shards_are_runs_in_file_order_under_the_limit_and_a_large_tensor_is_alone():
+    entries = [Entry(f"t{i}", torch.float32, (n,)) for i, n in enumerate([10, 10, 30, 5, 5])]  # 4 B each
+    shards = split_shards(entries, max_bytes=80)
+    assert [[e.name for e in shard] for shard in shards] == [["t0", "t1"], ["t2"], ["t3", "t4"]]
+    assert [e for shard in shards for e in shard] == ordered(entries)
+    assert split_shards(entries, max_bytes=240) == [ordered(entries)]  # the whole model fits: one file
+    assert shard_names(1) == ["model.safetensors"]
+    assert shard_names(3) == [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
+    index = index_document(shards, shard_names(3))
+    assert index["metadata"] == {"total_size": 240}
+    assert index["weight_map"]["t2"] == "model-00002-of-00003.safetensors"
+    with pytest.raises(ValueError, match="shard size limit must be a positive number of bytes, got 0"):
+        split_shards(entries, 0)
+
+
+def test_the_sharded_writer_hands_over_each_file_when_done_and_they_hold_every_tensor(tmp_path):
+    values = {**tensors(torch.float32), "big": torch.randn(40)}
+    done = []
+
+    def handed(path, name):
+        done.append(name)
+        assert sorted(p.name for p in tmp_path.iterdir()) == [name]  # one file on disk at a time
+        (tmp_path / name).rename(tmp_path.parent / name)
+
+    with ShardedWriter(str(tmp_path), entries_of(values), 64, metadata={"format": "pt"}, done=handed) as w:
+        for entry in ordered(entries_of(values)):
+            w.write(entry.name, values[entry.name])
+    assert done == w.names and len(done) == 4 and w.index is not None  # a | b.weight | big | empty, z.x
+    loaded = {}
+    for name in done:
+        part = load_file(tmp_path.parent / name)
+        assert set(part) == {k for k, v in w.index["weight_map"].items() if v == name}
+        loaded.update(part)
+    assert loaded.keys() == values.keys() and all(torch.equal(loaded[k], v) for k, v in values.items())
+
+
+def test_a_sharded_writer_left_short_says_so(tmp_path):
+    entries = [Entry("a", torch.float32, (1,)), Entry("b", torch.float32, (1,))]
+    short = pytest.raises(ValueError, match=r"1 declared tensors were never written, the first 'b'")
+    with short, ShardedWriter(str(tmp_path), entries, 100, done=lambda path, name: None) as writer:
+        writer.write("a", torch.zeros(1))
+    unwritten = pytest.raises(ValueError, match=r"2 of 2 files were never written; the export is incomplete")
+    with unwritten, ShardedWriter(str(tmp_path), entries, 4, done=lambda path, name: None):
+        pass

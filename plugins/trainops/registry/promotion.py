@@ -5,6 +5,7 @@ Layout (from :mod:`trainer.contract`)::
     <root>/models/<name>/versions/<v>/_claim.json   who took version v (written once)
     <root>/models/<name>/versions/<v>/...           the export's files, copied
     <root>/models/<name>/versions/<v>/card.json     lineage
+    <root>/models/<name>/versions/<v>/README.md     the card as a Hugging Face model card
     <root>/models/<name>/production.json            the pointer, moved only by compare-and-swap
 
 Conditional writes are the only coordination: ``_claim.json`` with If-None-Match makes
@@ -35,6 +36,7 @@ from typing import Any
 from trainer.contract import join, model_prefix, model_version_prefix, production_pointer
 from trainer.storage import NotFound, PreconditionFailed, Storage
 from trainops.registry.errors import ProductionMovedError, PromotionError, RegateRejected
+from trainops.registry.model_readme import README_NAME, render
 from trainops.registry.pointer import (
     HistoryEntry,
     Move,
@@ -66,6 +68,8 @@ __all__ = [
 CARD_FORMAT = "trainops.model-card/v1"
 CLAIM_NAME = "_claim.json"
 CARD_NAME = "card.json"
+# Names promotion writes into a version folder: an export holding one of them is refused.
+RESERVED_NAMES = (CLAIM_NAME, CARD_NAME, README_NAME)
 _MAX_ALLOCATE_TRIES = 100
 # How often one promotion may find production moved and re-gate before it gives up.
 _MAX_REGATES = 20
@@ -190,7 +194,7 @@ def _copy_export(storage: Storage, export_uri: str, version_uri: str) -> list[di
     files = []
     for src in sources:
         rel = src[len(base) + 1 :]
-        if rel in (CLAIM_NAME, CARD_NAME):
+        if rel in RESERVED_NAMES:
             raise PromotionError(
                 f"export {export_uri!r} contains {rel!r}, a name promotion reserves; rename it"
             )
@@ -321,19 +325,18 @@ def promote(
         files = _copy_export(storage, export_uri, version_uri)
         for _ in range(_MAX_REGATES):
             at = _now()
-            storage.put_json(
-                join(version_uri, CARD_NAME),
-                _card(
-                    card,
-                    regates,
-                    name=name,
-                    version=version,
-                    version_uri=version_uri,
-                    export_uri=export_uri,
-                    files=files,
-                    at=at,
-                ),
+            written = _card(
+                card,
+                regates,
+                name=name,
+                version=version,
+                version_uri=version_uri,
+                export_uri=export_uri,
+                files=files,
+                at=at,
             )
+            storage.put_json(join(version_uri, CARD_NAME), written)
+            storage.put(join(version_uri, README_NAME), render(written).encode("utf-8"))
             try:
                 made = _move_pointer(
                     storage,

@@ -35,6 +35,7 @@ from tests.trainops.registry.helpers import (
 )
 from trainer.contract import join, model_version_prefix, production_pointer
 from trainer.storage import StorageUnavailable, open_storage
+from trainops.registry.model_readme import render
 from trainops.registry.promotion import (
     ProductionMovedError,
     PromotionError,
@@ -182,6 +183,31 @@ def test_empty_export_is_refused_and_its_version_is_not_reused(file_root):
     assert storage.list(v1) == [join(v1, "_claim.json")]
     assert "holds no files" in storage.get_json(join(v1, "_claim.json"))["reason"]
     assert do_promote(storage, file_root, make_run(storage, file_root), None)["version"] == 2
+
+
+@pytest.mark.parametrize("reserved", ["card.json", "README.md", "_claim.json"])
+def test_an_export_holding_a_name_promotion_writes_is_refused_and_abandoned(file_root, reserved):
+    storage = open_storage(file_root)
+    run = make_run(storage, file_root)
+    storage.put(join(run, "export", reserved), b"the export's own")
+    with pytest.raises(PromotionError, match=rf"contains '{re.escape(reserved)}', a name promotion reserves"):
+        do_promote(storage, file_root, run, None)
+    assert read_production(storage, file_root, "demo-lm") is None
+    v1 = model_version_prefix(file_root, "demo-lm", 1)
+    assert storage.list(v1) == [join(v1, "_claim.json")]
+
+
+def test_each_version_has_a_readme_model_card_rendered_from_its_card(file_root):
+    storage = open_storage(file_root)
+    result = do_promote(storage, file_root, make_run(storage, file_root), None)
+    readme = storage.get(join(result["version_uri"], "README.md")).decode()
+    card = storage.get_json(result["card_uri"])
+    assert readme == render(card)
+    assert readme.startswith("---\nlibrary_name: transformers\npipeline_tag: text-generation\n")
+    assert "# demo-lm v1" in readme and "Trained from scratch" in readme
+    # the card lists the export's files; the README names them and the two promotion adds
+    assert {f["path"] for f in card["files"]} == {"model.safetensors", "tokenizer/vocab.json"}
+    assert "- `README.md`" in readme and "- `tokenizer/vocab.json`" in readme
 
 
 def test_lost_compare_and_swap_rereads_and_reports_the_winner(root):
