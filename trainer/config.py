@@ -87,6 +87,9 @@ class EvalConfig:
 @dataclass
 class ExportConfig:
     dtype: str = "bf16"  # the export's floating tensors: bf16 (half the bytes) or fp32 (bit for bit)
+    # above this many bytes the weights are split into model-0000i-of-0000N.safetensors files
+    # with model.safetensors.index.json (Hugging Face's layout and default)
+    max_shard_bytes: int = 5 * 1024**3
 
 
 @dataclass
@@ -176,6 +179,7 @@ POSITIVE = (
     "checkpoint.keep",
     "metrics.flush_every",
     "eval.batch_size",
+    "export.max_shard_bytes",
 )
 NON_NEGATIVE = (
     "seed",

@@ -159,6 +159,8 @@ def write_export(
         "layout": "hf-llama" if args is not None else "state-dict",
         "model": spec.get("builder", "llama"),
         "weight_files": list(writer.names),
+        # what a warm start from this export checks the new dataset's tokenizer against
+        **({"tokenizer": tokens.spec} if tokens else {}),
     }
     for name, data in (tokens.files if tokens else {}).items():
         storage.put(join(export_uri, name), data)
@@ -365,6 +367,5 @@ def export_from_checkpoint(config: Config) -> dict[str, Any]:
         precision=marker.get("precision", config.precision),
         seq_len=config.train.seq_len,
         dtype=config.export.dtype,
-        # export.max_shard_bytes joins ExportConfig with #16; a config without it takes HF's 5 GiB.
-        max_shard_bytes=int(getattr(config.export, "max_shard_bytes", DEFAULT_MAX_SHARD_BYTES)),
+        max_shard_bytes=config.export.max_shard_bytes,
     )

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 TOKENIZER_JSON = "tokenizer.json"
@@ -57,6 +57,7 @@ class TokenizerFiles:
 
     files: dict[str, bytes]
     ids: TokenIds
+    spec: dict[str, Any] = field(default_factory=dict)  # the manifest's tokenizer spec (export.json's)
 
 
 def _json_bytes(document: Any) -> bytes:
@@ -212,9 +213,9 @@ def tokenizer_files(
     """The export's tokenizer files for the manifest's ``tokenizer`` spec (see the module docstring)."""
     kind = spec.get("kind")
     if kind == "byte":
-        return byte_tokenizer_files(spec, model_max_length)
+        return replace(byte_tokenizer_files(spec, model_max_length), spec=dict(spec))
     if kind == "huggingface":
-        return hf_tokenizer_files(spec, model_max_length, read)
+        return replace(hf_tokenizer_files(spec, model_max_length, read), spec=dict(spec))
     raise ValueError(
         f"the manifest's tokenizer kind {kind!r} is neither 'byte' nor 'huggingface'; "
         f"re-stage the dataset with this trainops"

@@ -502,6 +502,7 @@ def _finish(tr: Training) -> None:
             precision=config.precision,
             seq_len=config.train.seq_len,
             dtype=config.export.dtype,
+            max_shard_bytes=config.export.max_shard_bytes,
         )
         unwritten = tr.metrics.flush(final=True)
         tr.attempt.write("completed", metrics_unwritten=unwritten)

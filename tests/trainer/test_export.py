@@ -117,6 +117,8 @@ def test_export_has_hf_names_and_llama_config(tmp_path):
         "bf16",
         sum(t.numel() for t in tensors.values()),
     )
+    # what a warm start from this export checks the next dataset's tokenizer against
+    assert info["tokenizer"] == {"kind": "byte", "vocab_size": 257, "eos_id": 256}
 
 
 def test_fp32_on_request_is_the_trained_weights_bit_for_bit_and_bf16_their_rounding_in_half_the_bytes(
