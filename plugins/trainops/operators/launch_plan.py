@@ -3,14 +3,15 @@ is built, for :class:`~trainops.operators.train.FSDPTrainingOperator` and for th
 (:mod:`trainops.recipes.dry_run`), so a dry run shows exactly what attempt 1 launches.
 The one-process jobs of staging and evaluation are built here too.
 
-Pure apart from reading the trainer's schema: the storage environment (which needs the
+Pure apart from reading the trainer's schema and logging the sizing (:func:`sized`): the storage environment (which needs the
 Airflow connection) is passed in.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from trainops.operators.base import TaskIdentity, job_labels, job_name
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from trainops.cluster.base import Chaos
     from trainops.cluster.spec import JobSpec
 
+log = logging.getLogger(__name__)
 # trainer_config keys the operator derives itself (from the run prefix and the dataset).
 DERIVED_KEYS = ("run_uri", "data_uri")
 NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
@@ -36,6 +38,8 @@ class LaunchSettings:
         (``trainops.operators.sizing``); ``job_options`` override them.
     :param keep_finished_jobs: finished attempts are kept (with a TTL where the kind has one)
         instead of deleted.
+    :param resources: the pods' ``cpu``, ``memory`` and ``shm_size`` derived from the GPUs and
+        the model (:func:`sized`); ``job_options`` override them.
     """
 
     nodes: int
@@ -47,6 +51,7 @@ class LaunchSettings:
     inject_preemption: Mapping[str, Any] | None = None
     disk: Mapping[str, str] = field(default_factory=dict)
     keep_finished_jobs: bool = False
+    resources: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def world_size(self) -> int:
@@ -130,6 +135,36 @@ def run_config(user: Mapping[str, Any] | None, *, run_uri: str, data_uri: str, w
     return str(dump_yaml(checked_run_config(user, run_uri=run_uri, data_uri=data_uri, world_size=world_size)))
 
 
+def sized(settings: LaunchSettings, config: Config) -> LaunchSettings:
+    """``settings`` with the pods' CPU, memory and shm derived from the GPUs per node and the
+    model's size (:func:`trainops.operators.sizing.pod_resources`), saying so in the log, and a
+    warning in the log for each way the model cannot fit the GPUs
+    (:func:`trainops.operators.sizing.fit_warnings`). For the operator and the dry run alike, so
+    both show the same numbers."""
+    from trainer.presets import param_count
+    from trainops.cluster.kubernetes.nodes import instance_type
+    from trainops.operators.sizing import fit_warnings, pod_resources, preset_args
+
+    args = preset_args(config)
+    found = pod_resources(
+        gpus_per_node=settings.gpus_per_node,
+        nodes=settings.nodes,
+        params=None if args is None else param_count(args),
+    )
+    overridden = sorted(set(found.options()) & set(settings.job_options))
+    log.info(
+        "%s%s", found.describe(), f" (job_options override {', '.join(overridden)})" if overridden else ""
+    )
+    for warning in fit_warnings(
+        config,
+        nodes=settings.nodes,
+        gpus_per_node=settings.gpus_per_node,
+        instance_type=instance_type(settings.job_options.get("node_selector")),
+    ):
+        log.warning("sizing: %s", warning["message"])
+    return replace(settings, resources=found.options())
+
+
 def training_attempt(
     settings: LaunchSettings,
     *,
@@ -151,6 +186,7 @@ def training_attempt(
     layout = RunLayout(run_uri)
     options = {
         **settings.disk,
+        **settings.resources,
         **ttl_options(
             settings.keep_finished_jobs, settings.job_options.get("kind", "indexed-job"), settings.job_options
         ),

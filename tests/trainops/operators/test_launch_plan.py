@@ -10,6 +10,7 @@ from trainops.operators.launch_plan import (
     nest,
     one_process_job,
     run_config,
+    sized,
     training_attempt,
 )
 
@@ -189,3 +190,53 @@ def test_the_estimated_disk_is_used_and_job_options_override_it():
     assert (spec.cache_size, spec.ephemeral_storage) == ("300Gi", "302Gi")
     mine = attempt(disk=disk, job_options={"cache_size": "50Gi"}).spec
     assert (mine.cache_size, mine.ephemeral_storage) == ("50Gi", "302Gi")
+
+
+def run_config_for(preset):
+    return checked_run_config(
+        {"model.preset": preset}, run_uri=RUN_URI, data_uri="s3://lake/d/v1", world_size=None
+    )
+
+
+def test_sized_settings_give_the_pods_cpu_memory_and_shm_from_the_gpus_and_the_model(caplog):
+    caplog.set_level("INFO", logger="trainops.operators.launch_plan")
+    spec = training_attempt(
+        sized(settings(nodes=4, gpus_per_node=8), run_config_for("1b")),
+        identity=IDENTITY,
+        run_uri=RUN_URI,
+        attempt=1,
+        capacity="spot",
+        storage_env={},
+    ).spec
+    assert (spec.cpu, spec.memory, spec.shm_size) == ("24", "85Gi", "16Gi")  # was 1, 4Gi, 1Gi
+    assert "pod resources: cpu 24, memory 85Gi" in caplog.text
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_job_options_override_the_derived_resources_and_the_log_says_so(caplog):
+    caplog.set_level("INFO", logger="trainops.operators.launch_plan")
+    launch = sized(settings(job_options={"memory": "500Gi"}), run_config_for("1b"))
+    spec = training_attempt(
+        launch, identity=IDENTITY, run_uri=RUN_URI, attempt=1, capacity="spot", storage_env={}
+    ).spec
+    assert (spec.cpu, spec.memory) == ("24", "500Gi")
+    assert "(job_options override memory)" in caplog.text
+
+
+def test_a_preset_that_cannot_fit_is_a_warning_in_the_log(caplog):
+    sized(settings(nodes=1, gpus_per_node=0), run_config_for("7b"))
+    sized(
+        settings(
+            nodes=1,
+            gpus_per_node=1,
+            job_options={"node_selector": {"node.kubernetes.io/instance-type": "g6.xlarge"}},
+        ),
+        run_config_for("7b"),
+    )
+    sized(settings(nodes=1, gpus_per_node=1), run_config_for("1b"))  # fits one 80 GB GPU: no warning
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2
+    assert warnings[0].startswith("sizing: model.preset '7b' (6.74B parameters) with gpus_per_node=0")
+    assert warnings[1].startswith(
+        "sizing: model.preset '7b' (6.74B parameters) does not fit 1 x 1 GPU(s) of g6.xlarge's L4"
+    )
