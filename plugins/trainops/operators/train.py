@@ -403,12 +403,17 @@ class FSDPTrainingOperator(ClusterJobOperator):
     ) -> tuple[JobRecord, AttemptLaunch]:
         """Attempt ``attempt``'s launch, and ``job`` with it recorded as ``launching`` (written,
         unless the record already holds it): intent before action."""
+        import yaml
+
+        from trainer.config import config_from_mapping
         from trainops.hooks.storage import job_env_for
-        from trainops.operators.launch_plan import manifests_of, training_attempt
+        from trainops.operators.launch_plan import manifests_of, sized, training_attempt
         from trainops.recovery.record import current_attempt, intend_attempt
 
+        # the run's config as written for this attempt: the pods are sized from its model
+        config = config_from_mapping(yaml.safe_load(store.get(layout.config).decode()), layout.config)
         launch = training_attempt(
-            self.launch_settings(disk=self._disk_options(store, layout)),
+            sized(self.launch_settings(disk=self._disk_options(store, layout)), config),
             identity=identity,
             run_uri=layout.run_uri,
             attempt=attempt,

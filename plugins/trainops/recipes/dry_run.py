@@ -47,7 +47,8 @@ def dry_run_report(
     from trainops.cluster.kubernetes.render import render_manifests
     from trainops.hooks.storage import job_env_for
     from trainops.operators.base import TaskIdentity
-    from trainops.operators.launch_plan import checked_run_config, training_attempt
+    from trainops.operators.launch_plan import checked_run_config, sized, training_attempt
+    from trainops.operators.sizing import sizing_record
     from trainops.settings import resolve_storage_root
 
     root = resolve_storage_root(train.storage_root)
@@ -60,7 +61,7 @@ def dry_run_report(
         plan["trainer_config"], run_uri=run_uri, data_uri=data_uri, world_size=settings.world_size
     )
     spec = training_attempt(
-        settings,
+        sized(settings, config),
         identity=identity,
         run_uri=run_uri,
         attempt=1,
@@ -80,6 +81,7 @@ def dry_run_report(
             if spec.cache_size is None
             else f"cache {spec.cache_size}, ephemeral-storage {spec.ephemeral_storage or spec.cache_size}"
         ),
+        "sizing": sizing_record(config, spec),
         "manifests": render_manifests(spec),
         "estimate": run_estimate(
             train,

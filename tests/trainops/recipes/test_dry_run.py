@@ -292,3 +292,24 @@ def test_an_earlier_run_with_more_metrics_than_the_cap_is_passed_over(file_root,
         run_plan, train_task(run_plan, file_root), dag_id="retrain_manual", run_id=RUN_ID
     )["estimate"]
     assert estimate["step_time_source"] == "preset FLOPs"
+
+
+def test_the_dry_run_sizes_the_pods_from_the_gpus_and_the_preset_and_warns_when_it_cannot_fit(
+    file_root, monkeypatch
+):
+    use_fake_cluster(monkeypatch)
+    big = plan(nodes=4, gpus_per_node=8, model_preset="1b")
+    report = dry_run_report(big, train_task(big, file_root), dag_id="retrain_manual", run_id=RUN_ID)
+    # 1 CPU, 4Gi and 1Gi of shm before: 3 CPUs and 2Gi of shm per GPU, memory from the model's size
+    assert (report["job_spec"]["cpu"], report["job_spec"]["memory"], report["job_spec"]["shm_size"]) == (
+        "24",
+        "85Gi",
+        "16Gi",
+    )
+    assert report["sizing"]["warnings"] == []
+
+    cpu_only = plan(nodes=1, gpus_per_node=0, model_preset="7b")
+    report = dry_run_report(
+        cpu_only, train_task(cpu_only, file_root), dag_id="retrain_manual", run_id=RUN_ID
+    )
+    assert [w["check"] for w in report["sizing"]["warnings"]] == ["cpu-only"]
