@@ -309,7 +309,5 @@ def test_the_dry_run_sizes_the_pods_from_the_gpus_and_the_preset_and_warns_when_
     assert report["sizing"]["warnings"] == []
 
     cpu_only = plan(nodes=1, gpus_per_node=0, model_preset="7b")
-    report = dry_run_report(
-        cpu_only, train_task(cpu_only, file_root), dag_id="retrain_manual", run_id=RUN_ID
-    )
+    report = dry_run_report(cpu_only, train_task(cpu_only, file_root), dag_id="retrain_manual", run_id=RUN_ID)
     assert [w["check"] for w in report["sizing"]["warnings"]] == ["cpu-only"]
