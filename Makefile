@@ -7,8 +7,10 @@ STAMP := $(VENV)/.trainops-installed
 
 .PHONY: demo test test-fast lint format airflow venv clean-demo clean
 
+# A few lines per task and attempt, then the summary; the full log goes to a file it names.
+# `make demo V=1` prints everything instead.
 demo: $(STAMP)
-	$(PY) -m trainops demo
+	$(PY) -m trainops demo $(if $(V),--verbose)
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -37,3 +37,45 @@ def apply_dev_env(project_dir: str | os.PathLike) -> dict[str, str]:
         effective[key] = os.environ.setdefault(key, value)
     Path(effective["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
     return effective
+
+
+def checkout_dir(cwd: str | os.PathLike | None = None) -> Path | None:
+    """The checkout whose embedded default the commands use: ``cwd`` when it holds ``dags/``
+    and ``plugins/trainops/`` (as ``make demo`` runs), else the checkout this ``trainops`` was
+    imported from; None for an installed package outside a checkout."""
+    import trainops
+
+    for candidate in (Path(cwd or os.getcwd()), Path(trainops.__file__).resolve().parents[2]):
+        if (candidate / "dags").is_dir() and (candidate / "plugins" / "trainops").is_dir():
+            return candidate.resolve()
+    return None
+
+
+def storage_root_choice(
+    explicit: str | None = None, *, checkout: str | os.PathLike | None = None, apply: bool = True
+) -> tuple[str, str]:
+    """The storage root a command uses and where it comes from, the one rule for every
+    ``python -m trainops`` command: ``explicit`` (``--storage-root``), else
+    ``$TRAINOPS_STORAGE_ROOT``, else the checkout's embedded default (what ``make demo``
+    writes; applied to ``os.environ`` like ``demo`` does unless ``apply`` is False), else
+    Airflow's ``$AIRFLOW_HOME/trainops-storage``.
+
+    :param checkout: the checkout (``demo --project-dir``); None: :func:`checkout_dir`.
+    :raises ValueError: the root is not a storage URI (the message names it).
+    """
+    from trainops.settings import resolve_storage_root
+
+    if explicit:
+        return resolve_storage_root(explicit), "from --storage-root"
+    if os.environ.get("TRAINOPS_STORAGE_ROOT"):
+        if apply and checkout is not None:
+            apply_dev_env(checkout)
+        return resolve_storage_root(None), "from $TRAINOPS_STORAGE_ROOT"
+    where = Path(checkout).resolve() if checkout is not None else checkout_dir()
+    if where is not None:
+        source = f"the embedded default of the checkout {where}"
+        if apply:
+            apply_dev_env(where)
+            return resolve_storage_root(None), source
+        return dev_env(where)["TRAINOPS_STORAGE_ROOT"], source
+    return resolve_storage_root(None), "Airflow's default, $AIRFLOW_HOME/trainops-storage"

@@ -1,16 +1,19 @@
 """``python -m trainops``: the operator-side command line.
 
 - ``demo``: run the ``trainops_demo`` DAG with ``dag.test()`` on the embedded default and print
-  a summary (``make demo`` calls this). ``--corrupt-data`` delivers bad data instead, to watch
-  staging reject it before anything is trained.
+  a summary (``make demo`` calls this): one line per task and training attempt, the training
+  progress, the summary; the full log goes to the file named first (``-v`` prints it instead).
+  Ctrl-C stops the run and deletes its jobs (exit status 130). ``--corrupt-data`` delivers bad
+  data instead, to watch staging reject it before anything is trained.
 - ``airflow``: ``airflow standalone`` on the same embedded default, with this checkout's DAGs,
   on http://localhost:8080 (``make airflow`` calls this); docs/dags.md walks through a run.
 - ``render-job SPEC.json``: print the Kubernetes manifests a JobSpec (JSON form) would submit,
   as multi-document YAML. A dry run: nothing is sent to a cluster.
 - ``rollback MODEL VERSION --reason TEXT``: point MODEL's production back at VERSION (one that
   was production before), recording who (``--by``, default the OS user) and why in the
-  pointer's history. ``--storage-root`` defaults to ``$TRAINOPS_STORAGE_ROOT``; ``s3://``
-  roots use boto3's default credentials and ``AWS_ENDPOINT_URL_S3``.
+  pointer's history. ``--storage-root`` defaults to ``$TRAINOPS_STORAGE_ROOT``, else the
+  checkout's embedded default (where ``make demo`` writes); the first line names the root.
+  ``s3://`` roots use boto3's default credentials and ``AWS_ENDPOINT_URL_S3``.
 - ``cost RUN_URI [--prices FILE]``: what one training run cost, estimated: its attempts'
   phases (queued, startup, productive, replayed, checkpoint stall, shutdown) in seconds and
   GPU-hours, goodput, recovery time, cost, the on-demand equivalent and the spot savings
@@ -20,7 +23,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -70,39 +75,87 @@ def xcom_results(dag_id: str, run_id: str, task_ids) -> dict:
     return out
 
 
-def run_demo(project_dir: str, corrupt_data: bool = False) -> int:
-    from trainops.cli.devenv import apply_dev_env
+def run_demo(project_dir: str, corrupt_data: bool = False, result_file: str | None = None) -> int:
+    """The demo with everything printed (``demo -v``; the quiet ``demo`` runs this in a child,
+    :mod:`trainops.cli.watch`). Ctrl-C (SIGINT) stops the run: it is marked failed and its
+    jobs are deleted (exit status 130).
 
+    :param result_file: also write the summary, run id, state and duration there (JSON).
+    """
+    from trainops.cli.devenv import apply_dev_env, storage_root_choice
+
+    # A parent that ignored SIGINT (a shell's background job) passes the ignoring on: the
+    # quiet demo stops this process with SIGINT, so it must raise KeyboardInterrupt here.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    root, source = storage_root_choice(None, checkout=project_dir)
+    print(f"storage root: {root} ({source})", flush=True)
     env = apply_dev_env(project_dir)
     # dag.test() runs each trigger in this process: no scheduler to race (trainops.triggers.job)
     os.environ.setdefault("AIRFLOW__TRAINOPS__TRIGGER_SETTLE_SECONDS", "0")
     _ensure_airflow_db(env)
     from trainops.cli import summary
     from trainops.hooks.storage import storage_for
-    from trainops.settings import resolve_storage_root
 
     started = time.monotonic()
     dag = load_dag(env["AIRFLOW__CORE__DAGS_FOLDER"], DEMO_DAG)
-    dagrun = dag.test(run_conf={"corrupt_data": corrupt_data})
+    try:
+        dagrun = dag.test(run_conf={"corrupt_data": corrupt_data})
+    except KeyboardInterrupt:
+        return _stop_demo_run(result_file)
     elapsed = time.monotonic() - started
-    root = resolve_storage_root(None)
     results = xcom_results(DEMO_DAG, dagrun.run_id, DEMO_TASKS)
-    print(summary.render(summary.collect(storage_for(root, None), root, results, "demo-lm")))
-    print(f"DAG run {dagrun.run_id}: {dagrun.state} in {elapsed:.0f}s")
-    return 0 if str(dagrun.state) in ("success", "DagRunState.SUCCESS") else 1
+    text = summary.render(summary.collect(storage_for(root, None), root, results, "demo-lm"))
+    state = str(dagrun.state).rsplit(".", 1)[-1].lower()
+    print(text)
+    print(f"DAG run {dagrun.run_id}: {state} in {elapsed:.0f}s")
+    if result_file:
+        Path(result_file).write_text(
+            json.dumps({"summary": text, "run_id": dagrun.run_id, "state": state, "elapsed": elapsed})
+        )
+    return 0 if state == "success" else 1
+
+
+def _stop_demo_run(result_file: str | None) -> int:
+    """After a Ctrl-C in ``dag.test()``: mark the demo's running DAG run failed and delete its
+    jobs (their process groups), say so (and write it to ``result_file``), return 130."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from airflow.utils.state import DagRunState
+
+    from trainops.cli.watch import stop_jobs
+
+    run_ids = []
+    with create_session() as session:
+        for run in session.query(DagRun).filter(
+            DagRun.dag_id == DEMO_DAG, DagRun.state == DagRunState.RUNNING
+        ):
+            run.set_state(DagRunState.FAILED)
+            run_ids.append(run.run_id)
+    deleted, left = stop_jobs(DEMO_DAG, run_ids[0] if len(run_ids) == 1 else None)
+    if result_file:
+        Path(result_file).write_text(
+            json.dumps({"interrupted": True, "run_ids": run_ids, "deleted": deleted, "left": left})
+        )
+    print(
+        f"interrupted: DAG run {', '.join(run_ids) or '-'} marked failed; deleted job(s) "
+        f"{', '.join(deleted) or '-'}" + (f"; still running: {', '.join(left)}" if left else ""),
+        flush=True,
+    )
+    return 130
 
 
 def run_rollback(model: str, version: int, *, reason: str, by: str | None, storage_root: str | None) -> int:
     """``rollback``: print what changed, or the error on stderr (exit status 1)."""
     import getpass
 
+    from trainops.cli.devenv import storage_root_choice
     from trainops.hooks.storage import storage_for
     from trainops.registry.promotion import PromotionError
     from trainops.registry.rollback import rollback
-    from trainops.settings import resolve_storage_root
 
     try:
-        root = resolve_storage_root(storage_root)
+        root, source = storage_root_choice(storage_root)
+        print(f"storage root: {root} ({source})", flush=True)
         result = rollback(
             storage_for(root, None), root, model, version, reason=reason, by=by or getpass.getuser()
         )
@@ -129,9 +182,10 @@ def run_rollback(model: str, version: int, *, reason: str, by: str | None, stora
 def run_airflow(project_dir: str) -> int:
     """``airflow standalone`` on the embedded default (scheduler, DAG processor, triggerer and
     API server on http://localhost:8080), with this interpreter's ``bin`` first on PATH."""
-    from trainops.cli.devenv import apply_dev_env
+    from trainops.cli.devenv import storage_root_choice
 
-    apply_dev_env(project_dir)
+    root, source = storage_root_choice(None, checkout=project_dir)
+    print(f"storage root: {root} ({source})", flush=True)
     bin_dir = os.path.dirname(sys.executable)
     os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
     airflow = os.path.join(bin_dir, "airflow")
@@ -144,12 +198,30 @@ def run_airflow(project_dir: str) -> int:
     return 0  # not reached
 
 
+def _default_root_text(checkout: str | None = None) -> str:
+    """The storage root a command would use now, for ``--help`` (nothing is applied)."""
+    from trainops.cli.devenv import storage_root_choice
+
+    try:
+        root, source = storage_root_choice(None, checkout=checkout, apply=False)
+    except ValueError as exc:
+        return str(exc)
+    return f"{root}, {source}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m trainops", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run the demo DAG on the embedded default and print a summary")
+    demo = sub.add_parser(
+        "demo",
+        help="run the demo DAG on the embedded default and print a summary",
+        description="Run the trainops_demo DAG with dag.test() and print one line per task and "
+        "training attempt, the progress and a summary; the full log goes to a file. Storage: "
+        "$TRAINOPS_STORAGE_ROOT, else PROJECT_DIR/.trainops/storage (here: "
+        f"{_default_root_text(os.getcwd())}). Ctrl-C stops the run and deletes its jobs (exit status 130).",
+    )
     demo.add_argument(
         "--project-dir",
         default=os.getcwd(),
@@ -160,6 +232,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="deliver data that fails its expectations (staging rejects it)",
     )
+    demo.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="print everything (Airflow's, great-expectations' and the trainer's logs) here "
+        "instead of to the log file",
+    )
+    demo.add_argument("--result-file", default=None, help=argparse.SUPPRESS)  # the quiet parent's
     standalone = sub.add_parser(
         "airflow",
         help="run Airflow (standalone) on the embedded default, "
@@ -180,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     back.add_argument(
         "--storage-root",
         default=None,
-        help="file:///abs/path or s3://bucket/prefix (default: $TRAINOPS_STORAGE_ROOT)",
+        help="file:///abs/path or s3://bucket/prefix (default: $TRAINOPS_STORAGE_ROOT, else "
+        f"the checkout's embedded default; here: {_default_root_text()})",
     )
     cost = sub.add_parser("cost", help="print the estimated cost, goodput and phases of one training run")
     cost.add_argument("run_uri", metavar="RUN_URI", help="the run prefix (the train task's run_uri)")
@@ -197,7 +278,11 @@ def main(argv: list[str] | None = None) -> int:
             args.model, args.version, reason=args.reason, by=args.by, storage_root=args.storage_root
         )
     if args.command == "demo":
-        return run_demo(args.project_dir, corrupt_data=args.corrupt_data)
+        if args.verbose:
+            return run_demo(args.project_dir, corrupt_data=args.corrupt_data, result_file=args.result_file)
+        from trainops.cli.watch import run_quiet_demo
+
+        return run_quiet_demo(args.project_dir, corrupt_data=args.corrupt_data)
     if args.command == "airflow":
         return run_airflow(args.project_dir)
     if args.command == "render-job":

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 
-from trainops.cli.devenv import apply_dev_env, dev_env
+import pytest
+
+from trainops.cli.devenv import apply_dev_env, checkout_dir, dev_env, storage_root_choice
 
 
 def test_the_defaults_keep_airflow_and_storage_inside_the_checkout(tmp_path):
@@ -33,3 +35,42 @@ def test_applying_sets_only_what_is_unset_and_creates_airflow_home(tmp_path, mon
     assert os.environ["TRAINOPS_STORAGE_ROOT"] == "s3://bucket/mine"
     assert os.environ["AIRFLOW_HOME"] == effective["AIRFLOW_HOME"] == str(tmp_path / ".airflow")
     assert (tmp_path / ".airflow").is_dir()
+
+
+@pytest.fixture
+def a_checkout(tmp_path, monkeypatch):
+    checkout = tmp_path / "checkout"
+    (checkout / "dags").mkdir(parents=True)
+    (checkout / "plugins" / "trainops").mkdir(parents=True)
+    for key in dev_env(checkout):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.chdir(checkout)
+    return checkout
+
+
+def test_one_rule_decides_the_storage_root_and_says_where_it_comes_from(a_checkout, monkeypatch):
+    embedded = f"file://{a_checkout / '.trainops' / 'storage'}"
+    assert checkout_dir() == a_checkout
+    source = f"the embedded default of the checkout {a_checkout}"
+    assert storage_root_choice(None, apply=False) == (embedded, source)
+    assert "TRAINOPS_STORAGE_ROOT" not in os.environ  # only described, for --help
+    assert storage_root_choice("s3://b/p/") == ("s3://b/p", "from --storage-root")
+    assert storage_root_choice(None) == (embedded, source)
+    assert os.environ["AIRFLOW_HOME"] == str(a_checkout / ".airflow")  # applied, as demo does
+    monkeypatch.setenv("TRAINOPS_STORAGE_ROOT", "s3://mine/x")
+    assert storage_root_choice(None) == ("s3://mine/x", "from $TRAINOPS_STORAGE_ROOT")
+    with pytest.raises(ValueError, match="'relative/path' is not a storage URI"):
+        storage_root_choice("relative/path")
+
+
+def test_outside_a_checkout_the_root_is_airflows_default(tmp_path, monkeypatch):
+    import trainops.cli.devenv as devenv
+
+    monkeypatch.delenv("TRAINOPS_STORAGE_ROOT", raising=False)
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "airflow"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(devenv, "checkout_dir", lambda cwd=None: None)
+    assert storage_root_choice(None) == (
+        f"file://{tmp_path / 'airflow' / 'trainops-storage'}",
+        "Airflow's default, $AIRFLOW_HOME/trainops-storage",
+    )

@@ -65,8 +65,9 @@ def test_cli_rolls_back_and_prints_what_changed(file_root, capsys):
     storage = open_storage(file_root)
     promote_runs(storage, file_root, 2)
     code = main(["rollback", "demo-lm", "1", "--reason", "v2 regressed", "--storage-root", file_root])
-    out = capsys.readouterr().out
+    first, out = capsys.readouterr().out.split("\n", 1)
     assert code == 0
+    assert first == f"storage root: {file_root} (from --storage-root)"
     assert out.startswith("demo-lm: production is now v1 (was v2); recorded in ")
     assert f"as rollback by {getpass.getuser()}: v2 regressed" in out
     assert read_production(storage, file_root, "demo-lm")["history"][-1]["by"] == getpass.getuser()
@@ -96,7 +97,10 @@ def test_cli_says_when_and_how_a_version_already_became_production(file_root, ca
     out = capsys.readouterr().out
     at = read_production(storage, file_root, "demo-lm")["history"][-1]["at"]
     assert code == 0
-    assert out == f"demo-lm: v1 already is production (since {at}, rollback by ana); nothing changed\n"
+    assert out == (
+        f"storage root: {file_root} (from --storage-root)\n"
+        f"demo-lm: v1 already is production (since {at}, rollback by ana); nothing changed\n"
+    )
 
 
 def test_cli_reports_a_refusal_on_stderr_with_status_1(file_root, capsys):
@@ -130,6 +134,32 @@ def test_python_m_trainops_rollback_uses_the_default_storage_root(file_root):
         timeout=60,
     )
     assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"storage root: {file_root} (from $TRAINOPS_STORAGE_ROOT)\n")
     assert "production is now v1 (was v2)" in out.stdout
     entry = read_production(storage, file_root, "demo-lm")["history"][-1]
     assert (entry["by"], entry["reason"], entry["action"]) == ("oncall", "bad answers", "rollback")
+
+
+def test_rollback_from_a_fresh_shell_in_the_checkout_uses_where_make_demo_wrote(tmp_path):
+    """No ``TRAINOPS_STORAGE_ROOT``, no ``AIRFLOW_HOME``: the checkout's embedded default, as
+    ``demo`` applies it, not ``~/airflow/trainops-storage``; ``--help`` and the first line say so."""
+    checkout = tmp_path / "checkout"
+    (checkout / "dags").mkdir(parents=True)
+    (checkout / "plugins" / "trainops").mkdir(parents=True)
+    root = f"file://{checkout / '.trainops' / 'storage'}"
+    promote_runs(open_storage(root), root, 2)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINOPS_", "AIRFLOW"))}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(REPO, "plugins"), REPO])
+    env["HOME"] = str(tmp_path / "home")
+    run = [sys.executable, "-m", "trainops", "rollback", "demo-lm", "1", "--reason", "r", "--by", "me"]
+    out = subprocess.run(run, capture_output=True, text=True, env=env, cwd=checkout, timeout=60)
+    assert out.returncode == 0, out.stderr
+    first, rest = out.stdout.split("\n", 1)
+    assert first == f"storage root: {root} (the embedded default of the checkout {checkout})"
+    assert rest.startswith("demo-lm: production is now v1 (was v2)")
+    wide = {**env, "COLUMNS": "1000"}  # argparse wraps long paths at their hyphens
+    helped = subprocess.run(
+        [*run[:3], "rollback", "--help"], capture_output=True, text=True, env=wide, cwd=checkout, timeout=60
+    )
+    assert f"here: {root}, the embedded default of the checkout {checkout})" in helped.stdout
+    assert not (tmp_path / "home" / "airflow" / "trainops-storage").exists()

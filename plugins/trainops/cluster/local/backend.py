@@ -32,6 +32,7 @@ from trainops.cluster.base import FINAL_PHASES, Chaos, JobAlreadyExists, JobHand
 from trainops.cluster.local.gpus import host_gpus, shortfall
 from trainops.cluster.local.pgroups import job_processes, new_token
 from trainops.cluster.local.supervisor import Status
+from trainops.cluster.local.torchrun_log import MAX_BLOCK_LINES, fold
 from trainops.cluster.spec import JobSpec, JobSpecError
 
 
@@ -195,12 +196,14 @@ class LocalCluster:
         return found
 
     def logs_tail(self, handle: JobHandle, lines: int = 30) -> str:
-        """The last ``lines`` lines of every node's log, each prefixed with its node."""
+        """The last ``lines`` lines of every node's log, each prefixed with its node, with
+        torchrun's own traceback folded into one line (:mod:`~trainops.cluster.local.torchrun_log`)."""
         out = []
         for log in sorted(Path(handle["job_dir"]).glob("node-*.log")):
             with open(log, errors="replace") as f:
-                tail = deque(f, maxlen=lines)
-            out += [f"[{log.stem}] {line.rstrip()}" for line in tail]
+                tail = deque(f, maxlen=lines + MAX_BLOCK_LINES)  # a block's start, to fold it
+            folded, _ = fold([line.rstrip() for line in tail])
+            out += [f"[{log.stem}] {line}" for line in (folded[-lines:] if lines > 0 else [])]
         return "\n".join(out)
 
     def log_lines(
@@ -213,6 +216,10 @@ class LocalCluster:
         job whose log does not exist (yet): returns ``([], cursor)``. At most ``max_lines``
         lines per call; when more were available, the first returned line says how many were
         skipped (``(… 1234 earlier lines skipped)``) and the newest follow.
+
+        torchrun's own traceback is folded into one line (:func:`~trainops.cluster.local.
+        torchrun_log.fold`); one still being written is left for the next call, so the cursor
+        may stop before the last whole lines.
         """
         if max_lines < 1:
             raise ValueError(f"max_lines must be at least 1, not {max_lines}")
@@ -225,14 +232,19 @@ class LocalCluster:
             if offset > os.fstat(log.fileno()).st_size:
                 offset = 0  # not the file the cursor was read from
             log.seek(offset)
-            newest: deque[str] = deque(maxlen=max_lines)
+            # the newest lines, with room for a torchrun block that folds into one line
+            newest: deque[bytes] = deque(maxlen=max_lines + MAX_BLOCK_LINES)
             total = 0
             for raw in log:
                 if not raw.endswith(b"\n"):
                     break
                 offset, total = offset + len(raw), total + 1
-                newest.append(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
-        return cap_lines(list(newest), max_lines, total), {"offset": offset}
+                newest.append(raw)
+        text = [raw.decode("utf-8", errors="replace").rstrip("\r\n") for raw in newest]
+        folded, used = fold(text, final=False)
+        offset -= sum(len(raw) for raw in list(newest)[used:])  # read again next time
+        total -= len(newest) - used
+        return cap_lines(folded[-max_lines:], max_lines, total - (used - len(folded))), {"offset": offset}
 
 
 def _reaper_alive(job_dir: Path) -> bool:

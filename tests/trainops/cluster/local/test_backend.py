@@ -180,6 +180,25 @@ def test_log_lines_caps_a_backlog_with_a_notice(cluster, tmp_path):
     assert cluster.log_lines(handle, None, max_lines=1235)[0][0] == "step 0"
 
 
+def test_log_lines_fold_torchruns_traceback_even_when_it_arrives_in_pieces(cluster, tmp_path):
+    from tests.trainops.cluster.local.test_torchrun_log import PREEMPTED_NODE_0
+
+    data = PREEMPTED_NODE_0.encode()
+    cut = data.index(b"raise ChildFailedError")
+    handle = logged(tmp_path, data[:cut])
+    lines, cursor = cluster.log_lines(handle, None)
+    assert lines == PREEMPTED_NODE_0.splitlines()[:2]  # the traceback waits for its end
+    logged(tmp_path, data[cut:] + b"after\n")
+    lines, cursor = cluster.log_lines(handle, cursor)
+    assert lines == [
+        "torchrun: worker rank 0 exited with code 143 (SIGTERM); torchrun's traceback is left out",
+        "after",
+    ]
+    assert cursor == {"offset": (tmp_path / "node-0.log").stat().st_size}
+    assert "ChildFailedError" not in cluster.logs_tail(handle)
+    assert cluster.logs_tail(handle).endswith("[node-0] after")
+
+
 def test_log_lines_of_a_job_that_is_gone(cluster, tmp_path):
     handle = {"cluster": "local", "job_id": "j", "job_dir": str(tmp_path / "gone"), "labels": {}}
     assert cluster.log_lines(handle, {"offset": 42}) == ([], {"offset": 42})

@@ -1,0 +1,317 @@
+"""The quiet ``python -m trainops demo``: the DAG runs in a child process whose whole output
+(Airflow's, great-expectations', the trainer's) goes to a log file, while this process watches
+what the run records and prints a few lines: one per task and per training attempt, the
+training progress, and the summary.
+
+It reads only records, never log text: task instances from Airflow's SQLite metadata DB (read
+only), ``job.json``, ``config.yaml`` and the metrics under the run prefix (through
+``trainer.contract.MetricsReader``). Ctrl-C stops the child (which marks the DAG run failed
+and deletes its jobs, :func:`stop_jobs`), checks that no process of the jobs is left, says so
+in one line and exits 130.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from trainops.cli import quiet
+
+DEMO_DAG = "trainops_demo"
+POLL_S = 0.5
+# How long a stopped child gets to mark its run failed and delete its jobs before SIGKILL.
+STOP_GRACE_S = 60.0
+
+
+def sqlite_path(conn: str | None) -> Path | None:
+    """The file of a ``sqlite:////abs/path`` connection URI (None: not SQLite)."""
+    if not conn or not conn.startswith("sqlite:///"):
+        return None
+    return Path(conn[len("sqlite:///") :])
+
+
+def newest_run_id(db: Path) -> int:
+    """The highest ``dag_run.id`` so far (0: none, or no DB yet)."""
+    try:
+        with _connect(db) as conn:
+            row = conn.execute("SELECT max(id) FROM dag_run").fetchone()
+    except sqlite3.Error:
+        return 0
+    return int(row[0] or 0)
+
+
+def _connect(db: Path) -> sqlite3.Connection:
+    if not db.exists():
+        raise sqlite3.OperationalError(f"no database at {db} yet")
+    return sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=2.0)
+
+
+def read_run(db: Path, dag_id: str, after_id: int) -> tuple[str, str, list[quiet.TaskRow]] | None:
+    """The run of ``dag_id`` created after ``after_id`` (its run id, state and task rows);
+    None when there is none yet or the DB is busy (the next poll reads again)."""
+    try:
+        with _connect(db) as conn:
+            run = conn.execute(
+                "SELECT run_id, state FROM dag_run WHERE dag_id = ? AND id > ? ORDER BY id DESC LIMIT 1",
+                (dag_id, after_id),
+            ).fetchone()
+            if run is None:
+                return None
+            rows = conn.execute(
+                "SELECT task_id, state, try_number, duration FROM task_instance "
+                "WHERE dag_id = ? AND run_id = ? ORDER BY start_date",
+                (dag_id, run[0]),
+            ).fetchall()
+    except sqlite3.Error:
+        return None
+    tasks: list[quiet.TaskRow] = [
+        {"task_id": r[0], "state": r[1], "try_number": int(r[2] or 0), "duration": r[3]} for r in rows
+    ]
+    return run[0], run[1], tasks
+
+
+def stop_jobs(dag_id: str, run_id: str | None, *, wait_s: float = 60.0) -> tuple[list[str], list[str]]:
+    """Delete the live local jobs of a DAG run (of any run of ``dag_id`` when ``run_id`` is
+    None) and wait up to ``wait_s`` for their processes to go; return the job ids deleted and
+    those with a process still left."""
+    from trainer.contract import safe_segment
+    from trainops.cluster.local.backend import LocalCluster
+
+    cluster = LocalCluster()
+    labels = {"trainops/dag": dag_id}
+    if run_id is not None:
+        labels["trainops/run"] = safe_segment(run_id)
+    handles = cluster.find(labels)
+    for handle in handles:
+        cluster.delete(handle)
+    deadline = time.monotonic() + wait_s
+    left = list(handles)
+    while left and time.monotonic() < deadline:
+        left = [h for h in left if not cluster.all_gone(h)]
+        if left:
+            time.sleep(0.2)
+    return [h["job_id"] for h in handles], [h["job_id"] for h in left]
+
+
+class Console:
+    """Permanent lines and, on a terminal, one progress bar redrawn under them."""
+
+    def __init__(self, out: IO[str]):
+        self.out = out
+        self.tty = out.isatty()
+        self._bar = False
+
+    def line(self, text: str) -> None:
+        self.clear()
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def progress(self, text: str) -> None:
+        self.out.write("\r\x1b[2K" + text)
+        self.out.flush()
+        self._bar = True
+
+    def clear(self) -> None:
+        if self._bar:
+            self.out.write("\r\x1b[2K")
+            self._bar = False
+
+
+class DemoWatch:
+    """What one demo run has printed so far, and the reads that print the rest.
+
+    :param db: Airflow's SQLite metadata DB.
+    :param after_id: the newest ``dag_run.id`` before the run was started.
+    :param root: the storage root the run writes to.
+    """
+
+    def __init__(self, console: Console, db: Path | None, after_id: int, root: str):
+        self.console, self.db, self.after_id, self.root = console, db, after_id, root
+        self.run_id: str | None = None
+        self.run_state: str | None = None
+        self._printed_tasks: set[tuple[str, int]] = set()
+        self._printed_attempts: set[int] = set()
+        self._store: Any = None
+        self._metrics: Any = None
+        self._total: int | None = None
+        self._first: dict[int, tuple[int, float]] = {}  # attempt -> its first seen (step, time)
+        self._last_line_step: int | None = None
+
+    def poll(self) -> None:
+        """Read what is new and print its lines (a read that fails now is read again later)."""
+        if self.db is not None:
+            found = read_run(self.db, DEMO_DAG, self.after_id)
+            if found is not None:
+                self.run_id, self.run_state, tasks = found
+                self._tasks(tasks)
+        if self.run_id is not None:
+            try:
+                self._training()
+            except Exception:  # not there yet, or being written: the next poll reads again
+                return
+
+    def _tasks(self, rows: list[quiet.TaskRow]) -> None:
+        for row in rows:
+            key = (row["task_id"], row["try_number"])
+            state = (row["state"] or "").lower()
+            ended = state in quiet.FINAL_TASK_STATES or state == "up_for_retry"
+            if ended and key not in self._printed_tasks:
+                if row["task_id"] == "train":
+                    self._training()  # its attempts' lines come before its own
+                self._printed_tasks.add(key)
+                self.console.line(quiet.task_line(row))
+
+    def _training(self) -> None:
+        from trainer.contract import MetricsReader, RunLayout, run_prefix
+        from trainer.storage import NotFound, open_storage
+
+        assert self.run_id is not None
+        run_uri = run_prefix(self.root, DEMO_DAG, self.run_id, "train")
+        layout = RunLayout(run_uri)
+        if self._store is None:
+            self._store = open_storage(run_uri)
+        if self._total is None:
+            try:
+                self._total = _max_steps(self._store.get(layout.config))
+            except NotFound:
+                return
+        if self._metrics is None:
+            self._metrics = MetricsReader(self._store, run_uri)
+        latest = self._metrics.latest()
+        if latest:
+            self._progress(max(latest), latest[max(latest)])
+        try:
+            job = self._store.get_json(layout.job)
+        except NotFound:
+            return
+        for entry in job.get("attempts", []):
+            if entry["attempt"] in self._printed_attempts:
+                continue
+            line = quiet.attempt_line(entry, self._total)
+            if line is None:
+                continue
+            self._printed_attempts.add(entry["attempt"])
+            self.console.line(line)
+            if entry.get("classification") not in ("succeeded", "preempted"):
+                for text in quiet.error_lines(entry):
+                    self.console.line(text)
+
+    def _progress(self, attempt: int, record: dict) -> None:
+        step, at = int(record["step"]), float(record.get("time") or time.time())
+        first = self._first.setdefault(attempt, (step, at))
+        rate = (step - first[0]) / (at - first[1]) if at > first[1] and step > first[0] else None
+        text = quiet.progress_text(attempt, record, self._total, rate)
+        if self.console.tty:
+            self.console.progress(quiet.bar(step, self._total) + text)
+        elif quiet.progress_due(step, self._last_line_step, self._total):
+            self._last_line_step = step
+            self.console.line(text)
+
+
+def _max_steps(config_yaml: bytes) -> int | None:
+    import yaml
+
+    config = yaml.safe_load(config_yaml) or {}
+    steps = (config.get("train") or {}).get("max_steps")
+    return int(steps) if steps else None
+
+
+def log_path(airflow_home: str) -> Path:
+    """Where this demo's full log goes: ``$AIRFLOW_HOME/logs/trainops-demo/<time>.log``."""
+    folder = Path(airflow_home) / "logs" / "trainops-demo"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / time.strftime("%Y%m%d-%H%M%S.log")
+
+
+def run_quiet_demo(project_dir: str, *, corrupt_data: bool = False, out: IO[str] | None = None) -> int:
+    """Run the demo in a child (``demo --verbose``) logging to a file, print its course and
+    its summary; 130 after a Ctrl-C, else the child's exit status."""
+    from trainops.cli.devenv import apply_dev_env, storage_root_choice
+
+    console = Console(out or sys.stdout)
+    root, source = storage_root_choice(None, checkout=project_dir)
+    env = apply_dev_env(project_dir)
+    log = log_path(env["AIRFLOW_HOME"])
+    result = log.with_suffix(".result.json")
+    console.line(f"full log: {log} (python -m trainops demo -v shows it here)")
+    console.line(f"storage root: {root} ({source})")
+    db = sqlite_path(env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"))
+    if db is None:
+        console.line("(Airflow's DB is not SQLite: no task or training lines here; -v shows the log)")
+    watch = DemoWatch(console, db, newest_run_id(db) if db else 0, root)
+    argv = [sys.executable, "-m", "trainops", "demo", "--verbose", "--project-dir", project_dir]
+    argv += ["--result-file", str(result)] + (["--corrupt-data"] if corrupt_data else [])
+    with open(log, "ab") as sink:
+        # Its own session: the terminal's Ctrl-C reaches this process only, which stops it.
+        child = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    # Ctrl-C sets a flag rather than raising: a second one (``make`` passes its own on) must
+    # not cut the cleanup short, wherever it lands.
+    interrupted: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
+    try:
+        while child.poll() is None and not interrupted:
+            watch.poll()
+            time.sleep(POLL_S)
+        if interrupted:
+            return _interrupted(console, child, watch, result)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    watch.poll()
+    console.clear()
+    try:
+        outcome = json.loads(result.read_text())
+    except (FileNotFoundError, ValueError):
+        console.line(f"the demo ended with status {child.returncode} before its summary: see {log}")
+        return child.returncode or 1
+    finally:
+        result.unlink(missing_ok=True)
+    console.out.write(outcome["summary"])
+    console.line(
+        f"DAG run {outcome['run_id']}: {outcome['state']} in {outcome['elapsed']:.0f}s; full log: {log}"
+    )
+    return int(child.returncode)
+
+
+def _interrupted(console: Console, child: subprocess.Popen[bytes], watch: DemoWatch, result: Path) -> int:
+    """Ctrl-C: stop the child (it marks the run failed and deletes its jobs, writing what it
+    did to ``result``), then make sure no job of the run is left, and say what was done."""
+    console.clear()
+    console.out.write("\n")
+    with contextlib.suppress(ProcessLookupError):  # it may be gone already
+        child.send_signal(signal.SIGINT)
+    try:
+        child.wait(STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+    watch.poll()
+    try:
+        done = json.loads(result.read_text())
+        result.unlink()
+    except (FileNotFoundError, ValueError):  # killed before it could say
+        done = {}
+    deleted, left = stop_jobs(DEMO_DAG, watch.run_id)  # what the child did not delete
+    jobs = [*done.get("deleted", []), *deleted]
+    run = watch.run_id or "(none started yet)"
+    what = f"deleted its job(s) {', '.join(jobs)}" if jobs else "it had no job running"
+    if left:
+        console.line(
+            f"interrupted: stopped DAG run {run} and {what}, but {', '.join(left)} still "
+            f"have processes: see {Path(os.environ.get('TRAINOPS_LOCAL_STATE', '.')) / 'jobs'}"
+        )
+    else:
+        console.line(
+            f"interrupted: stopped DAG run {run} (marked failed) and {what}; no trainer process is left"
+        )
+    return 130
