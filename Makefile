@@ -15,7 +15,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
-# The unit tests only: no torchrun, no whole DAG (about 5 minutes on 2 cores).
+# The unit tests only: no torchrun, no whole DAG (about 6 minutes on 2 cores).
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 
