@@ -269,14 +269,26 @@ def load_export(storage: Storage, export_uri: str) -> tuple[nn.Module, ModelArgs
     return built.model.eval(), built.args
 
 
+def weight_map(storage: Storage, folder_uri: str) -> dict[str, str] | None:
+    """A sharded folder's tensor name -> file name (its ``model.safetensors.index.json``); None
+    when the folder has no index (its weights are one ``model.safetensors``). Raises
+    ``ValueError`` for an index without a ``weight_map``."""
+    index_uri = join(folder_uri, WEIGHTS_INDEX)
+    try:
+        document = storage.get_json(index_uri)
+    except NotFound:
+        return None
+    mapping = document.get("weight_map") if isinstance(document, dict) else None
+    if not isinstance(mapping, dict) or not mapping:
+        raise ValueError(f"{index_uri} has no weight_map of tensor names to files; re-export the model")
+    return {str(k): str(v) for k, v in mapping.items()}
+
+
 def weight_files(storage: Storage, export_uri: str) -> list[str]:
     """The weight files of an export folder: the index's files when sharded, else ``model.safetensors``."""
-    index_uri = join(export_uri, WEIGHTS_INDEX)
-    if storage.head(index_uri) is not None:
-        weight_map = _json_object(storage, index_uri).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise ValueError(f"{index_uri} has no weight_map; re-export the model")
-        return sorted(set(weight_map.values()))
+    mapping = weight_map(storage, export_uri)
+    if mapping is not None:
+        return sorted(set(mapping.values()))
     if storage.head(join(export_uri, WEIGHTS)) is None:
         raise FileNotFoundError(
             f"{export_uri} holds no {WEIGHTS} (nor {WEIGHTS_INDEX}); point the model URI at an export "

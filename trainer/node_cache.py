@@ -1,7 +1,8 @@
 """Fetch once per node: a file from storage into the node's cache, verified, whichever rank asks first.
 
 The ranks of one node share one cache folder (``trainer.data.cache_dir()``, one per node or
-pod). :func:`fetch` makes ``path`` hold the object at ``uri`` with the wanted size and sha256:
+pod). :func:`fetch` makes ``path`` hold the object at ``uri`` with the wanted size and sha256
+(or, where no checksum is known, such as a warm start's Hugging Face folder, the wanted size):
 
 - a file already there with its sidecar (``.<name>.verified``: the size and sha256 it was
   verified with) that records the wanted checksum is used as it is: nothing is fetched;
@@ -36,7 +37,7 @@ class Mismatch(RuntimeError):
     :param uri: what was fetched; ``size``/``sha256``: what it had; ``want_*``: what was wanted.
     """
 
-    def __init__(self, uri: str, size: int, sha256: str, want_size: int | None, want_sha256: str):
+    def __init__(self, uri: str, size: int, sha256: str, want_size: int | None, want_sha256: str | None):
         self.uri, self.size, self.sha256 = uri, size, sha256
         self.want_size, self.want_sha256 = want_size, want_sha256
         if want_size is not None and size != want_size:
@@ -59,8 +60,9 @@ def _temp_prefix(path: Path) -> str:
     return f".{path.name}.part-"
 
 
-def is_verified(path: Path, sha256: str, size: int | None = None) -> bool:
-    """Whether ``path`` holds content verified to have ``sha256`` (and ``size``), by its sidecar."""
+def is_verified(path: Path, sha256: str | None, size: int | None = None) -> bool:
+    """Whether ``path`` holds content verified to have ``sha256`` (and ``size``), by its sidecar;
+    ``sha256`` None: whatever content a completed fetch left (and ``size``)."""
     try:
         record = json.loads(sidecar(path).read_text())
         on_disk = path.stat().st_size
@@ -68,7 +70,7 @@ def is_verified(path: Path, sha256: str, size: int | None = None) -> bool:
         return False
     return (
         isinstance(record, dict)
-        and record.get("sha256") == sha256
+        and (sha256 is None or record.get("sha256") == sha256)
         and record.get("size") == on_disk
         and (size is None or size == on_disk)
     )
@@ -91,8 +93,12 @@ def _locked(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def fetch(storage: Storage, uri: str, path: Path, *, sha256: str, size: int | None = None) -> bool:
+def fetch(storage: Storage, uri: str, path: Path, *, sha256: str | None, size: int | None = None) -> bool:
     """Make ``path`` hold the object at ``uri``, verified to have ``sha256`` (and ``size``).
+
+    ``sha256`` None: no checksum is known, so only ``size`` is verified; the caller then keys
+    ``path`` by what identifies the object's version (its size and etag), and a file found
+    there without a sidecar is fetched again rather than adopted.
 
     True when this call downloaded it; False when the node had it already (fetched by another
     rank, or earlier). Raises :class:`Mismatch` when storage holds other bytes (nothing is left
@@ -111,7 +117,7 @@ def fetch(storage: Storage, uri: str, path: Path, *, sha256: str, size: int | No
         tmp = path.with_name(f"{_temp_prefix(path)}{os.getpid()}-{uuid.uuid4().hex[:8]}")
         try:
             got_size, got_sha = storage.download_file_hashed(uri, tmp)
-            if got_sha != sha256 or (size is not None and got_size != size):
+            if (sha256 is not None and got_sha != sha256) or (size is not None and got_size != size):
                 raise Mismatch(uri, got_size, got_sha, size, sha256)
             sidecar(path).unlink(missing_ok=True)  # never a sidecar beside other content
             os.replace(tmp, path)
@@ -121,7 +127,7 @@ def fetch(storage: Storage, uri: str, path: Path, *, sha256: str, size: int | No
         return True
 
 
-def _adopt(path: Path, sha256: str, size: int | None) -> bool:
+def _adopt(path: Path, sha256: str | None, size: int | None) -> bool:
     """Whether a file at ``path`` with no (or another) sidecar already holds the wanted bytes.
 
     That is a file put there by an earlier version, which kept no sidecar, or one whose
@@ -132,7 +138,7 @@ def _adopt(path: Path, sha256: str, size: int | None) -> bool:
         on_disk = path.stat().st_size
     except FileNotFoundError:
         return False
-    if (size is None or on_disk == size) and sha256_file(path) == sha256:
+    if sha256 is not None and (size is None or on_disk == size) and sha256_file(path) == sha256:
         _record(path, on_disk, sha256)
         return True
     sidecar(path).unlink(missing_ok=True)

@@ -20,14 +20,9 @@ run's own, fresh.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import logging
-import os
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,19 +30,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer import hf
+from trainer import hf, node_cache
 from trainer.config import Config, ConfigError, check_init_fit, init_source
 from trainer.contract import join
 from trainer.data import cache_dir
+from trainer.export import HF_CONFIG, WEIGHTS, WEIGHTS_INDEX, weight_map
 from trainer.parallel import plain_name
 from trainer.presets import ModelArgs
 from trainer.storage import NotFound, Storage, open_storage
 
 log = logging.getLogger("trainer.warm_start")
-
-HF_CONFIG = "config.json"
-WEIGHTS = "model.safetensors"
-INDEX = "model.safetensors.index.json"
 
 
 class WarmStartError(RuntimeError):
@@ -76,27 +68,23 @@ def read_source(storage: Storage, uri: str) -> Source:
     if not isinstance(config, dict):
         raise WarmStartError(f"{join(uri, HF_CONFIG)} is not a JSON object; re-export the source model")
     try:
-        index = storage.get_json(join(uri, INDEX))
-    except NotFound:
-        index = None
-    if index is not None:
-        weight_map = index.get("weight_map") if isinstance(index, dict) else None
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise WarmStartError(
-                f"{join(uri, INDEX)} has no weight_map of tensor names to files; re-export the source model"
-            )
-        return Source(uri, config, {str(k): str(v) for k, v in weight_map.items()})
+        files = weight_map(storage, uri)
+    except ValueError as exc:
+        raise WarmStartError(f"{exc} (init.from={uri!r})") from None
+    if files is not None:
+        return Source(uri, config, files)
     if storage.head(join(uri, WEIGHTS)) is None:
         raise WarmStartError(
-            f"init.from={uri!r} holds neither {WEIGHTS} nor {INDEX}; point init.from at a folder with the weights"
+            f"init.from={uri!r} holds neither {WEIGHTS} nor {WEIGHTS_INDEX}; point init.from at a folder with the weights"
         )
     return Source(uri, config, {})  # one file: names are read from its header
 
 
 def local_file(storage: Storage, uri: str) -> Path:
     """A local path holding the object at ``uri``: the file itself on ``file://``, else the
-    node's cached copy, fetched by the first rank of the node that asks (keyed by the object's
-    URI, size and etag, so a changed object is fetched again)."""
+    node's cached copy, fetched once per node by the first rank that asks
+    (``trainer.node_cache``, keyed by the object's URI, size and etag, so a changed object is
+    fetched again; a Hugging Face folder records no checksum, so its size is what is verified)."""
     if uri.startswith("file://"):
         return Path(uri.removeprefix("file://"))
     head = storage.head(uri)
@@ -104,32 +92,13 @@ def local_file(storage: Storage, uri: str) -> Path:
         raise WarmStartError(f"{uri} does not exist; the init.from folder changed while it was read")
     key = hashlib.sha256(f"{uri}\n{head.get('size')}\n{head.get('etag')}".encode()).hexdigest()[:24]
     path = cache_dir() / "warm-start" / key / uri.rsplit("/", 1)[-1]
-    if path.exists():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(path.with_name(f".{path.name}.lock")):
-        if not path.exists():  # another rank of this node fetched it while we waited
-            tmp = path.with_name(f".{path.name}.part-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-            try:
-                size, _ = storage.download_file_hashed(uri, tmp)
-                if head.get("size") is not None and size != head["size"]:
-                    raise WarmStartError(
-                        f"{uri} changed while it was fetched ({size} bytes, {head['size']} listed); retry"
-                    )
-                os.replace(tmp, path)
-            finally:
-                tmp.unlink(missing_ok=True)
-    return path
-
-
-@contextlib.contextmanager
-def _locked(lock: Path) -> Iterator[None]:
-    fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel if this process dies
-        yield
-    finally:
-        os.close(fd)
+        node_cache.fetch(storage, uri, path, sha256=None, size=head.get("size"))
+    except node_cache.Mismatch as exc:
+        raise WarmStartError(
+            f"{uri} changed while it was fetched ({exc.size} bytes, {head['size']} listed); retry"
+        ) from None
+    return path
 
 
 def _shard(param: torch.Tensor) -> tuple[torch.Tensor, int]:

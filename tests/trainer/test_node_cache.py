@@ -44,6 +44,19 @@ def test_other_bytes_in_storage_are_refused_and_leave_nothing_in_place(tmp_path)
     assert [p.name for p in path.parent.iterdir()] == [".a.bin.lock"]
 
 
+def test_with_no_checksum_known_the_size_is_verified_and_a_file_without_a_sidecar_is_fetched_again(tmp_path):
+    uri, _ = stored(tmp_path, b"hf weights")
+    storage = Counting(open_storage(uri))
+    path = tmp_path / "cache" / "model.safetensors"
+    path.parent.mkdir()
+    path.write_bytes(b"hf weights")  # no sidecar: without a checksum it cannot be trusted
+    assert node_cache.fetch(storage, uri, path, sha256=None, size=10) is True
+    assert node_cache.fetch(storage, uri, path, sha256=None, size=10) is False
+    assert storage.downloads == [uri] and node_cache.is_verified(path, None, 10)
+    with pytest.raises(node_cache.Mismatch, match=r"obj has 10 bytes, 11 were wanted"):
+        node_cache.fetch(storage, uri, tmp_path / "cache" / "other", sha256=None, size=11)
+
+
 def test_a_file_whose_content_changed_or_lost_its_sidecar_is_checked_again(tmp_path):
     uri, sha = stored(tmp_path, b"new bytes")
     storage = Counting(open_storage(uri))
