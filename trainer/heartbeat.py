@@ -52,7 +52,7 @@ class HeartbeatWriter:
         self.every_s, self._clock = every_s, clock
         self._step_times: deque[float] = deque(maxlen=STEP_TIMES_KEPT)
         self._steps = 0
-        self._pending: Heartbeat | None = None
+        self._pending: tuple[int, float, int] | None = None  # step, its time, steps
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = False
@@ -75,15 +75,9 @@ class HeartbeatWriter:
         self._put(step)
 
     def _put(self, step: int) -> None:
+        # Constant time on the training thread: the median is taken by the writer, when it writes.
         with self._lock:
-            median = statistics.median(self._step_times) if self._step_times else None
-            self._pending = {
-                "attempt": self.attempt,
-                "step": step,
-                "time": self._clock(),
-                "steps": self._steps,
-                "median_step_s": median,
-            }
+            self._pending = (step, self._clock(), self._steps)
         self._wake.set()
 
     def close(self) -> None:
@@ -98,10 +92,21 @@ class HeartbeatWriter:
             if self._closed:
                 return
             with self._lock:
-                beat, self._pending = self._pending, None
+                pending, self._pending = self._pending, None
+                times = list(self._step_times) if pending is not None else []
                 self._wake.clear()
-            if beat is not None:
-                self._write(beat)
+            if pending is not None:
+                step, at, steps = pending
+                median = statistics.median(times) if times else None
+                self._write(
+                    {
+                        "attempt": self.attempt,
+                        "step": step,
+                        "time": at,
+                        "steps": steps,
+                        "median_step_s": median,
+                    }
+                )
             # rate limit: sleep out the interval; beats meanwhile only replace the pending one
             deadline = time.monotonic() + self.every_s
             while not self._closed and (remaining := deadline - time.monotonic()) > 0:
