@@ -8,13 +8,24 @@ It first picks a micro-batch at which one baseline step takes at least 100 ms, s
 do not dominate, then alternates ours and the baseline several times (which one goes first
 alternates too) and prints the median ratio of step times. Goal: overhead_ratio <= 1.03.
 
-    .venv/bin/python bench/trainer_overhead.py [--rounds 3] [--steps 40]
+A round's ratio spreads by +-10% or more on a shared 2-core machine, even when nothing else
+runs, so one round says little: the script also prints a 90% bootstrap interval of the median
+(``overhead_ratio_ci90=``); pool rounds until it is narrow enough to decide.
+
+``--cpu`` adds the CPU time per step of both loops, all ranks together (``cpu_step_ratio=``),
+which another load on the machine disturbs much less than wall time. Each loop then also runs
+``--steps / 4`` steps, and the difference of the two runs' CPU time is divided by the
+difference of their steps, so the setup (imports, model build) cancels.
+
+    .venv/bin/python bench/trainer_overhead.py [--rounds 3] [--steps 40] [--cpu]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
+import resource
 import statistics
 import sys
 import tempfile
@@ -76,6 +87,32 @@ def ours(tmp: Path, config: Path, tag: str) -> tuple[float, list[float]]:
     return median_interval([by_step[s]["time"] for s in steps], WARMUP), [by_step[s]["loss"] for s in steps]
 
 
+def children_cpu_s() -> float:
+    """CPU seconds (user + system) of every child process waited for so far (torchrun's ranks too)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def cpu_per_step(run, tmp: Path, data_uri: str, a: argparse.Namespace, micro: int, tag: str) -> float:
+    """``run``'s CPU seconds per step over all ranks: two runs of different lengths, so that what
+    does not grow with the steps (imports, setup, the first steps' warm-up) cancels."""
+    short, long = max(a.steps // 4, WARMUP + 2), a.steps
+    used = {}
+    for steps in (short, long):
+        config = write_config(tmp, data_uri, a.preset, steps, micro, a.seq_len, f"{tag}-{steps}")
+        before = children_cpu_s()
+        run(tmp, config, f"{tag}-{steps}")
+        used[steps] = children_cpu_s() - before
+    return (used[long] - used[short]) / (long - short)
+
+
+def ci90_of_median(values: list[float], resamples: int = 2000) -> tuple[float, float]:
+    """A 90% bootstrap interval of the median of ``values`` (seeded: the same rounds, the same interval)."""
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    return medians[int(0.05 * resamples)], medians[int(0.95 * resamples) - 1]
+
+
 def check_same_work(ours_losses: list[float], base_losses: list[float]) -> float:
     """The largest loss difference; raises when the loops did not do the same work."""
     if len(ours_losses) != len(base_losses):
@@ -96,7 +133,12 @@ def main() -> None:
     p.add_argument("--preset", default="tiny")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--min-step-s", type=float, default=0.1)
+    p.add_argument("--cpu", action="store_true", help="also the CPU time per step (two more runs each round)")
     a = p.parse_args()
+    if a.cpu and a.steps < 40:
+        p.error(
+            f"--cpu needs --steps 40 or more (got {a.steps}): below that the setup's spread swamps the steps"
+        )
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         data_uri = write_random_dataset(tmp / "data")
@@ -112,7 +154,7 @@ def main() -> None:
             if step >= a.min_step_s or micro >= 512:
                 break
             micro *= 2
-        ratios, worst = [], 0.0
+        ratios, cpu_ratios, worst = [], [], 0.0
         for r in range(a.rounds):
             config = write_config(tmp, data_uri, a.preset, a.steps, micro, a.seq_len, f"r{r}")
             order = (ours, baseline) if r % 2 == 0 else (baseline, ours)  # a drift in speed cancels
@@ -126,10 +168,24 @@ def main() -> None:
                 file=sys.stderr,
                 flush=True,
             )
+            if a.cpu:
+                cpu = {run.__name__: cpu_per_step(run, tmp, data_uri, a, micro, f"c{r}") for run in order}
+                cpu_ratios.append(cpu["ours"] / cpu["baseline"])
+                print(
+                    f"round {r + 1}: CPU per step (all ranks) ours {cpu['ours'] * 1000:.1f} ms, "
+                    f"baseline {cpu['baseline'] * 1000:.1f} ms, ratio {cpu_ratios[-1]:.3f}",
+                    file=sys.stderr,
+                    flush=True,
+                )
     print(f"config: preset={a.preset} micro_batch={micro} seq_len={a.seq_len} world=2 precision=bf16 cpu")
     print(f"loss_max_abs_diff={worst:.3g}")
     print(f"ratios={','.join(f'{x:.3f}' for x in ratios)}")
     print(f"overhead_ratio={statistics.median(ratios):.3f}")
+    low, high = ci90_of_median(ratios)
+    print(f"overhead_ratio_ci90={low:.3f},{high:.3f}")
+    if cpu_ratios:
+        print(f"cpu_step_ratios={','.join(f'{x:.3f}' for x in cpu_ratios)}")
+        print(f"cpu_step_ratio={statistics.median(cpu_ratios):.3f}")
 
 
 if __name__ == "__main__":
