@@ -22,10 +22,31 @@ import json
 import time
 
 
-def main() -> None:
+def plain_step(model, opt, scheduler, batches, cursor: int, grad_clip: float) -> float:
+    """One hand-written step on the micro-batch at ``cursor``; the loss, averaged over the ranks
+    (read every step, as a plain loop does). ``bench/loop_overhead.py`` interleaves it with the
+    trainer's own loop."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
+
+    from trainer import data
+
+    inputs, targets = data.inputs_and_targets(batches.micro_batch(cursor, 0))
+    logits = model(inputs)
+    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    opt.step()
+    scheduler.step()
+    opt.zero_grad(set_to_none=True)
+    total = torch.tensor([loss.item()], dtype=torch.float64)
+    dist.all_reduce(total)
+    return total.item() / dist.get_world_size()
+
+
+def main() -> None:
+    import torch.distributed as dist
 
     from trainer import data, parallel
     from trainer.config import load_config
@@ -68,18 +89,8 @@ def main() -> None:
 
     times, losses = [], []
     for step in range(t.max_steps):
-        inputs, targets = data.inputs_and_targets(batches.micro_batch(step * global_batch, 0))
-        logits = model(inputs)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
-        opt.step()
-        scheduler.step()
-        opt.zero_grad(set_to_none=True)
-        total = torch.tensor([loss.item()], dtype=torch.float64)
-        dist.all_reduce(total)
+        losses.append(plain_step(model, opt, scheduler, batches, step * global_batch, t.grad_clip))
         times.append(time.time())
-        losses.append(total.item() / env.world_size)
     if env.is_main:
         with open(a.out, "w") as f:
             json.dump({"times": times, "losses": losses}, f)
