@@ -32,6 +32,7 @@ from trainops.cluster.kubernetes.render import (
 )
 from trainops.cluster.kubernetes.state import job_outcome, job_state, node_index, trainer_container
 from trainops.cluster.spec import JobSpec
+from trainops.cluster.torchrun_log import MAX_BLOCK_LINES, fold
 
 log = logging.getLogger(__name__)
 # API kind -> (group, version, plural) of the objects created through the custom objects API
@@ -425,17 +426,20 @@ class KubernetesCluster:
         return data
 
     def logs_tail(self, handle: JobHandle, lines: int = 30) -> str:
-        """The last ``lines`` lines of each pod's trainer container, prefixed ``[node-<i>]``."""
+        """The last ``lines`` lines of each pod's trainer container, prefixed ``[node-<i>]``, with
+        torchrun's own traceback folded into one line (:mod:`~trainops.cluster.torchrun_log`)."""
         out = []
         for pod in sorted(self._pods(handle), key=lambda p: node_index(p) or 0):
             name, index = pod["metadata"]["name"], node_index(pod)
             try:
-                text = self._read_log(pod, handle["namespace"], tail_lines=lines).decode(
+                # with room for a torchrun block's start, to fold it
+                text = self._read_log(pod, handle["namespace"], tail_lines=lines + MAX_BLOCK_LINES).decode(
                     "utf-8", errors="replace"
                 )
             except Exception as exc:  # a pod that never started has no log; say so
                 text = f"(no log for pod {name}: {getattr(exc, 'reason', None) or exc})"
-            out += [f"[node-{index}] {line}" for line in text.splitlines()]
+            folded, _ = fold(text.splitlines())
+            out += [f"[node-{index}] {line}" for line in (folded[-lines:] if lines > 0 else [])]
         return "\n".join(out)
 
     def _node0_pod(self, handle: JobHandle) -> Json | None:
@@ -498,5 +502,6 @@ class KubernetesCluster:
             max_lines,
             tailed=tailed,
             keep_partial=finished and not capped,
+            final=finished and not capped,
         )
         return lines, next_cursor, capped and not lines and not tailed

@@ -17,6 +17,7 @@ import re
 from datetime import datetime
 
 from trainops.cluster.base import LogCursor, cap_lines
+from trainops.cluster.torchrun_log import fold
 
 # RFC 3339 with up to nanoseconds, as the kubelet writes it (Go's RFC3339Nano drops trailing
 # zeros, so "…:05Z" < "…:05.5Z" < "…:05.12Z" in time but not as strings: compare parsed).
@@ -68,6 +69,7 @@ def new_lines(
     *,
     tailed: bool = False,
     keep_partial: bool = True,
+    final: bool = True,
 ) -> tuple[list[str], LogCursor]:
     """The lines of ``text`` that ``cursor`` has not seen, capped to ``max_lines``, without
     their timestamps; and the next cursor.
@@ -79,6 +81,9 @@ def new_lines(
         than ``max_lines`` lines, or when a read past a cursor reaches back to none it saw.
     :param keep_partial: False: a last line without a newline (a read cut at ``limit_bytes``,
         or a line still being written) is left for the next read.
+    :param final: the pod has finished, so no more lines follow. torchrun's own traceback is
+        folded into one line (:func:`trainops.cluster.torchrun_log.fold`); while the pod runs, a
+        traceback still being written is left for the next read (the cursor stops before it).
     """
     seen = None if first_read(cursor, pod) else cursor
     after = timestamp_key(seen["ts"]) if seen else None
@@ -89,6 +94,7 @@ def new_lines(
     if partial and keep_partial:
         lines.append(partial)
     new, window, overlap = [], [], False  # window: (ts, key) of every line at or after the cursor
+    at: list[int] = []  # where each new line is in the window
     ts, key = (seen["ts"], after) if seen else (None, None)
     for line in lines:
         line_ts, body = split_timestamp(line)
@@ -101,7 +107,11 @@ def new_lines(
         if after is not None and key == after and dedupe > 0:
             dedupe, overlap = dedupe - 1, True
             continue
+        at.append(len(window) - 1)
         new.append(body.rstrip("\r"))
+    folded, used = fold(new, final=final)
+    if used < len(new):  # a traceback still being written: read it again, whole, next time
+        window = window[: at[used]]
     next_cursor: LogCursor = {"pod": pod, "ts": seen["ts"] if seen else None, "n": seen["n"] if seen else 0}
     if window and window[-1][1] is not None:
         last_ts, last_key = window[-1]
@@ -110,4 +120,4 @@ def new_lines(
             count = max(count, seen_n)
         next_cursor = {"pod": pod, "ts": last_ts, "n": count}
     gap = tailed and not overlap and (seen is not None or len(lines) > max_lines)
-    return cap_lines(new, max_lines, None if gap else len(new)), next_cursor
+    return cap_lines(folded, max_lines, None if gap else len(folded)), next_cursor

@@ -32,8 +32,8 @@ from trainops.cluster.base import FINAL_PHASES, Chaos, JobAlreadyExists, JobHand
 from trainops.cluster.local.gpus import host_gpus, shortfall
 from trainops.cluster.local.pgroups import job_processes, new_token
 from trainops.cluster.local.supervisor import Status
-from trainops.cluster.local.torchrun_log import MAX_BLOCK_LINES, fold
 from trainops.cluster.spec import JobSpec, JobSpecError
+from trainops.cluster.torchrun_log import MAX_BLOCK_LINES, fold
 
 
 def _pid_alive(pid: int) -> bool:
@@ -197,7 +197,7 @@ class LocalCluster:
 
     def logs_tail(self, handle: JobHandle, lines: int = 30) -> str:
         """The last ``lines`` lines of every node's log, each prefixed with its node, with
-        torchrun's own traceback folded into one line (:mod:`~trainops.cluster.local.torchrun_log`)."""
+        torchrun's own traceback folded into one line (:mod:`~trainops.cluster.torchrun_log`)."""
         out = []
         for log in sorted(Path(handle["job_dir"]).glob("node-*.log")):
             with open(log, errors="replace") as f:

@@ -11,6 +11,7 @@ from airflow.sdk.exceptions import TaskDeferred
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import ProtocolError
 
+from tests.trainops.cluster.test_torchrun_log import PREEMPTED_NODE_0
 from tests.trainops.operators.helpers import staged_dataset
 from trainops.cluster import get_cluster
 from trainops.cluster.base import JobAlreadyExists
@@ -19,6 +20,7 @@ from trainops.cluster.kubernetes.backend import KubernetesCluster
 from trainops.cluster.kubernetes.names import label_value
 from trainops.cluster.kubernetes.render import render_manifests
 from trainops.cluster.spec import JobSpec
+from trainops.cluster.torchrun_log import MAX_BLOCK_LINES
 from trainops.operators import EvaluateModelOperator, FSDPTrainingOperator
 from trainops.recovery.classify import PREEMPTED, classify_attempt
 
@@ -179,7 +181,8 @@ def test_logs_tail_reads_each_pods_trainer_container(api):
         "[node-0] step 99",
         f"[node-1] (no log for pod {RECORDED}-1-k7q2m: Bad Request)",
     ]
-    assert ("log", f"{RECORDED}-0-k7q2m", "trainer", 2) in api.calls
+    # with room for the start of a torchrun traceback, which is folded
+    assert ("log", f"{RECORDED}-0-k7q2m", "trainer", 2 + MAX_BLOCK_LINES) in api.calls
 
 
 def test_get_cluster_builds_the_backend_from_an_airflow_connection(monkeypatch):
@@ -358,6 +361,39 @@ def test_log_lines_of_a_finished_pod_keep_its_unterminated_last_line(api):
     assert stream(api).log_lines(handle_of_recorded(), None)[0] == ["final words", "no newline"]
     api.objects[("Pod", "ml", NODE0)]["status"]["phase"] = "Running"  # may still be written
     assert stream(api).log_lines(handle_of_recorded(), None)[0] == ["final words"]
+
+
+TORCHRUN_FOLDED = "torchrun: worker rank 0 exited with code 143 (SIGTERM); torchrun's traceback is left out"
+
+
+def test_a_preempted_pods_torchrun_traceback_reaches_the_task_log_as_one_line(api):
+    """The agent writes its ChildFailedError block over a moment: while the pod runs, a block
+    read half-way waits (the cursor stops before it); read whole, it is one line."""
+    preempted = PREEMPTED_NODE_0.splitlines()
+    block = next(i for i, line in enumerate(preempted) if line.startswith("Traceback"))
+    api.add(load("job-running"), load("pod-running"))
+    api.write_log(NODE0, "step 55", *preempted[: block + 8], at=T0, every=0.001)  # cut mid-block
+    api.now = T0 + 1
+    cluster = stream(api)
+    lines, cursor = cluster.log_lines(handle_of_recorded(), None)
+    assert lines == ["step 55", *preempted[:block]]  # the trainer's own lines, not the block yet
+    api.write_log(NODE0, *preempted[block + 8 :], at=T0 + 1, every=0.001)
+    api.objects[("Pod", "ml", NODE0)]["status"]["phase"] = "Failed"
+    api.now = T0 + 2
+    lines, _ = cluster.log_lines(handle_of_recorded(), cursor)
+    assert lines == [TORCHRUN_FOLDED]
+    assert not any("Traceback" in line or "ChildFailedError" in line for line in lines)
+
+
+def test_logs_tail_folds_torchruns_traceback_and_keeps_the_trainers(api):
+    api.add(load("job-failed-exitcode"), load("pod-oomkilled"), load("pod-running"))
+    api.write_log(NODE0, *(f"step {i}" for i in range(50)), *PREEMPTED_NODE_0.splitlines(), at=T0)
+    out = KubernetesCluster(hook=api).logs_tail(handle_of_recorded(), lines=3).splitlines()
+    assert out[:3] == [
+        "[node-0] [trainer] preempted by SIGTERM: committed step 56, exiting",
+        f"[node-0] {PREEMPTED_NODE_0.splitlines()[1]}",
+        f"[node-0] {TORCHRUN_FOLDED}",
+    ]
 
 
 def test_log_reads_bypass_the_clients_bytes_repr(api):

@@ -181,7 +181,7 @@ def test_log_lines_caps_a_backlog_with_a_notice(cluster, tmp_path):
 
 
 def test_log_lines_fold_torchruns_traceback_even_when_it_arrives_in_pieces(cluster, tmp_path):
-    from tests.trainops.cluster.local.test_torchrun_log import PREEMPTED_NODE_0
+    from tests.trainops.cluster.test_torchrun_log import PREEMPTED_NODE_0
 
     data = PREEMPTED_NODE_0.encode()
     cut = data.index(b"raise ChildFailedError")

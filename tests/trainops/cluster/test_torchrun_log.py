@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainops.cluster.local.torchrun_log import MAX_BLOCK_LINES, fold
+from trainops.cluster.torchrun_log import MAX_BLOCK_LINES, fold
 
 # The end of node 0's log in the demo's preempted attempt, as torch 2.13's torchrun writes it
 # (its trailing spaces written as \x20).

@@ -8,8 +8,9 @@ a crash even for an expected preemption. What the attempt amounts to is decided 
 attempt record (``trainops.recovery.classify``), never from these lines; the trainer's own
 lines, including a real error's traceback, pass through untouched.
 
-:func:`fold` is pure: the local backend applies it to the lines it streams into the task log
-and to the log tail it keeps in ``job.json``.
+:func:`fold` is pure. Both backends apply it to the lines they stream into the task log and to
+the log tail kept in ``job.json``: the local one to its node logs, the Kubernetes one to the
+pods' logs (a pod runs one torchrun agent, which writes the same block).
 """
 
 from __future__ import annotations
