@@ -98,7 +98,7 @@ def _chart(name: str, series: list[Series], markers: list[Marker], **kw) -> str:
 
 
 def _loss(groups: Mapping, outcomes: Mapping, evaluation: Mapping | None, markers: list[Marker]) -> str:
-    head = "<h2>Loss</h2>"
+    head = '<h2 id="loss">Loss</h2>'  # the anchor: a link (or a screenshot) can open the charts
     series = [
         Series(_attempt_name(a) + (f" ({outcomes[a]})" if a in outcomes else ""), _points(recs, "loss"))
         for a, recs in groups.items()
@@ -155,7 +155,7 @@ def training_charts(
     """
     if not metrics_read:
         why = metrics_problem or "no metrics were found next to job.json"
-        return f'<h2>Loss</h2><p class="muted">No loss curve: {escape(why)}.</p>'
+        return f'<h2 id="loss">Loss</h2><p class="muted">No loss curve: {escape(why)}.</p>'
     markers = attempt_markers(groups)
     out = [f"<style>{CHART_CSS}</style>", _loss(groups, outcomes or {}, evaluation, markers)]
     if not groups:

@@ -318,7 +318,7 @@ def test_the_run_report_shows_the_cost_between_the_summary_and_the_loss():
     html = render_run_report(JOB_URI, json.dumps(job).encode(), metrics)
     text = page_text(html)
     assert text.index("Status succeeded") < text.index("Cost and goodput (estimates)")
-    assert html.index("<h2>Cost and goodput (estimates)</h2>") < html.index("<h2>Loss</h2>")
+    assert html.index("<h2>Cost and goodput (estimates)</h2>") < html.index('<h2 id="loss">Loss</h2>')
     assert html.count('class="chart timeline"') == 1  # and the loss curve:
     assert svgs(html)["Training loss by step"].count("<polyline") == 2
     assert dict(page_tables(html)[1])["Goodput (productive / billed GPU time)"] == "47.2%"
