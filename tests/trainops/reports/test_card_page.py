@@ -207,6 +207,8 @@ def test_user_strings_are_escaped_and_secrets_redacted():
     card["config"]["storage"] = {"aws_secret_access_key": "SECRET-1"}
     card["lineage"]["parent"]["uri"] = f'{ROOT}/models/x"><script>/versions/2'
     card["run_uri"] = "s3://user:hunter2@bucket/root/runs/r"
+    card["export_uri"] = "javascript:alert(1)//x.json"
     html = render_card_page(CARD_URI, json.dumps(card).encode())
     assert "<script>" not in html and "SECRET-1" not in html and "hunter2" not in html
+    assert 'href="javascript' not in html and "<code>javascript:alert(1)//x.json</code>" in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html

@@ -53,7 +53,9 @@ def test_the_run_page_draws_loss_with_eval_points_lr_tokens_and_memory_with_atte
         "Peak GPU memory by step",
     ]
     assert all(f"{name} (log)" in charts for name in list(charts) if not name.endswith("(log)"))
-    assert html.count('class="log-switch"') == 4
+    # four switches, each its own (a shared id would tick the wrong chart's box)
+    ids = re.findall(r'class="log-switch" id="([^"]+)"><label for="\1">', html)
+    assert len(ids) == len(set(ids)) == 4
     loss = charts["Training loss by step"]
     # the periodic eval at step 4 and the evaluate task's at the last step, 10
     assert "<title>eval loss (held-out split) at 4: 3.5</title>" in loss
