@@ -16,9 +16,23 @@ URI of a file the app renders. Pure, no I/O; every value is escaped and redacted
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
+from trainops.reports.card_sections import (
+    METRICS,
+    Linkable,
+    as_map,
+    dataset_section,
+    default_linkable,
+    evaluation_section,
+    figure,
+    files_section,
+    lineage_section,
+    percent,
+    training_section,
+    uri_link,
+)
 from trainops.reports.html import (
     dicts,
     escape,
@@ -27,16 +41,12 @@ from trainops.reports.html import (
     page,
     pretty_json,
     redact,
-    report_link,
     scalar,
-    table,
     verdict,
 )
-from trainops.reports.pages import JSON_SUFFIXES, TEXT_SUFFIXES, render_report
+from trainops.reports.pages import render_report
 
 __all__ = ["CARD_CSS", "card_report", "default_linkable", "render_card_page"]
-
-Linkable = Callable[[str], bool]
 
 CARD_CSS = (
     ".tiles{display:flex;flex-wrap:wrap;gap:.6rem;margin:.8rem 0}"
@@ -58,46 +68,6 @@ _KNOWN = frozenset((
     "training", "preemptions_survived", "steps", "training_cost", "lineage",
 ))
 # fmt: on
-_METRICS = (("eval_loss", "Eval loss"), ("perplexity", "Perplexity"), ("tokens", "Tokens evaluated"))
-
-
-def default_linkable(uri: str) -> bool:
-    """A storage URI of a file the report app renders."""
-    return uri.startswith(("s3://", "file://")) and uri.endswith(JSON_SUFFIXES + TEXT_SUFFIXES)
-
-
-def _map(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _num(value: object, digits: int = 4) -> str:
-    """A figure for a tile or a cell: integers with separators, floats to ``digits`` significant."""
-    if isinstance(value, bool) or value is None:
-        return "-" if value is None else ("yes" if value else "no")
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        return f"{value:.{digits}g}"
-    return str(value)
-
-
-def _uri(uri: object, linkable: Linkable, label: str | None = None) -> str:
-    """A link through the report app when ``linkable``, else the URI as code."""
-    if not isinstance(uri, str) or not uri:
-        return '<span class="muted">-</span>'
-    return report_link(uri, label) if linkable(uri) else f"<code>{escape(uri)}</code>"
-
-
-def _folder(uri: object, file: str, linkable: Linkable) -> str:
-    """A folder URI, linked to the report file ``file`` inside it when that can be shown."""
-    if not isinstance(uri, str) or not uri:
-        return '<span class="muted">-</span>'
-    inside = uri.rstrip("/") + "/" + file
-    return f"<code>{escape(uri)}</code>" + (f" ({report_link(inside, file)})" if linkable(inside) else "")
-
-
-def _rows(rows: list[tuple[str, str]]) -> str:
-    return "<table>" + "".join(f"<tr><th>{escape(k)}</th><td>{v}</td></tr>" for k, v in rows) + "</table>"
 
 
 def _tile(label: str, value: str, sub: str = "", css: str = "") -> str:
@@ -120,18 +90,20 @@ def _approved(gate: Mapping) -> bool | None:
 
 
 def _headline(card: Mapping) -> str:
-    metrics, gate = _map(card.get("metrics")), _map(card.get("gate"))
-    candidate, production = _map(metrics.get("candidate")), _map(metrics.get("production"))
+    metrics, gate = as_map(card.get("metrics")), as_map(card.get("gate"))
+    candidate, production = as_map(metrics.get("candidate")), as_map(metrics.get("production"))
     version = metrics.get("production_version")
     tiles = []
-    for key, label in _METRICS[:2]:
+    for key, label in METRICS[:2]:
         ours, theirs = candidate.get(key), production.get(key)
         if isinstance(ours, (int, float)) and isinstance(theirs, (int, float)):
-            sub = f"production v{escape(version)}: {escape(_num(theirs))} ({escape(f'{ours - theirs:+.4g}')})"
+            sub = (
+                f"production v{escape(version)}: {escape(figure(theirs))} ({escape(f'{ours - theirs:+.4g}')})"
+            )
             css = "good" if ours <= theirs else "bad"
         else:
             sub, css = "no production model to compare", ""
-        tiles.append(_tile(label, escape(_num(ours)), sub, css))
+        tiles.append(_tile(label, escape(figure(ours)), sub, css))
     checks, failed = dicts(gate.get("checks")), _failed_checks(gate)
     ok = _approved(gate)
     tiles.append(
@@ -142,14 +114,14 @@ def _headline(card: Mapping) -> str:
             "" if ok is None else "good" if ok else "bad",
         )
     )
-    training = _map(card.get("training"))
+    training = as_map(card.get("training"))
     tiles.append(
         _tile(
             "Training steps",
-            escape(_num(training.get("steps", card.get("steps")))),
+            escape(figure(training.get("steps", card.get("steps")))),
             escape(
-                f"{_num(training.get('attempts'))} attempt(s), "
-                f"{_num(training.get('preemptions'))} preemption(s) survived"
+                f"{figure(training.get('attempts'))} attempt(s), "
+                f"{figure(training.get('preemptions'))} preemption(s) survived"
             ),
         )
     )
@@ -159,29 +131,25 @@ def _headline(card: Mapping) -> str:
         tiles.append(
             _tile(
                 "Training cost (estimate)",
-                escape(f"{_num(cost.get('cost'), 3)} {currency}".strip()),
-                escape(f"goodput {_percent(cost.get('goodput'))}"),
+                escape(f"{figure(cost.get('cost'), 3)} {currency}".strip()),
+                escape(f"goodput {percent(cost.get('goodput'))}"),
             )
         )
     else:
         tiles.append(_tile("Training cost", '<span class="muted">-</span>', "no cost was recorded"))
-    dataset = _map(card.get("dataset"))
+    dataset = as_map(card.get("dataset"))
     tiles.append(
         _tile(
             "Dataset",
             escape(f"{dataset.get('dataset_name') or '-'}"),
-            escape(f"version {dataset.get('version') or '-'}, {_num(dataset.get('rows'))} rows"),
+            escape(f"version {dataset.get('version') or '-'}, {figure(dataset.get('rows'))} rows"),
         )
     )
     return f'<div class="tiles">{"".join(tiles)}</div>'
 
 
-def _percent(value: object) -> str:
-    return f"{100 * value:.1f}%" if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
-
-
 def _verdict_line(card: Mapping) -> str:
-    gate = _map(card.get("gate"))
+    gate = as_map(card.get("gate"))
     against = gate.get("production_version")
     versus = f"against production v{escape(against)}" if against is not None else "with no production model"
     return (
@@ -192,7 +160,7 @@ def _verdict_line(card: Mapping) -> str:
 
 
 def _gate(card: Mapping, linkable: Linkable) -> str:
-    gate = _map(card.get("gate"))
+    gate = as_map(card.get("gate"))
     checks, failed = dicts(gate.get("checks")), _failed_checks(gate)
     out = ["<h2>Gate checks</h2>"]
     if failed:
@@ -228,133 +196,8 @@ def _gate(card: Mapping, linkable: Linkable) -> str:
             + "</p>"
         )
     if gate.get("gate_uri"):
-        out.append(f"<p>Decision: {_uri(gate.get('gate_uri'), linkable)}</p>")
+        out.append(f"<p>Decision: {uri_link(gate.get('gate_uri'), linkable)}</p>")
     return "".join(out)
-
-
-def _evaluation(card: Mapping, linkable: Linkable) -> str:
-    metrics = _map(card.get("metrics"))
-    candidate, production = _map(metrics.get("candidate")), metrics.get("production")
-    header = ["Metric", "This version"]
-    if isinstance(production, Mapping):
-        header.append(f"Production v{escape(metrics.get('production_version'))} at the time")
-    rows = []
-    for key, label in _METRICS:
-        row = [escape(label), escape(_num(candidate.get(key)))]
-        if isinstance(production, Mapping):
-            row.append(escape(_num(production.get(key))))
-        rows.append(row)
-    note = "" if isinstance(production, Mapping) else '<p class="muted">There was no production model.</p>'
-    where = (
-        f"<p>Scores: {_uri(metrics.get('metrics_uri'), linkable)}</p>" if metrics.get("metrics_uri") else ""
-    )
-    return f"<h2>Evaluation</h2>{note}{table(header, rows)}{where}"
-
-
-def _dataset(card: Mapping, linkable: Linkable) -> str:
-    dataset = _map(card.get("dataset"))
-    validation = _map(dataset.get("validation"))
-    rows = [
-        (
-            "Name and version",
-            escape(f"{dataset.get('dataset_name') or '-'} / {dataset.get('version') or '-'}"),
-        ),
-        ("Stored at", _folder(dataset.get("uri"), "manifest.json", linkable)),
-        ("Rows", escape(_num(dataset.get("rows")))),
-        ("Train tokens", escape(_num(dataset.get("train_tokens")))),
-        ("Eval tokens", escape(_num(dataset.get("eval_tokens")))),
-        ("Quarantined rows", escape(_num(dataset.get("quarantined_rows")))),
-    ]
-    if dataset.get("manifest_uri"):
-        rows.append(("Manifest", _uri(dataset.get("manifest_uri"), linkable)))
-    if validation.get("missing"):
-        rows.append(
-            ("Validation", f'<span class="fail">missing</span>: {_uri(validation.get("uri"), linkable)}')
-        )
-    elif validation:
-        failed = ", ".join(map(str, validation.get("failed") or [])) or "none"
-        rows.append(
-            (
-                "Validation",
-                f"{verdict(validation.get('success'), 'PASSED', 'FAILED')}, "
-                f"{escape(_num(validation.get('successful_expectations')))} of "
-                f"{escape(_num(validation.get('evaluated_expectations')))} expectations met; "
-                f"failed: {escape(failed)}",
-            )
-        )
-        rows.append(("Validation report", _uri(validation.get("uri"), linkable)))
-    return f"<div><h2>Dataset</h2>{_rows(rows)}</div>"
-
-
-def _lineage(card: Mapping, linkable: Linkable) -> str:
-    parent = _map(card.get("lineage")).get("parent")
-    if isinstance(parent, Mapping) and parent:
-        named = f"{parent.get('name') or '?'} v{parent.get('version') or '?'}"
-        started = f"warm-started from {escape(named)}: {_folder(parent.get('uri'), 'card.json', linkable)}"
-    elif "lineage" in card:
-        started = "trained from scratch (random initial weights)"
-    else:
-        started = '<span class="muted">not recorded (a card older than lineage)</span>'
-    training = _map(card.get("training"))
-    rows = [
-        ("Parent", started),
-        ("Training run", _folder(card.get("run_uri"), "job.json", linkable)),
-        ("Config", _uri(card.get("config_uri"), linkable)),
-        ("Config sha256", f"<code>{escape(card.get('config_sha256') or '-')}</code>"),
-        ("Exported weights", _folder(card.get("export_uri"), "config.json", linkable)),
-        ("This version", _folder(card.get("uri"), "README.md", linkable)),
-    ]
-    job = training.get("job_uri")
-    if job and job != f"{str(card.get('run_uri') or '').rstrip('/')}/job.json":  # else linked above
-        rows.insert(2, ("Run report", _uri(job, linkable)))
-    return f"<div><h2>Lineage</h2>{_rows(rows)}</div>"
-
-
-def _training(card: Mapping, linkable: Linkable) -> str:
-    training = _map(card.get("training"))
-    labels = (
-        ("steps", "Steps"),
-        ("attempts", "Attempts"),
-        ("preemptions", "Preemptions survived"),
-        ("steps_lost", "Steps lost"),
-        ("final_loss", "Final training loss"),
-    )
-    rows = [(label, escape(_num(training.get(key)))) for key, label in labels]
-    cost = card.get("training_cost")
-    if isinstance(cost, Mapping):
-        currency = escape(cost.get("currency") or "")
-        figures = (
-            ("cost", "Cost"),
-            ("on_demand_cost", "On-demand equivalent"),
-            ("savings", "Savings"),
-            ("billed_gpu_hours", "Billed GPU-hours"),
-            ("productive_gpu_hours", "Productive GPU-hours"),
-            ("lost_gpu_hours", "Lost GPU-hours"),
-        )
-        for key, label in figures:
-            unit = f" {currency}" if key in ("cost", "on_demand_cost", "savings") and currency else ""
-            rows.append((label, escape(_num(cost.get(key), 3)) + unit))
-        rows.append(("Goodput", escape(_percent(cost.get("goodput")))))
-        cost_note = '<p class="muted">Cost figures are estimates from the run\'s job.json.</p>'
-    else:
-        rows.append(("Cost", '<span class="muted">no cost was recorded for this run</span>'))
-        cost_note = ""
-    return f"<div><h2>Training and cost</h2>{_rows(rows)}{cost_note}</div>"
-
-
-def _files(card: Mapping, linkable: Linkable) -> str:
-    files = dicts(card.get("files"))
-    if not files:
-        return ""
-    base = str(card.get("uri") or "").rstrip("/")
-    rows = []
-    for f in files:
-        path = str(f.get("path", "?"))
-        cell = _uri(f"{base}/{path}", linkable, path) if base else f"<code>{escape(path)}</code>"
-        if cell.startswith("<code>"):
-            cell = f"<code>{escape(path)}</code>"  # not a report: the name is enough
-        rows.append([cell, escape(_num(f.get("size")))])
-    return f"<div><h2>Files</h2>{table(['File', 'Bytes'], rows)}</div>"
 
 
 def _folded(card: Mapping) -> str:
@@ -388,9 +231,9 @@ def card_report(card: Mapping[str, Any], *, linkable: Linkable = default_linkabl
         + _verdict_line(card)
         + _headline(card)
         + _gate(card, linkable)
-        + _evaluation(card, linkable)
-        + f'<div class="cols">{_dataset(card, linkable)}{_lineage(card, linkable)}</div>'
-        + f'<div class="cols">{_training(card, linkable)}{_files(card, linkable)}</div>'
+        + evaluation_section(card, linkable)
+        + f'<div class="cols">{dataset_section(card, linkable)}{lineage_section(card, linkable)}</div>'
+        + f'<div class="cols">{training_section(card, linkable)}{files_section(card, linkable)}</div>'
         + "<h2>Config and record</h2>"
         + _folded(card)
     )

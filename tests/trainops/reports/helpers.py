@@ -13,7 +13,23 @@ class _Page(HTMLParser):
     """Visible text and tables (rows of cell texts) of a page."""
 
     _BLOCKS = frozenset(
-        {"table", "tr", "td", "th", "p", "li", "ol", "h1", "h2", "pre", "header", "br", "div", "summary"}
+        {
+            "table",
+            "tr",
+            "td",
+            "th",
+            "p",
+            "li",
+            "ol",
+            "h1",
+            "h2",
+            "pre",
+            "header",
+            "br",
+            "div",
+            "summary",
+            "h3",
+        }
     )
 
     def __init__(self, html: str):
