@@ -320,6 +320,10 @@ def test_run_report_draws_the_loss_curve_from_the_metrics_beside_job_json(api, r
     storage.put_json(join(run_uri, "eval", "metrics.json"), {"candidate": {"eval_loss": 2.75}})
     evaluated = get(api, job_uri).text
     assert "eval loss (held-out split) at 10: 2.75" in svgs(evaluated)["Training loss by step"]
+    # one that does not parse is no evaluation, not a broken page
+    storage.put(join(run_uri, "eval", "metrics.json"), b"{not json")
+    damaged = get(api, job_uri)
+    assert damaged.status_code == 200 and "No evaluation yet" in page_text(damaged.text)
 
     refused = get(api, job_uri, headers=bearer(api, role=None, name="nobody"))
     assert refused.status_code == 403 and "<svg" not in refused.text
