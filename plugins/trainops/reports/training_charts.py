@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
+from itertools import pairwise
 
 from trainer.contract import MetricsRecord
 from trainops.reports.charts import (
@@ -24,11 +26,23 @@ from trainops.reports.charts import (
 )
 from trainops.reports.html import escape
 
-__all__ = ["CHARTS", "attempt_markers", "eval_points", "training_charts"]
+__all__ = ["CHARTS", "MetricChart", "attempt_markers", "eval_points", "training_charts"]
 
-# (record field, section title, y-axis label, chart name, y from zero, what to say when absent)
+
+@dataclass(frozen=True)
+class MetricChart:
+    """A chart of one field of the metrics records by step."""
+
+    field: str  # the records' key
+    title: str  # the section's heading; the chart's name is "<title> by step"
+    y_label: str
+    name: str  # for the log-scale switch's id
+    from_zero: bool  # an amount: the linear y axis starts at 0
+    absent: str  # what the page says when no record holds the field (HTML)
+
+
 CHARTS = (
-    (
+    MetricChart(
         "lr",
         "Learning rate",
         "learning rate",
@@ -36,7 +50,7 @@ CHARTS = (
         False,
         "No learning rate was logged: the records hold no <code>lr</code> field.",
     ),
-    (
+    MetricChart(
         "tokens_per_s",
         "Tokens per second",
         "tokens/s",
@@ -44,7 +58,7 @@ CHARTS = (
         True,
         "No throughput was logged: the records hold no <code>tokens_per_s</code> field.",
     ),
-    (
+    MetricChart(
         "peak_mem_gib",
         "Peak GPU memory",
         "GiB",
@@ -70,12 +84,17 @@ def _points(recs: list[MetricsRecord], key: str) -> list[tuple[int, float]]:
     return sorted(points.items())
 
 
-def attempt_markers(groups: Mapping[object, list[MetricsRecord]]) -> list[Marker]:
-    """A marker at the first logged step of every attempt after the first."""
+def attempt_markers(
+    groups: Mapping[object, list[MetricsRecord]], outcomes: Mapping[object, str] | None = None
+) -> list[Marker]:
+    """A marker at the first logged step of every attempt after the first, saying what ended
+    the attempt before it when ``outcomes`` knows (``attempt 2 (after preempted)``)."""
     out = []
-    for attempt, recs in list(groups.items())[1:]:
+    for (before, _), (attempt, recs) in pairwise(groups.items()):
         if recs:
-            out.append(Marker(min(r["step"] for r in recs), _attempt_name(attempt)))
+            why = (outcomes or {}).get(before)
+            label = _attempt_name(attempt) + (f" (after {why})" if why else "")
+            out.append(Marker(min(r["step"] for r in recs), label))
     return out
 
 
@@ -156,26 +175,26 @@ def training_charts(
     if not metrics_read:
         why = metrics_problem or "no metrics were found next to job.json"
         return f'<h2 id="loss">Loss</h2><p class="muted">No loss curve: {escape(why)}.</p>'
-    markers = attempt_markers(groups)
+    markers = attempt_markers(groups, outcomes)
     out = [f"<style>{CHART_CSS}</style>", _loss(groups, outcomes or {}, evaluation, markers)]
     if not groups:
         return "".join(out)
     small = []  # side by side where the page is wide enough
-    for key, title, y_label, name, from_zero, absent in CHARTS:
-        series = [Series(_attempt_name(a), _points(recs, key)) for a, recs in groups.items()]
+    for spec in CHARTS:
+        series = [Series(_attempt_name(a), _points(recs, spec.field)) for a, recs in groups.items()]
         if not any(s.points for s in series):
-            small.append(f'<div><h2>{escape(title)}</h2><p class="muted">{absent}</p></div>')
+            small.append(f'<div><h2>{escape(spec.title)}</h2><p class="muted">{spec.absent}</p></div>')
             continue
         chart = _chart(
-            name,
+            spec.name,
             series,
             markers,
-            y_label=y_label,
-            title=f"{title} by step",
-            y_from_zero=from_zero,
+            y_label=spec.y_label,
+            title=f"{spec.title} by step",
+            y_from_zero=spec.from_zero,
             width=600,
             height=220,
         )
-        small.append(f"<div><h2>{escape(title)}</h2>{chart}</div>")
+        small.append(f"<div><h2>{escape(spec.title)}</h2>{chart}</div>")
     out.append(f'<div class="chart-grid">{"".join(small)}</div>')
     return "".join(out)

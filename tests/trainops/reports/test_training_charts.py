@@ -63,7 +63,7 @@ def test_the_run_page_draws_loss_with_eval_points_lr_tokens_and_memory_with_atte
     assert "eval/metrics.json" in page_text(html)
     for name in ("Training loss by step", "Learning rate by step", "Peak GPU memory by step"):
         assert re.findall(r'class="attempt-marker" data-x="(\d+)"', charts[name]) == ["6"]
-        assert ">attempt 2</text>" in charts[name]
+        assert ">attempt 2 (after preempted)</text>" in charts[name]  # run_job's attempt 1
     memory = Svg(charts["Peak GPU memory by step"])
     assert [name for name, _ in memory.lines] == ["attempt 1", "attempt 2"]
     assert memory.ticks["y-min"] == "0"  # an amount: the axis starts at zero
@@ -102,4 +102,6 @@ def test_unreadable_metrics_and_an_unusable_evaluation_do_not_break_the_page():
 def test_markers_start_at_each_later_attempts_first_step():
     records = metrics_records(RUN_METRICS)
     assert [(m.x, m.label) for m in attempt_markers(_groups(records))] == [(6, "attempt 2")]
+    outcomes = {1: "preempted", 2: "succeeded"}
+    assert [m.label for m in attempt_markers(_groups(records), outcomes)] == ["attempt 2 (after preempted)"]
     assert attempt_markers(_groups([r for r in records if r["attempt"] == 1])) == []
