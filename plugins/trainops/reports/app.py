@@ -74,7 +74,7 @@ from fastapi.responses import HTMLResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trainer.contract import MetricsReader, MetricsRecord, MetricsTooLarge
-from trainops.reports import card_page, fleet, pages, run_page
+from trainops.reports import fleet, pages, run_page
 
 if TYPE_CHECKING:
     from trainer.storage import Storage
@@ -673,7 +673,9 @@ def create_app() -> FastAPI:
                 evaluation=read_run_evaluation(target, roots, conn_id),
             )
         elif target.uri.endswith("/" + CARD_NAME):
-            page = card_page.render_card_page(target.uri, data, linkable=linkable_in(roots))
+            from trainops.reports.card_page import render_card_page
+
+            page = render_card_page(target.uri, data, linkable=linkable_in(roots))
         else:
             page = pages.render_report(target.uri, data)
         return HTMLResponse(page, headers=_HEADERS)
