@@ -46,11 +46,13 @@ CHART_CSS = (
 @dataclass(frozen=True)
 class Series:
     """One series of ``(x, y)`` points: a line, or ``dots`` (each point a circle, for a few
-    points such as evaluations, which a line between would misrepresent)."""
+    points such as evaluations, which a line between would misrepresent); ``ring`` dots are
+    larger and hollow, so a dot at the same place stays visible inside them."""
 
     label: str
     points: Sequence[tuple[float, float]]
     dots: bool = False
+    ring: bool = False
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,12 @@ def _colour(i: int) -> str:
     return CHART_COLOURS[i % len(CHART_COLOURS)]
 
 
+def _dot_paint(s: Series, i: int) -> str:
+    if s.ring:
+        return f'fill="none" stroke="{_colour(i)}" stroke-width="2.5"'
+    return f'fill="{_colour(i)}" stroke="#1f2328"'
+
+
 def _svg_legend(series: list[Series], left: float, top: float, width: float) -> str:
     per_row = max(1, int(width // _LEGEND_ENTRY_W))
     out = []
@@ -171,7 +179,7 @@ def _svg_legend(series: list[Series], left: float, top: float, width: float) -> 
         x = left + (i % per_row) * _LEGEND_ENTRY_W
         y = top + (i // per_row) * _LEGEND_ROW_H
         if s.dots:
-            key = f'<circle cx="{x + 11}" cy="{y - 4}" r="3.5" fill="{_colour(i)}" stroke="#fff"/>'
+            key = f'<circle cx="{x + 11}" cy="{y - 4}" r="4" {_dot_paint(s, i)}/>'
         else:
             key = (
                 f'<line x1="{x}" y1="{y - 4}" x2="{x + 22}" y2="{y - 4}" '
@@ -185,7 +193,7 @@ def _as_series(item: Series | tuple[str, Sequence[tuple[float, float]]], log_y: 
     """A :class:`Series` (or ``(label, points)``) with only the points that can be drawn."""
     s = item if isinstance(item, Series) else Series(str(item[0]), item[1])
     kept = [(float(x), float(y)) for x, y in s.points if _finite(x) and _finite(y) and (not log_y or y > 0)]
-    return Series(str(s.label), kept, s.dots)
+    return Series(str(s.label), kept, s.dots, s.ring)
 
 
 def svg_line_chart(
@@ -261,8 +269,8 @@ def svg_line_chart(
         if s.dots:
             for (x, y), (px, py) in zip(_thin(sorted(s.points)), scaled, strict=True):
                 out.append(
-                    f'<circle data-series="{escape(s.label)}" cx="{px:.1f}" cy="{py:.1f}" r="5" '
-                    f'fill="{_colour(i)}" stroke="#1f2328"><title>{escape(s.label)} at '
+                    f'<circle data-series="{escape(s.label)}" cx="{px:.1f}" cy="{py:.1f}" '
+                    f'r="{8 if s.ring else 5}" {_dot_paint(s, i)}><title>{escape(s.label)} at '
                     f"{escape(_tick(x))}: {escape(f'{y:.4g}')}</title></circle>"
                 )
             continue

@@ -26,7 +26,7 @@ from trainops.reports.charts import (
 )
 from trainops.reports.html import escape
 
-__all__ = ["CHARTS", "MetricChart", "attempt_markers", "eval_points", "training_charts"]
+__all__ = ["CHARTS", "MetricChart", "attempt_markers", "baseline_point", "eval_points", "training_charts"]
 
 
 @dataclass(frozen=True)
@@ -98,16 +98,29 @@ def attempt_markers(
     return out
 
 
+def _eval_loss(evaluation: Mapping | None, model: str) -> float | None:
+    """``eval/metrics.json``'s ``eval_loss`` of ``model`` (``candidate`` or ``baseline``)."""
+    scored = evaluation.get(model) if isinstance(evaluation, Mapping) else None
+    loss = scored.get("eval_loss") if isinstance(scored, Mapping) else None
+    return float(loss) if isinstance(loss, (int, float)) and _finite(loss) else None
+
+
 def eval_points(records: list[MetricsRecord], evaluation: Mapping | None) -> list[tuple[int, float]]:
     """The evaluation losses by step: records with an ``eval_loss`` (periodic evaluation),
     and the run's evaluation (``eval/metrics.json``: its candidate's ``eval_loss``) at the
     last logged step, the step its export was written from."""
     points = dict(_points(records, "eval_loss"))
-    candidate = evaluation.get("candidate") if isinstance(evaluation, Mapping) else None
-    loss = candidate.get("eval_loss") if isinstance(candidate, Mapping) else None
-    if isinstance(loss, (int, float)) and _finite(loss) and records:
-        points[max(r["step"] for r in records)] = float(loss)
+    loss = _eval_loss(evaluation, "candidate")
+    if loss is not None and records:
+        points[max(r["step"] for r in records)] = loss
     return sorted(points.items())
+
+
+def baseline_point(records: list[MetricsRecord], evaluation: Mapping | None) -> list[tuple[int, float]]:
+    """The model the run was compared with (``eval/metrics.json``'s ``baseline``, production),
+    scored on the same split, at the last logged step; [] when there was none."""
+    loss = _eval_loss(evaluation, "baseline")
+    return [(max(r["step"] for r in records), loss)] if loss is not None and records else []
 
 
 def _chart(name: str, series: list[Series], markers: list[Marker], **kw) -> str:
@@ -142,6 +155,10 @@ def _loss(groups: Mapping, outcomes: Mapping, evaluation: Mapping | None, marker
         if isinstance(evaluation, Mapping):
             said += " (the last one is the evaluate task's, from eval/metrics.json)"
         said += "."
+        baseline = baseline_point(records, evaluation)
+        if baseline:
+            series.append(Series("production's eval loss", baseline, dots=True, ring=True))
+            said += " The ring is the model it was compared with, on the same split."
     else:
         said = "No evaluation yet: the evaluate task writes eval/metrics.json after training."
     many = any(len(s.points) > MAX_CHART_POINTS for s in series)

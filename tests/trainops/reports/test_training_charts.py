@@ -8,7 +8,7 @@ import re
 from tests.trainops.reports.helpers import JOB_URI, RUN_METRICS, Svg, page_text, run_job, svgs
 from trainer.contract import metrics_records
 from trainops.reports.run_page import render_run_report
-from trainops.reports.training_charts import attempt_markers, eval_points, training_charts
+from trainops.reports.training_charts import attempt_markers, baseline_point, eval_points, training_charts
 
 EVALUATION = {
     "format": "trainops-eval/1",
@@ -61,6 +61,13 @@ def test_the_run_page_draws_loss_with_eval_points_lr_tokens_and_memory_with_atte
     assert "<title>eval loss (held-out split) at 4: 3.5</title>" in loss
     assert "<title>eval loss (held-out split) at 10: 2.7</title>" in loss
     assert "eval/metrics.json" in page_text(html)
+    assert "production's eval loss" not in loss  # this evaluation compared with nothing
+    # with production scored too, its loss is a dot beside the candidate's
+    compared = {**EVALUATION, "baseline": {"eval_loss": 2.9, "tokens": 2000}}
+    html = render_run_report(JOB_URI, json.dumps(run_job()).encode(), metrics, evaluation=compared)
+    assert "<title>production&#x27;s eval loss at 10: 2.9</title>" in svgs(html)["Training loss by step"]
+    assert "The ring is the model it was compared with" in page_text(html)
+    assert re.search(r'<circle data-series="production&#x27;s eval loss" [^>]*r="8" fill="none"', html)
     for name in ("Training loss by step", "Learning rate by step", "Peak GPU memory by step"):
         assert re.findall(r'class="attempt-marker" data-x="(\d+)"', charts[name]) == ["6"]
         assert ">attempt 2 (after preempted)</text>" in charts[name]  # run_job's attempt 1
@@ -96,6 +103,9 @@ def test_unreadable_metrics_and_an_unusable_evaluation_do_not_break_the_page():
     for evaluation in (None, {}, {"candidate": None}, {"candidate": {"eval_loss": None}}, [1], "text"):
         assert eval_points(records, evaluation) == []  # type: ignore[arg-type]
     assert eval_points([], EVALUATION) == []  # no step to put it at
+    for evaluation in (EVALUATION, {"baseline": None}, {"baseline": {"eval_loss": "2"}}):
+        assert baseline_point(records, evaluation) == []
+    assert baseline_point(records, {"baseline": {"eval_loss": 3}}) == [(10, 3.0)]
     assert eval_points(records, {"candidate": {"eval_loss": float("nan")}}) == []
 
 
