@@ -21,9 +21,7 @@ cannot.
 
 The report page of a run shows its cost and goodput (:mod:`trainops.reports.cost_page`):
 the ``cost`` in its ``job.json``, or, for a run older than the accounting, the accounting of
-it now, and its training charts with the evaluation loss from ``eval/metrics.json`` beside it
-when the run has one. A model version's ``card.json`` is shown as the model card page
-(:mod:`trainops.reports.card_page`), its URIs linked when this app would serve them.
+it now.
 
 ``GET <base_url>/trainops/fleet[?limit=N][&dag=DAG]`` is the fleet page
 (:mod:`trainops.reports.fleet`): the last ``N`` runs of each DAG (default
@@ -94,9 +92,7 @@ __all__ = [
     "find_runs",
     "fleet_dag",
     "fleet_limit",
-    "linkable_in",
     "read_report",
-    "read_run_evaluation",
     "read_run_metrics",
     "required_access",
 ]
@@ -110,8 +106,6 @@ READERS_KEPT = 8  # runs whose metrics readers are kept between requests (see re
 OUTAGE_TOLERANCE_S = 10.0
 RETRY_AFTER_S = 30  # what the 503 page's Retry-After header suggests
 JOB_NAME = "job.json"
-CARD_NAME = "card.json"
-EVAL_METRICS = "eval/metrics.json"  # beside a run's job.json (trainer.contract.RunLayout.eval_metrics)
 FLEET_DEFAULT_RUNS = 20  # runs per DAG on the fleet page without ?limit=
 FLEET_MAX_RUNS = 100  # the most ?limit= may ask for: each run is one job.json read
 FLEET_MAX_SCANNED = 1000  # job.json objects per DAG whose time is asked (one HEAD each)
@@ -367,31 +361,6 @@ def read_run_metrics(
     return records, None, where
 
 
-def read_run_evaluation(job: ReportTarget, roots: Sequence[str], aws_conn_id: str | None) -> dict | None:
-    """The run's evaluation (``eval/metrics.json`` beside its ``job.json``), for the eval points
-    of its loss curve; None when it has none yet, or it cannot be read or is not a JSON object
-    (the page then says there is no evaluation)."""
-    uri = job.uri[: -len(JOB_NAME)] + EVAL_METRICS
-    try:
-        report = json.loads(read_report(check_report_uri(uri, roots), aws_conn_id))
-    except (ReportRequestError, ValueError, RecursionError):
-        return None
-    return report if isinstance(report, dict) else None
-
-
-def linkable_in(roots: Sequence[str]) -> Callable[[str], bool]:
-    """Whether a URI shown on a page may link to its report: one this app would serve."""
-
-    def linkable(uri: str) -> bool:
-        try:
-            check_report_uri(uri, roots)
-        except ReportRequestError:
-            return False
-        return True
-
-    return linkable
-
-
 # ----------------------------------------------------------------------------- the fleet
 
 
@@ -636,6 +605,29 @@ def create_app() -> FastAPI:
 
     app = FastAPI(title="trainops reports", docs_url=None, redoc_url=None, openapi_url=None)
 
+    def evaluation_beside(job: ReportTarget, roots: Sequence[str], conn_id: str | None) -> dict | None:
+        """The run's ``eval/metrics.json`` beside its ``job.json`` (the loss curve's eval
+        points), read with the checks of any report; None when it has none yet, or it cannot
+        be read or is not a JSON object (the page then says there is no evaluation)."""
+        uri = job.uri[: -len(JOB_NAME)] + "eval/metrics.json"  # trainer.contract.RunLayout.eval_metrics
+        try:
+            evaluation = json.loads(read_report(check_report_uri(uri, roots), conn_id))
+        except (ReportRequestError, ValueError, RecursionError):
+            return None
+        return evaluation if isinstance(evaluation, dict) else None
+
+    def served_under(roots: Sequence[str]) -> Callable[[str], bool]:
+        """Whether a URI on a page may link to its report: one this app would serve."""
+
+        def served(uri: str) -> bool:
+            try:
+                check_report_uri(uri, roots)
+            except ReportRequestError:
+                return False
+            return True
+
+        return served
+
     @app.exception_handler(ReportRequestError)
     async def _refused(request: Request, exc: ReportRequestError) -> HTMLResponse:
         return _error_response(exc.status, exc.message, exc.headers)
@@ -661,8 +653,13 @@ def create_app() -> FastAPI:
         _authorize(request, user, required_access(target))
         conn_id = os.environ.get(CONN_ID_ENV) or "aws_default"
         data = read_report(target, conn_id)
-        if target.uri.endswith("/" + JOB_NAME):
+        if target.uri.endswith("/card.json"):
+            from trainops.reports.card_page import render_card_page
+
+            page = render_card_page(target.uri, data, linkable=served_under(roots))
+        elif target.uri.endswith("/" + JOB_NAME):
             metrics, problem, where = read_run_metrics(target, roots, conn_id)
+            evaluation = evaluation_beside(target, roots, conn_id)
             page = run_page.render_run_report(
                 target.uri,
                 data,
@@ -670,12 +667,8 @@ def create_app() -> FastAPI:
                 metrics_problem=problem,
                 metrics_uri=where,
                 now=time.time(),
-                evaluation=read_run_evaluation(target, roots, conn_id),
+                evaluation=evaluation,
             )
-        elif target.uri.endswith("/" + CARD_NAME):
-            from trainops.reports.card_page import render_card_page
-
-            page = render_card_page(target.uri, data, linkable=linkable_in(roots))
         else:
             page = pages.render_report(target.uri, data)
         return HTMLResponse(page, headers=_HEADERS)
