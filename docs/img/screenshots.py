@@ -1,5 +1,5 @@
-"""Regenerate the screenshots in docs/reports.md: the demo run's report and the fleet page,
-as a real browser shows them when a user opens them in Airflow.
+"""Regenerate the screenshots in docs/reports.md: the demo run's report, its training charts,
+its model card and the fleet page, as a real browser shows them when a user opens them in Airflow.
 
     .venv/bin/python docs/img/screenshots.py [--demo-dir DIR] [--chromium /usr/bin/chromium]
 
@@ -10,10 +10,12 @@ as a real browser shows them when a user opens them in Airflow.
 2. Starts Airflow's API server (``python -m airflow api-server``) on that home, with the
    simple auth manager's ``all_admins`` switch so a headless browser needs no login; the
    trainops plugin mounts the report app at ``/trainops`` as on any deployment.
-3. Opens ``/trainops/report?uri=<the run's job.json>`` and ``/trainops/fleet`` in headless
-   Chromium and writes ``docs/img/report.png`` and ``docs/img/fleet.png``, reduced to 64
-   colours with ImageMagick's ``convert`` when it is installed (the pages are flat colours, so
-   nothing visible is lost and each file stays well under 300 KB).
+3. Opens ``/trainops/report?uri=<the run's job.json>`` (its top, and its charts cut from a
+   tall screenshot), ``/trainops/report?uri=<the newest version's card.json>`` and
+   ``/trainops/fleet`` in headless Chromium and writes ``docs/img/report.png``,
+   ``charts.png``, ``card.png`` and ``fleet.png``, reduced to at most 256 colours (the pages
+   are flat colours, so nothing visible is lost and each file stays well under 300 KB).
+   ``--shots card charts`` takes only those.
 
 Not a test: it needs Chromium and takes about three minutes.
 """
@@ -48,7 +50,16 @@ CHROMIUM_FLAGS = [
     "--hide-scrollbars",
 ]
 # (file, path under the API server, window width x height): tall enough for the section shown
-SHOTS = (("report.png", "report", (1280, 1380)), ("fleet.png", "fleet", (1280, 900)))
+SHOTS = (
+    ("report.png", "report", (1280, 1380)),
+    ("charts.png", "report", (1280, 4000)),  # kept from the loss chart down: CHARTS_CROP
+    ("card.png", "card", (1280, 1300)),
+    ("fleet.png", "fleet", (1280, 900)),
+)
+# The charts' screenshot: from just above the first pixel of the loss chart's first colour
+# (#0969da, which only the charts use), this many rows. A URL fragment (#loss) does not scroll
+# a headless screenshot, and the page has no script to do it.
+CHARTS_CROP = ((0x09, 0x69, 0xDA), 130, 1000)
 
 
 def demo_env(demo_dir: Path) -> dict[str, str]:
@@ -67,6 +78,12 @@ def demo_env(demo_dir: Path) -> dict[str, str]:
         "TRAINOPS_STORAGE_ROOT": f"file://{demo_dir / 'storage'}",
         "TRAINOPS_LOCAL_STATE": str(demo_dir / "local"),
     }
+
+
+def demo_card(demo_dir: Path) -> Path:
+    """The ``card.json`` of the newest version the demo promoted under ``demo_dir``."""
+    cards = (demo_dir / "storage" / "models" / "demo-lm" / "versions").glob("*/card.json")
+    return max(cards, key=lambda card: int(card.parent.name))
 
 
 def demo_jobs(demo_dir: Path) -> list[Path]:
@@ -96,7 +113,7 @@ def wait_for(url: str, server: subprocess.Popen, timeout_s: float = 180.0) -> No
     raise SystemExit(f"{url} did not answer within {timeout_s:.0f} s")
 
 
-def shoot(chromium: str, url: str, target: Path, size: tuple[int, int]) -> None:
+def shoot(chromium: str, url: str, target: Path, size: tuple[int, int], crop=None) -> None:
     with tempfile.TemporaryDirectory() as profile:
         subprocess.run(
             [
@@ -113,7 +130,7 @@ def shoot(chromium: str, url: str, target: Path, size: tuple[int, int]) -> None:
             timeout=120,
         )
     before = target.stat().st_size
-    target.write_bytes(palette_png(target.read_bytes()))
+    target.write_bytes(palette_png(target.read_bytes(), crop))
     print(
         f"{target}: {before // 1024} KB from the browser, {target.stat().st_size // 1024} KB with a palette"
     )
@@ -171,8 +188,10 @@ def _unfilter(raw: bytes, width: int, height: int, bpp: int):
     return rows.reshape(height, width, bpp)
 
 
-def palette_png(data: bytes) -> bytes:
-    """``data`` (an 8-bit RGB or RGBA PNG, opaque) as an indexed PNG of at most 256 colours."""
+def palette_png(data: bytes, crop: tuple[tuple[int, int, int], int, int] | None = None) -> bytes:
+    """``data`` (an 8-bit RGB or RGBA PNG, opaque) as an indexed PNG of at most 256 colours;
+    with ``crop`` ``(colour, above, rows)``, only ``rows`` rows from ``above`` rows over the
+    first row holding ``colour`` (the whole picture when no row does)."""
     import numpy as np
 
     chunks = _chunks(data)
@@ -180,7 +199,14 @@ def palette_png(data: bytes) -> bytes:
     if depth != 8 or colour not in (2, 6) or interlace:
         return data  # not what a browser writes: leave it as it is
     raw = zlib.decompress(b"".join(body for kind, body in chunks if kind == b"IDAT"))
-    pixels = _unfilter(raw, width, height, 4 if colour == 6 else 3)[:, :, :3].reshape(-1, 3)
+    pixels = _unfilter(raw, width, height, 4 if colour == 6 else 3)[:, :, :3]
+    if crop is not None:
+        found = np.nonzero((pixels == np.array(crop[0], dtype=np.uint8)).all(axis=2).any(axis=1))[0]
+        if found.size:
+            start = max(0, int(found[0]) - crop[1])
+            pixels = pixels[start : start + crop[2]]
+            height = pixels.shape[0]
+    pixels = pixels.reshape(-1, 3)
     keys = (pixels[:, 0].astype(np.uint32) << 16) | (pixels[:, 1].astype(np.uint32) << 8) | pixels[:, 2]
     colours, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
     rgb = np.stack([(colours >> 16) & 255, (colours >> 8) & 255, colours & 255], axis=1).astype(np.int32)
@@ -215,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--runs", type=int, default=2, help="demo runs to have (the fleet page's trend needs two)"
     )
+    names = [name.removesuffix(".png") for name, _, _ in SHOTS]
+    parser.add_argument("--shots", nargs="+", choices=names, default=names, help="the screenshots to take")
     args = parser.parse_args(argv)
     demo_dir = (args.demo_dir or Path(tempfile.mkdtemp(prefix="trainops-screenshots-"))).resolve()
     env = demo_env(demo_dir)
@@ -237,10 +265,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         wait_for(f"{base}/api/v2/monitor/health", server)
         report = f"{base}/trainops/report?uri={urllib.parse.quote(job.as_uri(), safe='')}"
-        urls = {"report": report, "fleet": f"{base}/trainops/fleet"}
+        card = f"{base}/trainops/report?uri={urllib.parse.quote(demo_card(demo_dir).as_uri(), safe='')}"
+        urls = {"report": report, "card": card, "fleet": f"{base}/trainops/fleet"}
         for name, path, size in SHOTS:
+            if name.removesuffix(".png") not in args.shots:
+                continue
             wait_for(urls[path], server)
-            shoot(args.chromium, urls[path], OUT / name, size)
+            shoot(args.chromium, urls[path], OUT / name, size, CHARTS_CROP if name == "charts.png" else None)
     finally:
         os.killpg(server.pid, 15)
         server.wait(timeout=30)

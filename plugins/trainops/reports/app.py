@@ -605,6 +605,29 @@ def create_app() -> FastAPI:
 
     app = FastAPI(title="trainops reports", docs_url=None, redoc_url=None, openapi_url=None)
 
+    def evaluation_beside(job: ReportTarget, roots: Sequence[str], conn_id: str | None) -> dict | None:
+        """The run's ``eval/metrics.json`` beside its ``job.json`` (the loss curve's eval
+        points), read with the checks of any report; None when it has none yet, or it cannot
+        be read or is not a JSON object (the page then says there is no evaluation)."""
+        uri = job.uri[: -len(JOB_NAME)] + "eval/metrics.json"  # trainer.contract.RunLayout.eval_metrics
+        try:
+            evaluation = json.loads(read_report(check_report_uri(uri, roots), conn_id))
+        except (ReportRequestError, ValueError, RecursionError):
+            return None
+        return evaluation if isinstance(evaluation, dict) else None
+
+    def served_under(roots: Sequence[str]) -> Callable[[str], bool]:
+        """Whether a URI on a page may link to its report: one this app would serve."""
+
+        def served(uri: str) -> bool:
+            try:
+                check_report_uri(uri, roots)
+            except ReportRequestError:
+                return False
+            return True
+
+        return served
+
     @app.exception_handler(ReportRequestError)
     async def _refused(request: Request, exc: ReportRequestError) -> HTMLResponse:
         return _error_response(exc.status, exc.message, exc.headers)
@@ -630,10 +653,21 @@ def create_app() -> FastAPI:
         _authorize(request, user, required_access(target))
         conn_id = os.environ.get(CONN_ID_ENV) or "aws_default"
         data = read_report(target, conn_id)
-        if target.uri.endswith("/" + JOB_NAME):
+        if target.uri.endswith("/card.json"):
+            from trainops.reports.card_page import render_card_page
+
+            page = render_card_page(target.uri, data, linkable=served_under(roots))
+        elif target.uri.endswith("/" + JOB_NAME):
             metrics, problem, where = read_run_metrics(target, roots, conn_id)
+            evaluation = evaluation_beside(target, roots, conn_id)
             page = run_page.render_run_report(
-                target.uri, data, metrics, metrics_problem=problem, metrics_uri=where, now=time.time()
+                target.uri,
+                data,
+                metrics,
+                metrics_problem=problem,
+                metrics_uri=where,
+                now=time.time(),
+                evaluation=evaluation,
             )
         else:
             page = pages.render_report(target.uri, data)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from html.parser import HTMLParser
 
 JOB_URI = "s3://bucket/root/runs/retrain/manual_1/train/job.json"
@@ -11,7 +12,25 @@ JOB_URI = "s3://bucket/root/runs/retrain/manual_1/train/job.json"
 class _Page(HTMLParser):
     """Visible text and tables (rows of cell texts) of a page."""
 
-    _BLOCKS = frozenset({"table", "tr", "td", "th", "p", "li", "ol", "h1", "h2", "pre", "header", "br"})
+    _BLOCKS = frozenset(
+        {
+            "table",
+            "tr",
+            "td",
+            "th",
+            "p",
+            "li",
+            "ol",
+            "h1",
+            "h2",
+            "pre",
+            "header",
+            "br",
+            "div",
+            "summary",
+            "h3",
+        }
+    )
 
     def __init__(self, html: str):
         super().__init__()
@@ -67,6 +86,17 @@ def table_with(html: str, header: str, skip: int = 0) -> list[list[str]]:
     """The first table (after ``skip`` others) whose first row starts with ``header``."""
     tables = [t for t in page_tables(html) if t and t[0] and t[0][0] == header]
     return tables[skip]
+
+
+def svgs(html: str) -> dict[str, str]:
+    """Each inline chart of a page by its accessible name (``aria-label``), the linear drawing
+    of a chart that also has a log-scale one (which gets the key ``<name> (log)``)."""
+    out: dict[str, str] = {}
+    for svg in re.findall(r"<svg .*?</svg>", html, flags=re.S):
+        label = re.search(r'aria-label="([^"]*)"', svg)
+        name = label.group(1) if label else ""
+        out[f"{name} (log)" if name in out else name] = svg
+    return out
 
 
 class Svg(HTMLParser):

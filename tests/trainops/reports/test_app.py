@@ -10,6 +10,7 @@ import html
 import json
 import os
 import re
+from urllib.parse import urlencode
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -21,6 +22,7 @@ from tests.trainops.reports.helpers import (
     page_tables,
     page_text,
     run_job,
+    svgs,
     table_with,
 )
 from trainer.contract import dataset_prefix, join
@@ -304,7 +306,8 @@ def test_run_report_draws_the_loss_curve_from_the_metrics_beside_job_json(api, r
     assert text.startswith(f"Training run: retrain / manual_1 / train {job_uri} Status succeeded")
     assert ["Preemptions", "1"] in page_tables(page)[0]
     assert dict(page_tables(page)[0])["Metrics"] == join(run_uri, "metrics.jsonl")  # an older run's file
-    assert page.count("<svg") == 1 and page.count("<polyline") == 2
+    assert svgs(page)["Training loss by step"].count("<polyline") == 2
+    assert "No evaluation yet" in text
     assert "attempt 1 (preempted)" in text and "attempt 2 (succeeded)" in text
     assert table_with(page, "Attempt")[2][:4] == ["attempt 2", "5", "6 to 10", "4,000"]
     assert [row[:5] for row in table_with(page, "Attempt", skip=1)[1:]] == [
@@ -312,6 +315,15 @@ def test_run_report_draws_the_loss_curve_from_the_metrics_beside_job_json(api, r
         ["2", "on-demand", "2026-01-01T00:11:00+00:00", "2026-01-01T00:20:00+00:00", "succeeded"],
     ]
     assert "Raw JSON" in text and "SECRET-1" not in page and "<script" not in page
+
+    # the evaluate task's result beside it is the last eval point of the loss curve
+    storage.put_json(join(run_uri, "eval", "metrics.json"), {"candidate": {"eval_loss": 2.75}})
+    evaluated = get(api, job_uri).text
+    assert "eval loss (held-out split) at 10: 2.75" in svgs(evaluated)["Training loss by step"]
+    # one that does not parse is no evaluation, not a broken page
+    storage.put(join(run_uri, "eval", "metrics.json"), b"{not json")
+    damaged = get(api, job_uri)
+    assert damaged.status_code == 200 and "No evaluation yet" in page_text(damaged.text)
 
     refused = get(api, job_uri, headers=bearer(api, role=None, name="nobody"))
     assert refused.status_code == 403 and "<svg" not in refused.text
@@ -346,7 +358,8 @@ def test_run_report_reads_the_metrics_parts_and_on_a_reload_only_the_new_ones(ap
     for step in range(1, 11):
         log.add(step=step, loss=10.0 / step, lr=0.1, tokens_per_s=100.0, time=float(step))
     page = get(api, layout.job).text
-    assert page.count("<polyline") == 1 and ["Last logged step", "10"] in page_tables(page)[0]
+    assert svgs(page)["Training loss by step"].count("<polyline") == 1
+    assert ["Last logged step", "10"] in page_tables(page)[0]
     assert dict(page_tables(page)[0])["Metrics"] == layout.metrics_parts + "/"
     [(reader, _lock)] = report_app._readers._kept.values()
     before = reader.bytes_read
@@ -381,6 +394,7 @@ def test_model_card_and_markdown(api, root):
         export_uri=export,
         card={
             "run_uri": join(root, "runs", "retrain", "manual_1", "train"),
+            "config_uri": "s3://elsewhere/config.yaml",
             "metrics": {"candidate": {"eval_loss": 2.5}},
         },
         expected_production_version=None,
@@ -390,7 +404,12 @@ def test_model_card_and_markdown(api, root):
     assert response.status_code == 200, response.text
     text = page_text(response.text)
     assert text.startswith("Model card: demo-lm v1")
-    assert "eval_loss 2.5" in text and "model.safetensors" in text
+    assert "Eval loss 2.5" in text and "model.safetensors" in text
+    # URIs under the storage root link to their report page; one outside it is only shown
+    job_link = "report?" + urlencode({"uri": join(root, "runs", "retrain", "manual_1", "train", "job.json")})
+    assert f'href="{html.escape(job_link)}"' in response.text
+    assert "<code>s3://elsewhere/config.yaml</code>" in response.text
+    assert "report?uri=s3" not in response.text
 
     notes = join(result["version_uri"], "NOTES.md")
     storage.put(notes, b"# Notes\n<b>bold</b> & more")

@@ -19,7 +19,7 @@ from tests.trainops.cost.fixtures import (
     one_preemption_cost,
     one_preemption_job,
 )
-from tests.trainops.reports.helpers import JOB_URI, page_tables, page_text, table_with
+from tests.trainops.reports.helpers import JOB_URI, page_tables, page_text, svgs, table_with
 from trainops.cost.money import money
 from trainops.reports.cost_page import (
     PHASE_COLOURS,
@@ -318,8 +318,9 @@ def test_the_run_report_shows_the_cost_between_the_summary_and_the_loss():
     html = render_run_report(JOB_URI, json.dumps(job).encode(), metrics)
     text = page_text(html)
     assert text.index("Status succeeded") < text.index("Cost and goodput (estimates)")
-    assert html.index("<h2>Cost and goodput (estimates)</h2>") < html.index("<h2>Loss</h2>")
-    assert html.count('class="chart timeline"') == 1 and html.count("<polyline") == 2  # and the loss curve
+    assert html.index("<h2>Cost and goodput (estimates)</h2>") < html.index('<h2 id="loss">Loss</h2>')
+    assert html.count('class="chart timeline"') == 1  # and the loss curve:
+    assert svgs(html)["Training loss by step"].count("<polyline") == 2
     assert dict(page_tables(html)[1])["Goodput (productive / billed GPU time)"] == "47.2%"
     assert table_with(html, "Attempt")[1][0] == "attempt 1"  # the throughput table is still found
     assert "<script" not in html and "javascript:" not in html

@@ -12,6 +12,7 @@ from tests.trainops.reports.helpers import (
     page_tables,
     page_text,
     run_job,
+    svgs,
     table_with,
 )
 from trainops.reports.run_page import MAX_CHART_POINTS, render_run_report, svg_line_chart
@@ -50,8 +51,15 @@ def test_run_report_shows_status_counts_curve_throughput_and_attempts():
         'href="report?uri=s3%3A%2F%2Fbucket%2Froot%2Fruns%2Fretrain%2Fmanual_1%2Ftrain%2Fconfig.yaml"'
     ) in html
 
-    chart = Svg(html)
-    assert chart.svgs == 1
+    assert list(svgs(html)) == [
+        "Training loss by step",
+        "Training loss by step (log)",
+        "Learning rate by step",
+        "Learning rate by step (log)",
+        "Tokens per second by step",
+        "Tokens per second by step (log)",
+    ]
+    chart = Svg(svgs(html)["Training loss by step"])
     assert [(name, len(points)) for name, points in chart.lines] == [
         ("attempt 1 (preempted)", 6),
         ("attempt 2 (succeeded)", 5),
@@ -144,7 +152,10 @@ def test_run_report_from_merged_records_names_the_parts_folder():
     from trainer.contract import metrics_records
 
     html = render_run_report(JOB_URI, json.dumps(run_job()).encode(), metrics_records(RUN_METRICS))
-    assert html.count("<polyline") == 2 and dict(page_tables(html)[0])["Last logged step"] == "10"
+    assert (
+        svgs(html)["Training loss by step"].count("<polyline") == 2
+        and dict(page_tables(html)[0])["Last logged step"] == "10"
+    )
     assert dict(page_tables(html)[0])["Metrics"] == "s3://bucket/root/runs/retrain/manual_1/train/metrics/"
 
 
@@ -162,21 +173,22 @@ def test_non_finite_losses_are_reported_and_left_out_of_the_curve():
         "The loss was not a finite number (NaN or infinite) at 2 logged step(s), first at "
         "step 2 of attempt 1; those steps are not drawn."
     ) in page_text(html)
-    chart = Svg(html)
+    chart = Svg(svgs(html)["Training loss by step"])
     assert [len(points) for _, points in chart.lines] == [3]
     assert (chart.ticks["y-min"], chart.ticks["y-max"]) == ("1", "3")
 
     only_nan = render_run_report(
         JOB_URI, json.dumps(run_job()).encode(), metrics_jsonl((1, 1, float("nan"), 10.0))
     )
-    assert "<svg" not in only_nan and "No loss values have been logged yet." in page_text(only_nan)
+    assert "Training loss by step" not in svgs(only_nan)
+    assert "No loss values have been logged yet." in page_text(only_nan)
 
 
 def test_a_single_logged_step_is_a_dot_on_a_widened_axis():
     job = run_job(status="running", preemptions=0)
     job["attempts"] = [{"attempt": 1, "capacity": "spot", "launched_at": "2026-01-01T00:00:00+00:00"}]
     html = render_run_report(JOB_URI, json.dumps(job).encode(), metrics_jsonl((1, 7, 2.5, 10.0)))
-    chart = Svg(html)
+    chart = Svg(svgs(html)["Training loss by step"])
     assert [(name, len(points)) for name, points in chart.lines] == [("attempt 1", 1)]
     assert len(chart.dots) == 1
     assert chart.ticks == {"y-max": "2.75", "y-min": "2.25", "x-min": "6", "x-max": "8"}
