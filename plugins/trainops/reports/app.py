@@ -73,6 +73,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trainer.contract import MetricsReader, MetricsRecord, MetricsTooLarge
 from trainops.reports import fleet, pages, run_page
+from trainops.reports.frame import Around, frame_links
+from trainops.reports.html import framed
 
 if TYPE_CHECKING:
     from trainer.storage import Storage
@@ -87,6 +89,7 @@ __all__ = [
     "ReportRequestError",
     "ReportTarget",
     "allowed_roots",
+    "check_real_path",
     "check_report_uri",
     "create_app",
     "find_runs",
@@ -94,6 +97,7 @@ __all__ = [
     "fleet_limit",
     "read_report",
     "read_run_metrics",
+    "read_with_client",
     "required_access",
 ]
 
@@ -249,7 +253,7 @@ def allowed_roots() -> list[str]:
     return list(dict.fromkeys(roots))
 
 
-def _check_real_path(target: ReportTarget) -> None:
+def check_real_path(target: ReportTarget) -> None:
     """Refuse a file:// report that a symbolic link places outside its root."""
     path, root = _split(target.uri)[2], _split(target.root)[2]
     real, real_root = os.path.realpath(path), os.path.realpath(root or "/")
@@ -267,12 +271,12 @@ def read_report(target: ReportTarget, aws_conn_id: str | None, max_bytes: int = 
     from trainops.hooks.storage import storage_for
 
     if target.uri.startswith("file://"):
-        _check_real_path(target)
+        check_real_path(target)
     storage = storage_for(target.root, aws_conn_id, outage_tolerance_s=OUTAGE_TOLERANCE_S)
-    return _read_with(storage, target, max_bytes)
+    return read_with_client(storage, target, max_bytes)
 
 
-def _read_with(storage: Storage, target: ReportTarget, max_bytes: int) -> bytes:
+def read_with_client(storage: Storage, target: ReportTarget, max_bytes: int) -> bytes:
     """:func:`read_report` with a client at hand (the root and link checks already done)."""
     from trainer.storage import NotFound, StorageError, StorageUnavailable
 
@@ -328,7 +332,7 @@ def read_run_metrics(
     def check(uri: str) -> None:
         target = check_report_uri(uri, roots)
         if target.uri.startswith("file://"):
-            _check_real_path(target)
+            check_real_path(target)
 
     storage = storage_for(job.root, aws_conn_id, outage_tolerance_s=OUTAGE_TOLERANCE_S)
     reader, lock = _readers.reader(storage, job.root, run_uri, check)
@@ -415,6 +419,7 @@ def find_runs(
     limit: int,
     dag_id: str | None = None,
     may_read: Callable[[str], bool] = lambda dag: True,
+    listed: Sequence[tuple[str, Storage, list[str] | None]] | None = None,
 ) -> tuple[list[fleet.FleetRun], int, list[str]]:
     """``(runs, hidden DAGs, problems)``: the newest ``limit`` runs of each DAG under ``roots``.
 
@@ -424,28 +429,15 @@ def find_runs(
     ``may_read`` refuses are counted, not read. The newest are those whose ``job.json`` was
     written last (one HEAD each, for the :data:`FLEET_MAX_SCANNED` highest run ids of a DAG).
     A run that cannot be read is returned with the reason; a root that cannot be listed is a
-    problem, and the other roots are still shown.
+    problem, and the other roots are still shown. ``listed``: the roots already listed by
+    :func:`list_roots` (the home page lists once for runs, models and datasets).
     """
-    from trainer.storage import StorageError, StorageUnavailable
-    from trainops.hooks.storage import storage_for
-
     problems: list[str] = []
+    if listed is None:
+        listed, problems = list_roots(roots, aws_conn_id)
     found: dict[str, tuple[Storage, ReportTarget, tuple[str, str, str]]] = {}
-    for root in roots:
-        prefix = root
-        storage = storage_for(root, aws_conn_id, outage_tolerance_s=OUTAGE_TOLERANCE_S)
-        try:
-            listed = storage.list(prefix)
-        except StorageUnavailable:
-            problems.append(
-                f"storage is unavailable: listing {prefix!r} kept failing for {OUTAGE_TOLERANCE_S:g} s, "
-                "so its runs are not shown; reload this page in a minute"
-            )
-            continue
-        except (StorageError, OSError) as exc:
-            problems.append(f"could not list {prefix!r}, so its runs are not shown: {exc}")
-            continue
-        for uri in listed:
+    for root, storage, uris in listed:
+        for uri in uris or []:
             if not uri.endswith("/" + JOB_NAME):
                 continue
             try:
@@ -476,6 +468,33 @@ def find_runs(
         for mtime, storage, target, ids in dated[:limit]:
             runs.append(_read_run(storage, target, ids, mtime, down))
     return runs, hidden, problems
+
+
+def list_roots(
+    roots: Sequence[str], aws_conn_id: str | None, *, what: str = "its runs are"
+) -> tuple[list[tuple[str, Storage, list[str] | None]], list[str]]:
+    """``([(root, client, URIs or None when unlisted)], problems)``: one listing of each root,
+    each problem a sentence naming the root that could not be listed and saying that ``what``
+    (``its runs are``) not shown."""
+    from trainer.storage import StorageError, StorageUnavailable
+    from trainops.hooks.storage import storage_for
+
+    listed: list[tuple[str, Storage, list[str] | None]] = []
+    problems: list[str] = []
+    for root in roots:
+        storage = storage_for(root, aws_conn_id, outage_tolerance_s=OUTAGE_TOLERANCE_S)
+        try:
+            listed.append((root, storage, list(storage.list(root))))
+        except StorageUnavailable:
+            listed.append((root, storage, None))
+            problems.append(
+                f"storage is unavailable: listing {root!r} kept failing for {OUTAGE_TOLERANCE_S:g} s, "
+                f"so {what} not shown; reload this page in a minute"
+            )
+        except (StorageError, OSError) as exc:
+            listed.append((root, storage, None))
+            problems.append(f"could not list {root!r}, so {what} not shown: {exc}")
+    return listed, problems
 
 
 def _mtime(storage: Storage, target: ReportTarget, down: set[str]) -> float | None:
@@ -513,8 +532,8 @@ def _read_run(
         }
     try:
         if target.uri.startswith("file://"):
-            _check_real_path(target)
-        data = _read_with(storage, target, MAX_REPORT_BYTES)
+            check_real_path(target)
+        data = read_with_client(storage, target, MAX_REPORT_BYTES)
     except ReportRequestError as exc:
         if exc.status == 503:
             down.add(target.root)
@@ -593,10 +612,35 @@ def _may_read_dag(request: Request, user) -> Callable[[str], bool]:
     return may_read
 
 
+def _framed(document: str, around: Around | None = None, *, live: bool = False) -> str:
+    """``document`` with the bar of links every page carries (see :mod:`trainops.reports.frame`)."""
+    from trainops.links import airflow_base_url
+
+    links, refresh_s = frame_links(around or Around(live=live), base_url=airflow_base_url())
+    return framed(document, links, refresh_s=refresh_s)
+
+
 def _error_response(status: int, message: str, headers: Mapping[str, str] | None = None) -> HTMLResponse:
     return HTMLResponse(
-        pages.error_page(status, message), status_code=status, headers={**_HEADERS, **(headers or {})}
+        _framed(pages.error_page(status, message)),
+        status_code=status,
+        headers={**_HEADERS, **(headers or {})},
     )
+
+
+def _around(target: ReportTarget, data: bytes, roots: Sequence[str], conn_id: str | None) -> Around:
+    """What lies around the report ``target`` (its Airflow run, run report, model cards)."""
+    from trainops.reports.around import around_report
+    from trainops.reports.reader import Reads
+
+    report = None
+    if target.uri.endswith(pages.JSON_SUFFIXES):
+        try:
+            report = json.loads(data.decode("utf-8", errors="replace"))
+        except (ValueError, RecursionError):
+            report = None
+    reads = Reads(roots, conn_id)
+    return around_report((target.root, target.relative), report, reads.read, reads.listing, reads.locate)
 
 
 def create_app() -> FastAPI:
@@ -637,7 +681,7 @@ def create_app() -> FastAPI:
             )
         else:
             page = pages.render_report(target.uri, data)
-        return HTMLResponse(page, headers=_HEADERS)
+        return HTMLResponse(_framed(page, _around(target, data, roots, conn_id)), headers=_HEADERS)
 
     @app.get("/fleet", response_class=HTMLResponse)
     def fleet_page(
@@ -659,6 +703,27 @@ def create_app() -> FastAPI:
         page = fleet.fleet_page(
             runs, limit=runs_per_dag, dag_id=dag_id, hidden_dags=hidden, problems=problems
         )
-        return HTMLResponse(page, headers=_HEADERS)
+        return HTMLResponse(_framed(page), headers=_HEADERS)
+
+    @app.get("/", response_class=HTMLResponse)
+    def home(request: Request, user=Depends(get_user)) -> HTMLResponse:
+        from trainops.links import airflow_base_url
+        from trainops.reports.home import home_page
+        from trainops.reports.reader import read_home
+
+        _authorize(request, user, None)
+        try:
+            roots = allowed_roots()
+        except ValueError as exc:
+            raise ReportRequestError(500, str(exc)) from None
+        conn_id = os.environ.get(CONN_ID_ENV) or "aws_default"
+        runs, models, datasets, hidden, problems = read_home(
+            roots, conn_id, may_read=_may_read_dag(request, user), now=time.time()
+        )
+        page = home_page(
+            runs, models, datasets, base_url=airflow_base_url(), hidden_dags=hidden, problems=problems
+        )
+        live = any((entry["run"]["job"] or {}).get("status") == "running" for entry in runs)
+        return HTMLResponse(_framed(page, live=live), headers=_HEADERS)
 
     return app

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from html.parser import HTMLParser
 
 JOB_URI = "s3://bucket/root/runs/retrain/manual_1/train/job.json"
@@ -57,6 +58,11 @@ class _Page(HTMLParser):
 
 def page_text(html: str) -> str:
     return " ".join("".join(_Page(html).text).split())
+
+
+def main_text(html: str) -> str:
+    """The visible text below the bar of links the app puts on every page (``html.framed``)."""
+    return page_text(re.sub(r'<nav class="frame">.*?</nav>', "", html, count=1, flags=re.S))
 
 
 def page_tables(html: str) -> list[list[list[str]]]:

@@ -18,6 +18,7 @@ import pytest
 from tests.trainops.reports.helpers import (
     RUN_METRICS,
     Svg,
+    main_text,
     page_tables,
     page_text,
     run_job,
@@ -129,7 +130,7 @@ def test_quarantine_report_links_to_its_sample(api, root, tmp_path):
     href = re.search(r'href="(report\?uri=[^"]+)"', response.text).group(1)
     sample = api[0].get(f"/trainops/{html.unescape(href)}", headers=bearer(api))
     assert sample.status_code == 200
-    assert page_text(sample.text).startswith(f"sample.jsonl {sample_uri}")
+    assert main_text(sample.text).startswith(f"sample.jsonl {sample_uri}")
     assert "n001-0000005" in sample.text  # a quarantined row (empty text)
 
 
@@ -300,7 +301,7 @@ def test_run_report_draws_the_loss_curve_from_the_metrics_beside_job_json(api, r
     assert response.status_code == 200, response.text
     assert "default-src 'none'" in response.headers["content-security-policy"]
     page = response.text
-    text = page_text(page)
+    text = main_text(page)
     assert text.startswith(f"Training run: retrain / manual_1 / train {job_uri} Status succeeded")
     assert ["Preemptions", "1"] in page_tables(page)[0]
     assert dict(page_tables(page)[0])["Metrics"] == join(run_uri, "metrics.jsonl")  # an older run's file
@@ -388,7 +389,7 @@ def test_model_card_and_markdown(api, root):
 
     response = get(api, join(result["version_uri"], "card.json"))
     assert response.status_code == 200, response.text
-    text = page_text(response.text)
+    text = main_text(response.text)
     assert text.startswith("Model card: demo-lm v1")
     assert "eval_loss 2.5" in text and "model.safetensors" in text
 
@@ -595,9 +596,9 @@ def test_fleet_page_over_a_folder_of_runs(api, root, tmp_path):
 
     two = fleet(api, limit="2")
     assert [row[0] for row in _fleet_rows(two.text, "nightly")] == ["linked / train", "r3 / train"]
-    assert page_text(two.text).startswith("Training cost of the fleet The last 2 runs of each DAG")
+    assert main_text(two.text).startswith("Training cost of the fleet The last 2 runs of each DAG")
     only = fleet(api, dag="adhoc")
-    assert page_text(only.text).startswith("Training cost: adhoc") and "r3 / train" not in only.text
+    assert main_text(only.text).startswith("Training cost: adhoc") and "r3 / train" not in only.text
     assert "The last 100 runs" in page_text(fleet(api, limit="100000").text)
 
     # DAGs the user may not read are counted, not read
@@ -621,18 +622,21 @@ def test_fleet_page_refusals_and_empty_cases(api, root):
     )
 
 
-def test_the_plugin_puts_the_fleet_page_in_airflows_navigation(api, root):
+def test_the_plugin_puts_the_home_and_fleet_pages_in_airflows_navigation(api, root):
     from trainops.plugin import TrainopsPlugin
 
-    [view] = TrainopsPlugin.external_views
-    assert view["href"] == "/trainops/fleet" and view["url_route"] == "trainops-fleet"
+    home, fleet_view = TrainopsPlugin.external_views
+    assert (home["href"], home["url_route"]) == ("/trainops/", "trainops-home")
+    assert (fleet_view["href"], fleet_view["url_route"]) == ("/trainops/fleet", "trainops-fleet")
     listed = api[0].get("/api/v2/plugins", headers=bearer(api, role="admin"))
     assert listed.status_code == 200, listed.text
     [trainops] = [p for p in listed.json()["plugins"] if p["name"] == "trainops"]
     assert [(v["name"], v["href"], v["category"]) for v in trainops["external_views"]] == [
-        ("Training cost", "/trainops/fleet", "browse")
+        ("trainops", "/trainops/", "browse"),
+        ("Training cost", "/trainops/fleet", "browse"),
     ]
-    assert api[0].get(view["href"], headers=bearer(api)).status_code == 200
+    for view in (home, fleet_view):
+        assert api[0].get(view["href"], headers=bearer(api)).status_code == 200
 
 
 def test_fleet_page_during_a_storage_outage_names_it(api, faulty_s3_root, s3_faults, monkeypatch):
