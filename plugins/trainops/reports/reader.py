@@ -1,10 +1,10 @@
 """The report app's reading for the home page and for what lies around a report page: every
 object through the same checks as a report (under a served root, no ``.`` segment, no symbolic
-link out of the root, at most :data:`trainops.reports.app.MAX_REPORT_BYTES`), with the app's
+link out of the root, at most :data:`trainops.reports.access.MAX_REPORT_BYTES`), with the app's
 outage tolerance. The I/O edge of :mod:`trainops.reports.home` and :mod:`trainops.reports.around`.
 
-The home page lists each root once (:func:`trainops.reports.app.list_roots`) and finds in that
-listing the runs (:func:`trainops.reports.app.find_runs`), the production pointers
+The home page lists each root once (:func:`trainops.reports.fleet_reader.list_roots`) and finds in that
+listing the runs (:func:`trainops.reports.fleet_reader.find_runs`), the production pointers
 (``[<prefix>/]models/<name>/production.json``) and the staged dataset versions
 (``[<prefix>/]datasets/<name>/<version>/validation.json``, with the ``manifest.json`` beside
 it when there is one). It reads the :data:`HOME_RUNS` newest runs, every pointer, and per
@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from trainer.contract import join
-from trainops.reports import app
+from trainops.reports import access, fleet_reader
 from trainops.reports.home import DatasetVersion, HomeRun, ModelEntry, progress
 
 if TYPE_CHECKING:
@@ -47,26 +47,26 @@ class Reads:
 
         if root not in self._clients:
             self._clients[root] = storage_for(
-                root, self.aws_conn_id, outage_tolerance_s=app.OUTAGE_TOLERANCE_S
+                root, self.aws_conn_id, outage_tolerance_s=access.OUTAGE_TOLERANCE_S
             )
         return self._clients[root]
 
     def locate(self, uri: str) -> tuple[str, str] | None:
         """``(root, path below it)`` of ``uri``, None when it may not be read."""
         try:
-            target = app.check_report_uri(uri, self.roots)
-        except app.ReportRequestError:
+            target = access.check_report_uri(uri, self.roots)
+        except access.ReportRequestError:
             return None
         return target.root, target.relative
 
     def data(self, uri: str) -> tuple[bytes | None, str | None]:
         """``(bytes, None)`` or ``(None, why not)``."""
         try:
-            target = app.check_report_uri(uri, self.roots)
+            target = access.check_report_uri(uri, self.roots)
             if target.uri.startswith("file://"):
-                app.check_real_path(target)
-            return app.read_with_client(self.client(target.root), target, app.MAX_REPORT_BYTES), None
-        except app.ReportRequestError as exc:
+                access.check_real_path(target)
+            return access.read_with_client(self.client(target.root), target, access.MAX_REPORT_BYTES), None
+        except access.ReportRequestError as exc:
             return None, exc.message
 
     def json(self, uri: str) -> tuple[Any, str | None]:
@@ -124,8 +124,8 @@ def _home_run(reads: Reads, run: Any, now: float) -> HomeRun:
     job = run["job"] or {}
     if run["problem"] is not None or job.get("status") != "running":
         return {"run": run, "progress": None, "progress_problem": None}
-    target = app.check_report_uri(run["uri"], reads.roots)
-    records, problem, _ = app.read_run_metrics(target, reads.roots, reads.aws_conn_id)
+    target = access.check_report_uri(run["uri"], reads.roots)
+    records, problem, _ = access.read_run_metrics(target, reads.roots, reads.aws_conn_id)
     if records is None:
         return {"run": run, "progress": None, "progress_problem": problem}
     found = progress(records, _max_steps(reads, job), now)
@@ -153,9 +153,11 @@ def read_home(
     roots: Sequence[str], aws_conn_id: str | None, *, may_read: Callable[[str], bool], now: float
 ) -> tuple[list[HomeRun], list[ModelEntry], list[DatasetVersion], int, list[str]]:
     """``(runs, models, datasets, hidden DAGs, problems)`` for :func:`trainops.reports.home.home_page`."""
-    listed, problems = app.list_roots(roots, aws_conn_id, what="its runs, models and datasets are")
+    listed, problems = fleet_reader.list_roots(roots, aws_conn_id, what="its runs, models and datasets are")
     reads = Reads(roots, aws_conn_id, {root: storage for root, storage, _ in listed})
-    runs, hidden, more = app.find_runs(roots, aws_conn_id, limit=HOME_RUNS, may_read=may_read, listed=listed)
+    runs, hidden, more = fleet_reader.find_runs(
+        roots, aws_conn_id, limit=HOME_RUNS, may_read=may_read, listed=listed
+    )
     problems += more
     runs.sort(key=lambda r: (r["mtime"] is None, -(r["mtime"] or 0.0), r["run_id"]))
     home_runs = [_home_run(reads, run, now) for run in runs[:HOME_RUNS]]

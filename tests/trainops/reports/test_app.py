@@ -26,8 +26,8 @@ from tests.trainops.reports.helpers import (
 )
 from trainer.contract import dataset_prefix, join
 from trainer.storage import open_storage
-from trainops.reports import app as report_app
-from trainops.reports.app import ReportRequestError, check_report_uri, required_access
+from trainops.reports import access
+from trainops.reports.fleet_reader import find_runs
 
 ATTACK = "<script>alert(1)</script>"
 
@@ -161,7 +161,7 @@ def test_report_staged_on_s3_is_read_with_the_storage_client(api, s3_root, monke
 
 def test_a_storage_outage_is_a_503_page_that_names_it(api, faulty_s3_root, s3_faults, monkeypatch):
     # A page's storage request gives up after 0.5 s here (scaled down from 10 s).
-    monkeypatch.setattr(report_app, "OUTAGE_TOLERANCE_S", 0.5)
+    monkeypatch.setattr(access, "OUTAGE_TOLERANCE_S", 0.5)
     monkeypatch.setenv("TRAINOPS_STORAGE_ROOT", faulty_s3_root)
     uri = join(faulty_s3_root, "models", "demo-lm", "versions", "1", "card.json")
     open_storage(uri).put_json(uri, {"model": "demo-lm", "version": 1})
@@ -339,7 +339,7 @@ def test_run_report_reads_the_metrics_parts_and_on_a_reload_only_the_new_ones(ap
     from trainer.contract import RunLayout
     from trainer.metrics import MetricsLog
 
-    report_app._readers.clear()
+    access._readers.clear()
     layout = RunLayout(join(root, "runs", "retrain", "manual_2", "train"))
     storage = open_storage(root)
     storage.put_json(layout.job, run_job(run_uri=layout.run_uri))
@@ -349,7 +349,7 @@ def test_run_report_reads_the_metrics_parts_and_on_a_reload_only_the_new_ones(ap
     page = get(api, layout.job).text
     assert page.count("<polyline") == 1 and ["Last logged step", "10"] in page_tables(page)[0]
     assert dict(page_tables(page)[0])["Metrics"] == layout.metrics_parts + "/"
-    [(reader, _lock)] = report_app._readers._kept.values()
+    [(reader, _lock)] = access._readers._kept.values()
     before = reader.bytes_read
     for step in range(11, 16):
         log.add(step=step, loss=10.0 / step, lr=0.1, tokens_per_s=100.0, time=float(step))
@@ -358,8 +358,8 @@ def test_run_report_reads_the_metrics_parts_and_on_a_reload_only_the_new_ones(ap
     assert reader.bytes_read - before == len(storage.get(layout.metrics_part(1, 3)))  # the new part only
 
     # the cap holds for the parts together: past it the page says so and draws no curve
-    report_app._readers.clear()
-    monkeypatch.setattr(report_app, "MAX_METRICS_BYTES", 2 * len(storage.get(layout.metrics_part(1, 1))))
+    access._readers.clear()
+    monkeypatch.setattr(access, "MAX_METRICS_BYTES", 2 * len(storage.get(layout.metrics_part(1, 1))))
     capped = get(api, layout.job)
     assert capped.status_code == 200 and "<svg" not in capped.text
     assert "bytes this reader may read" in page_text(capped.text)
@@ -413,49 +413,6 @@ def test_extra_roots_come_from_the_environment(api, root, tmp_path, monkeypatch)
     response = get(api, uri)
     assert response.status_code == 500
     assert "$TRAINOPS_REPORT_ROOTS entry 'relative/path' is invalid" in page_text(response.text)
-
-
-@pytest.mark.parametrize(
-    ("uri", "roots", "relative"),
-    [
-        ("s3://b/root/datasets/d/v/validation.json", ["s3://b/root"], "datasets/d/v/validation.json"),
-        ("s3://b/runs/dag/r/t/eval/gate.json", ["s3://b"], "runs/dag/r/t/eval/gate.json"),
-        ("file://localhost/srv/t/a.json", ["file:///srv/t"], "a.json"),
-        ("file:///srv/t//x/a.json", ["file:///srv/t"], "x/a.json"),
-    ],
-)
-def test_uri_check_accepts_reports_under_a_root(uri, roots, relative):
-    assert check_report_uri(uri, roots).relative == relative
-
-
-@pytest.mark.parametrize(
-    ("uri", "status"),
-    [
-        ("s3://b/root2/a.json", 403),
-        ("s3://b/root", 403),
-        ("s3://c/root/a.json", 403),
-        ("file:///srv/t/a.json", 403),
-        ("s3://b/root/./a.json", 400),
-        ("s3://b/root/a/../../x.json", 400),
-        ("s3://b/root/a.json\n", 400),
-        ("file://srv/root/a.json", 400),
-    ],
-)
-def test_uri_check_refuses(uri, status):
-    with pytest.raises(ReportRequestError) as err:
-        check_report_uri(uri, ["s3://b/root"])
-    assert err.value.status == status
-    assert repr(uri) in err.value.message
-
-
-def test_run_reports_name_their_dag():
-    target = check_report_uri("s3://b/root/runs/retrain/r1/train/job.json", ["s3://b/root"])
-    assert required_access(target) == "retrain"
-    models = check_report_uri("s3://b/root/models/m/versions/1/card.json", ["s3://b/root"])
-    assert required_access(models) is None
-    # a DAG's own storage root below the served one: its runs still need that DAG's access
-    nested = check_report_uri("s3://b/root/team-a/runs/secret/r1/train/eval/gate.json", ["s3://b/root"])
-    assert required_access(nested) == "secret"
 
 
 # ----------------------------------------------------------------------------- cost and the fleet
@@ -602,9 +559,7 @@ def test_fleet_page_over_a_folder_of_runs(api, root, tmp_path):
     assert "The last 100 runs" in page_text(fleet(api, limit="100000").text)
 
     # DAGs the user may not read are counted, not read
-    runs, hidden, problems = report_app.find_runs(
-        [root], None, limit=20, may_read=lambda dag: dag != "nightly"
-    )
+    runs, hidden, problems = find_runs([root], None, limit=20, may_read=lambda dag: dag != "nightly")
     assert ([r["run_id"] for r in runs], hidden, problems) == (["a1"], 1, [])
 
 
@@ -641,7 +596,7 @@ def test_the_plugin_puts_the_home_and_fleet_pages_in_airflows_navigation(api, ro
 
 def test_fleet_page_during_a_storage_outage_names_it(api, faulty_s3_root, s3_faults, monkeypatch):
     # A page's storage request gives up after 0.5 s here (scaled down from 10 s).
-    monkeypatch.setattr(report_app, "OUTAGE_TOLERANCE_S", 0.5)
+    monkeypatch.setattr(access, "OUTAGE_TOLERANCE_S", 0.5)
     monkeypatch.setenv("TRAINOPS_STORAGE_ROOT", faulty_s3_root)
     storage = open_storage(faulty_s3_root)
     for run in ("r1", "r2"):

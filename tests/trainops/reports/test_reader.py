@@ -15,7 +15,7 @@ from tests.trainops.reports.helpers import main_text, page_text, run_job, table_
 from tests.trainops.reports.test_app import api, bearer, get  # noqa: F401 - fixtures and helpers
 from trainer.contract import RunLayout, join
 from trainer.storage import open_storage
-from trainops.reports import app as report_app
+from trainops.reports import access
 
 RUN_ID = "manual__2026-01-01T00:00:00+00:00"
 LIVE_RUN_ID = "scheduled__2026-01-02T00:00:00+00:00"
@@ -26,7 +26,7 @@ def root(file_root, monkeypatch):
     monkeypatch.setenv("TRAINOPS_STORAGE_ROOT", file_root)
     monkeypatch.delenv("TRAINOPS_REPORT_ROOTS", raising=False)
     monkeypatch.delenv("AIRFLOW__API__BASE_URL", raising=False)
-    report_app._readers.clear()
+    access._readers.clear()
     return file_root
 
 
