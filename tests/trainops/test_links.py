@@ -220,6 +220,7 @@ def test_training_records_its_airflow_run_and_logs_its_report_url_at_the_start(
 def test_gate_and_promote_log_where_their_report_will_be_and_never_fail_for_it(monkeypatch, caplog, capsys):
     import logging
 
+    from trainops.operators.evaluate import EvaluateModelOperator
     from trainops.operators.gate import EvaluationGateOperator
     from trainops.operators.promote import PromoteModelOperator
 
@@ -228,13 +229,17 @@ def test_gate_and_promote_log_where_their_report_will_be_and_never_fail_for_it(m
     promote = PromoteModelOperator(
         task_id="promote", model_name="m", gate={}, training={}, dataset={}, evaluation={}
     )
+    evaluate = EvaluateModelOperator(task_id="evaluate", training={}, model_name="m")
     with caplog.at_level(logging.INFO):
         gate.pre_execute({})
         promote.pre_execute({})
+        evaluate.pre_execute({})
     logged = caplog.text + capsys.readouterr().out
     assert "trainops Gate decision: on this task's 'Gate decision' link once it is written" in logged
     assert "trainops Model card: on this task's 'Model card' link once it is written" in logged
-    assert logged.count("trainops home (runs, models, datasets): /trainops/") == 2
+    # evaluate has no report link of its own: the home page only
+    assert logged.count("trainops home (runs, models, datasets): /trainops/") == 3
+    assert logged.count("once it is written") == 2
 
     def broken(context):
         raise RuntimeError("no storage root")

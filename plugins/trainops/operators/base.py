@@ -110,11 +110,12 @@ def wait_here(trigger: Any) -> dict[str, Any]:
 
 
 class ReportingOperator(BaseOperator):
-    """The base of the operators whose task gets a report link (``operator_extra_links``): at
-    the start of each run of the task (``pre_execute``, which Airflow calls before ``execute``
-    and before a resume after a deferral), the log names the report's URL when the operator
-    can tell it then (:meth:`report_uri`), and the trainops home page, which lists every run,
-    model and dataset. A failure to tell is a warning; it never fails the task."""
+    """The base of the trainops operators whose work shows on the report pages: at the start of
+    each run of the task (``pre_execute``, which Airflow calls before ``execute`` and before a
+    resume after a deferral), the log names the report's URL when the operator can tell it then
+    (:meth:`report_uri`), else the report link (``operator_extra_links``) that will open it, and
+    the trainops home page, which lists every run, model and dataset. A failure to tell is a
+    warning; it never fails the task."""
 
     def report_uri(self, context: Mapping[str, Any]) -> str | None:
         """The storage URI of this task's report when it is known before ``execute`` (None:
@@ -126,12 +127,11 @@ class ReportingOperator(BaseOperator):
 
         try:
             names = [link.name for link in self.operator_extra_links if isinstance(link, StoredReportLink)]
-            what = names[0] if names else "report"
             uri = self.report_uri(context)
             if uri is not None:
-                self.log.info("trainops %s: %s", what, report_url(uri))
-            else:
-                self.log.info("trainops %s: on this task's %r link once it is written", what, what)
+                self.log.info("trainops %s: %s", names[0] if names else "report", report_url(uri))
+            elif names:
+                self.log.info("trainops %s: on this task's %r link once it is written", names[0], names[0])
             self.log.info("trainops home (runs, models, datasets): %s", home_url())
         except Exception as exc:  # a log line must not fail the task
             self.log.warning("could not tell where this task's trainops report is: %s", exc)
