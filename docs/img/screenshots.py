@@ -1,5 +1,5 @@
-"""Regenerate the screenshots in docs/reports.md: the demo run's report and the fleet page,
-as a real browser shows them when a user opens them in Airflow.
+"""Regenerate the screenshots in docs/reports.md: the trainops home page, the demo run's report,
+its model card and the fleet page, as a real browser shows them when a user opens them in Airflow.
 
     .venv/bin/python docs/img/screenshots.py [--demo-dir DIR] [--chromium /usr/bin/chromium]
 
@@ -10,10 +10,11 @@ as a real browser shows them when a user opens them in Airflow.
 2. Starts Airflow's API server (``python -m airflow api-server``) on that home, with the
    simple auth manager's ``all_admins`` switch so a headless browser needs no login; the
    trainops plugin mounts the report app at ``/trainops`` as on any deployment.
-3. Opens ``/trainops/report?uri=<the run's job.json>`` and ``/trainops/fleet`` in headless
-   Chromium and writes ``docs/img/report.png`` and ``docs/img/fleet.png``, reduced to 64
-   colours with ImageMagick's ``convert`` when it is installed (the pages are flat colours, so
-   nothing visible is lost and each file stays well under 300 KB).
+3. Opens ``/trainops/`` (the home page), ``/trainops/report?uri=<the run's job.json>``, the
+   ``card.json`` of the production model version and ``/trainops/fleet`` in headless Chromium
+   and writes ``docs/img/home.png``, ``report.png``, ``card.png`` and ``fleet.png``, each
+   reduced to 256 colours (the pages are flat colours, so nothing visible is lost and each file
+   stays well under 300 KB).
 
 Not a test: it needs Chromium and takes about three minutes.
 """
@@ -48,7 +49,12 @@ CHROMIUM_FLAGS = [
     "--hide-scrollbars",
 ]
 # (file, path under the API server, window width x height): tall enough for the section shown
-SHOTS = (("report.png", "report", (1280, 1380)), ("fleet.png", "fleet", (1280, 900)))
+SHOTS = (
+    ("home.png", "home", (1280, 1100)),
+    ("report.png", "report", (1280, 1380)),
+    ("card.png", "card", (1280, 1100)),
+    ("fleet.png", "fleet", (1280, 900)),
+)
 
 
 def demo_env(demo_dir: Path) -> dict[str, str]:
@@ -72,6 +78,15 @@ def demo_env(demo_dir: Path) -> dict[str, str]:
 def demo_jobs(demo_dir: Path) -> list[Path]:
     """The ``job.json`` of each demo run under ``demo_dir``, oldest first."""
     return sorted((demo_dir / "storage" / "runs" / "trainops_demo").glob("*/train/job.json"))
+
+
+def production_card(demo_dir: Path) -> str:
+    """The URI of the demo model's production version's ``card.json``."""
+    import json
+
+    models = demo_dir / "storage" / "models" / "demo-lm"
+    version = json.loads((models / "production.json").read_text())["version"]
+    return (models / "versions" / str(version) / "card.json").as_uri()
 
 
 def free_port() -> int:
@@ -237,7 +252,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         wait_for(f"{base}/api/v2/monitor/health", server)
         report = f"{base}/trainops/report?uri={urllib.parse.quote(job.as_uri(), safe='')}"
-        urls = {"report": report, "fleet": f"{base}/trainops/fleet"}
+        card = f"{base}/trainops/report?uri={urllib.parse.quote(production_card(demo_dir), safe='')}"
+        urls = {
+            "home": f"{base}/trainops/",
+            "report": report,
+            "card": card,
+            "fleet": f"{base}/trainops/fleet",
+        }
         for name, path, size in SHOTS:
             wait_for(urls[path], server)
             shoot(args.chromium, urls[path], OUT / name, size)
