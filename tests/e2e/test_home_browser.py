@@ -1,7 +1,8 @@
 """A person's click-through in a real headless browser: the demo DAG runs once (dag.test()),
 Airflow's own API server serves the report app, and headless Chromium opens the trainops home
 page, follows its link to the run's report, from there to the model card promoted from it, and
-from the card back to the run's page in Airflow's UI, which renders that run.
+from the card back to the run's page in Airflow's UI, which renders that run; and Airflow's
+navigation entry (Browse > trainops) shows the home page in Airflow's frame.
 
 Chromium is driven with ``--dump-dom``: each page is loaded as a browser loads it (the report
 pages run no script; Airflow's UI is a React app, given virtual time to fetch and render), and
@@ -41,11 +42,13 @@ FLAGS = [
 
 
 class _Anchors(HTMLParser):
-    """The document's title (not an SVG's) and the page's links as (text, href)."""
+    """The document's title (not an SVG's), the page's links as (text, href) and its iframes'
+    sources."""
 
     def __init__(self, dom: str):
         super().__init__()
         self.links: list[tuple[str, str]] = []
+        self.frames: list[str] = []
         self.title = ""
         self._href: str | None = None
         self._text: list[str] = []
@@ -55,6 +58,8 @@ class _Anchors(HTMLParser):
     def handle_starttag(self, tag, attrs):
         if tag == "a":
             self._href, self._text = dict(attrs).get("href"), []
+        elif tag == "iframe":
+            self.frames.append(dict(attrs).get("src") or "")
         elif tag == "title" and not self.title:
             self._in_title = True
 
@@ -187,3 +192,7 @@ def test_home_to_run_to_model_card_and_back_to_the_airflow_run(demo_env, api_ser
     assert airflow_page.title == f"{run_id} - Airflow"
     # and back: the home page is one click from every report page
     assert click(card, card_url, "trainops home") == home_url
+
+    # Browse > trainops: Airflow's UI shows the home page in its own frame
+    mounted = browse(f"{base}/plugin/trainops-home", profile, virtual_time_ms=20_000)
+    assert [urljoin(base, src) for src in mounted.frames] == [home_url]

@@ -7,9 +7,9 @@ a prefix to the URIs below it, [] when it cannot be listed), with the same root 
 checks as every report. Everything found here is an extra: a lookup that fails leaves a link
 out and never the page.
 
-- A run's ``job.json``: its ``airflow`` ids, live while ``status`` is ``running``, and the
-  versions whose promotion in a production pointer names the run (``models/*/production.json``
-  under the run's storage root, the history's ``run_uri``).
+- A run's ``job.json``: its ``airflow`` ids, live while ``status`` is ``running``, and, once
+  it is not, the versions whose promotion in a production pointer names the run
+  (``models/*/production.json`` under the run's storage root, the history's ``run_uri``).
 - Any other object below ``runs/<dag>/<run>/<task>/`` (a gate decision, a config): the run's
   ``job.json`` beside it, for its Airflow ids and the link to its report.
 - A model card (``card.json``): the run named by its ``run_uri``.
@@ -78,11 +78,10 @@ def around_report(
         storage_root, run_uri, dag = run
         if relative.split("/")[-1] == JOB_NAME and join(root, relative) == join(run_uri, JOB_NAME):
             job = report if isinstance(report, Mapping) else None
-            return Around(
-                airflow=airflow_ref(job, dag),
-                cards=promoted_from(run_uri, storage_root, read, listing),
-                live=job is not None and job.get("status") == "running",
-            )
+            live = job is not None and job.get("status") == "running"
+            # a live run has no promoted version yet: its reload every few seconds lists nothing
+            cards = () if live else tuple(promoted_from(run_uri, storage_root, read, listing))
+            return Around(airflow=airflow_ref(job, dag), cards=cards, live=live)
         return _run_beside(run_uri, dag, read)
     if isinstance(report, Mapping) and report_kind(relative, report) == "model_card":
         card_run_uri = report.get("run_uri")

@@ -14,8 +14,8 @@ Pure: the app reads (:mod:`trainops.reports.around`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from urllib.parse import quote, urlencode
 
 from trainops.links import airflow_run_url
@@ -42,7 +42,7 @@ class Around:
 
     airflow: AirflowRef | None = None
     run_report: str | None = None
-    cards: Sequence[tuple[str, int, str]] = field(default_factory=tuple)
+    cards: tuple[tuple[str, int, str], ...] = ()
     live: bool = False
 
 

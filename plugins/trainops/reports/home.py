@@ -134,7 +134,7 @@ def _airflow_cell(ref: AirflowRef | None, base_url: str) -> str:
         return '<span class="muted">-</span>'
     link = airflow_link(ref, base_url)
     label = "Airflow run" if ref.run_id is not None else "Airflow: the DAG's runs"
-    return f'<a href="{escape(link.href)}" target="_top">{escape(label)}</a>'
+    return f'<a class="airflow" href="{escape(link.href)}">{escape(label)}</a>'
 
 
 def _run_row(entry: HomeRun, base_url: str) -> list[str]:

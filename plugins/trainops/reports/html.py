@@ -228,8 +228,9 @@ def not_json_page(uri: str, text: str, exc: Exception) -> str:
 @dataclass(frozen=True)
 class FrameLink:
     """A link in the bar above a page. ``href`` is a URL as is (a relative one stays inside the
-    report app); ``airflow`` marks a page of Airflow's own UI, opened in the whole window rather
-    than inside the iframe Airflow shows the report app in."""
+    report app); ``airflow`` marks a page of Airflow's own UI (class ``airflow``). Links open
+    where the page is: Airflow shows the report app in a sandboxed iframe that may not navigate
+    the window or open a tab, so a ``target`` would make the link dead there."""
 
     label: str
     href: str
@@ -242,8 +243,8 @@ def framed(document: str, links: Sequence[FrameLink], *, refresh_s: int | None =
     pages run no script) that the bar announces."""
     items = []
     for link in links:
-        target = ' target="_top"' if link.airflow else ""
-        items.append(f'<a href="{escape(link.href)}"{target}>{escape(link.label)}</a>')
+        css = ' class="airflow"' if link.airflow else ""
+        items.append(f'<a{css} href="{escape(link.href)}">{escape(link.label)}</a>')
     head = ""
     if refresh_s is not None:
         head = f'<meta http-equiv="refresh" content="{int(refresh_s)}">'

@@ -49,16 +49,19 @@ def _around(root: str, uri: str, reads: Reads) -> Around:
 
 
 def test_a_runs_report_knows_its_airflow_run_and_the_versions_promoted_from_it(tree):
-    _, root, run_uri, other = tree
+    storage, root, run_uri, other = tree
     reads = Reads([root], None)
     card_1 = join(root, "models", "demo-lm", "versions", "1", "card.json")
     assert _around(root, join(run_uri, "job.json"), reads) == Around(
-        airflow=AirflowRef("retrain", RUN_ID), cards=[("demo-lm", 1, card_1)], live=False
+        airflow=AirflowRef("retrain", RUN_ID), cards=(("demo-lm", 1, card_1),), live=False
     )
-    # a record from before the Airflow ids: the DAG only; live while it runs
+    # a record from before the Airflow ids: the DAG only; live while it runs, and no lookup of
+    # the models then (a version promoted from it is listed once it has ended)
+    assert _around(root, join(other, "job.json"), reads) == Around(airflow=AirflowRef("nightly"), live=True)
+    storage.put_json(join(other, "job.json"), run_job(run_uri=other))
     card_2 = join(root, "models", "demo-lm", "versions", "2", "card.json")
     assert _around(root, join(other, "job.json"), reads) == Around(
-        airflow=AirflowRef("nightly"), cards=[("demo-lm", 2, card_2)], live=True
+        airflow=AirflowRef("nightly"), cards=(("demo-lm", 2, card_2),)
     )
 
 

@@ -12,18 +12,18 @@ ATTACK = '"><script>alert(1)</script>'
 
 
 def _links(html: str) -> list[tuple[str, str, str]]:
-    """(text, href, target) of the bar's links."""
+    """(text, href, class) of the bar's links."""
     bar = re.search(r'<nav class="frame">(.*?)</nav>', html, re.S).group(1)
     return [
-        (text, href.replace("&amp;", "&"), target or "")
-        for href, target, text in re.findall(r'<a href="([^"]*)"(?: target="([^"]*)")?>([^<]*)</a>', bar)
+        (text, href.replace("&amp;", "&"), css or "")
+        for css, href, text in re.findall(r'<a(?: class="([^"]*)")? href="([^"]*)">([^<]*)</a>', bar)
     ]
 
 
 def test_a_finished_runs_report_links_home_to_airflow_and_its_model_card_and_does_not_reload():
     around = Around(
         airflow=AirflowRef("retrain", "manual__2026-01-01T00:00:00+00:00"),
-        cards=[("demo-lm", 3, "s3://b/root/models/demo-lm/versions/3/card.json")],
+        cards=(("demo-lm", 3, "s3://b/root/models/demo-lm/versions/3/card.json"),),
     )
     links, refresh = frame_links(around, base_url="https://airflow.example.com/team-a")
     html = framed(
@@ -36,7 +36,7 @@ def test_a_finished_runs_report_links_home_to_airflow_and_its_model_card_and_doe
         (
             "Airflow run retrain / manual__2026-01-01T00:00:00+00:00",
             "https://airflow.example.com/team-a/dags/retrain/runs/manual__2026-01-01T00%3A00%3A00%2B00%3A00",
-            "_top",  # Airflow shows the report app in an iframe: its own page takes the window
+            "airflow",
         ),
         (
             "Model card demo-lm v3",
@@ -54,7 +54,7 @@ def test_a_live_runs_page_reloads_and_says_so():
     assert f'<meta http-equiv="refresh" content="{REFRESH_S}">' in html.split("</head>")[0]
     assert f"live: this page reloads every {REFRESH_S} s" in page_text(html)
     # a record without the Airflow ids: its DAG's runs, host-relative without a base_url
-    assert ("Airflow runs of retrain", "/dags/retrain/runs", "_top") in _links(html)
+    assert ("Airflow runs of retrain", "/dags/retrain/runs", "airflow") in _links(html)
 
 
 def test_a_page_about_a_run_links_to_its_report():
@@ -66,7 +66,7 @@ def test_hostile_ids_are_escaped_and_cannot_leave_the_runs_path():
     links, _ = frame_links(Around(airflow=AirflowRef(ATTACK, "../../admin")), base_url="")
     html = framed(page("t", "", ""), links)
     assert "<script>" not in html
-    [(_, href, _)] = [link for link in _links(html) if link[2] == "_top"]
+    [(_, href, _)] = [link for link in _links(html) if link[2] == "airflow"]
     assert href == "/dags/%22%3E%3Cscript%3Ealert%281%29%3C%2Fscript%3E/runs/..%2F..%2Fadmin"
 
 

@@ -175,7 +175,7 @@ def test_runs_show_state_attempts_preemptions_goodput_cost_and_live_progress():
         "-",
     ]
     assert rows[3][:4] == ["retrain / broken / train", "", "unreadable", "job.json is not valid JSON"]
-    hrefs = [html.unescape(h) for h in re.findall(r'href="([^"]+)" target="_top"', page)]
+    hrefs = [html.unescape(h) for h in re.findall(r'<a class="airflow" href="([^"]+)"', page)]
     assert "https://airflow.example.com/dags/retrain/runs/manual__2026-01-01T00%3A00%3A00%2B00%3A00" in hrefs
     assert "https://airflow.example.com/dags/retrain/runs" in hrefs
     assert (

@@ -89,7 +89,7 @@ def tree(root, tmp_path):
 
 
 def _airflow_links(page: str) -> list[str]:
-    return [html.unescape(h) for h in re.findall(r'href="([^"]+)" target="_top"', page)]
+    return [html.unescape(h) for h in re.findall(r'<a class="airflow" href="([^"]+)"', page)]
 
 
 def test_home_page_lists_runs_models_and_datasets_with_their_links(api, tree, root):  # noqa: F811
