@@ -104,6 +104,7 @@ def _home(**overrides) -> str:
             "pointer": None,
             "problem": "the production pointer is malformed",
         },
+        {"name": ATTACK, "root": ROOT, "pointer": None, "problem": f"unreadable {ATTACK}"},
     ]
     base = f"{ROOT}/datasets/web-text"
     datasets: list[DatasetVersion] = [
@@ -223,6 +224,7 @@ def test_models_say_who_moved_production_and_why():
         'href="report?uri=s3%3A%2F%2Flake%2Ftrainops%2Fmodels%2Fdemo-lm%2Fversions%2F1%2Fcard.json"' in page
     )
     assert "broken-lm under s3://lake/trainops the production pointer is malformed" in text
+    assert f"{ATTACK} under s3://lake/trainops unreadable {ATTACK}" in text  # a folder name is data too
 
 
 def test_datasets_show_versions_newest_first_with_rows_and_verdicts():
