@@ -1,5 +1,5 @@
-"""Regenerate the screenshots in docs/reports.md: the demo run's report, its training charts,
-its model card and the fleet page, as a real browser shows them when a user opens them in Airflow.
+"""Regenerate the screenshots in docs/reports.md: the trainops home page, the demo run's report,
+its training charts, its model card and the fleet page, as a real browser shows them when a user opens them in Airflow.
 
     .venv/bin/python docs/img/screenshots.py [--demo-dir DIR] [--chromium /usr/bin/chromium]
 
@@ -10,12 +10,12 @@ its model card and the fleet page, as a real browser shows them when a user open
 2. Starts Airflow's API server (``python -m airflow api-server``) on that home, with the
    simple auth manager's ``all_admins`` switch so a headless browser needs no login; the
    trainops plugin mounts the report app at ``/trainops`` as on any deployment.
-3. Opens ``/trainops/report?uri=<the run's job.json>`` (its top, and its charts cut from a
-   tall screenshot), ``/trainops/report?uri=<the newest version's card.json>`` and
-   ``/trainops/fleet`` in headless Chromium and writes ``docs/img/report.png``,
-   ``charts.png``, ``card.png`` and ``fleet.png``, reduced to at most 256 colours (the pages
-   are flat colours, so nothing visible is lost and each file stays well under 300 KB).
-   ``--shots card charts`` takes only those.
+3. Opens ``/trainops/`` (the home page), ``/trainops/report?uri=<the run's job.json>`` (its
+   top, and its charts cut from a tall screenshot), ``/trainops/report?uri=<the newest
+   version's card.json>`` and ``/trainops/fleet`` in headless Chromium and writes
+   ``docs/img/home.png``, ``report.png``, ``charts.png``, ``card.png`` and ``fleet.png``,
+   reduced to at most 256 colours (the pages are flat colours, so nothing visible is lost and
+   each file stays well under 300 KB). ``--shots card charts`` takes only those.
 
 Not a test: it needs Chromium and takes about three minutes.
 """
@@ -51,6 +51,7 @@ CHROMIUM_FLAGS = [
 ]
 # (file, path under the API server, window width x height): tall enough for the section shown
 SHOTS = (
+    ("home.png", "home", (1280, 1100)),
     ("report.png", "report", (1280, 1380)),
     ("charts.png", "report", (1280, 4000)),  # kept from the loss chart down: CHARTS_CROP
     ("card.png", "card", (1280, 1300)),
@@ -266,7 +267,12 @@ def main(argv: list[str] | None = None) -> int:
         wait_for(f"{base}/api/v2/monitor/health", server)
         report = f"{base}/trainops/report?uri={urllib.parse.quote(job.as_uri(), safe='')}"
         card = f"{base}/trainops/report?uri={urllib.parse.quote(demo_card(demo_dir).as_uri(), safe='')}"
-        urls = {"report": report, "card": card, "fleet": f"{base}/trainops/fleet"}
+        urls = {
+            "home": f"{base}/trainops/",
+            "report": report,
+            "card": card,
+            "fleet": f"{base}/trainops/fleet",
+        }
         for name, path, size in SHOTS:
             if name.removesuffix(".png") not in args.shots:
                 continue

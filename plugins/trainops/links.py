@@ -33,6 +33,10 @@ So the links need no plugin registration, and must not get one: a plugin's
 where the Task SDK's ``XCom`` cannot be read. A task that pushed no URI gets an empty link,
 which the UI shows disabled.
 
+The report app's home page (:data:`HOME_PATH`, :func:`home_url`) lists the recent training runs,
+the models and the datasets, each with links to its report pages and to its Airflow run
+(:func:`airflow_run_url`); the plugin puts it in Airflow's navigation ("Browse", "trainops").
+
 The report app also serves the fleet page (:data:`FLEET_PATH`, :func:`fleet_url`): the last
 runs of each DAG with their cost, goodput, preemptions and savings. The plugin puts it in
 Airflow's navigation ("Browse", "Training cost"; see ``trainops.plugin``).
@@ -44,13 +48,14 @@ that serves Airflow under a path; without it the link is relative to the host (`
 from __future__ import annotations
 
 from typing import ClassVar
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from airflow.sdk import BaseOperatorLink
 
 __all__ = [
     "FLEET_PATH",
     "GATE_REPORT_KEY",
+    "HOME_PATH",
     "MODEL_CARD_KEY",
     "REPORT_PATH",
     "RUN_REPORT_KEY",
@@ -60,7 +65,10 @@ __all__ = [
     "RunReportLink",
     "StoredReportLink",
     "ValidationReportLink",
+    "airflow_base_url",
+    "airflow_run_url",
     "fleet_url",
+    "home_url",
     "report_url",
 ]
 
@@ -70,6 +78,7 @@ MODEL_CARD_KEY = "trainops_model_card"
 RUN_REPORT_KEY = "trainops_run_report"
 REPORT_PATH = "/trainops/report"
 FLEET_PATH = "/trainops/fleet"
+HOME_PATH = "/trainops/"
 
 
 def _base_url(base_url: str | None) -> str:
@@ -78,6 +87,11 @@ def _base_url(base_url: str | None) -> str:
 
         base_url = conf.get("api", "base_url", fallback="") or ""
     return base_url.rstrip("/")
+
+
+def airflow_base_url() -> str:
+    """``[api] base_url`` without its trailing slash ("" when unset: links relative to the host)."""
+    return _base_url(None)
 
 
 def report_url(uri: str, base_url: str | None = None) -> str:
@@ -97,6 +111,24 @@ def fleet_url(base_url: str | None = None, *, dag_id: str | None = None, limit: 
     """
     query = {k: str(v) for k, v in (("dag", dag_id), ("limit", limit)) if v is not None}
     return f"{_base_url(base_url)}{FLEET_PATH}" + (f"?{urlencode(query)}" if query else "")
+
+
+def home_url(base_url: str | None = None) -> str:
+    """The report app's home page: recent runs, models and datasets.
+
+    :param base_url: Airflow's public URL; defaults to ``[api] base_url``.
+    """
+    return f"{_base_url(base_url)}{HOME_PATH}"
+
+
+def airflow_run_url(dag_id: str, run_id: str, base_url: str | None = None) -> str:
+    """The Airflow 3 UI page of a DAG run, ``<base_url>/dags/<dag_id>/runs/<run_id>``.
+
+    Both ids are quoted whole (a run id holds ``:`` and ``+``), so neither can add a path segment.
+
+    :param base_url: Airflow's public URL; defaults to ``[api] base_url``.
+    """
+    return f"{_base_url(base_url)}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"
 
 
 class StoredReportLink(BaseOperatorLink):

@@ -1,9 +1,10 @@
 """The Airflow plugin. Registered by the ``airflow.plugins`` entry point when trainops is
 pip-installed, and by ``plugins/trainops_plugin.py`` when it is used from a plugins folder.
 
-It serves the report app (:mod:`trainops.reports.app`) at ``<base_url>/trainops``, and puts its
-fleet page (the cost, goodput and savings of the last runs of each DAG) in Airflow's navigation
-under Browse, as "Training cost". The operator extra links (:mod:`trainops.links`) are
+It serves the report app (:mod:`trainops.reports.app`) at ``<base_url>/trainops``, and puts two
+of its pages in Airflow's navigation under Browse: the home page (recent training runs, models
+and datasets, each linked to its Airflow run), as "trainops", and the fleet page (the cost,
+goodput and savings of the last runs of each DAG), as "Training cost". The operator extra links (:mod:`trainops.links`) are
 declared by the operators themselves and are deliberately not registered here: see that
 module for why.
 """
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from airflow.plugins_manager import AirflowPlugin
 
-from trainops.links import fleet_url
+from trainops.links import fleet_url, home_url
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
@@ -52,6 +53,13 @@ class TrainopsPlugin(AirflowPlugin):
     # Shown in Airflow's UI (an iframe at /plugin/trainops-fleet); the page's CSP allows
     # framing by the same origin only.
     external_views = [  # noqa: RUF012 - AirflowPlugin reads plain class lists
+        {
+            "name": "trainops",
+            "href": home_url(),
+            "destination": "nav",
+            "category": "browse",
+            "url_route": "trainops-home",
+        },
         {
             "name": "Training cost",
             "href": fleet_url(),

@@ -175,3 +175,78 @@ def test_training_pushes_its_job_json_when_the_first_attempt_is_launched(file_ro
     assert "Status running" in page_text(html)
     attempt = table_with(html, "Attempt")[1]
     assert attempt[:2] == ["1", "spot"] and attempt[3:] == ["running", "-", "-", "-", "-", "-"]
+
+
+def test_training_records_its_airflow_run_and_logs_its_report_url_at_the_start(
+    file_root, monkeypatch, caplog, capsys
+):
+    """The run's job.json names the Airflow run as Airflow does (its path cannot: ``:`` and
+    ``+`` are made safe), so report pages link back to it; the task log names the report."""
+    import logging
+    from types import SimpleNamespace
+
+    from airflow.sdk.exceptions import TaskDeferred
+
+    import trainops.cluster
+    from tests.trainops.cluster.fake_backend import FakeCluster
+    from tests.trainops.operators.test_train import layout_of, operator
+    from trainer.storage import open_storage
+
+    monkeypatch.setattr(trainops.cluster, "get_cluster", lambda name, **kw: FakeCluster())
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", "https://airflow.example.com")
+    run_id = "manual__2026-01-01T00:00:00+00:00"
+    ti = SimpleNamespace(
+        dag_id="retrain", run_id=run_id, task_id="train", map_index=-1, xcom_push=lambda **kw: None
+    )
+    op = operator(file_root)
+    with caplog.at_level(logging.INFO):
+        op.pre_execute({"ti": ti})
+        with pytest.raises(TaskDeferred):
+            op.execute({"ti": ti})
+
+    job_uri = layout_of(file_root).job
+    assert open_storage(file_root).get_json(job_uri)["airflow"] == {
+        "dag_id": "retrain",
+        "run_id": run_id,
+        "task_id": "train",
+        "map_index": -1,
+    }
+    logged = caplog.text + capsys.readouterr().out  # the task's logger writes through structlog
+    assert f"trainops Training report: {report_url(job_uri)}" in logged
+    assert report_url(job_uri).startswith("https://airflow.example.com/trainops/report?uri=file%3A")
+    assert "trainops home (runs, models, datasets): https://airflow.example.com/trainops/" in logged
+
+
+def test_gate_and_promote_log_where_their_report_will_be_and_never_fail_for_it(monkeypatch, caplog, capsys):
+    import logging
+
+    from trainops.operators.evaluate import EvaluateModelOperator
+    from trainops.operators.gate import EvaluationGateOperator
+    from trainops.operators.promote import PromoteModelOperator
+
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", "")
+    gate = EvaluationGateOperator(task_id="gate", evaluation={})
+    promote = PromoteModelOperator(
+        task_id="promote", model_name="m", gate={}, training={}, dataset={}, evaluation={}
+    )
+    evaluate = EvaluateModelOperator(task_id="evaluate", training={}, model_name="m")
+    with caplog.at_level(logging.INFO):
+        gate.pre_execute({})
+        promote.pre_execute({})
+        evaluate.pre_execute({})
+    logged = caplog.text + capsys.readouterr().out
+    assert "trainops Gate decision: on this task's 'Gate decision' link once it is written" in logged
+    assert "trainops Model card: on this task's 'Model card' link once it is written" in logged
+    # evaluate has no report link of its own: the home page only
+    assert logged.count("trainops home (runs, models, datasets): /trainops/") == 3
+    assert logged.count("once it is written") == 2
+
+    def broken(context):
+        raise RuntimeError("no storage root")
+
+    monkeypatch.setattr(gate, "report_uri", broken)
+    with caplog.at_level(logging.INFO):
+        gate.pre_execute({})  # a log line never fails the task
+    assert "could not tell where this task's trainops report is: no storage root" in (
+        caplog.text + capsys.readouterr().out
+    )

@@ -1,5 +1,7 @@
 """What the job-launching operators share, written once: the cluster options, a cached backend,
-defer-or-wait, the task's identity and job labels, the task's deadline, and ``on_kill``.
+defer-or-wait, the task's identity and job labels, the task's deadline, and ``on_kill``. And
+what every trainops operator with a report page shares (:class:`ReportingOperator`): the task
+log says where the report and the trainops home page are, at the start of each run of the task.
 
 The deadline: Airflow 3.3 bounds each *worker run* of a task by ``execution_timeout`` (a
 SIGALRM, then ``on_kill``), not a deferral, and when a deferral's own timeout fires, the
@@ -107,7 +109,36 @@ def wait_here(trigger: Any) -> dict[str, Any]:
     return asyncio.run(first())
 
 
-class ClusterJobOperator(BaseOperator):
+class ReportingOperator(BaseOperator):
+    """The base of the trainops operators whose work shows on the report pages: at the start of
+    each run of the task (``pre_execute``, which Airflow calls before ``execute`` and before a
+    resume after a deferral), the log names the report's URL when the operator can tell it then
+    (:meth:`report_uri`), else the report link (``operator_extra_links``) that will open it, and
+    the trainops home page, which lists every run, model and dataset. A failure to tell is a
+    warning; it never fails the task."""
+
+    def report_uri(self, context: Mapping[str, Any]) -> str | None:
+        """The storage URI of this task's report when it is known before ``execute`` (None:
+        it is not, e.g. a dataset version or a model version is decided while it runs)."""
+        return None
+
+    def pre_execute(self, context: Any) -> None:
+        from trainops.links import StoredReportLink, home_url, report_url
+
+        try:
+            names = [link.name for link in self.operator_extra_links if isinstance(link, StoredReportLink)]
+            uri = self.report_uri(context)
+            if uri is not None:
+                self.log.info("trainops %s: %s", names[0] if names else "report", report_url(uri))
+            elif names:
+                self.log.info("trainops %s: on this task's %r link once it is written", names[0], names[0])
+            self.log.info("trainops home (runs, models, datasets): %s", home_url())
+        except Exception as exc:  # a log line must not fail the task
+            self.log.warning("could not tell where this task's trainops report is: %s", exc)
+        super().pre_execute(context)
+
+
+class ClusterJobOperator(ReportingOperator):
     """The base of the operators that run their work as jobs on a cluster backend.
 
     :param cluster: ``local`` (this host; the embedded default) or ``kubernetes``.

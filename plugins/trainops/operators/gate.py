@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow.sdk import BaseOperator, Context
+from airflow.sdk import Context
 
 from trainops.gate.checks import (
     DEFAULT_CHECKS,
@@ -18,12 +18,13 @@ from trainops.gate.checks import (
     validate_checks,
 )
 from trainops.links import GateDecisionLink
+from trainops.operators.base import ReportingOperator
 
 # The report app's XCom key for the gate decision (see trainops.links).
 GATE_REPORT_KEY = "trainops_gate_report"
 
 
-class EvaluationGateOperator(BaseOperator):
+class EvaluationGateOperator(ReportingOperator):
     """Check a candidate's evaluation metrics against thresholds, the production model and
     per-slice expectations.
 

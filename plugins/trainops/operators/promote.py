@@ -5,18 +5,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow.sdk import BaseOperator, Context
+from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from trainops.gate.checks import failed_checks
 from trainops.links import ModelCardLink
+from trainops.operators.base import ReportingOperator
 from trainops.registry.retention import check_policy
 
 # The report app's XCom key for the promoted version's card (see trainops.links).
 MODEL_CARD_KEY = "trainops_model_card"
 
 
-class PromoteModelOperator(BaseOperator):
+class PromoteModelOperator(ReportingOperator):
     """Copy the trained export to ``models/<name>/versions/<v>`` and move the production pointer.
 
     If the gate rejected the model, the task is skipped with a message naming the failed

@@ -283,6 +283,10 @@ class FSDPTrainingOperator(ClusterJobOperator):
         )
         return store, RunLayout(run_uri), identity
 
+    def report_uri(self, context: Mapping[str, Any]) -> str | None:
+        """The run's ``job.json``: the "Training report" the task log names at its start."""
+        return self._run(context)[1].job
+
     # -- execute -----------------------------------------------------------------------
     def execute(self, context: Any) -> Any:
         from trainer.config import dump_yaml
@@ -321,6 +325,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
         job = self._read_job(store, layout) or start_record(
             run_uri=layout.run_uri, config_uri=layout.config, cluster=self.cluster, capacity=self.capacity
         )
+        job["airflow"] = {**identity}  # the report pages' link back to this Airflow run
         if callable(getattr(context.get("ti"), "xcom_push", None)):  # the "Training report" link,
             context["ti"].xcom_push(key=RUN_REPORT_KEY, value=layout.job)  # on a reattach too
         return self._proceed(context, store, layout, job, identity, fresh_try=True)

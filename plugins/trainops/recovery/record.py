@@ -83,6 +83,17 @@ class BudgetWindow(TypedDict):
     infra_failures: int
 
 
+class AirflowRun(TypedDict):
+    """The task instance that owns the run, as Airflow names it: the storage path holds the
+    ids made safe for a path (``trainer.contract.safe_segment``), which the Airflow UI's URL
+    of the run cannot be rebuilt from."""
+
+    dag_id: str
+    run_id: str
+    task_id: str
+    map_index: int
+
+
 class JobRecord(TypedDict):
     """A training run's ``job.json``. ``capacity`` is the next attempt's (it moves to
     on-demand on a fallback); ``preemptions`` and ``infra_failures`` are the totals over every
@@ -90,7 +101,8 @@ class JobRecord(TypedDict):
     fallback is not an infrastructure failure). A record written before ``budget`` existed
     counts from attempt 1 (:func:`budget_window`). ``cost`` is the run's bill
     (``trainops.cost.accounting.RunCost``), written when the run ends; a record from before it
-    has none."""
+    has none. ``airflow`` names the task instance that wrote the record (a record from before
+    it has none)."""
 
     run_uri: str
     config_uri: str
@@ -102,6 +114,7 @@ class JobRecord(TypedDict):
     attempts: list[AttemptEntry]
     budget: NotRequired[BudgetWindow]
     cost: NotRequired[dict[str, Any]]
+    airflow: NotRequired[AirflowRun]
 
 
 class Progress(TypedDict):

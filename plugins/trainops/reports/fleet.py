@@ -4,7 +4,7 @@ One section per DAG: a trend chart of the runs' cost (actual and on-demand equiv
 goodput, oldest to newest, and a table with one row per run, newest first, linking to its
 report. A run whose ``job.json`` holds no ``cost`` (older than the accounting, or still
 running) or could not be read gets a row saying why. Pure: the report app finds and reads the
-runs (:func:`trainops.reports.app.find_runs`) and hands them here as :class:`FleetRun` records.
+runs (:func:`trainops.reports.fleet_reader.find_runs`) and hands them here as :class:`FleetRun` records.
 """
 
 # No ``from __future__ import annotations``: FleetRun is a TypedDict read at run time.

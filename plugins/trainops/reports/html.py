@@ -5,6 +5,10 @@ Report contents are data and may be hostile (a sample id can be ``<script>``), s
 value goes through :func:`escape`, and :func:`redact` replaces values under credential-like
 keys, and passwords inside URLs, by ``***`` before anything is shown. Functions that take
 HTML (``table``'s cells, ``page``'s body) say so; everything else takes plain values.
+
+:func:`framed` adds what the app knows about a page beyond its object (:class:`FrameLink`
+links to the trainops home, the Airflow run, the run report or model card; a reload while the
+run is live), in one place for every page, whichever module rendered its body.
 """
 
 from __future__ import annotations
@@ -12,14 +16,18 @@ from __future__ import annotations
 import html
 import json
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
 __all__ = [
     "CSS",
     "REDACTED",
+    "FrameLink",
     "dicts",
     "escape",
+    "framed",
     "json_value",
     "kv_table",
     "list_of",
@@ -64,6 +72,8 @@ th{background:#f6f8fa}.muted{color:#6e7781}.uri{color:#57606a;word-break:break-a
 .pass{color:#1a7f37;font-weight:600}.fail{color:#cf222e;font-weight:600}
 svg.chart{display:block;max-width:100%;height:auto;margin:.3rem 0}
 svg.chart text{font:11px system-ui,sans-serif;fill:#57606a}
+nav.frame{margin:0 0 1rem;padding:.4rem .6rem;background:#f6f8fa;border:1px solid #d0d7de}
+nav.frame a{margin:0 .3rem}nav.frame .live{color:#bc4c00;margin-left:.3rem}
 """
 
 
@@ -213,3 +223,32 @@ def not_json_page(uri: str, text: str, exc: Exception) -> str:
         f"</p><pre>{escape(redact(text))}</pre>"
     )
     return page(object_name(uri), uri, body)
+
+
+@dataclass(frozen=True)
+class FrameLink:
+    """A link in the bar above a page. ``href`` is a URL as is (a relative one stays inside the
+    report app); ``airflow`` marks a page of Airflow's own UI (class ``airflow``). Links open
+    where the page is: Airflow shows the report app in a sandboxed iframe that may not navigate
+    the window or open a tab, so a ``target`` would make the link dead there."""
+
+    label: str
+    href: str
+    airflow: bool = False
+
+
+def framed(document: str, links: Sequence[FrameLink], *, refresh_s: int | None = None) -> str:
+    """``document`` (a page from :func:`page`) with a bar of ``links`` above its header, and,
+    when ``refresh_s`` is given, a reload every ``refresh_s`` seconds (a ``<meta>`` refresh: the
+    pages run no script) that the bar announces."""
+    items = []
+    for link in links:
+        css = ' class="airflow"' if link.airflow else ""
+        items.append(f'<a{css} href="{escape(link.href)}">{escape(link.label)}</a>')
+    head = ""
+    if refresh_s is not None:
+        head = f'<meta http-equiv="refresh" content="{int(refresh_s)}">'
+        items.append(f'<span class="live">live: this page reloads every {int(refresh_s)} s</span>')
+    bar = f'<nav class="frame">{" · ".join(items)}</nav>' if items else ""
+    # page() writes "</head>" and "<body>" once; escaped contents cannot hold either.
+    return document.replace("</head>", head + "</head>", 1).replace("<body>", "<body>" + bar, 1)

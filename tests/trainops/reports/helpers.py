@@ -78,6 +78,11 @@ def page_text(html: str) -> str:
     return " ".join("".join(_Page(html).text).split())
 
 
+def main_text(html: str) -> str:
+    """The visible text below the bar of links the app puts on every page (``html.framed``)."""
+    return page_text(re.sub(r'<nav class="frame">.*?</nav>', "", html, count=1, flags=re.S))
+
+
 def page_tables(html: str) -> list[list[list[str]]]:
     return _Page(html).tables
 

@@ -19,6 +19,7 @@ import pytest
 from tests.trainops.reports.helpers import (
     RUN_METRICS,
     Svg,
+    main_text,
     page_tables,
     page_text,
     run_job,
@@ -27,8 +28,8 @@ from tests.trainops.reports.helpers import (
 )
 from trainer.contract import dataset_prefix, join
 from trainer.storage import open_storage
-from trainops.reports import app as report_app
-from trainops.reports.app import ReportRequestError, check_report_uri, required_access
+from trainops.reports import access
+from trainops.reports.fleet_reader import find_runs
 
 ATTACK = "<script>alert(1)</script>"
 
@@ -131,7 +132,7 @@ def test_quarantine_report_links_to_its_sample(api, root, tmp_path):
     href = re.search(r'href="(report\?uri=[^"]+)"', response.text).group(1)
     sample = api[0].get(f"/trainops/{html.unescape(href)}", headers=bearer(api))
     assert sample.status_code == 200
-    assert page_text(sample.text).startswith(f"sample.jsonl {sample_uri}")
+    assert main_text(sample.text).startswith(f"sample.jsonl {sample_uri}")
     assert "n001-0000005" in sample.text  # a quarantined row (empty text)
 
 
@@ -162,7 +163,7 @@ def test_report_staged_on_s3_is_read_with_the_storage_client(api, s3_root, monke
 
 def test_a_storage_outage_is_a_503_page_that_names_it(api, faulty_s3_root, s3_faults, monkeypatch):
     # A page's storage request gives up after 0.5 s here (scaled down from 10 s).
-    monkeypatch.setattr(report_app, "OUTAGE_TOLERANCE_S", 0.5)
+    monkeypatch.setattr(access, "OUTAGE_TOLERANCE_S", 0.5)
     monkeypatch.setenv("TRAINOPS_STORAGE_ROOT", faulty_s3_root)
     uri = join(faulty_s3_root, "models", "demo-lm", "versions", "1", "card.json")
     open_storage(uri).put_json(uri, {"model": "demo-lm", "version": 1})
@@ -302,7 +303,7 @@ def test_run_report_draws_the_loss_curve_from_the_metrics_beside_job_json(api, r
     assert response.status_code == 200, response.text
     assert "default-src 'none'" in response.headers["content-security-policy"]
     page = response.text
-    text = page_text(page)
+    text = main_text(page)
     assert text.startswith(f"Training run: retrain / manual_1 / train {job_uri} Status succeeded")
     assert ["Preemptions", "1"] in page_tables(page)[0]
     assert dict(page_tables(page)[0])["Metrics"] == join(run_uri, "metrics.jsonl")  # an older run's file
@@ -350,7 +351,7 @@ def test_run_report_reads_the_metrics_parts_and_on_a_reload_only_the_new_ones(ap
     from trainer.contract import RunLayout
     from trainer.metrics import MetricsLog
 
-    report_app._readers.clear()
+    access._readers.clear()
     layout = RunLayout(join(root, "runs", "retrain", "manual_2", "train"))
     storage = open_storage(root)
     storage.put_json(layout.job, run_job(run_uri=layout.run_uri))
@@ -361,7 +362,7 @@ def test_run_report_reads_the_metrics_parts_and_on_a_reload_only_the_new_ones(ap
     assert svgs(page)["Training loss by step"].count("<polyline") == 1
     assert ["Last logged step", "10"] in page_tables(page)[0]
     assert dict(page_tables(page)[0])["Metrics"] == layout.metrics_parts + "/"
-    [(reader, _lock)] = report_app._readers._kept.values()
+    [(reader, _lock)] = access._readers._kept.values()
     before = reader.bytes_read
     for step in range(11, 16):
         log.add(step=step, loss=10.0 / step, lr=0.1, tokens_per_s=100.0, time=float(step))
@@ -370,8 +371,8 @@ def test_run_report_reads_the_metrics_parts_and_on_a_reload_only_the_new_ones(ap
     assert reader.bytes_read - before == len(storage.get(layout.metrics_part(1, 3)))  # the new part only
 
     # the cap holds for the parts together: past it the page says so and draws no curve
-    report_app._readers.clear()
-    monkeypatch.setattr(report_app, "MAX_METRICS_BYTES", 2 * len(storage.get(layout.metrics_part(1, 1))))
+    access._readers.clear()
+    monkeypatch.setattr(access, "MAX_METRICS_BYTES", 2 * len(storage.get(layout.metrics_part(1, 1))))
     capped = get(api, layout.job)
     assert capped.status_code == 200 and "<svg" not in capped.text
     assert "bytes this reader may read" in page_text(capped.text)
@@ -402,7 +403,7 @@ def test_model_card_and_markdown(api, root):
 
     response = get(api, join(result["version_uri"], "card.json"))
     assert response.status_code == 200, response.text
-    text = page_text(response.text)
+    text = main_text(response.text)
     assert text.startswith("Model card: demo-lm v1")
     assert "Eval loss 2.5" in text and "model.safetensors" in text
     # URIs under the storage root link to their report page; one outside it is only shown
@@ -431,49 +432,6 @@ def test_extra_roots_come_from_the_environment(api, root, tmp_path, monkeypatch)
     response = get(api, uri)
     assert response.status_code == 500
     assert "$TRAINOPS_REPORT_ROOTS entry 'relative/path' is invalid" in page_text(response.text)
-
-
-@pytest.mark.parametrize(
-    ("uri", "roots", "relative"),
-    [
-        ("s3://b/root/datasets/d/v/validation.json", ["s3://b/root"], "datasets/d/v/validation.json"),
-        ("s3://b/runs/dag/r/t/eval/gate.json", ["s3://b"], "runs/dag/r/t/eval/gate.json"),
-        ("file://localhost/srv/t/a.json", ["file:///srv/t"], "a.json"),
-        ("file:///srv/t//x/a.json", ["file:///srv/t"], "x/a.json"),
-    ],
-)
-def test_uri_check_accepts_reports_under_a_root(uri, roots, relative):
-    assert check_report_uri(uri, roots).relative == relative
-
-
-@pytest.mark.parametrize(
-    ("uri", "status"),
-    [
-        ("s3://b/root2/a.json", 403),
-        ("s3://b/root", 403),
-        ("s3://c/root/a.json", 403),
-        ("file:///srv/t/a.json", 403),
-        ("s3://b/root/./a.json", 400),
-        ("s3://b/root/a/../../x.json", 400),
-        ("s3://b/root/a.json\n", 400),
-        ("file://srv/root/a.json", 400),
-    ],
-)
-def test_uri_check_refuses(uri, status):
-    with pytest.raises(ReportRequestError) as err:
-        check_report_uri(uri, ["s3://b/root"])
-    assert err.value.status == status
-    assert repr(uri) in err.value.message
-
-
-def test_run_reports_name_their_dag():
-    target = check_report_uri("s3://b/root/runs/retrain/r1/train/job.json", ["s3://b/root"])
-    assert required_access(target) == "retrain"
-    models = check_report_uri("s3://b/root/models/m/versions/1/card.json", ["s3://b/root"])
-    assert required_access(models) is None
-    # a DAG's own storage root below the served one: its runs still need that DAG's access
-    nested = check_report_uri("s3://b/root/team-a/runs/secret/r1/train/eval/gate.json", ["s3://b/root"])
-    assert required_access(nested) == "secret"
 
 
 # ----------------------------------------------------------------------------- cost and the fleet
@@ -614,15 +572,13 @@ def test_fleet_page_over_a_folder_of_runs(api, root, tmp_path):
 
     two = fleet(api, limit="2")
     assert [row[0] for row in _fleet_rows(two.text, "nightly")] == ["linked / train", "r3 / train"]
-    assert page_text(two.text).startswith("Training cost of the fleet The last 2 runs of each DAG")
+    assert main_text(two.text).startswith("Training cost of the fleet The last 2 runs of each DAG")
     only = fleet(api, dag="adhoc")
-    assert page_text(only.text).startswith("Training cost: adhoc") and "r3 / train" not in only.text
+    assert main_text(only.text).startswith("Training cost: adhoc") and "r3 / train" not in only.text
     assert "The last 100 runs" in page_text(fleet(api, limit="100000").text)
 
     # DAGs the user may not read are counted, not read
-    runs, hidden, problems = report_app.find_runs(
-        [root], None, limit=20, may_read=lambda dag: dag != "nightly"
-    )
+    runs, hidden, problems = find_runs([root], None, limit=20, may_read=lambda dag: dag != "nightly")
     assert ([r["run_id"] for r in runs], hidden, problems) == (["a1"], 1, [])
 
 
@@ -640,23 +596,26 @@ def test_fleet_page_refusals_and_empty_cases(api, root):
     )
 
 
-def test_the_plugin_puts_the_fleet_page_in_airflows_navigation(api, root):
+def test_the_plugin_puts_the_home_and_fleet_pages_in_airflows_navigation(api, root):
     from trainops.plugin import TrainopsPlugin
 
-    [view] = TrainopsPlugin.external_views
-    assert view["href"] == "/trainops/fleet" and view["url_route"] == "trainops-fleet"
+    home, fleet_view = TrainopsPlugin.external_views
+    assert (home["href"], home["url_route"]) == ("/trainops/", "trainops-home")
+    assert (fleet_view["href"], fleet_view["url_route"]) == ("/trainops/fleet", "trainops-fleet")
     listed = api[0].get("/api/v2/plugins", headers=bearer(api, role="admin"))
     assert listed.status_code == 200, listed.text
     [trainops] = [p for p in listed.json()["plugins"] if p["name"] == "trainops"]
     assert [(v["name"], v["href"], v["category"]) for v in trainops["external_views"]] == [
-        ("Training cost", "/trainops/fleet", "browse")
+        ("trainops", "/trainops/", "browse"),
+        ("Training cost", "/trainops/fleet", "browse"),
     ]
-    assert api[0].get(view["href"], headers=bearer(api)).status_code == 200
+    for view in (home, fleet_view):
+        assert api[0].get(view["href"], headers=bearer(api)).status_code == 200
 
 
 def test_fleet_page_during_a_storage_outage_names_it(api, faulty_s3_root, s3_faults, monkeypatch):
     # A page's storage request gives up after 0.5 s here (scaled down from 10 s).
-    monkeypatch.setattr(report_app, "OUTAGE_TOLERANCE_S", 0.5)
+    monkeypatch.setattr(access, "OUTAGE_TOLERANCE_S", 0.5)
     monkeypatch.setenv("TRAINOPS_STORAGE_ROOT", faulty_s3_root)
     storage = open_storage(faulty_s3_root)
     for run in ("r1", "r2"):

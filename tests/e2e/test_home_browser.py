@@ -1,0 +1,198 @@
+"""A person's click-through in a real headless browser: the demo DAG runs once (dag.test()),
+Airflow's own API server serves the report app, and headless Chromium opens the trainops home
+page, follows its link to the run's report, from there to the model card promoted from it, and
+from the card back to the run's page in Airflow's UI, which renders that run; and Airflow's
+navigation entry (Browse > trainops) shows the home page in Airflow's frame.
+
+Chromium is driven with ``--dump-dom``: each page is loaded as a browser loads it (the report
+pages run no script; Airflow's UI is a React app, given virtual time to fetch and render), and
+the next URL is the ``href`` of the link a person would click, resolved against the page's URL.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import quote, urljoin
+
+import pytest
+
+from tests.e2e.test_demo_dag import run_demo
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+class _Anchors(HTMLParser):
+    """The document's title (not an SVG's), the page's links as (text, href) and its iframes'
+    sources."""
+
+    def __init__(self, dom: str):
+        super().__init__()
+        self.links: list[tuple[str, str]] = []
+        self.frames: list[str] = []
+        self.title = ""
+        self._href: str | None = None
+        self._text: list[str] = []
+        self._in_title = False
+        self.feed(dom)
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "a":
+            self._href, self._text = dict(attrs).get("href"), []
+        elif tag == "iframe":
+            self.frames.append(dict(attrs).get("src") or "")
+        elif tag == "title" and not self.title:
+            self._in_title = True
+
+    def handle_endtag(self, tag):
+        if tag == "a" and self._href is not None:
+            self.links.append((" ".join("".join(self._text).split()), self._href))
+            self._href = None
+        elif tag == "title":
+            self._in_title = False
+
+    def handle_data(self, data):
+        if self._href is not None:
+            self._text.append(data)
+        if self._in_title:
+            self.title += data
+
+
+def browse(url: str, profile: Path, *, virtual_time_ms: int | None = None) -> _Anchors:
+    """The page at ``url`` as headless Chromium has rendered it."""
+    args = [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--dump-dom", url]
+    if virtual_time_ms:
+        args.insert(-2, f"--virtual-time-budget={virtual_time_ms}")
+    out = subprocess.run(args, capture_output=True, timeout=180, check=True)
+    return _Anchors(out.stdout.decode("utf-8", errors="replace"))
+
+
+def click(page: _Anchors, url: str, text: str) -> str:
+    """The absolute URL of the one link on ``page`` (loaded from ``url``) whose text is ``text``."""
+    hrefs = [href for label, href in page.links if label == text]
+    assert len(hrefs) == 1, f"no single link {text!r} on {url}: {page.links}"
+    return urljoin(url, hrefs[0])
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_for(url: str, server: subprocess.Popen, timeout_s: float = 240.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert server.poll() is None, f"the API server exited with {server.returncode}"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"{url} did not answer within {timeout_s:.0f} s")
+
+
+@pytest.fixture
+def demo_env(tmp_path, monkeypatch, airflow_db):
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is not installed: the browser test needs Debian's chromium package")
+    root = f"file://{tmp_path}/storage"
+    monkeypatch.setenv("TRAINOPS_STORAGE_ROOT", root)
+    monkeypatch.setenv("TRAINOPS_LOCAL_STATE", str(tmp_path / "local"))
+    monkeypatch.delenv("AIRFLOW__API__BASE_URL", raising=False)
+    return root
+
+
+@pytest.fixture
+def api_server(demo_env):
+    """Airflow's API server over the test's database and storage root, with the simple auth
+    manager's all_admins switch, so a headless browser needs no login."""
+    port = _free_port()
+    env = {**os.environ, "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True"}
+    args = [
+        sys.executable,
+        "-m",
+        "airflow",
+        "api-server",
+        "--apps",
+        "core",
+        "-H",
+        "127.0.0.1",
+        "-p",
+        str(port),
+    ]
+    server = subprocess.Popen(
+        args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        yield f"http://127.0.0.1:{port}", server
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=60)
+
+
+def test_home_to_run_to_model_card_and_back_to_the_airflow_run(demo_env, api_server, capfd, tmp_path):
+    from trainer.contract import safe_segment
+    from trainops.links import report_url
+
+    dagrun, results = run_demo()
+    assert str(dagrun.state).endswith("success"), results
+    run_id, job_uri = dagrun.run_id, results["train"]["run_uri"] + "/job.json"
+
+    # The task log names the report at the start of train, and the home page at the start of
+    # every task with a report (stage, train, evaluate, gate, promote).
+    logged = "".join(capfd.readouterr())
+    assert f"trainops Training report: {report_url(job_uri, '')}" in logged
+    assert logged.count("trainops home (runs, models, datasets): /trainops/") >= 5
+    assert "trainops Gate decision: on this task's 'Gate decision' link once it is written" in logged
+
+    base, server = api_server
+    _wait_for(f"{base}/api/v2/monitor/health", server)
+    profile = tmp_path / "chromium"
+
+    home_url = f"{base}/trainops/"
+    home = browse(home_url, profile)
+    assert home.title == "trainops - trainops"
+    run_url = click(home, home_url, f"trainops_demo / {safe_segment(run_id)} / train")
+
+    run_page = browse(run_url, profile)
+    assert run_page.title == f"Training run: trainops_demo / {safe_segment(run_id)} / train - trainops"
+    version = results["promote"]["version"]
+    card_url = click(run_page, run_url, f"Model card demo-lm v{version}")
+
+    card = browse(card_url, profile)
+    assert "demo-lm" in card.title and "unavailable" not in card.title
+    airflow_url = click(card, card_url, f"Airflow run trainops_demo / {run_id}")
+    assert airflow_url == f"{base}/dags/trainops_demo/runs/{quote(run_id, safe='')}"
+    assert click(run_page, run_url, f"Airflow run trainops_demo / {run_id}") == airflow_url
+
+    # Airflow's UI renders that run's page (its title is the run id)
+    airflow_page = browse(airflow_url, profile, virtual_time_ms=20_000)
+    assert airflow_page.title == f"{run_id} - Airflow"
+    # and back: the home page is one click from every report page
+    assert click(card, card_url, "trainops home") == home_url
+
+    # Browse > trainops: Airflow's UI shows the home page in its own frame
+    mounted = browse(f"{base}/plugin/trainops-home", profile, virtual_time_ms=20_000)
+    assert [urljoin(base, src) for src in mounted.frames] == [home_url]
