@@ -18,6 +18,7 @@ from trainops.gate.checks import (
     validate_checks,
 )
 from trainops.links import GateDecisionLink
+from trainops.operators.fail_fast import fail_fast
 
 # The report app's XCom key for the gate decision (see trainops.links).
 GATE_REPORT_KEY = "trainops_gate_report"
@@ -90,6 +91,7 @@ class EvaluationGateOperator(BaseOperator):
         self.aws_conn_id = aws_conn_id
         self.cluster = cluster
 
+    @fail_fast
     def execute(self, context: Context) -> dict:
         from trainer.contract import RunLayout
         from trainops.hooks.storage import storage_for

@@ -10,6 +10,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from trainops.gate.checks import failed_checks
 from trainops.links import ModelCardLink
+from trainops.operators.fail_fast import fail_fast
 from trainops.registry.retention import check_policy
 
 # The report app's XCom key for the promoted version's card (see trainops.links).
@@ -89,6 +90,7 @@ class PromoteModelOperator(BaseOperator):
         self.aws_conn_id = aws_conn_id
         self.cluster = cluster
 
+    @fail_fast
     def execute(self, context: Context) -> dict:
         from trainops.hooks.storage import root_and_storage
         from trainops.registry.promotion import ProductionMovedError, RegateRejected, promote
