@@ -8,8 +8,8 @@ from typing import Any
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from trainops.gate.checks import failed_checks
-from trainops.links import ModelCardLink
+from trainops.gate.verdict import rejection_reason
+from trainops.links import ModelCardLink, push_report
 from trainops.operators.fail_fast import fail_fast
 from trainops.registry.retention import check_policy
 
@@ -62,6 +62,7 @@ class PromoteModelOperator(BaseOperator):
     """
 
     operator_extra_links = (ModelCardLink(),)
+    reports_known_in_process = True  # never defers (see trainops.links)
     template_fields: Sequence[str] = ("model_name", "gate", "training", "dataset", "evaluation")
     ui_color = "#c8e6c9"
 
@@ -100,7 +101,7 @@ class PromoteModelOperator(BaseOperator):
         if not gate["approved"]:
             if self.retention is not None:
                 self._prune(storage, root, _require(self.training, "training", ("run_uri",)))
-            raise AirflowSkipException(f"not promoting {self.model_name}: {_rejection(gate)}")
+            raise AirflowSkipException(f"not promoting {self.model_name}: {rejection_reason(gate)}")
         training = _require(self.training, "training", ("export_uri", "config_uri", "run_uri"))
         dataset = _require(self.dataset, "dataset", ("dataset_name", "version", "uri"))
         evaluation = _require(self.evaluation, "evaluation", ("candidate",))
@@ -140,9 +141,7 @@ class PromoteModelOperator(BaseOperator):
         except ProductionMovedError as exc:
             # Retrying this task cannot help: the comparison is stale and cannot be redone here.
             raise AirflowFailException(str(exc)) from exc
-        ti = context.get("ti")
-        if ti is not None:
-            ti.xcom_push(key=MODEL_CARD_KEY, value=result["card_uri"])
+        push_report(self, context, MODEL_CARD_KEY, result["card_uri"])
         was = f"v{result['previous_version']}" if result["previous_version"] is not None else "none"
         regated = "".join(f", re-gated against v{v}" for v in result["regated_against"])
         self.log.info(
@@ -206,20 +205,3 @@ def _require(value: Any, what: str, keys: tuple[str, ...]) -> dict:
             f"pass the XCom result of the upstream trainops operator"
         )
     return value
-
-
-def _rejection(gate: dict) -> str:
-    failed = failed_checks(gate)
-    if not failed:
-        return "the gate rejected it"
-    parts = []
-    for check in failed:
-        observed = (
-            f"{check['observed']:.6g}"
-            if check.get("observed") is not None
-            else check.get("note") or "missing"
-        )
-        part = f"{check['name']} (observed {observed}, expected {check.get('expected') or '-'})"
-        parts.append(part)
-    where = f"; decision in {gate['gate_uri']}" if gate.get("gate_uri") else ""
-    return "the gate rejected it: " + "; ".join(parts) + where
