@@ -112,10 +112,11 @@ class PromoteModelOperator(BaseOperator):
                 "pass the same model_name to EvaluateModelOperator and PromoteModelOperator"
             )
 
-        from trainops.registry.card import build_card
+        from trainops.registry.card import build_card, by_label, trigger_of
         from trainops.registry.regate import make_regate
 
         card = build_card(storage, gate=gate, training=training, dataset=dataset, evaluation=evaluation)
+        card["promoted_by"] = trigger_of(context.get("dag_run"))
         regate = make_regate(
             storage,
             root,
@@ -134,6 +135,7 @@ class PromoteModelOperator(BaseOperator):
                 card=card,
                 expected_production_version=gate["production_version"],
                 regate=regate,
+                by=by_label(card["promoted_by"]),
             )
         except RegateRejected as exc:
             self._prune(storage, root, training)
@@ -144,12 +146,14 @@ class PromoteModelOperator(BaseOperator):
         push_report(self, context, MODEL_CARD_KEY, result["card_uri"])
         was = f"v{result['previous_version']}" if result["previous_version"] is not None else "none"
         regated = "".join(f", re-gated against v{v}" for v in result["regated_against"])
+        who = by_label(card["promoted_by"])
         self.log.info(
-            "promoted %s v%d (was %s%s); card %s",
+            "promoted %s v%d (was %s%s)%s; card %s",
             self.model_name,
             result["version"],
             was,
             regated,
+            f" for {who}" if who else "",
             result["card_uri"],
         )
         if result["production_version"] != result["version"]:

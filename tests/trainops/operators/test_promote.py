@@ -207,6 +207,29 @@ def test_approved_model_becomes_production_with_a_lineage_card(request, root_fix
     assert [h["version"] for h in pointer["history"]] == [1, 2]
 
 
+def test_a_promotion_records_who_triggered_the_run_on_the_card_and_in_the_history(file_root, capsys):
+    from types import SimpleNamespace
+
+    manual = SimpleNamespace(triggering_user_name="alice", run_type="manual", run_id="manual__1")
+    first, _ = gate_then_promote(file_root, "run-1", 3.0, context={"dag_run": manual})
+    scheduled = SimpleNamespace(triggering_user_name=None, run_type="scheduled", run_id="scheduled__2")
+    second, _ = gate_then_promote(
+        file_root, "run-2", 2.9, production=3.0, production_version=1, context={"dag_run": scheduled}
+    )
+    storage = open_storage(file_root)
+    assert storage.get_json(first["card_uri"])["promoted_by"] == {
+        "user": "alice",
+        "trigger": "manual",
+        "run_id": "manual__1",
+    }
+    assert storage.get_json(second["card_uri"])["promoted_by"]["user"] is None
+    history = read_production(storage, file_root, "demo-lm")["history"]
+    assert [(h["version"], h.get("by")) for h in history] == [(1, "alice"), (2, "scheduled run")]
+    out = capsys.readouterr().out
+    assert "promoted demo-lm v1 (was none) for alice" in out
+    assert "promoted demo-lm v2 (was v1) for scheduled run" in out
+
+
 def test_promotion_logs_the_version_change(file_root, capsys):
     # Airflow 3's task logger (structlog) prints outside the task runner; caplog sees nothing.
     gate_then_promote(file_root, "run-1", 3.0)
