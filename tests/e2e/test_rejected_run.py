@@ -64,8 +64,10 @@ def gate_then_promote(tmp_path, monkeypatch, airflow_db, file_root):
     monkeypatch.setenv("AIRFLOW__CORE__DAGS_FOLDER", str(dags))
     monkeypatch.setattr(settings, "DAGS_FOLDER", str(dags))  # what the dags-folder bundle reads
 
-    def run(name: str, eval_loss: float, checks: list[dict] | None = None, production=(None, None)):
+    def run(name: str, eval_loss: float, checks=None, production=(None, None), weights: bytes | None = None):
         training, dataset = finished_run(file_root, name)
+        if weights is not None:
+            open_storage(file_root).put(f"{training['export_uri']}/model.safetensors", weights)
         evaluation = evaluation_of(training, eval_loss, *production)
         spec = {"root": file_root, "training": training, "dataset": dataset, "evaluation": evaluation}
         monkeypatch.setenv("GATE_THEN_PROMOTE", json.dumps({**spec, "checks": checks}))
@@ -140,3 +142,32 @@ def test_a_supervised_worker_writes_the_notes_through_airflows_rest_api(gate_the
     assert note == f"{note_before}\n\nchecked by ada"
     assert tasks["promote"][1] == "why"
     assert _via_api("no_such_connection", ids, "x", None) is False  # no connection: not tried
+
+
+def test_an_identical_candidate_is_reported_as_identical_and_the_promotion_records_the_user(
+    gate_then_promote, file_root, capfd
+):
+    from trainer.contract import model_version_prefix
+
+    storage = open_storage(file_root)
+    first = gate_then_promote("first", 3.0, weights=b"same weights")
+    card = storage.get_json(f"{model_version_prefix(file_root, MODEL, 1)}/card.json")
+    # dag.test() runs as the user "dag_test"; a UI or API trigger records that user
+    assert card["promoted_by"] == {"user": "dag_test", "trigger": "manual", "run_id": first.run_id}
+    assert storage.get_json(production_pointer(file_root, MODEL))["history"][-1]["by"] == "dag_test"
+    pointer_before = storage.get(production_pointer(file_root, MODEL))
+    capfd.readouterr()
+
+    again = gate_then_promote("again", 3.0, production=(3.0, 1), weights=b"same weights")
+
+    assert str(again.state).endswith("success")
+    note, tasks = run_record(again.run_id)
+    assert note.startswith("NOT PROMOTED: demo-lm is identical to production v1 (same weights sha256 ")
+    assert note.endswith("); nothing new to publish; production unchanged.")
+    assert tasks["gate"][:2] == ("success", None)  # approved: the gate leaves no note
+    assert tasks["promote"] == ("skipped", note, 1)
+    assert storage.get(production_pointer(file_root, MODEL)) == pointer_before
+    assert not storage.list(model_version_prefix(file_root, MODEL, 2))
+    printed = "".join(capfd.readouterr())
+    assert "reason='not promoting demo-lm: identical to production v1 (same weights sha256 " in printed
+    assert "[error" not in printed

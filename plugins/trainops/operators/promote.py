@@ -21,7 +21,10 @@ class PromoteModelOperator(BaseOperator):
     """Copy the trained export to ``models/<name>/versions/<v>`` and move the production pointer.
 
     If the gate rejected the model, the task is skipped with a message naming the failed
-    checks. Otherwise the next version number is claimed, the export and a lineage card
+    checks. If the candidate's weights are byte for byte those of the production version (the
+    same data, config and seed retrained), it is skipped too, with ``identical to production
+    vN (same weights sha256 ...)`` as its message and the run's note: no new version is
+    published (:mod:`trainops.registry.identity`). Otherwise the next version number is claimed, the export and a lineage card
     (``card.json``, see docs/promotion.md) are written, and ``production.json`` is moved
     with a compare-and-swap write; the card's URI is pushed to XCom under
     ``trainops_model_card``.
@@ -113,9 +116,18 @@ class PromoteModelOperator(BaseOperator):
             )
 
         from trainops.registry.card import build_card, by_label, trigger_of
+        from trainops.registry.identity import compare_with_production
         from trainops.registry.regate import make_regate
 
+        compared = compare_with_production(
+            storage, root, self.model_name, export_uri=training["export_uri"], run_uri=training["run_uri"]
+        )
+        if compared is not None and compared["identical"]:
+            self._prune(storage, root, training)
+            self._skip_identical(context, compared)
         card = build_card(storage, gate=gate, training=training, dataset=dataset, evaluation=evaluation)
+        if compared is not None and compared["weights_sha256"]:
+            card["weights_sha256"] = compared["weights_sha256"]  # the next comparison reads one side
         card["promoted_by"] = trigger_of(context.get("dag_run"))
         regate = make_regate(
             storage,
@@ -164,6 +176,18 @@ class PromoteModelOperator(BaseOperator):
             )
         pruned = self._prune(storage, root, training)
         return {"model_name": self.model_name, **result, "pruned": pruned}
+
+    def _skip_identical(self, context: Context, compared: dict) -> None:
+        """Skip, saying so on the run's note: the candidate is production already."""
+        from trainops.operators.notes import write_notes
+
+        same = (
+            f"identical to production v{compared['version']} "
+            f"(same weights sha256 {compared['weights_sha256']}); nothing new to publish"
+        )
+        note = f"NOT PROMOTED: {self.model_name} is {same}; production unchanged."
+        write_notes(context, run_note=note, task_note=note, log=self.log)
+        raise AirflowSkipException(f"not promoting {self.model_name}: {same}")
 
     def _prune(self, storage, root: str, training: dict) -> list[str]:
         """Apply the retention policy (if any); a failure is logged, never fatal."""

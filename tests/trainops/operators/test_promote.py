@@ -230,6 +230,30 @@ def test_a_promotion_records_who_triggered_the_run_on_the_card_and_in_the_histor
     assert "promoted demo-lm v2 (was v1) for scheduled run" in out
 
 
+def test_a_candidate_with_productions_weights_is_skipped_as_identical_not_published_again(file_root):
+    storage = open_storage(file_root)
+    first, run1 = gate_then_promote(file_root, "run-1", 3.0)
+    training, dataset = finished_run(file_root, "run-2")
+    weights = storage.get(join(run1["export_uri"], "model.safetensors"))
+    storage.put(join(training["export_uri"], "model.safetensors"), weights)  # retrained the same
+    gate, evaluation = gate_of(file_root, training, 3.0, production=3.0, production_version=1)
+    pointer_before = storage.get(production_pointer(file_root, "demo-lm"))
+
+    with pytest.raises(AirflowSkipException) as skipped:
+        promote_op(file_root, gate, training, dataset, evaluation).execute({})
+    message = str(skipped.value)
+    assert message.startswith("not promoting demo-lm: identical to production v1 (same weights sha256 ")
+    assert message.endswith("); nothing new to publish")
+    assert "weights_sha256" not in storage.get_json(first["card_uri"])  # v1 had nothing to compare with
+    assert storage.get(production_pointer(file_root, "demo-lm")) == pointer_before
+    assert not storage.list(model_version_prefix(file_root, "demo-lm", 2))  # no version claimed
+
+    # A different model of the same size is promoted, and its card keeps the digest computed.
+    third, _ = gate_then_promote(file_root, "run-3", 2.9, production=3.0, production_version=1)
+    assert third["version"] == 2
+    assert len(storage.get_json(third["card_uri"])["weights_sha256"]) == 64
+
+
 def test_promotion_logs_the_version_change(file_root, capsys):
     # Airflow 3's task logger (structlog) prints outside the task runner; caplog sees nothing.
     gate_then_promote(file_root, "run-1", 3.0)
