@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import quote
 
 from trainops.gate.verdict import fit_note
+from trainops.operators.base import task_identity
 
 __all__ = ["DEFAULT_API_CONN_ID", "combined_note", "write_notes"]
 
@@ -55,12 +56,7 @@ def write_notes(context: Mapping[str, Any], *, run_note: str, task_note: str | N
     ti = context.get("ti")
     if ti is None:
         return None
-    ids = {
-        "dag_id": ti.dag_id,
-        "run_id": ti.run_id,
-        "task_id": ti.task_id,
-        "map_index": getattr(ti, "map_index", -1) if getattr(ti, "map_index", -1) is not None else -1,
-    }
+    ids = task_identity(context)
     if _via_database(ids, run_note, task_note):
         return "database"
     conn_id = api_conn_id()
