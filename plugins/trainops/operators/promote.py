@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
@@ -151,7 +151,8 @@ class PromoteModelOperator(BaseOperator):
             )
         except RegateRejected as exc:
             self._prune(storage, root, training)
-            raise AirflowSkipException(f"not promoting {self.model_name}: {exc}") from exc
+            note = f"REJECTED on re-gate: {exc}; promote skipped, production unchanged."
+            self._skip(context, str(exc), note)
         except ProductionMovedError as exc:
             # Retrying this task cannot help: the comparison is stale and cannot be redone here.
             raise AirflowFailException(str(exc)) from exc
@@ -177,17 +178,21 @@ class PromoteModelOperator(BaseOperator):
         pruned = self._prune(storage, root, training)
         return {"model_name": self.model_name, **result, "pruned": pruned}
 
-    def _skip_identical(self, context: Context, compared: dict) -> None:
-        """Skip, saying so on the run's note: the candidate is production already."""
-        from trainops.operators.notes import write_notes
-
+    def _skip_identical(self, context: Context, compared: dict) -> NoReturn:
+        """Skip: the candidate is production already."""
         same = (
             f"identical to production v{compared['version']} "
             f"(same weights sha256 {compared['weights_sha256']}); nothing new to publish"
         )
-        note = f"NOT PROMOTED: {self.model_name} is {same}; production unchanged."
+        self._skip(context, same, f"NOT PROMOTED: {self.model_name} is {same}; production unchanged.")
+
+    def _skip(self, context: Context, reason: str, note: str) -> NoReturn:
+        """Skip with ``reason`` as the task's message, and ``note`` on the run's and the task's
+        notes (the gate wrote none: it approved)."""
+        from trainops.operators.notes import write_notes
+
         write_notes(context, run_note=note, task_note=note, log=self.log)
-        raise AirflowSkipException(f"not promoting {self.model_name}: {same}")
+        raise AirflowSkipException(f"not promoting {self.model_name}: {reason}")
 
     def _prune(self, storage, root: str, training: dict) -> list[str]:
         """Apply the retention policy (if any); a failure is logged, never fatal."""

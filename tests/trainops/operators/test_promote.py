@@ -295,10 +295,20 @@ def test_production_moved_after_gating_regates_and_promotes_a_better_model(file_
     assert [h["version"] for h in pointer["history"]] == [1, 2, 3]
 
 
-def test_production_moved_after_gating_to_a_better_model_skips_with_the_reason(file_root, capsys):
+def test_production_moved_after_gating_to_a_better_model_skips_with_the_reason(
+    file_root, capsys, monkeypatch
+):
+    from trainops.operators import notes
+
+    written = []
+    monkeypatch.setattr(notes, "write_notes", lambda context, **kw: written.append(kw["run_note"]))
     op = gated_then_overtaken(file_root, 2.9, 2.5)
     with pytest.raises(AirflowSkipException) as err:
         op.execute({})
+    # the run's note says it too: the gate approved, so it wrote none
+    (note,) = written
+    assert note.startswith("REJECTED on re-gate: production of 'demo-lm' moved from v1 to v2")
+    assert note.endswith("; promote skipped, production unchanged.")
     assert str(err.value).startswith(
         "not promoting demo-lm: production of 'demo-lm' moved from v1 to v2 while this run was "
         "gated; re-gated against v2, the candidate fails: eval_loss no regression (tolerance 0) "
