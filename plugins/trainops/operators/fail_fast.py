@@ -20,17 +20,19 @@ from airflow.sdk.exceptions import AirflowFailException, ParamValidationError
 from trainer.config import ConfigError
 from trainops.cluster.spec import JobSpecError
 from trainops.gate.errors import GateConfigError, GateInputError
+from trainops.operators.params import ParameterError
 from trainops.recipes.form import SettingsError
 from trainops.staging.errors import StagingError
 
 __all__ = ["UNRETRYABLE", "fail_fast", "unretryable"]
 
-# Errors in what the user gave (config, parameters, settings, check definitions, data that
-# failed validation): the same input fails the same way on the next try.
+# Errors in what the user gave (trainer config, operator parameters, DAG params, settings, check
+# definitions, job specs, data that failed validation): the same input fails the same way again.
 UNRETRYABLE: tuple[type[BaseException], ...] = (
     ConfigError,
     SettingsError,
     ParamValidationError,
+    ParameterError,
     GateConfigError,
     GateInputError,
     JobSpecError,

@@ -6,6 +6,7 @@ from airflow.sdk.exceptions import AirflowFailException, ParamValidationError
 from trainer.config import ConfigError, load_config
 from trainops.gate.checks import validate_checks
 from trainops.operators.fail_fast import fail_fast, unretryable
+from trainops.operators.params import as_int, dataset_uri
 from trainops.recipes.form import SettingsError, check_settings
 from trainops.staging.errors import DataValidationError, SourceNotFound, SourceUnreachable
 
@@ -22,6 +23,8 @@ def test_what_the_user_gave_is_unretryable():
     assert unretryable(raised_by(lambda: validate_checks([{"kind": "thresold"}])))
     assert unretryable(ParamValidationError("nodes: 0 is less than the minimum of 1"))
     assert unretryable(DataValidationError("2 expectations failed", summary={}))
+    assert unretryable(raised_by(lambda: as_int("nodes", "lots", minimum=1)))
+    assert unretryable(raised_by(lambda: dataset_uri("data/demo/v1")))
 
 
 def test_outages_and_program_errors_keep_their_retries():

@@ -557,8 +557,8 @@ def test_sizing_settings_may_come_from_templates_and_are_checked_once_rendered(f
 
     bad = operator(file_root, max_preemptions="{{ params.max_preemptions }}")
     bad.max_preemptions = "lots"
-    with pytest.raises(ValueError, match="max_preemptions must be an integer >= 0, got 'lots'"):
-        bad.execute(context)
+    with pytest.raises(AirflowFailException, match="max_preemptions must be an integer >= 0, got 'lots'"):
+        bad.execute(context)  # a rendered bad value fails at once: a retry renders it the same
     assert len(cluster.launched) == 1  # nothing launched for the bad one
 
 
@@ -669,8 +669,8 @@ def test_a_templated_bad_input_fails_in_execute_before_anything_is_written(
     op.dataset, op.trainer_config = data_of(file_root), {}
     for key, value in rendered.items():
         setattr(op, key, value)
-    # a bad trainer config fails without retry (AirflowFailException); a bad URI is a ValueError
-    with pytest.raises((ValueError, AirflowFailException), match=message):
+    # a bad parameter or trainer config fails at once, without retry, whatever `retries` says
+    with pytest.raises(AirflowFailException, match=message):
         op.execute(context)
     nothing_launched_or_written(cluster, file_root)
 
