@@ -6,6 +6,7 @@ is skipped with the reason as its message, and nothing in the log reads as an er
 """
 
 import json
+from urllib.parse import quote_plus, unquote_plus
 
 import pytest
 
@@ -74,6 +75,20 @@ def gate_then_promote(tmp_path, monkeypatch, airflow_db, file_root):
         return load_dag(str(dags), DAG_ID).test()
 
     return run
+
+
+def stored_link(run_id: str, task_id: str, link_class: str) -> str:
+    """The URL Airflow's task runner stored for an operator extra link (the UI shows it)."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        row = (
+            session.query(XComModel)
+            .filter_by(dag_id=DAG_ID, run_id=run_id, task_id=task_id, key=f"_link_{link_class}")
+            .one()
+        )
+        return XComModel.deserialize_value(row)
 
 
 def run_record(run_id: str) -> tuple[str | None, dict]:
@@ -155,6 +170,10 @@ def test_an_identical_candidate_is_reported_as_identical_and_the_promotion_recor
     # dag.test() runs as the user "dag_test"; a UI or API trigger records that user
     assert card["promoted_by"] == {"user": "dag_test", "trigger": "manual", "run_id": first.run_id}
     assert storage.get_json(production_pointer(file_root, MODEL))["history"][-1]["by"] == "dag_test"
+    # the links read what the task pushed from the operator, in the same task runner
+    card_uri = f"{model_version_prefix(file_root, MODEL, 1)}/card.json"
+    assert stored_link(first.run_id, "promote", "ModelCardLink").endswith(f"uri={quote_plus(card_uri)}")
+    assert "gate.json" in unquote_plus(stored_link(first.run_id, "gate", "GateDecisionLink"))
     pointer_before = storage.get(production_pointer(file_root, MODEL))
     capfd.readouterr()
 
@@ -166,6 +185,7 @@ def test_an_identical_candidate_is_reported_as_identical_and_the_promotion_recor
     assert note.endswith("); nothing new to publish; production unchanged.")
     assert tasks["gate"][:2] == ("success", None)  # approved: the gate leaves no note
     assert tasks["promote"] == ("skipped", note, 1)
+    assert stored_link(again.run_id, "promote", "ModelCardLink") == ""  # disabled: nothing promoted
     assert storage.get(production_pointer(file_root, MODEL)) == pointer_before
     assert not storage.list(model_version_prefix(file_root, MODEL, 2))
     printed = "".join(capfd.readouterr())
