@@ -110,6 +110,10 @@ class RealAirflow:
             # The simple auth manager's default user, with a password we chose.
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+            # The workers write a rejection on the run's note through the REST API as this user.
+            "AIRFLOW_CONN_TRAINOPS_AIRFLOW_API": json.dumps(
+                {"conn_type": "http", "host": self.base, "login": "admin", "password": self.password}
+            ),
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
             "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
@@ -380,6 +384,22 @@ def test_retrain_manual_on_a_real_airflow(real_airflow):
     assert job["capacity"] == "spot" and job["attempts"][0]["nodes"] == 1
     pointer = store.get_json(production_pointer(af.storage_root, "retrain-lm"))
     assert pointer["run_uri"] == layout.run_uri
+    # ... promoted by the user who triggered it through the API
+    card = store.get_json(f"{pointer['uri']}/card.json")
+    assert card["promoted_by"] == {"user": "admin", "trigger": "manual", "run_id": run_id}
+    assert pointer["history"][-1]["by"] == "admin"
+
+    # One step from random weights cannot pass the gate: the run stays green, the reason is in
+    # its note, written by a supervised worker (no database) through the REST API.
+    response = af.trigger({**PAYLOAD, "max_steps": 1, "warm_start": "none"})
+    assert response.status_code == 200, response.text
+    rejected_id = response.json()["dag_run_id"]
+    run, states = af.wait_run(DAG_ID, rejected_id)
+    assert run["state"] == "success" and (states["gate"], states["promote"]) == ("success", "skipped"), states
+    assert run["note"].startswith("REJECTED: retrain-lm failed 2 of 2 gate checks (against production v1)")
+    gate_ti = af.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{rejected_id}/taskInstances/gate").json()
+    assert gate_ti["note"] == run["note"]
+    assert store.get_json(production_pointer(af.storage_root, "retrain-lm")) == pointer
 
     # A bad payload is refused when triggered, naming the field, and starts nothing.
     runs_before = af.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns").json()["total_entries"]
