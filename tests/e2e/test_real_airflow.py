@@ -7,8 +7,10 @@ REST API the way a user's script would (``POST /auth/token`` as the simple auth 
 
 1. ``retrain_manual`` is triggered through the REST API with a params payload and the run
    succeeds on the embedded default (``file://`` storage, the local cluster); the training
-   task defers, so the triggerer does the waiting. Bad payloads are refused when triggered,
-   naming the field, and start nothing.
+   task defers, so the triggerer does the waiting. The promotion records the API user. A
+   one-step model is rejected: the run stays green and its note (written by the supervised
+   worker through the REST API) names the failed checks. Bad payloads are refused when
+   triggered, naming the field, and start nothing.
 2. ``data_team_publish`` lands a snapshot and emits a real asset event; the scheduler starts
    ``retrain_on_new_data``, which stages exactly that snapshot and trains with the settings of
    the ``trainops_retrain`` Variable (set through the API).
