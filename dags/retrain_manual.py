@@ -36,6 +36,7 @@ import pendulum
 from airflow.sdk import DAG, task
 
 from trainops.operators import StageDatasetOperator
+from trainops.operators.fail_fast import fail_fast
 from trainops.recipes import form, pipeline, sources
 from trainops.recipes.dry_run import dry_run_report
 
@@ -55,6 +56,7 @@ with DAG(
 ) as dag:
 
     @task(multiple_outputs=True)
+    @fail_fast
     def plan(params=None, dag_run=None) -> dict:
         """Check the run's settings (unknown keys too) and decide what to launch."""
         settings = {key: params[key] for key in form.SETTINGS}

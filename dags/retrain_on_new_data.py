@@ -27,6 +27,7 @@ import pendulum
 from airflow.sdk import DAG, Param, task
 
 from trainops.operators import StageDatasetOperator
+from trainops.operators.fail_fast import fail_fast
 from trainops.recipes import form, pipeline, sources
 
 MODEL = "retrain-lm"
@@ -55,6 +56,7 @@ with DAG(
 ) as dag:
 
     @task(multiple_outputs=True)
+    @fail_fast
     def source(triggering_asset_events=None, params=None) -> dict:
         """The snapshot to stage: the newest triggering event's, or the dataset_uri param."""
         chosen = sources.source_from_events(triggering_asset_events, params.get("dataset_uri"))
@@ -65,6 +67,7 @@ with DAG(
         return chosen
 
     @task(multiple_outputs=True)
+    @fail_fast
     def train_args() -> dict:
         """Read and check the trainops_retrain Variable: the training task's arguments."""
         return form.training_kwargs(form.variable_settings(allowed=SETTINGS))

@@ -39,6 +39,7 @@ import pendulum
 from airflow.sdk import DAG, task
 
 from trainops.operators import StageDatasetOperator
+from trainops.operators.fail_fast import fail_fast
 from trainops.recipes import form, pipeline, sources
 
 MODEL = "retrain-lm"
@@ -57,6 +58,7 @@ with DAG(
 ) as dag:
 
     @task(multiple_outputs=True)
+    @fail_fast
     def plan() -> dict:
         """Read and check the trainops_retrain Variable; decide what to stage and launch."""
         return form.plan_run(form.variable_settings(allowed=SETTINGS))

@@ -31,7 +31,10 @@ because a serialized operator keeps only ``{link name: xcom_key}``
 So the links need no plugin registration, and must not get one: a plugin's
 ``operator_extra_links`` replace the stored ones and would run ``get_link`` in the API server,
 where the Task SDK's ``XCom`` cannot be read. A task that pushed no URI gets an empty link,
-which the UI shows disabled.
+which the UI shows disabled. An operator that never defers (the gate, promote) sets
+``reports_known_in_process = True`` and pushes with :func:`push_report`: its links then read
+what it pushed from the operator and never pull a key it did not push, which Airflow's XCom
+client would log as an error ("XCom not found") on every rejected run.
 
 The report app's home page (:data:`HOME_PATH`, :func:`home_url`) lists the recent training runs,
 the models and the datasets, each with links to its report pages and to its Airflow run
@@ -47,7 +50,8 @@ that serves Airflow under a path; without it the link is relative to the host (`
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 from urllib.parse import quote, urlencode
 
 from airflow.sdk import BaseOperatorLink
@@ -69,6 +73,7 @@ __all__ = [
     "airflow_run_url",
     "fleet_url",
     "home_url",
+    "push_report",
     "report_url",
 ]
 
@@ -79,6 +84,17 @@ RUN_REPORT_KEY = "trainops_run_report"
 REPORT_PATH = "/trainops/report"
 FLEET_PATH = "/trainops/fleet"
 HOME_PATH = "/trainops/"
+
+
+def push_report(operator: object, context: Mapping[str, Any], key: str, uri: str) -> None:
+    """Push a report's ``uri`` under the link's ``key`` and remember it on ``operator`` (whose
+    class sets ``reports_known_in_process = True`` when it never defers)."""
+    ti = context.get("ti")
+    if ti is not None:
+        ti.xcom_push(key=key, value=uri)
+    pushed = dict(getattr(operator, "pushed_reports", None) or {})
+    pushed[key] = uri
+    operator.pushed_reports = pushed  # type: ignore[attr-defined]
 
 
 def _base_url(base_url: str | None) -> str:
@@ -140,10 +156,16 @@ class StoredReportLink(BaseOperatorLink):
     report_key: ClassVar[str]
 
     def get_link(self, operator, *, ti_key) -> str:
-        # The configured XCom backend, as the task used when it pushed the URI.
-        from airflow.sdk.execution_time.xcom import XCom
+        if getattr(operator, "reports_known_in_process", False):
+            # The task ran here from start to end (it never defers), so what it pushed is on the
+            # operator: pulling a key it never pushed (promote's card after a rejection) would
+            # log "XCom not found" as an error on a run that went as planned.
+            uri = (getattr(operator, "pushed_reports", None) or {}).get(self.report_key)
+        else:
+            # The configured XCom backend, as the task used when it pushed the URI.
+            from airflow.sdk.execution_time.xcom import XCom
 
-        uri = XCom.get_value(ti_key=ti_key, key=self.report_key)
+            uri = XCom.get_value(ti_key=ti_key, key=self.report_key)
         if not isinstance(uri, str) or not uri:
             return ""
         return report_url(uri)

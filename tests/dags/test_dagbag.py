@@ -91,6 +91,8 @@ def test_scheduled_plan_reads_the_variable_and_refuses_what_it_does_not_know(bag
     """The unattended DAGs' settings come from the trainops_retrain Variable (JSON)."""
     import json
 
+    from airflow.sdk.exceptions import AirflowFailException
+
     from trainops.recipes.form import SettingsError
 
     plan = bag.dags["retrain_scheduled"].get_task("plan").python_callable
@@ -121,9 +123,13 @@ def test_scheduled_plan_reads_the_variable_and_refuses_what_it_does_not_know(bag
     assert kwargs["trainer_config"]["train"]["max_steps"] == 20000
     assert kwargs["trainer_config"]["init"] == {"from": "none"}
 
+    # A bad Variable fails the same way on every try: the task fails at once, without retry.
     monkeypatch.setenv("AIRFLOW_VAR_TRAINOPS_RETRAIN", json.dumps({"dry_run": True}))
-    with pytest.raises(SettingsError, match=r"Variable trainops_retrain: unknown setting.*'dry_run'"):
+    with pytest.raises(
+        AirflowFailException, match=r"Variable trainops_retrain: unknown setting.*'dry_run'"
+    ) as err:
         plan()
+    assert isinstance(err.value.__cause__, SettingsError)
     monkeypatch.setenv("AIRFLOW_VAR_TRAINOPS_RETRAIN", json.dumps({"nodes": 0}))
-    with pytest.raises(SettingsError, match="Variable trainops_retrain: nodes=0 is invalid"):
+    with pytest.raises(AirflowFailException, match="Variable trainops_retrain: nodes=0 is invalid"):
         plan()

@@ -151,3 +151,31 @@ def test_a_dry_run_renders_the_job_and_launches_nothing(airflow_db, storage, tmp
     # Nothing was staged, trained or written, and no job was started.
     assert open_storage(storage).list(storage) == []
     assert not (tmp_path / "local" / "jobs").exists()
+
+
+def test_a_misspelt_setting_fails_plan_once_without_retry(airflow_db, storage, capfd):
+    """A retry cannot fix a typo: plan fails on its first try, whatever its retries, with the hint."""
+    from datetime import timedelta
+
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    dag = load_dag(os.environ["AIRFLOW__CORE__DAGS_FOLDER"], DAG_ID)
+    plan = dag.get_task("plan")
+    plan.retries, plan.retry_delay = 2, timedelta(0)  # would retry at once, were it retryable
+    dagrun = dag.test(run_conf={"max_step": 10})
+
+    assert str(dagrun.state).endswith("failed")
+    with create_session() as session:
+        tis = {
+            ti.task_id: ti
+            for ti in session.query(TaskInstance).filter_by(dag_id=DAG_ID, run_id=dagrun.run_id)
+        }
+        failed_plan = (str(tis["plan"].state).rsplit(".", 1)[-1].lower(), tis["plan"].try_number)
+        downstream = {str(tis[t].state).rsplit(".", 1)[-1].lower() for t in ("source", "stage", "train")}
+    assert failed_plan == ("failed", 1)
+    assert downstream == {"upstream_failed"}
+    out = capfd.readouterr()
+    printed = out.out + out.err
+    assert "unknown setting(s) 'max_step' (did you mean 'max_steps'?)" in printed
+    assert "SettingsError: not retried" in printed

@@ -1,14 +1,16 @@
 """The demo DAG end to end through Airflow's own dag.test(), asserting on storage.
 
-Three runs share one test (each trains for ~40 s): a first model, a second one that is no
-worse, and a third that an impossible threshold (a DAG param) rejects; then a rollback.
+Three runs share one test (each trains for ~40 s): a first model, a second one that is the
+same model bit for bit (reported as identical, not promoted again), and a third that an
+impossible threshold (a DAG param) rejects, with the reason in the run's note. Rollback is
+tested in tests/trainops/cli/test_main.py and tests/trainops/registry/test_rollback.py.
 """
 
 import pytest
 
 from trainer.contract import MetricsReader, RunLayout, dataset_prefix, production_pointer
 from trainer.storage import open_storage
-from trainops.cli.main import DEMO_DAG, DEMO_TASKS, load_dag, main, xcom_results
+from trainops.cli.main import DEMO_DAG, DEMO_TASKS, load_dag, xcom_results
 
 pytestmark = pytest.mark.slow
 
@@ -27,6 +29,12 @@ def run_demo(run_conf: dict | None = None):
     dag = load_dag(os.environ["AIRFLOW__CORE__DAGS_FOLDER"], DEMO_DAG)
     dagrun = dag.test(run_conf=run_conf)
     return dagrun, xcom_results(DEMO_DAG, dagrun.run_id, DEMO_TASKS)
+
+
+def run_note(run_id: str) -> str | None:
+    from trainops.cli.main import run_note as note_of
+
+    return note_of(DEMO_DAG, run_id)
 
 
 def task_states(run_id: str) -> dict:
@@ -77,13 +85,22 @@ def test_demo_twice_then_a_rejected_model_then_a_rollback(demo_env, capfd):
     pointer = store.get_json(production_pointer(root, "demo-lm"))
     assert pointer["version"] == first["promote"]["version"] == 1
 
+    assert first["promote"]["version"] == 1
+    card = store.get_json(first["promote"]["card_uri"])
+    assert card["promoted_by"] == {"user": "dag_test", "trigger": "manual", "run_id": dagrun.run_id}
+
+    # The same data, config and seed train the same weights: reported, not published again.
     dagrun, second = run_demo()
     assert str(dagrun.state).endswith("success"), second
     assert second["stage"]["reused"] is True
     assert second["stage"]["version"] == stage["version"]
     assert second["evaluate"]["production_version"] == 1
     assert second["evaluate"]["production"]["eval_loss"] == pytest.approx(first_loss, rel=1e-6)
-    assert store.get_json(production_pointer(root, "demo-lm"))["version"] == 2
+    assert task_states(dagrun.run_id)["promote"] == "skipped" and second["promote"] is None
+    assert run_note(dagrun.run_id).startswith(
+        "NOT PROMOTED: demo-lm is identical to production v1 (same weights sha256 "
+    )
+    assert store.get_json(production_pointer(root, "demo-lm"))["version"] == 1
 
     # A third run with an impossible threshold: the gate rejects, promotion is skipped.
     pointer_before = store.get(production_pointer(root, "demo-lm"))
@@ -93,23 +110,19 @@ def test_demo_twice_then_a_rejected_model_then_a_rollback(demo_env, capfd):
     states = task_states(dagrun.run_id)
     assert (states["gate"], states["promote"]) == ("success", "skipped")
     assert third["promote"] is None
-    assert store.get(production_pointer(root, "demo-lm")) == pointer_before  # still v2
+    assert store.get(production_pointer(root, "demo-lm")) == pointer_before  # still v1
     gate = store.get_json(RunLayout(third["train"]["run_uri"]).eval_gate)
-    assert gate["approved"] is False and gate["production_version"] == 2
+    assert gate["approved"] is False and gate["production_version"] == 1
     failed = [c for c in gate["checks"] if not c["passed"]]
     assert [(c["name"], c["expected"]) for c in failed] == [("eval loss under max_eval_loss", "<= 0.5")]
     assert failed[0]["observed"] == pytest.approx(third["evaluate"]["candidate"]["eval_loss"])
     out = capfd.readouterr()
-    assert "gate REJECTED: 1/2 checks passed, against production v2" in out.out + out.err
+    assert "gate REJECTED: 1/2 checks passed, against production v1" in out.out + out.err
     assert "not promoting demo-lm: the gate rejected it: eval loss under max_eval_loss" in (out.out + out.err)
-
-    # Roll back to v1, as the README walk-through does.
-    assert main(["rollback", "demo-lm", "1", "--reason", "walk-through", "--by", "e2e"]) == 0
-    pointer = store.get_json(production_pointer(root, "demo-lm"))
-    assert pointer["version"] == 1 and pointer["run_uri"] == first["train"]["run_uri"]
-    assert [(h["version"], h["action"]) for h in pointer["history"]] == [
-        (1, "promote"),
-        (2, "promote"),
-        (1, "rollback"),
-    ]
-    assert (pointer["history"][-1]["by"], pointer["history"][-1]["reason"]) == ("e2e", "walk-through")
+    # The reason is on the run itself, where a person looks first (Done when of issue #17).
+    note = run_note(dagrun.run_id)
+    assert note.startswith(
+        "REJECTED: demo-lm failed 1 of 2 gate checks (against production v1); promote skipped, "
+        "production unchanged.\n- eval loss under max_eval_loss (observed "
+    )
+    assert "expected <= 0.5)" in note and "XCom not found" not in out.out + out.err

@@ -7,8 +7,10 @@ REST API the way a user's script would (``POST /auth/token`` as the simple auth 
 
 1. ``retrain_manual`` is triggered through the REST API with a params payload and the run
    succeeds on the embedded default (``file://`` storage, the local cluster); the training
-   task defers, so the triggerer does the waiting. Bad payloads are refused when triggered,
-   naming the field, and start nothing.
+   task defers, so the triggerer does the waiting. The promotion records the API user. A
+   one-step model is rejected: the run stays green and its note (written by the supervised
+   worker through the REST API) names the failed checks. Bad payloads are refused when
+   triggered, naming the field, and start nothing.
 2. ``data_team_publish`` lands a snapshot and emits a real asset event; the scheduler starts
    ``retrain_on_new_data``, which stages exactly that snapshot and trains with the settings of
    the ``trainops_retrain`` Variable (set through the API).
@@ -110,6 +112,10 @@ class RealAirflow:
             # The simple auth manager's default user, with a password we chose.
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+            # The workers write a rejection on the run's note through the REST API as this user.
+            "AIRFLOW_CONN_TRAINOPS_AIRFLOW_API": json.dumps(
+                {"conn_type": "http", "host": self.base, "login": "admin", "password": self.password}
+            ),
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
             "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
@@ -380,6 +386,22 @@ def test_retrain_manual_on_a_real_airflow(real_airflow):
     assert job["capacity"] == "spot" and job["attempts"][0]["nodes"] == 1
     pointer = store.get_json(production_pointer(af.storage_root, "retrain-lm"))
     assert pointer["run_uri"] == layout.run_uri
+    # ... promoted by the user who triggered it through the API
+    card = store.get_json(f"{pointer['uri']}/card.json")
+    assert card["promoted_by"] == {"user": "admin", "trigger": "manual", "run_id": run_id}
+    assert pointer["history"][-1]["by"] == "admin"
+
+    # One step from random weights cannot pass the gate: the run stays green, the reason is in
+    # its note, written by a supervised worker (no database) through the REST API.
+    response = af.trigger({**PAYLOAD, "max_steps": 1, "warm_start": "none"})
+    assert response.status_code == 200, response.text
+    rejected_id = response.json()["dag_run_id"]
+    run, states = af.wait_run(DAG_ID, rejected_id)
+    assert run["state"] == "success" and (states["gate"], states["promote"]) == ("success", "skipped"), states
+    assert run["note"].startswith("REJECTED: retrain-lm failed 2 of 2 gate checks (against production v1)")
+    gate_ti = af.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{rejected_id}/taskInstances/gate").json()
+    assert gate_ti["note"] == run["note"]
+    assert store.get_json(production_pointer(af.storage_root, "retrain-lm")) == pointer
 
     # A bad payload is refused when triggered, naming the field, and starts nothing.
     runs_before = af.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns").json()["total_entries"]

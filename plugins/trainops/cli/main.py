@@ -75,6 +75,16 @@ def xcom_results(dag_id: str, run_id: str, task_ids) -> dict:
     return out
 
 
+def run_note(dag_id: str, run_id: str) -> str | None:
+    """The DAG run's note (the gate writes why it rejected a candidate there)."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        run = session.query(DagRun).filter_by(dag_id=dag_id, run_id=run_id).first()
+        return run.note if run is not None else None
+
+
 def run_demo(project_dir: str, corrupt_data: bool = False, result_file: str | None = None) -> int:
     """The demo with everything printed (``demo -v``; the quiet ``demo`` runs this in a child,
     :mod:`trainops.cli.watch`). Ctrl-C (SIGINT) stops the run: it is marked failed and its
@@ -104,7 +114,10 @@ def run_demo(project_dir: str, corrupt_data: bool = False, result_file: str | No
         return _stop_demo_run(result_file)
     elapsed = time.monotonic() - started
     results = xcom_results(DEMO_DAG, dagrun.run_id, DEMO_TASKS)
-    text = summary.render(summary.collect(storage_for(root, None), root, results, "demo-lm"))
+    facts = summary.collect(
+        storage_for(root, None), root, results, "demo-lm", run_note(DEMO_DAG, dagrun.run_id)
+    )
+    text = summary.render(facts)
     state = str(dagrun.state).rsplit(".", 1)[-1].lower()
     print(text)
     print(f"DAG run {dagrun.run_id}: {state} in {elapsed:.0f}s")

@@ -11,8 +11,9 @@ from __future__ import annotations
 from trainops.cost.money import money
 
 
-def collect(store, root: str, results: dict, model_name: str) -> dict:
-    """Gather the facts from the task results (XCom dicts) and storage."""
+def collect(store, root: str, results: dict, model_name: str, run_note: str | None = None) -> dict:
+    """Gather the facts from the task results (XCom dicts), storage and the DAG run's note
+    (what the gate or promote wrote there when nothing was promoted)."""
     from trainer.contract import production_pointer
     from trainer.storage import NotFound
 
@@ -20,6 +21,7 @@ def collect(store, root: str, results: dict, model_name: str) -> dict:
         "model_name": model_name,
         "root": root,
         **{k: results.get(k) for k in ("stage", "train", "evaluate", "gate", "promote")},
+        "run_note": run_note,
     }
     try:
         facts["production"] = store.get_json(production_pointer(root, model_name))
@@ -95,7 +97,10 @@ def render(facts: dict) -> str:
             + (f" (was v{prev})" if prev else " (first production version)")
         )
     elif gate:
-        lines.append("promoted         nothing: the gate rejected the candidate")
+        # The run's note says why (rejected, or identical to production); its first line is enough.
+        note = (facts.get("run_note") or "").strip()
+        why = note.splitlines()[0] if note else "the gate rejected the candidate"
+        lines.append(f"promoted         nothing: {why}")
     lines.append("artifacts")
     if stage:
         lines.append(f"  dataset        {stage['uri']}")

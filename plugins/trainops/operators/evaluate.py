@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from trainops.cluster.spec import CAPACITIES
 from trainops.hooks.storage import get_json_object, root_and_storage
 from trainops.operators.base import DEFAULT_IMAGE, ClusterJobOperator
+from trainops.operators.fail_fast import fail_fast
 from trainops.operators.job_options import check_renders
 from trainops.operators.params import as_int, optional_seconds
 
@@ -102,6 +103,7 @@ class EvaluateModelOperator(ClusterJobOperator):
             **self.job_options,
         )
 
+    @fail_fast
     def execute(self, context: Any) -> Any:
         from trainer.contract import RunLayout, trainer_argv
         from trainops.hooks.storage import job_env_for
@@ -171,6 +173,7 @@ class EvaluateModelOperator(ClusterJobOperator):
 
         return join(layout.run_uri, "eval", "request.json")
 
+    @fail_fast
     def execute_complete(self, context: Any, event: object = None) -> dict[str, Any]:
         from trainer.contract import RunLayout
         from trainops.operators.deadlines import waiting_failed

@@ -17,8 +17,9 @@ from trainops.gate.checks import (
     format_table,
     validate_checks,
 )
-from trainops.links import GateDecisionLink
+from trainops.links import GateDecisionLink, push_report
 from trainops.operators.base import ReportingOperator
+from trainops.operators.fail_fast import fail_fast
 
 # The report app's XCom key for the gate decision (see trainops.links).
 GATE_REPORT_KEY = "trainops_gate_report"
@@ -31,8 +32,10 @@ class EvaluationGateOperator(ReportingOperator):
     The decision, with every check's observed value and verdict, is logged as a table,
     written to ``<run_uri>/eval/gate.json`` (its URI pushed to XCom under
     ``trainops_gate_report``) and returned. A rejection does not fail the task: the promote
-    task downstream skips instead, naming the failed checks, so the run stays green and the
-    reason is in one place. ``on_reject`` can notify someone.
+    task downstream skips instead, naming the failed checks. The rejection is written on the
+    DAG run's note and this task's note (failed checks, observed against expected, the
+    decision's URI; see :mod:`trainops.operators.notes` for how a task writes a note), so a
+    rejected run does not pass for a promoted one. ``on_reject`` can notify someone.
 
     Checks are validated when the DAG is parsed, so a broken gate definition shows up as a
     DAG import error rather than after hours of training. Numeric fields may be templates
@@ -64,6 +67,7 @@ class EvaluationGateOperator(ReportingOperator):
     """
 
     operator_extra_links = (GateDecisionLink(),)
+    reports_known_in_process = True  # never defers (see trainops.links)
     template_fields: Sequence[str] = ("evaluation", "checks")
     ui_color = "#f0e4b8"
 
@@ -91,6 +95,7 @@ class EvaluationGateOperator(ReportingOperator):
         self.aws_conn_id = aws_conn_id
         self.cluster = cluster
 
+    @fail_fast
     def execute(self, context: Context) -> dict:
         from trainer.contract import RunLayout
         from trainops.hooks.storage import storage_for
@@ -134,9 +139,7 @@ class EvaluationGateOperator(ReportingOperator):
 
             record["slice_table"] = slice_rows(evaluation["candidate"], evaluation.get("production"))
         storage_for(root, self.aws_conn_id).put_json(gate_uri, record)
-        ti = context.get("ti")
-        if ti is not None:
-            ti.xcom_push(key=GATE_REPORT_KEY, value=gate_uri)
+        push_report(self, context, GATE_REPORT_KEY, gate_uri)
         verdict = "approved" if decision["approved"] else "rejected"
         self.log.info("%s %s; decision written to %s", evaluation["model_name"], verdict, gate_uri)
         result = {
@@ -154,8 +157,19 @@ class EvaluationGateOperator(ReportingOperator):
                 evaluation["model_name"],
                 ", ".join(repr(c["name"]) for c in failed_checks(decision)),
             )
+            self._leave_notes(context, result)
             self._notify(result)
         return result
+
+    def _leave_notes(self, context: Context, result: dict) -> None:
+        """Say why on the DAG run's note and this task's note, where a person looks first."""
+        from trainops.gate.verdict import rejection_note
+        from trainops.operators.notes import write_notes
+
+        note = rejection_note(result)
+        how = write_notes(context, run_note=note, task_note=note, log=self.log)
+        if how is not None:
+            self.log.info("the DAG run's note says why (written through the %s)", how)
 
     def _notify(self, result: dict) -> None:
         if self.on_reject is None:

@@ -3,12 +3,18 @@ DAG parse. Each error names the parameter and the value and says what to pass in
 
 A templated parameter holds a Jinja string or an XComArg until the task runs
 (:func:`known_at_run_time`); the operator checks it with the same function once it is rendered.
+A bad value raises :class:`ParameterError`, which a retry cannot fix (see
+:mod:`trainops.operators.fail_fast`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+
+
+class ParameterError(ValueError):
+    """An operator parameter's value is invalid; the message names it and what to pass."""
 
 
 def known_at_run_time(value: object) -> bool:
@@ -35,13 +41,13 @@ def as_int(name: str, value: object, *, minimum: int, text: bool = False) -> int
     elif text and isinstance(value, str) and value.strip().lstrip("-").isdigit():
         number = int(value)
     elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        raise ValueError(
+        raise ParameterError(
             f"{name} must be an integer >= {minimum}, got the text {value!r}; write {value.strip()} without quotes"
         )
     else:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        raise ParameterError(f"{name} must be an integer >= {minimum}, got {value!r}")
     if number < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {number}")
+        raise ParameterError(f"{name} must be an integer >= {minimum}, got {number}")
     return number
 
 
@@ -58,11 +64,11 @@ def seconds(name: str, value: object, *, default: float | None) -> float:
     """
     example = f"such as {default:g} (the default)" if default is not None else "such as 3600"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(
+        raise ParameterError(
             f"{name} must be a positive number of seconds, got {value!r}; pass a number {example}"
         )
     if not math.isfinite(value) or value <= 0:
-        raise ValueError(
+        raise ParameterError(
             f"{name} must be a positive number of seconds, got {value!r}; pass a number {example}"
         )
     return float(value)
@@ -91,13 +97,13 @@ def dataset_uri_problem(uri: str) -> str | None:
 
 def dataset_uri(dataset: object) -> str:
     """The dataset version URI of a ``dataset`` parameter (a StageDatasetOperator result or a
-    URI); ValueError naming the value otherwise."""
+    URI); ParameterError naming the value otherwise."""
     uri = dataset.get("uri") if isinstance(dataset, Mapping) else dataset
     if not isinstance(uri, str) or not uri.strip():
-        raise ValueError(
+        raise ParameterError(
             f"dataset must be a StageDatasetOperator result or a dataset version URI, got {dataset!r}"
         )
     problem = dataset_uri_problem(uri)
     if problem:
-        raise ValueError(f"{problem}, or pass the StageDatasetOperator result (stage.output)")
+        raise ParameterError(f"{problem}, or pass the StageDatasetOperator result (stage.output)")
     return uri

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from trainops.gate.checks import failed_checks
-from trainops.links import ModelCardLink
+from trainops.gate.verdict import rejection_reason
+from trainops.links import ModelCardLink, push_report
 from trainops.operators.base import ReportingOperator
+from trainops.operators.fail_fast import fail_fast
 from trainops.registry.retention import check_policy
 
 # The report app's XCom key for the promoted version's card (see trainops.links).
@@ -21,7 +22,10 @@ class PromoteModelOperator(ReportingOperator):
     """Copy the trained export to ``models/<name>/versions/<v>`` and move the production pointer.
 
     If the gate rejected the model, the task is skipped with a message naming the failed
-    checks. Otherwise the next version number is claimed, the export and a lineage card
+    checks. If the candidate's weights are byte for byte those of the production version (the
+    same data, config and seed retrained), it is skipped too, with ``identical to production
+    vN (same weights sha256 ...)`` as its message and the run's note: no new version is
+    published (:mod:`trainops.registry.identity`). Otherwise the next version number is claimed, the export and a lineage card
     (``card.json``, see docs/promotion.md) are written, and ``production.json`` is moved
     with a compare-and-swap write; the card's URI is pushed to XCom under
     ``trainops_model_card``.
@@ -62,6 +66,7 @@ class PromoteModelOperator(ReportingOperator):
     """
 
     operator_extra_links = (ModelCardLink(),)
+    reports_known_in_process = True  # never defers (see trainops.links)
     template_fields: Sequence[str] = ("model_name", "gate", "training", "dataset", "evaluation")
     ui_color = "#c8e6c9"
 
@@ -90,6 +95,7 @@ class PromoteModelOperator(ReportingOperator):
         self.aws_conn_id = aws_conn_id
         self.cluster = cluster
 
+    @fail_fast
     def execute(self, context: Context) -> dict:
         from trainops.hooks.storage import root_and_storage
         from trainops.registry.promotion import ProductionMovedError, RegateRejected, promote
@@ -99,7 +105,7 @@ class PromoteModelOperator(ReportingOperator):
         if not gate["approved"]:
             if self.retention is not None:
                 self._prune(storage, root, _require(self.training, "training", ("run_uri",)))
-            raise AirflowSkipException(f"not promoting {self.model_name}: {_rejection(gate)}")
+            raise AirflowSkipException(f"not promoting {self.model_name}: {rejection_reason(gate)}")
         training = _require(self.training, "training", ("export_uri", "config_uri", "run_uri"))
         dataset = _require(self.dataset, "dataset", ("dataset_name", "version", "uri"))
         evaluation = _require(self.evaluation, "evaluation", ("candidate",))
@@ -110,10 +116,20 @@ class PromoteModelOperator(ReportingOperator):
                 "pass the same model_name to EvaluateModelOperator and PromoteModelOperator"
             )
 
-        from trainops.registry.card import build_card
+        from trainops.registry.card import build_card, by_label, trigger_of
+        from trainops.registry.identity import compare_with_production
         from trainops.registry.regate import make_regate
 
+        compared = compare_with_production(
+            storage, root, self.model_name, export_uri=training["export_uri"], run_uri=training["run_uri"]
+        )
+        if compared is not None and compared["identical"]:
+            self._prune(storage, root, training)
+            self._skip_identical(context, compared)
         card = build_card(storage, gate=gate, training=training, dataset=dataset, evaluation=evaluation)
+        if compared is not None and compared["weights_sha256"]:
+            card["weights_sha256"] = compared["weights_sha256"]  # the next comparison reads one side
+        card["promoted_by"] = trigger_of(context.get("dag_run"))
         regate = make_regate(
             storage,
             root,
@@ -132,24 +148,26 @@ class PromoteModelOperator(ReportingOperator):
                 card=card,
                 expected_production_version=gate["production_version"],
                 regate=regate,
+                by=by_label(card["promoted_by"]),
             )
         except RegateRejected as exc:
             self._prune(storage, root, training)
-            raise AirflowSkipException(f"not promoting {self.model_name}: {exc}") from exc
+            note = f"REJECTED on re-gate: {exc}; promote skipped, production unchanged."
+            self._skip(context, str(exc), note)
         except ProductionMovedError as exc:
             # Retrying this task cannot help: the comparison is stale and cannot be redone here.
             raise AirflowFailException(str(exc)) from exc
-        ti = context.get("ti")
-        if ti is not None:
-            ti.xcom_push(key=MODEL_CARD_KEY, value=result["card_uri"])
+        push_report(self, context, MODEL_CARD_KEY, result["card_uri"])
         was = f"v{result['previous_version']}" if result["previous_version"] is not None else "none"
         regated = "".join(f", re-gated against v{v}" for v in result["regated_against"])
+        who = by_label(card["promoted_by"])
         self.log.info(
-            "promoted %s v%d (was %s%s); card %s",
+            "promoted %s v%d (was %s%s)%s; card %s",
             self.model_name,
             result["version"],
             was,
             regated,
+            f" for {who}" if who else "",
             result["card_uri"],
         )
         if result["production_version"] != result["version"]:
@@ -160,6 +178,22 @@ class PromoteModelOperator(ReportingOperator):
             )
         pruned = self._prune(storage, root, training)
         return {"model_name": self.model_name, **result, "pruned": pruned}
+
+    def _skip_identical(self, context: Context, compared: dict) -> NoReturn:
+        """Skip: the candidate is production already."""
+        same = (
+            f"identical to production v{compared['version']} "
+            f"(same weights sha256 {compared['weights_sha256']}); nothing new to publish"
+        )
+        self._skip(context, same, f"NOT PROMOTED: {self.model_name} is {same}; production unchanged.")
+
+    def _skip(self, context: Context, reason: str, note: str) -> NoReturn:
+        """Skip with ``reason`` as the task's message, and ``note`` on the run's and the task's
+        notes (the gate wrote none: it approved)."""
+        from trainops.operators.notes import write_notes
+
+        write_notes(context, run_note=note, task_note=note, log=self.log)
+        raise AirflowSkipException(f"not promoting {self.model_name}: {reason}")
 
     def _prune(self, storage, root: str, training: dict) -> list[str]:
         """Apply the retention policy (if any); a failure is logged, never fatal."""
@@ -205,20 +239,3 @@ def _require(value: Any, what: str, keys: tuple[str, ...]) -> dict:
             f"pass the XCom result of the upstream trainops operator"
         )
     return value
-
-
-def _rejection(gate: dict) -> str:
-    failed = failed_checks(gate)
-    if not failed:
-        return "the gate rejected it"
-    parts = []
-    for check in failed:
-        observed = (
-            f"{check['observed']:.6g}"
-            if check.get("observed") is not None
-            else check.get("note") or "missing"
-        )
-        part = f"{check['name']} (observed {observed}, expected {check.get('expected') or '-'})"
-        parts.append(part)
-    where = f"; decision in {gate['gate_uri']}" if gate.get("gate_uri") else ""
-    return "the gate rejected it: " + "; ".join(parts) + where

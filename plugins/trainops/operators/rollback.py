@@ -8,6 +8,8 @@ from typing import Any
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException
 
+from trainops.operators.fail_fast import fail_fast
+
 
 class RollbackModelOperator(BaseOperator):
     """Move ``models/<name>/production.json`` back to ``version``, with who and why.
@@ -63,6 +65,7 @@ class RollbackModelOperator(BaseOperator):
         self.storage_root = storage_root
         self.aws_conn_id = aws_conn_id
 
+    @fail_fast
     def execute(self, context: Context) -> dict:
         from trainops.hooks.storage import root_and_storage
         from trainops.registry.promotion import PromotionError

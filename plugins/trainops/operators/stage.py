@@ -9,6 +9,7 @@ from airflow.sdk import Asset, AssetAlias, Context
 
 from trainops.links import ValidationReportLink
 from trainops.operators.base import DEFAULT_IMAGE, ClusterJobOperator
+from trainops.operators.fail_fast import fail_fast
 from trainops.operators.job_options import check_renders
 from trainops.staging.assets import ASSET_ALIAS, asset_name, asset_uri, event_extra, is_runtime_name
 from trainops.staging.options import check_dataset_name, check_options, check_quarantine, check_tokenizer
@@ -174,12 +175,13 @@ class StageDatasetOperator(ClusterJobOperator):
             **self.job_options,
         )
 
+    @fail_fast
     def execute(self, context: Context) -> dict:
         from airflow.sdk.exceptions import AirflowFailException
 
         from trainops.hooks.storage import storage_for
         from trainops.settings import resolve_storage_root
-        from trainops.staging.errors import DataValidationError, StagingError
+        from trainops.staging.errors import DataValidationError
         from trainops.staging.stage import stage_dataset
 
         check_dataset_name(self.dataset_name)  # before anything is read or written
@@ -214,8 +216,6 @@ class StageDatasetOperator(ClusterJobOperator):
         except DataValidationError as exc:
             _push_report(context, exc.report_uri)
             # The same data fails the same way on every try; retries only add delay.
-            raise AirflowFailException(str(exc)) from exc
-        except StagingError as exc:
             raise AirflowFailException(str(exc)) from exc
         return self._finish(context, result)
 
@@ -311,6 +311,7 @@ class StageDatasetOperator(ClusterJobOperator):
                 self.log.info("staging job %s launched (request %s)", handle["job_id"], request_uri)
         return self.wait_for(context, handle)
 
+    @fail_fast
     def execute_complete(self, context: Context, event: object = None) -> dict:
         """The staging job ended: read its result record and finish as staging in the worker
         would; then delete the job (its logs tail is in any error this raises)."""

@@ -9,6 +9,7 @@ from trainops.cluster.spec import CAPACITIES
 from trainops.hooks.storage import get_json_object, root_and_storage
 from trainops.links import RUN_REPORT_KEY, RunReportLink
 from trainops.operators.base import DEFAULT_IMAGE, ClusterJobOperator, TaskIdentity, now_iso, task_identity
+from trainops.operators.fail_fast import fail_fast
 from trainops.operators.job_options import check_renders
 from trainops.operators.params import (
     as_int,
@@ -288,6 +289,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
         return self._run(context)[1].job
 
     # -- execute -----------------------------------------------------------------------
+    @fail_fast
     def execute(self, context: Any) -> Any:
         from trainer.config import dump_yaml
         from trainops.hooks.storage import storage_for
@@ -534,6 +536,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
         return self.defer_or_wait(context, trigger, "relaunch_when_gone")
 
     # -- after each attempt ------------------------------------------------------------
+    @fail_fast
     def execute_complete(self, context: Any, event: object = None) -> Any:
         """An attempt ended: fold it into job.json, then finish, relaunch or fail."""
         from trainops.operators.cleanup import clip_tail

@@ -19,7 +19,12 @@ trainops version and the time. Keys (docs/promotion.md lists them with an exampl
   ``{"parent": None}`` for a run from random weights. Each parent's card has its own, so the
   chain of versions can be followed back to a cold start.
 
-Readers of earlier cards are unaffected: ``training_cost`` and ``lineage`` are keys they never read.
+- ``promoted_by``: who or what started the DAG run that promoted it (:func:`trigger_of`):
+  ``{"user", "trigger", "run_id"}``; ``user`` is the DAG run's triggering user (None for a
+  scheduled, asset-triggered or backfill run, whose ``trigger`` says which).
+
+Readers of earlier cards are unaffected: ``training_cost``, ``lineage`` and ``promoted_by`` are
+keys they never read.
 """
 
 from __future__ import annotations
@@ -33,7 +38,15 @@ from trainops.registry.errors import PromotionError
 from trainops.registry.promotion import read_config_bytes
 from trainops.registry.regate import eval_basis
 
-__all__ = ["COST_KEYS", "build_card", "parent_of", "training_cost", "validation_summary"]
+__all__ = [
+    "COST_KEYS",
+    "build_card",
+    "by_label",
+    "parent_of",
+    "training_cost",
+    "trigger_of",
+    "validation_summary",
+]
 
 # A promoted version's folder: <root>/models/<name>/versions/<v> (``trainer.contract.model_version_prefix``).
 _VERSION_URI = re.compile(r"/models/(?P<name>[^/]+)/versions/(?P<version>\d+)/?$")
@@ -182,3 +195,24 @@ def build_card(
         "training_cost": training_cost(storage, training),
         "lineage": {"parent": parent_of(config)},
     }
+
+
+def trigger_of(dag_run: object) -> dict[str, str | None]:
+    """Who or what started ``dag_run`` (the task context's): ``user``, Airflow 3's
+    ``triggering_user_name`` (the UI or API user; None for runs the scheduler makes),
+    ``trigger``, the run type (``manual``, ``scheduled``, ``asset_triggered``, ``backfill``),
+    and ``run_id``. Without a DAG run (a call outside Airflow) every value is None."""
+    run_type = getattr(dag_run, "run_type", None)
+    user = getattr(dag_run, "triggering_user_name", None)
+    return {
+        "user": user if isinstance(user, str) and user else None,
+        "trigger": None if run_type is None else str(getattr(run_type, "value", run_type)),
+        "run_id": getattr(dag_run, "run_id", None),
+    }
+
+
+def by_label(trigger: dict[str, str | None]) -> str | None:
+    """The pointer history's ``by`` for a promotion: the user, else ``"<trigger> run"``."""
+    if trigger.get("user"):
+        return trigger["user"]
+    return f"{trigger['trigger']} run" if trigger.get("trigger") else None

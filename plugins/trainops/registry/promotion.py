@@ -281,8 +281,11 @@ def promote(
     card: dict[str, Any],
     expected_production_version: int | None,
     regate: Callable[[Pointer | None], dict[str, Any]] | None = None,
+    by: str | None = None,
 ) -> dict[str, Any]:
     """Publish ``export_uri`` as the next version of ``name`` and make it production.
+
+    ``by`` (who or what promotes) goes into the pointer history's entry, as a rollback's does.
 
     ``card`` holds the caller's lineage (dataset, run, config hash, metrics, gate decision);
     the version, file list, trainops version and time are added here.
@@ -345,7 +348,7 @@ def promote(
                     expected,
                     version=version,
                     version_uri=version_uri,
-                    entry={"at": at, "action": "promote", "run_uri": run_uri},
+                    entry=_entry(at, run_uri, by),
                 )
             except ProductionMovedError as lost:
                 if regate is None:
@@ -363,6 +366,13 @@ def promote(
         if result is not None:
             return result
         raise
+
+
+def _entry(at: str, run_uri: str | None, by: str | None) -> Move:
+    entry: Move = {"at": at, "action": "promote", "run_uri": run_uri}
+    if by:
+        entry["by"] = by
+    return entry
 
 
 def _card(

@@ -103,6 +103,24 @@ def test_a_rejected_candidate_promotes_nothing():
     assert "production     " not in text
 
 
+def test_nothing_promoted_says_why_from_the_runs_note():
+    identical = (
+        "NOT PROMOTED: demo-lm is identical to production v1 (same weights sha256 ab12); "
+        "nothing new to publish; production unchanged."
+    )
+    text = render(facts(promote=None, run_note=identical))
+    assert f"promoted         nothing: {identical}" in text
+    rejected = (
+        "REJECTED: demo-lm failed 1 of 2 gate checks (against production v1); promote skipped\n- loss cap"
+    )
+    text = render(facts(gate={"approved": False, "checks": []}, promote=None, run_note=rejected))
+    assert (
+        "promoted         nothing: REJECTED: demo-lm failed 1 of 2 gate checks (against production v1)"
+        in text
+    )
+    assert "- loss cap" not in text  # the first line only: the gate line lists the checks
+
+
 def test_a_run_without_an_interruption_or_a_bill_says_so():
     calm = {**TRAIN["cost"], "recovery_s": [], "cost": 0.0042, "on_demand_cost": 0.012, "savings": 0.0078}
     text = render(facts(train={**TRAIN, "cost": calm}))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from airflow.sdk.exceptions import AirflowFailException
 
 from trainer.contract import RunLayout, join
 from trainer.storage import open_storage
@@ -103,8 +104,10 @@ def test_broken_checks_fail_when_the_dag_is_parsed():
 def test_malformed_evaluation_fails_with_the_field_named(file_root):
     bad = evaluation(join(file_root, "r"), 3.0)
     del bad["candidate"]["eval_loss"]
-    with pytest.raises(GateInputError, match=r"candidate metric 'eval_loss'"):
+    # A malformed input fails the same way on every try: the task fails at once, no retry.
+    with pytest.raises(AirflowFailException, match=r"candidate metric 'eval_loss'") as err:
         run_gate(file_root, bad)
+    assert isinstance(err.value.__cause__, GateInputError)
 
 
 def test_run_on_other_storage_than_the_root_is_refused(file_root):
@@ -200,8 +203,9 @@ def test_templated_threshold_is_rendered_from_a_param_and_checked_again(file_roo
         aws_conn_id=None,
     )
     bad.render_template_fields({"params": {"max_eval_loss": "lots"}})
-    with pytest.raises(GateConfigError, match=r"'loss cap'.*rendered to 'lots'"):
+    with pytest.raises(AirflowFailException, match=r"'loss cap'.*rendered to 'lots'.*not retried") as err:
         bad.execute({})
+    assert isinstance(err.value.__cause__, GateConfigError)
 
 
 SLICE_CHECKS = [
@@ -264,6 +268,7 @@ def test_a_slice_expectation_gx_refuses_fails_before_anything_is_written(file_ro
     op = EvaluationGateOperator(
         task_id="gate", evaluation=ev, checks=checks, storage_root=file_root, aws_conn_id=None
     )
-    with pytest.raises(GateConfigError, match=r"'odd bound': GX refuses"):
+    with pytest.raises(AirflowFailException, match=r"'odd bound': GX refuses") as err:
         op.execute({})
+    assert isinstance(err.value.__cause__, GateConfigError)
     assert not open_storage(file_root).exists(RunLayout(ev["run_uri"]).eval_gate)

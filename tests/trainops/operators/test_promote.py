@@ -207,6 +207,53 @@ def test_approved_model_becomes_production_with_a_lineage_card(request, root_fix
     assert [h["version"] for h in pointer["history"]] == [1, 2]
 
 
+def test_a_promotion_records_who_triggered_the_run_on_the_card_and_in_the_history(file_root, capsys):
+    from types import SimpleNamespace
+
+    manual = SimpleNamespace(triggering_user_name="alice", run_type="manual", run_id="manual__1")
+    first, _ = gate_then_promote(file_root, "run-1", 3.0, context={"dag_run": manual})
+    scheduled = SimpleNamespace(triggering_user_name=None, run_type="scheduled", run_id="scheduled__2")
+    second, _ = gate_then_promote(
+        file_root, "run-2", 2.9, production=3.0, production_version=1, context={"dag_run": scheduled}
+    )
+    storage = open_storage(file_root)
+    assert storage.get_json(first["card_uri"])["promoted_by"] == {
+        "user": "alice",
+        "trigger": "manual",
+        "run_id": "manual__1",
+    }
+    assert storage.get_json(second["card_uri"])["promoted_by"]["user"] is None
+    history = read_production(storage, file_root, "demo-lm")["history"]
+    assert [(h["version"], h.get("by")) for h in history] == [(1, "alice"), (2, "scheduled run")]
+    out = capsys.readouterr().out
+    assert "promoted demo-lm v1 (was none) for alice" in out
+    assert "promoted demo-lm v2 (was v1) for scheduled run" in out
+
+
+def test_a_candidate_with_productions_weights_is_skipped_as_identical_not_published_again(file_root):
+    storage = open_storage(file_root)
+    first, run1 = gate_then_promote(file_root, "run-1", 3.0)
+    training, dataset = finished_run(file_root, "run-2")
+    weights = storage.get(join(run1["export_uri"], "model.safetensors"))
+    storage.put(join(training["export_uri"], "model.safetensors"), weights)  # retrained the same
+    gate, evaluation = gate_of(file_root, training, 3.0, production=3.0, production_version=1)
+    pointer_before = storage.get(production_pointer(file_root, "demo-lm"))
+
+    with pytest.raises(AirflowSkipException) as skipped:
+        promote_op(file_root, gate, training, dataset, evaluation).execute({})
+    message = str(skipped.value)
+    assert message.startswith("not promoting demo-lm: identical to production v1 (same weights sha256 ")
+    assert message.endswith("); nothing new to publish")
+    assert "weights_sha256" not in storage.get_json(first["card_uri"])  # v1 had nothing to compare with
+    assert storage.get(production_pointer(file_root, "demo-lm")) == pointer_before
+    assert not storage.list(model_version_prefix(file_root, "demo-lm", 2))  # no version claimed
+
+    # A different model of the same size is promoted, and its card keeps the digest computed.
+    third, _ = gate_then_promote(file_root, "run-3", 2.9, production=3.0, production_version=1)
+    assert third["version"] == 2
+    assert len(storage.get_json(third["card_uri"])["weights_sha256"]) == 64
+
+
 def test_promotion_logs_the_version_change(file_root, capsys):
     # Airflow 3's task logger (structlog) prints outside the task runner; caplog sees nothing.
     gate_then_promote(file_root, "run-1", 3.0)
@@ -248,10 +295,20 @@ def test_production_moved_after_gating_regates_and_promotes_a_better_model(file_
     assert [h["version"] for h in pointer["history"]] == [1, 2, 3]
 
 
-def test_production_moved_after_gating_to_a_better_model_skips_with_the_reason(file_root, capsys):
+def test_production_moved_after_gating_to_a_better_model_skips_with_the_reason(
+    file_root, capsys, monkeypatch
+):
+    from trainops.operators import notes
+
+    written = []
+    monkeypatch.setattr(notes, "write_notes", lambda context, **kw: written.append(kw["run_note"]))
     op = gated_then_overtaken(file_root, 2.9, 2.5)
     with pytest.raises(AirflowSkipException) as err:
         op.execute({})
+    # the run's note says it too: the gate approved, so it wrote none
+    (note,) = written
+    assert note.startswith("REJECTED on re-gate: production of 'demo-lm' moved from v1 to v2")
+    assert note.endswith("; promote skipped, production unchanged.")
     assert str(err.value).startswith(
         "not promoting demo-lm: production of 'demo-lm' moved from v1 to v2 while this run was "
         "gated; re-gated against v2, the candidate fails: eval_loss no regression (tolerance 0) "

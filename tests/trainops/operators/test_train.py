@@ -12,7 +12,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from airflow.sdk.exceptions import TaskDeferred
+from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
 from tests.trainops.cluster.fake_backend import use_fake_cluster
 from tests.trainops.operators.helpers import staged_dataset
@@ -557,8 +557,8 @@ def test_sizing_settings_may_come_from_templates_and_are_checked_once_rendered(f
 
     bad = operator(file_root, max_preemptions="{{ params.max_preemptions }}")
     bad.max_preemptions = "lots"
-    with pytest.raises(ValueError, match="max_preemptions must be an integer >= 0, got 'lots'"):
-        bad.execute(context)
+    with pytest.raises(AirflowFailException, match="max_preemptions must be an integer >= 0, got 'lots'"):
+        bad.execute(context)  # a rendered bad value fails at once: a retry renders it the same
     assert len(cluster.launched) == 1  # nothing launched for the bad one
 
 
@@ -669,7 +669,8 @@ def test_a_templated_bad_input_fails_in_execute_before_anything_is_written(
     op.dataset, op.trainer_config = data_of(file_root), {}
     for key, value in rendered.items():
         setattr(op, key, value)
-    with pytest.raises(ValueError, match=message):
+    # a bad parameter or trainer config fails at once, without retry, whatever `retries` says
+    with pytest.raises(AirflowFailException, match=message):
         op.execute(context)
     nothing_launched_or_written(cluster, file_root)
 
@@ -705,16 +706,16 @@ def test_a_window_longer_than_the_train_split_fails_naming_both_numbers(
 ):
     op = operator(file_root, trainer_config={"train.seq_len": 64})
     op.dataset = staged_dataset(f"file://{tmp_path}/data/datasets/tiny/v1", train_tokens=50)
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(AirflowFailException) as err:  # no retry: the same data fails the same way
         op.execute(context)
-    assert str(err.value) == (
+    assert str(err.value.__cause__) == (
         f"train.seq_len=64 needs windows of 65 tokens, but the train split of {op.dataset} has only 50 "
         "tokens; lower train.seq_len to at most 49, or stage more data"
     )
     nothing_launched_or_written(cluster, file_root)
     op.trainer_config = {"train.seq_len": 8, "train.micro_batch_size": 4}  # 6 samples, 2 ranks x 4 wanted
     with pytest.raises(
-        ValueError,
+        AirflowFailException,
         match=r"50 tokens, 6 samples of train.seq_len=8, fewer than one micro-step takes \(train.micro_batch_size=4 x world size 2 = 8\)",
     ):
         op.execute(context)
@@ -723,9 +724,9 @@ def test_a_window_longer_than_the_train_split_fails_naming_both_numbers(
 
 def test_a_vocabulary_below_the_tokenizers_fails_before_launch(file_root, cluster, context):
     op = operator(file_root, trainer_config={"model.vocab_size": 200})
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(AirflowFailException) as err:
         op.execute(context)
-    assert str(err.value) == (
+    assert str(err.value.__cause__) == (
         f"model.vocab_size=200 is smaller than the vocabulary of the dataset's tokenizer (257, {data_of(file_root)}); "
         "set model.vocab_size=0 to take the dataset's, or at least 257"
     )

@@ -232,3 +232,27 @@ def test_a_parent_that_is_not_a_promoted_version_keeps_its_uri_only(source, pare
 
     assert parent_of({"init": {"from": source}}) == {**parent, "uri": source}
     assert parent_of({"init": "none"}) is None and parent_of({}) is None
+
+
+@pytest.mark.parametrize(
+    "user, run_type, expected_by",
+    [
+        ("alice", "manual", "alice"),  # triggered from the UI or the API by alice
+        (None, "scheduled", "scheduled run"),  # the scheduler made it: the kind says so
+        ("", "asset_triggered", "asset_triggered run"),
+    ],
+)
+def test_who_promoted_is_the_runs_triggering_user_or_else_its_trigger_kind(user, run_type, expected_by):
+    from types import SimpleNamespace
+
+    from airflow.sdk.api.datamodels._generated import DagRunType
+
+    from trainops.registry.card import by_label, trigger_of
+
+    # what the task context's DagRun carries: Airflow's DagRunType enum
+    dag_run = SimpleNamespace(triggering_user_name=user, run_type=DagRunType(run_type), run_id="r1")
+    trigger = trigger_of(dag_run)
+    assert trigger == {"user": user or None, "trigger": run_type, "run_id": "r1"}
+    assert by_label(trigger) == expected_by
+    assert trigger_of(None) == {"user": None, "trigger": None, "run_id": None}
+    assert by_label(trigger_of(None)) is None

@@ -1,0 +1,67 @@
+"""The gate's verdict in words: the promote task's skip message and the notes a rejection leaves.
+
+Pure text over the gate's decision (the EvaluationGateOperator's XCom result), so the skip
+message, the DAG run's note and the gate task's note say the same thing from one source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from trainops.gate.checks import failed_checks
+
+__all__ = ["NOTE_LIMIT", "fit_note", "rejection_note", "rejection_reason"]
+
+# Airflow's public API refuses a DAG run or task instance note longer than this.
+NOTE_LIMIT = 1000
+
+
+def _observed(check: Mapping[str, Any]) -> str:
+    observed = check.get("observed")
+    if isinstance(observed, int | float) and not isinstance(observed, bool):
+        return f"{observed:.6g}"
+    return str(check.get("note") or "missing")
+
+
+def _failed_lines(gate: Mapping[str, Any]) -> list[str]:
+    return [
+        f"{check['name']} (observed {_observed(check)}, expected {check.get('expected') or '-'})"
+        for check in failed_checks(gate)
+    ]
+
+
+def rejection_reason(gate: Mapping[str, Any]) -> str:
+    """One line: which checks failed, observed against expected, and where the decision is;
+    the message the promote task skips with."""
+    parts = _failed_lines(gate)
+    if not parts:
+        return "the gate rejected it"
+    where = f"; decision in {gate['gate_uri']}" if gate.get("gate_uri") else ""
+    return "the gate rejected it: " + "; ".join(parts) + where
+
+
+def rejection_note(gate: Mapping[str, Any]) -> str:
+    """The note a rejected run carries (DAG run and gate task): the model, the production
+    version it was compared with, each failed check, and the decision's URI; at most
+    :data:`NOTE_LIMIT` characters."""
+    checks = gate.get("checks") or []
+    failed = _failed_lines(gate)
+    production = gate.get("production_version")
+    against = f"against production v{production}" if production is not None else "no production yet"
+    head = (
+        f"REJECTED: {gate.get('model_name') or 'the candidate'} failed {len(failed)} of {len(checks)} "
+        f"gate checks ({against}); promote skipped, production unchanged."
+    )
+    lines = [head, *(f"- {line}" for line in failed)]
+    if gate.get("gate_uri"):
+        lines.append(f"Decision: {gate['gate_uri']}")
+    return fit_note("\n".join(lines))
+
+
+def fit_note(text: str, limit: int = NOTE_LIMIT) -> str:
+    """``text``, cut to ``limit`` characters with a marker when longer."""
+    if len(text) <= limit:
+        return text
+    marker = " [...]"
+    return text[: limit - len(marker)] + marker
