@@ -78,8 +78,12 @@ def test_links_follow_the_pushed_xcom_through_airflow(airflow_db, tmp_path, monk
     """dag.test() runs the task runner, which stores each link's URL; the API lists them."""
     from airflow.api_fastapi.app import create_app, get_auth_manager
     from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+    from airflow import plugins_manager
     from fastapi.testclient import TestClient
 
+    # The plugin's navigation entries take [api] base_url when it is imported, once per process:
+    # load it under the suite's settings, not this test's, or later tests see this base URL.
+    plugins_manager.ensure_plugins_loaded()
     (tmp_path / "links_probe.py").write_text(PROBE_DAG_FILE)
     # dag.test() needs its DAG in a bundle; this one sits in tmp_path, beside the dags folder.
     monkeypatch.setenv(
