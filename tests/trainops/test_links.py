@@ -76,9 +76,9 @@ def test_report_url_reads_airflow_base_url(monkeypatch):
 
 def test_links_follow_the_pushed_xcom_through_airflow(airflow_db, tmp_path, monkeypatch):
     """dag.test() runs the task runner, which stores each link's URL; the API lists them."""
+    from airflow import plugins_manager
     from airflow.api_fastapi.app import create_app, get_auth_manager
     from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
-    from airflow import plugins_manager
     from fastapi.testclient import TestClient
 
     # The plugin's navigation entries take [api] base_url when it is imported, once per process:
@@ -247,6 +247,16 @@ def test_gate_and_promote_log_where_their_report_will_be_and_never_fail_for_it(m
 
     def broken(context):
         raise RuntimeError("no storage root")
+
+    # Once the evaluation is rendered, the gate knows its decision's URI before it runs.
+    run = "file:///r/runs/d/manual__2026-01-01T00_00_00_00_00/train"
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        EvaluationGateOperator(task_id="gate", evaluation={"run_uri": run}).pre_execute({})
+    assert (
+        "trainops Gate decision: /trainops/report?uri=file%3A%2F%2F%2Fr%2Fruns%2Fd%2F"
+        "manual__2026-01-01T00_00_00_00_00%2Ftrain%2Feval%2Fgate.json"
+    ) in (caplog.text + capsys.readouterr().out)
 
     monkeypatch.setattr(gate, "report_uri", broken)
     with caplog.at_level(logging.INFO):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -94,6 +94,14 @@ class EvaluationGateOperator(ReportingOperator):
         self.storage_root = storage_root
         self.aws_conn_id = aws_conn_id
         self.cluster = cluster
+
+    def report_uri(self, context: Mapping[str, Any]) -> str | None:
+        """The decision's ``eval/gate.json``, under the run the (rendered) evaluation names;
+        None when the evaluation is not a mapping with a ``run_uri`` (``execute`` says why)."""
+        from trainer.contract import RunLayout
+
+        run_uri = self.evaluation.get("run_uri") if isinstance(self.evaluation, Mapping) else None
+        return RunLayout(run_uri).eval_gate if isinstance(run_uri, str) and run_uri else None
 
     @fail_fast
     def execute(self, context: Context) -> dict:
