@@ -1,0 +1,289 @@
+"""Stage a source on Spark: the same plan, validation, shards and commit as the worker engine.
+
+The driver (this process: an Airflow worker, in local mode or as a Spark Connect client)
+plans the run with :func:`~trainops.staging.plan.plan_stage`, so the version is the one
+the in-worker engine would name, and reuses a version already staged by either engine. The
+source is read once into a cached frame; GX validates it; on failure only the report is
+kept, as with the worker engine. Otherwise the executors write the shards straight to a
+temporary prefix, the driver writes the eval index, and
+:func:`~trainops.staging.stage.commit_version` copies them into the version prefix and
+writes the manifest last.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+
+from trainer.contract import join
+from trainops.staging.errors import StagingError
+from trainops.staging.manifest import EVAL_INDEX_PATH, build_manifest
+from trainops.staging.pack import null_problem, too_long_problem
+from trainops.staging.stage import (
+    TaskLog,
+    check_packed,
+    commit_version,
+    failure_of,
+    read_manifest,
+    stage_result,
+    staging_prefix,
+    write_report,
+)
+from trainops.staging.tokenize import DEFAULT_EVAL_PERCENT, DEFAULT_SHARD_TOKENS
+
+_log = logging.getLogger(__name__)
+
+
+def stage_dataset_spark(
+    storage,
+    root: str,
+    source_uri: str,
+    name: str,
+    *,
+    source_storage=None,
+    expectations=None,
+    eval_percent: int = DEFAULT_EVAL_PERCENT,
+    slice_columns: Sequence[str] = ("source",),
+    shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    id_column: str = "id",
+    text_column: str = "text",
+    tokenizer: str | dict | None = None,
+    quarantine: dict | None = None,
+    open_storage: Callable | None = None,
+    spark=None,
+    spark_remote: str | None = None,
+    spark_master: str | None = None,
+    spark_conf: Mapping[str, str] | None = None,
+    scratch_dir: str | None = None,
+    log: TaskLog | None = None,
+) -> dict:
+    """:func:`~trainops.staging.stage.stage_dataset` on Spark; the same arguments, errors
+    and result. ``spark`` is a session to use; otherwise one is made from ``spark_remote``
+    (or ``SPARK_REMOTE``), ``spark_master`` (default ``local[*]``) and ``spark_conf``.
+
+    The executors open the storage root themselves (``trainer.storage.open_storage``), so
+    with ``s3://`` they need credentials in their own environment.
+    """
+    from trainops.staging.plan import plan_stage
+
+    log = log or _log
+    source_storage = source_storage or storage
+    if quarantine is not None:
+        raise StagingError(
+            f"quarantine {quarantine!r} is not supported by engine='spark' yet: stage with "
+            "engine='worker', or clean the data and drop quarantine"
+        )
+    plan = plan_stage(
+        storage,
+        root,
+        source_uri,
+        name,
+        source_storage=source_storage,
+        expectations=expectations,
+        eval_percent=eval_percent,
+        slice_columns=slice_columns,
+        shard_tokens=shard_tokens,
+        tokenizer=tokenizer,
+        quarantine=None,
+        open_storage=open_storage,
+    )
+    existing = read_manifest(storage, plan.manifest_uri)
+    if existing is not None:
+        log.info("dataset %s version %s already staged at %s; reusing it", name, plan.version, plan.prefix)
+        return stage_result(existing, plan.prefix, plan.manifest_uri, reused=True)
+
+    from trainops.staging.single_pass import check_local_schemas
+    from trainops.staging.spark.session import get_session, session_settings
+
+    columns = {"id_column": id_column, "text_column": text_column, "slice_columns": plan.slice_columns}
+    string_columns = list(dict.fromkeys([id_column, text_column, *plan.slice_columns]))
+    with tempfile.TemporaryDirectory(prefix="trainops-stage-", dir=scratch_dir) as scratch:
+        check_local_schemas(
+            source_storage,
+            plan.objects,
+            scratch,
+            string_columns=string_columns,
+            id_column=id_column,
+            text_column=text_column,
+            slice_columns=plan.slice_columns,
+        )
+        if spark is None:
+            settings = session_settings(
+                spark_remote=spark_remote, spark_master=spark_master, conf=spark_conf, env=os.environ
+            )
+            log.info("staging on Spark (%s %s)", settings["mode"], settings["url"])
+            spark = get_session(settings)
+        staging = staging_prefix(root, name, plan.version)
+        try:
+            manifest, summary = _run(
+                spark,
+                storage,
+                plan,
+                source_uri,
+                name,
+                staging,
+                scratch,
+                eval_percent,
+                shard_tokens,
+                string_columns,
+                columns,
+                log,
+            )
+        except BaseException:
+            _drop(storage, staging, log)
+            raise
+        files = [s["path"] for split in ("train", "eval") for s in manifest["splits"][split]["shards"]]
+        committed = commit_version(
+            storage, root, name, plan.version, staging, [*files, EVAL_INDEX_PATH], manifest, summary, log
+        )
+    return stage_result(committed, plan.prefix, plan.manifest_uri, reused=committed is not manifest)
+
+
+def _run(
+    spark,
+    storage,
+    plan,
+    source_uri,
+    name,
+    staging,
+    scratch,
+    eval_percent,
+    shard_tokens,
+    string_columns,
+    columns,
+    log,
+):
+    from pyspark import StorageLevel
+
+    from trainops.staging.spark.frame import read_source
+    from trainops.staging.spark.validate import validate_frame
+
+    frame, rows = read_source(spark, plan.objects, string_columns=string_columns)
+    frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        log.info("read %s: %d rows in %d objects", source_uri, rows, len(plan.objects))
+        summary = validate_frame(frame, plan.suite, rows=rows, id_column=columns["id_column"])
+        failure = failure_of(source_uri, summary, None)
+        if failure is not None:
+            error, message = failure
+            report = write_report(storage, plan.prefix, summary, None, log)
+            raise error(f"{message}. Full report: {report}" if report else message, summary, report)
+        return _pack(
+            spark,
+            storage,
+            plan,
+            frame,
+            source_uri,
+            name,
+            staging,
+            scratch,
+            eval_percent,
+            shard_tokens,
+            columns,
+            summary,
+            log,
+        ), summary
+    finally:
+        frame.unpersist()
+
+
+def _pack(
+    spark,
+    storage,
+    plan,
+    frame,
+    source_uri,
+    name,
+    staging,
+    scratch,
+    eval_percent,
+    shard_tokens,
+    columns,
+    summary,
+    log,
+):
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    from trainops.staging.spark.frame import ROW
+    from trainops.staging.spark.pack import TOKENS, annotate, eval_index_lines, with_offsets, write_shards
+
+    id_column, text_column = columns["id_column"], columns["text_column"]
+    tok = plan.tokenizer
+    annotated = annotate(frame, tok, id_column=id_column, text_column=text_column, eval_percent=eval_percent)
+    annotated = annotated.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        bad = (
+            annotated.where((F.col(TOKENS) < 0) | (F.col(TOKENS) > shard_tokens))
+            .orderBy(ROW)
+            .limit(1)
+            .collect()
+        )
+        if bad:
+            r = bad[0]
+            if r[TOKENS] < 0:
+                column = id_column if r[id_column] is None else text_column
+                raise StagingError(null_problem(int(r[ROW]), column))
+            raise StagingError(too_long_problem(str(r[id_column]), int(r[ROW]), int(r[TOKENS]), shard_tokens))
+        spans, totals = with_offsets(spark, annotated)
+        rows = {"train": totals["train"]["records"], "eval": totals["eval"]["records"]}
+        rows["total"] = rows["train"] + rows["eval"]
+        shards: list[dict] = []
+        if spans is not None:
+            parts = max(1, -(-max(totals["train"]["tokens"], totals["eval"]["tokens"]) // shard_tokens))
+            parts = min(parts, max(1, int(spark.conf.get("spark.sql.shuffle.partitions") or 8)))
+            shards = write_shards(
+                spans,
+                tok,
+                staging_uri=staging,
+                text_column=text_column,
+                shard_tokens=shard_tokens,
+                parts=parts,
+            )
+        splits = {
+            s: {
+                "tokens": totals[s]["tokens"],
+                "shards": [
+                    {"path": x["path"], "tokens": x["tokens"], "sha256": x["sha256"]}
+                    for x in shards
+                    if x["split"] == s
+                ],
+            }
+            for s in ("train", "eval")
+        }
+        packed = {"splits": splits, "rows": rows, "eval_records": rows["eval"]}
+        check_packed(source_uri, name, packed, eval_percent, log)
+        index = os.path.join(scratch, "index.jsonl")
+        with open(index, "w", encoding="utf-8") as out:
+            if spans is not None:
+                for line in eval_index_lines(spans, id_column=id_column, slice_columns=plan.slice_columns):
+                    out.write(line)
+        storage.upload_file(index, join(staging, EVAL_INDEX_PATH), move=True)
+    finally:
+        annotated.unpersist()
+    return build_manifest(
+        name=name,
+        version=plan.version,
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        source_uri=source_uri,
+        objects=plan.identities,
+        tokenizer=tok.config,
+        token_dtype=tok.dtype,
+        splits=splits,
+        split_rule=plan.split_rule,
+        eval_records=rows["eval"],
+        slice_columns=plan.slice_columns,
+        rows=rows,
+        validation=summary,
+        engine="spark",
+    )
+
+
+def _drop(storage, staging: str, log: TaskLog) -> None:
+    try:
+        storage.delete_prefix(staging)
+    except Exception as exc:  # leftover temp files are harmless
+        log.warning("could not delete temporary prefix %s: %s", staging, exc)
