@@ -1,21 +1,5 @@
-"""One local Spark session for every Spark staging test (starting one costs seconds)."""
+"""Fixtures for the Spark staging tests."""
 
-from __future__ import annotations
+from tests.trainops.staging.spark.session_fixture import spark
 
-import pytest
-
-
-@pytest.fixture(scope="session")
-def spark():
-    """``local[2]``, four shuffle partitions, no UI: what the embedded default runs, made small."""
-    pytest.importorskip("pyspark")
-    from trainops.staging.spark.session import get_session, session_settings
-
-    settings = session_settings(
-        spark_master="local[2]",
-        conf={"spark.sql.shuffle.partitions": "4", "spark.driver.memory": "1g"},
-    )
-    session = get_session(settings)
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
+__all__ = ["spark"]
