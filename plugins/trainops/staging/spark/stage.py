@@ -215,6 +215,7 @@ def _pack(
     tok = plan.tokenizer
     annotated = annotate(frame, tok, id_column=id_column, text_column=text_column, eval_percent=eval_percent)
     annotated = annotated.persist(StorageLevel.MEMORY_AND_DISK)
+    cached = [annotated]
     try:
         bad = (
             annotated.where((F.col(TOKENS) < 0) | (F.col(TOKENS) > shard_tokens))
@@ -228,7 +229,11 @@ def _pack(
                 column = id_column if r[id_column] is None else text_column
                 raise StagingError(null_problem(int(r[ROW]), column))
             raise StagingError(too_long_problem(str(r[id_column]), int(r[ROW]), int(r[TOKENS]), shard_tokens))
+        frame.unpersist()  # the annotated copy is cached now: one copy of the data at a time
         spans, totals = with_offsets(spark, annotated)
+        if spans is not None:  # read twice: by the shard writers and for the eval index
+            spans = spans.persist(StorageLevel.MEMORY_AND_DISK)
+            cached.append(spans)
         rows = {"train": totals["train"]["records"], "eval": totals["eval"]["records"]}
         rows["total"] = rows["train"] + rows["eval"]
         shards: list[dict] = []
@@ -263,7 +268,8 @@ def _pack(
                     out.write(line)
         storage.upload_file(index, join(staging, EVAL_INDEX_PATH), move=True)
     finally:
-        annotated.unpersist()
+        for df in cached:
+            df.unpersist()
     return build_manifest(
         name=name,
         version=plan.version,
