@@ -55,17 +55,21 @@ def read_source(spark, objects, *, string_columns: Sequence[str]):
         )
     reader = spark.read
     if formats[0] == "csv":
-        reader = reader.option("header", True).option("emptyValue", "")
-    raw = getattr(reader, _READERS[formats[0]])(*[spark_path(o.uri) for o in objects])
+        reader = reader.option("header", True)
+    raw = reader.format(_READERS[formats[0]]).load([spark_path(o.uri) for o in objects])
     missing = [c for c in string_columns if c not in raw.columns]
     if missing:
         raise StagingError(
             f"source lacks columns {missing} (it has {raw.columns}): add them to the data, or "
             "change slice_columns"
         )
-    # Columns keep the types the files give them (CSV: all text, as the worker engine reads
-    # the string columns); ids become strings only where they are split and packed.
-    data = [F.col(f"`{c}`") for c in raw.columns]
+    # Columns keep the types the files give them; ids become strings only where they are
+    # split and packed. The worker engine reads a CSV's id, text and slice columns as text
+    # that is never null (an empty field is ''); Spark reads an empty field as null.
+    text = string_columns if formats[0] == "csv" else ()
+    data = [
+        F.coalesce(F.col(f"`{c}`"), F.lit("")).alias(c) if c in text else F.col(f"`{c}`") for c in raw.columns
+    ]
     scan = raw.select(
         *data,
         F.col("_metadata.file_path").alias(_FILE),

@@ -161,3 +161,50 @@ def test_a_record_longer_than_a_shard_is_refused_the_same_way(spark, tmp_path):
     _parquet(f"file://{tmp_path}/raw/a.parquet", cols)
     message = _both_fail(spark, tmp_path, f"file://{tmp_path}/raw", error=StagingError, shard_tokens=2048)
     assert f"record '{cols['id'][42]}' (row 42) has 3001 tokens" in message
+
+
+def test_jsonl_with_integer_ids_stages_to_the_same_bytes(spark, tmp_path):
+    """Spark infers JSON types itself (and orders the columns by name): the ids are still the
+    same strings, so the split and the bytes are the worker engine's."""
+    import json
+
+    cols = demo_rows(400, seed=5)
+    lines = [
+        json.dumps({"id": 1000 + i, "text": cols["text"][i], "source": cols["source"][i]}) for i in range(400)
+    ]
+    for part in range(2):
+        uri = f"file://{tmp_path}/raw/part-{part}.jsonl"
+        open_storage(uri).put(uri, ("\n".join(lines[part * 200 : (part + 1) * 200]) + "\n").encode())
+    source = f"file://{tmp_path}/raw"
+    worker = _worker_stage(f"file://{tmp_path}/w", source, shard_tokens=4096)
+    on_spark = _spark_stage(spark, f"file://{tmp_path}/s", source, shard_tokens=4096)
+    assert on_spark["version"] == worker["version"]
+    assert _files(on_spark["uri"]) == _files(worker["uri"])
+    index = _files(on_spark["uri"])["eval/index.jsonl"].decode().splitlines()
+    assert index and all(json.loads(line)["id"].isdigit() for line in index)
+
+
+def test_a_source_mixing_formats_is_refused_naming_them(spark, tmp_path):
+    _parquet(
+        f"file://{tmp_path}/raw/a.parquet", {k: v for k, v in demo_rows(50).items() if k != "created_at"}
+    )
+    uri = f"file://{tmp_path}/raw/b.jsonl"
+    open_storage(uri).put(uri, b'{"id": "x", "text": "t", "source": "s"}\n')
+    root = f"file://{tmp_path}/s"
+    with pytest.raises(StagingError, match=r"mixes \['jsonl', 'parquet'\]: stage each format separately"):
+        _spark_stage(spark, root, f"file://{tmp_path}/raw")
+    assert_nothing_valid_looking(open_storage(root), root)
+
+
+def test_csv_with_an_empty_text_fails_the_same_way(spark, tmp_path):
+    """CSV has no types: both engines read every column as text, an empty field as ''."""
+    cols = demo_rows(60, seed=6)
+    rows = [f"{cols['id'][i]},{cols['text'][i].replace(',', ' ')},{cols['source'][i]}" for i in range(60)]
+    rows[7] = f"{cols['id'][7]},,{cols['source'][7]}"
+    uri = f"file://{tmp_path}/raw/a.csv"
+    open_storage(uri).put(uri, ("id,text,source\n" + "\n".join(rows) + "\n").encode())
+    message = _both_fail(spark, tmp_path, f"file://{tmp_path}/raw")
+    assert (
+        f"expect_column_value_lengths_to_be_between on 'text': 1 unexpected (ids {cols['id'][7]!r})"
+        in message
+    )
