@@ -244,7 +244,7 @@ def _publish(
             # move: on the same filesystem a rename, not a copy; either way it frees scratch
             storage.upload_file(os.path.join(out_dir, rel), join(staging, rel), move=True)
     except BaseException:
-        _drop(storage, staging, log)
+        drop_prefix(storage, staging, log)
         raise
     return commit_version(storage, root, name, version, staging, files, manifest, summary, log)
 
@@ -283,10 +283,11 @@ def commit_version(
         log.info("committed dataset %s version %s at %s", name, version, prefix)
         return manifest
     finally:
-        _drop(storage, staging, log)
+        drop_prefix(storage, staging, log)
 
 
-def _drop(storage, staging: str, log: TaskLog) -> None:
+def drop_prefix(storage, staging: str, log: TaskLog) -> None:
+    """Delete an attempt's temporary prefix; a failure to is only logged."""
     try:
         storage.delete_prefix(staging)
     except Exception as exc:  # leftover temp files are harmless; the commit stands

@@ -16,7 +16,9 @@ import logging
 import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from trainer.contract import join
 from trainops.staging.errors import StagingError
@@ -26,6 +28,7 @@ from trainops.staging.stage import (
     TaskLog,
     check_packed,
     commit_version,
+    drop_prefix,
     failure_of,
     read_manifest,
     stage_result,
@@ -98,7 +101,6 @@ def stage_dataset_spark(
     from trainops.staging.single_pass import check_local_schemas
     from trainops.staging.spark.session import get_session, session_settings
 
-    columns = {"id_column": id_column, "text_column": text_column, "slice_columns": plan.slice_columns}
     string_columns = list(dict.fromkeys([id_column, text_column, *plan.slice_columns]))
     with tempfile.TemporaryDirectory(prefix="trainops-stage-", dir=scratch_dir) as scratch:
         check_local_schemas(
@@ -116,165 +118,105 @@ def stage_dataset_spark(
             )
             log.info("staging on Spark (%s %s)", settings["mode"], settings["url"])
             spark = get_session(settings)
-        staging = staging_prefix(root, name, plan.version)
+        run = _Run(
+            spark=spark,
+            storage=storage,
+            plan=plan,
+            source_uri=source_uri,
+            name=name,
+            staging=staging_prefix(root, name, plan.version),
+            scratch=scratch,
+            eval_percent=eval_percent,
+            shard_tokens=shard_tokens,
+            id_column=id_column,
+            text_column=text_column,
+            log=log,
+        )
         try:
-            manifest, summary = _run(
-                spark,
-                storage,
-                plan,
-                source_uri,
-                name,
-                staging,
-                scratch,
-                eval_percent,
-                shard_tokens,
-                string_columns,
-                columns,
-                log,
-            )
+            manifest, summary = _validate_and_pack(run, string_columns)
         except BaseException:
-            _drop(storage, staging, log)
+            drop_prefix(storage, run.staging, log)
             raise
         files = [s["path"] for split in ("train", "eval") for s in manifest["splits"][split]["shards"]]
         committed = commit_version(
-            storage, root, name, plan.version, staging, [*files, EVAL_INDEX_PATH], manifest, summary, log
+            storage, root, name, plan.version, run.staging, [*files, EVAL_INDEX_PATH], manifest, summary, log
         )
     return stage_result(committed, plan.prefix, plan.manifest_uri, reused=committed is not manifest)
 
 
-def _run(
-    spark,
-    storage,
-    plan,
-    source_uri,
-    name,
-    staging,
-    scratch,
-    eval_percent,
-    shard_tokens,
-    string_columns,
-    columns,
-    log,
-):
+@dataclass(frozen=True)
+class _Run:
+    """One Spark staging run's fixed inputs."""
+
+    spark: Any
+    storage: Any
+    plan: Any  # trainops.staging.plan.StagePlan
+    source_uri: str
+    name: str
+    staging: str  # the temporary prefix the executors write to
+    scratch: str
+    eval_percent: int
+    shard_tokens: int
+    id_column: str
+    text_column: str
+    log: TaskLog
+
+
+def _validate_and_pack(run: _Run, string_columns: list[str]) -> tuple[dict, dict]:
+    """``(manifest, summary)``; raises the worker engine's errors (report kept) on bad data."""
     from pyspark import StorageLevel
 
     from trainops.staging.spark.frame import read_source
     from trainops.staging.spark.validate import validate_frame
 
-    frame, rows = read_source(spark, plan.objects, string_columns=string_columns)
+    plan = run.plan
+    frame, rows = read_source(run.spark, plan.objects, string_columns=string_columns)
     frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        log.info("read %s: %d rows in %d objects", source_uri, rows, len(plan.objects))
-        summary = validate_frame(frame, plan.suite, rows=rows, id_column=columns["id_column"])
-        failure = failure_of(source_uri, summary, None)
+        run.log.info("read %s: %d rows in %d objects", run.source_uri, rows, len(plan.objects))
+        summary = validate_frame(frame, plan.suite, rows=rows, id_column=run.id_column)
+        failure = failure_of(run.source_uri, summary, None)
         if failure is not None:
             error, message = failure
-            report = write_report(storage, plan.prefix, summary, None, log)
+            report = write_report(run.storage, plan.prefix, summary, None, run.log)
             raise error(f"{message}. Full report: {report}" if report else message, summary, report)
-        return _pack(
-            spark,
-            storage,
-            plan,
-            frame,
-            source_uri,
-            name,
-            staging,
-            scratch,
-            eval_percent,
-            shard_tokens,
-            columns,
-            summary,
-            log,
-        ), summary
+        return _pack(run, frame, summary), summary
     finally:
         frame.unpersist()
 
 
-def _pack(
-    spark,
-    storage,
-    plan,
-    frame,
-    source_uri,
-    name,
-    staging,
-    scratch,
-    eval_percent,
-    shard_tokens,
-    columns,
-    summary,
-    log,
-):
+def _pack(run: _Run, frame, summary: dict) -> dict:
+    """Tokenize, write the shards and the eval index to ``run.staging``; return the manifest."""
     from pyspark import StorageLevel
-    from pyspark.sql import functions as F
 
-    from trainops.staging.spark.frame import ROW
-    from trainops.staging.spark.pack import TOKENS, annotate, eval_index_lines, with_offsets, write_shards
+    from trainops.staging.spark.pack import annotate, with_offsets
 
-    id_column, text_column = columns["id_column"], columns["text_column"]
-    tok = plan.tokenizer
-    annotated = annotate(frame, tok, id_column=id_column, text_column=text_column, eval_percent=eval_percent)
+    plan, tok = run.plan, run.plan.tokenizer
+    annotated = annotate(
+        frame, tok, id_column=run.id_column, text_column=run.text_column, eval_percent=run.eval_percent
+    )
     annotated = annotated.persist(StorageLevel.MEMORY_AND_DISK)
     cached = [annotated]
     try:
-        bad = (
-            annotated.where((F.col(TOKENS) < 0) | (F.col(TOKENS) > shard_tokens))
-            .orderBy(ROW)
-            .limit(1)
-            .collect()
-        )
-        if bad:
-            r = bad[0]
-            if r[TOKENS] < 0:
-                column = id_column if r[id_column] is None else text_column
-                raise StagingError(null_problem(int(r[ROW]), column))
-            raise StagingError(too_long_problem(str(r[id_column]), int(r[ROW]), int(r[TOKENS]), shard_tokens))
+        _refuse_unpackable(run, annotated)
         frame.unpersist()  # the annotated copy is cached now: one copy of the data at a time
-        spans, totals = with_offsets(spark, annotated)
+        spans, totals = with_offsets(run.spark, annotated)
         if spans is not None:  # read twice: by the shard writers and for the eval index
             spans = spans.persist(StorageLevel.MEMORY_AND_DISK)
             cached.append(spans)
         rows = {"train": totals["train"]["records"], "eval": totals["eval"]["records"]}
         rows["total"] = rows["train"] + rows["eval"]
-        shards: list[dict] = []
-        if spans is not None:
-            parts = max(1, -(-max(totals["train"]["tokens"], totals["eval"]["tokens"]) // shard_tokens))
-            parts = min(parts, max(1, int(spark.conf.get("spark.sql.shuffle.partitions") or 8)))
-            shards = write_shards(
-                spans,
-                tok,
-                staging_uri=staging,
-                text_column=text_column,
-                shard_tokens=shard_tokens,
-                parts=parts,
-            )
-        splits = {
-            s: {
-                "tokens": totals[s]["tokens"],
-                "shards": [
-                    {"path": x["path"], "tokens": x["tokens"], "sha256": x["sha256"]}
-                    for x in shards
-                    if x["split"] == s
-                ],
-            }
-            for s in ("train", "eval")
-        }
-        packed = {"splits": splits, "rows": rows, "eval_records": rows["eval"]}
-        check_packed(source_uri, name, packed, eval_percent, log)
-        index = os.path.join(scratch, "index.jsonl")
-        with open(index, "w", encoding="utf-8") as out:
-            if spans is not None:
-                for line in eval_index_lines(spans, id_column=id_column, slice_columns=plan.slice_columns):
-                    out.write(line)
-        storage.upload_file(index, join(staging, EVAL_INDEX_PATH), move=True)
+        splits = _write_shards(run, spans, totals)
+        check_packed(run.source_uri, run.name, {"splits": splits, "rows": rows}, run.eval_percent, run.log)
+        _write_index(run, spans)
     finally:
         for df in cached:
             df.unpersist()
     return build_manifest(
-        name=name,
+        name=run.name,
         version=plan.version,
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-        source_uri=source_uri,
+        source_uri=run.source_uri,
         objects=plan.identities,
         tokenizer=tok.config,
         token_dtype=tok.dtype,
@@ -288,8 +230,65 @@ def _pack(
     )
 
 
-def _drop(storage, staging: str, log: TaskLog) -> None:
-    try:
-        storage.delete_prefix(staging)
-    except Exception as exc:  # leftover temp files are harmless
-        log.warning("could not delete temporary prefix %s: %s", staging, exc)
+def _refuse_unpackable(run: _Run, annotated) -> None:
+    """The worker engine's error for the first row (in source order) staging cannot pack:
+    a null id or text, or a record longer than a shard."""
+    from pyspark.sql import functions as F
+
+    from trainops.staging.spark.frame import ROW
+    from trainops.staging.spark.pack import TOKENS
+
+    bad = (
+        annotated.where((F.col(TOKENS) < 0) | (F.col(TOKENS) > run.shard_tokens))
+        .orderBy(ROW)
+        .limit(1)
+        .collect()
+    )
+    if not bad:
+        return
+    r = bad[0]
+    if r[TOKENS] < 0:
+        column = run.id_column if r[run.id_column] is None else run.text_column
+        raise StagingError(null_problem(int(r[ROW]), column))
+    raise StagingError(too_long_problem(str(r[run.id_column]), int(r[ROW]), int(r[TOKENS]), run.shard_tokens))
+
+
+def _write_shards(run: _Run, spans, totals: dict) -> dict:
+    """Each split's ``{"tokens", "shards"}``, the shards written by the executors."""
+    from trainops.staging.spark.pack import write_shards
+
+    shards: list[dict] = []
+    if spans is not None:
+        most = max(totals["train"]["tokens"], totals["eval"]["tokens"])
+        parts = min(
+            -(-most // run.shard_tokens), int(run.spark.conf.get("spark.sql.shuffle.partitions") or 8)
+        )
+        shards = write_shards(
+            spans,
+            run.plan.tokenizer,
+            staging_uri=run.staging,
+            text_column=run.text_column,
+            shard_tokens=run.shard_tokens,
+            parts=max(1, parts),
+        )
+    return {
+        s: {
+            "tokens": totals[s]["tokens"],
+            "shards": [{k: x[k] for k in ("path", "tokens", "sha256")} for x in shards if x["split"] == s],
+        }
+        for s in ("train", "eval")
+    }
+
+
+def _write_index(run: _Run, spans) -> None:
+    """The eval index, streamed from the executors a partition at a time, then uploaded."""
+    from trainops.staging.spark.pack import eval_index_lines
+
+    index = os.path.join(run.scratch, "index.jsonl")
+    with open(index, "w", encoding="utf-8") as out:
+        if spans is not None:
+            for line in eval_index_lines(
+                spans, id_column=run.id_column, slice_columns=run.plan.slice_columns
+            ):
+                out.write(line)
+    run.storage.upload_file(index, join(run.staging, EVAL_INDEX_PATH), move=True)
