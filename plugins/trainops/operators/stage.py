@@ -106,8 +106,7 @@ class StageDatasetOperator(ClusterJobOperator):
     :param kubernetes_conn_id: Airflow connection for ``cluster='kubernetes'``.
     :param engine: ``"worker"`` (default) or ``"spark"``: the same validation, version and
         shards computed on Spark (the ``spark`` extra): local mode in this worker, or the
-        Spark Connect server of ``spark_remote`` / ``spark_conn_id`` / ``SPARK_REMOTE``. No
-        quarantine on Spark yet. See "Staging on Spark" in ``docs/staging.md``.
+        Spark Connect server of ``spark_remote`` / ``spark_conn_id`` / ``SPARK_REMOTE``. See "Staging on Spark" in ``docs/staging.md``.
     :param spark_remote: a Spark Connect URL (``sc://host:15002``) for ``engine="spark"``.
     :param spark_conn_id: an Airflow connection whose host and port name the Spark Connect
         server (``spark_remote`` wins when both are set).
@@ -146,7 +145,7 @@ class StageDatasetOperator(ClusterJobOperator):
         spark_conf: dict[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
-        self.engine = check_engine(engine, quarantine=quarantine, spark_remote=spark_remote)
+        self.engine = check_engine(engine, spark_remote=spark_remote)
         self.spark_remote, self.spark_conn_id, self.spark_conf = spark_remote, spark_conn_id, spark_conf
         check_options(eval_percent=eval_percent, shard_tokens=shard_tokens, slice_columns=slice_columns)
         alias = is_runtime_name(dataset_name)

@@ -27,6 +27,7 @@ def stage_on_spark(op: Any, root: str) -> dict:
         source_storage=storage_for(op.source_uri, op.aws_conn_id),
         expectations=op.expectations,
         tokenizer=op.tokenizer,
+        quarantine=op.quarantine,
         eval_percent=op.eval_percent,
         slice_columns=op.slice_columns,
         shard_tokens=op.shard_tokens,

@@ -111,16 +111,11 @@ def check_tokenizer(tokenizer: str | dict | None) -> dict:
 ENGINES = ("worker", "spark")
 
 
-def check_engine(engine: object, *, quarantine: dict | None = None, spark_remote: object = None) -> str:
+def check_engine(engine: object, *, spark_remote: object = None) -> str:
     """``"worker"`` (the default: one process in the worker or a staging job) or ``"spark"``;
-    ValueError naming the value otherwise, or for an option the chosen engine cannot take."""
+    ValueError naming the value otherwise, or for an option the chosen engine does not use."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {list(ENGINES)}, got {engine!r}")
-    if engine == "spark" and quarantine is not None:
-        raise ValueError(
-            f"quarantine {quarantine!r} is not supported by engine='spark' yet: use engine='worker' "
-            "for quarantine, or drop it"
-        )
     if spark_remote is not None:
         if engine != "spark":
             raise ValueError(

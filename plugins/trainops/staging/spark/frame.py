@@ -43,7 +43,8 @@ def split_offsets(splits: Sequence[tuple[int, int, int]]) -> dict[tuple[int, int
 
 
 def read_source(spark, objects, *, string_columns: Sequence[str]):
-    """``(frame, rows)``: every object's rows with ``ROW`` (0..rows-1 in source order);
+    """``(frame, rows, starts)``: every object's rows with ``ROW`` (0..rows-1 in source order),
+    and ``(first row, object index)`` for each object with rows;
     ``string_columns`` (the id, text and slice columns) must exist."""
     from pyspark.sql import functions as F
 
@@ -90,10 +91,22 @@ def read_source(spark, objects, *, string_columns: Sequence[str]):
         for r, k in zip(counted, keyed, strict=True)
     ]
     rows = sum(k[2] for k in keyed)
+    first: dict[int, int] = {}
+    for obj, block, n in keyed:
+        if n:
+            first[obj] = min(first.get(obj, offsets[(obj, block)]), offsets[(obj, block)])
+    starts = sorted((row, obj) for obj, row in first.items())
     if not table:
-        return scan.select(*raw.columns).withColumn(ROW, F.lit(0).cast("long")).limit(0), 0
+        return scan.select(*raw.columns).withColumn(ROW, F.lit(0).cast("long")).limit(0), 0, []
     shift = spark.createDataFrame(table, f"{_FILE} string, {_BLOCK} long, shift long")
     frame = scan.join(F.broadcast(shift), [_FILE, _BLOCK]).select(
         *[F.col(f"`{c}`") for c in raw.columns], (F.col(_MID) + F.col("shift")).alias(ROW)
     )
-    return frame, rows
+    return frame, rows, starts
+
+
+def object_of(starts: Sequence[tuple[int, int]], row: int) -> int:
+    """The index of the object holding ``row``, from ``(first row, object index)`` (pure)."""
+    import bisect
+
+    return starts[bisect.bisect_right(starts, (row, float("inf"))) - 1][1]

@@ -24,6 +24,7 @@ from trainer.contract import join
 from trainops.staging.errors import StagingError
 from trainops.staging.manifest import EVAL_INDEX_PATH, build_manifest
 from trainops.staging.pack import null_problem, too_long_problem
+from trainops.staging.quarantine import SAMPLE_PATH
 from trainops.staging.stage import (
     TaskLog,
     check_packed,
@@ -36,6 +37,7 @@ from trainops.staging.stage import (
     write_report,
 )
 from trainops.staging.tokenize import DEFAULT_EVAL_PERCENT, DEFAULT_SHARD_TOKENS
+from trainops.staging.validation import summarize
 
 _log = logging.getLogger(__name__)
 
@@ -74,11 +76,6 @@ def stage_dataset_spark(
 
     log = log or _log
     source_storage = source_storage or storage
-    if quarantine is not None:
-        raise StagingError(
-            f"quarantine {quarantine!r} is not supported by engine='spark' yet: stage with "
-            "engine='worker', or clean the data and drop quarantine"
-        )
     plan = plan_stage(
         storage,
         root,
@@ -90,7 +87,7 @@ def stage_dataset_spark(
         slice_columns=slice_columns,
         shard_tokens=shard_tokens,
         tokenizer=tokenizer,
-        quarantine=None,
+        quarantine=quarantine,
         open_storage=open_storage,
     )
     existing = read_manifest(storage, plan.manifest_uri)
@@ -138,6 +135,8 @@ def stage_dataset_spark(
             drop_prefix(storage, run.staging, log)
             raise
         files = [s["path"] for split in ("train", "eval") for s in manifest["splits"][split]["shards"]]
+        if manifest.get("quarantine", {}).get("sample"):
+            files.append(SAMPLE_PATH)
         committed = commit_version(
             storage, root, name, plan.version, run.staging, [*files, EVAL_INDEX_PATH], manifest, summary, log
         )
@@ -167,51 +166,72 @@ def _validate_and_pack(run: _Run, string_columns: list[str]) -> tuple[dict, dict
     from pyspark import StorageLevel
 
     from trainops.staging.spark.frame import read_source
-    from trainops.staging.spark.validate import validate_frame
+    from trainops.staging.spark.pack import annotate
+    from trainops.staging.spark.quarantine import drop_rows, quarantine_log, unpackable
+    from trainops.staging.spark.validate import check_dataset, check_rows
 
     plan = run.plan
-    frame, rows = read_source(run.spark, plan.objects, string_columns=string_columns)
+    frame, rows, starts = read_source(run.spark, plan.objects, string_columns=string_columns)
     frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
+    cached = [frame]
     try:
         run.log.info("read %s: %d rows in %d objects", run.source_uri, rows, len(plan.objects))
-        summary = validate_frame(frame, plan.suite, rows=rows, id_column=run.id_column)
-        failure = failure_of(run.source_uri, summary, None)
+        entries, bad = check_rows(
+            frame, plan.suite, id_column=run.id_column, quarantine=plan.quarantine is not None
+        )
+        annotated = annotate(
+            frame,
+            plan.tokenizer,
+            id_column=run.id_column,
+            text_column=run.text_column,
+            eval_percent=run.eval_percent,
+        ).persist(StorageLevel.MEMORY_AND_DISK)
+        cached.append(annotated)
+        kept, qsum, sample = annotated, None, None
+        if plan.quarantine is not None:
+            bad.update(unpackable(annotated, bad, run.id_column, run.text_column, run.shard_tokens))
+            kept = drop_rows(run.spark, annotated, bad)
+            sample = os.path.join(run.scratch, "out", SAMPLE_PATH)
+            qsum = quarantine_log(frame, bad, starts, plan, rows, sample)
+            sample = sample if qsum["sample"] else None
+        entries += check_dataset(kept, plan.suite, rows=rows - len(bad), id_column=run.id_column)
+        summary = summarize(plan.suite, entries, rows)
+        if qsum is not None:
+            summary["quarantine"] = qsum
+        failure = failure_of(run.source_uri, summary, qsum)
         if failure is not None:
             error, message = failure
-            report = write_report(run.storage, plan.prefix, summary, None, run.log)
+            summary["success"] = False
+            report = write_report(run.storage, plan.prefix, summary, sample, run.log)
             raise error(f"{message}. Full report: {report}" if report else message, summary, report)
-        return _pack(run, frame, summary), summary
-    finally:
-        frame.unpersist()
-
-
-def _pack(run: _Run, frame, summary: dict) -> dict:
-    """Tokenize, write the shards and the eval index to ``run.staging``; return the manifest."""
-    from pyspark import StorageLevel
-
-    from trainops.staging.spark.pack import annotate, with_offsets
-
-    plan, tok = run.plan, run.plan.tokenizer
-    annotated = annotate(
-        frame, tok, id_column=run.id_column, text_column=run.text_column, eval_percent=run.eval_percent
-    )
-    annotated = annotated.persist(StorageLevel.MEMORY_AND_DISK)
-    cached = [annotated]
-    try:
-        _refuse_unpackable(run, annotated)
+        if plan.quarantine is None:
+            _refuse_unpackable(run, annotated)
         frame.unpersist()  # the annotated copy is cached now: one copy of the data at a time
-        spans, totals = with_offsets(run.spark, annotated)
-        if spans is not None:  # read twice: by the shard writers and for the eval index
-            spans = spans.persist(StorageLevel.MEMORY_AND_DISK)
-            cached.append(spans)
-        rows = {"train": totals["train"]["records"], "eval": totals["eval"]["records"]}
-        rows["total"] = rows["train"] + rows["eval"]
-        splits = _write_shards(run, spans, totals)
-        check_packed(run.source_uri, run.name, {"splits": splits, "rows": rows}, run.eval_percent, run.log)
-        _write_index(run, spans)
+        if sample:
+            run.storage.upload_file(sample, join(run.staging, SAMPLE_PATH))
+        return _pack(run, kept, summary, qsum, cached), summary
     finally:
         for df in cached:
             df.unpersist()
+
+
+def _pack(run: _Run, kept, summary: dict, qsum: dict | None, cached: list) -> dict:
+    """Write the shards and the eval index of the ``kept`` rows to ``run.staging``; return
+    the manifest."""
+    from pyspark import StorageLevel
+
+    from trainops.staging.spark.pack import with_offsets
+
+    plan, tok = run.plan, run.plan.tokenizer
+    spans, totals = with_offsets(run.spark, kept)
+    if spans is not None:  # read twice: by the shard writers and for the eval index
+        spans = spans.persist(StorageLevel.MEMORY_AND_DISK)
+        cached.append(spans)
+    rows = {"train": totals["train"]["records"], "eval": totals["eval"]["records"]}
+    rows["total"] = rows["train"] + rows["eval"]
+    splits = _write_shards(run, spans, totals)
+    check_packed(run.source_uri, run.name, {"splits": splits, "rows": rows}, run.eval_percent, run.log)
+    _write_index(run, spans)
     return build_manifest(
         name=run.name,
         version=plan.version,
@@ -226,6 +246,7 @@ def _pack(run: _Run, frame, summary: dict) -> dict:
         slice_columns=plan.slice_columns,
         rows=rows,
         validation=summary,
+        quarantine=qsum,
         engine="spark",
     )
 

@@ -31,25 +31,55 @@ _SHAPE = {
 
 def validate_frame(frame, expectations: list[dict], *, rows: int, id_column: str = "id") -> dict:
     """The validation summary of ``frame`` (with ``ROW``) against the normalized suite."""
+    entries, _ = check_rows(frame, expectations, id_column=id_column)
+    entries += check_dataset(frame, expectations, rows=rows, id_column=id_column)
+    return summarize(expectations, entries, rows)
+
+
+def check_rows(
+    frame, expectations: list[dict], *, id_column: str = "id", quarantine: bool = False
+) -> tuple[list[tuple[dict, dict]], dict[int, list[str]]]:
+    """The row expectations, in one GX validation over the whole frame: their
+    ``(expectation, result)`` entries and, with ``quarantine``, ``{row: [labels]}`` of the
+    rows they flag (GX's complete list of offending rows, gathered on the driver)."""
+    from trainops.staging.validation import label
+
     columns = [c for c in frame.columns if c != ROW]
     entries: list[tuple[dict, dict]] = []
+    flagged: dict[int, list[str]] = {}
     row_exps = [e for e in expectations if e["type"] in ROW_EXPECTATIONS]
     shape = [e for e in row_exps if e["type"] in _SHAPE]
     cells = [e for e in row_exps if e["type"] not in _SHAPE]
     index = [ROW, id_column] if id_column in columns else [ROW]
+    results: dict[int, dict] = {}
     for group, target, index_columns in ((shape, frame.select(*columns), []), (cells, frame, index)):
         if group:
-            for e, result in zip(group, _gx_results(target, group, index_columns, id_column), strict=True):
-                state = RowResult()
-                state.add(result)
-                entries.append((e, state.summary(e)))
-    for e in expectations:
-        if e["type"] not in ROW_EXPECTATIONS:
-            entries.append((e, _dataset_result(frame, e, rows, columns, id_column)))
-    return summarize(expectations, entries, rows)
+            found = _gx_results(target, group, index_columns, id_column, complete=quarantine)
+            results.update({id(e): r for e, r in zip(group, found, strict=True)})
+    for e in row_exps:  # in suite order, as the worker engine lists a row's reasons
+        state = RowResult()
+        state.add(results[id(e)], quarantine=quarantine)
+        entries.append((e, state.summary(e, quarantine)))
+        for row in results[id(e)].get("index_list", []) if quarantine else []:
+            flagged.setdefault(row, []).append(label(e))
+    return entries, flagged
 
 
-def _gx_results(frame, expectations: list[dict], index_columns: list[str], id_column: str) -> list[dict]:
+def check_dataset(
+    frame, expectations: list[dict], *, rows: int, id_column: str = "id"
+) -> list[tuple[dict, dict]]:
+    """The dataset expectations over ``frame`` (the rows that will be staged), ``rows`` of them."""
+    columns = [c for c in frame.columns if c != ROW and not c.startswith("_trainops_")]
+    return [
+        (e, _dataset_result(frame, e, rows, columns, id_column))
+        for e in expectations
+        if e["type"] not in ROW_EXPECTATIONS
+    ]
+
+
+def _gx_results(
+    frame, expectations: list[dict], index_columns: list[str], id_column: str, *, complete: bool = False
+) -> list[dict]:
     """One GX validation over the whole frame; per expectation, in suite order, the dict
     :class:`~trainops.staging.validation.RowResult` takes."""
     from trainops.staging.gx_batch import add_suite, ephemeral_context
@@ -59,15 +89,18 @@ def _gx_results(frame, expectations: list[dict], index_columns: list[str], id_co
     asset = context.data_sources.add_spark(name).add_dataframe_asset(name)
     batch = asset.add_batch_definition_whole_dataframe(name).get_batch(batch_parameters={"dataframe": frame})
     suite = add_suite(context, name, expectations)
-    result_format: dict = {"result_format": "SUMMARY", "partial_unexpected_count": 20}
+    result_format: dict = {
+        "result_format": "COMPLETE" if complete else "SUMMARY",
+        "partial_unexpected_count": 20,
+    }
     if index_columns:
         result_format["unexpected_index_column_names"] = index_columns
     res = batch.validate(suite, result_format=result_format)
     by_id = {r.expectation_config.id: r for r in res.results}
-    return [_result(by_id[x.id], id_column) for x in suite.expectations]
+    return [_result(by_id[x.id], id_column, complete) for x in suite.expectations]
 
 
-def _result(r, id_column: str) -> dict:
+def _result(r, id_column: str, complete: bool = False) -> dict:
     from trainops.staging.gx_batch import exception_message, plain
 
     out: dict = {"success": bool(r.success)}
@@ -81,6 +114,12 @@ def _result(r, id_column: str) -> dict:
     if "observed_value" in result:
         out["observed_value"] = plain(result["observed_value"])
     hits = [h for h in result.get("partial_unexpected_index_list") or [] if isinstance(h, dict) and ROW in h]
+    every = result.get("unexpected_index_list")
+    if complete and every is not None:
+        indexed = [h for h in every if isinstance(h, dict) and ROW in h]
+        if len(indexed) == len(every):  # every offending row named: all can be quarantined
+            hits = indexed
+            out["index_list"] = sorted(int(h[ROW]) for h in hits)
     hits.sort(key=lambda h: int(h[ROW]))
     out["rows"] = [int(h[ROW]) for h in hits[:_SAMPLES]]
     ids = [h.get(id_column) for h in hits[: _SAMPLES * 4]]

@@ -11,7 +11,7 @@ import pytest
 from tests.trainops.staging.helpers import assert_nothing_valid_looking
 from trainer.storage import open_storage
 from trainops.staging.demo_data import demo_rows, write_demo_dataset
-from trainops.staging.errors import DataValidationError, StagingError
+from trainops.staging.errors import DataValidationError, QuarantineExceeded, StagingError
 from trainops.staging.stage import stage_dataset
 
 pytestmark = pytest.mark.slow
@@ -92,7 +92,7 @@ def test_the_token_stream_does_not_depend_on_how_spark_splits_the_source(spark, 
         spark.conf.set("spark.sql.files.maxPartitionBytes", max_bytes)
         spark.conf.set("spark.sql.files.openCostInBytes", open_cost)
         try:
-            frame, _ = read_source(spark, objects, string_columns=["id", "text", "source"])
+            frame, *_ = read_source(spark, objects, string_columns=["id", "text", "source"])
             parts.append(frame.rdd.getNumPartitions())
             results.append(_spark_stage(spark, f"file://{tmp_path}/{len(parts)}", raw, **options))
         finally:
@@ -208,3 +208,42 @@ def test_csv_with_an_empty_text_fails_the_same_way(spark, tmp_path):
         f"expect_column_value_lengths_to_be_between on 'text': 1 unexpected (ids {cols['id'][7]!r})"
         in message
     )
+
+
+def _bad_rows_source(tmp_path, n_bad: int) -> str:
+    cols = demo_rows(300, seed=7)
+    for i in range(n_bad):
+        cols["text"][10 + 13 * i] = ""  # fails the length expectation
+    cols["source"][5] = None  # fails not-null on source
+    cols["text"][200] = "z" * 5000  # longer than a shard
+    _parquet(f"file://{tmp_path}/raw/a.parquet", {k: v[:150] for k, v in cols.items()})
+    _parquet(f"file://{tmp_path}/raw/b.parquet", {k: v[150:] for k, v in cols.items()})
+    return f"file://{tmp_path}/raw"
+
+
+def test_quarantine_drops_the_same_rows_and_writes_the_same_sample(spark, tmp_path):
+    source = _bad_rows_source(tmp_path, 4)
+    options = {"shard_tokens": 4096, "quarantine": {"max_fraction": 0.05, "sample_rows": 3}}
+    worker = _worker_stage(f"file://{tmp_path}/w", source, **options)
+    on_spark = _spark_stage(spark, f"file://{tmp_path}/s", source, **options)
+    assert (
+        (on_spark["rows"], on_spark["quarantined_rows"])
+        == (worker["rows"], worker["quarantined_rows"])
+        == (294, 6)
+    )
+    files = _files(on_spark["uri"])
+    assert files == _files(worker["uri"])
+    assert len(files["quarantine/sample.jsonl"].splitlines()) == 3
+
+
+def test_too_many_quarantined_rows_fail_the_same_way(spark, tmp_path):
+    source = _bad_rows_source(tmp_path, 12)
+    message = _both_fail(
+        spark,
+        tmp_path,
+        source,
+        error=QuarantineExceeded,
+        shard_tokens=4096,
+        quarantine={"max_fraction": 0.02},
+    )
+    assert "has 14 bad rows of 300 read" in message
