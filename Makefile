@@ -41,7 +41,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[airflow,trainer,dev]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[airflow,trainer,spark,dev]'
 	@# setuptools leaves trainops.egg-info here; on sys.path (cwd) it would make Airflow see
 	@# the distribution twice and report its plugin entry point as registered twice.
 	rm -rf trainops.egg-info

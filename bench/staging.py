@@ -10,7 +10,14 @@ difference is what the rest of staging costs (uniqueness spill, tokenizing, writ
 Goals: peak RSS <= 1024 MB at both sizes and not growing with N; time growing
 at most linearly.
 
-    .venv/bin/python bench/staging.py [--rows 1000000] [--json bench/results/staging-X.json]
+With ``--engine spark`` the same data is also staged by the Spark engine in local mode
+(``local[*]``), in a child of its own, and its line is printed next to the worker engine's
+from the same run: rows/s, the driver's peak RSS (the Python process that drives Spark:
+what an Airflow worker holds) and the local JVM's peak RSS (``VmHWM``; in local mode the
+JVM is the executors too, so it is the cluster's memory, not the driver's). The Spark run
+must give the same version and token count as the worker's.
+
+    .venv/bin/python bench/staging.py [--rows 1000000] [--engine worker|spark] [--json F]
 """
 
 from __future__ import annotations
@@ -80,6 +87,35 @@ def stage(data: Path, root: Path) -> dict:
     }
 
 
+def stage_spark(data: Path, root: Path) -> dict:
+    """The Spark engine in local mode; the session is started before the clock (a warm pool)."""
+    importlib.import_module("great_expectations")
+
+    from trainer.storage import open_storage
+    from trainops.staging.spark.session import get_session, session_settings
+    from trainops.staging.spark.stage import stage_dataset_spark
+
+    spark = get_session(session_settings(conf={"spark.driver.memory": "2g"}, env={}))
+    spark.sparkContext.setLogLevel("ERROR")
+    uri = f"file://{root}"
+    started = time.perf_counter()
+    result = stage_dataset_spark(
+        open_storage(uri), uri, f"file://{data}", "bench", spark=spark, scratch_dir=str(root.parent)
+    )
+    seconds = time.perf_counter() - started
+    jvm = spark.sparkContext._gateway.proc.pid  # the local JVM py4j started
+    with open(f"/proc/{jvm}/status") as f:
+        hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    spark.stop()
+    return {
+        "seconds": seconds,
+        "rows": result["rows"],
+        "tokens": result["train_tokens"] + result["eval_tokens"],
+        "version": result["version"],
+        "jvm_peak_rss_mb": hwm / 1024,
+    }
+
+
 def gx_only(data: Path) -> dict:
     """The same batches through the same GX suite (the row expectations), nothing else."""
     importlib.import_module("great_expectations")
@@ -126,7 +162,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, default=1_000_000)
     p.add_argument("--json", help="also write the figures to this file")
-    p.add_argument("--child", choices=["generate", "stage", "gx"], help=argparse.SUPPRESS)
+    p.add_argument(
+        "--engine",
+        choices=["worker", "spark"],
+        default="worker",
+        help="spark: also stage on Spark (local mode) and print it beside the worker engine",
+    )
+    p.add_argument("--child", choices=["generate", "stage", "stage-spark", "gx"], help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
     p.add_argument("--root", help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -136,6 +178,9 @@ def main() -> None:
         return
     if a.child == "stage":
         print(json.dumps(stage(Path(a.data), Path(a.root))))
+        return
+    if a.child == "stage-spark":
+        print(json.dumps(stage_spark(Path(a.data), Path(a.root))))
         return
     if a.child == "gx":
         print(json.dumps(gx_only(Path(a.data))))
@@ -159,6 +204,31 @@ def main() -> None:
             staged, rss = run_child(
                 ["--child", "stage", "--data", str(data), "--root", str(root)], environ, tmp
             )
+            if a.engine == "spark":
+                # The worker engine's line is the baseline here; the GX-only one is skipped.
+                on_spark, spark_rss = run_child(
+                    ["--child", "stage-spark", "--data", str(data), "--root", str(tmp / f"spark-{rows}")],
+                    environ,
+                    tmp,
+                )
+                assert on_spark["rows"] == staged["rows"] == rows, (on_spark, staged)
+                assert on_spark["tokens"] == staged["tokens"], (on_spark, staged)
+                line = {
+                    "rows": rows,
+                    "parquet_mb": round(size_mb, 1),
+                    "tokens": staged["tokens"],
+                    "worker_seconds": round(staged["seconds"], 2),
+                    "worker_rows_per_s": round(rows / staged["seconds"]),
+                    "worker_peak_rss_mb": round(rss),
+                    "spark_seconds": round(on_spark["seconds"], 2),
+                    "spark_rows_per_s": round(rows / on_spark["seconds"]),
+                    "spark_driver_peak_rss_mb": round(spark_rss),
+                    "spark_jvm_peak_rss_mb": round(on_spark["jvm_peak_rss_mb"]),
+                }
+                figures["sizes"].append(line)
+                print(" ".join(f"{k}={v}" for k, v in line.items()), flush=True)
+                subprocess.run(["rm", "-rf", str(data), str(root), str(tmp / f"spark-{rows}")], check=True)
+                continue
             base, base_rss = run_child(["--child", "gx", "--data", str(data)], environ, tmp)
             assert staged["rows"] == base["rows"] == rows, (staged, base)
             line = {
@@ -179,6 +249,13 @@ def main() -> None:
             for folder in (data, root):
                 subprocess.run(["rm", "-rf", str(folder)], check=True)
     small, large = figures["sizes"]
+    if a.engine == "spark":
+        for key in ("worker_seconds", "worker_peak_rss_mb", "spark_seconds", "spark_driver_peak_rss_mb"):
+            figures[f"{key}_ratio_2n_over_n"] = round(large[key] / small[key], 2)
+        print(" ".join(f"{k}={v}" for k, v in figures.items() if k.endswith("_ratio_2n_over_n")))
+        if a.json:
+            Path(a.json).write_text(json.dumps(figures, indent=2) + "\n")
+        return
     figures["time_ratio_2n_over_n"] = round(large["seconds"] / small["seconds"], 2)
     figures["rss_ratio_2n_over_n"] = round(large["peak_rss_mb"] / small["peak_rss_mb"], 2)
     print(

@@ -1,7 +1,7 @@
 """Every DAG file parses without loading a heavy library into the DAG processor.
 
 The DAG processor parses every file again and again, in a process that has already imported
-Airflow: torch, great_expectations, kubernetes, boto3, pandas and pyarrow must stay out of it
+Airflow: torch, great_expectations, kubernetes, boto3, pandas, pyarrow and pyspark must stay out of it
 (each is seconds, or hundreds of MB). One fresh interpreter imports ``airflow.sdk`` and forks a
 child per DAG file, as the processor's parsing processes do, and reports what the file added.
 
@@ -21,7 +21,18 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 DAG_FILES = sorted((REPO / "dags").glob("*.py"))
-HEAVY = ("torch", "great_expectations", "kubernetes", "boto3", "botocore", "pandas", "pyarrow", "numpy")
+HEAVY = (
+    "torch",
+    "great_expectations",
+    "kubernetes",
+    "boto3",
+    "botocore",
+    "pandas",
+    "pyarrow",
+    "numpy",
+    "pyspark",
+    "py4j",
+)
 
 PROBE = rf"""
 import importlib.util, json, os, sys

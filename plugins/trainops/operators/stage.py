@@ -12,7 +12,13 @@ from trainops.operators.base import DEFAULT_IMAGE, ClusterJobOperator
 from trainops.operators.fail_fast import fail_fast
 from trainops.operators.job_options import check_renders
 from trainops.staging.assets import ASSET_ALIAS, asset_name, asset_uri, event_extra, is_runtime_name
-from trainops.staging.options import check_dataset_name, check_options, check_quarantine, check_tokenizer
+from trainops.staging.options import (
+    check_dataset_name,
+    check_engine,
+    check_options,
+    check_quarantine,
+    check_tokenizer,
+)
 from trainops.staging.reader import DEFAULT_BATCH_ROWS
 from trainops.staging.suite import check_suite_spec
 from trainops.staging.tokenize import DEFAULT_EVAL_PERCENT, DEFAULT_SHARD_TOKENS
@@ -99,6 +105,13 @@ class StageDatasetOperator(ClusterJobOperator):
         default_deferrable``, True when unset).
     :param poll_interval: seconds between polls of a staging job's state, a positive number.
     :param kubernetes_conn_id: Airflow connection for ``cluster='kubernetes'``.
+    :param engine: ``"worker"`` (default) or ``"spark"``: the same validation, version and
+        shards computed on Spark (the ``spark`` extra): local mode in this worker, or the
+        Spark Connect server of ``spark_remote`` / ``spark_conn_id`` / ``SPARK_REMOTE``. See "Staging on Spark" in ``docs/staging.md``.
+    :param spark_remote: a Spark Connect URL (``sc://host:15002``) for ``engine="spark"``.
+    :param spark_conn_id: an Airflow connection whose host and port name the Spark Connect
+        server (``spark_remote`` wins when both are set).
+    :param spark_conf: Spark settings for a local session (``{"spark.driver.memory": "4g"}``).
     """
 
     operator_extra_links = (ValidationReportLink(),)
@@ -127,8 +140,14 @@ class StageDatasetOperator(ClusterJobOperator):
         deferrable: bool | None = None,
         poll_interval: float = 5.0,
         kubernetes_conn_id: str | None = "kubernetes_default",
+        engine: str = "worker",
+        spark_remote: str | None = None,
+        spark_conn_id: str | None = None,
+        spark_conf: dict[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
+        self.engine = check_engine(engine, spark_remote=spark_remote)
+        self.spark_remote, self.spark_conn_id, self.spark_conf = spark_remote, spark_conn_id, spark_conf
         check_options(eval_percent=eval_percent, shard_tokens=shard_tokens, slice_columns=slice_columns)
         alias = is_runtime_name(dataset_name)
         if not alias:
@@ -188,6 +207,10 @@ class StageDatasetOperator(ClusterJobOperator):
         root = resolve_storage_root(self.storage_root)
         threshold = self.job_threshold_bytes
         try:
+            if self.engine == "spark":
+                from trainops.operators.stage_spark import stage_on_spark
+
+                return self._finish(context, stage_on_spark(self, root))
             if threshold is not None and (size := self._source_bytes()) > threshold:
                 self.log.info(
                     "source is %.1f MiB, over job_threshold_bytes (%.1f MiB): staging "

@@ -34,6 +34,24 @@ def ephemeral_context():
     return gx.get_context(mode="ephemeral", project_config=config)
 
 
+def add_suite(context, name: str, expectations: list[dict]):
+    """A GX suite of the row ``expectations`` (normalized dicts), added to ``context``;
+    ValueError naming the expectation whose kwargs GX refuses."""
+    import great_expectations as gx
+
+    suite = gx.ExpectationSuite(name=name)
+    for e in expectations:
+        cls = getattr(gx.expectations, ROW_EXPECTATIONS[e["type"]])
+        try:
+            suite.add_expectation(cls(**e["kwargs"]))
+        except Exception as exc:
+            detail = " ".join(str(exc).split())
+            raise ValueError(
+                f"expectation {e['type']} has invalid kwargs {e['kwargs']!r}: {detail}"
+            ) from None
+    return context.suites.add(suite)
+
+
 class GXBatchValidator:
     """One ephemeral GX context and suite, reused for every batch.
 
@@ -42,23 +60,11 @@ class GXBatchValidator:
     """
 
     def __init__(self, expectations: list[dict], *, complete: bool = False):
-        import great_expectations as gx
-
         context = ephemeral_context()
         name = f"trainops-{uuid.uuid4().hex[:8]}"
         asset = context.data_sources.add_pandas(name).add_dataframe_asset(name)
         self._batch_definition = asset.add_batch_definition_whole_dataframe(name)
-        suite = gx.ExpectationSuite(name=name)
-        for e in expectations:
-            cls = getattr(gx.expectations, ROW_EXPECTATIONS[e["type"]])
-            try:
-                suite.add_expectation(cls(**e["kwargs"]))
-            except Exception as exc:
-                detail = " ".join(str(exc).split())
-                raise ValueError(
-                    f"expectation {e['type']} has invalid kwargs {e['kwargs']!r}: {detail}"
-                ) from None
-        self._suite = context.suites.add(suite)
+        self._suite = add_suite(context, name, expectations)
         self._ids = [x.id for x in self._suite.expectations]
         self._complete = complete
 
@@ -84,7 +90,7 @@ class GXBatchValidator:
 
 def _batch_result(r, df, id_column: str, complete: bool) -> dict:
     out: dict[str, Any] = {"success": bool(r.success)}
-    err = _exception_message(r.exception_info)
+    err = exception_message(r.exception_info)
     if err:
         out["success"] = False
         out["error"] = err
@@ -94,7 +100,7 @@ def _batch_result(r, df, id_column: str, complete: bool) -> dict:
         if result.get(key) is not None:
             out[key] = int(result[key])
     if "observed_value" in result:
-        out["observed_value"] = _plain(result["observed_value"])
+        out["observed_value"] = plain(result["observed_value"])
     rows = [int(i) for i in result.get("partial_unexpected_index_list") or [] if _is_int(i)]
     if complete and result.get("unexpected_index_list") is not None:
         index = [int(i) for i in result["unexpected_index_list"] if _is_int(i)]
@@ -108,13 +114,13 @@ def _batch_result(r, df, id_column: str, complete: bool) -> dict:
     return out
 
 
-def _exception_message(info) -> str | None:
+def exception_message(info) -> str | None:
     if not isinstance(info, dict):
         return None
     if "raised_exception" in info:
         return info.get("exception_message") if info.get("raised_exception") else None
     for value in info.values():
-        msg = _exception_message(value)
+        msg = exception_message(value)
         if msg:
             return msg
     return None
@@ -127,14 +133,14 @@ def _is_int(value) -> bool:
         return False
 
 
-def _plain(value):
+def plain(value):
     """Make a GX observed value JSON-safe."""
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain(v) for k, v in value.items()}
     if hasattr(value, "item"):  # numpy scalars
-        return _plain(value.item())
+        return plain(value.item())
     return str(value)

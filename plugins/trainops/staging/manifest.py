@@ -26,8 +26,12 @@ def build_manifest(
     rows: dict,
     validation: dict,
     quarantine: dict | None = None,
+    engine: str | None = None,
 ) -> dict:
     """Assemble the manifest; ``splits`` maps each split to ``{"tokens", "shards"}``.
+
+    ``engine`` (``"worker"`` or ``"spark"``) records what computed it; it is not part of
+    the version, since either engine stages the same bytes.
 
     Shard paths are relative to the dataset version prefix. ``quarantine`` (the rows
     dropped, by reason, and the sample's path) is recorded only when quarantine was on.
@@ -66,6 +70,8 @@ def build_manifest(
     }
     if quarantine is not None:
         manifest["quarantine"] = dict(quarantine)
+    if engine is not None:
+        manifest["engine"] = engine
     return manifest
 
 

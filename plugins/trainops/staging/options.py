@@ -106,3 +106,23 @@ def check_tokenizer(tokenizer: str | dict | None) -> dict:
     if eos is not None and (not isinstance(eos, str) or not eos):
         raise ValueError(f"tokenizer eos_token must be a non-empty string, got {eos!r}")
     return {"kind": "huggingface", "uri": uri, "eos_token": eos}
+
+
+ENGINES = ("worker", "spark")
+
+
+def check_engine(engine: object, *, spark_remote: object = None) -> str:
+    """``"worker"`` (the default: one process in the worker or a staging job) or ``"spark"``;
+    ValueError naming the value otherwise, or for an option the chosen engine does not use."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {list(ENGINES)}, got {engine!r}")
+    if spark_remote is not None:
+        if engine != "spark":
+            raise ValueError(
+                f"spark_remote {spark_remote!r} is only used with engine='spark', got {engine!r}"
+            )
+        if not isinstance(spark_remote, str) or not spark_remote.startswith("sc://"):
+            raise ValueError(
+                f"spark_remote must be a Spark Connect URL such as 'sc://spark-connect:15002', got {spark_remote!r}"
+            )
+    return engine

@@ -13,6 +13,24 @@ from trainops.staging.tokenize import ShardPacker, eval_mask, index_line
 SPLITS = ("train", "eval")
 
 
+def null_problem(row: int, column: str) -> str:
+    """Why row ``row`` cannot be staged: its ``column`` (the id or the text) is null."""
+    return (
+        f"row {row} has a null {column!r}, which staging cannot split or "
+        f"tokenize: add expect_column_values_to_not_be_null for {column!r} to the "
+        "expectations, quarantine such rows, or clean the data"
+    )
+
+
+def too_long_problem(record_id: str, row: int, tokens: int, shard_tokens: int) -> str:
+    """Why a record cannot be staged: it has more tokens than a shard holds."""
+    return (
+        f"record {record_id!r} (row {row}) has {tokens} tokens, more than "
+        f"a shard holds (shard_tokens={shard_tokens}): raise shard_tokens, cap the "
+        f"text with expect_column_value_lengths_to_be_between, or quarantine such rows"
+    )
+
+
 class Packer:
     """Splits records by a hash of their id and appends their tokens to the split's shards.
 
@@ -58,11 +76,7 @@ class Packer:
             for i in np.flatnonzero(null):
                 column = self.id_column if ids[int(i)].as_py() is None else self.text_column
                 skipped[int(rows[i])] = f"null {column!r}"
-                self._first_problem(
-                    f"row {int(rows[i])} has a null {column!r}, which staging cannot split or "
-                    f"tokenize: add expect_column_values_to_not_be_null for {column!r} to the "
-                    "expectations, quarantine such rows, or clean the data"
-                )
+                self._first_problem(null_problem(int(rows[i]), column))
             keep = ~null
             batch, rows = batch.filter(keep), rows[keep]
             ids = batch.column(batch.schema.get_field_index(self.id_column))
@@ -74,11 +88,7 @@ class Packer:
         too_long = np.flatnonzero(lengths > self.shard_tokens)
         for i in too_long:
             skipped[int(rows[i])] = f"{int(lengths[i])} tokens > shard_tokens {self.shard_tokens}"
-            self._first_problem(
-                f"record {ids[i]!r} (row {int(rows[i])}) has {int(lengths[i])} tokens, more than "
-                f"a shard holds (shard_tokens={self.shard_tokens}): raise shard_tokens, cap the "
-                f"text with expect_column_value_lengths_to_be_between, or quarantine such rows"
-            )
+            self._first_problem(too_long_problem(ids[i], int(rows[i]), int(lengths[i]), self.shard_tokens))
         self._pack(batch, ids, tokens, lengths, set(too_long.tolist()))
         return skipped
 
@@ -111,7 +121,7 @@ class Packer:
         }
         lines = []
         for n, i in enumerate(picked):
-            values = {c: _json_value(slices[c][n]) for c in self.slice_columns}
+            values = {c: json_value(slices[c][n]) for c in self.slice_columns}
             end = int(ends[n])
             lines.append(index_line(ids[i], values, end - int(lengths[i]), end))
         self._index.write("".join(lines))
@@ -172,7 +182,7 @@ def pack_batches(
     return result
 
 
-def _json_value(value):
+def json_value(value):
     if isinstance(value, (_dt.datetime, _dt.date)):
         return value.isoformat()
     if value is None or isinstance(value, (str, int, float, bool)):

@@ -62,17 +62,7 @@ def run_pass(
     if empty:
         log.info("skipping %d empty objects (0 bytes, no rows), first %s", len(empty), empty[0].uri)
         objects = [o for o in objects if o.size > 0]
-    drift = SchemaDrift(id_column)
-    # Local files cost nothing to inspect: find a bad or drifting schema before reading any rows.
-    problems = []
-    for obj in objects:
-        if obj.uri.startswith("file://"):
-            with local_copy(source_storage, obj, scratch) as path:
-                schema = read_schema(path, obj, string_columns=string_columns)
-            check_schema(obj.uri, schema, **columns)
-            problems += drift.add(obj.uri, schema)
-    if problems:
-        raise drift_error(problems)
+    drift = check_local_schemas(source_storage, objects, scratch, string_columns=string_columns, **columns)
     validator = DatasetValidator(
         suite,
         id_column=id_column,
@@ -118,6 +108,35 @@ def run_pass(
         "quarantine": qsum,
         "problem": packer.problem if qlog is None else None,
     }
+
+
+def check_local_schemas(
+    source_storage,
+    objects,
+    scratch: str,
+    *,
+    string_columns: list[str],
+    id_column: str,
+    text_column: str,
+    slice_columns: list[str],
+) -> SchemaDrift:
+    """Check every ``file://`` object's schema (footer or first block) before any row is read;
+    return the drift tracker with their types, for the objects still to come.
+
+    Local files cost nothing to inspect: a bad or drifting schema is found up front."""
+    drift = SchemaDrift(id_column)
+    problems = []
+    for obj in objects:
+        if obj.uri.startswith("file://"):
+            with local_copy(source_storage, obj, scratch) as path:
+                schema = read_schema(path, obj, string_columns=string_columns)
+            check_schema(
+                obj.uri, schema, id_column=id_column, text_column=text_column, slice_columns=slice_columns
+            )
+            problems += drift.add(obj.uri, schema)
+    if problems:
+        raise drift_error(problems)
+    return drift
 
 
 def _mask(rows, chosen):

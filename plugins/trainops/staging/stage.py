@@ -30,12 +30,11 @@ from trainer.contract import MANIFEST_NAME, dataset_prefix, join, safe_segment
 from trainer.storage import NotFound, PreconditionFailed
 from trainops.staging.errors import DataValidationError, QuarantineExceeded, StagingError
 from trainops.staging.manifest import VALIDATION_NAME, build_manifest
-from trainops.staging.options import check_dataset_name, check_options, check_quarantine, check_tokenizer
+from trainops.staging.options import check_options
 from trainops.staging.quarantine import SAMPLE_PATH, over_limit
-from trainops.staging.reader import DEFAULT_BATCH_ROWS, check_not_empty_parquet, list_source_objects
-from trainops.staging.tokenize import DEFAULT_EVAL_PERCENT, DEFAULT_SHARD_TOKENS, split_rule
+from trainops.staging.reader import DEFAULT_BATCH_ROWS
+from trainops.staging.tokenize import DEFAULT_EVAL_PERCENT, DEFAULT_SHARD_TOKENS
 from trainops.staging.validation import describe_failures
-from trainops.staging.version import dataset_version, version_inputs
 
 
 class TaskLog(Protocol):
@@ -89,45 +88,36 @@ def stage_dataset(
     unreadable files, no rows), :class:`SourceNotFound` when ``source_uri`` names nothing
     and :class:`SourceUnreachable` when its store does not answer.
     """
-    from trainops.staging.encoders import load_tokenizer
-    from trainops.staging.reach import check_reachable
-    from trainops.staging.suite import resolve_suite
+    from trainops.staging.plan import plan_stage
 
     log = log or _log
     source_storage = source_storage or storage
-    if open_storage is None:
-        from trainer.storage import open_storage
-    slice_columns = list(slice_columns)
-    check_options(eval_percent=eval_percent, shard_tokens=shard_tokens, slice_columns=slice_columns)
-    quarantine = check_quarantine(quarantine)
-    tokenizer_spec = check_tokenizer(tokenizer)
-    check_dataset_name(name)
-    check_reachable(source_storage, source_uri)
-    check_reachable(storage, root)
-    suite = resolve_suite(expectations, open_storage=open_storage)
-    tok = load_tokenizer(tokenizer_spec, open_storage)
-    rule = split_rule(eval_percent)
-
-    objects = list_source_objects(source_storage, source_uri)
-    check_not_empty_parquet(objects)  # before a version is named or reused
-    identities = [o.identity() for o in objects]
-    version = dataset_version(
-        version_inputs(
-            identities,
-            expectations=suite,
-            tokenizer=tok.config,
-            split_rule=rule,
-            shard_tokens=shard_tokens,
-            slice_columns=slice_columns,
-            quarantine=quarantine,
-        )
+    plan = plan_stage(
+        storage,
+        root,
+        source_uri,
+        name,
+        source_storage=source_storage,
+        expectations=expectations,
+        eval_percent=eval_percent,
+        slice_columns=slice_columns,
+        shard_tokens=shard_tokens,
+        tokenizer=tokenizer,
+        quarantine=quarantine,
+        open_storage=open_storage,
     )
-    prefix = dataset_prefix(root, name, version)
-    manifest_uri = join(prefix, MANIFEST_NAME)
-    existing = _read_manifest(storage, manifest_uri)
+    suite, tok, rule, quarantine = plan.suite, plan.tokenizer, plan.split_rule, plan.quarantine
+    slice_columns, objects, identities, version = (
+        plan.slice_columns,
+        plan.objects,
+        plan.identities,
+        plan.version,
+    )
+    prefix, manifest_uri = plan.prefix, plan.manifest_uri
+    existing = read_manifest(storage, manifest_uri)
     if existing is not None:
         log.info("dataset %s version %s already staged at %s; reusing it", name, version, prefix)
-        return _result(existing, prefix, manifest_uri, reused=True)
+        return stage_result(existing, prefix, manifest_uri, reused=True)
 
     from trainops.staging.single_pass import run_pass
 
@@ -151,29 +141,15 @@ def stage_dataset(
         )
         summary, packed, qsum = done["summary"], done["packed"], done["quarantine"]
         sample = os.path.join(out_dir, SAMPLE_PATH) if qsum and qsum["sample"] else None
-        failure = _failure(source_uri, summary, qsum)
+        failure = failure_of(source_uri, summary, qsum)
         if failure is not None:
             error, message = failure
             summary["success"] = False
-            report = _write_report(storage, prefix, summary, sample, log)
+            report = write_report(storage, prefix, summary, sample, log)
             raise error(f"{message}. Full report: {report}" if report else message, summary, report)
         if done["problem"]:
             raise StagingError(done["problem"])
-        if packed["rows"]["total"] == 0:
-            raise StagingError(f"source {source_uri!r} has no rows: point it at non-empty data")
-        if packed["splits"]["train"]["tokens"] == 0:
-            raise StagingError(
-                f"source {source_uri!r} put all {packed['rows']['total']} records in the eval "
-                f"split, so there is nothing to train on: lower eval_percent ({eval_percent}) "
-                "or add data"
-            )
-        if packed["rows"]["eval"] == 0:
-            log.warning(
-                "dataset %s has no eval records (eval_percent=%s, %s rows)",
-                name,
-                eval_percent,
-                packed["rows"]["total"],
-            )
+        check_packed(source_uri, name, packed, eval_percent, log)
         manifest = build_manifest(
             name=name,
             version=version,
@@ -189,14 +165,34 @@ def stage_dataset(
             rows=packed["rows"],
             validation=summary,
             quarantine=qsum,
+            engine="worker",
         )
         files = packed["files"] + ([SAMPLE_PATH] if sample else [])
         committed = _publish(storage, root, name, version, out_dir, files, manifest, summary, log)
     reused = committed is not manifest
-    return _result(committed, prefix, manifest_uri, reused=reused)
+    return stage_result(committed, prefix, manifest_uri, reused=reused)
 
 
-def _failure(source_uri: str, summary: dict, qsum: dict | None) -> tuple[type, str] | None:
+def check_packed(source_uri: str, name: str, packed: dict, eval_percent: int, log: TaskLog) -> None:
+    """Refuse packed data with no rows or nothing to train on; warn when eval is empty."""
+    if packed["rows"]["total"] == 0:
+        raise StagingError(f"source {source_uri!r} has no rows: point it at non-empty data")
+    if packed["splits"]["train"]["tokens"] == 0:
+        raise StagingError(
+            f"source {source_uri!r} put all {packed['rows']['total']} records in the eval "
+            f"split, so there is nothing to train on: lower eval_percent ({eval_percent}) "
+            "or add data"
+        )
+    if packed["rows"]["eval"] == 0:
+        log.warning(
+            "dataset %s has no eval records (eval_percent=%s, %s rows)",
+            name,
+            eval_percent,
+            packed["rows"]["total"],
+        )
+
+
+def failure_of(source_uri: str, summary: dict, qsum: dict | None) -> tuple[type, str] | None:
     """``(error class, message)`` when the data may not be staged, else None (pure)."""
     if not summary["success"]:
         return DataValidationError, describe_failures(source_uri, summary)
@@ -217,7 +213,7 @@ def _failure(source_uri: str, summary: dict, qsum: dict | None) -> tuple[type, s
     return None
 
 
-def _write_report(storage, prefix: str, summary: dict, sample: str | None, log: TaskLog) -> str | None:
+def write_report(storage, prefix: str, summary: dict, sample: str | None, log: TaskLog) -> str | None:
     """Keep a failed validation's report where the version would be; no manifest beside it."""
     uri = join(prefix, VALIDATION_NAME)
     try:
@@ -241,13 +237,38 @@ def _publish(
     summary: dict,
     log: TaskLog,
 ) -> dict:
-    """Upload, copy into place, commit the manifest; return the manifest that won."""
-    prefix = dataset_prefix(root, name, version)
-    staging = join(root, "datasets", safe_segment(name), f"_staging-{version}-{uuid.uuid4().hex}")
+    """Upload the local files to a temporary prefix, then :func:`commit_version`."""
+    staging = staging_prefix(root, name, version)
     try:
         for rel in files:
             # move: on the same filesystem a rename, not a copy; either way it frees scratch
             storage.upload_file(os.path.join(out_dir, rel), join(staging, rel), move=True)
+    except BaseException:
+        drop_prefix(storage, staging, log)
+        raise
+    return commit_version(storage, root, name, version, staging, files, manifest, summary, log)
+
+
+def staging_prefix(root: str, name: str, version: str) -> str:
+    """A fresh temporary prefix for one attempt's files: ``datasets/<name>/_staging-<version>-<uuid>``."""
+    return join(root, "datasets", safe_segment(name), f"_staging-{version}-{uuid.uuid4().hex}")
+
+
+def commit_version(
+    storage,
+    root: str,
+    name: str,
+    version: str,
+    staging: str,
+    files: list[str],
+    manifest: dict,
+    summary: dict,
+    log: TaskLog,
+) -> dict:
+    """Copy ``files`` from ``staging`` into the version prefix, write ``validation.json`` and
+    the manifest last (If-None-Match); delete ``staging``; return the manifest that won."""
+    prefix = dataset_prefix(root, name, version)
+    try:
         # Copy only once every upload has landed, so the version prefix never holds
         # a mix of this attempt's files and a half-finished upload.
         for rel in files:
@@ -262,20 +283,25 @@ def _publish(
         log.info("committed dataset %s version %s at %s", name, version, prefix)
         return manifest
     finally:
-        try:
-            storage.delete_prefix(staging)
-        except Exception as exc:  # leftover temp files are harmless; the commit stands
-            log.warning("could not delete temporary prefix %s: %s", staging, exc)
+        drop_prefix(storage, staging, log)
 
 
-def _read_manifest(storage, uri: str) -> dict | None:
+def drop_prefix(storage, staging: str, log: TaskLog) -> None:
+    """Delete an attempt's temporary prefix; a failure to is only logged."""
+    try:
+        storage.delete_prefix(staging)
+    except Exception as exc:  # leftover temp files are harmless; the commit stands
+        log.warning("could not delete temporary prefix %s: %s", staging, exc)
+
+
+def read_manifest(storage, uri: str) -> dict | None:
     try:
         return storage.get_json(uri)
     except NotFound:
         return None
 
 
-def _result(manifest: dict, prefix: str, manifest_uri: str, *, reused: bool) -> dict:
+def stage_result(manifest: dict, prefix: str, manifest_uri: str, *, reused: bool) -> dict:
     return {
         "dataset_name": manifest["name"],
         "version": manifest["version"],

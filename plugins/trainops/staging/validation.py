@@ -83,7 +83,7 @@ class DatasetValidator:
             self._gx: GXBatchValidator | None = GXBatchValidator(self.row_exps, complete=quarantine)
         else:
             self._gx = None
-        self._row_state = [_RowResult() for _ in self.row_exps]
+        self._row_state = [RowResult() for _ in self.row_exps]
         self._dataset_checks: list[UniqueCheck | NullProportionCheck | RowCountCheck] = []
         for n, e in enumerate(e for e in expectations if e["type"] not in ROW_EXPECTATIONS):
             check: UniqueCheck | NullProportionCheck | RowCountCheck
@@ -133,22 +133,31 @@ class DatasetValidator:
             if i in self._missing:
                 res = {"success": False, "unexpected_count": None, "error": self._missing[i]}
             entries.append((check.expectation, res))
-        order = {id(e): n for n, e in enumerate(self.expectations)}
-        entries.sort(key=lambda item: order[id(item[0])])
-        results = [_entry(e, res) for e, res in entries]
-        failed = [
-            {k: v for k, v in r.items() if k not in ("success", "quarantined")}
-            for r in results
-            if not r["success"]
-        ]
-        return {
-            "success": not failed,
-            "evaluated_expectations": len(self.expectations),
-            "successful_expectations": len(self.expectations) - len(failed),
-            "failed": failed,
-            "results": results,
-            "rows": self.rows,
-        }
+        return summarize(self.expectations, entries, self.rows)
+
+
+def summarize(expectations: list[dict], entries: list[tuple[dict, dict]], rows: int) -> dict:
+    """The summary (``validation.json``) from ``(expectation, result)`` pairs, in suite order.
+
+    Both engines end here: the in-worker validator and the Spark one compute the results
+    their own way and report them in one shape.
+    """
+    order = {id(e): n for n, e in enumerate(expectations)}
+    entries = sorted(entries, key=lambda item: order[id(item[0])])
+    results = [_entry(e, res) for e, res in entries]
+    failed = [
+        {k: v for k, v in r.items() if k not in ("success", "quarantined")}
+        for r in results
+        if not r["success"]
+    ]
+    return {
+        "success": not failed,
+        "evaluated_expectations": len(expectations),
+        "successful_expectations": len(expectations) - len(failed),
+        "failed": failed,
+        "results": results,
+        "rows": rows,
+    }
 
 
 def _entry(expectation: dict, res: dict) -> dict:
@@ -167,7 +176,7 @@ def _entry(expectation: dict, res: dict) -> dict:
     return out
 
 
-class _RowResult:
+class RowResult:
     """Sums one row expectation's per-batch GX results into a dataset result."""
 
     def __init__(self):

@@ -107,6 +107,9 @@ def test_missing_source_is_named_and_may_be_retried(file_root, tmp_path):
         ),
         ({"poll_interval": -1}, "poll_interval must be a positive number of seconds, got -1"),
         ({"job_options": {"memory": "-4Gi"}}, "JobSpec memory '-4Gi' is not a positive Kubernetes quantity"),
+        ({"engine": "dask"}, r"engine must be one of \['worker', 'spark'\], got 'dask'"),
+        ({"spark_remote": "sc://x:15002"}, "spark_remote 'sc://x:15002' is only used with engine='spark'"),
+        ({"engine": "spark", "spark_remote": "x:15002"}, "must be a Spark Connect URL such as 'sc://"),
     ],
 )
 def test_init_rejects_bad_arguments_without_io(kwargs, message):

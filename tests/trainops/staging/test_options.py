@@ -171,3 +171,16 @@ def test_a_dataset_name_that_is_not_one_folder_is_refused(name, message):
     with pytest.raises(ValueError) as err:
         check_dataset_name(name)
     assert str(err.value) == message
+
+
+def test_engine_is_worker_or_spark_and_spark_remote_needs_spark():
+    from trainops.staging.options import check_engine
+
+    assert check_engine("worker") == "worker"
+    assert check_engine("spark", spark_remote="sc://connect:15002") == "spark"
+    with pytest.raises(ValueError, match=r"engine must be one of \['worker', 'spark'\], got 'Spark'"):
+        check_engine("Spark")
+    with pytest.raises(ValueError, match="must be a Spark Connect URL such as 'sc://"):
+        check_engine("spark", spark_remote="localhost:15002")
+    with pytest.raises(ValueError, match="spark_remote 'sc://c:1' is only used with engine='spark'"):
+        check_engine("worker", spark_remote="sc://c:1")
