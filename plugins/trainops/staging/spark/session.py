@@ -22,7 +22,14 @@ LOCAL_CONF: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.execution.arrow.maxRecordsPerBatch": "8192",
     "spark.sql.adaptive.enabled": "true",
+    # local mode runs its executors in this process: nothing need listen beyond loopback
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.driver.host": "127.0.0.1",
 }
+# What a Spark Connect client may set on its own session: the SQL settings above (the UI is
+# the server's). The UTC time zone matters most: a timestamp slice column is written as text
+# in the eval index, so a server in another zone would stage other bytes and another version.
+CONNECT_CONF: dict[str, str] = {k: v for k, v in LOCAL_CONF.items() if k.startswith("spark.sql.")}
 
 
 def session_settings(
@@ -50,7 +57,7 @@ def session_settings(
         )
     extra = {str(k): str(v) for k, v in (conf or {}).items()}
     if remote:
-        return {"mode": "connect", "url": remote, "conf": extra}
+        return {"mode": "connect", "url": remote, "conf": {**CONNECT_CONF, **extra}}
     return {"mode": "local", "url": spark_master or DEFAULT_MASTER, "conf": {**LOCAL_CONF, **extra}}
 
 

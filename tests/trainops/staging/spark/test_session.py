@@ -18,11 +18,11 @@ def test_local_mode_is_the_default_and_keeps_the_ui_off():
 
 
 def test_spark_remote_or_the_environment_names_a_connect_server():
-    assert session_settings(env={"SPARK_REMOTE": "sc://env:15002"}) == {
-        "mode": "connect",
-        "url": "sc://env:15002",
-        "conf": {},
-    }
+    connect = session_settings(env={"SPARK_REMOTE": "sc://env:15002"})
+    assert (connect["mode"], connect["url"]) == ("connect", "sc://env:15002")
+    # the session's own SQL settings travel (UTC above all), the server's static ones do not
+    assert connect["conf"]["spark.sql.session.timeZone"] == "UTC"
+    assert "spark.ui.enabled" not in connect["conf"]
     chosen = session_settings(spark_remote="sc://arg:15002", env={"SPARK_REMOTE": "sc://env:15002"})
     assert chosen["url"] == "sc://arg:15002"
 
