@@ -160,12 +160,14 @@ def test_home_to_run_to_model_card_and_back_to_the_airflow_run(demo_env, api_ser
     assert str(dagrun.state).endswith("success"), results
     run_id, job_uri = dagrun.run_id, results["train"]["run_uri"] + "/job.json"
 
-    # The task log names the report at the start of train, and the home page at the start of
-    # every task with a report (stage, train, evaluate, gate, promote).
+    # The task log names the report at the start of train and gate, and the home page at the
+    # start of every task with a report (stage, train, evaluate, gate, promote).
     logged = "".join(capfd.readouterr())
     assert f"trainops Training report: {report_url(job_uri, '')}" in logged
+    gate_uri = results["train"]["run_uri"] + "/eval/gate.json"
+    assert f"trainops Gate decision: {report_url(gate_uri, '')}" in logged
     assert logged.count("trainops home (runs, models, datasets): /trainops/") >= 5
-    assert "trainops Gate decision: on this task's 'Gate decision' link once it is written" in logged
+    assert "trainops Model card: on this task's 'Model card' link once it is written" in logged
 
     base, server = api_server
     _wait_for(f"{base}/api/v2/monitor/health", server)
