@@ -41,10 +41,9 @@ from trainops.reports.html import (
     page,
     pretty_json,
     redact,
-    scalar,
     verdict,
 )
-from trainops.reports.pages import render_report
+from trainops.reports.pages import CHECK_COLUMNS, check_cells, render_report
 
 __all__ = ["CARD_CSS", "card_report", "default_linkable", "render_card_page"]
 
@@ -171,21 +170,11 @@ def _gate(card: Mapping, linkable: Linkable) -> str:
     else:
         rows = "".join(
             ('<tr class="failed">' if c.get("passed") is False else "<tr>")
-            + "".join(
-                f"<td>{cell}</td>"
-                for cell in (
-                    escape(c.get("name", "?")),
-                    scalar(c.get("metric")),
-                    scalar(c.get("observed")),
-                    scalar(c.get("expected")),
-                    verdict(c.get("passed")),
-                    scalar(c.get("note") or ""),
-                )
-            )
+            + "".join(f"<td>{cell}</td>" for cell in check_cells(c))
             + "</tr>"
             for c in sorted(checks, key=lambda c: c.get("passed") is not False)
         )
-        head = "".join(f"<th>{h}</th>" for h in ("Check", "Metric", "Observed", "Expected", "Result", "Note"))
+        head = "".join(f"<th>{h}</th>" for h in CHECK_COLUMNS)
         out.append(f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
     for regate in dicts(gate.get("regates")):
         out.append(

@@ -8,6 +8,8 @@ The training run page (a run's ``job.json``) is :mod:`trainops.reports.run_page`
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from typing import Any
 
 from trainer.contract import MANIFEST_FORMAT
 from trainops.registry.promotion import CARD_FORMAT
@@ -175,6 +177,22 @@ def _validation(uri: str, report: dict) -> str:
     return "".join(body)
 
 
+# The gate checks' table: the gate decision's page and the model card's draw the same columns.
+CHECK_COLUMNS = ("Check", "Metric", "Observed", "Expected", "Result", "Note")
+
+
+def check_cells(check: Mapping[str, Any]) -> list[str]:
+    """One gate check's cells, escaped, in :data:`CHECK_COLUMNS`' order."""
+    return [
+        escape(check.get("name", "?")),
+        scalar(check.get("metric")),
+        scalar(check.get("observed")),
+        scalar(check.get("expected")),
+        verdict(check.get("passed")),
+        scalar(check.get("note") or ""),
+    ]
+
+
 def _gate(report: dict) -> str:
     version = report.get("production_version")
     summary = {
@@ -188,20 +206,7 @@ def _gate(report: dict) -> str:
         f"<tr><th>{escape(k)}</th><td>{scalar(v)}</td></tr>" for k, v in summary.items() if v is not None
     )
     checks = dicts(report.get("checks"))
-    checks_table = table(
-        ["Check", "Metric", "Observed", "Expected", "Result", "Note"],
-        [
-            [
-                escape(c.get("name", "?")),
-                scalar(c.get("metric")),
-                scalar(c.get("observed")),
-                scalar(c.get("expected")),
-                verdict(c.get("passed")),
-                scalar(c.get("note") or ""),
-            ]
-            for c in checks
-        ],
-    )
+    checks_table = table(list(CHECK_COLUMNS), [check_cells(c) for c in checks])
     known = {"approved", "checks", "production_version", "model_name", "run_uri", "decided_at", "metrics_uri"}
     return (
         f"<p>Gate {verdict(report.get('approved'), 'APPROVED', 'REJECTED')}</p>"
