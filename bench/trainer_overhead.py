@@ -17,7 +17,10 @@ which another load on the machine disturbs much less than wall time. Each loop t
 ``--steps / 4`` steps, and the difference of the two runs' CPU time is divided by the
 difference of their steps, so the setup (imports, model build) cancels.
 
-    .venv/bin/python bench/trainer_overhead.py [--rounds 3] [--steps 40] [--cpu]
+The probe's pick depends on the machine's speed (and its load): ``--micro-batch`` fixes it, so
+that runs on different days compare. A fixed cost per step weighs more at a smaller one.
+
+    .venv/bin/python bench/trainer_overhead.py [--rounds 3] [--steps 40] [--cpu] [--micro-batch 32]
 """
 
 from __future__ import annotations
@@ -133,6 +136,12 @@ def main() -> None:
     p.add_argument("--preset", default="tiny")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--min-step-s", type=float, default=0.1)
+    p.add_argument(
+        "--micro-batch",
+        type=int,
+        default=0,
+        help="use this micro-batch instead of probing for one (compare runs on one footing)",
+    )
     p.add_argument("--cpu", action="store_true", help="also the CPU time per step (two more runs each round)")
     a = p.parse_args()
     if a.cpu and a.steps < 40:
@@ -142,8 +151,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         data_uri = write_random_dataset(tmp / "data")
-        micro = 4
-        while True:  # the smallest power-of-two micro-batch whose step takes >= min_step_s
+        micro = a.micro_batch or 4
+        while not a.micro_batch:  # the smallest power-of-two micro-batch whose step takes >= min_step_s
             probe = write_config(tmp, data_uri, a.preset, 12, micro, a.seq_len, f"probe{micro}")
             step = baseline(tmp, probe, f"probe{micro}")[0]
             print(

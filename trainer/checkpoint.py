@@ -215,10 +215,7 @@ class Checkpointer:
         self.meta, self.on_commit = dict(meta or {}), on_commit
         self.local_root = local_root(run_uri, rank)
         self.last_committed: int | None = None
-        # Background saves run collectives while the loop runs its own: never on the training
-        # group (collectives on one group must be issued in the same order by every rank). A
-        # collective call: every rank constructs its Checkpointer at the same point.
-        self.group = dist.new_group(backend="gloo")
+        self._group: dist.ProcessGroup | None = None  # made on first use (:attr:`group`)
         self._thread: threading.Thread | None = None
         self._in_flight_step: int | None = None
         self._error: BaseException | None = None
@@ -230,6 +227,21 @@ class Checkpointer:
         self._warned_back_pressure = False
         self.worst_blocked: Blocked | None = None  # the longest any async save held the loop
         self.waits = 0  # async saves that had to wait for the previous one
+
+    @property
+    def group(self) -> dist.ProcessGroup:
+        """The gloo group of the saves and loads, made the first time a save or load needs it.
+
+        Background saves run collectives while the loop runs its own: never on the training
+        group (collectives on one group must be issued in the same order by every rank). Making
+        it is a collective too: every rank first reaches it at the same point (the first save or
+        load, all ranks alike, always on the loop's thread). Not at construction, because an
+        idle gloo group still costs a thread that wakes every 10 ms: a run that never saves
+        before its end pays nothing for it while it trains.
+        """
+        if self._group is None:
+            self._group = dist.new_group(backend="gloo")
+        return self._group
 
     def _marker_meta(self) -> dict[str, Any]:
         train_state = self.per_rank.get("train_state")

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -413,7 +413,14 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
 def host_group() -> dist.ProcessGroup:
     """A gloo group of all ranks for small agreements on the host (the stop flag): its
     collectives run in gloo's threads on CPU tensors, so waiting for one never waits for the
-    device, and they never queue behind the training group's (NCCL on GPUs)."""
+    device, and they never queue behind the training group's (NCCL on GPUs).
+
+    When the training group is gloo itself (CPU), it is that group: gloo runs its collectives
+    in its own threads already, in the order every rank issued them. A second gloo group would
+    only add a thread that wakes 100 times a second (gloo's TCP loop polls every 10 ms), which
+    on a small CPU host preempts the training threads for nothing."""
+    if dist.get_backend() == "gloo":
+        return cast(dist.ProcessGroup, dist.group.WORLD)
     group = dist.new_group(backend="gloo")
     if group is None:  # only a rank outside the group gets None; every rank is in this one
         raise RuntimeError("dist.new_group returned no group for this rank")

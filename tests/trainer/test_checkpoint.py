@@ -1,5 +1,6 @@
 """A real save / commit / verify / load round trip on file:// (a world of one, in process)."""
 
+import gc
 import hashlib
 import json
 import logging
@@ -115,6 +116,30 @@ def test_no_checkpoint_means_a_fresh_start(world_of_one, tmp_path):
     ckpt, state = checkpointer(open_storage(run_uri), run_uri, model, optimizer, keep=1)
     assert ckpt.load_latest() is None
     assert (state.step, state.cursor) == (0, 0)
+
+
+def gloo_loops() -> int:
+    """gloo's TCP loop threads in this process: one per gloo group alive (collected first: the
+    groups of earlier tests' checkpointers end with them)."""
+    gc.collect()
+    names = (task / "comm" for task in Path("/proc/self/task").iterdir())
+    return sum(1 for name in names if name.exists() and name.read_text().strip() == "gloo_tcp_loop")
+
+
+def test_a_checkpointer_adds_no_thread_until_it_first_saves(world_of_one, tmp_path):
+    """Its gloo group's TCP loop wakes every 10 ms even when idle, preempting the training
+    threads of a small CPU host: a run that does not save while it trains must not pay for it."""
+    run_uri = (tmp_path / "run").as_uri()
+    model, optimizer = fresh(0)
+    before = gloo_loops()
+    ckpt, state = checkpointer(open_storage(run_uri), run_uri, model, optimizer, keep=1)
+    assert ckpt.load_latest() is None  # nothing committed: nothing for the ranks to agree on
+    assert gloo_loops() == before
+    advance(state, 5, 40)
+    ckpt.save(5)
+    assert gloo_loops() == before + 1  # the group now exists, and the save went through it
+    loader, loaded = checkpointer(open_storage(run_uri), run_uri, *fresh(1), keep=1)
+    assert (loader.load_latest(), loaded.cursor) == (5, 40)
 
 
 def snapshot(model):
