@@ -25,12 +25,34 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
+from trainer.storage.retry import backoff_delay
 from trainops.gate.verdict import fit_note
 from trainops.operators.base import task_identity
 
-__all__ = ["DEFAULT_API_CONN_ID", "combined_note", "write_notes"]
+__all__ = [
+    "DEFAULT_API_CONN_ID",
+    "NOTE_BUDGET_S",
+    "TRANSIENT_STATUSES",
+    "combined_note",
+    "retry_wait",
+    "write_notes",
+]
 
 DEFAULT_API_CONN_ID = "trainops_airflow_api"
+
+# The whole note write through the API (the token, the run's note, the task's note, and every
+# retry of each) gives up after about this long: a note is where a person looks first, never
+# worth holding a worker. A rollout that outlasts it leaves the note in the task's log.
+NOTE_BUDGET_S = 30.0
+# Statuses that mean "not now" (throttled; a load balancer with no healthy API server behind
+# it, or one that timed out waiting for it): retried. Every other status >= 400 is final: bad
+# credentials, no permission, an unknown run, a bad request, and a 500 (a bug retrying won't fix).
+TRANSIENT_STATUSES = frozenset({429, 502, 503, 504})
+REQUEST_TIMEOUT_S = 10.0  # each of one request's connect, write and read timeouts, cut to what is left
+FIRST_DELAY_S = 0.5  # a lost reply or a reset is usually cured by a quick retry
+MAX_DELAY_S = 8.0
+RETRY_AFTER_CAP_S = 10.0  # a longer Retry-After is not waited out in full
+MIN_TRY_S = 1.0  # no retry is started with less than this left of the budget
 
 
 def combined_note(existing: str | None, ours: str) -> str:
@@ -154,3 +176,52 @@ def _check(reply: Any, what: str) -> None:
     if reply.status_code >= 400:
         # The body says why (permission, unknown run); it never holds our credentials.
         raise RuntimeError(f"{what} answered {reply.status_code}: {reply.text[:200]}")
+
+
+def retry_wait(
+    status: int | None,
+    fault: str | None,
+    *,
+    retry: int,
+    retry_after: str | None = None,
+    draw: float = 0.5,
+    left_s: float = NOTE_BUDGET_S,
+) -> float | None:
+    """Seconds to wait before retry number ``retry`` (1, 2, ...) of a request that answered
+    ``status``, or failed without a reply (``fault``: ``"timeout"`` or ``"connection"``); None
+    when it must not be retried: the failure is permanent (any status but
+    :data:`TRANSIENT_STATUSES`), or waiting would leave less than :data:`MIN_TRY_S` of the
+    ``left_s`` seconds the note write has left.
+
+    The wait doubles from :data:`FIRST_DELAY_S` up to :data:`MAX_DELAY_S`, its upper half drawn
+    (``draw`` in [0, 1)), unless the reply said ``Retry-After: <seconds>``: then that, at most
+    :data:`RETRY_AFTER_CAP_S`. (An HTTP-date ``Retry-After`` is not read: the backoff applies.)
+    """
+    if fault is None and status not in TRANSIENT_STATUSES:
+        return None
+    wait = backoff_delay(retry, draw, first=FIRST_DELAY_S, cap=MAX_DELAY_S)
+    asked = _seconds(retry_after) if fault is None else None
+    if asked is not None:
+        wait = min(asked, RETRY_AFTER_CAP_S)
+    if wait + MIN_TRY_S > left_s:
+        return None
+    return wait
+
+
+def _seconds(value: str | None) -> float | None:
+    """A ``Retry-After`` of delay-seconds, or None (absent, an HTTP-date, nonsense)."""
+    if value is None or not value.strip().isdigit():
+        return None
+    return float(value.strip())
+
+
+def _fault(exc: BaseException) -> str | None:
+    """What a request that got no reply ran into, when trying again may cure it: a timeout, or a
+    connection refused, reset or closed without a reply; None for anything else."""
+    import httpx
+
+    if isinstance(exc, httpx.TimeoutException):
+        return "timeout"
+    if isinstance(exc, httpx.NetworkError | httpx.RemoteProtocolError):
+        return "connection"
+    return None

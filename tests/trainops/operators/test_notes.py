@@ -2,6 +2,8 @@
 
 from types import SimpleNamespace
 
+import pytest
+
 from trainops.gate.verdict import NOTE_LIMIT
 from trainops.operators.notes import combined_note, write_notes
 
@@ -54,3 +56,40 @@ def test_an_api_that_refuses_is_a_warning_never_a_failure_and_shows_no_credentia
 
 def test_no_task_instance_no_note():
     assert write_notes({}, run_note="x", task_note=None, log=Log()) is None
+
+
+# --------------------------------------------------------------------------- the retry decision
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 409, 422, 500, 501])
+def test_retry_wait_never_retries_a_permanent_status(status):
+    from trainops.operators.notes import retry_wait
+
+    assert retry_wait(status, None, retry=1) is None
+    assert retry_wait(status, None, retry=1, retry_after="1") is None
+
+
+def test_retry_wait_backs_off_with_jitter_within_bounds():
+    from trainops.operators.notes import FIRST_DELAY_S, MAX_DELAY_S, MIN_TRY_S, retry_wait
+
+    for fault in ("timeout", "connection"):
+        assert retry_wait(None, fault, retry=1, draw=0.0) == FIRST_DELAY_S / 2
+    for status in (429, 502, 503, 504):
+        assert retry_wait(status, None, retry=1, draw=0.999) == pytest.approx(FIRST_DELAY_S, rel=1e-3)
+    assert retry_wait(503, None, retry=2, draw=0.0) == FIRST_DELAY_S
+    assert retry_wait(503, None, retry=3, draw=0.0) == 2 * FIRST_DELAY_S
+    assert retry_wait(503, None, retry=50, draw=0.999, left_s=100) == pytest.approx(MAX_DELAY_S, rel=1e-3)
+    # no retry that would leave less than MIN_TRY_S of the budget for the try itself
+    assert retry_wait(503, None, retry=1, draw=0.0, left_s=FIRST_DELAY_S / 2 + MIN_TRY_S) is not None
+    assert retry_wait(503, None, retry=1, draw=0.0, left_s=MIN_TRY_S) is None
+    assert retry_wait(None, "timeout", retry=1, left_s=0.0) is None
+
+
+def test_retry_wait_honours_retry_after_seconds_capped():
+    from trainops.operators.notes import RETRY_AFTER_CAP_S, retry_wait
+
+    assert retry_wait(429, None, retry=1, retry_after="3") == 3.0
+    assert retry_wait(503, None, retry=4, retry_after=" 0 ") == 0.0
+    assert retry_wait(503, None, retry=1, retry_after="3600") == RETRY_AFTER_CAP_S
+    assert retry_wait(503, None, retry=1, retry_after="3", left_s=3.5) is None  # would not fit
+    backoff = retry_wait(503, None, retry=1, draw=0.0)
+    for nonsense in ("Wed, 21 Oct 2026 07:28:00 GMT", "-1", "soon", ""):
+        assert retry_wait(503, None, retry=1, draw=0.0, retry_after=nonsense) == backoff
