@@ -177,10 +177,14 @@ def _via_api(
         conn = BaseHook.get_connection(conn_id)
     except AirflowNotFoundException:
         return False
+    # A client given (Starlette's TestClient) keeps its own timeouts: it warns at one per request.
+    ours = client is None
     if client is None:
         client = httpx.Client(base_url=_base_url(conn), timeout=REQUEST_TIMEOUT_S)
     given_token = (conn.extra_dejson or {}).get("token")
-    calls = _Calls(client, log, login=conn.login, password=conn.password, token=given_token)
+    calls = _Calls(
+        client, log, login=conn.login, password=conn.password, token=given_token, cut_timeouts=ours
+    )
     run_path = f"/api/v2/dags/{quote(ids['dag_id'], safe='')}/dagRuns/{quote(ids['run_id'], safe='')}"
     with client:
         if not given_token:
@@ -285,7 +289,14 @@ class _Calls:
     retried on transient failures (:func:`retry_wait`), secrets cut out of every message."""
 
     def __init__(
-        self, client: Any, log: Any, *, login: str | None, password: str | None, token: str | None
+        self,
+        client: Any,
+        log: Any,
+        *,
+        login: str | None,
+        password: str | None,
+        token: str | None,
+        cut_timeouts: bool = True,
     ) -> None:
         self.client = client
         self.log = log
@@ -294,6 +305,7 @@ class _Calls:
         self.token = token
         self.secrets = [s for s in (password, token) if s]
         self.refreshed = False  # one fresh token per note write, after a 401
+        self.cut_timeouts = cut_timeouts  # each request's timeouts cut to what is left of the budget
         self.start = _clock()
         self.deadline = self.start + NOTE_BUDGET_S
         self.random = random.Random()
@@ -346,8 +358,9 @@ class _Calls:
             fault: str | None = None
             retry_after: str | None = None
             try:
-                timeout = min(REQUEST_TIMEOUT_S, max(left, MIN_TRY_S))
-                reply = self.client.request(method, path, timeout=timeout, **kwargs)
+                if self.cut_timeouts:
+                    kwargs["timeout"] = min(REQUEST_TIMEOUT_S, max(left, MIN_TRY_S))
+                reply = self.client.request(method, path, **kwargs)
             except Exception as exc:
                 fault = _fault(exc)
                 last = self.redact(f"{type(exc).__name__}: {exc}".rstrip(": "))
