@@ -3,6 +3,12 @@
 Generate demo data -> stage and validate it -> train on 2 local "nodes" with one injected spot
 preemption -> evaluate against production -> gate -> promote. `make demo` runs it with
 `dag.test()`; the same operators run on S3 and Kubernetes by changing parameters, not code.
+
+Params (the trigger form, or `-c '{...}'`): `seed` (the trainer's seed; the default, 1234, is
+what `make demo` trains with, so a second run trains the same model and is not published
+again; `{"seed": 2}` trains another model, promoted as the next version when it passes the
+gate), `max_eval_loss` (the gate's threshold; 0.5 rejects every model) and `corrupt_data`
+(staging rejects the data before anything trains).
 """
 
 from __future__ import annotations
@@ -29,7 +35,20 @@ with DAG(
     tags=["trainops", "demo"],
     default_args={"owner": "trainops", "retries": 0},
     doc_md=__doc__,
+    # Templates render to Python objects, so "{{ params.seed }}" reaches the trainer config as
+    # the Param's int (the trainer's schema refuses the text "1234" for an integer key).
+    render_template_as_native_obj=True,
     params={
+        "seed": Param(
+            1234,
+            type="integer",
+            minimum=0,
+            title="Training seed",
+            description="The trainer's seed: the model's initial weights and the order of the "
+            "training samples. The default is what make demo trains with, so the same data "
+            "trains the same model again, which is not published a second time. Set it to 2 "
+            "to train another model, promoted as the next version when it passes the gate.",
+        ),
         "corrupt_data": Param(
             False,
             type="boolean",
@@ -68,6 +87,7 @@ with DAG(
         nodes=2,
         gpus_per_node=0,  # 2 "nodes" x 1 CPU process, gloo
         trainer_config={
+            "seed": "{{ params.seed }}",  # an int: the DAG renders templates as native objects
             "precision": "bf16",
             "model": {"preset": "tiny"},
             "train": {
@@ -103,7 +123,8 @@ with DAG(
                 "op": "<=",
                 "value": "{{ params.max_eval_loss }}",
             },
-            # Demo runs retrain on the same data with the same seed, so allow ties.
+            # Relative: a candidate may be up to 2% worse than production. Allows ties (the
+            # same data and seed retrain the same model) and another seed's chance difference.
             {
                 "name": "no regression vs production",
                 "kind": "no_regression",

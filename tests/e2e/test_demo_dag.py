@@ -1,16 +1,20 @@
 """The demo DAG end to end through Airflow's own dag.test(), asserting on storage.
 
-Three runs share one test (each trains for ~40 s): a first model, a second one that is the
-same model bit for bit (reported as identical, not promoted again), and a third that an
-impossible threshold (a DAG param) rejects, with the reason in the run's note. Rollback is
-tested in tests/trainops/cli/test_main.py and tests/trainops/registry/test_rollback.py.
+One test follows the README's walkthrough with four runs (each trains for ~40 s): a first
+model (v1), a second one that is the same model bit for bit (reported as identical, not
+promoted again), a third trained with another seed (`{"seed": 2}`, a different model that
+passes the gate and becomes v2), then a rollback to v1 through the command line's own code
+(`python -m trainops rollback`, in process), and a fourth run that an impossible threshold
+(the `max_eval_loss` param) rejects against the rolled-back v1, with the reason in the run's
+note. The rollback's corner cases are tested in tests/trainops/cli/test_main.py and
+tests/trainops/registry/test_rollback.py; bad param values in tests/dags/test_trainops_demo.py.
 """
 
 import pytest
 
 from trainer.contract import MetricsReader, RunLayout, dataset_prefix, production_pointer
 from trainer.storage import open_storage
-from trainops.cli.main import DEMO_DAG, DEMO_TASKS, load_dag, xcom_results
+from trainops.cli.main import DEMO_DAG, DEMO_TASKS, load_dag, main, xcom_results
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +50,7 @@ def task_states(run_id: str) -> dict:
         return {ti.task_id: str(ti.state).rsplit(".", 1)[-1].lower() for ti in rows}
 
 
-def test_demo_twice_then_a_rejected_model_then_a_rollback(demo_env, capfd):
+def test_demo_twice_then_another_seed_then_a_rollback_then_a_rejected_model(demo_env, capfd):
     root = demo_env
     store = open_storage(root)
 
@@ -102,20 +106,75 @@ def test_demo_twice_then_a_rejected_model_then_a_rollback(demo_env, capfd):
     )
     assert store.get_json(production_pointer(root, "demo-lm"))["version"] == 1
 
-    # A third run with an impossible threshold: the gate rejects, promotion is skipped.
+    # Another seed trains another model (other initial weights, other sample order): it passes
+    # the gate against v1 and becomes v2.
+    dagrun, other = run_demo({"seed": 2})
+    assert str(dagrun.state).endswith("success"), other
+    states = task_states(dagrun.run_id)
+    assert (states["gate"], states["promote"]) == ("success", "success")
+    assert other["stage"]["reused"] is True
+    assert other["evaluate"]["production_version"] == 1
+    other_loss = other["evaluate"]["candidate"]["eval_loss"]
+    assert other_loss != first_loss
+    assert other["gate"]["approved"] is True
+    gate = store.get_json(RunLayout(other["train"]["run_uri"]).eval_gate)
+    assert gate["production_version"] == 1
+    assert [(c["name"], c["passed"]) for c in gate["checks"]] == [
+        ("eval loss under max_eval_loss", True),
+        ("no regression vs production", True),
+    ]
+    assert gate["checks"][1]["expected"] == f"<= {first_loss * 1.02:.6g}"  # 2% worse at most
+    assert gate["checks"][1]["observed"] == pytest.approx(other_loss)
+    assert other["promote"]["version"] == 2 and other["promote"]["previous_version"] == 1
+    assert run_note(dagrun.run_id) is None  # a promotion needs no explanation
+    # The seed reached the trainer as an integer (config.yaml, kept on the card), nothing else moved.
+    card = store.get_json(other["promote"]["card_uri"])
+    first_card = store.get_json(first["promote"]["card_uri"])
+    assert (card["config"]["seed"], first_card["config"]["seed"]) == (2, 1234)
+    assert {k: v for k, v in card["config"].items() if k not in ("seed", "run_uri")} == {
+        k: v for k, v in first_card["config"].items() if k not in ("seed", "run_uri")
+    }
+    pointer = store.get_json(production_pointer(root, "demo-lm"))
+    assert pointer["version"] == 2
+    assert [(h["version"], h["action"]) for h in pointer["history"]] == [(1, "promote"), (2, "promote")]
+
+    # v2 misbehaves in service: roll back to v1 with the command the README shows, in process.
+    capfd.readouterr()
+    reason = "v2 regressed on support tickets"
+    assert main(["rollback", "demo-lm", "1", "--reason", reason, "--by", "alice"]) == 0
+    out = capfd.readouterr().out
+    assert out.splitlines() == [
+        f"storage root: {root} (from $TRAINOPS_STORAGE_ROOT)",
+        f"demo-lm: production is now v1 (was v2); recorded in {production_pointer(root, 'demo-lm')} "
+        f"as rollback by alice: {reason}",
+    ]
+    pointer = store.get_json(production_pointer(root, "demo-lm"))
+    assert pointer["version"] == 1 and pointer["uri"] == first["promote"]["version_uri"]
+    assert [(h["version"], h["action"]) for h in pointer["history"]] == [
+        (1, "promote"),
+        (2, "promote"),
+        (1, "rollback"),
+    ]
+    last = pointer["history"][-1]
+    assert (last["from_version"], last["by"], last["reason"]) == (2, "alice", reason)
+
+    # A fourth run with an impossible threshold: the gate rejects against production, which is
+    # v1 again (not v2, the newest version), and promotion is skipped.
     pointer_before = store.get(production_pointer(root, "demo-lm"))
     capfd.readouterr()
-    dagrun, third = run_demo({"max_eval_loss": 0.5})
-    assert str(dagrun.state).endswith("success"), third  # a rejection is not a failure
+    dagrun, rejected = run_demo({"max_eval_loss": 0.5})
+    assert str(dagrun.state).endswith("success"), rejected  # a rejection is not a failure
     states = task_states(dagrun.run_id)
     assert (states["gate"], states["promote"]) == ("success", "skipped")
-    assert third["promote"] is None
+    assert rejected["promote"] is None
+    assert rejected["evaluate"]["production_version"] == 1
+    assert rejected["evaluate"]["production"]["eval_loss"] == pytest.approx(first_loss, rel=1e-6)
     assert store.get(production_pointer(root, "demo-lm")) == pointer_before  # still v1
-    gate = store.get_json(RunLayout(third["train"]["run_uri"]).eval_gate)
+    gate = store.get_json(RunLayout(rejected["train"]["run_uri"]).eval_gate)
     assert gate["approved"] is False and gate["production_version"] == 1
     failed = [c for c in gate["checks"] if not c["passed"]]
     assert [(c["name"], c["expected"]) for c in failed] == [("eval loss under max_eval_loss", "<= 0.5")]
-    assert failed[0]["observed"] == pytest.approx(third["evaluate"]["candidate"]["eval_loss"])
+    assert failed[0]["observed"] == pytest.approx(rejected["evaluate"]["candidate"]["eval_loss"])
     out = capfd.readouterr()
     assert "gate REJECTED: 1/2 checks passed, against production v1" in out.out + out.err
     assert "not promoting demo-lm: the gate rejected it: eval loss under max_eval_loss" in (out.out + out.err)
