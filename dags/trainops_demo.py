@@ -43,6 +43,7 @@ with DAG(
             1234,
             type="integer",
             minimum=0,
+            maximum=2**32 - 1,  # the trainer's own bound (trainer.config.MAX_SEED)
             title="Training seed",
             description="The trainer's seed: the model's initial weights and the order of the "
             "training samples. The default is what make demo trains with, so the same data "

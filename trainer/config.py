@@ -191,6 +191,10 @@ NON_NEGATIVE = (
     "eval.max_batches",
 )
 
+# The sample order seeds a generator with ``seed * 1_000_003 + epoch`` (``trainer.data``): a seed
+# past 2**32 - 1 would overflow it at the first step, on the GPUs; numpy's range, which people know.
+MAX_SEED = 2**32 - 1
+
 # PyYAML follows YAML 1.1, where "3e-3" (no dot) is a string, not a float; people write it anyway.
 _NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
@@ -302,6 +306,8 @@ def validate(config: Config) -> Config:
     for key in NON_NEGATIVE:
         if get_key(config, key) < 0:
             raise ConfigError(f"{key}: expected zero or more, got {get_key(config, key)!r}")
+    if config.seed > MAX_SEED:
+        raise ConfigError(f"seed: expected a whole number from 0 to {MAX_SEED}, got {config.seed!r}")
     if not 0.0 <= config.train.min_lr_ratio <= 1.0:
         raise ConfigError(
             f"train.min_lr_ratio: expected a number between 0 and 1, got {config.train.min_lr_ratio!r}"

@@ -50,7 +50,12 @@ def test_the_defaults_are_what_make_demo_trains_with(server_params):
 def test_every_param_has_a_title_and_a_description_for_the_trigger_form(dag):
     for name, param in dag.params.items():
         assert param.schema.get("title") and param.description, name
-    assert dag.params.get_param("seed").schema == {"type": "integer", "minimum": 0, "title": "Training seed"}
+    assert dag.params.get_param("seed").schema == {
+        "type": "integer",
+        "minimum": 0,
+        "maximum": 2**32 - 1,
+        "title": "Training seed",
+    }
 
 
 @pytest.mark.parametrize("seed", [2, 0, 1234])
@@ -75,6 +80,7 @@ def test_the_seed_reaches_the_trainer_as_an_integer(dag, seed):
         ("2", "'2' is not of type 'integer'"),
         (2.5, "2.5 is not of type 'integer'"),
         (None, "None is not of type 'integer'"),
+        (2**32, "4294967296 is greater than the maximum of 4294967295"),
     ],
 )
 def test_a_bad_seed_is_refused_naming_the_field(server_params, value, why):

@@ -91,6 +91,8 @@ def test_eval_uris_default_to_the_run_layout():
         ("model.preset=huge", f"model.preset: expected one of {', '.join(PRESETS)}, got 'huge'"),
         ("train=3", "train: expected a mapping of train.* keys, got 3"),
         ("seed", "override 'seed' must look like key=value, e.g. train.lr=0.001"),
+        ("seed=-1", "seed: expected zero or more, got -1"),
+        ("seed=4294967296", "seed: expected a whole number from 0 to 4294967295, got 4294967296"),
     ],
 )
 def test_bad_values_name_key_value_and_expectation(override, message):
