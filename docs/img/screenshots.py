@@ -4,7 +4,8 @@ its training charts, its model card and the fleet page, as a real browser shows 
     .venv/bin/python docs/img/screenshots.py [--demo-dir DIR] [--chromium /usr/bin/chromium]
 
 1. Runs the demo pipeline as ``make demo`` does (``python -m trainops demo``), twice (the
-   fleet page's trend needs two runs), with every folder (Airflow home, its SQLite database,
+   fleet page's trend needs two runs; the second with ``--seed 2``, a model that passes the gate
+   and becomes v2, as README's rollback walkthrough makes it), with every folder (Airflow home, its SQLite database,
    storage root, local cluster state) in a temporary folder, or in ``--demo-dir``, whose
    finished demo runs count. The report shown is the newest run's.
 2. Starts Airflow's API server (``python -m airflow api-server``) on that home, with the
@@ -249,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     env = demo_env(demo_dir)
     while len(demo_jobs(demo_dir)) < args.runs:
         before = len(demo_jobs(demo_dir))
-        subprocess.run([sys.executable, "-m", "trainops", "demo"], env=env, cwd=PROJECT, check=True)
+        seed = ["--seed", "2"] if before else []  # another model: v2 (the same seed makes no new version)
+        subprocess.run([sys.executable, "-m", "trainops", "demo", *seed], env=env, cwd=PROJECT, check=True)
         if len(demo_jobs(demo_dir)) == before:
             raise SystemExit(f"the demo wrote no training run under {demo_dir}")
     job = demo_jobs(demo_dir)[-1]

@@ -4,7 +4,8 @@
   a summary (``make demo`` calls this): one line per task and training attempt, the training
   progress, the summary; the full log goes to the file named first (``-v`` prints it instead).
   Ctrl-C stops the run and deletes its jobs (exit status 130). ``--corrupt-data`` delivers bad
-  data instead, to watch staging reject it before anything is trained.
+  data instead, to watch staging reject it before anything is trained; ``--seed N`` trains with
+  another seed (2 trains a model that passes the gate and is promoted as the next version).
 - ``airflow``: ``airflow standalone`` on the same embedded default, with this checkout's DAGs,
   on http://localhost:8080 (``make airflow`` calls this); docs/dags.md walks through a run.
 - ``render-job SPEC.json``: print the Kubernetes manifests a JobSpec (JSON form) would submit,
@@ -85,12 +86,20 @@ def run_note(dag_id: str, run_id: str) -> str | None:
         return run.note if run is not None else None
 
 
-def run_demo(project_dir: str, corrupt_data: bool = False, result_file: str | None = None) -> int:
+def demo_conf(corrupt_data: bool, seed: int | None) -> dict[str, object]:
+    """The demo DAG run's conf: only what the command line set (the DAG's params hold the rest)."""
+    return {"corrupt_data": corrupt_data, **({"seed": seed} if seed is not None else {})}
+
+
+def run_demo(
+    project_dir: str, corrupt_data: bool = False, result_file: str | None = None, seed: int | None = None
+) -> int:
     """The demo with everything printed (``demo -v``; the quiet ``demo`` runs this in a child,
     :mod:`trainops.cli.watch`). Ctrl-C (SIGINT) stops the run: it is marked failed and its
     jobs are deleted (exit status 130).
 
     :param result_file: also write the summary, run id, state and duration there (JSON).
+    :param seed: the DAG's ``seed`` param (None: the DAG's default, what ``make demo`` trains with).
     """
     from trainops.cli.devenv import apply_dev_env, storage_root_choice
 
@@ -109,7 +118,7 @@ def run_demo(project_dir: str, corrupt_data: bool = False, result_file: str | No
     started = time.monotonic()
     dag = load_dag(env["AIRFLOW__CORE__DAGS_FOLDER"], DEMO_DAG)
     try:
-        dagrun = dag.test(run_conf={"corrupt_data": corrupt_data})
+        dagrun = dag.test(run_conf=demo_conf(corrupt_data, seed))
     except KeyboardInterrupt:
         return _stop_demo_run(result_file)
     elapsed = time.monotonic() - started
@@ -211,6 +220,19 @@ def run_airflow(project_dir: str) -> int:
     return 0  # not reached
 
 
+def _seed(text: str) -> int:
+    """``--seed``: a whole number the trainer takes (argparse names the option on error)."""
+    from trainer.config import MAX_SEED
+
+    try:
+        seed = int(text)
+    except ValueError:
+        seed = -1
+    if not 0 <= seed <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 0 to {MAX_SEED}, got {text!r}")
+    return seed
+
+
 def _default_root_text(checkout: str | None = None) -> str:
     """The storage root a command would use now, for ``--help`` (nothing is applied)."""
     from trainops.cli.devenv import storage_root_choice
@@ -244,6 +266,13 @@ def main(argv: list[str] | None = None) -> int:
         "--corrupt-data",
         action="store_true",
         help="deliver data that fails its expectations (staging rejects it)",
+    )
+    demo.add_argument(
+        "--seed",
+        type=_seed,
+        default=None,
+        help="train with this seed instead of the default 1234: the same data then trains another "
+        "model (2 passes the gate and becomes the next version)",
     )
     demo.add_argument(
         "-v",
@@ -292,10 +321,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.command == "demo":
         if args.verbose:
-            return run_demo(args.project_dir, corrupt_data=args.corrupt_data, result_file=args.result_file)
+            return run_demo(
+                args.project_dir, corrupt_data=args.corrupt_data, result_file=args.result_file, seed=args.seed
+            )
         from trainops.cli.watch import run_quiet_demo
 
-        return run_quiet_demo(args.project_dir, corrupt_data=args.corrupt_data)
+        return run_quiet_demo(args.project_dir, corrupt_data=args.corrupt_data, seed=args.seed)
     if args.command == "airflow":
         return run_airflow(args.project_dir)
     if args.command == "render-job":

@@ -231,7 +231,9 @@ def log_path(airflow_home: str) -> Path:
     return folder / time.strftime("%Y%m%d-%H%M%S.log")
 
 
-def run_quiet_demo(project_dir: str, *, corrupt_data: bool = False, out: IO[str] | None = None) -> int:
+def run_quiet_demo(
+    project_dir: str, *, corrupt_data: bool = False, seed: int | None = None, out: IO[str] | None = None
+) -> int:
     """Run the demo in a child (``demo --verbose``) logging to a file, print its course and
     its summary; 130 after a Ctrl-C, else the child's exit status."""
     from trainops.cli.devenv import apply_dev_env, storage_root_choice
@@ -249,6 +251,7 @@ def run_quiet_demo(project_dir: str, *, corrupt_data: bool = False, out: IO[str]
     watch = DemoWatch(console, db, newest_run_id(db) if db else 0, root)
     argv = [sys.executable, "-m", "trainops", "demo", "--verbose", "--project-dir", project_dir]
     argv += ["--result-file", str(result)] + (["--corrupt-data"] if corrupt_data else [])
+    argv += ["--seed", str(seed)] if seed is not None else []
     with open(log, "ab") as sink:
         # Its own session: the terminal's Ctrl-C reaches this process only, which stops it.
         child = subprocess.Popen(

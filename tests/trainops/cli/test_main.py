@@ -11,7 +11,7 @@ import pytest
 
 from tests.trainops.registry.helpers import promote_runs
 from trainer.storage import open_storage
-from trainops.cli.main import load_dag, main
+from trainops.cli.main import demo_conf, load_dag, main
 from trainops.registry.promotion import read_production
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -49,6 +49,23 @@ def test_no_command_or_missing_arguments_print_usage_with_status_2():
     with pytest.raises(SystemExit) as exit_:
         main(["rollback", "demo-lm", "1"])
     assert exit_.value.code == 2
+
+
+@pytest.mark.parametrize("bad", ["x", "-1", "4294967296", "2.5"])
+def test_a_bad_demo_seed_is_refused_before_anything_runs(bad, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["demo", "--seed", bad])
+    assert exit_.value.code == 2
+    assert (
+        f"argument --seed: expected a whole number from 0 to 4294967295, got '{bad}'"
+        in capsys.readouterr().err
+    )
+
+
+def test_only_a_seed_given_on_the_command_line_reaches_the_demo_run():
+    # Without --seed the DAG's own default holds: make demo trains what it always trained.
+    assert demo_conf(False, None) == {"corrupt_data": False}
+    assert demo_conf(True, 2) == {"corrupt_data": True, "seed": 2}
 
 
 def test_load_dag_imports_one_file_of_a_dags_folder(tmp_path):
