@@ -14,14 +14,6 @@ DAG_ID = "retrain_manual"
 
 
 @pytest.fixture
-def storage(tmp_path, monkeypatch):
-    root = f"file://{tmp_path}/storage"
-    monkeypatch.setenv("TRAINOPS_STORAGE_ROOT", root)
-    monkeypatch.setenv("TRAINOPS_LOCAL_STATE", str(tmp_path / "local"))
-    return root
-
-
-@pytest.fixture
 def server_params(storage):
     """The DAG's params as the API server holds them (what a trigger is validated against)."""
     from airflow.serialization.serialized_objects import DagSerialization

@@ -13,14 +13,6 @@ from trainops.cli.main import DEMO_DAG, load_dag
 
 
 @pytest.fixture
-def storage(tmp_path, monkeypatch):
-    root = f"file://{tmp_path}/storage"
-    monkeypatch.setenv("TRAINOPS_STORAGE_ROOT", root)
-    monkeypatch.setenv("TRAINOPS_LOCAL_STATE", str(tmp_path / "local"))
-    return root
-
-
-@pytest.fixture
 def dag(storage):
     return load_dag(os.environ["AIRFLOW__CORE__DAGS_FOLDER"], DEMO_DAG)
 
