@@ -16,6 +16,7 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import DAG, Param, task
 
+from trainer.config import MAX_SEED
 from trainops.operators import (
     EvaluateModelOperator,
     EvaluationGateOperator,
@@ -43,7 +44,7 @@ with DAG(
             1234,
             type="integer",
             minimum=0,
-            maximum=2**32 - 1,  # the trainer's own bound (trainer.config.MAX_SEED)
+            maximum=MAX_SEED,  # the trainer's own bound
             title="Training seed",
             description="The trainer's seed: the model's initial weights and the order of the "
             "training samples. The default is what make demo trains with, so the same data "
