@@ -16,6 +16,7 @@ command lines, layouts and to read attempt records; the trainer to honour them.
 
 # No ``from __future__ import annotations``: TypedDict reads its annotations at run time, so
 # ``AttemptRecord.__required_keys__`` leaves the optional fields out.
+import hashlib
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -102,14 +103,26 @@ def torchrun_argv(
 
 # --- 3. layout ------------------------------------------------------------------
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=-]")
+_SAFE = re.compile(r"[A-Za-z0-9._=-]+")
+# The longest name kept verbatim as a path segment; S3 allows 1024 bytes a key and most file
+# systems 255 a segment, so a run's few segments stay far from both.
+MAX_SEGMENT = 128
+# Joins a changed name's readable part to the hash of the exact name. It is outside the safe
+# alphabet, so no name kept verbatim contains it, and no two names share a segment.
+HASH_MARK = "~"
+_HASH_CHARS = 12
 
 
 def safe_segment(value: str) -> str:
-    """A path segment for ids such as Airflow run ids (``manual__2026-01-01T00:00:00+00:00``).
+    """The path segment of one id or name (a DAG run id, a model or dataset name), injective.
 
-    Every character outside ``[A-Za-z0-9._=-]`` becomes ``_``, so the same run id maps to
-    the same prefix on ``file://`` and ``s3://``. ``.`` and ``..`` are refused: as a segment
-    they name the folder itself or its parent, so a user-given name would escape its folder.
+    A name of at most :data:`MAX_SEGMENT` characters from ``[A-Za-z0-9._=-]`` is its own
+    segment, as it always was (so existing registries and datasets keep their folders). Any other
+    name (``manual__2026-01-01T00:00:00+00:00``, ``fraud model``, ``модель``, a 300-character id)
+    becomes a readable prefix, every other character turned to ``_``, then ``~`` and 12 hex digits
+    of the SHA-256 of the exact name: ``nightly:2026-01-01`` and ``nightly_2026-01-01`` get two
+    folders. ``.`` and ``..`` are refused: as a segment they name the folder itself or its parent,
+    so a user-given name would escape its folder.
     """
     if not value:
         raise ValueError("a layout segment must not be empty")
@@ -118,7 +131,11 @@ def safe_segment(value: str) -> str:
             f"{value!r} cannot name a dataset, model, run or task: it would point at the folder "
             "itself or its parent; use a name with at least one other character"
         )
-    return _UNSAFE.sub("_", value)
+    if len(value) <= MAX_SEGMENT and _SAFE.fullmatch(value):
+        return value
+    digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:_HASH_CHARS]
+    readable = _UNSAFE.sub("_", value)[: MAX_SEGMENT - _HASH_CHARS - len(HASH_MARK)]
+    return f"{readable}{HASH_MARK}{digest}"
 
 
 def join(root: str, *parts: str) -> str:

@@ -1,5 +1,6 @@
 """The run contract: command lines, the storage layout, attempt records and the metrics reader."""
 
+import hashlib
 import json
 
 import pytest
@@ -26,6 +27,7 @@ from trainer.contract import (
     metrics_part_name,
     metrics_records,
     metrics_run_uri,
+    model_prefix,
     model_version_prefix,
     parse_attempt_record,
     production_pointer,
@@ -98,8 +100,8 @@ def test_torchrun_argv_wraps_the_trainer_for_a_whole_gang_relaunch():
 
 # --- 3. layout --------------------------------------------------------------------------------
 def test_segments_are_the_same_on_every_scheme_and_never_empty():
-    assert safe_segment("manual__2026-01-01T00:00:00+00:00") == "manual__2026-01-01T00_00_00_00_00"
-    assert safe_segment("a/b c") == "a_b_c"
+    assert safe_segment("manual__2026-01-01T00:00:00+00:00").startswith("manual__2026-01-01T00_00_00_00_00~")
+    assert safe_segment("a/b c") == "a_b_c~" + hashlib.sha256(b"a/b c").hexdigest()[:12]
     with pytest.raises(ValueError, match="must not be empty"):
         safe_segment("")
     assert join("file:///a/", "/b/", "", "c") == "file:///a/b/c"
@@ -116,13 +118,41 @@ def test_a_segment_that_would_name_its_folder_or_the_parent_is_refused(name):
     with pytest.raises(ValueError, match="cannot name a dataset"):
         dataset_prefix("file:///root", name, "v1")
     # other names made of dots and slashes stay inside their folder
-    assert safe_segment("...") == "..." and safe_segment("../x") == ".._x" and safe_segment("./") == "._"
+    assert safe_segment("...") == "..."
+    assert safe_segment("../x").startswith(".._x~") and safe_segment("./").startswith("._~")
     assert join("s3://bucket", "x") == "s3://bucket/x"
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ("nightly:2026-01-01", "nightly_2026-01-01", "nightly/2026-01-01", "nightly 2026-01-01"),
+        ("fraud model", "fraud/model", "fraud_model", "fraud~model"),
+        ("модель", "данные", "______"),
+        ("模型", "数据", "__"),
+        ("a" * 300, "a" * 301, "a" * 128, "a" * 129),
+        ("x_y~" + "0" * 12, "x_y", "x y", "x~y"),
+    ],
+)
+def test_no_two_names_share_a_segment(names):
+    segments = [safe_segment(name) for name in names]
+    assert len(set(segments)) == len(names), dict(zip(names, segments, strict=True))
+    for segment in segments:  # every one is a plain, bounded path segment
+        assert len(segment) <= 128 and "/" not in segment and segment not in (".", "..")
+
+
+@pytest.mark.parametrize("name", ["fraud_model", "demo-lm", "v1.2", "k=v", "a" * 128])
+def test_a_name_that_was_safe_keeps_its_folder(name):
+    """Registries and datasets written before the mapping became injective stay where they are."""
+    assert safe_segment(name) == name
+    assert model_prefix("s3://b/t", name) == f"s3://b/t/models/{name}"
 
 
 def test_prefixes_under_a_root():
     root = "s3://b/trainops"
-    assert dataset_prefix(root, "demo data", "v1") == "s3://b/trainops/datasets/demo_data/v1"
+    assert (
+        dataset_prefix(root, "demo data", "v1") == f"s3://b/trainops/datasets/{safe_segment('demo data')}/v1"
+    )
     assert model_version_prefix(root, "m", 3) == "s3://b/trainops/models/m/versions/3"
     assert production_pointer(root, "m") == "s3://b/trainops/models/m/production.json"
     assert run_prefix(root, "retrain", "manual__1", "train") == "s3://b/trainops/runs/retrain/manual__1/train"

@@ -22,12 +22,14 @@ from trainops.cluster.spec import JobSpecError
 from trainops.gate.errors import GateConfigError, GateInputError
 from trainops.operators.params import ParameterError
 from trainops.recipes.form import SettingsError
+from trainops.recovery.record import RunFolderTaken
 from trainops.staging.errors import StagingError
 
 __all__ = ["UNRETRYABLE", "fail_fast", "unretryable"]
 
 # Errors in what the user gave (trainer config, operator parameters, DAG params, settings, check
-# definitions, job specs, data that failed validation): the same input fails the same way again.
+# definitions, job specs, data that failed validation, a run folder another run owns): the same
+# input fails the same way again.
 UNRETRYABLE: tuple[type[BaseException], ...] = (
     ConfigError,
     SettingsError,
@@ -37,6 +39,7 @@ UNRETRYABLE: tuple[type[BaseException], ...] = (
     GateInputError,
     JobSpecError,
     StagingError,
+    RunFolderTaken,
 )
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -296,7 +296,6 @@ class FSDPTrainingOperator(ClusterJobOperator):
         from trainops.operators import warm_start
         from trainops.operators.launch_plan import checked_run_config
         from trainops.operators.preflight import check_builder, check_fit, check_gpus, dataset_manifest
-        from trainops.recovery.record import start_record
 
         # Every input is checked before anything is written or launched.
         self._check_settings()
@@ -321,13 +320,9 @@ class FSDPTrainingOperator(ClusterJobOperator):
             config_uri=layout.config,
             storage_of=lambda uri: storage_for(uri, self.aws_conn_id),
         )
+        job = self._claim(store, layout, identity)  # before config.yaml: it may be another run's
         store.put(layout.config, dump_yaml(config).encode())
         self.log.info("trainer config written to %s", layout.config)
-
-        job = self._read_job(store, layout) or start_record(
-            run_uri=layout.run_uri, config_uri=layout.config, cluster=self.cluster, capacity=self.capacity
-        )
-        job["airflow"] = {**identity}  # the report pages' link back to this Airflow run
         if callable(getattr(context.get("ti"), "xcom_push", None)):  # the "Training report" link,
             context["ti"].xcom_push(key=RUN_REPORT_KEY, value=layout.job)  # on a reattach too
         return self._proceed(context, store, layout, job, identity, fresh_try=True)
@@ -381,18 +376,47 @@ class FSDPTrainingOperator(ClusterJobOperator):
         ended = [a for a in job["attempts"] if attempt_status(a) == "ended" and "job" in a]
         return bool(ended) and not self.backend.all_gone(ended[-1]["job"])
 
-    def _read_job(self, store: Storage, layout: RunLayout) -> JobRecord | None:
+    def _claim(self, store: Storage, layout: RunLayout, identity: TaskIdentity) -> JobRecord:
+        """The run's job.json, created (create-only) naming this task instance as its owner, or
+        read back when it exists; :class:`RunFolderTaken` when it names another owner."""
+        from trainer.storage import PreconditionFailed
+        from trainops.recovery.record import start_record
+
+        job = self._read_job(store, layout, identity)
+        if job is None:
+            job = start_record(
+                run_uri=layout.run_uri,
+                config_uri=layout.config,
+                cluster=self.cluster,
+                capacity=self.capacity,
+                owner={**identity},
+            )
+            try:
+                store.put_json(layout.job, job, if_none_match=True)
+            except PreconditionFailed:  # another writer created it first: whose is it?
+                job = self._job(store, layout, identity)
+        if "airflow" not in job:  # a record from before owners were kept: this task adopts it
+            job["airflow"] = {**identity}
+            store.put_json(layout.job, job)
+        return job
+
+    def _read_job(self, store: Storage, layout: RunLayout, identity: TaskIdentity) -> JobRecord | None:
+        """The run's job.json (None: none yet), refused when another task instance owns it."""
         from trainer.storage import NotFound
-        from trainops.recovery.record import as_job_record
+        from trainops.recovery.record import RunFolderTaken, as_job_record, owner_refusal
 
         try:
-            return as_job_record(store.get_json(layout.job), layout.job)
+            job = as_job_record(store.get_json(layout.job), layout.job)
         except NotFound:
             return None
+        refusal = owner_refusal(job, {**identity}, layout.job)
+        if refusal is not None:
+            raise RunFolderTaken(refusal)
+        return job
 
-    def _job(self, store: Storage, layout: RunLayout) -> JobRecord:
+    def _job(self, store: Storage, layout: RunLayout, identity: TaskIdentity) -> JobRecord:
         """The run's job.json, which exists once an attempt was launched."""
-        job = self._read_job(store, layout)
+        job = self._read_job(store, layout, identity)
         if job is None:
             raise RuntimeError(
                 f"{layout.job} is missing, so this run's attempts are unknown; clear the task to start afresh"
@@ -548,8 +572,8 @@ class FSDPTrainingOperator(ClusterJobOperator):
 
         checked = check_event(event, expected=("finished", "timeout", "error", "hung", "deadline"))
         self._check_settings()
-        store, layout, _ = self._run(context)
-        job = self._job(store, layout)
+        store, layout, identity = self._run(context)
+        job = self._job(store, layout, identity)
         attempt = job["attempts"][-1]["attempt"]
         if checked["status"] == "error":  # waiting failed, not the job: leave it running
             raise RuntimeError(waiting_failed(checked, attempt))
@@ -609,8 +633,8 @@ class FSDPTrainingOperator(ClusterJobOperator):
         from trainops.operators.deadlines import ended_by_deadline
         from trainops.recovery.record import attempt_status
 
-        store, layout, _ = self._run(context)
-        job = self._read_job(store, layout)
+        store, layout, identity = self._run(context)
+        job = self._read_job(store, layout, identity)
         if job is None or not job["attempts"] or attempt_status(job["attempts"][-1]) == "ended":
             return
         handle = job["attempts"][-1].get("job") or {"cluster": self.cluster, "job_id": "", "labels": {}}
@@ -657,7 +681,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
         checked = check_event(event)
         self._check_settings()
         store, layout, identity = self._run(context)
-        job = self._job(store, layout)
+        job = self._job(store, layout, identity)
         if checked["status"] != "gone":
             store.put_json(layout.job, self._with_cost(store, layout, mark_failed(job)))
             raise RuntimeError(f"not relaunching: {checked.get('message') or checked['status']}")

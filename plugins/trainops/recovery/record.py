@@ -133,9 +133,12 @@ class Budgets(TypedDict):
     fallback_after: int | None
 
 
-def start_record(*, run_uri: str, config_uri: str, cluster: str, capacity: str) -> JobRecord:
-    """The record of a run that has launched nothing yet."""
-    return {
+def start_record(
+    *, run_uri: str, config_uri: str, cluster: str, capacity: str, owner: AirflowRun | None = None
+) -> JobRecord:
+    """The record of a run that has launched nothing yet; ``owner``: the task instance that
+    creates it, the only one that may use the run folder (:func:`owner_refusal`)."""
+    job: JobRecord = {
         "run_uri": run_uri,
         "config_uri": config_uri,
         "cluster": cluster,
@@ -146,6 +149,44 @@ def start_record(*, run_uri: str, config_uri: str, cluster: str, capacity: str) 
         "attempts": [],
         "budget": {"from_attempt": 1, "preemptions": 0, "infra_failures": 0},
     }
+    if owner is not None:
+        job["airflow"] = owner
+    return job
+
+
+class RunFolderTaken(ValueError):
+    """A run folder's ``job.json`` names another task instance as its owner."""
+
+
+def describe_owner(owner: AirflowRun) -> str:
+    """``dag 'd', run 'r', task 't'`` (and the map index of a mapped task), the exact ids."""
+    text = f"dag {owner.get('dag_id')!r}, run {owner.get('run_id')!r}, task {owner.get('task_id')!r}"
+    index = owner.get("map_index")
+    return f"{text}, map index {index}" if isinstance(index, int) and index >= 0 else text
+
+
+def owner_refusal(job: JobRecord, claimant: AirflowRun, uri: str) -> str | None:
+    """Why ``claimant`` may not write the run folder whose ``job.json`` (at ``uri``) is ``job``,
+    or None when it may: it owns the record, or the record is from before owners were kept.
+
+    Run folders map the exact ids injectively (``trainer.contract.safe_segment``), so another
+    owner means ids that still meet in one folder (a task ``g.3`` and task ``g``'s map index 3)
+    or a folder written by hand: resuming its checkpoints would ship another run's model."""
+    owner = job.get("airflow")
+    if owner is None:
+        return None
+    if [owner.get("dag_id"), owner.get("run_id"), owner.get("task_id"), owner.get("map_index")] == [
+        claimant["dag_id"],
+        claimant["run_id"],
+        claimant["task_id"],
+        claimant["map_index"],
+    ]:
+        return None
+    return (
+        f"{uri} belongs to {describe_owner(owner)}, not to this task ({describe_owner(claimant)}): "
+        "two runs never share a run folder, so this one trains nothing there; trigger the run with "
+        "another run id, or move that folder aside if it is stale"
+    )
 
 
 def budget_window(job: JobRecord) -> BudgetWindow:

@@ -11,6 +11,7 @@ from airflow.sdk.exceptions import TaskDeferred
 
 import trainops.cluster
 from tests.trainops.cluster.fake_backend import FakeCluster, use_fake_cluster
+from trainer.contract import safe_segment
 from trainops.cluster.spec import JobSpec
 from trainops.operators.base import (
     ClusterJobOperator,
@@ -106,7 +107,7 @@ def test_a_rerun_reattaches_to_the_live_job_it_finds_by_the_tasks_labels(fake, c
     assert asked == [
         {
             "trainops/dag": "retrain",
-            "trainops/run": "manual__2026-01-01T00_00_00_00_00",
+            "trainops/run": safe_segment(RUN_ID),
             "trainops/task": "echo",
             "trainops/map-index": "-1",
             "trainops/role": "echo",
@@ -152,7 +153,7 @@ def test_identity_labels_and_names_find_the_task_again():
     ti = SimpleNamespace(dag_id="retrain", run_id=RUN_ID, task_id="train", map_index=None)
     identity = task_identity({"ti": ti})
     assert identity == {"dag_id": "retrain", "run_id": RUN_ID, "task_id": "train", "map_index": -1}
-    assert job_labels(identity)["trainops/run"] == "manual__2026-01-01T00_00_00_00_00"  # a label value
+    assert job_labels(identity)["trainops/run"] == safe_segment(RUN_ID)  # a label value
     name = job_name("train", identity, 3)
     assert name.startswith("train-") and name.endswith("-a3") and len(name) == len("train-0a1b2c3d-a3")
     assert job_name("train", identity, 3) == name  # the same task finds the same name again

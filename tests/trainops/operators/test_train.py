@@ -16,7 +16,7 @@ from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
 from tests.trainops.cluster.fake_backend import use_fake_cluster
 from tests.trainops.operators.helpers import staged_dataset
-from trainer.contract import RunLayout, attempt_record, run_prefix
+from trainer.contract import RunLayout, attempt_record, run_prefix, safe_segment
 from trainer.storage import open_storage
 from trainops.operators import FSDPTrainingOperator
 
@@ -44,8 +44,8 @@ def data_of(root):
 
 def operator(root, **kw):
     return FSDPTrainingOperator(
-        task_id="train",
         **{
+            "task_id": "train",
             "dataset": {"uri": data_of(root)},
             "storage_root": root,
             "nodes": 2,
@@ -143,12 +143,92 @@ def test_execute_writes_config_launches_attempt_one_and_defers(file_root, cluste
     spec, chaos = cluster.launched[0]
     assert spec.args == ["python", "-m", "trainer", "train", "--config", layout.config]
     assert spec.env["TRAINOPS_ATTEMPT"] == "1" and spec.nodes == 2 and chaos is None
-    assert spec.labels["trainops/run"] == "manual__2026-01-01T00_00_00_00_00"
+    assert spec.labels["trainops/run"] == safe_segment("manual__2026-01-01T00:00:00+00:00")
     config = open_storage(file_root).get(layout.config).decode()
     assert f"data_uri: {data_of(file_root)}" in config and "max_steps: 100" in config
     assert deferred.value.trigger.handle["job_id"] == spec.name + "-x"
     job = open_storage(file_root).get_json(layout.job)
     assert [a["attempt"] for a in job["attempts"]] == [1]
+
+
+def ti_of(run_id="manual__2026-01-01T00:00:00+00:00", task_id="train", map_index=-1):
+    return {"ti": SimpleNamespace(dag_id="retrain", run_id=run_id, task_id=task_id, map_index=map_index)}
+
+
+def test_run_ids_that_differ_only_in_unsafe_characters_get_a_folder_each(file_root, cluster):
+    """Airflow lets a trigger choose its run id: ``nightly:…`` and ``nightly_…`` are two runs."""
+    store = open_storage(file_root)
+    jobs = {}
+    for run_id in ("nightly:2026-01-01", "nightly_2026-01-01", "nightly/2026-01-01"):
+        with pytest.raises(TaskDeferred):
+            operator(file_root, trainer_config={"seed": len(jobs) + 1}).execute(ti_of(run_id))
+        layout = RunLayout(run_prefix(file_root, "retrain", run_id, "train"))
+        jobs[run_id] = (store.get_json(layout.job), store.get(layout.config).decode())
+    assert len({job["run_uri"] for job, _ in jobs.values()}) == 3
+    for n, (run_id, (job, config)) in enumerate(jobs.items(), start=1):
+        assert job["airflow"] == {"dag_id": "retrain", "run_id": run_id, "task_id": "train", "map_index": -1}
+        assert f"seed: {n}" in config and [a["attempt"] for a in job["attempts"]] == [1]
+    assert len(cluster.launched) == 3
+
+
+def test_a_run_folder_another_run_owns_is_refused_naming_both_before_anything_is_written(file_root, cluster):
+    """Task ``g.3`` (in a task group) and task ``g``'s map index 3 meet in one folder."""
+    with pytest.raises(TaskDeferred):
+        operator(file_root, task_id="g.3", trainer_config={"seed": 1}).execute(ti_of(task_id="g.3"))
+    store = open_storage(file_root)
+    layout = RunLayout(run_prefix(file_root, "retrain", "manual__2026-01-01T00:00:00+00:00", "g", 3))
+    before = (store.get(layout.job), store.get(layout.config))
+
+    with pytest.raises(AirflowFailException) as refused:  # failed at once: a retry cannot fix it
+        operator(file_root, task_id="g", trainer_config={"seed": 2}).execute(ti_of(task_id="g", map_index=3))
+    assert str(refused.value) == (
+        f"{layout.job} belongs to dag 'retrain', run 'manual__2026-01-01T00:00:00+00:00', task 'g.3', "
+        "not to this task (dag 'retrain', run 'manual__2026-01-01T00:00:00+00:00', task 'g', map index 3): "
+        "two runs never share a run folder, so this one trains nothing there; trigger the run with "
+        "another run id, or move that folder aside if it is stale [RunFolderTaken: not retried, every "
+        "try would fail the same way; fix the input and run again]"
+    )
+    assert (store.get(layout.job), store.get(layout.config)) == before  # its seed, its attempts
+    assert len(cluster.launched) == 1
+
+
+def test_a_rival_that_creates_the_run_folder_first_wins_and_the_second_is_refused(
+    file_root, cluster, monkeypatch
+):
+    """Both read "no job.json", both create it: the create-only write lets one through."""
+    rival = operator(file_root)
+    with pytest.raises(TaskDeferred):
+        rival.execute(ti_of(task_id="train", map_index=-1))
+    real_read = FSDPTrainingOperator._read_job
+    reads = []
+
+    def first_read_sees_nothing(self, store, layout, identity):
+        reads.append(layout.job)
+        return None if len(reads) == 1 else real_read(self, store, layout, identity)
+
+    monkeypatch.setattr(FSDPTrainingOperator, "_read_job", first_read_sees_nothing)
+    job_uri = layout_of(file_root).job
+    # the same folder, as a hand-made record of another owner would be
+    store = open_storage(file_root)
+    job = store.get_json(job_uri)
+    store.put_json(job_uri, {**job, "airflow": {**job["airflow"], "run_id": "someone-else"}})
+    with pytest.raises(
+        AirflowFailException, match=r"belongs to dag 'retrain', run 'someone-else', task 'train'"
+    ):
+        operator(file_root).execute(ti_of())
+    assert len(reads) == 2 and len(cluster.launched) == 1
+
+
+def test_a_record_from_before_owners_were_kept_is_adopted(file_root, cluster, context):
+    with pytest.raises(TaskDeferred):
+        operator(file_root).execute(context)
+    store, layout = open_storage(file_root), layout_of(file_root)
+    legacy = store.get_json(layout.job)
+    del legacy["airflow"]
+    store.put_json(layout.job, legacy)
+    with pytest.raises(TaskDeferred):
+        operator(file_root).execute(context)  # reattaches (the fake's job is live) or relaunches
+    assert store.get_json(layout.job)["airflow"]["run_id"] == "manual__2026-01-01T00:00:00+00:00"
 
 
 def test_rerun_reattaches_to_the_live_job(file_root, cluster, context):

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from trainer.contract import safe_segment
 from trainer.storage import open_storage
 from trainops.recipes import form, sources
 from trainops.recipes.sources import RAW_DEMO_ASSET, land_demo_batch, source_from_events
@@ -46,7 +47,8 @@ def test_the_demo_data_is_written_once_and_only_at_its_default_place(storage):
 
 def test_a_landed_batch_is_announced_with_its_uri_and_rows(storage):
     extra = land_demo_batch(storage, "scheduled__2026-03-01T02:00:00+00:00", seed=3, rows=120)
-    assert extra["uri"] == f"{storage}/raw/datateam/demo-text/scheduled__2026-03-01T02_00_00_00_00"
+    segment = safe_segment("scheduled__2026-03-01T02:00:00+00:00")
+    assert extra["uri"] == f"{storage}/raw/datateam/demo-text/{segment}"
     assert (extra["rows"], extra["dataset_name"], extra["format"]) == (120, "demo-text", "parquet")
     assert open_storage(storage).list(extra["uri"])  # the snapshot is there
 

@@ -233,19 +233,24 @@ class CrashingStore:
     def __getattr__(self, name):
         return getattr(self.store, name)
 
-    def put_json(self, uri, data):
+    def put_json(self, uri, data, **conditions):
         if uri != self.job_uri:
-            return self.store.put_json(uri, data)
-        entry = data["attempts"][-1]
-        step = {"launching": "intent", "running": "handle"}.get(entry.get("status"), "fold")
-        self.crashes.maybe(step, entry["attempt"], "before")
-        self.store.put_json(uri, data)
-        self.crashes.maybe(step, entry["attempt"], "after")
+            return self.store.put_json(uri, data, **conditions)
+        if not data["attempts"]:  # the claim: job.json created with its owner, config.yaml next
+            step, attempt = "claim", 1
+        else:
+            entry = data["attempts"][-1]
+            step = {"launching": "intent", "running": "handle"}.get(entry.get("status"), "fold")
+            attempt = entry["attempt"]
+        self.crashes.maybe(step, attempt, "before")
+        self.store.put_json(uri, data, **conditions)
+        self.crashes.maybe(step, attempt, "after")
 
 
 STEPS = [("intent", "b"), ("intent", "a"), ("launch", "b"), ("launch", "a"), ("handle", "b"), ("handle", "a")]
 POINTS = (
-    [(step, n, {"b": "before", "a": "after"}[w]) for n in (1, 2) for step, w in STEPS]
+    [("claim", 1, "before"), ("claim", 1, "after")]  # between creating job.json and config.yaml
+    + [(step, n, {"b": "before", "a": "after"}[w]) for n in (1, 2) for step, w in STEPS]
     + [("defer", n, "before") for n in (1, 2)]  # the handle recorded, the worker dies before deferring
     + [("fold", n, w) for n in (1, 2) for w in ("before", "after")]
     + [("delete", 1, w) for w in ("before", "after")]  # the relaunch path: retiring attempt 1
@@ -470,7 +475,7 @@ def test_a_launch_whose_reply_was_lost_and_whose_job_ended_unseen_is_reattached_
 
 def test_the_crash_points_cover_every_write_launch_and_delete():
     print(f"\ncrash points covered: {len(POINTS)}")
-    assert len(POINTS) == 20
+    assert len(POINTS) == 22
 
 
 def test_a_failed_write_after_launch_reattaches_to_the_right_entry_not_the_previous(
