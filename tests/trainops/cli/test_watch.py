@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from tests.trainops.cli.test_quiet import PREEMPTED
-from trainer.contract import RunLayout, run_prefix
+from trainer.contract import RunLayout, run_prefix, safe_segment
 from trainops.cli.watch import DEMO_DAG, Console, DemoWatch, newest_run_id, read_run, sqlite_path, stop_jobs
 from trainops.cluster.local.backend import LocalCluster
 from trainops.cluster.local.pgroups import job_processes
@@ -103,7 +103,7 @@ def test_on_a_terminal_the_progress_is_one_bar_redrawn_under_the_lines():
 def test_stop_jobs_deletes_the_runs_live_jobs_and_waits_for_their_processes(tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINOPS_LOCAL_STATE", str(tmp_path / "local"))
     cluster = LocalCluster()
-    labels = {"trainops/dag": DEMO_DAG, "trainops/run": "manual__2026-12-01T20_59_22.410112_00_00"}
+    labels = {"trainops/dag": DEMO_DAG, "trainops/run": safe_segment(RUN_ID)}
     ours = cluster.launch(
         JobSpec(
             name="train-x-a1",

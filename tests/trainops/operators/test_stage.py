@@ -137,7 +137,9 @@ def test_outlets_name_the_dataset_asset_or_an_alias_for_runtime_names():
     static = _op(dataset_name="demo text", outlets=[Asset("other")])
     assert static.outlets == [
         Asset("other"),
-        Asset(name="trainops-dataset-demo_text", uri="trainops://datasets/demo_text"),
+        Asset(
+            name="trainops-dataset-demo_text~503b7c94e689", uri="trainops://datasets/demo_text~503b7c94e689"
+        ),
     ]
     assert dataset_asset("demo text") == static.outlets[-1]
     templated = _op(dataset_name="{{ params.name }}")

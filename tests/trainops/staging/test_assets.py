@@ -20,7 +20,11 @@ from trainops.staging.stage import stage_dataset
     [
         ("demo", "trainops-dataset-demo", "trainops://datasets/demo"),
         ("web.v2_en-US=1", "trainops-dataset-web.v2_en-US=1", "trainops://datasets/web.v2_en-US=1"),
-        ("news/en 2024:q1", "trainops-dataset-news_en_2024_q1", "trainops://datasets/news_en_2024_q1"),
+        (  # another name's folder would be news_en_2024_q1: the hash keeps them apart
+            "news/en 2024:q1",
+            "trainops-dataset-news_en_2024_q1~72c0a8f37231",
+            "trainops://datasets/news_en_2024_q1~72c0a8f37231",
+        ),
     ],
 )
 def test_names_and_uris_are_path_safe_like_the_storage_layout(dataset, name, uri):
