@@ -544,28 +544,149 @@ HF_SHAPE_KEYS = {
     "hidden": "intermediate_size",
 }
 
+# What transformers' ``LlamaConfig`` takes for a key a ``config.json`` leaves out, so what a
+# folder without it was trained to compute (transformers 5: ``configuration_llama.py``, RoPE theta
+# from ``modeling_rope_utils.RotaryEmbeddingConfigMixin.default_theta``; a test holds these to the
+# installed transformers). Its ``num_key_value_heads`` and ``head_dim`` defaults follow the heads.
+LLAMA_DEFAULTS: dict[str, Any] = {
+    "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "mlp_bias": False,
+}
+# transformers' activation table maps both names to the same SiLU.
+_SAME_ACTIVATION = {"swish": "silu"}
+# Floats read back from JSON, or rounded through float32 by another exporter, are the same value.
+_REL_TOL = 1e-6
+
+
+def llama_config_keys(args: ModelArgs) -> dict[str, Any]:
+    """The keys of a Hugging Face Llama ``config.json`` that fix what the model ``args`` computes,
+    with its values: every shape, and what ``trainer.model`` is beyond them (RMSNorm with
+    ``norm_eps``, plain RoPE with ``rope_theta`` and no scaling, SwiGLU with SiLU, no biases,
+    untied embeddings, full causal attention: no sliding window). ``trainer.hf.hf_config``
+    writes them all on export (a test holds the two together)."""
+    return {
+        **{theirs: getattr(args, ours) for ours, theirs in HF_SHAPE_KEYS.items()},
+        "head_dim": args.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": args.norm_eps,
+        "rope_theta": args.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": args.rope_theta},
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+    }
+
+
+def _close(got: Any, want: float) -> bool:
+    number = isinstance(got, int | float) and not isinstance(got, bool)
+    return number and math.isclose(float(got), want, rel_tol=_REL_TOL)
+
+
+def _shape_differences(args: ModelArgs, source: Mapping[str, Any]) -> list[str]:
+    """``"key <source's> in the source, <run's> in the run"`` for each shape that differs."""
+    run, differ = llama_config_keys(args), []
+    for theirs in (*HF_SHAPE_KEYS.values(), "head_dim"):
+        want, got = run[theirs], source.get(theirs)
+        if theirs == "num_key_value_heads" and got is None:  # HF's default: as many as the heads
+            got = source.get("num_attention_heads")
+        if theirs == "head_dim" and got is None:  # HF's default: the hidden size over the heads
+            hidden, heads = source.get("hidden_size"), source.get("num_attention_heads")
+            got = hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else want
+        if got != want:
+            differ.append(f"{theirs} {got!r} in the source, {want!r} in the run")
+    return differ
+
+
+def _rope_type(value: Any) -> Any:
+    """The RoPE type a ``rope_scaling``/``rope_parameters`` value names (transformers 4 spells the
+    key ``type``); ``default`` is plain RoPE, every other type rescales it."""
+    return value.get("rope_type", value.get("type", "default")) if isinstance(value, Mapping) else value
+
+
+def _function_differences(args: ModelArgs, source: Mapping[str, Any]) -> list[str]:
+    """``"key <source's> in the source, <run's> in the run"`` for each key of the source's
+    ``config.json`` by which its model computes another function than the run's, a key left out
+    being transformers' default (:data:`LLAMA_DEFAULTS`)."""
+    run = llama_config_keys(args)
+    differ = []
+
+    def say(key: str, got: Any, want: Any) -> None:
+        unset = "" if key.split(".")[0] in source else " (not set: transformers' LlamaConfig default)"
+        differ.append(f"{key} {got!r} in the source{unset}, {want!r} in the run")
+
+    # RoPE theta, wherever the folder states it: transformers 4 (and trainer.hf) read it flat,
+    # transformers 5 from rope_parameters (or rope_scaling). Each place must say the run's.
+    stated = [
+        (f"{holder}.rope_theta" if holder else "rope_theta", where["rope_theta"])
+        for holder, where in (
+            ("", source),
+            *((k, source.get(k)) for k in ("rope_parameters", "rope_scaling")),
+        )
+        if isinstance(where, Mapping) and where.get("rope_theta") is not None
+    ]
+    for key, got in stated or [("rope_theta", LLAMA_DEFAULTS["rope_theta"])]:
+        if not _close(got, run["rope_theta"]):
+            say(key, got, run["rope_theta"])
+    # The run's RoPE is plain: any scaling (linear, dynamic, yarn, llama3, ...) is another model.
+    for key in ("rope_scaling", "rope_parameters"):
+        value = source.get(key)
+        if value is not None and _rope_type(value) != _rope_type(run["rope_parameters"]):
+            differ.append(f"{key} {value!r} in the source, none in the run (plain RoPE)")
+    got = source.get("rms_norm_eps", LLAMA_DEFAULTS["rms_norm_eps"])
+    if not _close(got, run["rms_norm_eps"]):
+        say("rms_norm_eps", got, run["rms_norm_eps"])
+    got = source.get("hidden_act", LLAMA_DEFAULTS["hidden_act"])
+    if (_SAME_ACTIVATION.get(got, got) if isinstance(got, str) else got) != run["hidden_act"]:
+        say("hidden_act", got, run["hidden_act"])
+    for key in ("tie_word_embeddings", "attention_bias", "mlp_bias"):
+        got = source.get(key, LLAMA_DEFAULTS[key])
+        if got is not run[key]:
+            say(key, got, run[key])
+    # A sliding window (Mistral's spelling: sliding_window alone; Qwen2's: use_sliding_window with
+    # it) masks what full causal attention sees. A window declared with use_sliding_window false is
+    # off.
+    window, use = source.get("sliding_window"), source.get("use_sliding_window")
+    if use:
+        differ.append(f"use_sliding_window {use!r} in the source, False in the run (full causal attention)")
+    elif window is not None and use is None:
+        differ.append(f"sliding_window {window!r} in the source, none in the run (full causal attention)")
+    return differ
+
 
 def check_init_fit(args: ModelArgs, source_config: Mapping[str, Any], source_uri: str) -> None:
     """Raise ConfigError when the weights at ``source_uri`` (``init.from``), whose ``config.json``
     is ``source_config``, cannot start the model ``args`` describes (the preset with the run's
-    vocabulary): another architecture, or any dimension that differs, named on both sides.
-    Pure and torch-free, so the operator refuses before launch and the trainer before loading."""
+    vocabulary): another architecture, any dimension that differs, or any key by which the source
+    computes another function (RoPE theta and scaling, the norm's epsilon, the activation, biases,
+    tied embeddings, a sliding window; a key left out is transformers' default), named on both
+    sides. Pure and torch-free, so the operator refuses before launch and the trainer before
+    loading."""
     if source_config.get("model_type") != "llama":
         raise ConfigError(
             f"init.from={source_uri!r} holds a {source_config.get('model_type')!r} model, not a Llama one; "
             "warm start loads the Hugging Face Llama layout only: set init.from to a Llama folder or none"
         )
-    differ = []
-    for ours, theirs in HF_SHAPE_KEYS.items():
-        want = getattr(args, ours)
-        got = source_config.get(theirs)
-        if ours == "kv_heads" and got is None:  # HF's default: as many as the attention heads
-            got = source_config.get("num_attention_heads")
-        if got != want:
-            differ.append(f"{theirs} {got!r} in the source, {want!r} in the run")
-    if differ:
-        raise ConfigError(
-            f"init.from={source_uri!r} does not fit the run's model: {'; '.join(differ)}; pick the preset "
-            "(model.preset, model.vocab_size) the source was trained with, a source of this shape, or "
-            "init.from=none"
+    shapes = _shape_differences(args, source_config)
+    function = _function_differences(args, source_config)
+    if not shapes and not function:
+        return
+    fixes = []
+    if shapes:
+        fixes.append(
+            "pick the preset (model.preset, model.vocab_size) the source was trained with, a source of this shape"
         )
+    if function:
+        fixes.append(
+            "warm start from a source trained with the run's "
+            f"{', '.join(dict.fromkeys(key.split(' ')[0] for key in function))} (every preset's model is a Llama with "
+            f"rope_theta {args.rope_theta}, no RoPE scaling, rms_norm_eps {args.norm_eps}, SiLU, no biases, "
+            "untied embeddings and full causal attention, and no setting changes them)"
+        )
+    raise ConfigError(
+        f"init.from={source_uri!r} does not fit the run's model: {'; '.join(shapes + function)}; "
+        f"{', or '.join(fixes)}, or set init.from=none"
+    )

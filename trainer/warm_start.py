@@ -13,8 +13,9 @@ source is read in place; an ``s3://`` one is downloaded once per node into the n
 (the first rank to ask fetches it, the others wait on a lock and read the same file).
 
 Names and the RoPE row order come from ``trainer.hf`` (``to_hf_name``, ``from_hf_state_dict``);
-shapes are checked with the operator's own rule (``trainer.config.check_init_fit``) before a
-byte of weights is read. Weights only: the optimizer, step, data cursor and schedule are the
+shapes and every key that changes what the weights compute (RoPE theta and scaling, the norm's
+epsilon, ...) are checked with the operator's own rule (``trainer.config.check_init_fit``) before
+a byte of weights is read. Weights only: the optimizer, step, data cursor and schedule are the
 run's own, fresh.
 """
 

@@ -114,12 +114,22 @@ def test_each_rank_reads_only_its_rows_and_gets_what_the_whole_tensor_would_give
             assert torch.equal(got, ours[name][lo:hi]), name
 
 
-def test_a_source_of_another_shape_or_incomplete_is_refused_naming_both_sides(
+def test_a_source_of_another_shape_or_function_or_incomplete_is_refused_naming_both_sides(
     world_of_one, tmp_path, dataset_uri
 ):
     write_hf_folder(tmp_path / "small", preset="small", vocab=257)
     with pytest.raises(ConfigError, match=r"hidden_size 768 in the source, 64 in the run"):
         start(tmp_path / "a", dataset_uri, world_of_one, 1, f"init.from={(tmp_path / 'small').as_uri()}")
+    write_hf_folder(tmp_path / "theta")  # the run's shape, trained with CodeLlama's RoPE theta
+    config = json.loads((tmp_path / "theta" / "config.json").read_text())
+    config["rope_theta"] = config["rope_parameters"]["rope_theta"] = 1e6
+    (tmp_path / "theta" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        ConfigError,
+        match=r"rope_theta 1000000.0 in the source, 10000.0 in the run; "
+        r"rope_parameters.rope_theta 1000000.0 in the source, 10000.0 in the run",
+    ):
+        start(tmp_path / "t", dataset_uri, world_of_one, 1, f"init.from={(tmp_path / 'theta').as_uri()}")
     write_hf_folder(tmp_path / "vocab", vocab=300)
     with pytest.raises(ConfigError, match=r"vocab_size 300 in the source, 257 in the run"):
         start(tmp_path / "b", dataset_uri, world_of_one, 1, f"init.from={(tmp_path / 'vocab').as_uri()}")

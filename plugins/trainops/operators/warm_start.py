@@ -6,7 +6,9 @@ pointer, ``trainops.registry.pointer``); ``auto`` is the same, or ``none`` while
 no production version (or the operator no ``model_name``). A retried task keeps the folder its run resolved first (in the run's
 ``config.yaml``): production may have moved since, and the run's checkpoints and its card's
 lineage belong to the first. Then the folder's ``config.json`` must describe the run's model
-(``trainer.config.check_init_fit``: architecture, every dimension, the vocabulary), and the
+(``trainer.config.check_init_fit``, the trainer's own rule: architecture, every dimension, the
+vocabulary, and every key that changes what the weights compute: RoPE theta and scaling, the
+norm's epsilon, the activation, biases, tied embeddings, a sliding window), and the
 tokenizer the folder was trained with (its ``export.json``'s, else its dataset's manifest's)
 must be the run's dataset's. Each mismatch is a ValueError naming both sides, raised before
 anything is written or launched.

@@ -2,6 +2,7 @@
 shape, vocabulary and tokenizer checked against the run, naming both sides, before anything is
 written or launched."""
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -10,7 +11,7 @@ from airflow.sdk.exceptions import TaskDeferred
 
 from tests.trainops.cluster.fake_backend import use_fake_cluster
 from tests.trainops.operators.helpers import staged_dataset
-from trainer.config import HF_SHAPE_KEYS
+from trainer.config import llama_config_keys
 from trainer.contract import RunLayout, join, model_version_prefix, production_pointer, run_prefix
 from trainer.presets import PRESETS
 from trainer.storage import open_storage
@@ -32,14 +33,20 @@ def context():
     return {"ti": SimpleNamespace(dag_id="retrain", run_id="manual__1", task_id="train", map_index=-1)}
 
 
-def llama_folder(uri: str, *, preset: str = "tiny", vocab: int = TOKENIZER["vocab_size"], **info) -> str:
-    """A source folder's ``config.json`` (as ``trainer.hf.hf_config`` names the keys) and
-    ``export.json`` (``info``); no weights: the operator reads only these."""
+def llama_folder(
+    uri: str,
+    *,
+    preset: str = "tiny",
+    vocab: int = TOKENIZER["vocab_size"],
+    config: dict | None = None,
+    **info,
+) -> str:
+    """A source folder's ``config.json`` (the keys ``trainer.hf.hf_config`` writes on export, then
+    ``config``'s; a None value leaves the key out) and ``export.json`` (``info``); no weights: the
+    operator reads only these."""
     args = PRESETS[preset].with_vocab(vocab)
-    config = {
-        "model_type": "llama",
-        **{theirs: getattr(args, ours) for ours, theirs in HF_SHAPE_KEYS.items()},
-    }
+    written = {"model_type": "llama", **llama_config_keys(args), **(config or {})}
+    config = {key: value for key, value in written.items() if value is not None}
     storage = open_storage(uri)
     storage.put_json(join(uri, "config.json"), config)
     if info:
@@ -140,6 +147,58 @@ def test_a_source_that_does_not_fit_fails_before_anything_is_written_or_launched
     source = llama_folder((tmp_path / "source").as_uri(), **folder)
     with pytest.raises(ValueError, match=message):
         operator(file_root, source).execute(context)
+    assert cluster.launched == []
+    assert open_storage(file_root).list(file_root) == []
+
+
+# A Llama folder of the run's shape whose config.json says it computes another function.
+@pytest.mark.parametrize(
+    "config,message",
+    [
+        (  # CodeLlama's
+            {"rope_theta": 1e6, "rope_parameters": None},
+            r"rope_theta 1000000.0 in the source, 10000.0 in the run",
+        ),
+        (
+            {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+            r"rope_scaling \{'factor': 4.0, 'rope_type': 'yarn'\} in the source, none in the run",
+        ),
+        ({"rms_norm_eps": 1e-6}, r"rms_norm_eps 1e-06 in the source, 1e-05 in the run"),
+        ({"tie_word_embeddings": True}, r"tie_word_embeddings True in the source, False in the run"),
+        (
+            {"hidden_act": "gelu_pytorch_tanh"},
+            r"hidden_act 'gelu_pytorch_tanh' in the source, 'silu' in the run",
+        ),
+        ({"attention_bias": True}, r"attention_bias True in the source, False in the run"),
+        ({"mlp_bias": True}, r"mlp_bias True in the source, False in the run"),
+        ({"sliding_window": 4096}, r"sliding_window 4096 in the source, none in the run"),
+        (
+            {"sliding_window": 4096, "use_sliding_window": True},
+            r"use_sliding_window True in the source, False in the run",
+        ),
+    ],
+    ids=[
+        "rope_theta",
+        "rope_scaling",
+        "rms_norm_eps",
+        "tie_word_embeddings",
+        "hidden_act",
+        "attention_bias",
+        "mlp_bias",
+        "sliding_window",
+        "use_sliding_window",
+    ],
+)
+def test_a_source_that_computes_another_function_fails_before_anything_is_written_or_launched(
+    file_root, tmp_path, cluster, context, config, message
+):
+    source = llama_folder((tmp_path / "source").as_uri(), config=config, tokenizer=dict(TOKENIZER))
+    with pytest.raises(ValueError) as refused:
+        operator(file_root, source).execute(context)
+    said = str(refused.value)
+    assert re.search(message, said), said
+    assert said.startswith(f"init.from={source!r} does not fit the run's model")
+    assert said.endswith("or set init.from=none")
     assert cluster.launched == []
     assert open_storage(file_root).list(file_root) == []
 

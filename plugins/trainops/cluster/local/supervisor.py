@@ -1,11 +1,11 @@
 """The local backend's job supervisor: one detached process per job attempt.
 
 It plays the part Kubernetes plays for a real job: it starts one torchrun agent per "node"
-(each in its own process group, with its own scratch directory), keeps ``status.json`` up to
-date, and enforces gang semantics: when one node fails, the others are terminated (SIGTERM,
-then SIGKILL after the grace period), as a Job with ``backoffLimit: 0`` would be. It can also
-inject a spot preemption (SIGTERM to one node's torchrun once the run reaches a step) for demos
-and tests.
+(each in its own process group, with its own scratch directory and temp dir, removed when the
+attempt ends), keeps ``status.json`` up to date, and enforces gang semantics: when one node
+fails, the others are terminated (SIGTERM, then SIGKILL after the grace period), as a Job with
+``backoffLimit: 0`` would be. It can also inject a spot preemption (SIGTERM to one node's
+torchrun once the run reaches a step) for demos and tests.
 
 Every node's process group is recorded in the job directory as it starts
 (:mod:`trainops.cluster.local.pgroups`), so a job whose supervisor died can still be torn
@@ -47,6 +47,8 @@ from trainops.cluster.spec import JobSpec
 
 POLL_S = 0.2
 CHAOS_POLL_S = 0.5
+SCRATCH_CACHE = "cache"  # TRAINOPS_CACHE_DIR: shard cache, checkpoint staging
+SCRATCH_TMP = "tmp"  # TMPDIR
 
 GangPhase = Literal["running", "teardown", "succeeded", "failed"]
 
@@ -88,6 +90,21 @@ def _write_json(path: Path, data: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=2))
     os.replace(tmp, path)
+
+
+def node_scratch(job_dir: Path, node: int) -> Path:
+    """Node ``node``'s scratch space: its working directory, holding its ``cache`` (the
+    trainer's node-local cache) and ``tmp`` (its temp dir)."""
+    return job_dir / f"node-{node}"
+
+
+def drop_scratch(job_dir: Path) -> None:
+    """Remove every node's cache and temp dir, once none of the job's processes is left: a pod's
+    ephemeral storage goes with the pod, so a finished attempt keeps only its logs and status."""
+    for scratch in job_dir.glob("node-*"):
+        if scratch.is_dir():
+            for part in (SCRATCH_CACHE, SCRATCH_TMP):
+                shutil.rmtree(scratch / part, ignore_errors=True)
 
 
 def node_argv(spec: JobSpec, node: int, port: int, job_id: str) -> list[str]:
@@ -151,11 +168,18 @@ class Supervisor:
         devices = host_gpus(base_env).devices if gpus else ()
         self.status["start_time"] = time.time()  # what a pod's startTime is to a bill
         for node in range(self.spec.nodes):
-            scratch = self.dir / f"node-{node}"
-            (scratch / "cache").mkdir(parents=True, exist_ok=True)
+            scratch = node_scratch(self.dir, node)
+            for part in (SCRATCH_CACHE, SCRATCH_TMP):
+                (scratch / part).mkdir(parents=True, exist_ok=True)
             env = {
                 **base_env,
-                "TRAINOPS_CACHE_DIR": str(scratch / "cache"),
+                "TRAINOPS_CACHE_DIR": str(scratch / SCRATCH_CACHE),
+                # The node's temp dir is the attempt's, removed with it (drop_scratch): torchrun's
+                # elastic agent leaves a torchelastic_* folder in tempfile.gettempdir() on every
+                # run, and the workers theirs (a file store, compile caches), which in the host's
+                # /tmp would pile up attempt after attempt. On Kubernetes the container's /tmp is
+                # the pod's own and goes with it. A TMPDIR the job's env names is the user's.
+                "TMPDIR": self.spec.env.get("TMPDIR") or str(scratch / SCRATCH_TMP),
                 "TRAINOPS_NODE_INDEX": str(node),
                 "PYTHONUNBUFFERED": "1",
             }
@@ -243,10 +267,7 @@ class Supervisor:
         self.status["end_time"] = time.time()  # the last node process has exited
         self.status["phase"] = "failed" if self.cancelled else phase
         self.status["ended_at"] = now_iso()
-        # A pod's ephemeral storage goes with the pod: drop the nodes' scratch (shard cache,
-        # checkpoint staging) so finished attempts keep only their logs and status.
-        for node in range(self.spec.nodes):
-            shutil.rmtree(self.dir / f"node-{node}" / "cache", ignore_errors=True)
+        drop_scratch(self.dir)  # every node has exited (a kill -9 of the supervisor: reap's)
         self.save()
         return 0
 
@@ -278,7 +299,8 @@ class Supervisor:
 def reap(job_dir: Path, *, grace_s: float | None = None, poll_s: float = POLL_S) -> bool:
     """Tear down a job whose supervisor is gone, as the supervisor would: SIGTERM to each
     node's torchrun (and to any process of the job whose torchrun is gone), SIGKILL to what is
-    left after the grace period; return True once none of its processes is left.
+    left after the grace period; once none of its processes is left, remove the nodes' scratch
+    (:func:`drop_scratch`) and return True.
 
     :param grace_s: SIGTERM-to-SIGKILL seconds (None: the spec's ``termination_grace_seconds``).
     """
@@ -293,7 +315,10 @@ def reap(job_dir: Path, *, grace_s: float | None = None, poll_s: float = POLL_S)
     deadline = time.monotonic() + 10
     while job_processes(job_dir) and time.monotonic() < deadline:
         time.sleep(poll_s)
-    return not job_processes(job_dir)
+    if job_processes(job_dir):
+        return False
+    drop_scratch(job_dir)  # what the dead supervisor would have removed at the end
+    return True
 
 
 def main(argv: list[str]) -> int:

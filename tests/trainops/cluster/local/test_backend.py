@@ -323,3 +323,66 @@ def _alive(pid):
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+# -- the nodes' temp folder: the attempt's own, gone when the attempt ends ------------------------
+# A stand-in for torchrun's elastic agent: a folder in the temp dir, as the agent makes one for its
+# workers' logs and error files and leaves behind (empty) on every run; then per node: exit 0,
+# exit 3 (node 1, failing the gang) or wait to be stopped.
+MAKES_TEMP = (
+    "import os, sys, tempfile, time\n"
+    "made = tempfile.mkdtemp(prefix='torchelastic_')\n"
+    "open(os.path.join(made, 'error.json'), 'w').close()\n"
+    "print('made', made, flush=True)\n"
+    "node, end = os.environ['TRAINOPS_NODE_INDEX'], sys.argv[1]\n"
+    "if end == 'exit' or (end == 'fail' and node == '1'): sys.exit(0 if end == 'exit' else 3)\n"
+    "time.sleep(120)\n"
+)
+
+
+@pytest.mark.parametrize("end", ["succeeds", "a node fails", "cancelled", "supervisor killed -9"])
+def test_an_attempt_leaves_nothing_in_the_temp_dir_however_it_ends(cluster, tmp_path, monkeypatch, end):
+    """Every node's temp dir (``TMPDIR``) is a folder of its attempt, removed when the attempt
+    ends: by the supervisor, or by the reaper ``delete`` starts when the supervisor is gone."""
+    machine_tmp = tmp_path / "machine-tmp"  # this test's own: other processes do not write here
+    machine_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(machine_tmp))
+    argv = {"succeeds": "exit", "a node fails": "fail"}.get(end, "wait")
+    handle = cluster.launch(
+        job(f"temp-{argv}", MAKES_TEMP, nodes=2, argv=[argv], termination_grace_seconds=5)
+    )
+    job_dir = Path(handle["job_dir"])
+
+    def made() -> list[Path]:
+        logs = [log.read_text() for log in sorted(job_dir.glob("node-*.log"))]
+        return [
+            Path(line.split(" ", 1)[1])
+            for text in logs
+            for line in text.splitlines()
+            if line.startswith("made ")
+        ]
+
+    wait_for(lambda: len(made()) == 2, "both nodes to make their temp folder")
+    if end == "cancelled":
+        cluster.delete(handle)
+    elif end == "supervisor killed -9":
+        os.kill(int((job_dir / "supervisor.pid").read_text()), signal.SIGKILL)
+        wait_for(lambda: cluster.status(handle)["phase"] == "lost", "the job to be lost")
+        cluster.delete(handle)
+        reaper = int((job_dir / "reaper.pid").read_text())
+        wait_for(lambda: not _alive(reaper), "the reaper to finish")
+    wait_final(cluster, handle)
+    wait_for(lambda: cluster.all_gone(handle), "the gang to be gone")
+    assert [folder for folder in made() if folder.exists()] == []
+    assert sorted(machine_tmp.iterdir()) == []
+    assert sorted(job_dir.glob("node-*/tmp")) == []
+
+
+def test_a_temp_dir_the_job_env_names_is_the_nodes(cluster, tmp_path):
+    theirs = tmp_path / "their-tmp"
+    theirs.mkdir()
+    handle = cluster.launch(
+        job("their-tmp", "import tempfile; print('tmp', tempfile.gettempdir())", env={"TMPDIR": str(theirs)})
+    )
+    assert wait_final(cluster, handle)["phase"] == "succeeded"
+    assert f"[node-0] tmp {theirs}" in cluster.logs_tail(handle)

@@ -198,3 +198,23 @@ def test_a_killed_supervisors_trainers_are_killed_before_the_relaunch_and_never_
     print(
         f"\nsupervisor kill -9: {len(samples)} samples of the host's job processes, never two gangs at once"
     )
+
+
+@pytest.mark.slow
+def test_a_torchrun_attempt_leaves_no_torchelastic_folder_in_the_temp_dir(tmp_path, monkeypatch):
+    """torchrun's elastic agent makes a ``torchelastic_*`` folder in the temp dir on every run and
+    leaves it; through the local backend that temp dir is the attempt's own, removed at its end."""
+    from tests.trainops.cluster.local.test_backend import wait_final
+    from trainops.cluster.local.backend import LocalCluster
+
+    machine_tmp = tmp_path / "machine-tmp"  # this test's own: other processes do not write here
+    machine_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(machine_tmp))
+    cluster = LocalCluster(tmp_path / "state")
+    spec = JobSpec(name="presets", args=["python", "-m", "trainer", "presets"], env={"OMP_NUM_THREADS": "1"})
+    handle = cluster.launch(spec)
+    state = wait_final(cluster, handle, timeout=180)
+    assert state["phase"] == "succeeded", cluster.logs_tail(handle)
+    assert "bert-large-size" in cluster.logs_tail(handle)  # torchrun's worker ran
+    assert sorted(machine_tmp.iterdir()) == []
+    assert sorted(Path(handle["job_dir"]).glob("node-*/tmp")) == []
