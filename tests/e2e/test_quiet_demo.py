@@ -24,11 +24,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def demo_env(tmp_path, airflow_db):
+    (tmp_path / "tmp").mkdir()
     env = dict(os.environ)
     env.update(
         {
             "TRAINOPS_STORAGE_ROOT": f"file://{tmp_path}/storage",
             "TRAINOPS_LOCAL_STATE": str(tmp_path / "local"),
+            "TMPDIR": str(tmp_path / "tmp"),  # the demo's own: what it leaves there is under test
             "PYTHONPATH": os.pathsep.join([str(REPO / "plugins"), str(REPO)]),
         }
     )
@@ -70,6 +72,10 @@ def test_the_demo_prints_a_few_lines_a_preemption_line_and_the_summary(demo_env,
     assert any(line.startswith("attempt 2: step 120/120  loss ") for line in lines), out
     assert "trainops demo summary" in out and "promoted         demo-lm v" in out
     assert lines[-1].startswith("DAG run manual__") and ": success in " in lines[-1]
+    # torchrun's agent makes a torchelastic_* folder in its temp dir on every attempt of every
+    # node: each node's temp dir is its attempt's, and goes when the attempt ends.
+    left = [p.name for p in (tmp_path / "tmp").iterdir() if p.name.startswith("torchelastic_")]
+    assert left == [] and list((tmp_path / "local").glob("jobs/*/node-*/tmp")) == []
 
 
 def _live_train_job(local_state: Path) -> Path | None:
