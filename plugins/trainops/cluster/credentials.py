@@ -30,6 +30,7 @@ __all__ = [
     "MASK",
     "credential_name",
     "credential_reason",
+    "credential_under_name",
     "literal_credentials",
     "mask_env",
     "mask_text",
@@ -142,12 +143,27 @@ def credential_reason(name: str, value: str) -> str | None:
     :param name: a variable name or a record's key (``DB_PASSWORD``, ``aws_session_token``).
     :param value: its literal value.
     """
-    if value.strip() == "" or value.strip().lower() in _SWITCHES:
+    if _nothing_to_leak(value):
         return None
     if _url_secret(value):
         return "by its value: a URL with a password or token in its userinfo"
     if _SECRET_FORMATS.search(value):
         return "by its value: a secret in a well-known format"
+    return _name_reason(name, value)
+
+
+def credential_under_name(name: str, value: str) -> bool:
+    """True when ``value`` is a credential because of the name it is under (:func:`credential_reason`
+    by the name, or a random token under a hinting one): the whole value is secret, where a
+    secret inside a value (a URL's password) can be masked alone (:func:`mask_text`)."""
+    return not _nothing_to_leak(value) and _name_reason(name, value) is not None
+
+
+def _nothing_to_leak(value: str) -> bool:
+    return value.strip() == "" or value.strip().lower() in _SWITCHES
+
+
+def _name_reason(name: str, value: str) -> str | None:
     words = _words(name)
     at = _credential_at(words)
     located = name.upper() in _LOCATION_NAMES or (
