@@ -146,7 +146,9 @@ def credential_reason(name: str, value: str) -> str | None:
     if _nothing_to_leak(value):
         return None
     if _url_secret(value):
-        return "by its value: a URL with a password or token in its userinfo"
+        return (
+            "by its value: a URL with a password or token in its userinfo; keep scheme://host:port/path only"
+        )
     if _SECRET_FORMATS.search(value):
         return "by its value: a secret in a well-known format"
     return _name_reason(name, value)
