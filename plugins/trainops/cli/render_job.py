@@ -1,7 +1,8 @@
 """``python -m trainops render-job SPEC.json``: print the manifests a JobSpec would submit.
 
 A dry run: reads a JobSpec in its JSON form, renders the Kubernetes manifests and prints them
-as multi-document YAML. Nothing is sent to a cluster.
+as multi-document YAML. Nothing is sent to a cluster. A variable that looks like a literal
+credential is printed as ``***``, and named on stderr as what launching would refuse (exit 2).
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+
+from trainops.cluster.credentials import MASK
 
 
 class RenderError(ValueError):
@@ -36,22 +39,33 @@ def load_spec(path: str | Path):
         raise RenderError(f"{path}: {e}; 'name' and 'args' are required") from None
 
 
-def render(path: str | Path) -> str:
-    """The manifests for the JobSpec in ``path`` as multi-document YAML."""
-    from trainops.cluster.kubernetes.render import render_manifests, to_yaml
+def render(path: str | Path) -> tuple[str, str | None]:
+    """The manifests for the JobSpec in ``path`` as multi-document YAML, every credential-like
+    literal value masked (``***``), and why launching it would be refused for those (None: it
+    would not; :func:`trainops.cluster.kubernetes.render.review_manifests`)."""
+    from trainops.cluster.kubernetes.render import review_manifests, to_yaml
     from trainops.cluster.spec import JobSpecError
 
     spec = load_spec(path)
     try:
-        return to_yaml(render_manifests(spec))
+        manifests, refusal = review_manifests(spec)
     except JobSpecError as e:
         raise RenderError(f"{path}: {e}") from None
+    return to_yaml(manifests), refusal
 
 
 def main(path: str) -> int:
+    """Print the manifests; 2 when the spec cannot be rendered, or would be refused at launch
+    for a literal credential (then the manifests are printed masked, the refusal on stderr)."""
     try:
-        sys.stdout.write(render(path))
+        text, refusal = render(path)
     except RenderError as e:
         print(f"render-job: {e}", file=sys.stderr)
         return 2
+    if refusal:
+        # a comment, so the manifests still parse; the exit status says they are not launchable
+        sys.stdout.write(f"# NOT LAUNCHABLE: values shown as {MASK} look like literal credentials\n{text}")
+        print(f"render-job: {path}: would be refused at launch: {refusal}", file=sys.stderr)
+        return 2
+    sys.stdout.write(text)
     return 0

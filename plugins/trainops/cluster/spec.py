@@ -69,8 +69,10 @@ class JobSpec:
     :param cpu: CPU request per pod (a Kubernetes quantity such as ``"8"`` or ``"500m"``).
     :param memory: memory request and limit per pod (a quantity such as ``"64Gi"``).
     :param env: plain environment variables, e.g. the S3 endpoint (``AWS_ENDPOINT_URL_S3``) and
-        region (``AWS_REGION``). Never credentials: the Kubernetes backend rejects names such as
-        ``AWS_SECRET_ACCESS_KEY`` or ``*_TOKEN``; use ``env_from_secrets``.
+        region (``AWS_REGION``). Never credentials: the Kubernetes backend rejects a variable
+        whose name (``AWS_SECRET_ACCESS_KEY``, ``DB_PASS``, ``*_TOKEN``) or value (a URL with
+        a password, a token in a well-known format) looks like one
+        (:mod:`trainops.cluster.credentials`), naming it; use ``env_from_secrets``.
     :param env_from_secrets: credentials by Secret reference. Each entry is either a Secret
         name (every key becomes a variable, ``envFrom.secretRef``) or
         ``{"env": NAME, "secret": SECRET, "key": KEY}`` (one variable, ``secretKeyRef``).

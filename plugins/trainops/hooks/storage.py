@@ -2,7 +2,8 @@
 
 On the Airflow side S3 credentials come from an Airflow ``aws`` connection (the same
 fields and extras the Amazon provider reads). Training jobs never receive keys: they get
-the endpoint and region only and use their own identity (IRSA, instance profile, env).
+the endpoint (without any ``user:password@`` in its URL, dropped with a warning) and region
+only, and use their own identity (IRSA, a Secret by reference, instance profile).
 
 Outage tolerance: how long one ``s3://`` request keeps retrying throttling, 5xx, resets and
 timeouts before it fails with ``StorageUnavailable`` (``trainer.storage``). The trainer's
@@ -21,6 +22,7 @@ import threading
 from typing import Any
 
 from trainer.storage import OUTAGE_TOLERANCE_ENV, Storage, StorageError, open_storage, outage_tolerance
+from trainops.cluster.credentials import without_userinfo
 
 __all__ = [
     "DEFAULT_OUTAGE_TOLERANCE_S",
@@ -39,6 +41,7 @@ log = logging.getLogger(__name__)
 DEFAULT_OUTAGE_TOLERANCE_S = 120.0
 
 _fallback_logged: set[str] = set()
+_userinfo_logged: set[str] = set()
 _fallback_lock = threading.Lock()
 
 
@@ -64,13 +67,36 @@ def _connection_options(aws_conn_id: str | None) -> dict | None:
         return None
     extra = conn.extra_dejson or {}
     s3_config = (extra.get("service_config") or {}).get("s3") or {}
+    endpoint = extra.get("endpoint_url") or s3_config.get("endpoint_url") or None
     return {
-        "endpoint_url": extra.get("endpoint_url") or s3_config.get("endpoint_url") or None,
+        "endpoint_url": endpoint and _without_userinfo(endpoint, f"Airflow connection {aws_conn_id!r}"),
         "region": extra.get("region_name") or None,
         "aws_access_key_id": conn.login or extra.get("aws_access_key_id") or None,
         "aws_secret_access_key": conn.password or extra.get("aws_secret_access_key") or None,
         "aws_session_token": extra.get("aws_session_token") or None,
     }
+
+
+def _without_userinfo(endpoint: str, source: str) -> str:
+    """``endpoint`` without its userinfo (``user:password@``), saying once per ``source`` in the
+    log that it was dropped (never what it was): S3 signs requests with keys, so a URL's
+    userinfo is no credential boto3 uses, only one that would travel into the jobs' environment,
+    the storage client's repr and the messages that name the endpoint."""
+    stripped, dropped = without_userinfo(endpoint)
+    if dropped:
+        with _fallback_lock:
+            first = source not in _userinfo_logged
+            _userinfo_logged.add(source)
+        if first:
+            log.warning(
+                "the S3 endpoint of %s has userinfo (user:password@) in its URL: dropped, the endpoint "
+                "used is %s. Credentials never travel in the endpoint: the Airflow side takes them from "
+                "the connection's login and password (or its extras), the training jobs from a Secret "
+                "(job_options env_from_secrets) or their service account (IRSA, workload identity)",
+                source,
+                stripped,
+            )
+    return stripped
 
 
 def airflow_outage_tolerance() -> float:
@@ -130,18 +156,18 @@ def get_json_object(storage: Storage, uri: str) -> dict[str, Any]:
 
 
 def job_env_for(root_uri: str, aws_conn_id: str | None = "aws_default") -> dict[str, str]:
-    """Environment a training job needs to reach ``root_uri``: endpoint and region, never keys;
-    and ``$TRAINOPS_STORAGE_OUTAGE_TOLERANCE_S`` when the deployment sets it (checked here, so a
+    """Environment a training job needs to reach ``root_uri``: endpoint and region, never keys
+    (nor the endpoint's userinfo, :func:`_without_userinfo`); and
+    ``$TRAINOPS_STORAGE_OUTAGE_TOLERANCE_S`` when the deployment sets it (checked here, so a
     bad value fails before anything launches)."""
     if not root_uri.startswith("s3://"):
         return {}
     tolerance = _job_outage_tolerance()
     options = _connection_options(aws_conn_id) or {}
-    endpoint = (
-        options.get("endpoint_url")
-        or os.environ.get("AWS_ENDPOINT_URL_S3")
-        or os.environ.get("AWS_ENDPOINT_URL")
-    )
+    endpoint = options.get("endpoint_url")
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+        if not endpoint and os.environ.get(name):
+            endpoint = _without_userinfo(os.environ[name], f"${name}")
     region = options.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
     env = {}
     if endpoint:

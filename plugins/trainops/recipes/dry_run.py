@@ -35,6 +35,13 @@ def dry_run_report(
     ``cluster='kubernetes'`` submits; the local cluster runs the same arguments as process
     groups on this host) and the cost estimate (:func:`run_estimate`).
 
+    A variable that looks like a literal credential (:mod:`trainops.cluster.credentials`) is
+    shown as ``***`` in the JobSpec and the manifests, and ``refused_at_launch`` (None: nothing)
+    names each such variable, never its value, as the launch on kubernetes would refuse it;
+    the log says so too. Secrets are only ever referenced (``env_from_secrets``), so no Secret's
+    value is in the report; what comes from the AWS connection is its endpoint, without
+    userinfo, and region (:func:`trainops.hooks.storage.job_env_for`), never its keys.
+
     :param train: the DAG's training task. Its own settings (cluster, image, namespace,
         grace period, ``job_options``, storage) are used as they are; the plan's values stand
         in for its templated sizing fields, which the plan's XCom feeds when it runs.
@@ -44,7 +51,8 @@ def dry_run_report(
 
     from trainer.config import dump_yaml
     from trainer.contract import join, run_prefix, safe_segment
-    from trainops.cluster.kubernetes.render import render_manifests
+    from trainops.cluster.kubernetes.pod import masked
+    from trainops.cluster.kubernetes.render import review_manifests
     from trainops.hooks.storage import job_env_for
     from trainops.operators.base import TaskIdentity
     from trainops.operators.launch_plan import checked_run_config, sized, training_attempt
@@ -68,13 +76,20 @@ def dry_run_report(
         capacity=plan["capacity"],
         storage_env=job_env_for(run_uri, train.aws_conn_id),
     ).spec
+    manifests, refusal = review_manifests(spec)
+    if refusal:
+        # The launch on kubernetes refuses it (the task already did, when its DAG was parsed);
+        # the local cluster runs it. Either way the dry run shows it masked, and says so.
+        local = "" if train.cluster == "kubernetes" else f" (this task's cluster, {train.cluster!r}, runs it)"
+        refusal = f"on cluster 'kubernetes'{local}: {refusal}"
+        log.warning("would be refused at launch %s", refusal)
     return {
         "cluster": train.cluster,
         "dataset_uri": plan["dataset_uri"],
         "max_preemptions": plan["max_preemptions"],
         "capacity": plan["capacity"],
         "trainer_config": yaml.safe_load(dump_yaml(config)),
-        "job_spec": spec.to_dict(),
+        "job_spec": masked(spec).to_dict(),
         # The cache size needs the staged dataset's manifest, which a dry run does not have yet.
         "disk": (
             "sized at launch from the staged dataset and the checkpoint"
@@ -82,7 +97,8 @@ def dry_run_report(
             else f"cache {spec.cache_size}, ephemeral-storage {spec.ephemeral_storage or spec.cache_size}"
         ),
         "sizing": sizing_record(config, spec),
-        "manifests": render_manifests(spec),
+        "manifests": manifests,
+        "refused_at_launch": refusal,
         "estimate": run_estimate(
             train,
             config,

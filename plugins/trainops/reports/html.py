@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import html
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
+
+from trainops.cluster.credentials import MASK, credential_name, credential_under_name, mask_text
 
 __all__ = [
     "CSS",
@@ -44,20 +45,8 @@ __all__ = [
     "verdict",
 ]
 
-REDACTED = "***"
+REDACTED = MASK
 
-_SECRET_PARTS = (
-    "password",
-    "passwd",
-    "secret",
-    "credential",
-    "private_key",
-    "access_key",
-    "authorization",
-    "api_key",
-    "apikey",
-)
-_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/@\s:]+:)[^/@\s]+@")
 # Dicts nested deeper are shown as JSON text rather than as tables in tables.
 _MAX_DEPTH = 5
 
@@ -85,23 +74,25 @@ def escape(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _is_secret_key(key: str) -> bool:
-    name = key.lower()
-    return any(part in name for part in _SECRET_PARTS) or name == "token" or name.endswith("_token")
-
-
 def redact(value: object) -> object:
-    """A copy of ``value`` with credential-like keys and URL passwords replaced by ``***``."""
+    """A copy of ``value`` with credentials replaced by ``***``: the values under credential-like
+    keys, URL passwords and well-known secret formats in any text, as
+    :mod:`trainops.cluster.credentials` (the one source, which job manifests refuse by) says."""
     if isinstance(value, dict):
-        return {
-            k: REDACTED if _is_secret_key(str(k)) and v not in (None, "") else redact(v)
-            for k, v in value.items()
-        }
+        return {k: _redacted(str(k), v) for k, v in value.items()}
     if isinstance(value, list):
         return [redact(v) for v in value]
     if isinstance(value, str):
-        return _URL_PASSWORD.sub(rf"\g<head>{REDACTED}@", value)
+        return mask_text(value)
     return value
+
+
+def _redacted(key: str, value: object) -> object:
+    if isinstance(value, str):
+        return REDACTED if credential_under_name(key, value) else mask_text(value)
+    if credential_name(key) and value not in (None, ""):
+        return REDACTED
+    return redact(value)
 
 
 def verdict(ok: object, yes: str = "PASS", no: str = "FAIL") -> str:

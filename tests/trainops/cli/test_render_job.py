@@ -5,7 +5,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
+
+from tests.trainops.cluster.credential_cases import CREDENTIAL_IDS, CREDENTIALS
+from trainops.cli.render_job import main as render_job_main
 
 SPECS = Path(__file__).resolve().parents[2] / "data" / "jobspecs"
 
@@ -44,14 +48,50 @@ def test_unknown_fields_are_named(tmp_path):
     assert "['gpu', 'replicas']" in out.stderr
 
 
-def test_literal_credentials_fail_with_advice(tmp_path):
-    spec = json.loads((SPECS / "indexed-job-kueue-on-demand.json").read_text())
-    spec["env"]["AWS_SECRET_ACCESS_KEY"] = "hunter2"
+def spec_with_env(tmp_path, source: str, env: dict[str, str]) -> Path:
+    spec = json.loads((SPECS / source).read_text())
+    spec["env"] = {**spec.get("env", {}), **env}
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(spec))
-    out = render_job(path)
+    return path
+
+
+def test_literal_credentials_fail_with_advice(tmp_path):
+    env = {"AWS_SECRET_ACCESS_KEY": "hunter2", **{name: value for name, value, _ in CREDENTIALS}}
+    out = render_job(spec_with_env(tmp_path, "indexed-job-kueue-on-demand.json", env))
     assert out.returncode == 2 and "hunter2" not in out.stdout + out.stderr
-    assert "env_from_secrets" in out.stderr
+    assert not any(secret in out.stdout + out.stderr for _, _, secret in CREDENTIALS)
+    assert "would be refused at launch" in out.stderr and "env_from_secrets" in out.stderr
+    assert all(repr(name) in out.stderr for name in env)
+
+
+@pytest.mark.parametrize("source", sorted(p.name for p in SPECS.glob("*-*-*.json")))
+@pytest.mark.parametrize("name,value,secret", CREDENTIALS, ids=CREDENTIAL_IDS)
+def test_a_literal_credential_is_printed_masked_and_named_as_refused(
+    tmp_path, capsys, source, name, value, secret
+):
+    path = spec_with_env(tmp_path, source, {name: value})
+    assert render_job_main(str(path)) == 2
+    out = capsys.readouterr()
+    assert secret not in out.out + out.err and value not in out.out + out.err
+    docs = [d for d in yaml.safe_load_all(out.out) if d]  # the masked manifests still parse
+    assert out.out.startswith("# NOT LAUNCHABLE") and docs[-1]["kind"] in ("Job", "PyTorchJob", "TrainJob")
+    assert {"name": name, "value": "***"} in [e for doc in docs for e in envs_of(doc)]
+    assert f"would be refused at launch: JobSpec env {name!r}" in out.err and "env_from_secrets" in out.err
+
+
+def envs_of(doc: dict) -> list[dict]:
+    """Every container env entry of a manifest, whatever its kind."""
+    found = []
+    stack: list[object] = [doc]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            found += node.get("env", []) if isinstance(node.get("env"), list) else []
+            stack += node.values()
+        elif isinstance(node, list):
+            stack += node
+    return found
 
 
 def test_missing_file_says_so(tmp_path):

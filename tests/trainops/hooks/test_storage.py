@@ -111,6 +111,57 @@ def test_job_env_carries_endpoint_and_region_but_no_keys(monkeypatch):
     assert env == {"AWS_ENDPOINT_URL_S3": "http://minio.storage:9000", "AWS_REGION": "eu-west-1"}
 
 
+def test_a_connection_endpoints_userinfo_never_reaches_the_job_and_the_log_says_so(monkeypatch, caplog):
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    _define_connection(
+        monkeypatch,
+        "minio_userinfo",
+        extra={
+            "endpoint_url": "http://minio-admin:minio-pw-0013@minio.storage:9000/s3",
+            "region_name": "eu-west-1",
+        },
+    )
+    caplog.set_level(logging.WARNING, logger="trainops.hooks.storage")
+
+    env = job_env_for("s3://bucket/root", "minio_userinfo")
+
+    assert env == {"AWS_ENDPOINT_URL_S3": "http://minio.storage:9000/s3", "AWS_REGION": "eu-west-1"}
+    logged = caplog.text
+    assert "minio_userinfo" in logged and "userinfo" in logged and "env_from_secrets" in logged
+    assert "minio-pw-0013" not in logged and "minio-admin" not in logged
+
+
+def test_an_environment_endpoints_userinfo_is_dropped_too(monkeypatch, caplog):
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://user:env-pw-0014@ceph:7480")
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    caplog.set_level(logging.WARNING, logger="trainops.hooks.storage")
+
+    env = job_env_for("s3://bucket/root", "never_defined_conn")
+
+    assert env == {"AWS_ENDPOINT_URL_S3": "http://ceph:7480"}
+    assert "AWS_ENDPOINT_URL_S3" in caplog.text and "env-pw-0014" not in caplog.text
+
+
+def test_the_airflow_side_client_reaches_a_userinfo_endpoint_without_keeping_the_password(
+    no_env_endpoint, moto_server, monkeypatch
+):
+    root = no_env_endpoint
+    host = moto_server.split("://", 1)[1]
+    _define_connection(
+        monkeypatch,
+        "moto_userinfo",
+        login="k",
+        password="secret-123",
+        extra={"endpoint_url": f"http://someone:url-pw-0015@{host}"},
+    )
+    store = storage_for(root, "moto_userinfo")
+    store.put(f"{root}/y", b"1")
+    assert store.get(f"{root}/y") == b"1"
+    assert "url-pw-0015" not in repr(store)
+
+
 def test_job_env_without_connection_uses_environment(monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://ceph:7480")
     monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)

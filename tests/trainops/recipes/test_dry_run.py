@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 from types import SimpleNamespace
 
 import pytest
+import yaml
 from airflow.sdk.exceptions import TaskDeferred
 
+from tests.trainops.cluster.credential_cases import CREDENTIALS
 from tests.trainops.cluster.fake_backend import use_fake_cluster
 from tests.trainops.operators.helpers import staged_dataset
 from trainer.config import dump_yaml
@@ -97,6 +100,61 @@ def test_the_dry_run_reports_the_resolved_config_and_manifests_and_writes_nothin
     job = next(m for m in report["manifests"] if m["kind"] == "Job")  # what kubernetes would get
     assert job["spec"]["completions"] == 2
     assert cluster.launched == [] and open_storage(file_root).list(file_root) == []
+
+
+def test_the_dry_run_masks_literal_credentials_and_says_launch_would_refuse_them(
+    file_root, monkeypatch, caplog
+):
+    use_fake_cluster(monkeypatch)
+    caplog.set_level(logging.WARNING, logger="trainops.recipes.dry_run")
+    env = {name: value for name, value, _ in CREDENTIALS}
+    run_plan = plan(nodes=1, gpus_per_node=1, max_steps=10)
+    train = train_task(run_plan, file_root, job_options={**JOB_OPTIONS, "env": {**JOB_OPTIONS["env"], **env}})
+
+    report = dry_run_report(run_plan, train, dag_id="retrain_manual", run_id=RUN_ID)
+
+    # what the DAG's dry run task prints, and returns as its XCom
+    shown = json.dumps(report, default=str) + yaml.safe_dump_all(report["manifests"]) + caplog.text
+    assert not [name for name, _, secret in CREDENTIALS if secret in shown]
+    assert report["job_spec"]["env"] == {
+        **dict.fromkeys(env, "***"),
+        "HF_HOME": "/cache",
+        "TRAINOPS_ATTEMPT": "1",
+        "TRAINOPS_GPUS_PER_NODE": "1",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    }
+    (job,) = report["manifests"]
+    pod_env = {
+        e["name"]: e["value"]
+        for e in job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert pod_env["DB_PASS"] == "***" and pod_env["HF_HOME"] == "/cache"
+    refused = report["refused_at_launch"]
+    assert refused.startswith("on cluster 'kubernetes'") and "env_from_secrets" in refused
+    assert all(f"env {name!r}" in refused for name in env) and "HF_HOME" not in refused
+    assert "would be refused at launch on cluster 'kubernetes'" in caplog.text
+
+
+def test_launch_on_kubernetes_refuses_what_the_dry_run_masks_naming_each_variable():
+    env = {name: value for name, value, _ in CREDENTIALS}
+    with pytest.raises(ValueError) as refused:
+        FSDPTrainingOperator(
+            task_id="train",
+            dataset="file:///data/datasets/tickets/v1",
+            cluster="kubernetes",
+            job_options={"env": env},
+        )
+    assert all(f"env {name!r}" in str(refused.value) for name in env)
+    assert not [name for name, _, secret in CREDENTIALS if secret in str(refused.value)]
+
+
+def test_a_dry_run_without_credentials_refuses_nothing(file_root, monkeypatch):
+    use_fake_cluster(monkeypatch)
+    run_plan = plan()
+    report = dry_run_report(
+        run_plan, train_task(run_plan, file_root, job_options=JOB_OPTIONS), dag_id="d", run_id="r"
+    )
+    assert report["refused_at_launch"] is None and report["job_spec"]["env"]["HF_HOME"] == "/cache"
 
 
 def test_a_config_the_trainer_refuses_fails_the_dry_run_too(file_root):

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from tests.trainops.cluster.credential_cases import CREDENTIALS
 from tests.trainops.reports.helpers import page_tables, page_text
 from trainops.reports.html import (
     CSS,
@@ -53,6 +54,29 @@ def test_redact_replaces_credential_values_and_url_passwords_at_any_depth():
         "Authorization": "***",
     }
     assert report["nested"][0]["session_token"] == "SECRET-2"  # a copy: the input is untouched
+
+
+def test_redact_knows_credentials_as_job_manifests_do():
+    """A job.json records its spec's env: a report page masks what rendering would refuse."""
+    env = {name: value for name, value, _ in CREDENTIALS}
+    legit = {
+        "AWS_REGION": "eu-west-1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1",
+    }
+    shown = redact({"spec": {"env": {**env, **legit}}})["spec"]["env"]
+    assert not [name for name, _, secret in CREDENTIALS if secret in json.dumps(shown)]
+    assert {k: v for k, v in shown.items() if v != "***"} == {
+        **legit,
+        # a secret inside a value is masked alone, so the reader still sees where it points
+        "AWS_ENDPOINT_URL_S3": "http://minio-admin:***@minio.storage:9000",
+    }
+    assert redact({"passed": True, "max_tokens": 512, "path": "/x"}) == {
+        "passed": True,
+        "max_tokens": 512,
+        "path": "/x",
+    }
+    assert redact("key AKIAIOSFODNN7EXAMPLE in a log line") == "key *** in a log line"
 
 
 def test_scalars_read_as_json_writes_them():

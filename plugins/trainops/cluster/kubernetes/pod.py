@@ -4,14 +4,17 @@ Every GPU pod gets ``nvidia.com/gpu`` limits, a memory-backed ``/dev/shm``, a no
 cache with a ``sizeLimit`` and an ``ephemeral-storage`` request (when sized), the NCCL tuning
 variables, a grace period that torchrun's shutdown timeout fits inside, and a non-root
 security context. Credentials arrive only by Secret reference or through the service
-account (IRSA, workload identity), never as literal values.
+account (IRSA, workload identity), never as literal values: a variable whose name or value looks
+like a credential (:mod:`trainops.cluster.credentials`) is refused, naming it.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from trainer.contract import torchrun_argv
+from trainops.cluster import credentials
 from trainops.cluster.kubernetes import names, objects, placement
 from trainops.cluster.kubernetes.objects import Json
 from trainops.cluster.spec import JobSpec, JobSpecError
@@ -22,31 +25,56 @@ SHM_PATH = "/dev/shm"
 CACHE_PATH = "/var/cache/trainops"
 CACHE_VOLUME = "cache"
 
-_CREDENTIAL_NAMES = {"AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN"}
-_CREDENTIAL_SUFFIXES = ("_PASSWORD", "_TOKEN", "_SECRET", "_SECRET_KEY", "_API_KEY")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NCCL = ("NCCL_", "TORCH_NCCL_")
+ADVICE = (
+    "never pass secrets as literal values; use env_from_secrets (a Secret name, or "
+    '{"env": ..., "secret": ..., "key": ...}) or a service_account (IRSA, workload identity)'
+)
 
 
-def looks_like_credential(name: str) -> bool:
-    """True for a variable name that holds a credential (``AWS_SECRET_ACCESS_KEY``, ``*_TOKEN``)."""
-    upper = name.upper()
-    return upper in _CREDENTIAL_NAMES or upper.endswith(_CREDENTIAL_SUFFIXES)
+def literal_credentials(spec: JobSpec) -> list[str]:
+    """Each literal variable of ``spec`` that looks like a credential
+    (:func:`trainops.cluster.credentials.credential_reason`), as ``env 'NAME' (why)``: the
+    variable and its field named, its value never."""
+    return [
+        f"{source} {name!r} ({reason})"
+        for source, env in (("env", spec.env), ("nccl_env", spec.nccl_env))
+        for name, reason in credentials.literal_credentials(env).items()
+    ]
+
+
+def credential_refusal(spec: JobSpec) -> str | None:
+    """Why rendering refuses ``spec`` for its literal credentials, naming every such variable
+    and what to do instead; None when it has none."""
+    found = literal_credentials(spec)
+    if not found:
+        return None
+    what = "looks like a credential" if len(found) == 1 else "look like credentials"
+    return f"JobSpec {', '.join(found)} {what} (values not shown): {ADVICE}"
+
+
+def refuse_literal_credentials(spec: JobSpec) -> None:
+    """Raise JobSpecError (:func:`credential_refusal`) when ``spec`` has a literal credential."""
+    refusal = credential_refusal(spec)
+    if refusal:
+        raise JobSpecError(refusal)
+
+
+def masked(spec: JobSpec) -> JobSpec:
+    """``spec`` with every credential-like literal value replaced by ``***``: what a dry run
+    may show."""
+    return replace(spec, env=credentials.mask_env(spec.env), nccl_env=credentials.mask_env(spec.nccl_env))
 
 
 def check_env(spec: JobSpec) -> None:
-    """Reject literal credentials and misplaced NCCL variables, naming the variable."""
+    """Reject invalid and misplaced variable names (NCCL's belong in ``nccl_env``), naming the
+    variable. Literal credentials are :func:`refuse_literal_credentials`'s, before any kind
+    is built (:func:`trainops.cluster.kubernetes.render.render_manifests`)."""
     for source, env in (("env", spec.env), ("nccl_env", spec.nccl_env)):
         for name in env:
             if not _ENV_NAME.match(name):
                 raise JobSpecError(f"JobSpec {source} name {name!r} is not a valid variable name")
-            if looks_like_credential(name):
-                raise JobSpecError(
-                    f"JobSpec {source} {name!r} looks like a credential: never pass secrets as "
-                    "literal values; use env_from_secrets (a Secret name, or "
-                    '{"env": ..., "secret": ..., "key": ...}) or a service_account (IRSA, '
-                    "workload identity)"
-                )
     for name in spec.nccl_env:
         if not name.startswith(_NCCL):
             raise JobSpecError(

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainops.cluster.base import ObjectRef
-from trainops.cluster.kubernetes import indexed_job, pytorchjob, trainjob
+from trainops.cluster.kubernetes import indexed_job, pod, pytorchjob, trainjob
 from trainops.cluster.kubernetes.objects import JOB_LABEL, Json
 from trainops.cluster.spec import JobSpec
 
@@ -36,8 +36,17 @@ JOB_KINDS = {api_kind: kind for kind, (_, api_kind) in JOB_OBJECTS.items()}
 
 def render_manifests(spec: JobSpec) -> list[Json]:
     """The manifests for ``spec`` (plain dicts), in the order to create them: Service and
-    PodGroup before the Job, so the pods find them. Raises JobSpecError naming a bad value."""
+    PodGroup before the Job, so the pods find them. Raises JobSpecError naming a bad value,
+    and every variable that looks like a literal credential (its value never)."""
+    pod.refuse_literal_credentials(spec)
     return BUILDERS[spec.kind](spec)
+
+
+def review_manifests(spec: JobSpec) -> tuple[list[Json], str | None]:
+    """What a dry run shows of ``spec``: its manifests with every credential-like literal value
+    masked (``***``), and why launching it would be refused for them (None: it would not).
+    Raises JobSpecError naming any other bad value, as :func:`render_manifests` does."""
+    return BUILDERS[spec.kind](pod.masked(spec)), pod.credential_refusal(spec)
 
 
 def job_ref(kind: str, job: str) -> ObjectRef:

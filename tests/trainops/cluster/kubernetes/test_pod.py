@@ -2,8 +2,9 @@
 
 import pytest
 
+from tests.trainops.cluster.credential_cases import CREDENTIAL_IDS, CREDENTIALS
 from trainops.cluster.kubernetes.render import render_manifests, to_yaml
-from trainops.cluster.spec import JobSpec, JobSpecError
+from trainops.cluster.spec import KINDS, JobSpec, JobSpecError
 
 ARGS = ["python", "-m", "trainer", "train", "--config", "s3://bucket/runs/r1/config.yaml"]
 
@@ -81,6 +82,62 @@ def test_s3_endpoint_nccl_and_secrets_by_reference():
 def test_literal_credentials_are_rejected(field, name):
     with pytest.raises(JobSpecError, match=f"{name}.*env_from_secrets"):
         pods(**{field: {name: "hunter2"}})
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("name,value,secret", CREDENTIALS, ids=CREDENTIAL_IDS)
+def test_launch_refuses_a_literal_credential_naming_the_variable_never_its_value(kind, name, value, secret):
+    spec = JobSpec(
+        name="train-0123abcd-a1",
+        args=ARGS,
+        kind=kind,
+        spot_flavour="gke",  # what every kind can place
+        termination_grace_seconds=30,
+        env={"AWS_REGION": "eu-west-1", name: value},
+    )
+    with pytest.raises(JobSpecError) as refused:
+        render_manifests(spec)  # what the backend submits, and what a launch renders first
+    message = str(refused.value)
+    assert f"env {name!r}" in message and "env_from_secrets" in message and "service_account" in message
+    assert secret not in message and value not in message
+    assert "AWS_REGION" not in message  # only the credential is named
+
+
+def test_every_literal_credential_is_named_at_once():
+    env = {name: value for name, value, _ in CREDENTIALS}
+    with pytest.raises(JobSpecError) as refused:
+        render_manifests(JobSpec(name="train-0123abcd-a1", args=ARGS, env=env))
+    message = str(refused.value)
+    assert all(repr(name) in message for name in env)
+    assert not any(secret in message for _, _, secret in CREDENTIALS)
+    assert "look like credentials (values not shown)" in message
+
+
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("AWS_ENDPOINT_URL_S3", "http://minio.storage:9000"),
+        ("AWS_REGION", "eu-west-1"),
+        ("TRAINOPS_ATTEMPT", "1"),
+        ("TRAINOPS_GPUS_PER_NODE", "8"),
+        ("TRAINOPS_STORAGE_OUTAGE_TOLERANCE_S", "120"),
+        ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        ("PYTHONHASHSEED", "0"),
+        ("HF_HOME", "/cache/hf"),
+        ("HF_HUB_OFFLINE", "1"),
+        ("HF_HUB_DISABLE_IMPLICIT_TOKEN", "1"),  # a switch, not a token
+        ("HF_TOKEN_PATH", "/var/run/secrets/hf/token"),  # where the token is mounted
+        ("TOKENIZERS_PARALLELISM", "false"),
+        ("AWS_SHARED_CREDENTIALS_FILE", "/var/run/secrets/aws/credentials"),
+        ("GOOGLE_APPLICATION_CREDENTIALS", "/var/run/secrets/gcp/key.json"),
+        ("WANDB_PROJECT", "search"),
+        ("OMP_NUM_THREADS", "4"),
+    ],
+)
+def test_the_variables_a_job_legitimately_sets_are_not_refused(name, value):
+    (pod,) = pods(env={name: value}, nccl_env={"NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "eth0"})
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env[name] == value and env["NCCL_SOCKET_IFNAME"] == "eth0"
 
 
 def test_no_literal_secret_value_reaches_the_manifest():

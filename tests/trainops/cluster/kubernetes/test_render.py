@@ -6,6 +6,7 @@ import itertools
 import pytest
 import yaml
 
+from tests.trainops.cluster.credential_cases import CREDENTIAL_IDS, CREDENTIALS
 from trainops.cluster.kubernetes.render import (
     BUILDERS,
     JOB_KINDS,
@@ -14,6 +15,7 @@ from trainops.cluster.kubernetes.render import (
     object_refs,
     pod_selector,
     render_manifests,
+    review_manifests,
     to_yaml,
 )
 from trainops.cluster.spec import KINDS, JobSpec
@@ -94,3 +96,45 @@ def test_yaml_keeps_the_build_order_and_writes_no_aliases():
     assert "&id" not in text and "*id" not in text
     assert list(yaml.safe_load_all(text)) == manifests
     assert text.index("apiVersion") < text.index("kind") < text.index("metadata") < text.index("spec")
+
+
+def container_env(manifests: list[dict]) -> dict[str, object]:
+    """name -> value (or valueFrom) of the trainer container of every pod template in ``manifests``."""
+    text = to_yaml(manifests)
+    found = {}
+    for doc in yaml.safe_load_all(text):
+        spec = doc["spec"]
+        templates = [spec["template"]["spec"]] if doc["kind"] == "Job" else []
+        templates += [r["template"]["spec"] for r in spec.get("pytorchReplicaSpecs", {}).values()]
+        envs = [t["containers"][0]["env"] for t in templates]
+        envs += [spec["trainer"]["env"]] if doc["kind"] == "TrainJob" else []
+        for env in envs:
+            for e in env:
+                found[e["name"]] = e.get("value", e.get("valueFrom"))
+    return found
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("name,value,secret", CREDENTIALS, ids=CREDENTIAL_IDS)
+def test_the_reviewed_manifests_mask_a_literal_credential_and_say_launch_refuses_it(
+    kind, name, value, secret
+):
+    spec = JobSpec(
+        name="train-0123abcd-a1",
+        args=ARGS,
+        kind=kind,
+        env={"AWS_REGION": "eu-west-1", name: value},
+        **PLACEABLE,
+    )
+    manifests, refusal = review_manifests(spec)
+    text = to_yaml(manifests)
+    assert secret not in text and value not in text
+    env = container_env(manifests)
+    assert env[name] == "***" and env["AWS_REGION"] == "eu-west-1"  # named, masked; the rest as it is
+    assert refusal is not None and f"env {name!r}" in refusal and "env_from_secrets" in refusal
+    assert secret not in refusal
+
+
+def test_a_spec_without_credentials_reviews_as_it_renders():
+    spec = JobSpec(name="train-0123abcd-a1", args=ARGS, env={"AWS_ENDPOINT_URL_S3": "http://minio:9000"})
+    assert review_manifests(spec) == (render_manifests(spec), None)
