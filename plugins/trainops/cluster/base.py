@@ -71,7 +71,10 @@ class JobState(TypedDict):
     ``start_time`` and ``end_time`` (epoch seconds) bound what the attempt is billed for: its
     first pod's start to its last trainer container's end (Kubernetes), its first node
     process's start to its last one's exit (local); absent while unknown, and in states
-    written before them."""
+    written before them. Kubernetes also gives ``gang_start_time`` (its last trainer container's
+    start), ``launch_time`` (the job's creation) and ``observed_time`` (when the backend read
+    this state): all on the cluster's clock, which ``trainops.cost.clocks`` holds the trainer's
+    and the operator's times against."""
 
     phase: Phase
     reason: str | None
@@ -81,6 +84,9 @@ class JobState(TypedDict):
     unschedulable: NotRequired[bool]
     start_time: NotRequired[float]
     end_time: NotRequired[float]
+    gang_start_time: NotRequired[float]
+    launch_time: NotRequired[float]
+    observed_time: NotRequired[float]
 
 
 class LogCursor(TypedDict, total=False):

@@ -2,7 +2,10 @@
 
 Each attempt is billed for its accelerators (nodes x GPUs; a CPU node counts as one) over the
 cluster's view of it: pod start to end on Kubernetes, the node processes' start to end on the
-local backend (``JobState`` ``start_time`` / ``end_time``). That billed time is cut into
+local backend (``JobState`` ``start_time`` / ``end_time``), and never longer: which clock gives
+a bound the cluster did not record, and where the trainer's times sit on the cluster's clock,
+is :func:`trainops.cost.clocks.reconcile` (an attempt whose end no clock that agrees with the
+cluster's recorded is billed nothing, and ``notes`` says so). That billed time is cut into
 phases, so that they add up to it exactly:
 
 - ``queued``: launch to the pod's start (unschedulable, held by Kueue); shown, not billed;
@@ -24,18 +27,20 @@ phases, so that they add up to it exactly:
 
 Goodput is productive over billed accelerator-seconds. Recovery time is, per interruption, the
 signal (the cluster's time of it where it has one, else the trainer's ``signal_time``; for a
-failure or hang, the attempt's last step) to the first step of the next attempt that stepped. A field that an older ``job.json`` or
-attempt record lacks is estimated from what is there, and the estimate says so in ``notes``.
+failure or hang, the attempt's last step) to the first step of the next attempt that stepped.
+A field that an older ``job.json`` or attempt record lacks is estimated from what is there, and
+the estimate says so in ``notes``; a trainer clock that disagrees with the cluster's is in
+``warnings`` (and ``notes``).
 """
 
 # No ``from __future__ import annotations``: TypedDict reads its annotations at run time.
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from datetime import datetime
 from statistics import median
 from typing import Any, TypedDict
 
 from trainer.contract import MetricsRecord
+from trainops.cost.clocks import attempt_clocks, epoch, reconcile
 from trainops.cost.money import money
 from trainops.cost.prices import CAPACITY_KINDS, Priced, PriceTable, price_of
 from trainops.recovery.record import AttemptEntry, JobRecord
@@ -75,7 +80,9 @@ class AttemptCost(TypedDict):
 
 
 class RunCost(TypedDict):
-    """A run's bill (``job.json`` ``"cost"``): every figure an estimate, in USD."""
+    """A run's bill (``job.json`` ``"cost"``): every figure an estimate, in USD. ``warnings``:
+    the clocks that disagreed with the cluster's (the operator logs them; a bill from before
+    them has none)."""
 
     format: str
     estimate: bool
@@ -92,21 +99,7 @@ class RunCost(TypedDict):
     on_demand_cost: float
     savings: float
     notes: list[str]
-
-
-def epoch(value: object) -> float | None:
-    """An ISO 8601 time (as the records write them) or epoch seconds, as epoch seconds;
-    None for anything else."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str) and value:
-        try:
-            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            return None
-    return None
+    warnings: list[str]
 
 
 def _steps_of(metrics: Iterable[MetricsRecord], attempt: int) -> list[MetricsRecord]:
@@ -172,45 +165,6 @@ class _Timeline:
         return out
 
 
-def _window(
-    entry: AttemptEntry, steps: list[MetricsRecord], now: float | None, notes: list[str]
-) -> tuple[float, float | None, float]:
-    """``(launched, start, end)`` of the attempt, epoch seconds; ``start`` None when it never
-    started (queued to its end). Missing fields are estimated, and ``notes`` says how."""
-    n = entry["attempt"]
-    state: Mapping[str, Any] = entry.get("state") or {}
-    record: Mapping[str, Any] = entry.get("record") or {}
-    launched = epoch(entry["launched_at"]) or 0.0
-    last_step = epoch(steps[-1]["time"]) + _blocked(steps[-1]) if steps else None  # type: ignore[operator]
-    start = epoch(state.get("start_time"))
-    if start is None:
-        start = epoch(record.get("started_at"))
-        if start is not None:
-            notes.append(f"attempt {n}: no pod start time recorded; billed from the trainer's start")
-        elif steps:
-            start = launched
-            notes.append(f"attempt {n}: no start time recorded; billed from its launch")
-    end = epoch(state.get("end_time"))
-    if end is None:
-        for value, what in (
-            (record.get("ended_at"), "the trainer's end"),
-            (entry.get("ended_at"), "when the operator saw it end"),
-        ):
-            end = epoch(value)
-            if end is not None:
-                if start is not None:  # an attempt that never started is billed nothing anyway
-                    notes.append(f"attempt {n}: no pod end time recorded; billed up to {what}")
-                break
-    if end is None:
-        end = now if now is not None else (last_step or start or launched)
-        notes.append(
-            f"attempt {n} has not ended: billed up to {'now' if now is not None else 'its last step'}"
-        )
-    if start is not None:  # clocks disagree by a little: the bill covers every step
-        end = max(end, start, last_step or start)
-    return launched, start, end if start is not None else max(end, launched)
-
-
 def _first_step_begins(
     entry: AttemptEntry, steps: list[MetricsRecord], start: float, notes: list[str]
 ) -> float | None:
@@ -259,29 +213,64 @@ def _interrupted_at(entry: AttemptEntry, steps: list[MetricsRecord], end: float)
     return next(t for t in found if t is not None)
 
 
+def _placed(
+    entry: AttemptEntry, steps: list[MetricsRecord], offset: float | None
+) -> tuple[AttemptEntry, list[MetricsRecord]]:
+    """``entry`` and its ``steps`` with the trainer's times on the cluster's clock: moved by
+    ``offset`` seconds (:attr:`trainops.cost.clocks.Window.trainer_offset`); with None, left
+    out (they cannot be placed: no step, first-step or signal time is used)."""
+    if offset == 0.0:
+        return entry, steps
+    record = dict(entry.get("record") or {})
+    for key in ("first_step_time", "signal_time"):
+        value = epoch(record.get(key))
+        if value is not None:
+            record[key] = None if offset is None else value + offset
+    placed: AttemptEntry = {**entry, "record": record if entry.get("record") is not None else None}
+    if offset is None:
+        return placed, []
+    return placed, [{**r, "time": (epoch(r["time"]) or 0.0) + offset} for r in steps]
+
+
 def account_attempt(
     entry: AttemptEntry,
     metrics: list[MetricsRecord],
     prices: PriceTable,
     notes: list[str],
     now: float | None = None,
-) -> tuple[AttemptCost, float | None]:
-    """One attempt's bill, and when its first step began (None: it trained no step).
+    warnings: list[str] | None = None,
+) -> tuple[AttemptCost, float | None, float]:
+    """One attempt's bill, when its first step began (None: it trained no step) and when it
+    stopped making progress (:func:`_interrupted_at`), all on the cluster's clock.
 
     :param notes: where to say what was estimated (appended to).
+    :param warnings: where to say which clocks disagree (appended to; also said in ``notes``).
     """
     n = entry["attempt"]
     steps = _steps_of(metrics, n)
-    launched, start, end = _window(entry, steps, now, notes)
+    clocks = attempt_clocks(entry, [epoch(r["time"]) or 0.0 for r in steps])
+    window = reconcile(clocks, now=now)
+    notes.extend(window.warnings + window.notes)
+    if warnings is not None:
+        warnings.extend(window.warnings)
+    entry, steps = _placed(entry, steps, window.trainer_offset)
+    launched, start = window.launched, window.start
+    anchor = next((t for t in (start, window.end, launched, clocks.operator.launched) if t is not None), 0.0)
+    end = window.end if window.end is not None else anchor
     outcome, preempted = _outcome(entry)
     accelerators = int(entry["nodes"]) * max(1, int(entry["gpus_per_node"]))
     instance_type, capacity = _machine(entry, notes)
     first = None
     timeline = _Timeline(start if start is not None else end, end)
     if start is None:  # never started: queued until it ended
-        timeline.add("queued", launched, end)
+        if launched is not None:
+            timeline.add("queued", launched, end)
+    elif window.end is None:  # its end is unknown: billed nothing (the notes say so)
+        if launched is not None:
+            timeline.add("queued", launched, start)
     else:
-        timeline.add("queued", launched, start)
+        if launched is not None:
+            timeline.add("queued", launched, start)
         first = _first_step_begins(entry, steps, start, notes)
         record = entry.get("record") or {}
         lost = int(entry.get("steps_lost") or record.get("steps_lost") or 0)
@@ -336,7 +325,7 @@ def account_attempt(
         "on_demand_cost": billed_gpu_s / 3600 * on_demand["per_gpu_hour"],
         "price": priced,
     }
-    return cost, first
+    return cost, first, _interrupted_at(entry, steps, end)
 
 
 def account(
@@ -349,22 +338,24 @@ def account(
         report); None: its last step.
     """
     notes: list[str] = []
+    warnings: list[str] = []
     attempts: list[AttemptCost] = []
     firsts: list[float | None] = []
+    stops: list[float] = []
     for entry in job["attempts"]:
-        cost, first = account_attempt(entry, metrics, prices, notes, now)
+        cost, first, stopped = account_attempt(entry, metrics, prices, notes, now, warnings)
         attempts.append(cost)
         firsts.append(first)
+        stops.append(stopped)
     recovery: list[float] = []
-    for i, (entry, cost) in enumerate(zip(job["attempts"], attempts, strict=True)):
+    for i, cost in enumerate(attempts):
         if cost["outcome"] in ("completed", "running") or i + 1 == len(attempts):
             continue
         if i > 0 and firsts[i] is None and attempts[i - 1]["outcome"] not in ("completed", "running"):
             continue  # interrupted before its first step: part of the earlier interruption's recovery
         later = next((f for f in firsts[i + 1 :] if f is not None), None)
         if later is not None:
-            at = _interrupted_at(entry, _steps_of(metrics, entry["attempt"]), cost["end"])
-            recovery.append(max(0.0, later - at))
+            recovery.append(max(0.0, later - stops[i]))
     seconds = {p: sum(a["seconds"][p] for a in attempts) for p in PHASES}
     billed = sum(a["billed_gpu_s"] for a in attempts)
     productive = sum(a["seconds"]["productive"] * a["accelerators"] for a in attempts)
@@ -393,6 +384,7 @@ def account(
         "on_demand_cost": on_demand,
         "savings": on_demand - total,
         "notes": list(dict.fromkeys(notes)),
+        "warnings": list(dict.fromkeys(warnings)),
     }
 
 

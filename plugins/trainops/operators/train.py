@@ -718,6 +718,8 @@ class FSDPTrainingOperator(ClusterJobOperator):
             goodput,
             layout.run_uri,
         )
+        for warning in cost["warnings"]:  # a clock that disagrees with the cluster's
+            self.log.warning("cost estimate: %s", warning)
         return {**job, "cost": dict(cost)}
 
     def _prices_variable(self) -> str | None:

@@ -287,4 +287,5 @@ def one_preemption_cost() -> "RunCost":
         "on_demand_cost": on_demand_cost,
         "savings": on_demand_cost - cost,
         "notes": [],
+        "warnings": [],
     }

@@ -380,3 +380,80 @@ def test_lost_steps_without_a_metrics_record_are_replayed_at_the_median_step_tim
     # half of them recorded: the recorded ones are timed by their records, the rest at the median
     partly = [r for r in metrics if not (r["attempt"] == 1 and r["step"] > 55)]
     assert account(job, partly, FIXTURE_PRICES)["attempts"][0]["spans"] == expected["attempts"][0]["spans"]
+
+
+def skewed(job, metrics, skew):
+    """``job`` and ``metrics`` as a trainer whose clock is ``skew`` seconds off the cluster's
+    writes them: every trainer time moved, the cluster's and the operator's not."""
+    job = copy.deepcopy(job)
+    for entry in job["attempts"]:
+        rec = entry["record"]
+        for key in ("started_at", "ended_at"):
+            rec[key] = iso(epoch(rec[key]) - T0 + skew)
+        for key in ("first_step_time", "signal_time"):
+            if key in rec:
+                rec[key] += skew
+    return job, [{**r, "time": r["time"] + skew} for r in metrics]
+
+
+@pytest.mark.parametrize("skew", [3 * 3600.0, -5 * 3600.0])
+def test_a_trainer_clock_hours_off_bills_what_the_cluster_timed_and_says_so(skew):
+    """The hand-computed bill, whichever way the trainer's clock is off: its step and signal
+    times are placed by the offset its own start and its container's start measure (the
+    fixture's trainers start at 35 and 195, their containers at 35 and 195)."""
+    job, metrics = one_preemption_job()
+    for entry, started in zip(job["attempts"], (35, 195), strict=True):
+        entry["state"]["gang_start_time"] = T0 + started
+    want = one_preemption_cost()
+    cost = account(*skewed(job, metrics, skew), FIXTURE_PRICES)
+    assert _same({**cost, "notes": [], "warnings": []}, want)
+    ahead = f"{'ahead' if skew > 0 else 'behind'} by {3 if skew > 0 else 5}h00m00s"
+    assert [w.split(":")[0] for w in cost["warnings"]] == ["attempt 1", "attempt 2"]
+    assert f"the trainer's clock disagrees with the cluster's ({ahead})" in cost["warnings"][0]
+    assert f"the trainer says it started at {iso(35 + skew).replace('+00:00', 'Z')}" in cost["warnings"][0]
+    assert cost["notes"] == cost["warnings"]  # what the report and the CLI show
+
+
+def test_a_trainer_clock_ahead_never_stretches_the_bill_past_the_pods_window():
+    """Billed the pods' window exactly, whatever the trainer stamped. Its offset measured on its
+    end (its container's end: 160 and 314), its steps fall where they were; with neither its
+    start nor its end recorded, nothing measures it: its steps are not placed, and its time is
+    not split into phases (none of it counted productive), which the warning says."""
+    job, metrics = one_preemption_job()
+    ahead = skewed(job, metrics, 3 * 3600.0)
+    cost = account(*ahead, FIXTURE_PRICES)
+    for attempt, (start, end) in zip(cost["attempts"], [(30, 160), (190, 314)], strict=True):
+        assert (attempt["start"], attempt["end"]) == (T0 + start, T0 + end)
+        assert attempt["billed_gpu_s"] == pytest.approx((end - start) * GPUS)
+    assert cost["goodput"] == pytest.approx(120 / 254)
+    for entry in ahead[0]["attempts"]:
+        entry["record"]["started_at"] = entry["record"]["ended_at"] = None
+    cost = account(*ahead, FIXTURE_PRICES)
+    assert cost["billed_gpu_hours"] == pytest.approx(254 * GPUS / 3600) and cost["goodput"] == 0
+    assert (
+        "its steps cannot be placed on that clock, so its time is not split into phases"
+        in cost["warnings"][0]
+    )
+
+
+def test_a_pod_start_and_an_operator_end_months_apart_are_never_billed_together():
+    """#25: the reclaimed node's attempt had a pod start on the cluster's clock and no pod end;
+    the operator's sighting, on a clock 11 months ahead, made it 16,000 GPU-hours. Now the end
+    is when the cluster was seen to lose it; with no such sighting (an older job.json), unknown."""
+    job, metrics = one_preemption_job()
+    first = job["attempts"][0]
+    del first["state"]["end_time"]
+    first["state"]["phase"] = "lost"
+    first["record"]["ended_at"] = None
+    months = 8000 * 3600.0
+    first["launched_at"], first["ended_at"] = iso(months), iso(months + 165)
+    first["state"]["observed_time"] = T0 + 158
+    seen = account(job, metrics, FIXTURE_PRICES)["attempts"][0]
+    assert (seen["start"], seen["end"]) == (T0 + 30, T0 + 158)
+    del first["state"]["observed_time"]
+    cost = account(job, metrics, FIXTURE_PRICES)
+    assert cost["attempts"][0]["billed_gpu_s"] == 0 and cost["attempts"][0]["seconds"] == seconds()
+    assert "attempt 1: its end is unknown (no clock that agrees with the cluster's recorded it)" in " ".join(
+        cost["notes"]
+    )
+    assert cost["billed_gpu_hours"] == pytest.approx(124 * GPUS / 3600)  # attempt 2 alone

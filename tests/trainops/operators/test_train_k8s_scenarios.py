@@ -13,6 +13,7 @@ import asyncio
 import json
 import re
 import time
+from datetime import UTC, datetime
 from types import SimpleNamespace
 
 import pytest
@@ -25,6 +26,7 @@ from tests.trainops.operators.helpers import staged_dataset
 from trainer.contract import RunLayout, attempt_record, run_prefix
 from trainer.storage import open_storage
 from trainops.cluster.kubernetes.backend import KubernetesCluster
+from trainops.cost.prices import load_prices, price_of
 from trainops.operators import FSDPTrainingOperator
 
 RUN_ID = "scheduled__2026-01-01T00:00:00+00:00"
@@ -310,6 +312,108 @@ def test_rerun_reattaches_restart_deletes_nothing_and_kill_deletes_everything(fi
     assert all(p["metadata"].get("deletionTimestamp") for p in plane.pods(name))
     plane.tick(6)  # the trainers' emergency checkpoint (5 s), then exit
     assert plane.objects == {}  # the Job, its pods and the Service
+
+
+SKEW_S = 3 * 3600.0  # the trainer's clock runs 3 hours ahead of the API server's
+
+
+def test_a_reclaimed_node_run_is_billed_for_the_time_its_pods_held_nodes(
+    file_root, plane, context, caplog, capsys
+):
+    """The reclaimed-node scenario, replayed with a trainer that stamps its attempt records and
+    metrics on a clock 3 hours ahead of the API server's: attempt 1 trains steps 1..60 (a step
+    a second; checkpoint at 50) until node 1's VM vanishes; attempt 2 resumes at 50 and trains
+    to 100. The bill comes from the cluster's own times: within 10% of the node time the pods
+    held (the cloud's bill; under it by the survivor's shutdown after the loss was seen, never
+    over), at the price the operator's table gives; the goodput is the kept steps' share of
+    it; the disagreeing clock is logged and recorded, naming both times."""
+    store, layout = open_storage(file_root), layout_of(file_root)
+    began, parts = {}, {}  # per attempt: the trainer's start, the metrics parts it wrote
+
+    def trainer_now():
+        return plane.now + SKEW_S
+
+    def stamp(t):
+        return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
+
+    def step(attempt, number):  # one step's metrics, as the trainer writes a part
+        parts[attempt] = parts.get(attempt, 0) + 1
+        record = {"step": number, "attempt": attempt, "loss": 2.5, "lr": 3e-4, "time": trainer_now()}
+        store.put(layout.metrics_part(attempt, parts[attempt]), (json.dumps(record) + "\n").encode())
+
+    def write_record(attempt, outcome, last_step, checkpoint_step, **times):
+        record = attempt_record(
+            attempt=attempt,
+            outcome=outcome,
+            last_step=last_step,
+            checkpoint_step=checkpoint_step,
+            world_size=2,
+            started_at=stamp(began[attempt]),
+            ended_at=stamp(trainer_now()),
+            first_step_time=began[attempt],
+            **times,
+        )
+        store.put_json(layout.attempt(attempt), record)
+
+    lost = []
+
+    def program(plane, pod, ran):
+        meta = pod["metadata"]
+        attempt, index = int(meta["labels"]["trainops/attempt"]), int(meta["annotations"][COMPLETION_INDEX])
+        first, last = (1, 60) if attempt == 1 else (51, 100)
+        if index == 0:
+            began.setdefault(attempt, trainer_now())
+            while parts.get(attempt, 0) < min(int(ran), last - first + 1):
+                step(attempt, first + parts.get(attempt, 0))
+        if attempt == 1 and index == 0 and ran >= 60:  # node 1's VM is reclaimed
+            node = plane.pod(meta["labels"]["job-name"], 1)["spec"]["nodeName"]
+            if node in plane.nodes and plane.ready(node):
+                plane.set_ready(node, False)
+                lost.append(plane.now)
+            elif node in plane.nodes and plane.now - lost[0] >= 30:
+                plane.remove_node(node)
+        if attempt == 2 and ran >= 51:
+            if index == 0:
+                write_record(2, "completed", last_step=100, checkpoint_step=100, resumed_from_step=50)
+            return 0
+        return None
+
+    plane.program = program
+    op = operator(file_root)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    event = first_event(deferred.value.trigger)
+    assert event["state"]["phase"] == "lost"
+    # rank 0's emergency checkpoint fails without node 1: steps 51..60 are lost
+    write_record(
+        1, "preempted", last_step=60, checkpoint_step=50, signal="SIGTERM", signal_time=trainer_now()
+    )
+    second = next_attempt(op, context, event)
+    caplog.set_level("INFO")
+    result = op.execute_complete(context, first_event(second.trigger))
+    assert (result["steps"], result["attempts"], result["preemptions"]) == (100, 2, 1)
+
+    cost = job_json(file_root)["cost"]
+    table, _ = load_prices(None, None)  # what the operator prices with, given no override
+    per_node_hour = price_of(table, "a2-highgpu-8g", "spot")["per_gpu_hour"]  # CPU nodes: 1 each
+    held_s = plane.node_seconds()
+    print(f"\nbilled {cost['billed_gpu_hours'] * 3600:.0f} node-s, held {held_s:.0f} simulated node-s")
+    assert cost["billed_gpu_hours"] * 3600 == pytest.approx(held_s, rel=0.10)
+    assert cost["billed_gpu_hours"] * 3600 <= held_s
+    assert cost["cost"] == pytest.approx(held_s / 3600 * per_node_hour, rel=0.10)
+    productive_s = (50 + 50) * 2  # steps 1..50 and 51..100, a second each, on 2 nodes
+    assert cost["goodput"] == pytest.approx(productive_s / held_s, abs=0.05)
+    assert [a["seconds"]["replayed"] for a in cost["attempts"]] == pytest.approx([10, 0], abs=0.5)
+    warned = [w for w in cost["warnings"] if w.startswith("attempt 1: the trainer's clock disagrees")]
+    assert warned and "(ahead by 3h00m" in warned[0]
+    assert f"the trainer says it started at {stamp(began[1])}".replace("+00:00", "Z") in warned[0]
+    assert "attempt 1: no pod end time recorded (a pod gone with its node" in " ".join(cost["notes"])
+    logged = caplog.text + capsys.readouterr().out
+    for n in (1, 2):
+        assert (
+            f"cost estimate: attempt {n}: the trainer's clock disagrees with the cluster's (ahead by 3h"
+            in logged
+        )
 
 
 # What the API throws at a run, by call: 100 faults in all, each kind spread over the run by a

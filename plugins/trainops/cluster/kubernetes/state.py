@@ -18,7 +18,7 @@ is spent, so it is an infrastructure failure (``infra_reason``) naming the resou
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict
 
 from trainops.cluster.base import Disruption, JobState, NodeState
 from trainops.cluster.kubernetes import indexed_job, pytorchjob, trainjob
@@ -274,18 +274,63 @@ def _unschedulable_for(pod: Json, now: datetime) -> float | None:
     return None
 
 
-def billed_times(pods: list[Json]) -> tuple[float | None, float | None]:
-    """``(start, end)`` of what the attempt's nodes are billed for, as the cluster saw it
-    (epoch seconds): the earliest pod ``status.startTime``, and the latest trainer container
-    ``terminated.finishedAt`` once every pod has one. None while unknown."""
-    starts = [_time((p.get("status") or {}).get("startTime")) for p in pods]
-    ends = [
-        _time(((_container_status(p).get("state") or {}).get("terminated") or {}).get("finishedAt"))
-        for p in pods
+def _epoch(value: Any) -> float | None:
+    t = _time(value)
+    return t.timestamp() if t else None
+
+
+class AttemptTimes(TypedDict, total=False):
+    """The ``JobState`` times (epoch seconds) on the cluster's clock: :func:`attempt_times`."""
+
+    start_time: float
+    gang_start_time: float
+    end_time: float
+    launch_time: float
+    observed_time: float
+
+
+def attempt_times(job: Json | None, pods: list[Json], now: datetime) -> AttemptTimes:
+    """The attempt's times on the cluster's clock (epoch seconds), as ``JobState`` keys; a key
+    is left out while unknown:
+
+    - ``start_time``: the earliest pod ``status.startTime`` (the kubelet took the pod: its
+      node is held from then, image pull included);
+    - ``gang_start_time``: the latest trainer container ``startedAt`` (the gang could assemble,
+      and the trainer's program start, only then);
+    - ``end_time``: the latest trainer container ``terminated.finishedAt``, once every pod has
+      one (a pod on a vanished node never gets one: the state's ``observed_time`` is then the
+      nearest the cluster says);
+    - a finished Job with no pod left to say (deleted by hand, or with a pod GC): the Job's
+      ``status.startTime`` and ``status.completionTime`` (or its ``Failed`` condition's time);
+    - ``launch_time``: the job's ``creationTimestamp``; ``observed_time``: ``now``.
+
+    :param now: when the backend read ``job`` and ``pods`` (aware).
+    """
+    out: AttemptTimes = {"observed_time": now.timestamp()}
+    meta, status = (job or {}).get("metadata") or {}, (job or {}).get("status") or {}
+    created = _epoch(meta.get("creationTimestamp"))
+    if created is not None:
+        out["launch_time"] = created
+    states = [_container_status(p).get("state") or {} for p in pods]
+    starts = [t for p in pods if (t := _epoch((p.get("status") or {}).get("startTime"))) is not None]
+    began = [
+        t
+        for st in states
+        if (t := _epoch((st.get("running") or st.get("terminated") or {}).get("startedAt"))) is not None
     ]
-    start = min((t for t in starts if t is not None), default=None)
-    end = max((t for t in ends if t is not None), default=None) if ends and all(ends) else None
-    return (start.timestamp() if start else None, end.timestamp() if end else None)
+    ends = [_epoch((st.get("terminated") or {}).get("finishedAt")) for st in states]
+    if not pods and job is not None and job_outcome(job)[0] in ("succeeded", "failed"):
+        # finished, its pods gone: the Job's own account (a Job without pods yet bills nothing)
+        starts = [t for t in [_epoch(status.get("startTime"))] if t is not None]
+        failed = _true(job, "Failed")
+        ends = [_epoch(status.get("completionTime") or (failed or {}).get("lastTransitionTime"))]
+    if starts:
+        out["start_time"] = min(starts)
+    if began:
+        out["gang_start_time"] = max(began)
+    if ends and all(t is not None for t in ends):
+        out["end_time"] = max(t for t in ends if t is not None)
+    return out
 
 
 def job_state(
@@ -304,8 +349,8 @@ def job_state(
     :param unschedulable_deadline_s: how long pods may stay unschedulable before the attempt
         counts as an infrastructure failure (not while Kueue holds the job suspended).
     :param node_names_present: the names of the pods' nodes that still exist; None: unknown.
-    :return: ``{"phase", "reason", "nodes", "disruptions"}``, the pods' ``start_time`` and
-        ``end_time`` when known (:func:`billed_times`), and ``infra_reason`` when the
+    :return: ``{"phase", "reason", "nodes", "disruptions"}``, the attempt's times on the
+        cluster's clock (:func:`attempt_times`), and ``infra_reason`` when the
         infrastructure, not the program, stopped the attempt; ``unschedulable: True`` (only)
         when that was pods finding no node past the deadline.
     """
@@ -319,11 +364,7 @@ def job_state(
         if disruption:
             disruptions.append(disruption)
     state: JobState = {"phase": "running", "reason": None, "nodes": nodes, "disruptions": disruptions}
-    start, end = billed_times(pods)
-    if start is not None:
-        state["start_time"] = start
-    if end is not None:
-        state["end_time"] = end
+    state.update(attempt_times(job, pods, now))
     evicted = eviction_reason(nodes)
     if evicted:  # whatever the job says next: the operator must not count it as a preemption
         state["infra_reason"] = evicted

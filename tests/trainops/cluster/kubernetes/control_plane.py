@@ -47,6 +47,13 @@ node fits, one pod per node per job), Kueue admission, watches, the PyTorchJob's
 
 Time is simulated: :meth:`clock` and :meth:`sleep` are the backend's, every API call takes
 ``call_s`` simulated seconds, and :meth:`tick` advances the clock and runs the controllers.
+Timestamps are what an API server writes, from that clock: RFC 3339 UTC to the second
+(``2026-01-01T10:00:02Z``), where the real components stamp them: ``creationTimestamp`` on
+create; a pod's ``status.startTime`` when the kubelet takes it (before its image is pulled), its
+container's ``running.startedAt`` when it runs and ``terminated.startedAt``/``finishedAt`` when
+it exits (a pod on a vanished node gets none); ``deletionTimestamp`` as now + the grace period;
+the Job's ``status.startTime`` and ``completionTime``; each condition's ``lastTransitionTime``.
+:meth:`node_seconds` is what the cloud would bill: how long pods held their nodes.
 """
 
 from __future__ import annotations
@@ -169,6 +176,7 @@ class ControlPlane:
         self.objects = {}  # (kind, namespace, name) -> API JSON
         self.nodes = {}  # name -> Node JSON
         self.gone_nodes = {}  # name -> when it went
+        self.held = {}  # pod name -> [job name, node, bound at, released at (None: holds it)]
         self.logs = {}  # (pod, container) -> [(epoch ns, line)]
         self.calls: list[Call] = []
         self.faults: list[Fault] = []
@@ -230,8 +238,13 @@ class ControlPlane:
         )
 
     def remove_node(self, name):
+        """The cloud deleted the VM: its Node goes, and no pod holds it any more (the pods stay
+        listed, without a ``finishedAt``, until the pod garbage collector takes them)."""
         del self.nodes[name]
         self.gone_nodes[name] = self.now
+        for held in self.held.values():
+            if held[1] == name and held[3] is None:
+                held[3] = self.now
 
     def inject(self, verb="*", resource="*", **options):
         """Fail matching calls: ``verb`` (create, get, list, delete) on ``resource`` (pods,
@@ -275,6 +288,16 @@ class ControlPlane:
     def faults_injected(self):
         return sum(1 for c in self.calls if c.fault)
 
+    def node_seconds(self, job=None):
+        """Seconds pods (of ``job``, or all) held a node, from the kubelet taking each pod to
+        its container's exit, its removal, or its node's disappearance; a pod still holding
+        one counts up to now. What the cloud bills, per node."""
+        return sum(
+            (self.now if end is None else end) - start
+            for owner, _, start, end in self.held.values()
+            if job is None or owner == job
+        )
+
     # -- pods: the scheduler's and kubelets' part --------------------------------------
     def bind(self, pod, node):
         pod["spec"]["nodeName"] = node
@@ -282,11 +305,15 @@ class ControlPlane:
             {"type": "PodScheduled", "status": "True", "lastTransitionTime": iso(self.now)}
         ]
         pod["status"]["hostIP"] = "10.128.0.41"
+        # The kubelet takes the pod at once: startTime is then, before its image is pulled
+        # (a pod stuck pulling has one too), and its node is held from then.
+        pod["status"]["startTime"] = iso(self.now)
         pod["_bound"] = self.now
+        self.held[pod["metadata"]["name"]] = [_job_of(pod), node, self.now, None]
 
     def start(self, pod):
         status = pod["status"]
-        status["phase"], status["startTime"] = "Running", status.get("startTime") or iso(self.now)
+        status["phase"] = "Running"
         status["conditions"] += [{"type": "Ready", "status": "True", "lastTransitionTime": iso(self.now)}]
         status["containerStatuses"] = [
             {
@@ -306,8 +333,8 @@ class ControlPlane:
         """The trainer container exits with ``code``: the pod is Succeeded or Failed."""
         if pod["status"]["phase"] in ("Succeeded", "Failed"):
             return
-        started = pod["status"].get("startTime") or iso(self.now)
         for status in pod["status"].get("containerStatuses") or []:
+            started = (status["state"].get("running") or {}).get("startedAt") or iso(self.now)
             status.update(ready=False, started=False)
             status["state"] = {
                 "terminated": {
@@ -318,6 +345,7 @@ class ControlPlane:
                 }
             }
         pod["status"]["phase"] = "Succeeded" if code == 0 else "Failed"
+        self._release(pod)
         pod["status"]["conditions"] = [c for c in pod["status"]["conditions"] if c["type"] != "Ready"] + [
             {
                 "type": "Ready",
@@ -654,6 +682,7 @@ class ControlPlane:
             asked = pod["_deleted_at"]
             if status["phase"] == "Pending":
                 status["phase"] = "Failed"  # its containers never started
+                self._release(pod)
             if status["phase"] == "Running" and (
                 (self.sigterm_exit_s is not None and self.now - asked >= self.sigterm_exit_s)
                 or self.now >= _epoch(deleting)
@@ -701,8 +730,15 @@ class ControlPlane:
         if not pod["metadata"].get("finalizers"):
             self._remove(pod)
 
+    def _release(self, pod):
+        held = self.held.get(pod["metadata"]["name"])
+        if held is not None and held[3] is None:
+            held[3] = self.now
+
     def _remove(self, obj):
         meta = obj["metadata"]
+        if obj["kind"] == "Pod":
+            self._release(obj)
         self.objects.pop((obj["kind"], meta["namespace"], meta["name"]), None)
 
     # -- the API server ----------------------------------------------------------------
@@ -911,6 +947,11 @@ def _true(obj, ctype):
         if cond["type"] == ctype and cond["status"] == "True":
             return cond
     return None
+
+
+def _job_of(pod):
+    labels = pod["metadata"].get("labels") or {}
+    return next((labels[k] for k in JOB_NAME_LABELS if k in labels), None)
 
 
 def _drop_finalizer(obj, name):

@@ -4,6 +4,7 @@ a real cluster's answers; ``control_plane.ControlPlane`` simulates one, for how 
 behaves over time and under API faults (retries, lost replies, 409s)."""
 
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -688,6 +689,42 @@ def test_the_job_controller_makes_one_pod_per_index_from_the_rendered_template(s
     status = sim.job(JOB)["status"]
     assert [c["type"] for c in status["conditions"]] == ["SuccessCriteriaMet", "Complete"]
     assert status["completedIndexes"] == "0-1" and status["succeeded"] == 2
+
+
+RFC3339_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
+
+
+def test_the_simulation_stamps_times_where_and_as_an_api_server_does(sim):
+    """RFC 3339 UTC from the simulated clock: the pod's startTime when the kubelet takes it
+    (before its image is pulled), the container's startedAt when it runs, kept in its
+    terminated state with the finishedAt of its exit; a pod on a vanished node gets no
+    finishedAt, and the node time it held ends with the node. The backend reads them as the
+    cluster's clock (``JobState`` times)."""
+    t0 = sim.now
+    assert t0 == T0  # 2026-01-01T10:00:00Z
+    create_rendered(sim)
+    sim.tick(1)  # bound: the kubelets take the pods
+    pods = sim.pods(JOB)
+    assert [p["status"]["startTime"] for p in pods] == ["2026-01-01T10:00:01Z"] * 2
+    assert all("containerStatuses" not in p["status"] for p in pods)  # pulling the image
+    sim.tick(2)
+    running = [p["status"]["containerStatuses"][0]["state"]["running"]["startedAt"] for p in pods]
+    assert running == ["2026-01-01T10:00:03Z"] * 2
+    sim.tick(7)
+    sim.exit(sim.pod(JOB, 0), 0)
+    sim.remove_node(sim.pod(JOB, 1)["spec"]["nodeName"])  # the VM of node 1 is reclaimed
+    done = sim.pod(JOB, 0)["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert (done["startedAt"], done["finishedAt"]) == ("2026-01-01T10:00:03Z", "2026-01-01T10:00:10Z")
+    stamps = [sim.job(JOB)["metadata"]["creationTimestamp"], sim.job(JOB)["status"]["startTime"]]
+    assert all(RFC3339_UTC.fullmatch(t) for t in [*stamps, *running, done["finishedAt"]])
+    sim.tick(5)
+    assert sim.node_seconds(JOB) == 2 * (10 - 1)  # both held a node from t0 + 1 to t0 + 10
+
+    state = on(sim).status({"cluster": "kubernetes", "job_id": JOB, "kind": "indexed-job", "namespace": "ml"})
+    assert state["phase"] == "lost" and "end_time" not in state  # node 1's pod never finished
+    times = {k: state[k] - t0 for k in ("launch_time", "start_time", "gang_start_time")}
+    assert times == {"launch_time": 0, "start_time": 1, "gang_start_time": 3}
+    assert state["observed_time"] == sim.now == t0 + 15  # when the backend read it: the simulated clock
 
 
 def test_a_failed_pod_fails_the_job_by_its_pod_failure_policy_and_the_rest_are_deleted(sim):

@@ -496,3 +496,32 @@ def test_the_billed_window_is_first_pod_start_to_last_trainer_exit():
     running = state_of("job-running", ["pod-running", "pod-succeeded"])
     assert running["start_time"] == start and "end_time" not in running
     assert "start_time" not in state_of("job-running", [], present=set())
+
+
+def at(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def test_the_cluster_clocks_times_are_read_as_the_api_server_wrote_them():
+    """What the cost accounting holds the trainer's clock against: the last trainer container's
+    start (the gang assembles then), the Job's creation, and when the backend read the state."""
+    late = load("pod-running")
+    late["status"]["containerStatuses"][0]["state"]["running"]["startedAt"] = "2026-01-01T10:06:30Z"
+    state = state_of("job-running", ["pod-succeeded", late])
+    assert state["start_time"] == at("2026-01-01T10:00:41Z")  # the kubelet took the pods
+    assert state["gang_start_time"] == at("2026-01-01T10:06:30Z")  # the later container
+    assert state["launch_time"] == at("2026-01-01T10:00:04Z")  # the Job's creationTimestamp
+    assert state["observed_time"] == NOW.timestamp() and "end_time" not in state
+    assert "launch_time" not in state_of(None, ["pod-running"])  # the Job is gone: lost
+
+
+def test_a_finished_job_whose_pods_are_gone_is_timed_by_the_job_itself():
+    complete = state_of("job-complete", [])
+    assert (complete["start_time"], complete["end_time"]) == (
+        at("2026-01-01T10:00:04Z"),
+        at("2026-01-01T12:10:40Z"),  # completionTime
+    )
+    failed = state_of("job-failed-podfailurepolicy", [])
+    assert failed["end_time"] == at("2026-01-01T11:42:19Z")  # its Failed condition: no pod left running
+    running = state_of("job-running", [])  # no pod yet: nothing started, nothing billed
+    assert "start_time" not in running and "end_time" not in running
