@@ -177,6 +177,7 @@ BEHAVIOUR_TESTS = {
     "tests/trainops/operators/test_stage_job.py": "StageDatasetOperator staging as a cluster job",
     "tests/trainops/operators/test_train_k8s_scenarios.py": "operator, triggers and backend on a fake API",
     "tests/trainops/staging/test_bad_inputs.py": "every bad input users meet, end to end",
+    "tests/trainops/test_damaged_records.py": "damaged records through every report page and command",
     "tests/trainops/staging/spark/test_connect.py": "staging from a worker through a Spark Connect server",
     "tests/trainer/test_gradients.py": "each precision's gradients against a one-process reference",
     "tests/trainer/test_resume.py": "bitwise and elastic resume under torchrun",

@@ -88,21 +88,23 @@ def render(cost: RunCost, run_uri: str, prices_from: str) -> str:
 
 
 def run_cost(run_uri: str, prices_file: str | None, aws_conn_id: str | None = "aws_default") -> int:
-    """``cost``: print the bill of the run at ``run_uri``; 1 (and why, on stderr) when there is
-    no run there or the prices are wrong."""
+    """``cost``: print the bill of the run at ``run_uri``; 1 (and why, in one line on stderr)
+    when there is no run there, its ``job.json`` is damaged (:func:`trainops.shapes.check_job`
+    names the field) or the prices are wrong."""
     import time
 
     from trainer.contract import MetricsReader, RunLayout
-    from trainer.storage import NotFound
+    from trainer.storage import NotFound, StorageError
     from trainops.cost.accounting import account, stored_cost
     from trainops.cost.prices import PARAMETER_SOURCE, load_prices
-    from trainops.hooks.storage import get_json_object, storage_for
-    from trainops.recovery.record import as_job_record
+    from trainops.hooks.storage import storage_for
+    from trainops.shapes import check_job, load
 
     layout = RunLayout(run_uri.rstrip("/"))
     store = storage_for(layout.run_uri, aws_conn_id)
     try:
-        job = as_job_record(get_json_object(store, layout.job), layout.job)
+        # every field the accounting and the bill read, so a damaged record is named, not a traceback
+        job = load(store.get(layout.job), layout.job, lambda data, uri: check_job(data, uri, complete=True))
         stored = None if prices_file else stored_cost(job)
         if stored is not None:
             print(render(stored, layout.run_uri, "as priced when the run ended"))
@@ -123,8 +125,12 @@ def run_cost(run_uri: str, prices_file: str | None, aws_conn_id: str | None = "a
             file=sys.stderr,
         )
         return 1
+    # a ShapeError is a ValueError: it names the file, the field and what was expected
     except (OSError, ValueError) as exc:
         print(f"cost: {exc}", file=sys.stderr)
+        return 1
+    except StorageError as exc:
+        print(f"cost: could not read {layout.job}: {exc}", file=sys.stderr)
         return 1
     cost = account(job, MetricsReader(store, layout.run_uri).records(), table, now=time.time())
     print(render(cost, layout.run_uri, sources.replace(PARAMETER_SOURCE, f"--prices {prices_file}")))

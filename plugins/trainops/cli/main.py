@@ -170,6 +170,7 @@ def run_rollback(model: str, version: int, *, reason: str, by: str | None, stora
     """``rollback``: print what changed, or the error on stderr (exit status 1)."""
     import getpass
 
+    from trainer.storage import StorageError
     from trainops.cli.devenv import storage_root_choice
     from trainops.hooks.storage import storage_for
     from trainops.registry.promotion import PromotionError
@@ -181,7 +182,7 @@ def run_rollback(model: str, version: int, *, reason: str, by: str | None, stora
         result = rollback(
             storage_for(root, None), root, model, version, reason=reason, by=by or getpass.getuser()
         )
-    except (PromotionError, ValueError) as exc:
+    except (PromotionError, ValueError, StorageError) as exc:  # each names what to do; one line, no traceback
         print(f"rollback failed: {exc}", file=sys.stderr)
         return 1
     if result["changed"]:

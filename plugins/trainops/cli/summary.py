@@ -13,20 +13,30 @@ from trainops.cost.money import money
 
 def collect(store, root: str, results: dict, model_name: str, run_note: str | None = None) -> dict:
     """Gather the facts from the task results (XCom dicts), storage and the DAG run's note
-    (what the gate or promote wrote there when nothing was promoted)."""
+    (what the gate or promote wrote there when nothing was promoted). A production pointer
+    that cannot be read, or is damaged (:func:`trainops.shapes.check_pointer`), is None, and
+    ``production_problem`` says why."""
     from trainer.contract import production_pointer
-    from trainer.storage import NotFound
+    from trainer.storage import NotFound, StorageError
+    from trainops.shapes import ShapeError, check_pointer, load
 
     facts = {
         "model_name": model_name,
         "root": root,
         **{k: results.get(k) for k in ("stage", "train", "evaluate", "gate", "promote")},
         "run_note": run_note,
+        "production": None,
+        "production_problem": None,
     }
+    uri = production_pointer(root, model_name)
     try:
-        facts["production"] = store.get_json(production_pointer(root, model_name))
+        facts["production"] = load(store.get(uri), uri, check_pointer)
     except NotFound:
-        facts["production"] = None
+        pass
+    except (ShapeError, StorageError) as exc:  # the summary still says what the run did
+        facts["production_problem"] = (
+            str(exc) if isinstance(exc, ShapeError) else f"could not read {uri}: {exc}"
+        )
     return facts
 
 
@@ -107,5 +117,7 @@ def render(facts: dict) -> str:
     if train:
         lines.append(f"  run            {train['run_uri']}")
     if facts.get("production"):
-        lines.append(f"  production     {facts['production']['uri']}")
+        lines.append(f"  production     {facts['production'].get('uri') or '-'}")
+    elif facts.get("production_problem"):
+        lines.append(f"  production     unreadable: {facts['production_problem']}")
     return "\n".join(lines) + "\n"

@@ -4,7 +4,8 @@ what the run records and prints a few lines: one per task and per training attem
 training progress, and the summary.
 
 It reads only records, never log text: task instances from Airflow's SQLite metadata DB (read
-only), ``job.json``, ``config.yaml`` and the metrics under the run prefix (through
+only), ``job.json`` (checked by :func:`trainops.shapes.check_job`: a damaged one is one line
+naming the field), ``config.yaml`` and the metrics under the run prefix (through
 ``trainer.contract.MetricsReader``). Ctrl-C stops the child (which marks the DAG run failed
 and deletes its jobs, :func:`stop_jobs`), checks that no process of the jobs is left, says so
 in one line and exits 130.
@@ -144,6 +145,7 @@ class DemoWatch:
         self._total: int | None = None
         self._first: dict[int, tuple[int, float]] = {}  # attempt -> its first seen (step, time)
         self._last_line_step: int | None = None
+        self._damaged: str | None = None  # the message of a damaged job.json, once printed
 
     def poll(self) -> None:
         """Read what is new and print its lines (a read that fails now is read again later)."""
@@ -172,6 +174,7 @@ class DemoWatch:
     def _training(self) -> None:
         from trainer.contract import MetricsReader, RunLayout, run_prefix
         from trainer.storage import NotFound, open_storage
+        from trainops.shapes import ShapeError, check_job, load
 
         assert self.run_id is not None
         run_uri = run_prefix(self.root, DEMO_DAG, self.run_id, "train")
@@ -189,8 +192,13 @@ class DemoWatch:
         if latest:
             self._progress(max(latest), latest[max(latest)])
         try:
-            job = self._store.get_json(layout.job)
+            job = load(self._store.get(layout.job), layout.job, check_job)
         except NotFound:
+            return
+        except ShapeError as exc:  # writes are atomic: a damaged record stays so; say it once
+            if str(exc) != self._damaged:
+                self._damaged = str(exc)
+                self.console.line(f"training record unreadable: {exc}")
             return
         for entry in job.get("attempts", []):
             if entry["attempt"] in self._printed_attempts:

@@ -46,6 +46,7 @@ from trainops.registry.pointer import (
     read_pointer,
 )
 from trainops.registry.promotion import CARD_NAME, version_numbers
+from trainops.shapes import ShapeError, check_card, load
 
 __all__ = ["RollbackConflict", "rollback"]
 
@@ -68,18 +69,16 @@ def _check_target(storage: Storage, root: str, name: str, version: int, pointer:
             "production"
         )
     version_uri = model_version_prefix(root, name, version)
+    card_uri = join(version_uri, CARD_NAME)
     try:
-        card = storage.get_json(join(version_uri, CARD_NAME))
+        card = load(storage.get(card_uri), card_uri, check_card)
     except NotFound:
         raise PromotionError(
             f"v{version} of {name!r} has no {CARD_NAME} at {version_uri}; its "
             "files are incomplete, so production cannot point at it"
         ) from None
-    if not isinstance(card, dict):
-        raise PromotionError(
-            f"v{version} of {name!r} has a {CARD_NAME} at {version_uri} that is not a JSON "
-            "object; production cannot point at it"
-        )
+    except ShapeError as exc:  # names the field: production is not pointed at a damaged card
+        raise PromotionError(f"v{version} of {name!r}: {exc}") from None
     for item in card.get("files") or []:
         if storage.head(join(version_uri, item["path"])) is None:
             raise PromotionError(

@@ -31,6 +31,11 @@ report does (under a root, no ``.`` segments, no symbolic link out, at most
 :data:`MAX_REPORT_BYTES`); one that fails them, or cannot be read, is a row saying why. The page
 needs website access, and shows only the DAGs whose task instances the user may read.
 
+A stored record that is damaged or foreign (a ``job.json``, ``card.json``, production pointer or
+dataset manifest that is cut short, or not of its kind's shape: :mod:`trainops.shapes`) is a
+page (200) that names the file, the field and what was expected, with what the file holds; on
+the home and fleet pages it is the row's reason. Never a 500.
+
 A storage outage is a 503 page that names it, with ``Retry-After``, after riding it out for at
 most :data:`OUTAGE_TOLERANCE_S` per request: a person is waiting for the page, and the API
 server's request threads are not to be held for the operators' two minutes.

@@ -37,13 +37,13 @@ from trainops.reports.html import (
     dicts,
     escape,
     json_value,
-    not_json_page,
     page,
     pretty_json,
     redact,
     verdict,
 )
-from trainops.reports.pages import CHECK_COLUMNS, check_cells, render_report
+from trainops.reports.pages import CHECK_COLUMNS, check_cells, damaged_page
+from trainops.shapes import ShapeError, check_card, load
 
 __all__ = ["CARD_CSS", "card_report", "default_linkable", "render_card_page"]
 
@@ -228,15 +228,24 @@ def card_report(card: Mapping[str, Any], *, linkable: Linkable = default_linkabl
     )
 
 
-def render_card_page(uri: str, data: bytes, *, linkable: Linkable = default_linkable) -> str:
-    """The page for a ``card.json`` (bytes ``data``) at ``uri``; one that is not a JSON object
-    gets :func:`trainops.reports.pages.render_report`'s page."""
-    text = data.decode("utf-8", errors="replace")
+def _title(text: str) -> str:
     try:
-        card = redact(json.loads(text))
-    except (ValueError, RecursionError) as exc:
-        return not_json_page(uri, text, exc)
+        card = json.loads(text)
+    except (ValueError, RecursionError):
+        card = None
     if not isinstance(card, dict):
-        return render_report(uri, data)
-    title = f"Model card: {card.get('model') or '?'} v{card.get('version', '?')}"
+        return "Model card"
+    return f"Model card: {redact(card.get('model')) or '?'} v{redact(card.get('version', '?'))}"
+
+
+def render_card_page(uri: str, data: bytes, *, linkable: Linkable = default_linkable) -> str:
+    """The page for a ``card.json`` (bytes ``data``) at ``uri``; one that is not JSON, or not a
+    card (:func:`trainops.shapes.check_card`), gets a page that says which field is wrong, and
+    what it holds."""
+    text = data.decode("utf-8", errors="replace")
+    title = _title(text)
+    try:
+        card = load(text, uri, check_card)
+    except ShapeError as exc:
+        return damaged_page(title, uri, exc, text)
     return page(title, uri, card_report(card, linkable=linkable))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from trainops.reports.html import dicts, escape, report_link, table, verdict
+from trainops.reports.html import dicts, escape, list_of, report_link, table, verdict
 from trainops.reports.pages import JSON_SUFFIXES, TEXT_SUFFIXES
 
 __all__ = [
@@ -141,7 +141,7 @@ def dataset_section(card: Mapping, linkable: Linkable) -> str:
             ("Validation", f'<span class="fail">missing</span>: {uri_link(validation.get("uri"), linkable)}')
         )
     elif validation:
-        failed = ", ".join(map(str, validation.get("failed") or [])) or "none"
+        failed = ", ".join(map(str, list_of(validation.get("failed")))) or "none"
         rows.append(
             (
                 "Validation",

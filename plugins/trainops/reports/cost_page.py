@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from trainer.contract import MetricsRecord
 from trainops.cost.money import money
-from trainops.reports.html import dicts, escape, table
+from trainops.reports.html import dicts, escape, list_of, table
 
 if TYPE_CHECKING:
     from trainops.recovery.record import JobRecord
@@ -123,7 +123,13 @@ def _spans(attempt: dict[str, Any]) -> list[tuple[str, float, float]]:
     out = []
     for span in dicts(attempt.get("spans")):
         phase, start, end = span.get("phase"), _num(span.get("start")), _num(span.get("end"))
-        if phase in PHASE_COLOURS and start is not None and end is not None and end >= start:
+        if (
+            isinstance(phase, str)
+            and phase in PHASE_COLOURS
+            and start is not None
+            and end is not None
+            and end >= start
+        ):
             out.append((str(phase), start, end))
     return out
 
@@ -315,7 +321,7 @@ def cost_table(cost: dict[str, Any]) -> str:
             escape(money(cost.get("savings"))),
         ]
     )
-    recovery = [duration(r) for r in cost.get("recovery_s") or [] if _num(r) is not None]
+    recovery = [duration(r) for r in list_of(cost.get("recovery_s")) if _num(r) is not None]
     summary = [
         ("Goodput (productive / billed GPU time)", percent(cost.get("goodput"))),
         ("Cost (estimate)", money(cost.get("cost"))),
@@ -336,7 +342,7 @@ def cost_table(cost: dict[str, Any]) -> str:
 
 
 def _notes(cost: dict[str, Any]) -> str:
-    notes = [n for n in cost.get("notes") or [] if isinstance(n, str) and n]
+    notes = [n for n in list_of(cost.get("notes")) if isinstance(n, str) and n]
     if not notes:
         return ""
     return '<p>Notes:</p><ul class="notes">' + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>"

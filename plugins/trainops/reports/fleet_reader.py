@@ -1,17 +1,19 @@
 """Finding the training runs under the served roots, for the fleet page and the home page: one
 listing of each root (:func:`list_roots`), every ``runs/<dag>/<run>/<task>/job.json`` in it
 (:mod:`trainops.cost.runs`), the newest of each DAG (:func:`find_runs`), each read through the
-checks of :mod:`trainops.reports.access`; and the fleet page's query parameters.
+checks of :mod:`trainops.reports.access` and checked as a run's record
+(:func:`trainops.shapes.check_job`: a damaged one is a row that says which field is wrong); and
+the fleet page's query parameters.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from trainops.reports import access, fleet
 from trainops.reports.access import JOB_NAME, ReportRequestError, ReportTarget
+from trainops.shapes import ShapeError, check_job, load
 
 if TYPE_CHECKING:
     from trainer.storage import Storage
@@ -202,9 +204,7 @@ def _read_run(
             down.add(target.root)
         return {**run, "problem": exc.message}
     try:
-        job = json.loads(data.decode("utf-8", errors="replace"))
-    except (ValueError, RecursionError) as exc:
-        return {**run, "problem": f"job.json is not valid JSON ({exc})"}
-    if not isinstance(job, dict):
-        return {**run, "problem": f"job.json holds a JSON {type(job).__name__}, not a run record"}
+        job = load(data.decode("utf-8", errors="replace"), target.uri, check_job)
+    except ShapeError as exc:
+        return {**run, "problem": str(exc)}
     return {**run, "job": job}

@@ -16,7 +16,7 @@ Pure: the app reads (:mod:`trainops.reports.home_reader`) and hands the records 
 # No ``from __future__ import annotations``: the records are TypedDicts read at run time.
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from trainer.contract import MetricsRecord, join
 from trainops.cost.money import money
@@ -63,7 +63,8 @@ class ModelEntry(TypedDict):
 
 class DatasetVersion(TypedDict):
     """One staged version: its ``validation.json`` and ``manifest.json`` (None: missing or
-    unreadable; a version that failed validation has no manifest) and when it was written."""
+    unreadable; a version that failed validation has no manifest) and when it was written;
+    ``manifest_problem`` says why a manifest that is there was not read (damaged)."""
 
     name: str
     root: str
@@ -74,6 +75,7 @@ class DatasetVersion(TypedDict):
     manifest: dict[str, Any] | None
     mtime: float | None
     problem: str | None
+    manifest_problem: NotRequired[str | None]
 
 
 def _number(value: object) -> float | None:
@@ -262,10 +264,11 @@ def _dataset_row(d: DatasetVersion) -> list[str]:
         verdict = '<span class="pass">PASSED</span> ' + report_link(d["validation_uri"], "report")
     else:
         verdict = '<span class="fail">FAILED</span> ' + report_link(d["validation_uri"], "report")
+    damaged = d.get("manifest_problem")
     return [
         report_link(d["manifest_uri"], d["version"])
         if d["manifest"] is not None and d["manifest_uri"]
-        else escape(d["version"]),
+        else escape(d["version"]) + (f'<br><span class="fail">{escape(damaged)}</span>' if damaged else ""),
         scalar(manifest.get("created_at")) if manifest else '<span class="muted">-</span>',
         scalar(validation.get("rows")) if "rows" in validation else '<span class="muted">-</span>',
         scalar(quarantine.get("rows", 0)),

@@ -2,7 +2,10 @@
 JSON or text object, as pure functions from (uri, bytes) to HTML; no I/O.
 
 Every value is escaped and redacted by the page primitives of :mod:`trainops.reports.html`.
-The training run page (a run's ``job.json``) is :mod:`trainops.reports.run_page`.
+The training run page (a run's ``job.json``) is :mod:`trainops.reports.run_page`. A record whose
+kind has a shape (:func:`trainops.shapes.check_for`: a production pointer, a dataset manifest)
+and is not that shape gets the check's message above its contents; :func:`damaged_page` is the
+page of a run record or a card that is not its shape.
 """
 
 from __future__ import annotations
@@ -30,9 +33,18 @@ from trainops.reports.html import (
     table,
     verdict,
 )
+from trainops.shapes import ShapeError, check_for, load
 from trainops.staging.expectations import DATASET_EXPECTATIONS
 
-__all__ = ["JSON_SUFFIXES", "TEXT_SUFFIXES", "error_page", "render_report", "report_kind"]
+__all__ = [
+    "JSON_SUFFIXES",
+    "TEXT_SUFFIXES",
+    "damaged_page",
+    "error_page",
+    "render_report",
+    "report_kind",
+    "shape_problem",
+]
 
 JSON_SUFFIXES = (".json",)
 TEXT_SUFFIXES = (".md", ".txt", ".yaml", ".yml", ".jsonl", ".log")
@@ -224,14 +236,38 @@ def _title(kind: str, uri: str, report: object) -> str:
     return f"{_TITLES.get(kind, 'Stored report')}: {object_name(uri)}"
 
 
+def shape_problem(error: ShapeError) -> str:
+    """A record's :class:`trainops.shapes.ShapeError` as the paragraph a page shows (escaped,
+    redacted: the message quotes the wrong value)."""
+    return f'<p class="fail damaged">{escape(redact(str(error)))}</p>'
+
+
+def damaged_page(title: str, uri: str, error: ShapeError, text: str) -> str:
+    """The page of a record that is not its kind's shape (``error`` says how), with what it
+    holds below: its JSON, or its text when it is not JSON."""
+    try:
+        shown = raw_json(redact(json.loads(text)))
+    except (ValueError, RecursionError):
+        shown = f"<h2>Its text</h2><pre>{escape(redact(text))}</pre>"
+    return page(title, uri, shape_problem(error) + shown)
+
+
 def render_report(uri: str, data: bytes) -> str:
     """The whole HTML page for the stored object ``uri`` whose bytes are ``data``."""
     text = data.decode("utf-8", errors="replace")
     if not uri.endswith(JSON_SUFFIXES):
         return page(object_name(uri), uri, f"<pre>{escape(redact(text))}</pre>")
+    check, problem = check_for(uri), None
+    if check is not None:
+        try:
+            load(text, uri, check)
+        except ShapeError as exc:
+            problem = exc
     try:
         report = redact(json.loads(text))
     except (ValueError, RecursionError) as exc:
+        if problem is not None:
+            return damaged_page(object_name(uri), uri, problem, text)
         return not_json_page(uri, text, exc)
     kind = report_kind(uri, report)
     if kind == "validation" and isinstance(report, dict):
@@ -240,7 +276,8 @@ def render_report(uri: str, data: bytes) -> str:
         body = _gate(report)
     else:
         body = json_value(report)
-    return page(_title(kind, uri, report), uri, body + raw_json(report))
+    warning = shape_problem(problem) if problem is not None else ""
+    return page(_title(kind, uri, report), uri, warning + body + raw_json(report))
 
 
 def error_page(status: int, message: str) -> str:

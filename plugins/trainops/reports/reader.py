@@ -7,7 +7,8 @@ The home page lists each root once (:func:`trainops.reports.fleet_reader.list_ro
 listing the runs (:func:`trainops.reports.fleet_reader.find_runs`), the production pointers
 (``[<prefix>/]models/<name>/production.json``) and the staged dataset versions
 (``[<prefix>/]datasets/<name>/<version>/validation.json``, with the ``manifest.json`` beside
-it when there is one). It reads the :data:`HOME_RUNS` newest runs, every pointer, and per
+it when there is one), each checked as its kind (:mod:`trainops.shapes`: a damaged one is shown
+as a sentence naming the field). It reads the :data:`HOME_RUNS` newest runs, every pointer, and per
 dataset the :data:`DATASET_VERSIONS` newest versions (by when ``validation.json`` was
 written, of at most :data:`DATASETS_SCANNED` asked). A running run's metrics (the app's kept
 reader) and its ``config.yaml`` (``train.max_steps``) give its live step and ETA.
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from trainer.contract import join
 from trainops.reports import access, fleet_reader
 from trainops.reports.home import DatasetVersion, HomeRun, ModelEntry, progress
+from trainops.shapes import ShapeError, check_manifest, check_pointer, load
 
 if TYPE_CHECKING:
     from trainer.storage import Storage
@@ -78,6 +80,17 @@ class Reads:
             return json.loads(data.decode("utf-8", errors="replace")), None
         except (ValueError, RecursionError) as exc:
             return None, f"{uri!r} is not valid JSON ({exc})"
+
+    def record(self, uri: str, check: Callable[[object, str], Any]) -> tuple[Any, str | None]:
+        """``(the record at uri as check returns it, None)`` or ``(None, why not)``: missing,
+        refused, unreadable, or not its kind's shape (:mod:`trainops.shapes`, naming the field)."""
+        data, problem = self.data(uri)
+        if data is None:
+            return None, problem
+        try:
+            return load(data.decode("utf-8", errors="replace"), uri, check), None
+        except ShapeError as exc:
+            return None, str(exc)
 
     def read(self, uri: str) -> Any:
         """The parsed JSON at ``uri``, None when it is missing, refused or unreadable."""
@@ -164,11 +177,7 @@ def read_home(
 
     models: list[ModelEntry] = []
     for _, storage_root, (name,) in _found(listed, "models", 1, "production.json"):
-        pointer, problem = reads.json(join(storage_root, "models", name, "production.json"))
-        if pointer is not None and not (
-            isinstance(pointer, dict) and isinstance(pointer.get("version"), int)
-        ):
-            pointer, problem = None, "the production pointer is malformed (no integer version)"
+        pointer, problem = reads.record(join(storage_root, "models", name, "production.json"), check_pointer)
         models.append({"name": name, "root": storage_root, "pointer": pointer, "problem": problem})
 
     all_uris = {uri for _, _, uris in listed for uri in uris or []}
@@ -189,7 +198,9 @@ def read_home(
         for when, version, prefix in dated[:DATASET_VERSIONS]:
             validation, problem = reads.json(join(prefix, "validation.json"))
             manifest_uri = join(prefix, "manifest.json")
-            manifest = reads.read(manifest_uri) if manifest_uri in all_uris else None
+            manifest, manifest_problem = (
+                reads.record(manifest_uri, check_manifest) if manifest_uri in all_uris else (None, None)
+            )
             datasets.append(
                 {
                     "name": name,
@@ -198,9 +209,10 @@ def read_home(
                     "validation_uri": join(prefix, "validation.json"),
                     "validation": validation if isinstance(validation, dict) else None,
                     "manifest_uri": manifest_uri if manifest_uri in all_uris else None,
-                    "manifest": manifest if isinstance(manifest, dict) else None,
+                    "manifest": manifest,
                     "mtime": when,
                     "problem": problem,
+                    "manifest_problem": manifest_problem,
                 }
             )
     if scanned > DATASETS_SCANNED:

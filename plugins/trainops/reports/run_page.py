@@ -10,7 +10,6 @@ every report page looks and is escaped the same way.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections.abc import Sequence
@@ -22,7 +21,6 @@ from trainops.reports.html import (
     dicts,
     escape,
     json_value,
-    not_json_page,
     object_name,
     page,
     raw_json,
@@ -31,8 +29,9 @@ from trainops.reports.html import (
     scalar,
     table,
 )
-from trainops.reports.pages import TEXT_SUFFIXES, render_report
+from trainops.reports.pages import TEXT_SUFFIXES, damaged_page
 from trainops.reports.training_charts import training_charts
+from trainops.shapes import ShapeError, check_job, load
 
 __all__ = ["CHART_COLOURS", "MAX_CHART_POINTS", "render_run_report", "run_report", "svg_line_chart"]
 
@@ -237,7 +236,7 @@ def run_report(
     outcomes = {
         a.get("attempt"): a["classification"]
         for a in dicts(job.get("attempts"))
-        if isinstance(a.get("classification"), str)
+        if isinstance(a.get("classification"), str) and isinstance(a.get("attempt"), int | str | None)
     }
     if metrics_uri is None and metrics is not None and uri.endswith("/job.json"):
         folder = uri[: -len("job.json")]
@@ -277,15 +276,14 @@ def render_run_report(
     """The page for a run's ``job.json`` (bytes ``data``) with its metrics (see :func:`run_report`).
 
     The report (status, cost, training charts, throughput, attempts) comes first and the raw JSON last;
-    a ``job.json`` that is not a JSON object gets :func:`render_report`'s page.
+    a ``job.json`` that is not JSON, or not a run's record (:func:`trainops.shapes.check_job`),
+    gets a page that says which field is wrong, and what it holds.
     """
     text = data.decode("utf-8", errors="replace")
     try:
-        job = redact(json.loads(text))
-    except (ValueError, RecursionError) as exc:
-        return not_json_page(uri, text, exc)
-    if not isinstance(job, dict):
-        return render_report(uri, data)
+        job: dict = load(text, uri, check_job)
+    except ShapeError as exc:
+        return damaged_page(_run_title(uri), uri, exc, text)
     body = run_report(
         job,
         metrics,
@@ -295,4 +293,4 @@ def render_run_report(
         now=now,
         evaluation=evaluation,
     )
-    return page(_run_title(uri), uri, body + raw_json(job))
+    return page(_run_title(uri), uri, body + raw_json(redact(job)))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 from tests.trainops.registry.helpers import promote_runs
-from trainer.contract import model_version_prefix
+from trainer.contract import model_version_prefix, production_pointer
 from trainer.storage import open_storage
 from trainops.cli.summary import collect, render
 
@@ -149,3 +151,21 @@ def test_collect_reads_the_production_pointer_beside_the_task_results(file_root)
     promote_runs(storage, file_root, 2)
     after = collect(storage, file_root, results, "demo-lm")
     assert after["production"]["uri"] == model_version_prefix(file_root, "demo-lm", 2)
+
+
+def test_a_damaged_production_pointer_is_a_line_of_the_summary_not_a_crash(file_root):
+    storage = open_storage(file_root)
+    promote_runs(storage, file_root, 1)
+    uri = production_pointer(file_root, "demo-lm")
+    pointer = storage.get(uri)
+    for damage, said in (
+        (pointer[: len(pointer) // 2], f"{uri} is not valid JSON ("),
+        (b"[1, 2]", f"{uri} should hold a JSON object (a production pointer), got a list of 2 item(s)"),
+        (json.dumps({**json.loads(pointer), "version": "1"}).encode(), f"{uri}: field 'version' should be"),
+    ):
+        storage.put(uri, damage)
+        facts = collect(storage, file_root, {"stage": STAGE, "train": TRAIN, "gate": GATE}, "demo-lm")
+        assert facts["production"] is None
+        line = render(facts).splitlines()[-1]
+        assert line.startswith(f"  production     unreadable: {said}"), line
+        assert line.endswith("the production pointer is damaged: restore it from its history or delete it")

@@ -81,6 +81,29 @@ def test_the_watch_prints_tasks_progress_and_attempts_once_each(tmp_path):
     ]
 
 
+def test_a_damaged_job_json_is_one_line_naming_the_field_not_a_crash(tmp_path):
+    db = airflow_db(tmp_path / "airflow.db")
+    root = f"file://{tmp_path}/storage"
+    out = io.StringIO()
+    watch = DemoWatch(Console(out), db, newest_run_id(db), root)
+    with sqlite3.connect(db) as conn:
+        conn.execute("INSERT INTO dag_run VALUES (2, ?, ?, 'running')", (DEMO_DAG, RUN_ID))
+    layout = RunLayout(run_prefix(root, DEMO_DAG, RUN_ID, "train"))
+    run_dir = Path(layout.run_uri[len("file://") :])
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("train:\n  max_steps: 120\n")
+    (run_dir / "job.json").write_text(json.dumps({"attempts": [{**PREEMPTED, "attempt": {"n": 1}}]}))
+    set_task(db, "train", "success", "2", 38.9)  # its attempts are read once more as it ends
+    watch.poll()
+    watch.poll()
+    assert out.getvalue().splitlines() == [
+        f"training record unreadable: {layout.job}: field 'attempts[0].attempt' should be a whole number, "
+        "got an object with 1 field(s); the run's record is damaged: restore it, or move it aside to start "
+        "the run's bookkeeping afresh",
+        "train        success            38.9s  (try 1)",
+    ]
+
+
 def test_read_run_of_a_busy_or_missing_db_is_no_answer(tmp_path):
     assert read_run(tmp_path / "missing.db", DEMO_DAG, 0) is None
     (tmp_path / "garbage.db").write_text("not a database")

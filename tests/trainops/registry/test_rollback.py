@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.trainops.registry.helpers import BeforePointerWrite, KeyFaults, OutageAfterWrite, promote_runs
@@ -97,7 +99,24 @@ def test_a_target_whose_card_is_not_an_object_is_refused(file_root):
     promote_runs(storage, file_root, 2)
     storage.put_json(join(model_version_prefix(file_root, "demo-lm", 1), "card.json"), ["not", "a", "card"])
     with pytest.raises(
-        PromotionError, match=r"v1 of 'demo-lm' has a card.json at .* that is not a JSON object"
+        PromotionError, match=r"v1 of 'demo-lm': file://.*/card.json should hold a JSON object .*got a list"
+    ):
+        rollback(storage, file_root, "demo-lm", 1, reason="r", by="a")
+    assert read_production(storage, file_root, "demo-lm")["version"] == 2
+
+
+def test_a_target_whose_card_is_cut_short_or_damaged_is_refused_naming_the_field(file_root):
+    storage = open_storage(file_root)
+    promote_runs(storage, file_root, 2)
+    uri = join(model_version_prefix(file_root, "demo-lm", 1), "card.json")
+    card = storage.get_json(uri)
+    storage.put(uri, json.dumps(card).encode()[:30])
+    with pytest.raises(PromotionError, match=r"v1 of 'demo-lm': file://.*/card.json is not valid JSON \("):
+        rollback(storage, file_root, "demo-lm", 1, reason="r", by="a")
+    # the run the version came from goes into the pointer's history: it must be a URI
+    storage.put_json(uri, {**card, "run_uri": {"not": "a uri"}})
+    with pytest.raises(
+        PromotionError, match=r"card.json: field 'run_uri' should be a string or null, got an"
     ):
         rollback(storage, file_root, "demo-lm", 1, reason="r", by="a")
     assert read_production(storage, file_root, "demo-lm")["version"] == 2

@@ -196,7 +196,8 @@ def test_an_older_or_sparse_card_degrades_to_dashes_not_errors():
     weird = {"model": 5, "dataset": [], "metrics": "x", "gate": {"checks": "x"}, "files": {}, "lineage": 3}
     assert "Model card: 5 v?" in page_text(render_card_page(CARD_URI, json.dumps(weird).encode()))
     assert "not valid JSON" in page_text(render_card_page(CARD_URI, b"{oops"))
-    assert "Stored report" in page_text(render_card_page(CARD_URI, b"[1, 2]"))
+    listed = page_text(render_card_page(CARD_URI, b"[1, 2]"))
+    assert f"{CARD_URI} should hold a JSON object (a model version's card), got a list of 2 item(s)" in listed
 
 
 def test_user_strings_are_escaped_and_secrets_redacted():

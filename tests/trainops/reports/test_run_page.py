@@ -214,7 +214,18 @@ def test_svg_line_chart_without_points_and_with_long_series():
     assert (chart.ticks["y-min"], chart.ticks["y-max"]) == ("0.0002", "1")
 
 
-def test_job_json_that_is_not_an_object_falls_back_to_the_plain_page():
-    assert "This object is not valid JSON" in page_text(render_run_report(JOB_URI, b"{", None))
+def test_job_json_that_is_not_a_run_record_is_a_page_naming_what_is_wrong():
+    cut = page_text(render_run_report(JOB_URI, b'{"status": "run', None))
+    assert f"{JOB_URI} is not valid JSON (Unterminated string" in cut
+    assert cut.endswith('Its text {"status": "run')
     listed = page_text(render_run_report(JOB_URI, b"[1, 2]", None))
-    assert listed.startswith(f"Stored report: job.json {JOB_URI}") and "1, 2" in listed
+    assert listed.startswith("Training run: retrain / manual_1 / train")
+    assert f"{JOB_URI} should hold a JSON object (a training run's record), got a list of 2 item(s)" in listed
+    job = run_job()
+    job["attempts"][1]["steps_lost"] = "4"
+    wrong = render_run_report(JOB_URI, json.dumps(job).encode(), RUN_METRICS)
+    assert (
+        f"{JOB_URI}: field 'attempts[1].steps_lost' should be a whole number, got the text \"4\"; the "
+        "run's record is damaged: restore it, or move it aside to start the run's bookkeeping afresh"
+    ) in page_text(wrong)
+    assert "Raw JSON" in page_text(wrong) and "SECRET-1" not in wrong  # what it holds, redacted
