@@ -390,8 +390,10 @@ def _cost(complete: bool) -> _Obj:
             "on_demand_cost": NUM,
             "savings": NUM,
             "notes": _List(STR),
+            "warnings": _List(STR),
         },
-        RunCost.__required_keys__ if complete else (),
+        # a bill from before ``warnings`` existed said its clock warnings in ``notes`` alone
+        RunCost.__required_keys__ - {"warnings"} if complete else (),
     )
 
 
