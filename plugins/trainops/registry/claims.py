@@ -239,7 +239,8 @@ def _sweep(
     # The claim goes last: until it does, no promotion can claim the number and write files
     # that this sweep would delete.
     storage.delete_prefix(version_uri)
-    new = take if take is not None else {**claim, "abandoned_at": _stamp(_now()), "reason": reason}
+    tombstone = {**claim, "abandoned_at": _stamp(_now()), "reason": reason, "swept_by": run_uri}
+    new = take if take is not None else tombstone
     try:
         storage.put_json(claim_uri, new, if_none_match=True)
     except PreconditionFailed:

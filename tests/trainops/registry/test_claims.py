@@ -163,7 +163,7 @@ def test_another_runs_stale_interrupted_version_is_swept_and_keeps_a_tombstone(f
     assert result["version"] == 3
     assert on_disk(version_uri) == [CLAIM_NAME]  # weights and the temp file gone
     tombstone = storage.get_json(join(version_uri, CLAIM_NAME))
-    assert tombstone["run_uri"] == dead and tombstone["abandoned_at"]
+    assert (tombstone["run_uri"], tombstone["swept_by"]) == (dead, run) and tombstone["abandoned_at"]
     assert tombstone["reason"].startswith(f"interrupted: the promotion of run {dead} claimed v2 at ")
     # A later promotion reads the tombstone and leaves it as it is.
     before = storage.get(join(version_uri, CLAIM_NAME))
