@@ -138,6 +138,67 @@ def safe_segment(value: str) -> str:
     return f"{readable}{HASH_MARK}{digest}"
 
 
+# The longest model or dataset name, in characters. Keys and segments stay within S3's 1024
+# bytes a key and file systems' 255 bytes a segment whatever the name (safe_segment makes every
+# segment at most MAX_SEGMENT ASCII characters), so the limit is not about bytes: it is the
+# longest name that can still be its own folder, so that every name of the safe alphabet within
+# it is listed under models/ or datasets/ as it was given, never cut short and hashed.
+MAX_NAME = MAX_SEGMENT
+# Characters a name may not hold: control characters (C0, DEL, C1), invisible format
+# characters (bidi overrides, zero-width joiners), surrogates, line and paragraph separators.
+# Each is invisible or breaks a line in the logs, reports and messages that show the name, so two
+# names that look the same would be two registries.
+_NOT_IN_NAMES = ("Cc", "Cf", "Cs", "Zl", "Zp")
+
+
+def _shown(value: str) -> str:
+    """A name as a message shows it: quoted, and cut short when it is long."""
+    return repr(value) if len(value) <= 60 else f"{value[:40]!r}... ({len(value)} characters)"
+
+
+def check_name(value: object, what: str) -> str:
+    """``value`` as a model or dataset name, or ValueError naming it and what to do.
+
+    The one check of names, at DAG parse for plain operator arguments, before launch for
+    templated ones, and in the registry and staging functions. A name is a string of 1 to
+    :data:`MAX_NAME` characters with no control or invisible characters and no whitespace at
+    either end, and not ``.`` or ``..``. Any other character is allowed (``fraud model``,
+    ``org/model``, ``модель``): :func:`safe_segment` gives each name a folder of its own.
+
+    :param what: how the message names the value, e.g. ``"model_name"``.
+    """
+    import unicodedata
+
+    if not isinstance(value, str):
+        raise ValueError(f"{what} must be a string such as 'demo-lm', got {type(value).__name__} {value!r}")
+    if not value.strip():
+        raise ValueError(f"{what} {value!r} is empty: give it a name such as 'demo-lm'")
+    if len(value) > MAX_NAME:
+        raise ValueError(
+            f"{what} {_shown(value)} is {len(value)} characters long; at most {MAX_NAME} are allowed "
+            f"(a name of up to {MAX_NAME} characters from [A-Za-z0-9._=-] is its own folder): use a "
+            "shorter name"
+        )
+    for i, char in enumerate(value):
+        if unicodedata.category(char) in _NOT_IN_NAMES:
+            raise ValueError(
+                f"{what} {_shown(value)} holds the invisible or control character U+{ord(char):04X} at "
+                f"position {i}; names are shown in logs, folders and reports, where it would not be "
+                "seen: remove it"
+            )
+    if value != value.strip():
+        raise ValueError(
+            f"{what} {value!r} starts or ends with whitespace, which makes it another name than the "
+            f"one it looks like: use {value.strip()!r}"
+        )
+    if value in (".", ".."):
+        raise ValueError(
+            f"{what} {value!r} is a path step, not a name (it would name the folder itself or its "
+            "parent): use a name with at least one other character"
+        )
+    return value
+
+
 def join(root: str, *parts: str) -> str:
     """Join URI segments with single slashes (``file:///a/`` + ``b`` -> ``file:///a/b``)."""
     out = root.rstrip("/")

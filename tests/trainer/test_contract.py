@@ -15,6 +15,7 @@ from trainer.contract import (
     attempt_record,
     attempt_record_in_log,
     attempt_record_line,
+    check_name,
     checkpoint_step_of,
     dataset_prefix,
     join,
@@ -146,6 +147,59 @@ def test_a_name_that_was_safe_keeps_its_folder(name):
     """Registries and datasets written before the mapping became injective stay where they are."""
     assert safe_segment(name) == name
     assert model_prefix("s3://b/t", name) == f"s3://b/t/models/{name}"
+
+
+@pytest.mark.parametrize(
+    "name", ["demo-lm", "fraud model", "org/model", "модель", "模型", "a" * 128, "x.y=z"]
+)
+def test_a_model_or_dataset_name_of_any_script_within_the_limit_is_a_name(name):
+    assert check_name(name, "model_name") == name
+
+
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [
+        (
+            "a" * 129,
+            "'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa'... (129 characters) is 129 characters long; at most 128",
+        ),
+        ("x" * 300, "is 300 characters long; at most 128 are allowed"),
+        ("д" * 129, "is 129 characters long"),
+        ("", "model_name '' is empty"),
+        ("   ", "model_name '   ' is empty"),
+        ("\t\n", "is empty"),
+        ("fraud\nmodel", "control character U+000A at position 5"),
+        ("fraud\x00", "U+0000 at position 5"),
+        ("fraud\u202emodel", "U+202E at position 5"),  # a bidi override: shows as another name
+        ("zero\u200bwidth", "U+200B"),
+        (
+            "fraud ",
+            "starts or ends with whitespace, which makes it another name than the one it looks like: use 'fraud'",
+        ),
+        (" fraud", "use 'fraud'"),
+        (".", "is a path step"),
+        ("..", "is a path step"),
+        (None, "must be a string such as 'demo-lm', got NoneType None"),
+        (7, "got int 7"),
+    ],
+)
+def test_a_name_that_is_not_one_is_refused_naming_it_and_what_to_do(name, words):
+    with pytest.raises(ValueError) as refused:
+        check_name(name, "model_name")
+    assert words in str(refused.value)
+    assert str(refused.value).startswith("model_name ")
+
+
+def test_the_longest_name_keeps_every_key_within_what_s3_and_file_systems_take():
+    """Whatever the name, its folder is at most 128 ASCII characters, far from a file system's 255
+    bytes a segment and S3's 1024 bytes a key (with a 200-character root and a deep file path)."""
+    root = "s3://bucket/" + "p" * 200
+    for name in ("a" * 128, "д" * 128, "模" * 128, "a b" * 42):
+        check_name(name, "model_name")
+        segment = safe_segment(name)
+        assert len(segment.encode()) <= 128
+        key = model_version_prefix(root, name, 10**9)[len("s3://bucket/") :] + "/tokenizer/" + "f" * 200
+        assert len(key.encode()) < 1024
 
 
 def test_prefixes_under_a_root():

@@ -329,6 +329,13 @@ class FileStorage(Storage):
             if os.path.lexists(path):
                 self.delete("file://" + path)
                 count += 1
+        # A write killed before its rename leaves its temp file, which list() never shows: a
+        # prefix deleted whole takes those too, or they would keep their bytes and the folder.
+        for dirpath, _dirs, files in os.walk(root):
+            for name in files:
+                if _TMP_RE.match(name):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(dirpath, name))
         # Empty folders are invisible to list(); removing them keeps the tree tidy.
         for dirpath, _dirs, _files in sorted(os.walk(root), key=lambda t: -len(t[0])):
             with contextlib.suppress(OSError):

@@ -234,6 +234,16 @@ def _seed(text: str) -> int:
     return seed
 
 
+def _model_name(value: str) -> str:
+    """The rollback's MODEL, checked when the command line is parsed (argparse names it)."""
+    from trainer.contract import check_name
+
+    try:
+        return check_name(value, "model name")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _default_root_text(checkout: str | None = None) -> str:
     """The storage root a command would use now, for ``--help`` (nothing is applied)."""
     from trainops.cli.devenv import storage_root_choice
@@ -296,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     render = sub.add_parser("render-job", help="print the Kubernetes manifests of a JobSpec (dry run)")
     render.add_argument("spec", metavar="SPEC.json", help="a JobSpec in its JSON form")
     back = sub.add_parser("rollback", help="point a model's production back at an earlier version")
-    back.add_argument("model", metavar="MODEL", help="the model name, e.g. demo-lm")
+    back.add_argument("model", metavar="MODEL", type=_model_name, help="the model name, e.g. demo-lm")
     back.add_argument("version", metavar="VERSION", type=int, help="the version to return to")
     back.add_argument("--reason", required=True, help="why; kept in the pointer's history")
     back.add_argument("--by", default=None, help="who asks for it (default: the OS user)")

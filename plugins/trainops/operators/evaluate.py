@@ -9,7 +9,7 @@ from trainops.hooks.storage import get_json_object, root_and_storage
 from trainops.operators.base import DEFAULT_IMAGE, ClusterJobOperator
 from trainops.operators.fail_fast import fail_fast
 from trainops.operators.job_options import check_renders
-from trainops.operators.params import as_int, optional_seconds
+from trainops.operators.params import as_int, known_at_run_time, name_param, optional_seconds
 
 if TYPE_CHECKING:
     from trainer.contract import RunLayout
@@ -27,7 +27,9 @@ class EvaluateModelOperator(ClusterJobOperator):
     different splits cannot be compared. Results go to ``<run_uri>/eval/metrics.json``.
 
     :param training: the FSDPTrainingOperator result. (templated)
-    :param model_name: the model whose production pointer is compared against. (templated)
+    :param model_name: the model whose production pointer is compared against. (templated;
+        checked as a name at DAG parse, or once rendered, before launch; a pointer recording
+        another model's name is refused, naming both)
     :param cluster: ``local`` or ``kubernetes``; where the evaluation job runs.
     :param image: the trainer image of the evaluation job (Kubernetes).
     :param namespace: Kubernetes namespace of the evaluation job.
@@ -91,6 +93,8 @@ class EvaluateModelOperator(ClusterJobOperator):
         )
         self.gpus_per_node = as_int("gpus_per_node", gpus_per_node, minimum=0)
         self.capacity = capacity
+        if not known_at_run_time(model_name):
+            name_param("model_name", model_name)  # else when the task runs, once rendered
         self.training, self.model_name = training, model_name
         self.job_timeout = optional_seconds("job_timeout", job_timeout, default=None)
         check_renders(
@@ -105,13 +109,17 @@ class EvaluateModelOperator(ClusterJobOperator):
 
     @fail_fast
     def execute(self, context: Any) -> Any:
+        from airflow.sdk.exceptions import AirflowFailException
+
         from trainer.contract import RunLayout, trainer_argv
         from trainops.hooks.storage import job_env_for
         from trainops.operators.base import task_identity
         from trainops.operators.launch_plan import one_process_job
         from trainops.operators.preflight import check_gpus
+        from trainops.registry.errors import MalformedPointer, RegistryNameConflict
         from trainops.registry.promotion import read_production
 
+        name_param("model_name", self.model_name)  # before anything is read or launched
         for key in ("run_uri", "config_uri", "export_uri"):
             if not isinstance(self.training, dict) or not self.training.get(key):
                 raise ValueError(
@@ -122,7 +130,11 @@ class EvaluateModelOperator(ClusterJobOperator):
         )
         root, store = root_and_storage(self.storage_root, self.aws_conn_id)
         layout = RunLayout(self.training["run_uri"])
-        production = read_production(store, root, self.model_name)
+        try:
+            production = read_production(store, root, self.model_name)
+        except (RegistryNameConflict, MalformedPointer) as exc:
+            # A person must move a registry or mend a pointer: every retry would fail the same way.
+            raise AirflowFailException(str(exc)) from exc
         overrides = {"eval.model_uri": self.training["export_uri"], "eval.output_uri": layout.eval_metrics}
         if production:
             overrides["eval.baseline_uri"] = production["uri"]

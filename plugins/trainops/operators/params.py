@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from trainer.contract import check_name
+
 
 class ParameterError(ValueError):
     """An operator parameter's value is invalid; the message names it and what to pass."""
@@ -29,6 +31,15 @@ def known_at_run_time(value: object) -> bool:
     if isinstance(value, (list, tuple)):
         return any(known_at_run_time(v) for v in value)
     return False
+
+
+def name_param(parameter: str, value: object) -> str:
+    """A model or dataset name (:func:`trainer.contract.check_name`, the one check of names);
+    :class:`ParameterError` naming ``parameter``, the value and what to do otherwise."""
+    try:
+        return check_name(value, parameter)
+    except ValueError as exc:
+        raise ParameterError(str(exc)) from None
 
 
 def as_int(name: str, value: object, *, minimum: int, text: bool = False) -> int:

@@ -12,6 +12,7 @@ from trainops.gate.verdict import rejection_reason
 from trainops.links import ModelCardLink, push_report
 from trainops.operators.base import ReportingOperator
 from trainops.operators.fail_fast import fail_fast
+from trainops.operators.params import known_at_run_time, name_param
 from trainops.registry.retention import check_policy
 
 # The report app's XCom key for the promoted version's card (see trainops.links).
@@ -47,7 +48,11 @@ class PromoteModelOperator(ReportingOperator):
     ``production_version`` is where production is now (another version, when a later
     promotion moved it on before this task finished).
 
-    :param model_name: name of the model in the registry, e.g. ``demo-lm`` (templated).
+    :param model_name: name of the model in the registry, e.g. ``demo-lm`` (templated): 1 to 128
+        characters, no control characters, no whitespace at either end (checked at DAG parse, or
+        once rendered, before anything is written). Its registry folder must hold no other
+        model's pointer: one that does is refused naming both (a folder made by trainops before
+        #25 may hold another name's registry).
     :param gate: the result of EvaluationGateOperator (templated).
     :param training: the result of FSDPTrainingOperator (templated): ``export_uri``,
         ``config_uri``, ``run_uri``, ``steps``, ``preemptions`` ...
@@ -85,6 +90,8 @@ class PromoteModelOperator(ReportingOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if not known_at_run_time(model_name):
+            name_param("model_name", model_name)  # else when the task runs, once rendered
         self.model_name = model_name
         self.gate = gate
         self.training = training
@@ -97,10 +104,21 @@ class PromoteModelOperator(ReportingOperator):
 
     @fail_fast
     def execute(self, context: Context) -> dict:
+        from trainops.registry.errors import MalformedPointer, RegistryNameConflict
+
+        name_param("model_name", self.model_name)  # before anything is read or written
+        gate = _require(self.gate, "gate", ("approved", "checks", "production_version"))
+        try:
+            return self._promote(context, gate)
+        except (RegistryNameConflict, MalformedPointer) as exc:
+            # A person must move a registry or mend a pointer: every retry would fail the same way.
+            raise AirflowFailException(str(exc)) from exc
+
+    def _promote(self, context: Context, gate: dict) -> dict:
+        """:meth:`execute` once the name and the gate result are checked."""
         from trainops.hooks.storage import root_and_storage
         from trainops.registry.promotion import ProductionMovedError, RegateRejected, promote
 
-        gate = _require(self.gate, "gate", ("approved", "checks", "production_version"))
         root, storage = root_and_storage(self.storage_root, self.aws_conn_id)
         if not gate["approved"]:
             if self.retention is not None:

@@ -9,6 +9,7 @@ from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException
 
 from trainops.operators.fail_fast import fail_fast
+from trainops.operators.params import known_at_run_time, name_param
 
 
 class RollbackModelOperator(BaseOperator):
@@ -27,7 +28,8 @@ class RollbackModelOperator(BaseOperator):
     "at", "production_uri", "production_version"}``, and ``since`` (the history entry that
     made ``version`` production) when ``changed`` is False.
 
-    :param model_name: the model, e.g. ``demo-lm`` (templated).
+    :param model_name: the model, e.g. ``demo-lm`` (templated; checked as a name at DAG parse,
+        or once rendered, before the pointer is read).
     :param version: the version to return to, an integer or its text (templated, so a DAG
         param can choose it).
     :param reason: why, kept in the pointer's history (templated; required).
@@ -53,6 +55,8 @@ class RollbackModelOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if not known_at_run_time(model_name):
+            name_param("model_name", model_name)  # else when the task runs, once rendered
         if not isinstance(reason, str) or not reason.strip():
             raise ValueError(
                 "RollbackModelOperator needs a non-empty reason; it is kept in the "
@@ -71,6 +75,7 @@ class RollbackModelOperator(BaseOperator):
         from trainops.registry.promotion import PromotionError
         from trainops.registry.rollback import rollback
 
+        name_param("model_name", self.model_name)
         version = _version(self.version)
         dag_run = context.get("dag_run")
         by = self.by or getattr(dag_run, "triggering_user_name", None) or "airflow"

@@ -15,6 +15,7 @@ from trainops.operators.params import (
     as_int,
     dataset_uri,
     known_at_run_time,
+    name_param,
     optional_int,
     optional_seconds,
     seconds,
@@ -54,7 +55,8 @@ class FSDPTrainingOperator(ClusterJobOperator):
         (``{"train.lr": 1e-3}``); see ``python -m trainer train --help``. ``init.from``
         ``production``/``auto`` is resolved here, before launch (docs/trainer.md, "Warm start"). (templated)
     :param model_name: the registry model whose production version ``init.from: production``
-        (or ``auto``) starts from; None: those values are refused.
+        (or ``auto``) starts from; None: those values are refused. Checked as a name at DAG parse
+        (so a bad one fails before training, not at promotion).
     :param nodes: number of nodes; each runs one torchrun agent. (templated)
     :param gpus_per_node: GPUs per node; 0 runs one CPU process per node (gloo). (templated)
     :param cluster: ``local`` (this host; the embedded default) or ``kubernetes``.
@@ -169,6 +171,8 @@ class FSDPTrainingOperator(ClusterJobOperator):
             **kwargs,
         )
         self.dataset = dataset
+        if model_name is not None:  # not templated: checked at DAG parse, not after training
+            name_param("model_name", model_name)
         self.trainer_config, self.model_name = trainer_config or {}, model_name
         self.nodes, self.gpus_per_node = nodes, gpus_per_node
         self.capacity, self.max_preemptions = capacity, max_preemptions

@@ -12,9 +12,11 @@ if TYPE_CHECKING:
     from trainops.registry.pointer import Pointer
 
 __all__ = [
+    "MalformedPointer",
     "ProductionMovedError",
     "PromotionError",
     "RegateRejected",
+    "RegistryNameConflict",
     "RollbackConflict",
     "version_label",
 ]
@@ -27,6 +29,20 @@ def version_label(version: int | None) -> str:
 
 class PromotionError(Exception):
     """Promotion could not proceed."""
+
+
+class MalformedPointer(PromotionError, ValueError):
+    """A production pointer that is not JSON or not of the pointer's shape; the message names
+    the file and the field (a ValueError too, for readers that only report)."""
+
+
+class RegistryNameConflict(PromotionError):
+    """The registry folder computed for one model name holds another model's pointer or
+    versions; nothing was changed. ``recorded`` is the name found, ``name`` the one asked for."""
+
+    def __init__(self, message: str, *, name: str, recorded: str, uri: str):
+        self.name, self.recorded, self.uri = name, recorded, uri
+        super().__init__(message)
 
 
 class ProductionMovedError(PromotionError):

@@ -15,6 +15,13 @@ done instead of writing it again. The storage client recognises its own write af
 reply by the write token; this covers what the token cannot tell: the write took effect, its
 reply was lost, and a rival moved the pointer on before the read-back, so that ``put`` raised
 PreconditionFailed for a write that happened. It covers a retried task as well.
+
+A pointer belongs to one model: it records the model's exact name (``model``), and every read
+through :func:`read_pointer` with ``model`` (and every move) refuses a pointer that names another
+model (:class:`~trainops.registry.errors.RegistryNameConflict`, naming both). A pointer with
+no name (written by hand) is accepted, and the next move writes the name. :func:`parse_pointer`
+is the one check of a pointer's shape: anything else raises
+:class:`~trainops.registry.errors.MalformedPointer` (a ValueError) naming the file and the field.
 """
 
 # No postponed annotations here: TypedDict tells required from NotRequired keys at run time
@@ -24,9 +31,9 @@ import logging
 from collections.abc import Callable
 from typing import NotRequired, TypedDict, cast
 
-from trainer.contract import production_pointer
+from trainer.contract import check_name, production_pointer, safe_segment
 from trainer.storage import NotFound, PreconditionFailed, Storage
-from trainops.registry.errors import PromotionError
+from trainops.registry.errors import MalformedPointer, PromotionError, RegistryNameConflict
 
 __all__ = [
     "MAX_CAS_TRIES",
@@ -37,10 +44,13 @@ __all__ = [
     "Moved",
     "Pointer",
     "Recorded",
+    "check_owner",
     "find_move",
     "move_pointer",
+    "name_conflict",
     "names_version",
     "new_pointer",
+    "parse_pointer",
     "read_pointer",
     "read_production",
 ]
@@ -71,7 +81,7 @@ class Pointer(TypedDict):
     """``production.json``: the version in production and every move that led there."""
 
     format: str
-    model: str
+    model: NotRequired[str]  # the model's exact name; a pointer written by hand may have none
     version: int
     uri: str  # the version's prefix, models/<name>/versions/<v>
     promoted_at: str  # when it became production (the last move's ``at``)
@@ -126,38 +136,139 @@ def names_version(pointer: Pointer | None, version: int) -> bool:
     )
 
 
-def _parse(data: object, uri: str) -> Pointer:
-    if (
-        not isinstance(data, dict)
-        or not isinstance(data.get("version"), int)
-        or isinstance(data.get("version"), bool)
-    ):
-        raise PromotionError(
-            f"production pointer {uri!r} is malformed (no integer 'version': {str(data)[:200]}); "
-            "restore it from its history or delete it"
+# The optional fields of a history entry and the types each may hold.
+_ENTRY_FIELDS: dict[str, tuple[type, ...]] = {
+    "at": (str,),
+    "run_uri": (str, type(None)),
+    "by": (str,),
+    "reason": (str,),
+    "via": (str,),
+}
+
+
+def _is_version(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _kind(value: object) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _bad(uri: str, field: str, problem: str) -> MalformedPointer:
+    return MalformedPointer(
+        f"production pointer {uri}: field {field!r} {problem}; restore the file from a backup, or "
+        "delete it to start the model's production anew"
+    )
+
+
+def _check_entry(entry: object, uri: str, i: int) -> HistoryEntry:
+    field = f"history[{i}]"
+    if not isinstance(entry, dict):
+        raise _bad(uri, field, f"must be an object (one move), got {_kind(entry)} {str(entry)[:80]}")
+    if not _is_version(entry.get("version")):
+        raise _bad(uri, f"{field}.version", f"must be a version number >= 1, got {entry.get('version')!r}")
+    if not isinstance(entry.get("action"), str):
+        raise _bad(uri, f"{field}.action", f"must be 'promote' or 'rollback', got {entry.get('action')!r}")
+    if "from_version" in entry and not _is_version(entry["from_version"]):
+        raise _bad(
+            uri, f"{field}.from_version", f"must be a version number >= 1, got {entry['from_version']!r}"
         )
-    # Only the version is relied on unchecked; the other fields are read with .get().
-    return cast(Pointer, data)
+    for key, types in _ENTRY_FIELDS.items():
+        if key in entry and not isinstance(entry[key], types):
+            raise _bad(uri, f"{field}.{key}", f"must be text, got {_kind(entry[key])} {entry[key]!r}")
+    return cast(HistoryEntry, entry)
 
 
-def read_pointer(storage: Storage, uri: str) -> tuple[Pointer | None, str | None]:
-    """The pointer at ``uri`` and its etag, or (None, None) when there is none."""
+def parse_pointer(data: bytes | str | object, uri: str) -> Pointer:
+    """The pointer in ``data`` (its bytes or text as stored, or the JSON value already decoded),
+    checked field by field; :class:`MalformedPointer` (a ValueError) naming ``uri`` and the field.
+
+    ``version`` must be a version number and ``uri`` text; ``history`` (missing: none) a list of
+    moves, each with a ``version`` and an ``action``; ``model``, ``format``, ``promoted_at`` and
+    ``run_uri`` are checked when present. The one parse of a pointer, for the registry, the
+    report pages and the CLI.
+    """
+    if isinstance(data, (bytes, bytearray, str)):
+        try:
+            data = json.loads(data)
+        except ValueError as exc:
+            raise MalformedPointer(
+                f"production pointer {uri} is not valid JSON ({exc}); restore it from a backup, or "
+                "delete it to start the model's production anew"
+            ) from exc
+    if not isinstance(data, dict):
+        raise _bad(uri, "(the whole file)", f"must be a JSON object, got {_kind(data)} {str(data)[:80]}")
+    if "format" in data and data["format"] != POINTER_FORMAT:
+        raise _bad(uri, "format", f"must be {POINTER_FORMAT!r}, got {data['format']!r}")
+    if "model" in data and (not isinstance(data["model"], str) or not data["model"]):
+        raise _bad(uri, "model", f"must be the model's name, got {_kind(data['model'])} {data['model']!r}")
+    if not _is_version(data.get("version")):
+        raise _bad(uri, "version", f"must be a version number >= 1, got {data.get('version')!r}")
+    if not isinstance(data.get("uri"), str) or not data["uri"]:
+        raise _bad(uri, "uri", f"must be the version's folder, got {data.get('uri')!r}")
+    for key, types in (("promoted_at", (str,)), ("run_uri", (str, type(None)))):
+        if key in data and not isinstance(data[key], types):
+            raise _bad(uri, key, f"must be text, got {_kind(data[key])} {data[key]!r}")
+    history = data.get("history", [])
+    if not isinstance(history, list):
+        raise _bad(uri, "history", f"must be a list of moves, got {_kind(history)} {str(history)[:80]}")
+    checked = [_check_entry(entry, uri, i) for i, entry in enumerate(history)]
+    return cast(Pointer, {**data, "history": checked})
+
+
+def name_conflict(uri: str, *, name: str, recorded: str) -> RegistryNameConflict:
+    """The error for ``uri`` (a pointer or claim in the folder computed for model ``name``)
+    recording model ``recorded`` instead: both names, and where trainops looks for
+    ``recorded``'s registry now."""
+    models, found, _ = uri.partition("/models/")
+    try:
+        home = (
+            f"; it now looks for {recorded!r}'s in {models}/models/{safe_segment(recorded)}/" if found else ""
+        )
+    except ValueError:
+        home = ""
+    return RegistryNameConflict(
+        f"{uri} records model {recorded!r}, not {name!r}: this folder is {recorded!r}'s registry "
+        f"(trainops before #25 gave both names this folder{home}), so {name!r} may not use it; nothing "
+        f"was changed. Give {name!r} another name, or move {recorded!r}'s registry out of this folder first",
+        name=name,
+        recorded=recorded,
+        uri=uri,
+    )
+
+
+def check_owner(pointer: Pointer | None, uri: str, name: str) -> None:
+    """Refuse (:class:`RegistryNameConflict`) a pointer that records another model than ``name``;
+    one that records none (written by hand, or None) is accepted."""
+    recorded = pointer.get("model") if pointer else None
+    if recorded is not None and recorded != name:
+        raise name_conflict(uri, name=name, recorded=recorded)
+
+
+def read_pointer(
+    storage: Storage, uri: str, *, model: str | None = None
+) -> tuple[Pointer | None, str | None]:
+    """The pointer at ``uri`` and its etag, or (None, None) when there is none.
+
+    :param model: the model whose pointer this is: a pointer recording another model is refused
+        (:func:`check_owner`). None: whichever model's (a reader that only shows it).
+    """
     try:
         data, etag = storage.get_with_etag(uri)
     except NotFound:
         return None, None
-    try:
-        obj = json.loads(data)
-    except ValueError as exc:
-        raise PromotionError(
-            f"production pointer {uri!r} is not valid JSON ({exc}); restore it or delete it"
-        ) from exc
-    return _parse(obj, uri), etag
+    pointer = parse_pointer(data, uri)
+    if model is not None:
+        check_owner(pointer, uri, model)
+    return pointer, etag
 
 
 def read_production(storage: Storage, root: str, name: str) -> Pointer | None:
-    """The production pointer of model ``name``, or None if it has never been promoted."""
-    return read_pointer(storage, production_pointer(root, name))[0]
+    """The production pointer of model ``name``, or None if it has never been promoted; a
+    pointer of another model is refused (:class:`RegistryNameConflict`), and so is a name that
+    is not one (ValueError, :func:`trainer.contract.check_name`)."""
+    check_name(name, "model name")
+    return read_pointer(storage, production_pointer(root, name), model=name)[0]
 
 
 def new_pointer(
@@ -179,8 +290,13 @@ def new_pointer(
     }
 
 
-def move_pointer(storage: Storage, uri: str, decide: Decide, *, action: str, recorded: Recorded) -> Moved:
+def move_pointer(
+    storage: Storage, uri: str, decide: Decide, *, model: str, action: str, recorded: Recorded
+) -> Moved:
     """Move the pointer at ``uri`` by compare-and-swap; what the move did.
+
+    :param model: the model whose pointer this is: every try refuses a pointer that records
+        another model (:class:`RegistryNameConflict`), before it looks for the move or decides.
 
     :param decide: called with the pointer as read, on every try; returns the new pointer,
         whose last history entry is the move, or raises to stop (nothing is written).
@@ -190,7 +306,7 @@ def move_pointer(storage: Storage, uri: str, decide: Decide, *, action: str, rec
         so a move that an earlier try (or task) wrote is returned as done, ``found`` True.
     """
     for _ in range(MAX_CAS_TRIES):
-        pointer, etag = read_pointer(storage, uri)
+        pointer, etag = read_pointer(storage, uri, model=model)
         done = find_move(pointer, recorded)
         if done is not None:
             log.info(

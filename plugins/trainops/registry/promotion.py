@@ -23,18 +23,34 @@ reply was lost is not taken for a rival's. A promotion that fails after claiming
 abandons it (deletes its files, keeps the claim) only after reading the pointer again and
 finding the version named nowhere in it; if the pointer records the promotion after all, it
 is reported as done; if the pointer cannot be read, the files are kept.
+
+A promotion that was killed (no exception to handle) leaves an interrupted version; the next
+promotion of the model sweeps it, and a retry of the same promotion takes its number over
+(:mod:`trainops.registry.claims`). A registry belongs to one model: a pointer or a newest claim
+recording another model's name is refused before anything is written.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from trainer.contract import join, model_prefix, model_version_prefix, production_pointer
-from trainer.storage import NotFound, PreconditionFailed, Storage
+from trainer.contract import check_name, join, model_version_prefix, production_pointer
+from trainer.storage import NotFound, Storage
+from trainops.registry.claims import (
+    CLAIM_NAME,
+    Claimed,
+    ClaimLost,
+    allocate_version,
+    check_claims_owner,
+    check_still_claimed,
+    claim_version,
+    next_version,
+    version_numbers,
+)
 from trainops.registry.errors import ProductionMovedError, PromotionError, RegateRejected
 from trainops.registry.model_readme import README_NAME, render
 from trainops.registry.pointer import (
@@ -66,11 +82,9 @@ __all__ = [
 ]
 
 CARD_FORMAT = "trainops.model-card/v1"
-CLAIM_NAME = "_claim.json"
 CARD_NAME = "card.json"
 # Names promotion writes into a version folder: an export holding one of them is refused.
 RESERVED_NAMES = (CLAIM_NAME, CARD_NAME, README_NAME)
-_MAX_ALLOCATE_TRIES = 100
 # How often one promotion may find production moved and re-gate before it gives up.
 _MAX_REGATES = 20
 
@@ -90,17 +104,6 @@ def _trainops_version() -> str:
 
 
 # ------------------------------------------------------------------------- pure decisions
-
-
-def next_version(existing_version_numbers: Iterable[int | str]) -> int:
-    """The version after the highest existing one; 1 for a new model."""
-    return max((int(v) for v in existing_version_numbers), default=0) + 1
-
-
-def _version_of(versions_prefix: str, uri: str) -> int | None:
-    rest = uri[len(versions_prefix) + 1 :] if uri.startswith(versions_prefix + "/") else ""
-    head = rest.split("/", 1)[0]
-    return int(head) if head.isdigit() else None
 
 
 def _is_promotion(run_uri: str | None, version: int) -> Callable[[HistoryEntry], bool]:
@@ -133,30 +136,6 @@ def _promotion_of(pointer: Pointer | None, run_uri: str | None) -> Moved | None:
 
 
 # ------------------------------------------------------------------------- storage I/O
-
-
-def version_numbers(storage: Storage, root: str, name: str) -> list[int]:
-    """Every version number that has an object under ``versions/`` (claimed or complete)."""
-    prefix = join(model_prefix(root, name), "versions")
-    found = {_version_of(prefix, uri) for uri in storage.list(prefix)}
-    return sorted(v for v in found if v is not None)
-
-
-def allocate_version(storage: Storage, root: str, name: str, *, claim: dict[str, Any] | None = None) -> int:
-    """Claim the next free version number by creating its ``_claim.json`` (If-None-Match)."""
-    version = next_version(version_numbers(storage, root, name))
-    body = {"model": name, "claimed_at": _now(), **(claim or {})}
-    for _ in range(_MAX_ALLOCATE_TRIES):
-        uri = join(model_version_prefix(root, name, version), CLAIM_NAME)
-        try:
-            storage.put_json(uri, {**body, "version": version}, if_none_match=True)
-            return version
-        except PreconditionFailed:
-            version += 1
-    raise PromotionError(
-        f"could not claim a version of {name!r} after {_MAX_ALLOCATE_TRIES} tries "
-        f"(last v{version}); too many promotions at once, retry later"
-    )
 
 
 def card_uri(root: str, name: str, version: int) -> str:
@@ -241,7 +220,7 @@ def _after_failure(
     """
     version_uri = model_version_prefix(root, name, version)
     try:
-        pointer = read_pointer(storage, production_pointer(root, name))[0]
+        pointer = read_pointer(storage, production_pointer(root, name), model=name)[0]
     except Exception as read_exc:
         log.warning(
             "promotion of %s v%d failed, and its files under %s are kept: the production pointer "
@@ -300,14 +279,23 @@ def promote(
       :class:`ProductionMovedError`) to stop.
 
     A version claimed and then not promoted keeps only its ``_claim.json``, with the reason,
-    once the pointer is known not to name it (see the module docstring). A run already
-    promoted (a task retry after the pointer moved) is reported, not promoted again. The
-    result's ``production_version`` is the version in production as last read: another one
-    when production moved on after this promotion.
+    once the pointer is known not to name it (see the module docstring). Interrupted versions
+    (of a killed promotion) are swept first, and a retry takes its own over
+    (:mod:`trainops.registry.claims`). A run already promoted (a task retry after the pointer
+    moved) is reported, not promoted again. The result's ``production_version`` is the version
+    in production as last read: another one when production moved on after this promotion.
+
+    Refused before anything is written: a ``name`` that is not a name (ValueError,
+    :func:`trainer.contract.check_name`), and a registry folder whose pointer (or, with no
+    pointer, newest claim) records another model
+    (:class:`~trainops.registry.errors.RegistryNameConflict`, naming both).
     """
+    check_name(name, "model name")
     pointer_uri = production_pointer(root, name)
     run_uri = card.get("run_uri")
-    pointer = read_pointer(storage, pointer_uri)[0]
+    pointer = read_pointer(storage, pointer_uri, model=name)[0]
+    if pointer is None:
+        check_claims_owner(storage, root, name)
     done = _promotion_of(pointer, run_uri)
     if done is not None:
         return _result(root, name, done["entry"]["version"], done, regates=[])
@@ -322,7 +310,8 @@ def promote(
         regates.append(regate(moved.pointer))
         expected = moved.current_version
 
-    version = allocate_version(storage, root, name, claim={"run_uri": run_uri})
+    claimed: Claimed = claim_version(storage, root, name, pointer=pointer, claim={"run_uri": run_uri})
+    version = claimed[0]
     version_uri = model_version_prefix(root, name, version)
     try:
         files = _copy_export(storage, export_uri, version_uri)
@@ -340,6 +329,7 @@ def promote(
             )
             storage.put_json(join(version_uri, CARD_NAME), written)
             storage.put(join(version_uri, README_NAME), render(written).encode("utf-8"))
+            check_still_claimed(storage, root, name, claimed)
             try:
                 made = _move_pointer(
                     storage,
@@ -361,6 +351,8 @@ def promote(
             f"production of {name!r} moved {_MAX_REGATES} times while this promotion re-gated "
             "against it; too many promotions at once, retry later"
         )
+    except ClaimLost:
+        raise  # the version is another promotion's now: nothing here to abandon
     except Exception as exc:
         result = _after_failure(storage, root, name, version, run_uri, regates, exc)
         if result is not None:
@@ -435,4 +427,4 @@ def _move_pointer(
         return new_pointer(pointer, name=name, version=version, version_uri=version_uri, entry=entry)
 
     recorded = _is_promotion(entry.get("run_uri"), version)
-    return move_pointer(storage, uri, decide, action="promotion", recorded=recorded)
+    return move_pointer(storage, uri, decide, model=name, action="promotion", recorded=recorded)

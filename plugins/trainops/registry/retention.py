@@ -147,12 +147,12 @@ def protected_runs(storage, root: str, model: str) -> set[str]:
     """Run URIs that a version of ``model`` came from: the pointer history's and every card's.
 
     Read just before anything is deleted. A pointer that cannot be read (storage unavailable,
-    malformed) raises rather than counting as no pointer: what it names must not be pruned for
+    malformed, or another model's) raises rather than counting as no pointer: what it names must not be pruned for
     want of reading it. A card that is gone by the time it is read (its version abandoned
     meanwhile) protects nothing.
     """
     out: set[str] = set()
-    pointer = read_pointer(storage, production_pointer(root, model))[0]
+    pointer = read_pointer(storage, production_pointer(root, model), model=model)[0]
     for entry in pointer["history"] if pointer else []:
         run_uri = entry.get("run_uri")
         if run_uri:

@@ -31,8 +31,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from trainer.contract import join, model_version_prefix, production_pointer
+from trainer.contract import check_name, join, model_version_prefix, production_pointer
 from trainer.storage import NotFound, Storage, StorageError
+from trainops.registry.claims import version_numbers
 from trainops.registry.errors import PromotionError, RollbackConflict
 from trainops.registry.pointer import (
     HistoryEntry,
@@ -45,7 +46,7 @@ from trainops.registry.pointer import (
     new_pointer,
     read_pointer,
 )
-from trainops.registry.promotion import CARD_NAME, version_numbers
+from trainops.registry.promotion import CARD_NAME
 from trainops.shapes import ShapeError, check_card, load
 
 __all__ = ["RollbackConflict", "rollback"]
@@ -115,7 +116,9 @@ def rollback(
     it production. ``production_version`` is the version in production as last read (another
     one only when a rival moved production on right after this rollback). Raises
     PromotionError (or :class:`RollbackConflict`) naming what is wrong, and StorageError when
-    storage failed and the pointer does not show the move.
+    storage failed and the pointer does not show the move. A pointer that records another
+    model's name is refused (:class:`~trainops.registry.errors.RegistryNameConflict`, naming
+    both), and so is a ``name`` that is not one (ValueError).
     """
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise PromotionError(f"version must be a positive integer such as 2, got {version!r}")
@@ -126,8 +129,9 @@ def rollback(
         )
     if not isinstance(by, str) or not by.strip():
         raise PromotionError("a rollback needs to say who does it (--by NAME)")
+    check_name(name, "model name")
     uri = production_pointer(root, name)
-    pointer = read_pointer(storage, uri)[0]
+    pointer = read_pointer(storage, uri, model=name)[0]
     if pointer is None:
         raise _no_pointer(name, uri)
     started_from = pointer["version"]
@@ -179,11 +183,11 @@ def rollback(
 
     moved: Moved | None
     try:
-        moved = move_pointer(storage, uri, decide, action="rollback", recorded=recorded)
+        moved = move_pointer(storage, uri, decide, model=name, action="rollback", recorded=recorded)
     except StorageError:
         # In doubt (the storage client gave up after its write may have taken effect): the
         # pointer, if it can be read, tells.
-        moved = _find_after_failure(storage, uri, recorded)
+        moved = _find_after_failure(storage, uri, name, recorded)
         if moved is None:
             raise
     return {
@@ -194,11 +198,11 @@ def rollback(
     }
 
 
-def _find_after_failure(storage: Storage, uri: str, recorded: Recorded) -> Moved | None:
+def _find_after_failure(storage: Storage, uri: str, name: str, recorded: Recorded) -> Moved | None:
     """The rollback in the pointer's history after its write failed, or None (not there, or
     the pointer cannot be read either)."""
     try:
-        pointer = read_pointer(storage, uri)[0]
+        pointer = read_pointer(storage, uri, model=name)[0]
     except StorageError:
         return None
     return find_move(pointer, recorded)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from trainer.contract import MANIFEST_FORMAT, SPLITS
+from trainer.contract import MANIFEST_FORMAT, SPLITS, safe_segment
+from trainops.staging.errors import StagingError
 
 EVAL_INDEX_PATH = "eval/index.jsonl"
 VALIDATION_NAME = "validation.json"
@@ -79,3 +80,26 @@ def shard_paths(manifest: dict) -> list[str]:
     """Every file a manifest names, relative to the version prefix."""
     paths = [s["path"] for split in SPLITS for s in manifest["splits"][split]["shards"]]
     return [*paths, manifest["eval_index"]["path"]]
+
+
+def check_manifest_name(manifest: object, name: str, uri: str) -> None:
+    """Refuse (:class:`StagingError`, naming both) a manifest found in the folder computed for
+    dataset ``name`` that records another dataset's name: trainops before #25 gave names such as
+    ``fraud data`` and ``fraud_data`` one folder. A manifest that records no name is accepted."""
+    recorded = manifest.get("name") if isinstance(manifest, dict) else None
+    if recorded is None or recorded == name:
+        return
+    datasets, found, _ = uri.partition("/datasets/")
+    try:
+        home = (
+            f"; it now stages {recorded!r} in {datasets}/datasets/{safe_segment(str(recorded))}/"
+            if found
+            else ""
+        )
+    except ValueError:
+        home = ""
+    raise StagingError(
+        f"{uri} records dataset {recorded!r}, not {name!r}: this folder holds {recorded!r}'s versions "
+        f"(trainops before #25 gave both names this folder{home}), so {name!r} may not use it; nothing "
+        f"was staged. Give {name!r} another name, or move {recorded!r}'s versions out of this folder first"
+    )

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from trainer.contract import check_name
+
 RESERVED_INDEX_KEYS = ("id", "start", "end")
 DEFAULT_QUARANTINE_SAMPLE_ROWS = 100
 URI_SCHEMES = ("file://", "s3://")
@@ -14,7 +16,9 @@ URI_SCHEMES = ("file://", "s3://")
 def check_dataset_name(name: object) -> str:
     """A dataset name: one folder under ``<root>/datasets/``; ValueError naming it otherwise.
     ``.`` and ``..`` are path steps, not names (``..`` would write beside ``datasets/``), and a
-    ``/`` would be made ``_`` by the storage layout, giving another name than the one asked for."""
+    dataset name holds no ``/`` (it names one folder, not a path). Otherwise it is a name as
+    :func:`trainer.contract.check_name` has it, as a model's is: at most 128 characters, no
+    control or invisible characters, no whitespace at either end."""
     if not isinstance(name, str):
         raise ValueError(f"dataset_name must be a string such as 'demo', got {name!r}")
     if not name.strip():
@@ -30,7 +34,7 @@ def check_dataset_name(name: object) -> str:
             f"dataset_name {name!r} holds a path separator, but a dataset name is one folder under "
             f"datasets/: use '-' instead, such as {instead!r}"
         )
-    return name
+    return check_name(name, "dataset_name")
 
 
 def check_options(*, eval_percent: int, shard_tokens: int, slice_columns: Sequence[str]) -> None:

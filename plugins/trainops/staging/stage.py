@@ -29,7 +29,7 @@ from typing import Protocol
 from trainer.contract import MANIFEST_NAME, dataset_prefix, join, safe_segment
 from trainer.storage import NotFound, PreconditionFailed
 from trainops.staging.errors import DataValidationError, QuarantineExceeded, StagingError
-from trainops.staging.manifest import VALIDATION_NAME, build_manifest
+from trainops.staging.manifest import VALIDATION_NAME, build_manifest, check_manifest_name
 from trainops.staging.options import check_options
 from trainops.staging.quarantine import SAMPLE_PATH, over_limit
 from trainops.staging.reader import DEFAULT_BATCH_ROWS
@@ -114,7 +114,7 @@ def stage_dataset(
         plan.version,
     )
     prefix, manifest_uri = plan.prefix, plan.manifest_uri
-    existing = read_manifest(storage, manifest_uri)
+    existing = read_manifest(storage, manifest_uri, name)
     if existing is not None:
         log.info("dataset %s version %s already staged at %s; reusing it", name, version, prefix)
         return stage_result(existing, prefix, manifest_uri, reused=True)
@@ -279,7 +279,9 @@ def commit_version(
         except PreconditionFailed:
             # A concurrent run staged the same version; its bytes are identical to ours.
             log.info("dataset %s version %s was committed concurrently; using it", name, version)
-            return storage.get_json(join(prefix, MANIFEST_NAME))
+            won = storage.get_json(join(prefix, MANIFEST_NAME))
+            check_manifest_name(won, name, join(prefix, MANIFEST_NAME))
+            return won
         log.info("committed dataset %s version %s at %s", name, version, prefix)
         return manifest
     finally:
@@ -294,11 +296,15 @@ def drop_prefix(storage, staging: str, log: TaskLog) -> None:
         log.warning("could not delete temporary prefix %s: %s", staging, exc)
 
 
-def read_manifest(storage, uri: str) -> dict | None:
+def read_manifest(storage, uri: str, name: str) -> dict | None:
+    """The manifest at ``uri`` in the folder computed for dataset ``name``, or None when there is
+    none; one that records another dataset's name is refused (:func:`check_manifest_name`)."""
     try:
-        return storage.get_json(uri)
+        manifest = storage.get_json(uri)
     except NotFound:
         return None
+    check_manifest_name(manifest, name, uri)
+    return manifest
 
 
 def stage_result(manifest: dict, prefix: str, manifest_uri: str, *, reused: bool) -> dict:

@@ -172,3 +172,24 @@ def test_without_xattrs_a_handed_over_file_has_the_etag_head_reads(file_root, tm
     (tmp_path / "shard").write_bytes(b"shard bytes")
     moved = store.upload_file(tmp_path / "shard", f"{file_root}/ckpt/shard", move=True)
     assert moved == store.head(f"{file_root}/ckpt/shard")["etag"] == hashlib.md5(b"shard bytes").hexdigest()
+
+
+def test_deleting_a_prefix_takes_the_temp_files_of_killed_writes_and_the_folders(file_root, monkeypatch):
+    """A write killed between its temp file and the rename (``kill -9``) leaves the temp file,
+    which list() never shows: deleting the prefix removes it too, and then the empty folders."""
+    store = open_storage(file_root)
+    store.put(f"{file_root}/v/1/card.json", b"{}")
+
+    def killed(self, tmp, path, *args):
+        raise KeyboardInterrupt  # the process dies here: the temp file is written, not renamed
+
+    monkeypatch.setattr(FileStorage, "_commit", killed)
+    with pytest.raises(KeyboardInterrupt):
+        store.copy(f"{file_root}/v/1/card.json", f"{file_root}/v/1/sub/model.safetensors")
+    monkeypatch.undo()
+    folder = file_root[len("file://") :] + "/v/1"
+    assert [name for _, _, names in os.walk(folder) for name in names if ".tmp-" in name]
+    assert store.list(f"{file_root}/v/1") == [f"{file_root}/v/1/card.json"]
+
+    assert store.delete_prefix(f"{file_root}/v/1") == 1
+    assert not os.path.exists(folder)

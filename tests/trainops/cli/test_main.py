@@ -127,6 +127,28 @@ def test_cli_reports_a_refusal_on_stderr_with_status_1(file_root, capsys):
     assert "rollback failed: 'demo-lm' has no version 5" in capsys.readouterr().err
 
 
+def test_cli_refuses_a_model_name_that_is_not_one_when_it_parses_the_command_line(file_root, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["rollback", "x" * 300, "1", "--reason", "r", "--by", "ci", "--storage-root", file_root])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2
+    assert "argument MODEL: model name 'xxxx" in err and "is 300 characters long; at most 128" in err
+    assert "storage root" not in err  # refused before any storage was chosen or read
+
+
+def test_cli_refuses_to_roll_back_another_models_registry_naming_both(file_root, capsys):
+    storage = open_storage(file_root)
+    promote_runs(storage, file_root, 2, name="fraud_model")
+    uri = f"{file_root}/models/fraud_model/production.json"
+    storage.put_json(uri, {**storage.get_json(uri), "model": "fraud model"})  # trainops before #25
+    code = main(["rollback", "fraud_model", "1", "--reason", "r", "--by", "ci", "--storage-root", file_root])
+    assert code == 1
+    assert (
+        f"rollback failed: {uri} records model 'fraud model', not 'fraud_model': " in capsys.readouterr().err
+    )
+    assert storage.get_json(uri)["version"] == 2
+
+
 def test_python_m_trainops_rollback_uses_the_default_storage_root(file_root):
     storage = open_storage(file_root)
     promote_runs(storage, file_root, 2)

@@ -6,7 +6,7 @@ The test plays the job: it writes ``eval/metrics.json`` as ``python -m trainer e
 from types import SimpleNamespace
 
 import pytest
-from airflow.sdk.exceptions import TaskDeferred
+from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
 from tests.trainops.cluster.fake_backend import LOG_TAIL, use_fake_cluster
 from trainer.contract import RunLayout, model_version_prefix, production_pointer, run_prefix
@@ -204,3 +204,43 @@ def test_a_gpu_the_local_host_lacks_is_refused_before_anything_is_written(file_r
         op.execute(context)
     assert cluster.launched == []
     assert open_storage(file_root).list(file_root) == []  # no eval/request.json either
+
+
+def test_a_model_name_that_is_not_one_is_refused_at_parse_or_once_rendered_before_launch(
+    file_root, cluster, context
+):
+    with pytest.raises(
+        ValueError, match=r"model_name 'xxxx.*is 300 characters long; at most 128 are allowed"
+    ):
+        EvaluateModelOperator(task_id="evaluate", training={}, model_name="x" * 300)
+    op = EvaluateModelOperator(
+        task_id="evaluate",
+        training=training(file_root),
+        model_name="{{ params.model }}",
+        storage_root=file_root,
+    )
+    op.model_name = "retrain-lm\n"  # as rendered from a param with a trailing newline
+    with pytest.raises(  # a retry cannot change it: failed at once
+        AirflowFailException,
+        match=r"model_name 'retrain-lm\\n' holds the invisible or control character U\+000A",
+    ):
+        op.execute(context)
+    assert cluster.launched == []
+
+
+def test_a_production_pointer_of_another_model_fails_the_evaluation_before_launch(
+    file_root, cluster, context
+):
+    """The folder computed for ``retrain_lm`` holds ``retrain lm``'s pointer (trainops before #25):
+    evaluating against it would compare the candidate with another model's production."""
+    storage = open_storage(file_root)
+    pointer = new_pointer(
+        None, name="retrain lm", version=3, version_uri="file:///v3", entry={"at": "t", "action": "promote"}
+    )
+    storage.put_json(production_pointer(file_root, "retrain_lm"), pointer)
+    op = EvaluateModelOperator(
+        task_id="evaluate", training=training(file_root), model_name="retrain_lm", storage_root=file_root
+    )
+    with pytest.raises(AirflowFailException, match=r"records model 'retrain lm', not 'retrain_lm'"):
+        op.execute(context)
+    assert cluster.launched == []

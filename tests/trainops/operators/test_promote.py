@@ -404,3 +404,31 @@ def test_templated_fields_cover_every_upstream_result():
         "dataset",
         "evaluation",
     }
+
+
+def test_a_model_name_that_is_not_one_fails_at_parse_or_once_rendered_before_anything_is_written(file_root):
+    with pytest.raises(
+        ValueError, match=r"model_name 'xxxx.*is 300 characters long; at most 128 are allowed"
+    ):
+        PromoteModelOperator(
+            task_id="p", model_name="x" * 300, gate={}, training={}, dataset={}, evaluation={}
+        )
+    training, dataset = finished_run(file_root, "run-1")
+    gate, evaluation = gate_of(file_root, training, 3.0)
+    op = promote_op(file_root, gate, training, dataset, evaluation, model_name="{{ params.model }}")
+    op.model_name = "   "  # as rendered from an empty param
+    with pytest.raises(AirflowFailException, match=r"model_name '   ' is empty"):
+        op.execute({})
+    assert open_storage(file_root).list(join(file_root, "models")) == []
+
+
+def test_promoting_into_another_models_registry_fails_without_retry_naming_both(file_root):
+    gate_then_promote(file_root, "run-1", 3.0, model_name="demo-lm")
+    uri = production_pointer(file_root, "demo-lm")
+    storage = open_storage(file_root)
+    storage.put_json(uri, {**storage.get_json(uri), "model": "demo lm"})  # trainops before #25
+    before = storage.get(uri)
+    with pytest.raises(AirflowFailException, match=rf"^{uri} records model 'demo lm', not 'demo-lm': "):
+        gate_then_promote(file_root, "run-2", 2.0, production=3.0, production_version=1, model_name="demo-lm")
+    assert storage.get(uri) == before
+    assert storage.list(model_version_prefix(file_root, "demo-lm", 2)) == []

@@ -109,3 +109,16 @@ def test_a_reason_is_required_at_parse():
 
 def test_templated_fields():
     assert set(RollbackModelOperator.template_fields) == {"model_name", "version", "reason", "by"}
+
+
+def test_a_model_name_that_is_not_one_fails_at_parse_or_once_rendered_before_the_pointer_is_read(file_root):
+    with pytest.raises(
+        ValueError, match=r"model_name 'xxxx.*is 300 characters long; at most 128 are allowed"
+    ):
+        RollbackModelOperator(task_id="rollback", model_name="x" * 300, version=1, reason="r")
+    op = RollbackModelOperator(
+        task_id="rollback", model_name="{{ params.model }}", version=1, reason="r", storage_root=file_root
+    )
+    op.model_name = "demo\u202elm"  # as rendered: a bidi override makes it show as another name
+    with pytest.raises(AirflowFailException, match=r"U\+202E at position 4"):
+        op.execute(context())

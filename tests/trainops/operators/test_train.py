@@ -717,6 +717,10 @@ def nothing_launched_or_written(cluster, root):
         ),
         ({"job_options": {"cpu": "lots"}}, "JobSpec cpu 'lots' is not a positive Kubernetes quantity"),
         ({"job_options": {"shm_size": "0"}}, "JobSpec shm_size '0' is not a positive Kubernetes quantity"),
+        # Not after training, at promotion: the name is known when the DAG is parsed.
+        ({"model_name": "x" * 300}, r"model_name 'xxxx.*is 300 characters long; at most 128 are allowed"),
+        ({"model_name": " demo-lm"}, "starts or ends with whitespace"),
+        ({"model_name": ""}, "model_name '' is empty"),
     ],
 )
 def test_a_plain_bad_input_fails_when_the_dag_is_parsed(options, message):

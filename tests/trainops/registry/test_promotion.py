@@ -33,7 +33,7 @@ from tests.trainops.registry.helpers import (
     rival_first,
     two_candidates_gated_against_v1,
 )
-from trainer.contract import join, model_version_prefix, production_pointer
+from trainer.contract import join, model_version_prefix, production_pointer, safe_segment
 from trainer.storage import StorageUnavailable, open_storage
 from trainops.registry.model_readme import render
 from trainops.registry.promotion import (
@@ -718,3 +718,158 @@ def test_forty_promotions_with_a_fifth_of_the_replies_lost_keep_the_registry_tru
     )
     assert promoted + stopped == LOSSY_ROUNDS * PROMOTERS
     assert stopped > 0 and on_pointer > 0 and on_claims > 0  # every hazard was exercised
+
+
+# ------------------------------------------------------------- one registry per model name
+
+
+@pytest.mark.parametrize(
+    "names",
+    [("fraud model", "fraud_model", "fraud/model"), ("модель", "данные"), ("a" * 128, "a" * 127 + "b")],
+    ids=["ascii", "cyrillic", "longest"],
+)
+def test_names_that_once_shared_a_folder_each_promote_into_a_registry_of_their_own(root, names):
+    storage = open_storage(root)
+    for name in names:
+        result = do_promote(
+            storage, root, make_run(storage, root, f"run-{names.index(name)}"), None, name=name
+        )
+        assert (result["version"], result["previous_version"]) == (1, None)
+    for i, name in enumerate(names):
+        pointer = read_production(storage, root, name)
+        assert (pointer["model"], pointer["version"], len(pointer["history"])) == (name, 1, 1)
+        card = storage.get_json(join(model_version_prefix(root, name, 1), "card.json"))
+        assert (card["model"], card["run_uri"]) == (name, join(root, "runs", "retrain", f"run-{i}", "train"))
+        assert version_numbers(storage, root, name) == [1]
+
+
+def legacy_registry(storage, root: str) -> str:
+    """``fraud model``'s registry as trainops before #25 wrote it: in ``models/fraud_model/``,
+    the folder of the name ``fraud_model`` now."""
+    do_promote(storage, root, make_run(storage, root, "old"), None, name="fraud_model")
+    for uri in storage.list(join(root, "models", "fraud_model")):
+        if uri.endswith(("/production.json", "/_claim.json", "/card.json")):
+            storage.put_json(uri, {**storage.get_json(uri), "model": "fraud model"})
+    return production_pointer(root, "fraud_model")
+
+
+def test_promoting_a_name_whose_folder_holds_another_models_registry_is_refused(file_root):
+    storage = open_storage(file_root)
+    pointer_uri = legacy_registry(storage, file_root)
+    before = {uri: storage.get(uri) for uri in storage.list(join(file_root, "models"))}
+    run = make_run(storage, file_root, "new")
+
+    with pytest.raises(PromotionError) as refused:
+        do_promote(storage, file_root, run, 1, name="fraud_model")
+
+    assert str(refused.value) == (
+        f"{pointer_uri} records model 'fraud model', not 'fraud_model': this folder is 'fraud model''s "
+        "registry (trainops before #25 gave both names this folder; it now looks for 'fraud model''s in "
+        f"{file_root}/models/{safe_segment('fraud model')}/), so 'fraud_model' may not use it; nothing "
+        "was changed. Give 'fraud_model' another name, or move 'fraud model''s registry out of this folder "
+        "first"
+    )
+    assert {uri: storage.get(uri) for uri in storage.list(join(file_root, "models"))} == before
+
+
+def test_a_registry_with_no_pointer_belongs_to_the_model_of_its_newest_claim(file_root):
+    storage = open_storage(file_root)
+    allocate_version(storage, file_root, "fraud_model", claim={"run_uri": "file:///r/runs/x"})
+    claim_uri = join(model_version_prefix(file_root, "fraud_model", 1), "_claim.json")
+    storage.put_json(claim_uri, {**storage.get_json(claim_uri), "model": "fraud model"})
+    with pytest.raises(PromotionError, match=rf"^{re.escape(claim_uri)} records model 'fraud model', not"):
+        do_promote(storage, file_root, make_run(storage, file_root), None, name="fraud_model")
+    assert version_numbers(storage, file_root, "fraud_model") == [1]
+
+
+def test_a_name_that_is_not_one_is_refused_before_anything_is_written(file_root):
+    storage = open_storage(file_root)
+    run = make_run(storage, file_root)
+    with pytest.raises(ValueError, match=r"model name 'xxxx.*is 300 characters long; at most 128"):
+        do_promote(storage, file_root, run, None, name="x" * 300)
+    assert storage.list(join(file_root, "models")) == []
+
+
+# ------------------------------------------------------------- a promotion killed part way
+
+_KILLED = """
+import json, os, signal, sys
+from trainer.storage import FileStorage, open_storage
+from trainops.registry.promotion import promote
+root, run, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+calls = [0]
+
+def counted(method):
+    def call(self, *args, **kwargs):
+        calls[0] += 1
+        if calls[0] == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)  # as a lost node or the OOM killer: no cleanup
+        return method(self, *args, **kwargs)
+    return call
+
+# Every storage call, and _commit: between a write's temp file and its rename.
+for name in ("put", "get_with_etag", "head", "list", "delete", "delete_prefix", "copy", "_commit"):
+    setattr(FileStorage, name, counted(getattr(FileStorage, name)))
+out = promote(open_storage(root), root, "demo-lm", export_uri=run + "/export", card={"run_uri": run},
+              expected_production_version=1)
+print(json.dumps({"version": out["version"], "calls": calls[0]}))
+"""
+
+
+def run_promotion(root: str, run: str, kill_at: int) -> subprocess.CompletedProcess:
+    """Promote ``run`` in a process of its own, killed with SIGKILL at its ``kill_at``-th storage
+    call (0: never)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(REPO, "plugins"), REPO])}
+    return subprocess.run(
+        [sys.executable, "-c", _KILLED, root, run, str(kill_at)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_promotion_killed_at_any_point_then_run_again_leaves_one_whole_version(file_root, seed):
+    """SIGKILL at a random storage call (twice: the rerun may be killed while it sweeps), then a
+    rerun: production is the run's version, under the next number, with exactly the export's
+    files, and nothing else is left under models/ (no partial version, no temp file)."""
+    storage = open_storage(file_root)
+    do_promote(storage, file_root, make_run(storage, file_root, "base"), None)
+    run = make_run(storage, file_root, "mine")
+    clean = run_promotion(file_root, make_run(storage, file_root, "probe"), 0)  # counts the calls
+    assert clean.returncode == 0, clean.stderr
+    rollback(storage, file_root, "demo-lm", 1, reason="the probe only counted calls", by="test")
+    calls = json.loads(clean.stdout)["calls"]
+    rng = random.Random(seed)
+    kills = [rng.randint(1, calls), rng.randint(1, calls)]
+
+    outcomes = [run_promotion(file_root, run, kill_at).returncode for kill_at in kills]
+    final = run_promotion(file_root, run, 0)
+
+    assert final.returncode == 0, final.stderr
+    assert -9 in outcomes, outcomes
+    version = json.loads(final.stdout)["version"]
+    assert version == 3  # v1 base, v2 the probe: the killed tries took no number of their own
+    pointer = read_production(storage, file_root, "demo-lm")
+    assert (pointer["version"], pointer["run_uri"]) == (3, run)
+    assert [h["run_uri"] for h in pointer["history"] if h["action"] == "promote"].count(run) == 1
+    assert version_numbers(storage, file_root, "demo-lm") == [1, 2, 3]
+    models = file_root[len("file://") :] + "/models/demo-lm"
+    files = sorted(
+        os.path.relpath(os.path.join(d, f), models)
+        for d, _, fs in os.walk(models)
+        for f in fs
+        if not f.endswith(".trainops-lock")
+    )
+    whole = ["README.md", "_claim.json", "card.json", "model.safetensors", "tokenizer/vocab.json"]
+    # A kill inside the write of the pointer, or of a claim that never landed, leaves that write's
+    # temp file (the file:// client's: a few hundred bytes of JSON, never read). Nothing of the
+    # weights, card or model card is left anywhere: the sweep deletes those with their version.
+    json_temp = r"(versions/\d+/)?\.(production|_claim)\.json\.tmp-[0-9a-f]{32}"
+    assert [f for f in files if not re.fullmatch(json_temp, f)] == sorted(
+        ["production.json", *[f"versions/{v}/{name}" for v in (1, 2, 3) for name in whole]]
+    ), files
+    assert storage.get(join(model_version_prefix(file_root, "demo-lm", 3), "model.safetensors")) == (
+        b"weights of mine"
+    )

@@ -159,6 +159,7 @@ def test_pruning_real_storage_never_touches_production_or_rollback_targets(reque
         production_pointer(root, "demo-lm"),
         {
             "version": 1,
+            "uri": model_version_prefix(root, "demo-lm", 1),
             "history": [
                 {"version": 1, "action": "promote", "run_uri": v1_run},
                 {"version": 2, "action": "promote", "run_uri": v2_run},
@@ -204,7 +205,11 @@ def test_a_pointer_that_cannot_be_read_stops_pruning_before_anything_is_deleted(
     promoted = finished_run(storage, root, "jan", "2026-01-01T00:00:00+00:00", False)
     storage.put_json(
         production_pointer(root, "demo-lm"),
-        {"version": 1, "history": [{"version": 1, "action": "promote", "run_uri": promoted}]},
+        {
+            "version": 1,
+            "uri": model_version_prefix(root, "demo-lm", 1),
+            "history": [{"version": 1, "action": "promote", "run_uri": promoted}],
+        },
     )
     runs = scan_runs(storage, runs_scope(promoted), "demo-lm")
     s3_faults.inject(refuse=1.0, ops={"GET"})  # reads refused; listing and deleting still work

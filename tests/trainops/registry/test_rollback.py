@@ -234,3 +234,48 @@ def test_rolling_back_to_production_says_since_when_and_by_whom(file_root):
     assert (again["changed"], again["previous_version"], again["production_version"]) == (False, 2, 2)
     assert again["since"] == read_production(storage, file_root, "demo-lm")["history"][-1]
     assert (again["since"]["at"], again["since"]["via"]) == (first["at"], "ops/run-1/rollback")
+
+
+@pytest.mark.parametrize("history", [{"1": {"version": 1}}, "v1", 3])
+def test_a_pointer_whose_history_is_not_a_list_is_reported_not_crashed_on(file_root, history):
+    storage = open_storage(file_root)
+    promote_runs(storage, file_root, 2)
+    uri = production_pointer(file_root, "demo-lm")
+    storage.put_json(uri, {**storage.get_json(uri), "history": history})
+    with pytest.raises(PromotionError) as refused:
+        rollback(storage, file_root, "demo-lm", 1, reason="r", by="alice")
+    assert str(refused.value).startswith(f"production pointer {uri}: field 'history' must be a list of moves")
+
+
+@pytest.mark.parametrize(
+    "names", [("fraud model", "fraud/model", "fraud_model"), ("модель", "данные")], ids=["ascii", "cyrillic"]
+)
+def test_rolling_back_one_name_never_moves_another_names_pointer(file_root, names):
+    storage = open_storage(file_root)
+    for name in names:
+        promote_runs(storage, file_root, 2, name=name)
+    others = {name: storage.get(production_pointer(file_root, name)) for name in names[1:]}
+    rollback(storage, file_root, names[0], 1, reason="v2 regressed", by="alice")
+    assert read_production(storage, file_root, names[0])["version"] == 1
+    for name, before in others.items():
+        assert storage.get(production_pointer(file_root, name)) == before
+        assert read_production(storage, file_root, name)["model"] == name
+
+
+def test_rolling_back_a_name_whose_folder_holds_another_models_pointer_is_refused(file_root):
+    """``fraud model``'s registry from before #25 lives in ``models/fraud_model/``, the folder of
+    the name ``fraud_model`` now: rolling back ``fraud_model`` must not move it."""
+    storage = open_storage(file_root)
+    promote_runs(storage, file_root, 2, name="fraud_model")
+    uri = production_pointer(file_root, "fraud_model")
+    storage.put_json(uri, {**storage.get_json(uri), "model": "fraud model"})  # as trainops wrote it then
+    before = storage.get(uri)
+    with pytest.raises(PromotionError) as refused:
+        rollback(storage, file_root, "fraud_model", 1, reason="r", by="alice")
+    assert str(refused.value).startswith(f"{uri} records model 'fraud model', not 'fraud_model': ")
+    assert storage.get(uri) == before
+
+
+def test_a_name_that_is_not_one_is_refused_before_storage_is_read(file_root):
+    with pytest.raises(ValueError, match=r"model name 'xxxx.*\(300 characters\) is 300 characters long"):
+        rollback(open_storage(file_root), file_root, "x" * 300, 1, reason="r", by="alice")

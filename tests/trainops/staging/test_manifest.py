@@ -1,7 +1,8 @@
 import pytest
 
 from trainer.contract import MANIFEST_FORMAT
-from trainops.staging.manifest import build_manifest, shard_paths
+from trainops.staging.errors import StagingError
+from trainops.staging.manifest import build_manifest, check_manifest_name, shard_paths
 from trainops.staging.tokenize import TOKENIZER, split_rule
 
 
@@ -79,3 +80,23 @@ def test_quarantine_is_recorded_only_when_it_was_on():
     }
     assert "quarantine" not in build_manifest(**_args())
     assert build_manifest(**_args(quarantine=block))["quarantine"] == block
+
+
+@pytest.mark.parametrize("manifest", [{"name": "demo"}, {"format": MANIFEST_FORMAT}, None])
+def test_a_manifest_of_the_name_or_of_no_name_belongs_to_the_folder(manifest):
+    check_manifest_name(manifest, "demo", "s3://b/datasets/demo/v1/manifest.json")  # raises otherwise
+
+
+def test_a_manifest_of_another_name_is_refused_naming_both_and_where_it_belongs():
+    with pytest.raises(StagingError) as refused:
+        check_manifest_name(
+            {"name": "demo data"}, "demo_data", "s3://b/t/datasets/demo_data/v1/manifest.json"
+        )
+    message = str(refused.value)
+    assert message.startswith(
+        "s3://b/t/datasets/demo_data/v1/manifest.json records dataset 'demo data', not 'demo_data': "
+    )
+    assert "it now stages 'demo data' in s3://b/t/datasets/demo_data~b39fc3131b54/)" in message
+    assert message.endswith(
+        "Give 'demo_data' another name, or move 'demo data''s versions out of this folder first"
+    )

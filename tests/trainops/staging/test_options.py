@@ -138,9 +138,29 @@ def test_bad_tokenizers_name_the_value(tokenizer, message):
         check_tokenizer(tokenizer)
 
 
-@pytest.mark.parametrize("name", ["demo", "support-tickets", "tickets_2026.v2", ".hidden", "a b"])
+@pytest.mark.parametrize(
+    "name", ["demo", "support-tickets", "tickets_2026.v2", ".hidden", "a b", "данные", "d" * 128]
+)
 def test_a_dataset_name_is_one_folder(name):
     assert check_dataset_name(name) == name
+
+
+@pytest.mark.parametrize(
+    "name, words",
+    [
+        ("d" * 300, "is 300 characters long; at most 128 are allowed"),
+        ("tickets\n", "holds the invisible or control character U+000A at position 7"),
+        (
+            "tickets ",
+            "starts or ends with whitespace, which makes it another name than the one it looks like: use 'tickets'",
+        ),
+    ],
+)
+def test_a_dataset_name_follows_the_one_rule_for_names(name, words):
+    """The same check as a model name's (trainer.contract.check_name), before anything is staged."""
+    with pytest.raises(ValueError) as refused:
+        check_dataset_name(name)
+    assert str(refused.value).startswith("dataset_name ") and words in str(refused.value)
 
 
 @pytest.mark.parametrize(

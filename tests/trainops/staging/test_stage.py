@@ -4,7 +4,7 @@ import json
 import pytest
 
 from tests.trainops.staging.helpers import assert_nothing_valid_looking, snapshot
-from trainer.contract import dataset_prefix, join
+from trainer.contract import dataset_prefix, join, safe_segment
 from trainer.storage import FileStorage, open_storage
 from trainops.staging.demo_data import demo_rows, write_demo_dataset
 from trainops.staging.errors import DataValidationError, SourceNotFound, StagingError
@@ -172,3 +172,39 @@ def test_jsonl_and_csv_sources_stage_the_same_records(file_root, tmp_path):
         )
     eval_j = storage.get(join(from_jsonl["uri"], "eval/index.jsonl"))
     assert eval_j == storage.get(join(from_csv["uri"], "eval/index.jsonl"))
+
+
+@pytest.mark.parametrize(
+    "names", [("fraud data", "fraud_data"), ("данные", "датчик")], ids=["ascii", "cyrillic"]
+)
+def test_names_that_once_shared_a_folder_each_stage_into_a_folder_of_their_own(file_root, raw_uri, names):
+    source = write_demo_dataset(raw_uri, rows=100, seed=5)
+    storage = open_storage(file_root)
+    results = [stage_dataset(storage, file_root, source["uri"], name) for name in names]
+    assert [r["reused"] for r in results] == [False, False]  # the same data, staged once for each name
+    assert len({r["uri"] for r in results}) == 2
+    for name, result in zip(names, results, strict=True):
+        assert result["uri"] == dataset_prefix(file_root, name, result["version"])
+        assert storage.get_json(result["manifest_uri"])["name"] == result["dataset_name"] == name
+
+
+def test_a_folder_holding_another_datasets_manifest_is_refused_naming_both(file_root, raw_uri):
+    """``fraud data``'s versions from before #25 live in ``datasets/fraud_data/``, the folder of the
+    name ``fraud_data`` now: staging ``fraud_data`` must not reuse them as its own."""
+    source = write_demo_dataset(raw_uri, rows=100, seed=5)
+    storage = open_storage(file_root)
+    first = stage_dataset(storage, file_root, source["uri"], "fraud_data")
+    storage.put_json(first["manifest_uri"], {**storage.get_json(first["manifest_uri"]), "name": "fraud data"})
+    before = snapshot(storage, file_root)
+
+    with pytest.raises(StagingError) as refused:
+        stage_dataset(storage, file_root, source["uri"], "fraud_data")
+
+    assert str(refused.value) == (
+        f"{first['manifest_uri']} records dataset 'fraud data', not 'fraud_data': this folder holds "
+        "'fraud data''s versions (trainops before #25 gave both names this folder; it now stages 'fraud "
+        f"data' in {file_root}/datasets/{safe_segment('fraud data')}/), so 'fraud_data' may not use it; "
+        "nothing was staged. Give 'fraud_data' another name, or move 'fraud data''s versions out of "
+        "this folder first"
+    )
+    assert snapshot(storage, file_root) == before

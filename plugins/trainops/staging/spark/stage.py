@@ -90,7 +90,7 @@ def stage_dataset_spark(
         quarantine=quarantine,
         open_storage=open_storage,
     )
-    existing = read_manifest(storage, plan.manifest_uri)
+    existing = read_manifest(storage, plan.manifest_uri, name)
     if existing is not None:
         log.info("dataset %s version %s already staged at %s; reusing it", name, plan.version, plan.prefix)
         return stage_result(existing, plan.prefix, plan.manifest_uri, reused=True)
