@@ -199,6 +199,13 @@ def check_name(value: object, what: str) -> str:
     return value
 
 
+def legacy_segment(value: str) -> str:
+    """The segment trainops gave ``value`` before names mapped injectively (every character
+    outside ``[A-Za-z0-9._=-]`` as ``_``), where a registry or dataset of such a name still is
+    until it is moved: readers look there only to say so (``trainops.registry.pointer``)."""
+    return _UNSAFE.sub("_", value)
+
+
 def join(root: str, *parts: str) -> str:
     """Join URI segments with single slashes (``file:///a/`` + ``b`` -> ``file:///a/b``)."""
     out = root.rstrip("/")

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from trainops.registry.pointer import Pointer
 
 __all__ = [
+    "LegacyRegistry",
     "MalformedPointer",
     "ProductionMovedError",
     "PromotionError",
@@ -43,6 +44,11 @@ class RegistryNameConflict(PromotionError):
     def __init__(self, message: str, *, name: str, recorded: str, uri: str):
         self.name, self.recorded, self.uri = name, recorded, uri
         super().__init__(message)
+
+
+class LegacyRegistry(RegistryNameConflict):
+    """Model ``name``'s registry is still in the folder an older trainops named it by (``uri``
+    is its pointer there), not in the folder names map to now; nothing was read or changed."""
 
 
 class ProductionMovedError(PromotionError):

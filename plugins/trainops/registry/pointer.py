@@ -31,9 +31,9 @@ import logging
 from collections.abc import Callable
 from typing import NotRequired, TypedDict, cast
 
-from trainer.contract import check_name, production_pointer, safe_segment
+from trainer.contract import check_name, legacy_segment, production_pointer, safe_segment
 from trainer.storage import NotFound, PreconditionFailed, Storage
-from trainops.registry.errors import MalformedPointer, PromotionError, RegistryNameConflict
+from trainops.registry.errors import LegacyRegistry, MalformedPointer, PromotionError, RegistryNameConflict
 
 __all__ = [
     "MAX_CAS_TRIES",
@@ -245,6 +245,37 @@ def check_owner(pointer: Pointer | None, uri: str, name: str) -> None:
         raise name_conflict(uri, name=name, recorded=recorded)
 
 
+def check_not_left_behind(storage: Storage, uri: str, name: str) -> None:
+    """Refuse (:class:`LegacyRegistry`) when model ``name`` has no pointer at ``uri`` but its
+    registry is still where trainops before #25 kept it: a name outside ``[A-Za-z0-9._=-]`` had
+    the folder of its characters as ``_`` (``fraud model`` in ``fraud_model/``), and now has its
+    own (``fraud_model~8ddd64345d7b/``). Going on would start a second registry at v1, and a warm
+    start from production would silently train from scratch. A pointer there that records
+    another model, or none, is not this model's: nothing to say."""
+    segment, legacy = safe_segment(name), legacy_segment(name)
+    tail = f"/{segment}/production.json"
+    if segment == legacy or not uri.endswith(tail):
+        return
+    models = uri[: -len(tail)]
+    old = f"{models}/{legacy}/production.json"
+    try:
+        recorded = parse_pointer(storage.get(old), old).get("model")
+    except (NotFound, ValueError):
+        return
+    if recorded == name:
+        raise LegacyRegistry(
+            f"model {name!r} has no registry in {models}/{segment}/ yet, but its registry from before "
+            f"trainops mapped names injectively is in {models}/{legacy}/ (a folder another name, "
+            f"{legacy!r}, could claim): nothing was read or changed. Copy that folder's objects to "
+            f"{models}/{segment}/ (for example `aws s3 sync {models}/{legacy}/ {models}/{segment}/`, or "
+            f"`cp -a` on file://), keep the old folder (its versions' URIs stay in the history), then run "
+            "again",
+            name=name,
+            recorded=recorded,
+            uri=old,
+        )
+
+
 def read_pointer(
     storage: Storage, uri: str, *, model: str | None = None
 ) -> tuple[Pointer | None, str | None]:
@@ -256,6 +287,8 @@ def read_pointer(
     try:
         data, etag = storage.get_with_etag(uri)
     except NotFound:
+        if model is not None:
+            check_not_left_behind(storage, uri, model)
         return None, None
     pointer = parse_pointer(data, uri)
     if model is not None:

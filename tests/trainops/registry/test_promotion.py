@@ -9,6 +9,7 @@ import logging
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -770,6 +771,39 @@ def test_promoting_a_name_whose_folder_holds_another_models_registry_is_refused(
         "first"
     )
     assert {uri: storage.get(uri) for uri in storage.list(join(file_root, "models"))} == before
+
+
+def test_a_registry_left_in_its_old_folder_is_named_not_replaced_by_a_second_one(file_root):
+    """After the upgrade ``fraud model`` maps to a folder of its own; its registry is still in
+    ``fraud_model/``. A promotion would start it again at v1, a warm start from production
+    would train from scratch: both are refused, saying where it is and how to move it."""
+    from trainops.registry.errors import LegacyRegistry
+    from trainops.registry.pointer import read_production
+
+    storage = open_storage(file_root)
+    legacy_registry(storage, file_root)
+    before = {uri: storage.get(uri) for uri in storage.list(join(file_root, "models"))}
+    models, new = join(file_root, "models"), safe_segment("fraud model")
+
+    with pytest.raises(LegacyRegistry) as refused:
+        do_promote(storage, file_root, make_run(storage, file_root, "new"), None, name="fraud model")
+    assert str(refused.value) == (
+        f"model 'fraud model' has no registry in {models}/{new}/ yet, but its registry from before trainops "
+        f"mapped names injectively is in {models}/fraud_model/ (a folder another name, 'fraud_model', "
+        f"could claim): nothing was read or changed. Copy that folder's objects to {models}/{new}/ (for "
+        f"example `aws s3 sync {models}/fraud_model/ {models}/{new}/`, or `cp -a` on file://), keep the old "
+        "folder (its versions' URIs stay in the history), then run again"
+    )
+    with pytest.raises(LegacyRegistry):
+        read_production(storage, file_root, "fraud model")  # what init.from: auto reads
+    assert {uri: storage.get(uri) for uri in storage.list(join(file_root, "models"))} == before
+
+    shutil.copytree(
+        join(models, "fraud_model").removeprefix("file://"), join(models, new).removeprefix("file://")
+    )
+    assert read_production(storage, file_root, "fraud model")["version"] == 1
+    do_promote(storage, file_root, make_run(storage, file_root, "moved"), 1, name="fraud model")
+    assert storage.get_json(production_pointer(file_root, "fraud model"))["version"] == 2
 
 
 def test_a_registry_with_no_pointer_belongs_to_the_model_of_its_newest_claim(file_root):
