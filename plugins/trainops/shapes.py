@@ -31,15 +31,14 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from trainer.contract import MANIFEST_FORMAT, SPLITS
 from trainops.cost.accounting import COST_FORMAT, PHASES, AttemptCost, RunCost, Span
 from trainops.cost.prices import Priced
 from trainops.recovery.record import AttemptEntry, JobRecord, as_job_record
-
-if TYPE_CHECKING:
-    from trainops.registry.pointer import Pointer
+from trainops.registry.errors import MalformedPointer
+from trainops.registry.pointer import Pointer, parse_pointer
 
 __all__ = [
     "ShapeError",
@@ -568,39 +567,17 @@ def check_card(data: object, uri: str) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- production.json
 
-_POINTER = _obj(
-    {
-        "format": STR,
-        "model": STR,
-        "version": INT,
-        "uri": STR,
-        "promoted_at": STR,
-        "run_uri": _Null(STR),
-        "history": _List(
-            _obj(
-                {
-                    "version": INT,
-                    "at": STR,
-                    "action": STR,
-                    "run_uri": _Null(STR),
-                    "from_version": INT,
-                    "by": _Null(STR),
-                    "reason": _Null(STR),
-                    "via": _Null(STR),
-                },
-                ("version",),
-            )
-        ),
-    },
-    ("version",),
-)
-
 
 def check_pointer(data: object, uri: str) -> Pointer:
-    """``data``, a model's ``production.json`` read from ``uri``; ShapeError naming the first
-    field that is not as :mod:`trainops.registry.pointer` writes it. Only ``version`` is
-    required, as :func:`trainops.registry.pointer.read_pointer` requires it."""
-    return cast("Pointer", _check(data, uri, _POINTER, "production.json"))
+    """``data``, a model's ``production.json`` read from ``uri``, as the registry itself parses
+    it (:func:`trainops.registry.pointer.parse_pointer`: the pointer's shape has one
+    description); its :class:`~trainops.registry.errors.MalformedPointer` as a ShapeError."""
+    try:
+        return parse_pointer(data, uri)
+    except MalformedPointer as exc:
+        if exc.field == "(the whole file)":
+            raise ShapeError(uri, None, f"{exc.expected} (a production pointer)", _got(data)) from None
+        raise ShapeError(uri, exc.field, exc.expected, exc.got, "production.json") from None
 
 
 # ----------------------------------------------------------------------------- manifest.json

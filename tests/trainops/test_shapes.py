@@ -81,7 +81,9 @@ def test_the_records_as_their_writers_write_them_pass(file_root):
 def test_older_and_sparse_records_pass_where_their_readers_show_what_is_missing():
     assert check_card({}, "c") == {}
     assert check_card({"model": "old", "version": 1, "training_cost": None, "lineage": {"parent": None}}, "c")
-    assert check_pointer({"version": 3}, "p") == {"version": 3}
+    # every pointer trainops wrote names its version and that version's folder
+    sparse = {"version": 3, "uri": "s3://b/models/m/versions/3"}
+    assert check_pointer(sparse, "p") == {**sparse, "history": []}
     # a job.json as an older operator wrote it: no budget, cost or airflow ids; pages read it
     job = _job()
     for key in ("budget", "cost"):
@@ -163,7 +165,11 @@ def test_every_kind_refuses_another_json_value_and_a_manifest_another_format():
     manifest = _manifest()
     del manifest["splits"]["eval"]
     assert _refused(check_manifest, manifest).field == "splits.eval"
-    pointer = {"version": 2, "history": [{"version": 1, "action": "promote"}, "x"]}
+    pointer = {
+        "version": 2,
+        "uri": "s3://b/m/versions/2",
+        "history": [{"version": 1, "action": "promote"}, "x"],
+    }
     assert _refused(check_pointer, pointer).field == "history[1]"
     card = copy.deepcopy(CARD)
     card["files"][1] = {"size": 3}

@@ -34,7 +34,15 @@ class PromotionError(Exception):
 
 class MalformedPointer(PromotionError, ValueError):
     """A production pointer that is not JSON or not of the pointer's shape; the message names
-    the file and the field (a ValueError too, for readers that only report)."""
+    the file and the field (a ValueError too, for readers that only report). ``field`` (None: the
+    file is not JSON), ``expected`` and ``got`` say it in parts, for readers that word it their way
+    (``trainops.shapes``)."""
+
+    def __init__(
+        self, message: str, *, field: str | None = None, expected: str = "valid JSON", got: str = ""
+    ) -> None:
+        self.field, self.expected, self.got = field, expected, got
+        super().__init__(message)
 
 
 class RegistryNameConflict(PromotionError):

@@ -154,28 +154,29 @@ def _kind(value: object) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def _bad(uri: str, field: str, problem: str) -> MalformedPointer:
+def _bad(uri: str, field: str, expected: str, got: str) -> MalformedPointer:
     return MalformedPointer(
-        f"production pointer {uri}: field {field!r} {problem}; restore the file from a backup, or "
-        "delete it to start the model's production anew"
+        f"production pointer {uri}: field {field!r} must be {expected}, got {got}; restore the file "
+        "from a backup, or delete it to start the model's production anew",
+        field=field,
+        expected=expected,
+        got=got,
     )
 
 
 def _check_entry(entry: object, uri: str, i: int) -> HistoryEntry:
     field = f"history[{i}]"
     if not isinstance(entry, dict):
-        raise _bad(uri, field, f"must be an object (one move), got {_kind(entry)} {str(entry)[:80]}")
+        raise _bad(uri, field, "an object (one move)", f"{_kind(entry)} {str(entry)[:80]}")
     if not _is_version(entry.get("version")):
-        raise _bad(uri, f"{field}.version", f"must be a version number >= 1, got {entry.get('version')!r}")
+        raise _bad(uri, f"{field}.version", "a version number >= 1", f"{entry.get('version')!r}")
     if not isinstance(entry.get("action"), str):
-        raise _bad(uri, f"{field}.action", f"must be 'promote' or 'rollback', got {entry.get('action')!r}")
+        raise _bad(uri, f"{field}.action", "'promote' or 'rollback'", f"{entry.get('action')!r}")
     if "from_version" in entry and not _is_version(entry["from_version"]):
-        raise _bad(
-            uri, f"{field}.from_version", f"must be a version number >= 1, got {entry['from_version']!r}"
-        )
+        raise _bad(uri, f"{field}.from_version", "a version number >= 1", f"{entry['from_version']!r}")
     for key, types in _ENTRY_FIELDS.items():
         if key in entry and not isinstance(entry[key], types):
-            raise _bad(uri, f"{field}.{key}", f"must be text, got {_kind(entry[key])} {entry[key]!r}")
+            raise _bad(uri, f"{field}.{key}", "text", f"{_kind(entry[key])} {entry[key]!r}")
     return cast(HistoryEntry, entry)
 
 
@@ -194,24 +195,25 @@ def parse_pointer(data: bytes | str | object, uri: str) -> Pointer:
         except ValueError as exc:
             raise MalformedPointer(
                 f"production pointer {uri} is not valid JSON ({exc}); restore it from a backup, or "
-                "delete it to start the model's production anew"
+                "delete it to start the model's production anew",
+                got=str(exc),
             ) from exc
     if not isinstance(data, dict):
-        raise _bad(uri, "(the whole file)", f"must be a JSON object, got {_kind(data)} {str(data)[:80]}")
+        raise _bad(uri, "(the whole file)", "a JSON object", f"{_kind(data)} {str(data)[:80]}")
     if "format" in data and data["format"] != POINTER_FORMAT:
-        raise _bad(uri, "format", f"must be {POINTER_FORMAT!r}, got {data['format']!r}")
+        raise _bad(uri, "format", f"{POINTER_FORMAT!r}", f"{data['format']!r}")
     if "model" in data and (not isinstance(data["model"], str) or not data["model"]):
-        raise _bad(uri, "model", f"must be the model's name, got {_kind(data['model'])} {data['model']!r}")
+        raise _bad(uri, "model", "the model's name", f"{_kind(data['model'])} {data['model']!r}")
     if not _is_version(data.get("version")):
-        raise _bad(uri, "version", f"must be a version number >= 1, got {data.get('version')!r}")
+        raise _bad(uri, "version", "a version number >= 1", f"{data.get('version')!r}")
     if not isinstance(data.get("uri"), str) or not data["uri"]:
-        raise _bad(uri, "uri", f"must be the version's folder, got {data.get('uri')!r}")
+        raise _bad(uri, "uri", "the version's folder", f"{data.get('uri')!r}")
     for key, types in (("promoted_at", (str,)), ("run_uri", (str, type(None)))):
         if key in data and not isinstance(data[key], types):
-            raise _bad(uri, key, f"must be text, got {_kind(data[key])} {data[key]!r}")
+            raise _bad(uri, key, "text", f"{_kind(data[key])} {data[key]!r}")
     history = data.get("history", [])
     if not isinstance(history, list):
-        raise _bad(uri, "history", f"must be a list of moves, got {_kind(history)} {str(history)[:80]}")
+        raise _bad(uri, "history", "a list of moves", f"{_kind(history)} {str(history)[:80]}")
     checked = [_check_entry(entry, uri, i) for i, entry in enumerate(history)]
     return cast(Pointer, {**data, "history": checked})
 
