@@ -45,6 +45,14 @@ _userinfo_logged: set[str] = set()
 _fallback_lock = threading.Lock()
 
 
+def _first_time(key: str, seen: set[str]) -> bool:
+    """Whether ``key`` is new to ``seen`` (and now in it): what is said once per process."""
+    with _fallback_lock:
+        first = key not in seen
+        seen.add(key)
+    return first
+
+
 def _connection_options(aws_conn_id: str | None) -> dict | None:
     """Storage options from the Airflow connection, or None when there is no such connection."""
     if not aws_conn_id:
@@ -55,10 +63,7 @@ def _connection_options(aws_conn_id: str | None) -> dict | None:
     try:
         conn = BaseHook.get_connection(aws_conn_id)
     except AirflowNotFoundException:
-        with _fallback_lock:
-            first = aws_conn_id not in _fallback_logged
-            _fallback_logged.add(aws_conn_id)
-        if first:
+        if _first_time(aws_conn_id, _fallback_logged):
             log.info(
                 "Airflow connection %r is not defined; S3 access uses boto3's default "
                 "credential chain (environment, IRSA, instance profile)",
@@ -83,19 +88,15 @@ def _without_userinfo(endpoint: str, source: str) -> str:
     userinfo is no credential boto3 uses, only one that would travel into the jobs' environment,
     the storage client's repr and the messages that name the endpoint."""
     stripped, dropped = without_userinfo(endpoint)
-    if dropped:
-        with _fallback_lock:
-            first = source not in _userinfo_logged
-            _userinfo_logged.add(source)
-        if first:
-            log.warning(
-                "the S3 endpoint of %s has userinfo (user:password@) in its URL: dropped, the endpoint "
-                "used is %s. Credentials never travel in the endpoint: the Airflow side takes them from "
-                "the connection's login and password (or its extras), the training jobs from a Secret "
-                "(job_options env_from_secrets) or their service account (IRSA, workload identity)",
-                source,
-                stripped,
-            )
+    if dropped and _first_time(source, _userinfo_logged):
+        log.warning(
+            "the S3 endpoint of %s has userinfo (user:password@) in its URL: dropped, the endpoint "
+            "used is %s. Credentials never travel in the endpoint: the Airflow side takes them from "
+            "the connection's login and password (or its extras), the training jobs from a Secret "
+            "(job_options env_from_secrets) or their service account (IRSA, workload identity)",
+            source,
+            stripped,
+        )
     return stripped
 
 
