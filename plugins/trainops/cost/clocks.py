@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from trainops.cluster.base import FINAL_PHASES
 from trainops.recovery.record import AttemptEntry
 
 # Seconds two clocks may differ on one event and still agree: the trainer's program starts a
 # little after its container (torchrun's rendezvous, imports) and writes its record a little
 # before its container exits. Far below the hours a wrong clock makes, far above NTP's drift.
 TOLERANCE_S = 120.0
-FINAL_PHASES = ("succeeded", "failed", "lost")
 
 
 @dataclass(frozen=True)
