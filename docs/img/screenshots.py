@@ -5,7 +5,7 @@ its training charts, its model card and the fleet page, as a real browser shows 
 
 1. Runs the demo pipeline as ``make demo`` does (``python -m trainops demo``), twice (the
    fleet page's trend needs two runs; the second with ``--seed 2``, a model that passes the gate
-   and becomes v2, as README's rollback walkthrough makes it), with every folder (Airflow home, its SQLite database,
+   and becomes v2, as docs/promotion.md's rollback walkthrough makes it), with every folder (Airflow home, its SQLite database,
    storage root, local cluster state) in a temporary folder, or in ``--demo-dir``, whose
    finished demo runs count. The report shown is the newest run's.
 2. Starts Airflow's API server (``python -m airflow api-server``) on that home, with the
