@@ -601,3 +601,45 @@ def test_a_staged_file_the_save_did_not_write_or_that_changed_is_refused(tmp_pat
         f.write(b"!")
     with pytest.raises(CheckpointError, match=r"extra_rank0.pt has 6 bytes, but 5 were written"):
         written_entry(tmp_path / "extra_rank0.pt", written)
+
+
+STORED = Path(__file__).resolve().parents[1] / "data" / "checkpoint_v1"
+
+
+def test_a_checkpoint_written_by_an_earlier_version_still_resumes(world_of_one, tmp_path, monkeypatch):
+    """tests/data/checkpoint_v1 holds a run folder an earlier trainer wrote (its README says which
+    commit and how); today's checkpointer resumes it at its step and data cursor, with the weights
+    torch itself reads from it."""
+    import shutil
+
+    from trainer.builder import build_model
+    from trainer.optim import build_scheduler
+    from trainer.state import checkpoint_states
+
+    expected = json.loads((STORED / "expected.json").read_text())
+    shutil.copytree(STORED / "run", tmp_path / "run")
+    run_uri = (tmp_path / "run").as_uri()
+    monkeypatch.syspath_prepend(str(STORED))  # its model: model.builder=tiny_llama:build
+    marker = json.loads((tmp_path / "run" / "checkpoints" / "step_00000003" / "_COMMITTED").read_text())
+    torch.manual_seed(123)  # other weights than the stored ones
+    built = build_model("tiny", marker["model"]["builder"], vocab_size=257, seq_len=32)
+    optimizer = build_optimizer(built.model, lr=3.0e-3, weight_decay=0.1)
+    scheduler = build_scheduler(optimizer, warmup_steps=1, max_steps=3, min_lr_ratio=0.1)
+    state = TrainState(torch.device("cpu"))
+    ckpt = Checkpointer(
+        open_storage(run_uri),
+        run_uri,
+        rank=0,
+        world_size=1,
+        keep=1,
+        states=checkpoint_states(built.model, optimizer, scheduler, None, state),
+    )
+    assert ckpt.load_latest() == expected["step"] == 3
+    assert (state.step, state.cursor) == (3, expected["cursor"]) == (3, 24)
+    assert scheduler.last_epoch == 3
+    got = {
+        name: hashlib.sha256(t.detach().to(torch.float32).contiguous().numpy().tobytes()).hexdigest()
+        for name, t in sorted(built.model.state_dict().items())
+    }
+    assert got == expected["weights"]
+    assert all(s["step"].item() == 3 for s in optimizer.state.values())  # Adam's moments came back
