@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 
         run_evaluate(config)
         return 0
-    from trainer.export import export_from_checkpoint
+    from trainer.export.folder import export_from_checkpoint
 
     export_from_checkpoint(config)
     return 0

@@ -533,7 +533,7 @@ def resolved_eval_uris(config: Config) -> tuple[str, str]:
     return config.eval.model_uri or layout.export, config.eval.output_uri or layout.eval_metrics
 
 
-# ``ModelArgs`` fields as a Hugging Face Llama ``config.json`` names them (``trainer.hf.hf_config``
+# ``ModelArgs`` fields as a Hugging Face Llama ``config.json`` names them (``trainer.export.hf.hf_config``
 # writes them; a test holds the two to the same names), for the check before a warm start.
 HF_SHAPE_KEYS = {
     "vocab_size": "vocab_size",
@@ -566,7 +566,7 @@ def llama_config_keys(args: ModelArgs) -> dict[str, Any]:
     """The keys of a Hugging Face Llama ``config.json`` that fix what the model ``args`` computes,
     with its values: every shape, and what ``trainer.model`` is beyond them (RMSNorm with
     ``norm_eps``, plain RoPE with ``rope_theta`` and no scaling, SwiGLU with SiLU, no biases,
-    untied embeddings, full causal attention: no sliding window). ``trainer.hf.hf_config``
+    untied embeddings, full causal attention: no sliding window). ``trainer.export.hf.hf_config``
     writes them all on export (a test holds the two together)."""
     return {
         **{theirs: getattr(args, ours) for ours, theirs in HF_SHAPE_KEYS.items()},
@@ -618,7 +618,7 @@ def _function_differences(args: ModelArgs, source: Mapping[str, Any]) -> list[st
         unset = "" if key.split(".")[0] in source else " (not set: transformers' LlamaConfig default)"
         differ.append(f"{key} {got!r} in the source{unset}, {want!r} in the run")
 
-    # RoPE theta, wherever the folder states it: transformers 4 (and trainer.hf) read it flat,
+    # RoPE theta, wherever the folder states it: transformers 4 (and trainer.export.hf) read it flat,
     # transformers 5 from rope_parameters (or rope_scaling). Each place must say the run's.
     stated = [
         (f"{holder}.rope_theta" if holder else "rope_theta", where["rope_theta"])

@@ -24,9 +24,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from trainer.attempts import CausedError
 from trainer.config import replicate_degree
 from trainer.contract import ENV_GPUS_PER_NODE
+from trainer.runtime.attempts import CausedError
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
