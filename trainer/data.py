@@ -25,7 +25,7 @@ import torch
 from trainer.checkpoint import node_cache
 from trainer.config import samples_in
 from trainer.contract import ENV_CACHE_DIR, MANIFEST_FORMAT, MANIFEST_NAME, join
-from trainer.storage import Storage
+from trainer.storage import NotFound, Storage
 
 
 class DataError(ValueError):
@@ -41,8 +41,6 @@ def cache_dir() -> Path:
 
 # --- manifest and shards (I/O) ---------------------------------------------------
 def read_manifest(storage: Storage, data_uri: str) -> dict[str, Any]:
-    from trainer.storage import NotFound
-
     uri = join(data_uri, MANIFEST_NAME)
     try:
         manifest = storage.get_json(uri)

@@ -29,7 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from trainer.checkpoint import node_cache
 from trainer.config import Config, ConfigError, check_init_fit, init_source
@@ -105,8 +108,6 @@ def local_file(storage: Storage, uri: str) -> Path:
 
 def _shard(param: torch.Tensor) -> tuple[torch.Tensor, int]:
     """This rank's local rows of ``param`` and the index of the first of them in the full tensor."""
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     if isinstance(param, DTensor):
         _, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
@@ -136,7 +137,6 @@ def load_into(model: nn.Module, args: ModelArgs, source: Source, storage: Storag
     """Fill this rank's shards of every parameter of ``model`` (built from ``args``) from
     ``source``; the number of tensors read. Every parameter must be in the source with the
     model's shape (WarmStartError naming the tensor otherwise)."""
-    from safetensors import safe_open
 
     check_init_fit(args, source.config, source.uri)
     wanted = {hf.to_hf_name(plain_name(raw)): (raw, param) for raw, param in model.named_parameters()}

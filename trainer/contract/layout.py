@@ -3,6 +3,7 @@ and a dataset version's manifest."""
 
 import hashlib
 import re
+import unicodedata
 from dataclasses import dataclass
 
 # --- 3. layout ------------------------------------------------------------------
@@ -71,8 +72,6 @@ def check_name(value: object, what: str) -> str:
 
     :param what: how the message names the value, e.g. ``"model_name"``.
     """
-    import unicodedata
-
     if not isinstance(value, str):
         raise ValueError(f"{what} must be a string such as 'demo-lm', got {type(value).__name__} {value!r}")
     if not value.strip():

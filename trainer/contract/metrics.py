@@ -4,6 +4,7 @@ the one reader is here, :class:`MetricsReader`."""
 
 import json
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from trainer.contract.layout import METRICS_DIR, join, metrics_part_key, metrics_part_name, metrics_run_uri
@@ -204,8 +205,6 @@ class MetricsReader:
             if self.check is not None:
                 self.check(uri)
         if len(uris) > 1 and self._workers > 1:
-            from concurrent.futures import ThreadPoolExecutor
-
             with ThreadPoolExecutor(min(self._workers, len(uris))) as pool:
                 bodies = list(pool.map(self._get, uris))
         else:

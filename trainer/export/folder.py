@@ -40,6 +40,9 @@ from safetensors.torch import load_file
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from trainer.builder import build_from_spec, build_preset
+from trainer.checkpoint.fence import fence_of, read_latest
+from trainer.checkpoint.files import checked_marker, download, find_latest, load_model_weights, local_root
 from trainer.contract import RunLayout, checkpoint_step_of, join
 from trainer.data import cache_dir, read_manifest
 from trainer.export import hf
@@ -254,8 +257,6 @@ def load_export(storage: Storage, export_uri: str) -> tuple[nn.Module, ModelArgs
 
     Also reads exports written before the HF layout (our own names) and plain HF Llama folders.
     """
-    from trainer.builder import build_from_spec, build_preset
-
     files = weight_files(storage, export_uri)
     if storage.head(join(export_uri, MODEL_CONFIG)) is not None:
         built = build_from_spec(_json_object(storage, join(export_uri, MODEL_CONFIG)))
@@ -315,9 +316,6 @@ def load_checkpoint_model(storage: Storage, checkpoint_uri: str) -> tuple[BuiltM
 
     A single process reads the DCP shards of every rank into one unsharded fp32 model.
     """
-    from trainer.builder import build_from_spec
-    from trainer.checkpoint.fence import fence_of, read_latest
-    from trainer.checkpoint.files import checked_marker, download, find_latest, load_model_weights, local_root
 
     uri = checkpoint_uri.rstrip("/")
     if uri.endswith("/checkpoints"):

@@ -603,7 +603,7 @@ def test_a_staged_file_the_save_did_not_write_or_that_changed_is_refused(tmp_pat
         written_entry(tmp_path / "extra_rank0.pt", written)
 
 
-STORED = Path(__file__).resolve().parents[1] / "data" / "checkpoint_v1"
+STORED = Path(__file__).resolve().parents[2] / "data" / "checkpoint_v1"
 
 
 def test_a_checkpoint_written_by_an_earlier_version_still_resumes(world_of_one, tmp_path, monkeypatch):
