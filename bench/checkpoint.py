@@ -210,8 +210,8 @@ def read_back(tmp: Path, saves: int = 2) -> dict:
     import torch
 
     from trainer import parallel
-    from trainer.checkpoint import Checkpointer
-    from trainer.checkpoint_files import find_latest
+    from trainer.checkpoint.files import find_latest
+    from trainer.checkpoint.save import Checkpointer
     from trainer.contract import RunLayout
     from trainer.model import Transformer
     from trainer.optim import build_optimizer

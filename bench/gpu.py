@@ -510,7 +510,7 @@ def state_bytes(trainee: Trainee) -> int:
 
 def section_checkpoint(plan: Plan, device, deadline: float, scratch: Path) -> dict[str, Any]:
     """Async saves every ``save_every`` steps (blocked time per save), then an emergency save."""
-    from trainer.checkpoint import Checkpointer
+    from trainer.checkpoint.save import Checkpointer
     from trainer.storage import open_storage
 
     run_uri = f"file://{scratch / 'run'}"
@@ -658,9 +658,9 @@ def resume_child(run_uri: str, preset: str, seq_len: int, micro_batch: int) -> N
         mark = now
 
     from trainer import parallel  # torch with it: its import is part of what a resume costs
-    from trainer.checkpoint import Checkpointer
+    from trainer.checkpoint.fence import raise_fence
+    from trainer.checkpoint.save import Checkpointer
     from trainer.contract import RunLayout
-    from trainer.fence import raise_fence
     from trainer.storage import open_storage
 
     lap("imports_s")

@@ -46,10 +46,10 @@ def worker(config_path: str, pairs: int, block: int, out: str) -> None:
 
     import trainer.train as train
     from trainer import parallel
-    from trainer.attempts import Attempt
     from trainer.config import load_config
     from trainer.contract import RunLayout
-    from trainer.preemption import StopFlag
+    from trainer.runtime.attempts import Attempt
+    from trainer.runtime.preemption import StopFlag
     from trainer.storage import open_storage
 
     config = load_config(config_path)

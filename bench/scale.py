@@ -19,7 +19,7 @@ what it measures and returns ``name=value`` lines. Goals (issue #14):
   ``blocking_save_steps`` is a whole save (staging, writing, upload, commit) over the median
   step: below that many steps between saves the loop waits for the previous one, whatever the
   staging costs.
-- ``metrics_bytes_ratio_2n``: bytes rank 0's metrics writer (``trainer.metrics.MetricsLog``,
+- ``metrics_bytes_ratio_2n``: bytes rank 0's metrics writer (``trainer.runtime.metrics.MetricsLog``,
   driven directly, one process) stores over 2N steps over N steps, on ``file://`` and on S3
   (moto's server over HTTP), counted by a storage wrapper; the worse of the two counts. Goal
   <= 2.2. ``..._rewrite`` is the same figure for the previous version, which rewrote one
@@ -77,9 +77,9 @@ def peak_rss_bytes() -> int:
 def setup_worker(out_dir: Path, config_path: str) -> None:
     """One rank: the RSS before and after the trainer's setup, and its share of the model."""
     from trainer import parallel
-    from trainer.attempts import Attempt, now_iso
     from trainer.config import load_config
     from trainer.contract import RunLayout
+    from trainer.runtime.attempts import Attempt, now_iso
     from trainer.storage import open_storage
     from trainer.train import setup
 
@@ -254,9 +254,9 @@ def attempt_worker(out_dir: Path, config_path: str) -> None:
     synchronous checkpoint when ``out_dir`` has a ``save`` file."""
     _node_cache_of_this_rank()
     from trainer import parallel
-    from trainer.attempts import Attempt, now_iso
     from trainer.config import load_config
     from trainer.contract import RunLayout
+    from trainer.runtime.attempts import Attempt, now_iso
     from trainer.storage import open_storage
     from trainer.train import setup
 
@@ -304,7 +304,7 @@ def run_config(run_uri: str, data_uri: str, preset: str, vocab_size: int = 0) ->
 
 
 def resume_bytes_ratio(tmp: Path, args: argparse.Namespace) -> list[str]:
-    from trainer.checkpoint_files import find_latest
+    from trainer.checkpoint.files import find_latest
     from trainer.contract import RunLayout
     from trainer.storage import open_storage
 
@@ -447,7 +447,7 @@ class CountingStorage:
 def metrics_written(storage, run_uri: str, steps: int) -> tuple[int, list[int], int]:
     """(bytes stored, each part's size, bytes one progress poll then reads) for ``steps`` steps."""
     from trainer.contract import MetricsReader
-    from trainer.metrics import MetricsLog
+    from trainer.runtime.metrics import MetricsLog
 
     counting = CountingStorage(storage)
     log = MetricsLog(counting, run_uri, attempt=1, flush_every=METRICS_FLUSH_EVERY)  # type: ignore[arg-type]

@@ -102,9 +102,9 @@ def eval_loss(model, data_uri: str) -> float:
 
 
 def training(env, run_dir: Path, data_uri: str, steps: int, init_from: str, attempt: int = 1):
-    from trainer.attempts import Attempt, now_iso
     from trainer.config import load_config
     from trainer.contract import RunLayout
+    from trainer.runtime.attempts import Attempt, now_iso
     from trainer.storage import open_storage
     from trainer.train import setup
 
@@ -139,8 +139,8 @@ def main() -> None:
     import torch
 
     from trainer import parallel
-    from trainer.export import load_model
-    from trainer.preemption import StopFlag
+    from trainer.export.folder import load_model
+    from trainer.runtime.preemption import StopFlag
     from trainer.storage import open_storage
     from trainer.train import train_loop, train_step
 

@@ -66,7 +66,7 @@ RUN cd /opt/trainops \
     && pip install --no-deps --index-url https://download.pytorch.org/whl/cpu "torch==${torch_version}" \
     && pip install -c constraints.txt "apache-airflow==${airflow_version}" -e ".[airflow,trainer]" \
     && rm -rf trainops.egg-info \
-    && python -c "import torch, trainer.train, trainer.export, trainops.operators; print('torch', torch.__version__)"
+    && python -c "import torch, trainer.train, trainer.export.folder, trainops.operators; print('torch', torch.__version__)"
 
 
 FROM base AS airflow

@@ -14,6 +14,8 @@ from trainer.contract import SHARED_MODULES
 
 
 def _shared(module: str) -> bool:
+    """A shared module, or a submodule of one (``trainer.contract.metrics``, ``trainer.storage.s3``):
+    the shared set means the packages whole; any other trainer module is not."""
     return module == "trainer" or any(module == m or module.startswith(f"{m}.") for m in SHARED_MODULES)
 
 

@@ -119,8 +119,17 @@ def top_level_modules(root: Path = REPO) -> list[str]:
     return sorted(p.name for p in (root / PACKAGES["trainops"]).glob("*.py"))
 
 
+def trainer_top_level(root: Path = REPO) -> list[str]:
+    """The trainer's modules and packages at its top level (its rooms: checkpoint/, export/, ...)."""
+    base = root / PACKAGES["trainer"]
+    return sorted(
+        p.name for p in base.iterdir() if p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").exists())
+    )
+
+
 # ----------------------------------------------------------------------------- the rules
 MAX_TOP_LEVEL_MODULES = 8
+MAX_TRAINER_TOP_LEVEL = 20
 
 
 def test_no_import_cycles_among_our_modules_counting_imports_inside_functions():
@@ -130,6 +139,11 @@ def test_no_import_cycles_among_our_modules_counting_imports_inside_functions():
 def test_the_airflow_side_keeps_a_short_top_level():
     top = top_level_modules()
     assert len(top) <= MAX_TOP_LEVEL_MODULES, top
+
+
+def test_the_trainer_keeps_a_short_top_level():
+    top = trainer_top_level()
+    assert len(top) <= MAX_TRAINER_TOP_LEVEL, top
 
 
 def test_every_package_is_shipped():
@@ -206,6 +220,7 @@ if __name__ == "__main__":
     root = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else REPO
     found = cycles(import_graph(root))
     print(f"top_level_modules={len(top_level_modules(root))}")
+    print(f"trainer_top_level={len(trainer_top_level(root))}")
     print(f"import_cycles={len(found)}")
     for component in found:
         print("  cycle:", " <-> ".join(component))

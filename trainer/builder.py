@@ -20,6 +20,7 @@ from torch import nn
 
 from trainer import flops
 from trainer.config import builder_parts
+from trainer.model import Transformer, count_parameters
 from trainer.presets import PRESETS, ModelArgs, non_embedding_params
 
 
@@ -65,8 +66,6 @@ def build_model(preset: str, builder: str | None, vocab_size: int, seq_len: int)
 
 
 def build_preset(args: ModelArgs, source: str = "llama") -> BuiltModel:
-    from trainer.model import Transformer, count_parameters
-
     model = Transformer(args)
     blocks = list(model.layers)
     return BuiltModel(

@@ -12,6 +12,7 @@ import logging
 import sys
 
 from trainer.config import ConfigError, all_keys, load_config
+from trainer.presets import preset_table
 
 EPILOG = (
     """\
@@ -61,8 +62,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "presets":
-        from trainer.presets import preset_table
-
         print(preset_table())
         return 0
     try:
@@ -72,15 +71,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="[trainer] %(message)s", stream=sys.stdout)
     if args.command == "train":
+        # Deferred (PLC0415): torch loads only for the command that needs it, not for `presets`.
         from trainer.train import run_train
 
         return run_train(config)
     if args.command == "evaluate":
-        from trainer.evaluate import run_evaluate
+        from trainer.evaluate import run_evaluate  # deferred, as above
 
         run_evaluate(config)
         return 0
-    from trainer.export import export_from_checkpoint
+    from trainer.export.folder import export_from_checkpoint  # deferred, as above
 
     export_from_checkpoint(config)
     return 0

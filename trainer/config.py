@@ -19,7 +19,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import yaml
+
+from trainer.contract import RunLayout
 from trainer.presets import PRESETS, ModelArgs
+from trainer.storage import NotFound, open_storage
 
 
 class ConfigError(ValueError):
@@ -469,8 +473,6 @@ def accumulation_steps(train: TrainConfig, world_size: int) -> int:
 
 def parse_override(text: str) -> dict[str, Any]:
     """``a.b=value`` as ``{"a": {"b": value}}``, the value parsed as YAML."""
-    import yaml
-
     key, sep, raw = text.partition("=")
     key = key.strip()
     if not sep or not key:
@@ -487,8 +489,6 @@ def parse_override(text: str) -> dict[str, Any]:
 
 def read_text(path_or_uri: str) -> str:
     if "://" in path_or_uri:
-        from trainer.storage import NotFound, open_storage
-
         try:
             return open_storage(path_or_uri).get(path_or_uri).decode("utf-8")
         except NotFound:
@@ -502,8 +502,6 @@ def read_text(path_or_uri: str) -> str:
 
 def load_config(path_or_uri: str | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Defaults, then the YAML file (local path or storage URI; None for none), then overrides."""
-    import yaml
-
     config = Config()
     if path_or_uri:
         try:
@@ -520,20 +518,16 @@ def load_config(path_or_uri: str | None, overrides: list[str] | tuple[str, ...] 
 
 def dump_yaml(config: Config) -> str:
     """The resolved config as YAML; :func:`load_config` reads it back to an equal Config."""
-    import yaml
-
     return yaml.safe_dump(config.to_dict(), sort_keys=False)
 
 
 def resolved_eval_uris(config: Config) -> tuple[str, str]:
     """(model_uri, output_uri) with the run-relative defaults filled in."""
-    from trainer.contract import RunLayout
-
     layout = RunLayout(config.run_uri)
     return config.eval.model_uri or layout.export, config.eval.output_uri or layout.eval_metrics
 
 
-# ``ModelArgs`` fields as a Hugging Face Llama ``config.json`` names them (``trainer.hf.hf_config``
+# ``ModelArgs`` fields as a Hugging Face Llama ``config.json`` names them (``trainer.export.hf.hf_config``
 # writes them; a test holds the two to the same names), for the check before a warm start.
 HF_SHAPE_KEYS = {
     "vocab_size": "vocab_size",
@@ -566,7 +560,7 @@ def llama_config_keys(args: ModelArgs) -> dict[str, Any]:
     """The keys of a Hugging Face Llama ``config.json`` that fix what the model ``args`` computes,
     with its values: every shape, and what ``trainer.model`` is beyond them (RMSNorm with
     ``norm_eps``, plain RoPE with ``rope_theta`` and no scaling, SwiGLU with SiLU, no biases,
-    untied embeddings, full causal attention: no sliding window). ``trainer.hf.hf_config``
+    untied embeddings, full causal attention: no sliding window). ``trainer.export.hf.hf_config``
     writes them all on export (a test holds the two together)."""
     return {
         **{theirs: getattr(args, ours) for ours, theirs in HF_SHAPE_KEYS.items()},
@@ -618,7 +612,7 @@ def _function_differences(args: ModelArgs, source: Mapping[str, Any]) -> list[st
         unset = "" if key.split(".")[0] in source else " (not set: transformers' LlamaConfig default)"
         differ.append(f"{key} {got!r} in the source{unset}, {want!r} in the run")
 
-    # RoPE theta, wherever the folder states it: transformers 4 (and trainer.hf) read it flat,
+    # RoPE theta, wherever the folder states it: transformers 4 (and trainer.export.hf) read it flat,
     # transformers 5 from rope_parameters (or rope_scaling). Each place must say the run's.
     stated = [
         (f"{holder}.rope_theta" if holder else "rope_theta", where["rope_theta"])

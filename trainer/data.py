@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer import node_cache
+from trainer.checkpoint import node_cache
 from trainer.config import samples_in
 from trainer.contract import ENV_CACHE_DIR, MANIFEST_FORMAT, MANIFEST_NAME, join
-from trainer.storage import Storage
+from trainer.storage import NotFound, Storage
 
 
 class DataError(ValueError):
@@ -41,8 +41,6 @@ def cache_dir() -> Path:
 
 # --- manifest and shards (I/O) ---------------------------------------------------
 def read_manifest(storage: Storage, data_uri: str) -> dict[str, Any]:
-    from trainer.storage import NotFound
-
     uri = join(data_uri, MANIFEST_NAME)
     try:
         manifest = storage.get_json(uri)
@@ -87,7 +85,7 @@ def fetch_split(
     A shard is content-addressed by its sha256 (``shards/<sha256>.bin``), so runs and dataset
     versions that share a shard share its file, and any other content gets another name. The
     rank of the node that asks first downloads it, the others wait and find it verified
-    (``trainer.node_cache``).
+    (``trainer.checkpoint.node_cache``).
 
     :param only: the indices of the shards to fetch (:func:`shards_read` says which the
         remaining steps read); all of them when None. The paths are those shards', in order.

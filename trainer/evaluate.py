@@ -1,7 +1,7 @@
 """``trainer evaluate``: token cross-entropy of models on the dataset's eval split.
 
 A model URI is an export folder or a checkpoint: ``<run>/checkpoints/step_<N>`` (committed),
-or ``<run>/checkpoints`` for the newest valid one (``trainer.export.load_model``).
+or ``<run>/checkpoints`` for the newest valid one (``trainer.export.folder.load_model``).
 
 The split is cut into windows of ``seq_len + 1`` tokens that share only their boundary
 token, so every token but the first is predicted exactly once. Each predicted token
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from trainer import data
 from trainer.config import Config, resolved_eval_uris
 from trainer.contract import ENV_GPUS_PER_NODE
-from trainer.export import load_model
+from trainer.export.folder import load_model
 from trainer.storage import open_storage
 
 log = logging.getLogger("trainer.evaluate")

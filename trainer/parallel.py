@@ -8,6 +8,7 @@ works on a laptop too.
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import hashlib
 import math
@@ -22,15 +23,19 @@ from typing import TYPE_CHECKING, TypeVar, cast
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from trainer.attempts import CausedError
 from trainer.config import replicate_degree
 from trainer.contract import ENV_GPUS_PER_NODE
+from trainer.runtime.attempts import CausedError
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
     from trainer.config import Config
 
@@ -69,8 +74,6 @@ def die_with_launcher() -> None:
     """
     if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
         return
-    import ctypes
-
     launcher = os.getppid()
     libc = ctypes.CDLL(None, use_errno=True)
     pr_set_pdeathsig = 1
@@ -217,8 +220,6 @@ def device_mesh(env: DistEnv, replicate: str, local_world_size: int | None = Non
     replicas = replicate_degree(replicate, env.world_size, local)
     if replicas == 1:
         return None
-    from torch.distributed.device_mesh import init_device_mesh
-
     return init_device_mesh(
         env.device.type, (replicas, env.world_size // replicas), mesh_dim_names=("replicate", "shard")
     )
@@ -316,8 +317,6 @@ def init_sharded(
             "fill; compute them in forward instead"
         )
     model.to_empty(device=device)
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     for raw_name, param in model.named_parameters():
         name, full_shape = plain_name(raw_name), tuple(param.shape)
@@ -343,8 +342,6 @@ def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
 
 def _apply_activation_checkpointing(model: nn.Module, block_names: list[str], mode: str) -> None:
     """Recompute the chosen blocks' activations in backward instead of keeping them."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-
     for index in checkpointed_blocks(mode, len(block_names)):
         name = block_names[index]
         _replace(model, name, checkpoint_wrapper(model.get_submodule(name), preserve_rng_state=False))
@@ -387,8 +384,6 @@ def grad_scaler(precision: str) -> ShardedGradScaler | None:
     """fp16 gradients underflow without loss scaling; bf16 and fp32 need none."""
     if precision != "fp16":
         return None
-    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
     return ShardedGradScaler(device="cuda" if torch.cuda.is_available() else "cpu")
 
 

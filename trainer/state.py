@@ -6,7 +6,7 @@
   torch's distributed state-dict API, so that a save writes every rank's shards and a load
   reshards them for another world size.
 
-:func:`checkpoint_states` names them for :class:`trainer.checkpoint.Checkpointer`.
+:func:`checkpoint_states` names them for :class:`trainer.checkpoint.save.Checkpointer`.
 """
 
 from __future__ import annotations

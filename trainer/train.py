@@ -7,7 +7,7 @@ finishes: final checkpoint, export, attempt record. Every attempt ends with an a
 in storage (:func:`run_train` writes the failed one), because torchrun's exit code cannot say
 whether we were preempted. When storage refuses even that record, rank 0 prints it as its last
 line (``trainer.contract.attempt_record_line``) for the operator to find in the log. An attempt
-that a newer one fenced off (``trainer.fence``) writes nothing more and exits. One whose node
+that a newer one fenced off (``trainer.checkpoint.fence``) writes nothing more and exits. One whose node
 lacks the GPUs the launcher gave it fails before any process group (``parallel.GPUsMissing``,
 cause ``node``), and one whose dataset cannot feed the config fails before it downloads a shard
 (``trainer.config.check_data_fit``, the operator's own rule).
@@ -28,24 +28,32 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import nn
 
-from trainer import data, heartbeat, parallel
-from trainer.attempts import Attempt, NonFiniteLoss, attempt_number, cause_of, classify_failure, now_iso
+from trainer import data, parallel
 from trainer.builder import BuiltModel, build_model
-from trainer.checkpoint import Checkpointer, on_rank0
+from trainer.checkpoint.fence import Fenced, raise_fence
+from trainer.checkpoint.save import Checkpointer, on_rank0
+from trainer.checkpoint.warm_start import warm_start
 from trainer.config import Config, accumulation_steps, check_data_fit
 from trainer.contract import AttemptRecord, RunLayout, attempt_record_line
-from trainer.export import join_export, write_export
-from trainer.fence import Fenced, raise_fence
+from trainer.export.folder import join_export, write_export
 from trainer.flops import mfu, peak_flops
-from trainer.metrics import OUTAGE_TOLERANCE_S as METRICS_OUTAGE_TOLERANCE_S
-from trainer.metrics import MetricsLog
 from trainer.optim import build_optimizer, build_scheduler
-from trainer.preemption import StopFlag, stop_decision
-from trainer.progress import progress_line
+from trainer.runtime import heartbeat
+from trainer.runtime.attempts import (
+    Attempt,
+    NonFiniteLoss,
+    attempt_number,
+    cause_of,
+    classify_failure,
+    now_iso,
+)
+from trainer.runtime.metrics import OUTAGE_TOLERANCE_S as METRICS_OUTAGE_TOLERANCE_S
+from trainer.runtime.metrics import MetricsLog
+from trainer.runtime.preemption import StopFlag, stop_decision
+from trainer.runtime.progress import progress_line
 from trainer.state import TrainState, checkpoint_states
 from trainer.step import apply_gradients, first_non_finite, forward_backward, read_losses
 from trainer.storage import Storage, open_storage, outage_tolerance
-from trainer.warm_start import warm_start
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -153,12 +161,12 @@ def _attempt_without_group(storage: Storage, layout: RunLayout, started_at: str)
 def setup(config: Config, env: parallel.DistEnv, attempt: Attempt) -> Training:
     """Raise the fence, build data, model, optimizer and checkpointer on every rank, then resume
     from the newest committed checkpoint (``resume: auto``), or else load ``init.from``'s
-    weights (``trainer.warm_start``: each rank its own rows). The model is sharded over
+    weights (``trainer.checkpoint.warm_start``: each rank its own rows). The model is sharded over
     ``parallel.replicate``'s mesh (flat FSDP or HSDP) and, for a preset, never held whole by
     any rank (:func:`build_sharded_model`).
 
     Raises :class:`Fenced` when a newer attempt already started, and
-    ``trainer.checkpoint.NothingToResume`` when checkpoints were committed but none can be
+    ``trainer.checkpoint.save.NothingToResume`` when checkpoints were committed but none can be
     resumed: starting over from step 0 then would silently throw the run away.
     """
     t = config.train

@@ -1,4 +1,4 @@
-"""What a Checkpointer's resume fetches, rank by rank, for tests/trainer/test_checkpoint_reads.py.
+"""What a Checkpointer's resume fetches, rank by rank, for tests/trainer/checkpoint/test_reads.py.
 
     python -m torch.distributed.run --standalone --nproc-per-node=N tests/trainer/load_probe.py \\
         save|load RUN_URI OUT_DIR RANKS_PER_NODE
@@ -28,7 +28,7 @@ def main() -> None:
 
     from tests.trainer.helpers import ForwardingStorage
     from trainer import parallel
-    from trainer.checkpoint import Checkpointer
+    from trainer.checkpoint.save import Checkpointer
     from trainer.model import Transformer
     from trainer.optim import build_optimizer
     from trainer.presets import PRESETS

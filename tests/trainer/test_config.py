@@ -362,8 +362,8 @@ def test_init_from_is_spelt_without_the_attributes_underscore():
 
 
 def our_export(args):
-    """The ``config.json`` our export writes for ``args`` (``trainer.hf.hf_config``)."""
-    from trainer import hf
+    """The ``config.json`` our export writes for ``args`` (``trainer.export.hf.hf_config``)."""
+    from trainer.export import hf
 
     return hf.hf_config(args, 64, token_ids={"bos_token_id": 256, "eos_token_id": 256})
 
@@ -513,8 +513,8 @@ def test_what_a_config_json_leaves_out_is_the_installed_transformers_llama_defau
 
 
 def test_the_keys_the_check_compares_are_the_ones_the_export_writes():
-    from trainer import hf
     from trainer.config import HF_SHAPE_KEYS, llama_config_keys
+    from trainer.export import hf
 
     for preset in PRESETS.values():
         written = hf.hf_config(preset, 64)

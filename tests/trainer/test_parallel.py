@@ -144,7 +144,7 @@ def test_the_gpus_expected_come_from_the_launcher():
 def test_on_a_host_without_cuda_gpus_expected_fail_before_any_process_group(monkeypatch):
     import torch.distributed as dist
 
-    from trainer.attempts import NODE_HINT, classify_failure
+    from trainer.runtime.attempts import NODE_HINT, classify_failure
 
     monkeypatch.setenv("TRAINOPS_GPUS_PER_NODE", "1")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
@@ -161,7 +161,7 @@ import os, sys, time
 import torch
 import torch.distributed as dist
 from trainer import parallel
-from trainer.attempts import classify_failure
+from trainer.runtime.attempts import classify_failure
 env = parallel.init_distributed(timeout_s=float(sys.argv[1]))
 if env.rank == 1:  # joined, then never takes part: a stopped or hung rank
     time.sleep(float(sys.argv[2]))

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.trainer.checkpoint.test_save import HeldSaves
 from tests.trainer.helpers import (
     GLOBAL_BATCH,
     INSTRUMENTED,
@@ -30,12 +31,11 @@ from tests.trainer.helpers import (
     torchrun_argv,
     trainer_env,
 )
-from tests.trainer.test_checkpoint import HeldSaves
-from trainer.attempts import NODE_HINT, NON_FINITE_HINT, STORAGE_HINT, Attempt, NonFiniteLoss, now_iso
 from trainer.config import ConfigError, load_config
 from trainer.contract import RunLayout, attempt_record_in_log
 from trainer.data import DataError
-from trainer.preemption import StopFlag
+from trainer.runtime.attempts import NODE_HINT, NON_FINITE_HINT, STORAGE_HINT, Attempt, NonFiniteLoss, now_iso
+from trainer.runtime.preemption import StopFlag
 from trainer.storage import open_storage
 from trainer.train import setup, train_loop, train_step
 

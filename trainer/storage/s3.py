@@ -18,6 +18,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from trainer.storage.base import (
@@ -77,6 +78,8 @@ class _TransientResponse(StorageError):
 
 def transient(exc: BaseException) -> str | None:
     """What ``exc`` was when a retry can cure it (``"refused (503 SlowDown)"``), else None."""
+    # Deferred (PLC0415): boto3 loads only when an s3:// URI is used (the Airflow side imports
+    # trainer.storage, and most of it never touches S3).
     from botocore import exceptions as bx
 
     if isinstance(exc, StorageError):
@@ -124,6 +127,7 @@ class S3Storage(Storage):
     ) -> None:
         """:param outage_tolerance_s: how long one request keeps retrying transient failures
         (throttling, 5xx, resets, timeouts) before :class:`StorageUnavailable`."""
+        # Deferred (PLC0415): boto3 loads only when an s3:// URI is used.
         import boto3
         from botocore.config import Config
 
@@ -338,8 +342,6 @@ class S3Storage(Storage):
         return etag
 
     def _multipart(self, local_path: str, size: int, bucket: str, key: str, uri: str) -> str:
-        from concurrent.futures import ThreadPoolExecutor
-
         # The token lets a retried CompleteMultipartUpload whose first reply was lost (the
         # upload is then gone) recognise the object it made.
         token = new_write_token()

@@ -8,12 +8,12 @@ them. Pure.
 - **Fit** (:func:`fit_warnings`): a preset that cannot fit the GPUs asked for.
 
 What the trainer keeps in ``$TRAINOPS_CACHE_DIR`` on one node, at its peak (one copy per node:
-its ranks share the cache, ``trainer.node_cache``):
+its ranks share the cache, ``trainer.checkpoint.node_cache``):
 
 - the dataset's train split, every shard once (``trainer.data.fetch_split``), its tokens times
   the manifest's ``token_dtype`` size;
 - on resume, the node's share of the checkpoint (the files its ranks' load plans read,
-  ``trainer.checkpoint_reads``; deleted once loaded): its ranks' fraction of the checkpoint, plus
+  ``trainer.checkpoint.reads``; deleted once loaded): its ranks' fraction of the checkpoint, plus
   two ranks' files for a resume on another mesh, whose shard edges cut across the old files;
   the whole checkpoint when the number of nodes is not known;
 - the checkpoint being saved: each rank stages its own files before they are uploaded, so the
@@ -235,7 +235,7 @@ def pod_resources(*, gpus_per_node: int, nodes: int, params: int | None) -> PodR
     The rule: CPU 3 per GPU (2 on a CPU node); shm 2 GiB per GPU (at least 1 GiB); memory 6 GiB
     per GPU process (2 GiB on a CPU node) + this node's share of the checkpoint staging buffers
     (12 bytes per parameter over the ranks: each rank keeps a host copy of its shards,
-    ``trainer.staging``) + the export's consolidated fp32 weights (4 bytes per parameter, rank
+    ``trainer.checkpoint.staging``) + the export's consolidated fp32 weights (4 bytes per parameter, rank
     0's node; every pod gets the same size) + on a CPU node its share of the training state
     (16 bytes per parameter over the nodes), plus 25 %, plus the shm; at least 4 GiB.
 

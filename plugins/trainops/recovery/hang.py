@@ -1,6 +1,6 @@
 """Is a running attempt hung? A pure function of its heartbeat, its start and the clock.
 
-Rank 0 writes a heartbeat (``trainer.heartbeat``) as it steps; a rank that hangs (a stuck
+Rank 0 writes a heartbeat (``trainer.runtime.heartbeat``) as it steps; a rank that hangs (a stuck
 collective, a stopped process, a dead NIC) stops every rank at the next collective, so the
 heartbeat's step stops moving. No new step for the hang timeout means hung. The timeout is
 ``hang_timeout`` when set, else derived from the attempt's own pace: ``max(10 min, 20 x the

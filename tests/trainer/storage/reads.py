@@ -3,7 +3,7 @@
 It wraps every file that ``open`` / ``io.open`` / ``Path.open`` opens for reading under the
 folders and counts what Python code reads through it, and counts ``os.read`` on descriptors of
 files under them (found through ``/proc/self/fd``, Linux): the checksums, etags and uploads of
-``trainer.storage`` and ``trainer.checkpoint`` read one way or the other. (Memory maps are not
+``trainer.storage`` and ``trainer.checkpoint.save`` read one way or the other. (Memory maps are not
 seen; nothing on the paths these tests watch uses them.)
 """
 

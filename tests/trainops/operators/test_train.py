@@ -1005,7 +1005,7 @@ def test_not_deferrable_the_deadline_stops_the_job_before_airflows_alarm(file_ro
 
 
 def test_the_result_and_a_silent_attempts_progress_come_from_the_newest_metrics_parts(tmp_path):
-    from trainer.metrics import MetricsLog
+    from trainer.runtime.metrics import MetricsLog
 
     layout = RunLayout((tmp_path / "run").as_uri())
     store = open_storage(layout.run_uri)

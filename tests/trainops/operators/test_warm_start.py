@@ -41,7 +41,7 @@ def llama_folder(
     config: dict | None = None,
     **info,
 ) -> str:
-    """A source folder's ``config.json`` (the keys ``trainer.hf.hf_config`` writes on export, then
+    """A source folder's ``config.json`` (the keys ``trainer.export.hf.hf_config`` writes on export, then
     ``config``'s; a None value leaves the key out) and ``export.json`` (``info``); no weights: the
     operator reads only these."""
     args = PRESETS[preset].with_vocab(vocab)

@@ -349,7 +349,7 @@ def test_run_report_draws_the_loss_curve_from_the_metrics_beside_job_json(api, r
 
 def test_run_report_reads_the_metrics_parts_and_on_a_reload_only_the_new_ones(api, root, monkeypatch):
     from trainer.contract import RunLayout
-    from trainer.metrics import MetricsLog
+    from trainer.runtime.metrics import MetricsLog
 
     access._readers.clear()
     layout = RunLayout(join(root, "runs", "retrain", "manual_2", "train"))

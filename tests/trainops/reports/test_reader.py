@@ -48,7 +48,7 @@ def _stage(root: str, tmp_path, corrupt: bool) -> None:
 def tree(root, tmp_path):
     """A dataset staged twice (passed, failed); a finished run promoted as v1, a second run
     promoted as v2 and rolled back from; a live run at step 40 of 100, 0.5 steps/s."""
-    from trainer.metrics import MetricsLog
+    from trainer.runtime.metrics import MetricsLog
     from trainops.registry.promotion import promote
     from trainops.registry.rollback import rollback
 

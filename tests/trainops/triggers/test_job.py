@@ -107,7 +107,7 @@ def test_progress_lines_read_each_new_part_of_the_attempt_once(tmp_path):
     """A long run has many parts: each poll lists them and reads only the attempt's newest one,
     and only when it is new (the trigger once re-read the whole metrics.jsonl every poll)."""
     from trainer.contract import RunLayout
-    from trainer.metrics import MetricsLog
+    from trainer.runtime.metrics import MetricsLog
 
     layout = RunLayout((tmp_path / "run").as_uri())
     store = open_storage(layout.run_uri)

@@ -1,0 +1,203 @@
+"""Warm start (``init.from``): a Hugging Face Llama folder loaded into the sharded model, each rank
+its own rows; weights only; a committed checkpoint wins, so a preempted warm-started run
+resumes bitwise."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from tests.trainer.helpers import (
+    INSTRUMENTED,
+    metrics_of,
+    read_json,
+    run_config,
+    torchrun_argv,
+    trainer_env,
+)
+from tests.trainer.test_train import start
+from trainer.builder import build_preset
+from trainer.checkpoint import warm_start
+from trainer.config import ConfigError
+from trainer.export import hf
+from trainer.presets import PRESETS
+from trainer.storage import open_storage
+
+
+def write_hf_folder(folder: Path, *, preset: str = "tiny", vocab: int = 257, seed: int = 11, shards: int = 1):
+    """A Llama folder of a random ``preset`` model (fp32, so a load can be compared exactly):
+    one ``model.safetensors``, or ``shards`` files named by ``model.safetensors.index.json``.
+    Returns the model's own state dict (our names, our RoPE order)."""
+    args = PRESETS[preset].with_vocab(vocab)
+    torch.manual_seed(seed)
+    ours = {k: v.detach().clone() for k, v in build_preset(args).model.state_dict().items()}
+    tensors = hf.to_hf_state_dict(ours, args)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(hf.hf_config(args, 64)))
+    if shards == 1:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, folder / "model.safetensors")
+        return ours
+    names, weight_map = sorted(tensors), {}
+    for number in range(shards):
+        file_name = f"model-{number + 1:05d}-of-{shards:05d}.safetensors"
+        part = names[number::shards]
+        save_file({k: tensors[k].contiguous() for k in part}, folder / file_name)
+        weight_map.update(dict.fromkeys(part, file_name))
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map})
+    )
+    return ours
+
+
+def weights(training) -> dict[str, torch.Tensor]:
+    from trainer.parallel import plain_name
+
+    return {plain_name(k): v.full_tensor().detach().clone() for k, v in training.model.state_dict().items()}
+
+
+# sharded sources, and a model whose parameter names carry the checkpoint wrapper's segment
+@pytest.mark.parametrize("shards, options", [(1, ()), (3, ("train.activation_checkpointing=full",))])
+def test_a_fresh_run_starts_from_the_folders_weights_with_a_fresh_optimizer(
+    world_of_one, tmp_path, dataset_uri, shards, options
+):
+    ours = write_hf_folder(tmp_path / "source", shards=shards)
+    training, attempt = start(
+        tmp_path, dataset_uri, world_of_one, 1, f"init.from={(tmp_path / 'source').as_uri()}", *options
+    )
+    loaded = weights(training)
+    assert sorted(loaded) == sorted(ours)
+    for name, tensor in ours.items():
+        assert torch.equal(loaded[name], tensor), name  # fp32 source: bit for bit, RoPE order undone
+    assert (training.state.step, training.state.cursor, attempt.resumed_from_step) == (0, 0, None)
+    assert not training.optimizer.state  # weights only: no moments until the first step
+    cold, _ = start(tmp_path / "cold", dataset_uri, world_of_one, 1)
+    assert not torch.equal(weights(cold)["output.weight"], ours["output.weight"])
+
+
+def test_a_committed_checkpoint_wins_over_init_from(world_of_one, tmp_path, dataset_uri, monkeypatch):
+    from trainer.runtime.preemption import StopFlag
+    from trainer.train import train_loop
+
+    source = tmp_path / "source"
+    write_hf_folder(source)
+    option = f"init.from={source.as_uri()}"
+    training, _ = start(tmp_path, dataset_uri, world_of_one, 1, option, "train.max_steps=2")
+    train_loop(training, StopFlag())
+    trained = weights(training)
+    calls = []
+    monkeypatch.setattr(warm_start, "load_into", lambda *a: calls.append(a))
+    relaunched, attempt = start(tmp_path, dataset_uri, world_of_one, 2, option, "train.max_steps=2")
+    assert attempt.resumed_from_step == 2 and not calls  # the folder was not even read
+    for name, tensor in weights(relaunched).items():
+        assert torch.equal(tensor, trained[name]), name
+
+
+@pytest.mark.parametrize("lo,hi", [(0, 64), (0, 7), (5, 37), (33, 64), (16, 32)])
+def test_each_rank_reads_only_its_rows_and_gets_what_the_whole_tensor_would_give(tmp_path, lo, hi):
+    """A rank's rows of a q/k projection (a row range of any size, cutting heads anywhere) and of
+    any other tensor: the rows of the whole converted tensor."""
+    from safetensors import safe_open
+
+    ours = write_hf_folder(tmp_path / "src")
+    args = PRESETS["tiny"].with_vocab(257)
+    with safe_open(str(tmp_path / "src" / "model.safetensors"), framework="pt") as handle:
+        for name in (
+            "layers.1.attention.wq.weight",
+            "layers.0.attention.wk.weight",
+            "layers.0.feed_forward.w1.weight",
+        ):
+            got = warm_start._rows(handle, hf.to_hf_name(name), name, lo, hi, args)
+            assert torch.equal(got, ours[name][lo:hi]), name
+
+
+def test_a_source_of_another_shape_or_function_or_incomplete_is_refused_naming_both_sides(
+    world_of_one, tmp_path, dataset_uri
+):
+    write_hf_folder(tmp_path / "small", preset="small", vocab=257)
+    with pytest.raises(ConfigError, match=r"hidden_size 768 in the source, 64 in the run"):
+        start(tmp_path / "a", dataset_uri, world_of_one, 1, f"init.from={(tmp_path / 'small').as_uri()}")
+    write_hf_folder(tmp_path / "theta")  # the run's shape, trained with CodeLlama's RoPE theta
+    config = json.loads((tmp_path / "theta" / "config.json").read_text())
+    config["rope_theta"] = config["rope_parameters"]["rope_theta"] = 1e6
+    (tmp_path / "theta" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        ConfigError,
+        match=r"rope_theta 1000000.0 in the source, 10000.0 in the run; "
+        r"rope_parameters.rope_theta 1000000.0 in the source, 10000.0 in the run",
+    ):
+        start(tmp_path / "t", dataset_uri, world_of_one, 1, f"init.from={(tmp_path / 'theta').as_uri()}")
+    write_hf_folder(tmp_path / "vocab", vocab=300)
+    with pytest.raises(ConfigError, match=r"vocab_size 300 in the source, 257 in the run"):
+        start(tmp_path / "b", dataset_uri, world_of_one, 1, f"init.from={(tmp_path / 'vocab').as_uri()}")
+    write_hf_folder(tmp_path / "cut", shards=2)
+    index = tmp_path / "cut" / "model.safetensors.index.json"
+    document = json.loads(index.read_text())
+    dropped = sorted(document["weight_map"])[0]
+    del document["weight_map"][dropped]
+    index.write_text(json.dumps(document))
+    with pytest.raises(warm_start.WarmStartError, match=rf"lacks 1 tensor\(s\).*{dropped}"):
+        start(tmp_path / "c", dataset_uri, world_of_one, 1, f"init.from={(tmp_path / 'cut').as_uri()}")
+    with pytest.raises(warm_start.WarmStartError, match=r"holds no config.json"):
+        start(tmp_path / "d", dataset_uri, world_of_one, 1, f"init.from={(tmp_path / 'nothing').as_uri()}")
+
+
+@pytest.mark.parametrize("word", ["production", "auto"])
+def test_production_is_the_operators_to_resolve(world_of_one, tmp_path, dataset_uri, word):
+    with pytest.raises(ConfigError, match=r"resolved by the Airflow operator.*versions/<v>/"):
+        start(tmp_path, dataset_uri, world_of_one, 1, f"init.from={word}")
+
+
+def test_an_s3_source_is_fetched_once_per_node_and_again_when_it_changes(s3_root, tmp_path, monkeypatch):
+    from tests.trainer.helpers import CountingDownloads
+
+    write_hf_folder(tmp_path / "src")
+    storage = open_storage(s3_root)
+    uri = f"{s3_root}/models/m/versions/1"
+    for path in (tmp_path / "src").iterdir():
+        storage.upload_file(path, f"{uri}/{path.name}")
+    monkeypatch.setenv("TRAINOPS_CACHE_DIR", str(tmp_path / "cache"))
+    counting = CountingDownloads(storage)
+    first = warm_start.local_file(counting, f"{uri}/model.safetensors")
+    again = warm_start.local_file(counting, f"{uri}/model.safetensors")
+    assert first == again and first.read_bytes() == (tmp_path / "src" / "model.safetensors").read_bytes()
+    assert len(counting.downloads) == 1
+    storage.put(f"{uri}/model.safetensors", b"other bytes")
+    assert warm_start.local_file(counting, f"{uri}/model.safetensors").read_bytes() == b"other bytes"
+    assert len(counting.downloads) == 2
+
+
+# --- under torchrun: 2 ranks load their halves; preempted, the run resumes bitwise ------------------
+@pytest.mark.slow
+def test_a_preempted_warm_started_run_resumes_bitwise(tmp_path, dataset_uri, reference_run):
+    """The shared 40-step run's export (bf16) starts 20-step runs on 2 ranks: one uninterrupted,
+    one SIGTERMed in step 7 and relaunched (its step-8 checkpoint wins over init.from). Both
+    exports are the same bytes; the first loss is the source's trained loss, not a cold one."""
+    source = reference_run["run_uri"] + "/export"
+    extra = {"init": {"from": source}}
+    overrides = ("train.max_steps=20", "checkpoint.every_steps=5")
+    exports = {}
+    for name, plan in (("whole", [""]), ("preempted", [f"{6 * 16}:1", ""])):
+        config, _ = run_config(tmp_path, dataset_uri, name, **extra)
+        samples = tmp_path / f"samples-{name}"
+        samples.mkdir()
+        for attempt, sigterm_at in enumerate(plan, start=1):
+            proc = subprocess.run(
+                torchrun_argv(config, *overrides, module=INSTRUMENTED),
+                env=trainer_env(tmp_path / "cache", attempt, samples_dir=str(samples), sigterm_at=sigterm_at),
+                capture_output=True,
+                text=True,
+                timeout=180,
+            )
+            assert proc.returncode == (1 if sigterm_at else 0), proc.stdout[-3000:] + proc.stderr[-3000:]
+        exports[name] = (tmp_path / name / "export" / "model.safetensors").read_bytes()
+    second = read_json(tmp_path / "preempted" / "attempts" / "2.json")
+    assert (second["outcome"], second["resumed_from_step"]) == ("completed", 8)
+    assert exports["whole"] == exports["preempted"]
+    reference_final = metrics_of(reference_run["run_dir"])[40]["loss"]
+    warm_first = metrics_of(tmp_path / "whole")[1]["loss"]
+    assert warm_first < reference_final + 0.3 < 4.0  # a cold tiny model starts near ln 257 = 5.55

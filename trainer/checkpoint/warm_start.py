@@ -1,0 +1,198 @@
+"""Warm start (``init.from``): load a Hugging Face Llama folder into the sharded model, each rank
+its own rows.
+
+The source is a folder with ``config.json`` and either ``model.safetensors`` or shards
+(``model-0000i-of-0000n.safetensors``) named by ``model.safetensors.index.json``: a promoted
+version (``.../models/<name>/versions/<v>/``), a run's ``export/``, or any Llama checkpoint in
+that layout, on ``file://`` or ``s3://``. The model was built on the ``meta`` device and
+sharded (``trainer.train.build_sharded_model``), so every rank holds only its rows of each
+parameter; it reads exactly those rows out of the safetensors files through a memory map
+(``safe_open(...).get_slice``), never a whole tensor (a q/k projection: the whole heads its
+rows fall in, for the RoPE reordering), so no rank ever holds the full model. A ``file://``
+source is read in place; an ``s3://`` one is downloaded once per node into the node's cache
+(the first rank to ask fetches it, the others wait on a lock and read the same file).
+
+Names and the RoPE row order come from ``trainer.export.hf`` (``to_hf_name``, ``from_hf_state_dict``);
+shapes and every key that changes what the weights compute (RoPE theta and scaling, the norm's
+epsilon, ...) are checked with the operator's own rule (``trainer.config.check_init_fit``) before
+a byte of weights is read. Weights only: the optimizer, step, data cursor and schedule are the
+run's own, fresh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+from trainer.checkpoint import node_cache
+from trainer.config import Config, ConfigError, check_init_fit, init_source
+from trainer.contract import join
+from trainer.data import cache_dir
+from trainer.export import hf
+from trainer.export.folder import HF_CONFIG, WEIGHTS, WEIGHTS_INDEX, weight_map
+from trainer.parallel import plain_name
+from trainer.presets import ModelArgs
+from trainer.storage import NotFound, Storage, open_storage
+
+log = logging.getLogger("trainer.warm_start")
+
+
+class WarmStartError(RuntimeError):
+    """The ``init.from`` folder cannot be read as a Hugging Face Llama folder; the message says why."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """An ``init.from`` folder: its ``config.json`` and which file holds each tensor."""
+
+    uri: str
+    config: dict[str, Any]
+    files: dict[str, str]  # HF tensor name -> file name in the folder
+
+
+def read_source(storage: Storage, uri: str) -> Source:
+    """The folder at ``uri``: its ``config.json`` and the file of every tensor (from
+    ``model.safetensors.index.json`` when there is one, else all in ``model.safetensors``)."""
+    try:
+        config = storage.get_json(join(uri, HF_CONFIG))
+    except NotFound:
+        raise WarmStartError(
+            f"init.from={uri!r} holds no {HF_CONFIG}; point init.from at a Hugging Face Llama folder "
+            "(a promoted version, a run's export/) or set it to none"
+        ) from None
+    if not isinstance(config, dict):
+        raise WarmStartError(f"{join(uri, HF_CONFIG)} is not a JSON object; re-export the source model")
+    try:
+        files = weight_map(storage, uri)
+    except ValueError as exc:
+        raise WarmStartError(f"{exc} (init.from={uri!r})") from None
+    if files is not None:
+        return Source(uri, config, files)
+    if storage.head(join(uri, WEIGHTS)) is None:
+        raise WarmStartError(
+            f"init.from={uri!r} holds neither {WEIGHTS} nor {WEIGHTS_INDEX}; point init.from at a folder with the weights"
+        )
+    return Source(uri, config, {})  # one file: names are read from its header
+
+
+def local_file(storage: Storage, uri: str) -> Path:
+    """A local path holding the object at ``uri``: the file itself on ``file://``, else the
+    node's cached copy, fetched once per node by the first rank that asks
+    (``trainer.checkpoint.node_cache``, keyed by the object's URI, size and etag, so a changed object is
+    fetched again; a Hugging Face folder records no checksum, so its size is what is verified)."""
+    if uri.startswith("file://"):
+        return Path(uri.removeprefix("file://"))
+    head = storage.head(uri)
+    if head is None:
+        raise WarmStartError(f"{uri} does not exist; the init.from folder changed while it was read")
+    key = hashlib.sha256(f"{uri}\n{head.get('size')}\n{head.get('etag')}".encode()).hexdigest()[:24]
+    path = cache_dir() / "warm-start" / key / uri.rsplit("/", 1)[-1]
+    try:
+        node_cache.fetch(storage, uri, path, sha256=None, size=head.get("size"))
+    except node_cache.Mismatch as exc:
+        raise WarmStartError(
+            f"{uri} changed while it was fetched ({exc.size} bytes, {head['size']} listed); retry"
+        ) from None
+    return path
+
+
+def _shard(param: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """This rank's local rows of ``param`` and the index of the first of them in the full tensor."""
+
+    if isinstance(param, DTensor):
+        _, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+        return param.to_local(), (offset[0] if offset else 0)
+    return param.data, 0
+
+
+def _rows(handle: Any, hf_name: str, ours: str, lo: int, hi: int, args: ModelArgs) -> torch.Tensor:
+    """Rows ``lo:hi`` of our tensor ``ours``, read from the file's HF tensor ``hf_name``: for a
+    q/k projection, the whole heads the rows fall in, reordered by ``trainer.export.hf``, then cut."""
+    part = handle.get_slice(hf_name)
+    if not ours.endswith((".attention.wq.weight", ".attention.wk.weight")):
+        return part[lo:hi]
+    head_dim = args.head_dim
+    first, last = lo // head_dim, -(-hi // head_dim)
+    heads = last - first
+    block = part[first * head_dim : last * head_dim]
+    converted = hf.from_hf_state_dict(
+        {hf_name: block}, dataclasses.replace(args, n_heads=heads, n_kv_heads=heads)
+    )
+    start = first * head_dim
+    return converted[ours][lo - start : hi - start]
+
+
+@torch.no_grad()
+def load_into(model: nn.Module, args: ModelArgs, source: Source, storage: Storage) -> int:
+    """Fill this rank's shards of every parameter of ``model`` (built from ``args``) from
+    ``source``; the number of tensors read. Every parameter must be in the source with the
+    model's shape (WarmStartError naming the tensor otherwise)."""
+
+    check_init_fit(args, source.config, source.uri)
+    wanted = {hf.to_hf_name(plain_name(raw)): (raw, param) for raw, param in model.named_parameters()}
+    files = source.files or dict.fromkeys(wanted, WEIGHTS)
+    missing = sorted(set(wanted) - set(files))
+    if missing:
+        raise WarmStartError(
+            f"init.from={source.uri!r} lacks {len(missing)} tensor(s) the model needs, such as {missing[0]!r}; "
+            "point init.from at a complete Llama folder of the run's shape"
+        )
+    by_file: dict[str, list[str]] = {}
+    for name in wanted:
+        by_file.setdefault(files[name], []).append(name)
+    for file_name, names in sorted(by_file.items()):
+        path = local_file(storage, join(source.uri, file_name))
+        with safe_open(str(path), framework="pt") as handle:
+            present = set(handle.keys())
+            for name in names:
+                raw, param = wanted[name]
+                if name not in present:
+                    raise WarmStartError(
+                        f"{join(source.uri, file_name)} holds no tensor {name!r}; re-export the source"
+                    )
+                shape = tuple(handle.get_slice(name).get_shape())
+                if shape != tuple(param.shape):
+                    raise WarmStartError(
+                        f"tensor {name!r} of init.from={source.uri!r} has shape {shape}, the run's model "
+                        f"{tuple(param.shape)}; pick a source of the run's shape or init.from=none"
+                    )
+                local, lo = _shard(param)
+                if local.numel():
+                    rows = local.shape[0] if local.dim() else 1
+                    local.copy_(_rows(handle, name, plain_name(raw), lo, lo + rows, args).view_as(local))
+    return len(wanted)
+
+
+def warm_start(config: Config, model: nn.Module, args: ModelArgs | None) -> str | None:
+    """Load ``init.from`` into ``model`` (a fresh run: the caller skips this on resume); the
+    source URI, or None for ``init.from: none``. ``production`` and ``auto`` never reach the
+    trainer from the operator, which resolves them: here they are a configuration error."""
+    value = config.init.from_
+    kind = init_source(value)
+    if kind == "none":
+        return None
+    if kind == "production":
+        raise ConfigError(
+            f"init.from={value!r} is resolved by the Airflow operator (FSDPTrainingOperator with model_name) "
+            "into a version URI; outside it, set init.from to the version's URI "
+            "(<root>/models/<name>/versions/<v>/) or none"
+        )
+    if args is None:
+        raise ConfigError(
+            f"init.from={value!r} needs a built-in preset (model.preset): a model.builder model has no "
+            "Hugging Face Llama layout to load; unset model.builder or set init.from=none"
+        )
+    storage = open_storage(value)
+    count = load_into(model, args, read_source(storage, value), storage)
+    log.info("warm start: %d tensors from %s (weights only: fresh optimizer, step 0)", count, value)
+    return value

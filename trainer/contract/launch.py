@@ -1,0 +1,76 @@
+"""The run contract, parts 1 and 2: how a launcher starts the trainer (its command line, under
+torchrun for ``train``, and the environment it sets besides torchrun's own)."""
+
+from collections.abc import Mapping
+
+TRAINER_COMMANDS = ("train", "evaluate", "export")
+
+
+# --- 1. command line ------------------------------------------------------------
+def trainer_argv(
+    command: str, config_uri: str, overrides: Mapping[str, object] | None = None, python: str = "python"
+) -> list[str]:
+    """``python -m trainer COMMAND --config URI k=v ...`` as an argument list."""
+    if command not in TRAINER_COMMANDS:
+        raise ValueError(f"unknown trainer command {command!r}; expected one of {TRAINER_COMMANDS}")
+    argv = [python, "-m", "trainer", command, "--config", config_uri]
+    for key, value in (overrides or {}).items():
+        argv.append(f"{key}={_override_value(value)}")
+    return argv
+
+
+def _override_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    return str(value)
+
+
+def torchrun_argv(
+    trainer_args: list[str],
+    *,
+    nnodes: int,
+    nproc_per_node: int,
+    rdzv_endpoint: str,
+    rdzv_id: str,
+    node_rank: int | None = None,
+    shutdown_timeout_s: int = 30,
+    is_host: bool | None = None,
+) -> list[str]:
+    """Wrap ``python -m trainer ...`` (as from :func:`trainer_argv`) in torchrun.
+
+    Rendezvous is c10d at ``rdzv_endpoint``. ``shutdown_timeout_s`` is how long torchrun
+    waits for its workers after SIGTERM before SIGKILL: it must fit inside the pod's
+    grace period, and it is the emergency checkpoint's budget.
+    """
+    if trainer_args[1:3] != ["-m", "trainer"]:
+        raise ValueError(f"expected 'python -m trainer ...', got {trainer_args[:3]}")
+    argv = [
+        trainer_args[0],
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={rdzv_endpoint}",
+        f"--rdzv-id={rdzv_id}",
+        f"--shutdown-timeout={shutdown_timeout_s}",
+        "--max-restarts=0",  # recovery is a whole-gang relaunch owned by the operator
+    ]
+    if node_rank is not None:
+        argv.append(f"--node-rank={node_rank}")
+    if is_host is not None:
+        argv.append(f"--rdzv-conf=is_host={1 if is_host else 0}")
+    argv += ["-m", "trainer", *trainer_args[3:]]
+    return argv
+
+
+# --- 2. environment -------------------------------------------------------------
+ENV_S3_ENDPOINT = "AWS_ENDPOINT_URL_S3"
+ENV_REGION = "AWS_REGION"
+ENV_ATTEMPT = "TRAINOPS_ATTEMPT"  # attempt number (1-based) set by the launcher
+ENV_CACHE_DIR = "TRAINOPS_CACHE_DIR"  # node-local scratch: downloaded shards, checkpoint staging
+# GPUs each node of the job was given (``gpus_per_node``; 0 or unset: none asked for). A trainer
+# that sees fewer than its node's ranks need fails before training, as the node's fault.
+ENV_GPUS_PER_NODE = "TRAINOPS_GPUS_PER_NODE"
