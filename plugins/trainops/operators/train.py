@@ -1,16 +1,39 @@
-"""FSDPTrainingOperator: run the FSDP trainer on a cluster and carry it through preemptions."""
+"""FSDPTrainingOperator: run the FSDP trainer on a cluster and carry it through preemptions.
+
+The operator does the Airflow work (context, backend calls, deferrals, errors, XCom); what
+happens after each event is :func:`trainops.recovery.driver.step`'s to decide."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
+from trainer.config import config_from_mapping, dump_yaml
+from trainer.contract import RunLayout, run_prefix
+from trainer.storage import NotFound, PreconditionFailed
+from trainops.cluster.base import JobAlreadyExists
 from trainops.cluster.spec import CAPACITIES
-from trainops.hooks.storage import get_json_object, root_and_storage
+from trainops.cost.bill import with_bill
+from trainops.cost.prices import load_prices
+from trainops.hooks.storage import job_env_for, root_and_storage, storage_for
 from trainops.links import RUN_REPORT_KEY, RunReportLink
+from trainops.operators import train_reads, warm_start
 from trainops.operators.base import DEFAULT_IMAGE, ClusterJobOperator, TaskIdentity, now_iso, task_identity
+from trainops.operators.deadlines import waiting_failed
 from trainops.operators.fail_fast import fail_fast
 from trainops.operators.job_options import check_renders
+from trainops.operators.launch_plan import (
+    AttemptLaunch,
+    LaunchSettings,
+    checked_run_config,
+    manifests_of,
+    sized,
+    training_attempt,
+)
+from trainops.operators.notice import grace_warning
 from trainops.operators.params import (
     as_int,
     dataset_uri,
@@ -20,14 +43,44 @@ from trainops.operators.params import (
     optional_seconds,
     seconds,
 )
+from trainops.operators.preflight import check_builder, check_fit, check_gpus, dataset_manifest
+from trainops.operators.sizing import disk_options, estimate
+from trainops.recovery.driver import (
+    Action,
+    DeferralFailed,
+    Done,
+    Event,
+    Fail,
+    FindLiveJobs,
+    Launch,
+    LeaveRunning,
+    LiveJobs,
+    Relaunch,
+    Retired,
+    Settings,
+    Succeed,
+    TryStarted,
+    Wait,
+    WaitEnded,
+    missing_record,
+    step,
+)
+from trainops.recovery.record import (
+    RunFolderTaken,
+    as_job_record,
+    current_attempt,
+    intend_attempt,
+    owner_refusal,
+    record_launched,
+    start_record,
+)
+from trainops.triggers.events import check_event
+from trainops.triggers.job import JobGoneTrigger
 
 if TYPE_CHECKING:
-    from trainer.contract import RunLayout
     from trainer.storage import Storage
     from trainops.cluster.base import JobHandle
-    from trainops.operators.launch_plan import AttemptLaunch, LaunchSettings
-    from trainops.recovery.classify import AttemptRecord
-    from trainops.recovery.record import Budgets, JobRecord, Progress
+    from trainops.recovery.record import Budgets, JobRecord
 
 
 class FSDPTrainingOperator(ClusterJobOperator):
@@ -212,8 +265,6 @@ class FSDPTrainingOperator(ClusterJobOperator):
         """A plain ``trainer_config``, checked at DAG parse by the trainer's schema (pure: no
         I/O) with stand-ins for the derived keys; ``world_size`` None while the sizing is
         templated."""
-        from trainops.operators.launch_plan import checked_run_config
-
         checked_run_config(
             self.trainer_config, run_uri="file:///run", data_uri=data_uri, world_size=world_size
         )
@@ -241,8 +292,6 @@ class FSDPTrainingOperator(ClusterJobOperator):
 
     def _check_prices(self) -> None:
         """The ``prices`` parameter, read as a price table (ValueError naming a bad entry)."""
-        from trainops.cost.prices import load_prices
-
         load_prices(self.prices, None)
 
     def cluster_options(self) -> dict[str, Any]:
@@ -255,8 +304,6 @@ class FSDPTrainingOperator(ClusterJobOperator):
         """What every attempt's job is made of (once :meth:`_check_settings` has run).
 
         :param disk: the pods' estimated disk (:meth:`_disk_options`); None: not sized."""
-        from trainops.operators.launch_plan import LaunchSettings
-
         return LaunchSettings(
             disk=dict(disk or {}),
             keep_finished_jobs=self.keep_finished_jobs,
@@ -279,8 +326,6 @@ class FSDPTrainingOperator(ClusterJobOperator):
 
     def _run(self, context: Mapping[str, Any]) -> tuple[Storage, RunLayout, TaskIdentity]:
         """The storage client, the run's layout and the task's identity."""
-        from trainer.contract import RunLayout, run_prefix
-
         identity = task_identity(context)
         root, store = root_and_storage(self.storage_root, self.aws_conn_id)
         run_uri = run_prefix(
@@ -295,12 +340,6 @@ class FSDPTrainingOperator(ClusterJobOperator):
     # -- execute -----------------------------------------------------------------------
     @fail_fast
     def execute(self, context: Any) -> Any:
-        from trainer.config import dump_yaml
-        from trainops.hooks.storage import storage_for
-        from trainops.operators import warm_start
-        from trainops.operators.launch_plan import checked_run_config
-        from trainops.operators.preflight import check_builder, check_fit, check_gpus, dataset_manifest
-
         # Every input is checked before anything is written or launched.
         self._check_settings()
         self._check_prices()
@@ -329,63 +368,80 @@ class FSDPTrainingOperator(ClusterJobOperator):
         self.log.info("trainer config written to %s", layout.config)
         if callable(getattr(context.get("ti"), "xcom_push", None)):  # the "Training report" link,
             context["ti"].xcom_push(key=RUN_REPORT_KEY, value=layout.job)  # on a reattach too
-        return self._proceed(context, store, layout, job, identity, fresh_try=True)
+        return self._step(context, store, layout, identity, job, TryStarted())
 
-    def _proceed(
+    def _step(
         self,
         context: Any,
         store: Storage,
         layout: RunLayout,
-        job: JobRecord,
         identity: TaskIdentity,
-        *,
-        fresh_try: bool,
+        job: JobRecord | None,
+        event: Event,
     ) -> Any:
-        """Reattach, launch, or first retire an older attempt's job, as
-        :func:`~trainops.recovery.resume.resume_plan` says for ``job`` and the live jobs.
+        """Let the recovery driver decide what ``event`` means for ``job``, then carry it out:
+        delete, bill, write job.json, log, act (:class:`~trainops.recovery.driver.Step`)."""
+        settings = Settings(job_uri=layout.job, budgets=self.budgets(), capacity=self.capacity, at=now_iso())
+        outcome = step(job, event, settings)
+        if outcome.delete_first is not None:
+            self.backend.delete(outcome.delete_first)
+        job = outcome.job
+        if job is not None and outcome.bill:  # the run is over: its bill goes with it
+            job = with_bill(job, store=store, run_uri=layout.run_uri, prices=self.prices, log=self.log)
+        if job is not None and outcome.write:
+            store.put_json(layout.job, job)
+        for note in outcome.notes:
+            (self.log.warning if note.level == "warning" else self.log.info)("%s", note.text)
+        if job is not None and isinstance(event, WaitEnded) and event.event["status"] == "finished":
+            warning = grace_warning(self.termination_grace_seconds, job["attempts"])
+            if warning:
+                self.log.warning("%s", warning)
+        return self._act(context, store, layout, identity, job, outcome.action)
 
-        :param fresh_try: ``execute`` (a new try, whatever came before); else the relaunch
-            after the old attempt's job was seen gone.
-        """
-        from trainops.recovery.record import restart_record
-        from trainops.recovery.resume import resume_plan
-
-        if job["status"] != "running":  # a clear or re-run: a new budget window, nothing spent
-            job = restart_record(job, capacity=self.capacity)
-        plan = resume_plan(
-            job, self.live_jobs(context), last_alive=fresh_try and self._newest_ended_alive(job)
-        )
-        if plan["action"] == "retire":
-            self.log.warning(
-                "not launching yet: %s; deleting it and waiting until it is gone", plan["reason"]
-            )
-            return self._retire(context, plan["handle"], None)
-        if plan["action"] == "wait":
-            self.log.info(
-                "reattaching to attempt %d's job %s instead of launching a second one (%s)",
-                plan["attempt"],
-                plan["handle"]["job_id"],
-                plan["reason"],
-            )
-            if plan.get("adopt"):
-                job = self._record_intent(context, store, layout, job, identity, plan["attempt"])[0]
-            job = self._record_handle(store, layout, job, plan["attempt"], plan["handle"])
-            return self._wait(context, plan["handle"], layout)
-        return self._launch(context, store, layout, job, identity, plan["attempt"])
-
-    def _newest_ended_alive(self, job: JobRecord) -> bool:
-        """Whether the newest ended attempt's job may still have a process or pod."""
-        from trainops.recovery.record import attempt_status
-
-        ended = [a for a in job["attempts"] if attempt_status(a) == "ended" and "job" in a]
-        return bool(ended) and not self.backend.all_gone(ended[-1]["job"])
+    def _act(
+        self,
+        context: Any,
+        store: Storage,
+        layout: RunLayout,
+        identity: TaskIdentity,
+        job: JobRecord | None,
+        action: Action,
+    ) -> Any:
+        """Do what the driver said: look, wait, launch, relaunch, return the result, or fail."""
+        if isinstance(action, Fail):
+            message = action.message
+            if action.tail_of is not None:
+                message += f"\nLast log lines:\n{self.backend.logs_tail(action.tail_of, lines=20)}"
+            if action.clean_up is not None:
+                self.clean_up(action.clean_up, "fail")
+            if action.delete is not None:
+                self.backend.delete(action.delete)
+            raise RuntimeError(message)
+        if isinstance(action, LeaveRunning):
+            raise RuntimeError(waiting_failed(action.event, action.attempt))
+        if isinstance(action, Relaunch):
+            return self._retire(context, action.retire, action.delay_s)
+        if isinstance(action, Done):
+            return None
+        assert job is not None, "the driver acts on a run only with its record"
+        if isinstance(action, FindLiveJobs):
+            live = tuple(self.live_jobs(context))
+            alive = action.alive_check is not None and not self.backend.all_gone(action.alive_check)
+            return self._step(context, store, layout, identity, job, LiveJobs(live, alive))
+        if isinstance(action, Wait):
+            if action.adopt:
+                job = self._record_intent(context, store, layout, job, identity, action.attempt)[0]
+            self._record_handle(store, layout, job, action.attempt, action.handle)
+            return self._wait(context, action.handle, layout)
+        if isinstance(action, Launch):
+            return self._launch(context, store, layout, job, identity, action.attempt)
+        assert isinstance(action, Succeed), action
+        self.clean_up(action.handle, "finish")
+        return train_reads.result(store, layout, job, action.record)
 
     def _claim(self, store: Storage, layout: RunLayout, identity: TaskIdentity) -> JobRecord:
         """The run's job.json, created (create-only) naming this task instance as its owner, or
         read back when it exists; :class:`RunFolderTaken` when it names another owner."""
-        from trainer.storage import PreconditionFailed
-        from trainops.recovery.record import start_record
-
         job = self._read_job(store, layout, identity)
         if job is None:
             job = start_record(
@@ -398,7 +454,10 @@ class FSDPTrainingOperator(ClusterJobOperator):
             try:
                 store.put_json(layout.job, job, if_none_match=True)
             except PreconditionFailed:  # another writer created it first: whose is it?
-                job = self._job(store, layout, identity)
+                found = self._read_job(store, layout, identity)
+                if found is None:
+                    raise RuntimeError(missing_record(layout.job)) from None
+                job = found
         if "airflow" not in job:  # a record from before owners were kept: this task adopts it
             job["airflow"] = {**identity}
             store.put_json(layout.job, job)
@@ -406,9 +465,6 @@ class FSDPTrainingOperator(ClusterJobOperator):
 
     def _read_job(self, store: Storage, layout: RunLayout, identity: TaskIdentity) -> JobRecord | None:
         """The run's job.json (None: none yet), refused when another task instance owns it."""
-        from trainer.storage import NotFound
-        from trainops.recovery.record import RunFolderTaken, as_job_record, owner_refusal
-
         try:
             job = as_job_record(store.get_json(layout.job), layout.job)
         except NotFound:
@@ -416,15 +472,6 @@ class FSDPTrainingOperator(ClusterJobOperator):
         refusal = owner_refusal(job, {**identity}, layout.job)
         if refusal is not None:
             raise RunFolderTaken(refusal)
-        return job
-
-    def _job(self, store: Storage, layout: RunLayout, identity: TaskIdentity) -> JobRecord:
-        """The run's job.json, which exists once an attempt was launched."""
-        job = self._read_job(store, layout, identity)
-        if job is None:
-            raise RuntimeError(
-                f"{layout.job} is missing, so this run's attempts are unknown; clear the task to start afresh"
-            )
         return job
 
     def _record_intent(
@@ -438,13 +485,6 @@ class FSDPTrainingOperator(ClusterJobOperator):
     ) -> tuple[JobRecord, AttemptLaunch]:
         """Attempt ``attempt``'s launch, and ``job`` with it recorded as ``launching`` (written,
         unless the record already holds it): intent before action."""
-        import yaml
-
-        from trainer.config import config_from_mapping
-        from trainops.hooks.storage import job_env_for
-        from trainops.operators.launch_plan import manifests_of, sized, training_attempt
-        from trainops.recovery.record import current_attempt, intend_attempt
-
         # the run's config as written for this attempt: the pods are sized from its model
         config = config_from_mapping(yaml.safe_load(store.get(layout.config).decode()), layout.config)
         launch = training_attempt(
@@ -471,8 +511,6 @@ class FSDPTrainingOperator(ClusterJobOperator):
         self, store: Storage, layout: RunLayout, job: JobRecord, attempt: int, handle: JobHandle
     ) -> JobRecord:
         """``job`` with ``attempt`` running as ``handle``, written when that is news."""
-        from trainops.recovery.record import record_launched
-
         recorded = record_launched(job, attempt=attempt, handle=handle, at=now_iso())
         if recorded is not job:
             store.put_json(layout.job, recorded)
@@ -487,8 +525,6 @@ class FSDPTrainingOperator(ClusterJobOperator):
         identity: TaskIdentity,
         attempt: int,
     ) -> Any:
-        from trainops.cluster.base import JobAlreadyExists
-
         job, launch = self._record_intent(context, store, layout, job, identity, attempt)
         spec, chaos = launch.spec, launch.chaos
         try:
@@ -516,13 +552,6 @@ class FSDPTrainingOperator(ClusterJobOperator):
         run's config and its dataset's manifest (``trainops.operators.sizing``); {} elsewhere."""
         if self.cluster != "kubernetes":
             return {}
-        import yaml
-
-        from trainer.config import config_from_mapping
-        from trainops.hooks.storage import storage_for
-        from trainops.operators.preflight import dataset_manifest
-        from trainops.operators.sizing import disk_options, estimate
-
         config = config_from_mapping(yaml.safe_load(store.get(layout.config).decode()), layout.config)
         manifest = dataset_manifest(storage_for(config.data_uri, self.aws_conn_id), config.data_uri)
         found = estimate(config, manifest, procs_per_node=max(1, self.gpus_per_node), nodes=self.nodes)
@@ -550,10 +579,6 @@ class FSDPTrainingOperator(ClusterJobOperator):
     def _retire(self, context: Any, handle: JobHandle, delay_s: float | None) -> Any:
         """Delete the attempt's job; relaunch once every pod of it is gone (and any back-off
         is over): no old pod may still be writing its emergency checkpoint."""
-        import time
-
-        from trainops.triggers.job import JobGoneTrigger
-
         self.backend.delete(handle)
         trigger = JobGoneTrigger(
             handle=handle,
@@ -567,236 +592,26 @@ class FSDPTrainingOperator(ClusterJobOperator):
     @fail_fast
     def execute_complete(self, context: Any, event: object = None) -> Any:
         """An attempt ended: fold it into job.json, then finish, relaunch or fail."""
-        from trainops.operators.cleanup import clip_tail
-        from trainops.operators.deadlines import deadline_failure, ended_by_deadline, waiting_failed
-        from trainops.operators.notice import grace_warning
-        from trainops.recovery.classify import attempt_record_of
-        from trainops.recovery.record import fold_finished
-        from trainops.triggers.events import check_event
-
         checked = check_event(event, expected=("finished", "timeout", "error", "hung", "deadline"))
         self._check_settings()
         store, layout, identity = self._run(context)
-        job = self._job(store, layout, identity)
-        attempt = job["attempts"][-1]["attempt"]
-        if checked["status"] == "error":  # waiting failed, not the job: leave it running
-            raise RuntimeError(waiting_failed(checked, attempt))
-        if checked["status"] in ("timeout", "deadline"):
-            self.backend.delete(checked["handle"])
-            job = self._with_cost(store, layout, ended_by_deadline(job, checked, at=now_iso()))
-            store.put_json(layout.job, job)
-            raise RuntimeError(deadline_failure(checked, attempt))
-        if checked["status"] == "hung":
-            return self._hung(context, store, layout, job, checked)
-
-        record = self._read_record(store, layout, attempt)
-        tail = self._log_tail(checked["handle"])  # kept in job.json: it goes with the pods
-        if record is None:  # storage may have refused even the record: rank 0 printed it last
-            record = attempt_record_of(None, tail, attempt)
-        progress = None if record is not None else self._progress(store, layout, attempt)
-        job, decision = fold_finished(
-            job,
-            state=checked["state"],
-            record=record,
-            progress=progress,
-            budgets=self.budgets(),
-            at=now_iso(),
-            logs_tail=clip_tail(tail),
+        job = self._read_job(store, layout, identity)
+        ended = train_reads.wait_ended(
+            checked, job, store=store, layout=layout, backend=self.backend, log=self.log
         )
-        if decision["action"] != "relaunch":  # the run is over: its bill goes with it
-            job = self._with_cost(store, layout, job)
-        store.put_json(layout.job, job)
-        entry = job["attempts"][-1]
-        self.log.info(
-            "attempt %d: %s (%s); %s",
-            attempt,
-            entry.get("classification"),
-            entry.get("reason"),
-            decision["reason"],
-        )
-        warning = grace_warning(self.termination_grace_seconds, job["attempts"])
-        if warning:
-            self.log.warning("%s", warning)
-        if decision["action"] == "relaunch":
-            return self._retire(context, checked["handle"], decision.get("delay_s"))
-        if decision["action"] == "fail":
-            tail = self.backend.logs_tail(checked["handle"], lines=20)
-            self.clean_up(checked["handle"], decision["action"])
-            raise RuntimeError(
-                f"training failed on attempt {attempt}: {entry.get('reason')}. "
-                f"{decision['reason']}.\nLast log lines:\n{tail}"
-            )
-        assert record is not None, "an attempt finishes only with the trainer's 'completed' record"
-        self.clean_up(checked["handle"], decision["action"])
-        return self._result(store, layout, job, record)
+        return self._step(context, store, layout, identity, job, ended)
 
     def record_abandoned(self, context: Any, why: str) -> None:
         """Airflow's deferral timeout won the race against the trigger's ``deadline`` event and
-        the live jobs were deleted: record the newest attempt as ``timeout``, as the deadline
-        event would have, so the next try does not read it as a lost (preempted) attempt."""
-        from trainops.operators.deadlines import ended_by_deadline
-        from trainops.recovery.record import attempt_status
-
+        the live jobs were deleted: record the newest attempt as ``timeout`` (see the driver)."""
         store, layout, identity = self._run(context)
         job = self._read_job(store, layout, identity)
-        if job is None or not job["attempts"] or attempt_status(job["attempts"][-1]) == "ended":
-            return
-        handle = job["attempts"][-1].get("job") or {"cluster": self.cluster, "job_id": "", "labels": {}}
-        event: Any = {"status": "deadline", "handle": handle, "message": f"{why}; the job was deleted"}
-        store.put_json(
-            layout.job, self._with_cost(store, layout, ended_by_deadline(job, event, at=now_iso()))
-        )
-
-    def _hung(self, context: Any, store: Storage, layout: RunLayout, job: JobRecord, event: Any) -> Any:
-        """A hung attempt: keep its logs tail, record it as ``hung``, then relaunch the whole
-        gang against the infrastructure budget (the old one deleted first) or fail."""
-        from trainops.operators.cleanup import clip_tail
-        from trainops.recovery.record import fold_finished
-
-        handle, attempt = event["handle"], job["attempts"][-1]["attempt"]
-        tail = self._log_tail(handle, lines=50)
-        job, decision = fold_finished(
-            job,
-            state=event["state"],
-            record=None,
-            progress=self._progress(store, layout, attempt),
-            budgets=self.budgets(),
-            at=now_iso(),
-            verdict={"classification": "hung", "reason": event.get("message") or "no new step"},
-            logs_tail=clip_tail(tail),
-        )
-        if decision["action"] != "relaunch":
-            job = self._with_cost(store, layout, job)
-        store.put_json(layout.job, job)
-        self.log.warning("attempt %d: hung (%s); %s", attempt, event.get("message"), decision["reason"])
-        if decision["action"] == "relaunch":
-            return self._retire(context, handle, decision.get("delay_s"))
-        self.backend.delete(handle)
-        raise RuntimeError(
-            f"training failed on attempt {attempt}: {event.get('message')}. {decision['reason']}; "
-            f"the job was deleted.\nLast log lines:\n{tail}"
-        )
+        self._step(context, store, layout, identity, job, DeferralFailed(why, self.cluster))
 
     def relaunch_when_gone(self, context: Any, event: object = None) -> Any:
         """The old attempt's pods are gone (and any back-off is over): launch the next attempt."""
-        from trainops.recovery.record import mark_failed
-        from trainops.triggers.events import check_event
-
         checked = check_event(event)
         self._check_settings()
         store, layout, identity = self._run(context)
-        job = self._job(store, layout, identity)
-        if checked["status"] != "gone":
-            store.put_json(layout.job, self._with_cost(store, layout, mark_failed(job)))
-            raise RuntimeError(f"not relaunching: {checked.get('message') or checked['status']}")
-        return self._proceed(context, store, layout, job, identity, fresh_try=False)
-
-    def _with_cost(self, store: Storage, layout: RunLayout, job: JobRecord) -> JobRecord:
-        """``job`` with the run's bill (``"cost"``, a ``RunCost``), as it ended; logged in one
-        line. The estimate never fails the task: if it cannot be made, ``job`` is returned
-        as it was, with a warning."""
-        from trainer.contract import MetricsReader
-        from trainops.cost.accounting import account
-        from trainops.cost.money import money
-        from trainops.cost.prices import PRICES_VARIABLE, load_prices
-
-        try:
-            table, sources = load_prices(self.prices, self._prices_variable())
-        except ValueError as exc:  # the parameter was checked: the Variable is at fault
-            self.log.warning("Variable %s ignored for the cost estimate: %s", PRICES_VARIABLE, exc)
-            table, sources = load_prices(self.prices, None)
-        try:
-            cost = account(job, MetricsReader(store, layout.run_uri).records(), table)
-        except Exception as exc:  # an estimate: a fault in it must not fail a finished run
-            self.log.warning("no cost estimate for %s: %s", layout.run_uri, exc)
-            return job
-        goodput = "-" if cost["goodput"] is None else f"{cost['goodput']:.1%}"
-        self.log.info(
-            "estimated cost (prices: %s): %s, on-demand %s, savings %s; %.3f GPU-hours "
-            "billed, goodput %s; python -m trainops cost %s for the breakdown",
-            sources,
-            money(cost["cost"]),
-            money(cost["on_demand_cost"]),
-            money(cost["savings"]),
-            cost["billed_gpu_hours"],
-            goodput,
-            layout.run_uri,
-        )
-        for warning in cost["warnings"]:  # a clock that disagrees with the cluster's
-            self.log.warning("cost estimate: %s", warning)
-        return {**job, "cost": dict(cost)}
-
-    def _prices_variable(self) -> str | None:
-        """The Variable ``trainops_prices`` (JSON text), None when it is not set."""
-        from airflow.sdk import Variable
-
-        from trainops.cost.prices import PRICES_VARIABLE
-
-        value = Variable.get(PRICES_VARIABLE, default=None)
-        return None if value is None else str(value)
-
-    def _log_tail(self, handle: JobHandle, lines: int = 200) -> str | None:
-        """The attempt's last log lines, where the trainer prints its record when storage
-        refused it (torchrun's failure report and the other ranks' tracebacks come after it,
-        hence 200 lines); None when the logs cannot be read."""
-        try:
-            return self.backend.logs_tail(handle, lines=lines)
-        except Exception as exc:  # the record is then taken as missing, as before
-            self.log.warning(
-                "could not read the logs of %s for its attempt record: %s", handle["job_id"], exc
-            )
-            return None
-
-    def _read_record(self, store: Storage, layout: RunLayout, attempt: int) -> AttemptRecord | None:
-        from trainer.contract import parse_attempt_record
-        from trainer.storage import NotFound
-
-        try:
-            return parse_attempt_record(get_json_object(store, layout.attempt(attempt)))
-        except NotFound:
-            return None
-        except ValueError as exc:
-            self.log.warning("ignoring a malformed attempt record: %s", exc)
-            return None
-
-    @staticmethod
-    def _progress(store: Storage, layout: RunLayout, attempt: int) -> Progress | None:
-        """What storage shows of an attempt that wrote no record (SIGKILL): its last logged
-        step and the newest committed checkpoint (None: the run logged nothing)."""
-        from trainer.contract import MetricsReader
-        from trainer.storage import NotFound
-
-        metrics = MetricsReader(store, layout.run_uri, attempt=attempt)
-        latest = metrics.latest().get(attempt)  # reads the attempt's newest part only
-        if not metrics.found:
-            return None
-        last = int(latest["step"]) if latest else 0
-        try:
-            committed = int(get_json_object(store, layout.latest).get("step", 0))
-        except NotFound:
-            committed = 0
-        return {"last_step": last, "committed_step": committed}
-
-    @staticmethod
-    def _result(store: Storage, layout: RunLayout, job: JobRecord, record: AttemptRecord) -> dict[str, Any]:
-        from trainer.contract import MetricsReader, last_record
-        from trainops.recovery.record import total_steps_lost
-
-        # each attempt's newest part holds its highest step: no need to read the whole run
-        final = last_record(MetricsReader(store, layout.run_uri).latest().values())
-        final_loss = final["loss"] if final else None
-        return {
-            "run_uri": layout.run_uri,
-            "config_uri": layout.config,
-            "job_uri": layout.job,
-            "export_uri": layout.export,
-            "metrics_uri": layout.metrics_parts,
-            "steps": record["last_step"],
-            "checkpoint_step": record["checkpoint_step"],
-            "attempts": len(job["attempts"]),
-            "preemptions": job["preemptions"],
-            "steps_lost": total_steps_lost(job),
-            "final_loss": final_loss,
-            "cost": job.get("cost"),  # an estimate (trainops.cost.accounting.RunCost)
-            "goodput": (job.get("cost") or {}).get("goodput"),
-        }
+        job = self._read_job(store, layout, identity)
+        return self._step(context, store, layout, identity, job, Retired(checked))
