@@ -7,80 +7,44 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
-from trainer.config import config_from_mapping, dump_yaml
+from trainer.config import dump_yaml
 from trainer.contract import RunLayout, run_prefix
-from trainer.storage import NotFound, PreconditionFailed
+from trainer.storage import Storage
 from trainops.cluster.base import JobAlreadyExists
 from trainops.cluster.spec import CAPACITIES
 from trainops.cost.bill import with_bill
 from trainops.cost.prices import load_prices
-from trainops.hooks.storage import job_env_for, root_and_storage, storage_for
+from trainops.hooks.storage import root_and_storage
 from trainops.links import RUN_REPORT_KEY, RunReportLink
-from trainops.operators import train_reads, warm_start
+from trainops.operators import params, train_launch, train_reads, train_record
 from trainops.operators.base import DEFAULT_IMAGE, ClusterJobOperator, TaskIdentity, now_iso, task_identity
 from trainops.operators.deadlines import waiting_failed
 from trainops.operators.fail_fast import fail_fast
 from trainops.operators.job_options import check_renders
-from trainops.operators.launch_plan import (
-    AttemptLaunch,
-    LaunchSettings,
-    checked_run_config,
-    manifests_of,
-    sized,
-    training_attempt,
-)
+from trainops.operators.launch_plan import LaunchSettings, checked_run_config, manifests_of
 from trainops.operators.notice import grace_warning
-from trainops.operators.params import (
-    as_int,
-    dataset_uri,
-    known_at_run_time,
-    name_param,
-    optional_int,
-    optional_seconds,
-    seconds,
-)
-from trainops.operators.preflight import check_builder, check_fit, check_gpus, dataset_manifest
-from trainops.operators.sizing import disk_options, estimate
-from trainops.recovery.driver import (
-    Action,
-    DeferralFailed,
-    Done,
-    Event,
-    Fail,
-    FindLiveJobs,
-    Launch,
-    LeaveRunning,
-    LiveJobs,
-    Relaunch,
-    Retired,
-    Settings,
-    Succeed,
-    TryStarted,
-    Wait,
-    WaitEnded,
-    missing_record,
-    step,
-)
-from trainops.recovery.record import (
-    RunFolderTaken,
-    as_job_record,
-    current_attempt,
-    intend_attempt,
-    owner_refusal,
-    record_launched,
-    start_record,
-)
+from trainops.recovery import driver
 from trainops.triggers.events import check_event
 from trainops.triggers.job import JobGoneTrigger
 
 if TYPE_CHECKING:
-    from trainer.storage import Storage
     from trainops.cluster.base import JobHandle
+    from trainops.operators.launch_plan import AttemptLaunch
     from trainops.recovery.record import Budgets, JobRecord
+
+
+@dataclass(frozen=True)
+class _Call:
+    """What one call of the operator works with: Airflow's context, the storage client, the
+    run's layout and the task's identity."""
+
+    context: Any
+    store: Storage
+    layout: RunLayout
+    identity: TaskIdentity
 
 
 class FSDPTrainingOperator(ClusterJobOperator):
@@ -225,39 +189,39 @@ class FSDPTrainingOperator(ClusterJobOperator):
         )
         self.dataset = dataset
         if model_name is not None:  # not templated: checked at DAG parse, not after training
-            name_param("model_name", model_name)
+            params.name_param("model_name", model_name)
         self.trainer_config, self.model_name = trainer_config or {}, model_name
         self.nodes, self.gpus_per_node = nodes, gpus_per_node
         self.capacity, self.max_preemptions = capacity, max_preemptions
-        self.max_infra_retries = as_int("max_infra_retries", max_infra_retries, minimum=0)
-        self.fallback_after = optional_int("fallback_after", fallback_after, minimum=1)
-        self.termination_grace_seconds = as_int(
+        self.max_infra_retries = params.as_int("max_infra_retries", max_infra_retries, minimum=0)
+        self.fallback_after = params.optional_int("fallback_after", fallback_after, minimum=1)
+        self.termination_grace_seconds = params.as_int(
             "termination_grace_seconds", termination_grace_seconds, minimum=1
         )
         self.inject_preemption = inject_preemption
         if not isinstance(keep_finished_jobs, bool):
             raise ValueError(f"keep_finished_jobs must be True or False, got {keep_finished_jobs!r}")
         self.keep_finished_jobs = keep_finished_jobs
-        self.progress_every = seconds("progress_every", progress_every, default=30.0)
-        self.job_timeout = optional_seconds("job_timeout", job_timeout, default=None)
-        self.hang_timeout = optional_seconds("hang_timeout", hang_timeout, default=None)
-        self.unschedulable_timeout = optional_seconds(
+        self.progress_every = params.seconds("progress_every", progress_every, default=30.0)
+        self.job_timeout = params.optional_seconds("job_timeout", job_timeout, default=None)
+        self.hang_timeout = params.optional_seconds("hang_timeout", hang_timeout, default=None)
+        self.unschedulable_timeout = params.optional_seconds(
             "unschedulable_timeout", unschedulable_timeout, default=900
         )
         self.prices = prices
         # Plain values are checked now, at DAG parse; templated ones once rendered, in execute.
-        if not known_at_run_time(prices):
+        if not params.known_at_run_time(prices):
             self._check_prices()
-        if not known_at_run_time(dataset):
-            dataset_uri(dataset)
+        if not params.known_at_run_time(dataset):
+            params.dataset_uri(dataset)
         sizing_known = not any(
-            known_at_run_time(v) for v in (nodes, gpus_per_node, capacity, max_preemptions)
+            params.known_at_run_time(v) for v in (nodes, gpus_per_node, capacity, max_preemptions)
         )
         if sizing_known:
             self._check_settings()
-        if not known_at_run_time(self.trainer_config):
+        if not params.known_at_run_time(self.trainer_config):
             self._check_config(
-                "file:///dataset" if known_at_run_time(dataset) else dataset_uri(dataset),
+                "file:///dataset" if params.known_at_run_time(dataset) else params.dataset_uri(dataset),
                 self.launch_settings().world_size if sizing_known else None,
             )
 
@@ -272,9 +236,9 @@ class FSDPTrainingOperator(ClusterJobOperator):
     def _check_settings(self) -> None:
         """Check (and, from rendered templates, convert) the sizing settings; on Kubernetes,
         render a trial JobSpec too. At DAG parse for plain values, else when the task runs."""
-        self.nodes = as_int("nodes", self.nodes, minimum=1, text=True)
-        self.gpus_per_node = as_int("gpus_per_node", self.gpus_per_node, minimum=0, text=True)
-        self.max_preemptions = as_int("max_preemptions", self.max_preemptions, minimum=0, text=True)
+        self.nodes = params.as_int("nodes", self.nodes, minimum=1, text=True)
+        self.gpus_per_node = params.as_int("gpus_per_node", self.gpus_per_node, minimum=0, text=True)
+        self.max_preemptions = params.as_int("max_preemptions", self.max_preemptions, minimum=0, text=True)
         if self.capacity not in CAPACITIES:
             raise ValueError(
                 f"capacity {self.capacity!r} is not one of {', '.join(repr(c) for c in CAPACITIES)}"
@@ -343,72 +307,59 @@ class FSDPTrainingOperator(ClusterJobOperator):
         # Every input is checked before anything is written or launched.
         self._check_settings()
         self._check_prices()
-        data_uri = dataset_uri(self.dataset)
         store, layout, identity = self._run(context)
-        settings = self.launch_settings()
-        config = checked_run_config(
-            self.trainer_config, run_uri=layout.run_uri, data_uri=data_uri, world_size=settings.world_size
-        )
-        job_env = self.job_options.get("env") or {}
-        check_gpus(self.cluster, nodes=self.nodes, gpus_per_node=self.gpus_per_node, env=job_env)
-        manifest = dataset_manifest(storage_for(data_uri, self.aws_conn_id), data_uri)
-        check_fit(config, manifest, world_size=settings.world_size)
-        check_builder(config.model.builder, self.cluster, env=job_env)
-        config = warm_start.prepare(
-            config,
-            manifest,
+        config = train_launch.checked_config(
+            self.trainer_config,
+            self.launch_settings(),
+            cluster=self.cluster,
+            data_uri=params.dataset_uri(self.dataset),
+            layout=layout,
+            store=store,
             model_name=self.model_name,
             storage_root=self.storage_root,
-            store=store,
-            config_uri=layout.config,
-            storage_of=lambda uri: storage_for(uri, self.aws_conn_id),
+            aws_conn_id=self.aws_conn_id,
         )
-        job = self._claim(store, layout, identity)  # before config.yaml: it may be another run's
+        job = train_record.claim(  # before config.yaml: it may be another run's
+            store,
+            layout,
+            identity,
+            cluster=self.cluster,
+            capacity=self.capacity,
+            read=lambda: self._read_job(store, layout, identity),
+        )
         store.put(layout.config, dump_yaml(config).encode())
         self.log.info("trainer config written to %s", layout.config)
         if callable(getattr(context.get("ti"), "xcom_push", None)):  # the "Training report" link,
             context["ti"].xcom_push(key=RUN_REPORT_KEY, value=layout.job)  # on a reattach too
-        return self._step(context, store, layout, identity, job, TryStarted())
+        return self._step(_Call(context, store, layout, identity), job, driver.TryStarted())
 
-    def _step(
-        self,
-        context: Any,
-        store: Storage,
-        layout: RunLayout,
-        identity: TaskIdentity,
-        job: JobRecord | None,
-        event: Event,
-    ) -> Any:
+    def _step(self, run: _Call, job: JobRecord | None, event: driver.Event) -> Any:
         """Let the recovery driver decide what ``event`` means for ``job``, then carry it out:
         delete, bill, write job.json, log, act (:class:`~trainops.recovery.driver.Step`)."""
-        settings = Settings(job_uri=layout.job, budgets=self.budgets(), capacity=self.capacity, at=now_iso())
-        outcome = step(job, event, settings)
+        settings = driver.Settings(
+            job_uri=run.layout.job, budgets=self.budgets(), capacity=self.capacity, at=now_iso()
+        )
+        outcome = driver.step(job, event, settings)
         if outcome.delete_first is not None:
             self.backend.delete(outcome.delete_first)
         job = outcome.job
         if job is not None and outcome.bill:  # the run is over: its bill goes with it
-            job = with_bill(job, store=store, run_uri=layout.run_uri, prices=self.prices, log=self.log)
+            job = with_bill(
+                job, store=run.store, run_uri=run.layout.run_uri, prices=self.prices, log=self.log
+            )
         if job is not None and outcome.write:
-            store.put_json(layout.job, job)
+            run.store.put_json(run.layout.job, job)
         for note in outcome.notes:
             (self.log.warning if note.level == "warning" else self.log.info)("%s", note.text)
-        if job is not None and isinstance(event, WaitEnded) and event.event["status"] == "finished":
+        if job is not None and isinstance(event, driver.WaitEnded) and event.event["status"] == "finished":
             warning = grace_warning(self.termination_grace_seconds, job["attempts"])
             if warning:
                 self.log.warning("%s", warning)
-        return self._act(context, store, layout, identity, job, outcome.action)
+        return self._act(run, job, outcome.action)
 
-    def _act(
-        self,
-        context: Any,
-        store: Storage,
-        layout: RunLayout,
-        identity: TaskIdentity,
-        job: JobRecord | None,
-        action: Action,
-    ) -> Any:
+    def _act(self, run: _Call, job: JobRecord | None, action: driver.Action) -> Any:
         """Do what the driver said: look, wait, launch, relaunch, return the result, or fail."""
-        if isinstance(action, Fail):
+        if isinstance(action, driver.Fail):
             message = action.message
             if action.tail_of is not None:
                 message += f"\nLast log lines:\n{self.backend.logs_tail(action.tail_of, lines=20)}"
@@ -417,115 +368,62 @@ class FSDPTrainingOperator(ClusterJobOperator):
             if action.delete is not None:
                 self.backend.delete(action.delete)
             raise RuntimeError(message)
-        if isinstance(action, LeaveRunning):
+        if isinstance(action, driver.LeaveRunning):
             raise RuntimeError(waiting_failed(action.event, action.attempt))
-        if isinstance(action, Relaunch):
-            return self._retire(context, action.retire, action.delay_s)
-        if isinstance(action, Done):
+        if isinstance(action, driver.Relaunch):
+            return self._retire(run.context, action.retire, action.delay_s)
+        if isinstance(action, driver.Done):
             return None
         assert job is not None, "the driver acts on a run only with its record"
-        if isinstance(action, FindLiveJobs):
-            live = tuple(self.live_jobs(context))
+        if isinstance(action, driver.FindLiveJobs):
+            live = tuple(self.live_jobs(run.context))
             alive = action.alive_check is not None and not self.backend.all_gone(action.alive_check)
-            return self._step(context, store, layout, identity, job, LiveJobs(live, alive))
-        if isinstance(action, Wait):
+            return self._step(run, job, driver.LiveJobs(live, alive))
+        if isinstance(action, driver.Wait):
             if action.adopt:
-                job = self._record_intent(context, store, layout, job, identity, action.attempt)[0]
-            self._record_handle(store, layout, job, action.attempt, action.handle)
-            return self._wait(context, action.handle, layout)
-        if isinstance(action, Launch):
-            return self._launch(context, store, layout, job, identity, action.attempt)
-        assert isinstance(action, Succeed), action
-        self.clean_up(action.handle, "finish")
-        return train_reads.result(store, layout, job, action.record)
-
-    def _claim(self, store: Storage, layout: RunLayout, identity: TaskIdentity) -> JobRecord:
-        """The run's job.json, created (create-only) naming this task instance as its owner, or
-        read back when it exists; :class:`RunFolderTaken` when it names another owner."""
-        job = self._read_job(store, layout, identity)
-        if job is None:
-            job = start_record(
-                run_uri=layout.run_uri,
-                config_uri=layout.config,
-                cluster=self.cluster,
-                capacity=self.capacity,
-                owner={**identity},
+                job = self._record_intent(run, job, action.attempt)[0]
+            train_record.record_handle(
+                run.store, run.layout, job, action.attempt, action.handle, at=now_iso()
             )
-            try:
-                store.put_json(layout.job, job, if_none_match=True)
-            except PreconditionFailed:  # another writer created it first: whose is it?
-                found = self._read_job(store, layout, identity)
-                if found is None:
-                    raise RuntimeError(missing_record(layout.job)) from None
-                job = found
-        if "airflow" not in job:  # a record from before owners were kept: this task adopts it
-            job["airflow"] = {**identity}
-            store.put_json(layout.job, job)
-        return job
+            return self._wait(run.context, action.handle, run.layout)
+        if isinstance(action, driver.Launch):
+            return self._launch(run, job, action.attempt)
+        assert isinstance(action, driver.Succeed), action
+        self.clean_up(action.handle, "finish")
+        return train_reads.result(run.store, run.layout, job, action.record)
 
     def _read_job(self, store: Storage, layout: RunLayout, identity: TaskIdentity) -> JobRecord | None:
         """The run's job.json (None: none yet), refused when another task instance owns it."""
-        try:
-            job = as_job_record(store.get_json(layout.job), layout.job)
-        except NotFound:
-            return None
-        refusal = owner_refusal(job, {**identity}, layout.job)
-        if refusal is not None:
-            raise RunFolderTaken(refusal)
-        return job
+        return train_record.read_job(store, layout, identity)
 
-    def _record_intent(
-        self,
-        context: Any,
-        store: Storage,
-        layout: RunLayout,
-        job: JobRecord,
-        identity: TaskIdentity,
-        attempt: int,
-    ) -> tuple[JobRecord, AttemptLaunch]:
+    def _record_intent(self, run: _Call, job: JobRecord, attempt: int) -> tuple[JobRecord, AttemptLaunch]:
         """Attempt ``attempt``'s launch, and ``job`` with it recorded as ``launching`` (written,
         unless the record already holds it): intent before action."""
-        # the run's config as written for this attempt: the pods are sized from its model
-        config = config_from_mapping(yaml.safe_load(store.get(layout.config).decode()), layout.config)
-        launch = training_attempt(
-            sized(self.launch_settings(disk=self._disk_options(store, layout)), config),
-            identity=identity,
-            run_uri=layout.run_uri,
+        launch = train_launch.attempt_launch(
+            run.store,
+            run.layout,
+            self.launch_settings(),
+            cluster=self.cluster,
+            identity=run.identity,
             attempt=attempt,
             capacity=job["capacity"],
-            storage_env=job_env_for(layout.run_uri, self.aws_conn_id),
+            aws_conn_id=self.aws_conn_id,
+            log=self.log,
         )
-        self.task_labels(context)  # on_kill finds every attempt's job by them
-        if current_attempt(job) is None:
-            job = intend_attempt(
-                job,
-                spec=launch.spec,
-                manifests=manifests_of(self.cluster, launch.spec),
-                at=now_iso(),
-                try_number=getattr(context.get("ti"), "try_number", None),
-            )
-            store.put_json(layout.job, job)
+        self.task_labels(run.context)  # on_kill finds every attempt's job by them
+        job = train_record.record_intent(
+            run.store,
+            run.layout,
+            job,
+            launch.spec,
+            manifests=lambda spec: manifests_of(self.cluster, spec),
+            at=now_iso(),
+            try_number=getattr(run.context.get("ti"), "try_number", None),
+        )
         return job, launch
 
-    def _record_handle(
-        self, store: Storage, layout: RunLayout, job: JobRecord, attempt: int, handle: JobHandle
-    ) -> JobRecord:
-        """``job`` with ``attempt`` running as ``handle``, written when that is news."""
-        recorded = record_launched(job, attempt=attempt, handle=handle, at=now_iso())
-        if recorded is not job:
-            store.put_json(layout.job, recorded)
-        return recorded
-
-    def _launch(
-        self,
-        context: Any,
-        store: Storage,
-        layout: RunLayout,
-        job: JobRecord,
-        identity: TaskIdentity,
-        attempt: int,
-    ) -> Any:
-        job, launch = self._record_intent(context, store, layout, job, identity, attempt)
+    def _launch(self, run: _Call, job: JobRecord, attempt: int) -> Any:
+        job, launch = self._record_intent(run, job, attempt)
         spec, chaos = launch.spec, launch.chaos
         try:
             handle = self.backend.launch(spec, chaos=chaos)
@@ -533,9 +431,9 @@ class FSDPTrainingOperator(ClusterJobOperator):
             self.log.warning(
                 "attempt %d: %s; reattaching to it instead of launching a second one", attempt, exists
             )
-            self._record_handle(store, layout, job, attempt, exists.handle)
-            return self._wait(context, exists.handle, layout)
-        self._record_handle(store, layout, job, attempt, handle)
+            train_record.record_handle(run.store, run.layout, job, attempt, exists.handle, at=now_iso())
+            return self._wait(run.context, exists.handle, run.layout)
+        train_record.record_handle(run.store, run.layout, job, attempt, handle, at=now_iso())
         self.log.info(
             "attempt %d: launched %s (%d node(s) x %d process(es), %s capacity)%s",
             attempt,
@@ -545,21 +443,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
             spec.capacity,
             f"; will inject a preemption at step {chaos['at_step']}" if chaos else "",
         )
-        return self._wait(context, handle, layout)
-
-    def _disk_options(self, store: Storage, layout: RunLayout) -> dict[str, str]:
-        """Kubernetes: the pods' cache ``sizeLimit`` and ``ephemeral-storage`` request, from the
-        run's config and its dataset's manifest (``trainops.operators.sizing``); {} elsewhere."""
-        if self.cluster != "kubernetes":
-            return {}
-        config = config_from_mapping(yaml.safe_load(store.get(layout.config).decode()), layout.config)
-        manifest = dataset_manifest(storage_for(config.data_uri, self.aws_conn_id), config.data_uri)
-        found = estimate(config, manifest, procs_per_node=max(1, self.gpus_per_node), nodes=self.nodes)
-        if found is not None:
-            self.log.info(
-                "pod disk: %s (job_options cache_size, ephemeral_storage override it)", found.describe()
-            )
-        return disk_options(found)
+        return self._wait(run.context, handle, run.layout)
 
     def _wait(self, context: Any, handle: JobHandle, layout: RunLayout) -> Any:
         """Wait for the attempt, with its progress lines in the task log and its heartbeat
@@ -599,14 +483,14 @@ class FSDPTrainingOperator(ClusterJobOperator):
         ended = train_reads.wait_ended(
             checked, job, store=store, layout=layout, backend=self.backend, log=self.log
         )
-        return self._step(context, store, layout, identity, job, ended)
+        return self._step(_Call(context, store, layout, identity), job, ended)
 
     def record_abandoned(self, context: Any, why: str) -> None:
         """Airflow's deferral timeout won the race against the trigger's ``deadline`` event and
         the live jobs were deleted: record the newest attempt as ``timeout`` (see the driver)."""
         store, layout, identity = self._run(context)
         job = self._read_job(store, layout, identity)
-        self._step(context, store, layout, identity, job, DeferralFailed(why, self.cluster))
+        self._step(_Call(context, store, layout, identity), job, driver.DeferralFailed(why, self.cluster))
 
     def relaunch_when_gone(self, context: Any, event: object = None) -> Any:
         """The old attempt's pods are gone (and any back-off is over): launch the next attempt."""
@@ -614,4 +498,4 @@ class FSDPTrainingOperator(ClusterJobOperator):
         self._check_settings()
         store, layout, identity = self._run(context)
         job = self._read_job(store, layout, identity)
-        return self._step(context, store, layout, identity, job, Retired(checked))
+        return self._step(_Call(context, store, layout, identity), job, driver.Retired(checked))

@@ -1,6 +1,6 @@
-"""What the training operator reads of a finished attempt: its log tail, the trainer's attempt
-record, its progress in storage, and the task's result. Reads only: the decisions are
-:mod:`trainops.recovery.driver`'s."""
+"""What the training operator reads of an attempt that ended: its log tail, the trainer's
+attempt record and its progress in storage; and the task's result. Reads only: the decisions
+are :mod:`trainops.recovery.driver`'s."""
 
 from __future__ import annotations
 
