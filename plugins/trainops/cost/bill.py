@@ -31,11 +31,12 @@ def prices_variable() -> str | None:
 
 
 def with_bill(
-    job: JobRecord, *, store: Storage, run_uri: str, prices: dict[str, Any] | str | None, log: TaskLog
+    job: JobRecord, store: Storage, run_uri: str, prices: dict[str, Any] | str | None, log: TaskLog
 ) -> JobRecord:
     """``job`` with the run's bill (``"cost"``, a ``RunCost``), as it ended; logged in one line.
     If it cannot be made, ``job`` is returned as it was, with a warning.
 
+    :param store: the run's storage; ``run_uri``: the run (its metrics are read).
     :param prices: the operator's ``prices`` parameter (checked before launch).
     :param log: the task log.
     """

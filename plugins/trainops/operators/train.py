@@ -13,17 +13,14 @@ from typing import TYPE_CHECKING, Any
 from trainer.config import dump_yaml
 from trainer.contract import RunLayout, run_prefix
 from trainer.storage import Storage
-from trainops.cluster.base import JobAlreadyExists
-from trainops.cluster.spec import CAPACITIES
 from trainops.cost.bill import with_bill
 from trainops.cost.prices import load_prices
 from trainops.hooks.storage import root_and_storage
 from trainops.links import RUN_REPORT_KEY, RunReportLink
-from trainops.operators import params, train_launch, train_reads, train_record
+from trainops.operators import params, train_launch, train_reads, train_record, train_settings
 from trainops.operators.base import DEFAULT_IMAGE, ClusterJobOperator, TaskIdentity, now_iso, task_identity
 from trainops.operators.deadlines import waiting_failed
 from trainops.operators.fail_fast import fail_fast
-from trainops.operators.job_options import check_renders
 from trainops.operators.launch_plan import LaunchSettings, checked_run_config, manifests_of
 from trainops.operators.notice import grace_warning
 from trainops.recovery import driver
@@ -38,8 +35,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class _Call:
-    """What one call of the operator works with: Airflow's context, the storage client, the
-    run's layout and the task's identity."""
+    """One call of the operator: Airflow's context, storage, the run's layout, the task."""
 
     context: Any
     store: Storage
@@ -211,7 +207,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
         self.prices = prices
         # Plain values are checked now, at DAG parse; templated ones once rendered, in execute.
         if not params.known_at_run_time(prices):
-            self._check_prices()
+            load_prices(prices, None)  # read as a price table: ValueError naming a bad entry
         if not params.known_at_run_time(dataset):
             params.dataset_uri(dataset)
         sizing_known = not any(
@@ -219,44 +215,27 @@ class FSDPTrainingOperator(ClusterJobOperator):
         )
         if sizing_known:
             self._check_settings()
-        if not params.known_at_run_time(self.trainer_config):
-            self._check_config(
-                "file:///dataset" if params.known_at_run_time(dataset) else params.dataset_uri(dataset),
-                self.launch_settings().world_size if sizing_known else None,
+        if not params.known_at_run_time(self.trainer_config):  # the trainer's schema, with stand-ins
+            stand_in = "file:///dataset" if params.known_at_run_time(dataset) else params.dataset_uri(dataset)
+            world_size = self.launch_settings().world_size if sizing_known else None  # None: templated
+            checked_run_config(
+                self.trainer_config, run_uri="file:///run", data_uri=stand_in, world_size=world_size
             )
-
-    def _check_config(self, data_uri: str, world_size: int | None) -> None:
-        """A plain ``trainer_config``, checked at DAG parse by the trainer's schema (pure: no
-        I/O) with stand-ins for the derived keys; ``world_size`` None while the sizing is
-        templated."""
-        checked_run_config(
-            self.trainer_config, run_uri="file:///run", data_uri=data_uri, world_size=world_size
-        )
 
     def _check_settings(self) -> None:
         """Check (and, from rendered templates, convert) the sizing settings; on Kubernetes,
         render a trial JobSpec too. At DAG parse for plain values, else when the task runs."""
-        self.nodes = params.as_int("nodes", self.nodes, minimum=1, text=True)
-        self.gpus_per_node = params.as_int("gpus_per_node", self.gpus_per_node, minimum=0, text=True)
-        self.max_preemptions = params.as_int("max_preemptions", self.max_preemptions, minimum=0, text=True)
-        if self.capacity not in CAPACITIES:
-            raise ValueError(
-                f"capacity {self.capacity!r} is not one of {', '.join(repr(c) for c in CAPACITIES)}"
-            )
-        check_renders(
+        self.nodes, self.gpus_per_node, self.max_preemptions = train_settings.checked_sizing(
             self.cluster,
             nodes=self.nodes,
             gpus_per_node=self.gpus_per_node,
+            max_preemptions=self.max_preemptions,
+            capacity=self.capacity,
+            job_options=self.job_options,
             image=self.image,
             namespace=self.namespace,
-            capacity=self.capacity,
             termination_grace_seconds=self.termination_grace_seconds,
-            **self.job_options,
         )
-
-    def _check_prices(self) -> None:
-        """The ``prices`` parameter, read as a price table (ValueError naming a bad entry)."""
-        load_prices(self.prices, None)
 
     def cluster_options(self) -> dict[str, Any]:
         options = super().cluster_options()
@@ -264,12 +243,10 @@ class FSDPTrainingOperator(ClusterJobOperator):
             options["unschedulable_deadline_s"] = self.unschedulable_timeout
         return options
 
-    def launch_settings(self, disk: Mapping[str, str] | None = None) -> LaunchSettings:
-        """What every attempt's job is made of (once :meth:`_check_settings` has run).
-
-        :param disk: the pods' estimated disk (:meth:`_disk_options`); None: not sized."""
+    def launch_settings(self) -> LaunchSettings:
+        """What every attempt's job is made of (once :meth:`_check_settings` has run); the pods'
+        disk is sized per attempt (:func:`~trainops.operators.train_launch.attempt_launch`)."""
         return LaunchSettings(
-            disk=dict(disk or {}),
             keep_finished_jobs=self.keep_finished_jobs,
             nodes=self.nodes,
             gpus_per_node=self.gpus_per_node,
@@ -279,14 +256,6 @@ class FSDPTrainingOperator(ClusterJobOperator):
             job_options=self.job_options,
             inject_preemption=self.inject_preemption,
         )
-
-    def budgets(self) -> Budgets:
-        """The recovery budgets, separate from Airflow's retries."""
-        return {
-            "max_preemptions": self.max_preemptions,
-            "max_infra_retries": self.max_infra_retries,
-            "fallback_after": self.fallback_after,
-        }
 
     def _run(self, context: Mapping[str, Any]) -> tuple[Storage, RunLayout, TaskIdentity]:
         """The storage client, the run's layout and the task's identity."""
@@ -306,7 +275,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
     def execute(self, context: Any) -> Any:
         # Every input is checked before anything is written or launched.
         self._check_settings()
-        self._check_prices()
+        load_prices(self.prices, None)
         store, layout, identity = self._run(context)
         config = train_launch.checked_config(
             self.trainer_config,
@@ -334,19 +303,18 @@ class FSDPTrainingOperator(ClusterJobOperator):
         return self._step(_Call(context, store, layout, identity), job, driver.TryStarted())
 
     def _step(self, run: _Call, job: JobRecord | None, event: driver.Event) -> Any:
-        """Let the recovery driver decide what ``event`` means for ``job``, then carry it out:
-        delete, bill, write job.json, log, act (:class:`~trainops.recovery.driver.Step`)."""
-        settings = driver.Settings(
-            job_uri=run.layout.job, budgets=self.budgets(), capacity=self.capacity, at=now_iso()
-        )
-        outcome = driver.step(job, event, settings)
+        """The recovery driver decides what ``event`` means for ``job``; carry it out (its Step)."""
+        budgets: Budgets = {  # the recovery budgets, separate from Airflow's retries
+            "max_preemptions": self.max_preemptions,
+            "max_infra_retries": self.max_infra_retries,
+            "fallback_after": self.fallback_after,
+        }
+        outcome = driver.step(job, event, driver.Settings(run.layout.job, budgets, self.capacity, now_iso()))
         if outcome.delete_first is not None:
             self.backend.delete(outcome.delete_first)
         job = outcome.job
         if job is not None and outcome.bill:  # the run is over: its bill goes with it
-            job = with_bill(
-                job, store=run.store, run_uri=run.layout.run_uri, prices=self.prices, log=self.log
-            )
+            job = with_bill(job, run.store, run.layout.run_uri, self.prices, self.log)
         if job is not None and outcome.write:
             run.store.put_json(run.layout.job, job)
         for note in outcome.notes:
@@ -397,8 +365,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
         return train_record.read_job(store, layout, identity)
 
     def _record_intent(self, run: _Call, job: JobRecord, attempt: int) -> tuple[JobRecord, AttemptLaunch]:
-        """Attempt ``attempt``'s launch, and ``job`` with it recorded as ``launching`` (written,
-        unless the record already holds it): intent before action."""
+        """Attempt ``attempt``'s launch, and ``job`` with it recorded (intent before action)."""
         launch = train_launch.attempt_launch(
             run.store,
             run.layout,
@@ -424,30 +391,13 @@ class FSDPTrainingOperator(ClusterJobOperator):
 
     def _launch(self, run: _Call, job: JobRecord, attempt: int) -> Any:
         job, launch = self._record_intent(run, job, attempt)
-        spec, chaos = launch.spec, launch.chaos
-        try:
-            handle = self.backend.launch(spec, chaos=chaos)
-        except JobAlreadyExists as exists:  # an earlier launch of this attempt, its reply lost
-            self.log.warning(
-                "attempt %d: %s; reattaching to it instead of launching a second one", attempt, exists
-            )
-            train_record.record_handle(run.store, run.layout, job, attempt, exists.handle, at=now_iso())
-            return self._wait(run.context, exists.handle, run.layout)
-        train_record.record_handle(run.store, run.layout, job, attempt, handle, at=now_iso())
-        self.log.info(
-            "attempt %d: launched %s (%d node(s) x %d process(es), %s capacity)%s",
-            attempt,
-            handle["job_id"],
-            spec.nodes,
-            spec.procs_per_node,
-            spec.capacity,
-            f"; will inject a preemption at step {chaos['at_step']}" if chaos else "",
+        handle = train_record.launch(
+            self.backend, run.store, run.layout, job, attempt, launch, at=now_iso(), log=self.log
         )
         return self._wait(run.context, handle, run.layout)
 
     def _wait(self, context: Any, handle: JobHandle, layout: RunLayout) -> Any:
-        """Wait for the attempt, with its progress lines in the task log and its heartbeat
-        watched for a hang, then decide."""
+        """Wait for the attempt (progress lines in the task log, heartbeat watched for a hang)."""
         attempt = int(handle.get("labels", {}).get("trainops/attempt", 1))
         return self.wait_for(
             context,
@@ -478,24 +428,22 @@ class FSDPTrainingOperator(ClusterJobOperator):
         """An attempt ended: fold it into job.json, then finish, relaunch or fail."""
         checked = check_event(event, expected=("finished", "timeout", "error", "hung", "deadline"))
         self._check_settings()
-        store, layout, identity = self._run(context)
-        job = self._read_job(store, layout, identity)
-        ended = train_reads.wait_ended(
-            checked, job, store=store, layout=layout, backend=self.backend, log=self.log
-        )
-        return self._step(_Call(context, store, layout, identity), job, ended)
+        run, job = self._resumed(context)
+        ended = train_reads.wait_ended(checked, job, run.store, run.layout, self.backend, self.log)
+        return self._step(run, job, ended)
 
     def record_abandoned(self, context: Any, why: str) -> None:
         """Airflow's deferral timeout won the race against the trigger's ``deadline`` event and
         the live jobs were deleted: record the newest attempt as ``timeout`` (see the driver)."""
-        store, layout, identity = self._run(context)
-        job = self._read_job(store, layout, identity)
-        self._step(_Call(context, store, layout, identity), job, driver.DeferralFailed(why, self.cluster))
+        self._step(*self._resumed(context), driver.DeferralFailed(why, self.cluster))
 
     def relaunch_when_gone(self, context: Any, event: object = None) -> Any:
         """The old attempt's pods are gone (and any back-off is over): launch the next attempt."""
         checked = check_event(event)
         self._check_settings()
+        return self._step(*self._resumed(context), driver.Retired(checked))
+
+    def _resumed(self, context: Any) -> tuple[_Call, JobRecord | None]:
+        """The call after a deferral, and the run's job.json as it is now (None: missing)."""
         store, layout, identity = self._run(context)
-        job = self._read_job(store, layout, identity)
-        return self._step(_Call(context, store, layout, identity), job, driver.Retired(checked))
+        return _Call(context, store, layout, identity), self._read_job(store, layout, identity)

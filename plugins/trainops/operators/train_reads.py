@@ -53,7 +53,6 @@ def stored_record(store: Storage, layout: RunLayout, attempt: int, log: TaskLog)
 def wait_ended(
     event: JobEvent,
     job: JobRecord | None,
-    *,
     store: Storage,
     layout: RunLayout,
     backend: ClusterBackend,

@@ -1,17 +1,19 @@
 """The training run's ``job.json`` in storage: read back (refused when another task instance
-owns it), claimed create-only, and each launch recorded: the intent before ``launch``, the
-handle after it. The folds are :mod:`trainops.recovery.record`'s; this is their storage edge."""
+owns it), claimed create-only, and each launch recorded: the intent before the backend's
+``launch``, the handle after it. The folds are :mod:`trainops.recovery.record`'s; this is their
+storage edge."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from trainer.contract import RunLayout
 from trainer.storage import NotFound, PreconditionFailed, Storage
-from trainops.cluster.base import JobHandle
+from trainops.cluster.base import ClusterBackend, JobAlreadyExists, JobHandle
 from trainops.cluster.spec import JobSpec
 from trainops.operators.base import TaskIdentity
+from trainops.operators.launch_plan import AttemptLaunch
 from trainops.recovery.driver import missing_record
 from trainops.recovery.record import (
     JobRecord,
@@ -23,6 +25,14 @@ from trainops.recovery.record import (
     record_launched,
     start_record,
 )
+
+
+class TaskLog(Protocol):
+    """The task log (the operator's ``log``)."""
+
+    def info(self, msg: str, /, *args: object) -> object: ...
+
+    def warning(self, msg: str, /, *args: object) -> object: ...
 
 
 def read_job(store: Storage, layout: RunLayout, identity: TaskIdentity) -> JobRecord | None:
@@ -102,3 +112,38 @@ def record_handle(
     if recorded is not job:
         store.put_json(layout.job, recorded)
     return recorded
+
+
+def launch(
+    backend: ClusterBackend,
+    store: Storage,
+    layout: RunLayout,
+    job: JobRecord,
+    attempt: int,
+    launched: AttemptLaunch,
+    *,
+    at: str,
+    log: TaskLog,
+) -> JobHandle:
+    """Launch attempt ``attempt`` (its intent already in ``job``) and record its handle; the
+    handle to wait for. A job of the attempt that already exists (an earlier launch whose reply
+    was lost) is reattached to, never launched a second time."""
+    spec, chaos = launched.spec, launched.chaos
+    try:
+        handle = backend.launch(spec, chaos=chaos)
+    except JobAlreadyExists as exists:
+        log.warning("attempt %d: %s; reattaching to it instead of launching a second one", attempt, exists)
+        record_handle(store, layout, job, attempt, exists.handle, at=at)
+        return exists.handle
+    record_handle(store, layout, job, attempt, handle, at=at)
+    injected = f"; will inject a preemption at step {chaos['at_step']}" if chaos else ""
+    log.info(
+        "attempt %d: launched %s (%d node(s) x %d process(es), %s capacity)%s",
+        attempt,
+        handle["job_id"],
+        spec.nodes,
+        spec.procs_per_node,
+        spec.capacity,
+        injected,
+    )
+    return handle
