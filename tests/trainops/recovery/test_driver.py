@@ -325,3 +325,9 @@ def test_a_deadline_records_the_attempt_as_timeout_with_its_last_state():
     assert "stopped by its execution_timeout" in deadline_failure(event, 1)
     assert "stopped by its job_timeout" in deadline_failure({**event, "status": "timeout"}, 1)
     assert "was deleted" in deadline_failure(event, 1)
+
+
+def test_an_event_no_attempt_wait_ends_with_fails_as_a_bug_never_as_a_job_state():
+    done = step(job(), WaitEnded({"status": "gone", "handle": handle()}), settings())
+    assert isinstance(done.action, Fail) and done.action.message.startswith("unexpected trigger event")
+    assert not done.write
