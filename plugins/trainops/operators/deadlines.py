@@ -1,16 +1,13 @@
-"""What the training operator says and records when a wait ends without the job finishing:
-the wait itself failed (``error``), or a deadline came (``timeout``: job_timeout;
-``deadline``: the task's execution_timeout). Pure: the operator does the deleting and writing.
+"""What a job-launching operator says when watching its job failed (an ``error`` event): the
+job is left running. Pure. What a deadline (``timeout``, ``deadline``) means for a training run
+is :mod:`trainops.recovery.driver`'s.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trainops.recovery.record import abandon_attempt
-
 if TYPE_CHECKING:
-    from trainops.recovery.record import JobRecord
     from trainops.triggers.events import JobEvent
 
 
@@ -34,26 +31,4 @@ def waiting_failed(event: JobEvent, attempt: int, *, what: str = "training attem
         f"could not watch {name}: {event.get('message')}. Job {job_id} was left running (a failed "
         "read says nothing about it): clear this task to reattach to it once the cluster answers "
         f"again, or stop it with `{stop}`"
-    )
-
-
-def ended_by_deadline(job: JobRecord, event: JobEvent, *, at: str) -> JobRecord:
-    """``job`` with its newest attempt recorded as ``timeout`` (the run failed), after the
-    operator deleted it on a ``timeout`` or ``deadline`` event."""
-    return abandon_attempt(
-        job,
-        reason=event.get("message"),
-        at=at,
-        classification="timeout",
-        state=event.get("state"),
-    )
-
-
-def deadline_failure(event: JobEvent, attempt: int) -> str:
-    """The task's error after a ``timeout`` (job_timeout) or ``deadline`` (execution_timeout)."""
-    which = "job_timeout" if event["status"] == "timeout" else "execution_timeout"
-    return (
-        f"training attempt {attempt} stopped by its {which}: {event.get('message')}; the job was "
-        "deleted and the attempt recorded in job.json as 'timeout' (raise the timeout, or clear the "
-        "task to resume from the last committed checkpoint)"
     )

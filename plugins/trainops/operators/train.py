@@ -1,33 +1,46 @@
-"""FSDPTrainingOperator: run the FSDP trainer on a cluster and carry it through preemptions."""
+"""FSDPTrainingOperator: run the FSDP trainer on a cluster and carry it through preemptions.
+
+The operator does the Airflow work (context, backend calls, deferrals, errors, XCom); what
+happens after each event is :func:`trainops.recovery.driver.step`'s to decide."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainops.cluster.spec import CAPACITIES
-from trainops.hooks.storage import get_json_object, root_and_storage
+from trainer.config import dump_yaml
+from trainer.contract import RunLayout, run_prefix
+from trainer.storage import Storage
+from trainops.cost.bill import with_bill
+from trainops.cost.prices import load_prices
+from trainops.hooks.storage import root_and_storage
 from trainops.links import RUN_REPORT_KEY, RunReportLink
+from trainops.operators import params, train_launch, train_reads, train_record, train_settings
 from trainops.operators.base import DEFAULT_IMAGE, ClusterJobOperator, TaskIdentity, now_iso, task_identity
+from trainops.operators.deadlines import waiting_failed
 from trainops.operators.fail_fast import fail_fast
-from trainops.operators.job_options import check_renders
-from trainops.operators.params import (
-    as_int,
-    dataset_uri,
-    known_at_run_time,
-    name_param,
-    optional_int,
-    optional_seconds,
-    seconds,
-)
+from trainops.operators.launch_plan import LaunchSettings, checked_run_config, manifests_of
+from trainops.operators.notice import grace_warning
+from trainops.recovery import driver
+from trainops.triggers.events import check_event
+from trainops.triggers.job import JobGoneTrigger
 
 if TYPE_CHECKING:
-    from trainer.contract import RunLayout
-    from trainer.storage import Storage
     from trainops.cluster.base import JobHandle
-    from trainops.operators.launch_plan import AttemptLaunch, LaunchSettings
-    from trainops.recovery.classify import AttemptRecord
-    from trainops.recovery.record import Budgets, JobRecord, Progress
+    from trainops.operators.launch_plan import AttemptLaunch
+    from trainops.recovery.record import Budgets, JobRecord
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One call of the operator: Airflow's context, storage, the run's layout, the task."""
+
+    context: Any
+    store: Storage
+    layout: RunLayout
+    identity: TaskIdentity
 
 
 class FSDPTrainingOperator(ClusterJobOperator):
@@ -172,78 +185,57 @@ class FSDPTrainingOperator(ClusterJobOperator):
         )
         self.dataset = dataset
         if model_name is not None:  # not templated: checked at DAG parse, not after training
-            name_param("model_name", model_name)
+            params.name_param("model_name", model_name)
         self.trainer_config, self.model_name = trainer_config or {}, model_name
         self.nodes, self.gpus_per_node = nodes, gpus_per_node
         self.capacity, self.max_preemptions = capacity, max_preemptions
-        self.max_infra_retries = as_int("max_infra_retries", max_infra_retries, minimum=0)
-        self.fallback_after = optional_int("fallback_after", fallback_after, minimum=1)
-        self.termination_grace_seconds = as_int(
+        self.max_infra_retries = params.as_int("max_infra_retries", max_infra_retries, minimum=0)
+        self.fallback_after = params.optional_int("fallback_after", fallback_after, minimum=1)
+        self.termination_grace_seconds = params.as_int(
             "termination_grace_seconds", termination_grace_seconds, minimum=1
         )
         self.inject_preemption = inject_preemption
         if not isinstance(keep_finished_jobs, bool):
             raise ValueError(f"keep_finished_jobs must be True or False, got {keep_finished_jobs!r}")
         self.keep_finished_jobs = keep_finished_jobs
-        self.progress_every = seconds("progress_every", progress_every, default=30.0)
-        self.job_timeout = optional_seconds("job_timeout", job_timeout, default=None)
-        self.hang_timeout = optional_seconds("hang_timeout", hang_timeout, default=None)
-        self.unschedulable_timeout = optional_seconds(
+        self.progress_every = params.seconds("progress_every", progress_every, default=30.0)
+        self.job_timeout = params.optional_seconds("job_timeout", job_timeout, default=None)
+        self.hang_timeout = params.optional_seconds("hang_timeout", hang_timeout, default=None)
+        self.unschedulable_timeout = params.optional_seconds(
             "unschedulable_timeout", unschedulable_timeout, default=900
         )
         self.prices = prices
         # Plain values are checked now, at DAG parse; templated ones once rendered, in execute.
-        if not known_at_run_time(prices):
-            self._check_prices()
-        if not known_at_run_time(dataset):
-            dataset_uri(dataset)
+        if not params.known_at_run_time(prices):
+            load_prices(prices, None)  # read as a price table: ValueError naming a bad entry
+        if not params.known_at_run_time(dataset):
+            params.dataset_uri(dataset)
         sizing_known = not any(
-            known_at_run_time(v) for v in (nodes, gpus_per_node, capacity, max_preemptions)
+            params.known_at_run_time(v) for v in (nodes, gpus_per_node, capacity, max_preemptions)
         )
         if sizing_known:
             self._check_settings()
-        if not known_at_run_time(self.trainer_config):
-            self._check_config(
-                "file:///dataset" if known_at_run_time(dataset) else dataset_uri(dataset),
-                self.launch_settings().world_size if sizing_known else None,
+        if not params.known_at_run_time(self.trainer_config):  # the trainer's schema, with stand-ins
+            stand_in = "file:///dataset" if params.known_at_run_time(dataset) else params.dataset_uri(dataset)
+            world_size = self.launch_settings().world_size if sizing_known else None  # None: templated
+            checked_run_config(
+                self.trainer_config, run_uri="file:///run", data_uri=stand_in, world_size=world_size
             )
-
-    def _check_config(self, data_uri: str, world_size: int | None) -> None:
-        """A plain ``trainer_config``, checked at DAG parse by the trainer's schema (pure: no
-        I/O) with stand-ins for the derived keys; ``world_size`` None while the sizing is
-        templated."""
-        from trainops.operators.launch_plan import checked_run_config
-
-        checked_run_config(
-            self.trainer_config, run_uri="file:///run", data_uri=data_uri, world_size=world_size
-        )
 
     def _check_settings(self) -> None:
         """Check (and, from rendered templates, convert) the sizing settings; on Kubernetes,
         render a trial JobSpec too. At DAG parse for plain values, else when the task runs."""
-        self.nodes = as_int("nodes", self.nodes, minimum=1, text=True)
-        self.gpus_per_node = as_int("gpus_per_node", self.gpus_per_node, minimum=0, text=True)
-        self.max_preemptions = as_int("max_preemptions", self.max_preemptions, minimum=0, text=True)
-        if self.capacity not in CAPACITIES:
-            raise ValueError(
-                f"capacity {self.capacity!r} is not one of {', '.join(repr(c) for c in CAPACITIES)}"
-            )
-        check_renders(
+        self.nodes, self.gpus_per_node, self.max_preemptions = train_settings.checked_sizing(
             self.cluster,
             nodes=self.nodes,
             gpus_per_node=self.gpus_per_node,
+            max_preemptions=self.max_preemptions,
+            capacity=self.capacity,
+            job_options=self.job_options,
             image=self.image,
             namespace=self.namespace,
-            capacity=self.capacity,
             termination_grace_seconds=self.termination_grace_seconds,
-            **self.job_options,
         )
-
-    def _check_prices(self) -> None:
-        """The ``prices`` parameter, read as a price table (ValueError naming a bad entry)."""
-        from trainops.cost.prices import load_prices
-
-        load_prices(self.prices, None)
 
     def cluster_options(self) -> dict[str, Any]:
         options = super().cluster_options()
@@ -251,14 +243,10 @@ class FSDPTrainingOperator(ClusterJobOperator):
             options["unschedulable_deadline_s"] = self.unschedulable_timeout
         return options
 
-    def launch_settings(self, disk: Mapping[str, str] | None = None) -> LaunchSettings:
-        """What every attempt's job is made of (once :meth:`_check_settings` has run).
-
-        :param disk: the pods' estimated disk (:meth:`_disk_options`); None: not sized."""
-        from trainops.operators.launch_plan import LaunchSettings
-
+    def launch_settings(self) -> LaunchSettings:
+        """What every attempt's job is made of (once :meth:`_check_settings` has run); the pods'
+        disk is sized per attempt (:func:`~trainops.operators.train_launch.attempt_launch`)."""
         return LaunchSettings(
-            disk=dict(disk or {}),
             keep_finished_jobs=self.keep_finished_jobs,
             nodes=self.nodes,
             gpus_per_node=self.gpus_per_node,
@@ -269,18 +257,8 @@ class FSDPTrainingOperator(ClusterJobOperator):
             inject_preemption=self.inject_preemption,
         )
 
-    def budgets(self) -> Budgets:
-        """The recovery budgets, separate from Airflow's retries."""
-        return {
-            "max_preemptions": self.max_preemptions,
-            "max_infra_retries": self.max_infra_retries,
-            "fallback_after": self.fallback_after,
-        }
-
     def _run(self, context: Mapping[str, Any]) -> tuple[Storage, RunLayout, TaskIdentity]:
         """The storage client, the run's layout and the task's identity."""
-        from trainer.contract import RunLayout, run_prefix
-
         identity = task_identity(context)
         root, store = root_and_storage(self.storage_root, self.aws_conn_id)
         run_uri = run_prefix(
@@ -295,246 +273,131 @@ class FSDPTrainingOperator(ClusterJobOperator):
     # -- execute -----------------------------------------------------------------------
     @fail_fast
     def execute(self, context: Any) -> Any:
-        from trainer.config import dump_yaml
-        from trainops.hooks.storage import storage_for
-        from trainops.operators import warm_start
-        from trainops.operators.launch_plan import checked_run_config
-        from trainops.operators.preflight import check_builder, check_fit, check_gpus, dataset_manifest
-
         # Every input is checked before anything is written or launched.
         self._check_settings()
-        self._check_prices()
-        data_uri = dataset_uri(self.dataset)
+        load_prices(self.prices, None)
         store, layout, identity = self._run(context)
-        settings = self.launch_settings()
-        config = checked_run_config(
-            self.trainer_config, run_uri=layout.run_uri, data_uri=data_uri, world_size=settings.world_size
-        )
-        job_env = self.job_options.get("env") or {}
-        check_gpus(self.cluster, nodes=self.nodes, gpus_per_node=self.gpus_per_node, env=job_env)
-        manifest = dataset_manifest(storage_for(data_uri, self.aws_conn_id), data_uri)
-        check_fit(config, manifest, world_size=settings.world_size)
-        check_builder(config.model.builder, self.cluster, env=job_env)
-        config = warm_start.prepare(
-            config,
-            manifest,
+        config = train_launch.checked_config(
+            self.trainer_config,
+            self.launch_settings(),
+            cluster=self.cluster,
+            data_uri=params.dataset_uri(self.dataset),
+            layout=layout,
+            store=store,
             model_name=self.model_name,
             storage_root=self.storage_root,
-            store=store,
-            config_uri=layout.config,
-            storage_of=lambda uri: storage_for(uri, self.aws_conn_id),
+            aws_conn_id=self.aws_conn_id,
         )
-        job = self._claim(store, layout, identity)  # before config.yaml: it may be another run's
+        job = train_record.claim(  # before config.yaml: it may be another run's
+            store,
+            layout,
+            identity,
+            cluster=self.cluster,
+            capacity=self.capacity,
+            read=lambda: self._read_job(store, layout, identity),
+        )
         store.put(layout.config, dump_yaml(config).encode())
         self.log.info("trainer config written to %s", layout.config)
         if callable(getattr(context.get("ti"), "xcom_push", None)):  # the "Training report" link,
             context["ti"].xcom_push(key=RUN_REPORT_KEY, value=layout.job)  # on a reattach too
-        return self._proceed(context, store, layout, job, identity, fresh_try=True)
+        return self._step(_Call(context, store, layout, identity), job, driver.TryStarted())
 
-    def _proceed(
-        self,
-        context: Any,
-        store: Storage,
-        layout: RunLayout,
-        job: JobRecord,
-        identity: TaskIdentity,
-        *,
-        fresh_try: bool,
-    ) -> Any:
-        """Reattach, launch, or first retire an older attempt's job, as
-        :func:`~trainops.recovery.resume.resume_plan` says for ``job`` and the live jobs.
+    def _step(self, run: _Call, job: JobRecord | None, event: driver.Event) -> Any:
+        """The recovery driver decides what ``event`` means for ``job``; carry it out (its Step)."""
+        budgets: Budgets = {  # the recovery budgets, separate from Airflow's retries
+            "max_preemptions": self.max_preemptions,
+            "max_infra_retries": self.max_infra_retries,
+            "fallback_after": self.fallback_after,
+        }
+        outcome = driver.step(job, event, driver.Settings(run.layout.job, budgets, self.capacity, now_iso()))
+        if outcome.delete_first is not None:
+            self.backend.delete(outcome.delete_first)
+        job = outcome.job
+        if job is not None and outcome.bill:  # the run is over: its bill goes with it
+            job = with_bill(job, run.store, run.layout.run_uri, self.prices, self.log)
+        if job is not None and outcome.write:
+            run.store.put_json(run.layout.job, job)
+        for note in outcome.notes:
+            (self.log.warning if note.level == "warning" else self.log.info)("%s", note.text)
+        if job is not None and isinstance(event, driver.WaitEnded) and event.event["status"] == "finished":
+            warning = grace_warning(self.termination_grace_seconds, job["attempts"])
+            if warning:
+                self.log.warning("%s", warning)
+        return self._act(run, job, outcome.action)
 
-        :param fresh_try: ``execute`` (a new try, whatever came before); else the relaunch
-            after the old attempt's job was seen gone.
-        """
-        from trainops.recovery.record import restart_record
-        from trainops.recovery.resume import resume_plan
-
-        if job["status"] != "running":  # a clear or re-run: a new budget window, nothing spent
-            job = restart_record(job, capacity=self.capacity)
-        plan = resume_plan(
-            job, self.live_jobs(context), last_alive=fresh_try and self._newest_ended_alive(job)
-        )
-        if plan["action"] == "retire":
-            self.log.warning(
-                "not launching yet: %s; deleting it and waiting until it is gone", plan["reason"]
+    def _act(self, run: _Call, job: JobRecord | None, action: driver.Action) -> Any:
+        """Do what the driver said: look, wait, launch, relaunch, return the result, or fail."""
+        if isinstance(action, driver.Fail):
+            message = action.message
+            if action.tail_of is not None:
+                message += f"\nLast log lines:\n{self.backend.logs_tail(action.tail_of, lines=20)}"
+            if action.clean_up is not None:
+                self.clean_up(action.clean_up, "fail")
+            if action.delete is not None:
+                self.backend.delete(action.delete)
+            raise RuntimeError(message)
+        if isinstance(action, driver.LeaveRunning):
+            raise RuntimeError(waiting_failed(action.event, action.attempt))
+        if isinstance(action, driver.Relaunch):
+            return self._retire(run.context, action.retire, action.delay_s)
+        if isinstance(action, driver.Done):
+            return None
+        assert job is not None, "the driver acts on a run only with its record"
+        if isinstance(action, driver.FindLiveJobs):
+            live = tuple(self.live_jobs(run.context))
+            alive = action.alive_check is not None and not self.backend.all_gone(action.alive_check)
+            return self._step(run, job, driver.LiveJobs(live, alive))
+        if isinstance(action, driver.Wait):
+            if action.adopt:
+                job = self._record_intent(run, job, action.attempt)[0]
+            train_record.record_handle(
+                run.store, run.layout, job, action.attempt, action.handle, at=now_iso()
             )
-            return self._retire(context, plan["handle"], None)
-        if plan["action"] == "wait":
-            self.log.info(
-                "reattaching to attempt %d's job %s instead of launching a second one (%s)",
-                plan["attempt"],
-                plan["handle"]["job_id"],
-                plan["reason"],
-            )
-            if plan.get("adopt"):
-                job = self._record_intent(context, store, layout, job, identity, plan["attempt"])[0]
-            job = self._record_handle(store, layout, job, plan["attempt"], plan["handle"])
-            return self._wait(context, plan["handle"], layout)
-        return self._launch(context, store, layout, job, identity, plan["attempt"])
-
-    def _newest_ended_alive(self, job: JobRecord) -> bool:
-        """Whether the newest ended attempt's job may still have a process or pod."""
-        from trainops.recovery.record import attempt_status
-
-        ended = [a for a in job["attempts"] if attempt_status(a) == "ended" and "job" in a]
-        return bool(ended) and not self.backend.all_gone(ended[-1]["job"])
-
-    def _claim(self, store: Storage, layout: RunLayout, identity: TaskIdentity) -> JobRecord:
-        """The run's job.json, created (create-only) naming this task instance as its owner, or
-        read back when it exists; :class:`RunFolderTaken` when it names another owner."""
-        from trainer.storage import PreconditionFailed
-        from trainops.recovery.record import start_record
-
-        job = self._read_job(store, layout, identity)
-        if job is None:
-            job = start_record(
-                run_uri=layout.run_uri,
-                config_uri=layout.config,
-                cluster=self.cluster,
-                capacity=self.capacity,
-                owner={**identity},
-            )
-            try:
-                store.put_json(layout.job, job, if_none_match=True)
-            except PreconditionFailed:  # another writer created it first: whose is it?
-                job = self._job(store, layout, identity)
-        if "airflow" not in job:  # a record from before owners were kept: this task adopts it
-            job["airflow"] = {**identity}
-            store.put_json(layout.job, job)
-        return job
+            return self._wait(run.context, action.handle, run.layout)
+        if isinstance(action, driver.Launch):
+            return self._launch(run, job, action.attempt)
+        assert isinstance(action, driver.Succeed), action
+        self.clean_up(action.handle, "finish")
+        return train_reads.result(run.store, run.layout, job, action.record)
 
     def _read_job(self, store: Storage, layout: RunLayout, identity: TaskIdentity) -> JobRecord | None:
         """The run's job.json (None: none yet), refused when another task instance owns it."""
-        from trainer.storage import NotFound
-        from trainops.recovery.record import RunFolderTaken, as_job_record, owner_refusal
+        return train_record.read_job(store, layout, identity)
 
-        try:
-            job = as_job_record(store.get_json(layout.job), layout.job)
-        except NotFound:
-            return None
-        refusal = owner_refusal(job, {**identity}, layout.job)
-        if refusal is not None:
-            raise RunFolderTaken(refusal)
-        return job
-
-    def _job(self, store: Storage, layout: RunLayout, identity: TaskIdentity) -> JobRecord:
-        """The run's job.json, which exists once an attempt was launched."""
-        job = self._read_job(store, layout, identity)
-        if job is None:
-            raise RuntimeError(
-                f"{layout.job} is missing, so this run's attempts are unknown; clear the task to start afresh"
-            )
-        return job
-
-    def _record_intent(
-        self,
-        context: Any,
-        store: Storage,
-        layout: RunLayout,
-        job: JobRecord,
-        identity: TaskIdentity,
-        attempt: int,
-    ) -> tuple[JobRecord, AttemptLaunch]:
-        """Attempt ``attempt``'s launch, and ``job`` with it recorded as ``launching`` (written,
-        unless the record already holds it): intent before action."""
-        import yaml
-
-        from trainer.config import config_from_mapping
-        from trainops.hooks.storage import job_env_for
-        from trainops.operators.launch_plan import manifests_of, sized, training_attempt
-        from trainops.recovery.record import current_attempt, intend_attempt
-
-        # the run's config as written for this attempt: the pods are sized from its model
-        config = config_from_mapping(yaml.safe_load(store.get(layout.config).decode()), layout.config)
-        launch = training_attempt(
-            sized(self.launch_settings(disk=self._disk_options(store, layout)), config),
-            identity=identity,
-            run_uri=layout.run_uri,
+    def _record_intent(self, run: _Call, job: JobRecord, attempt: int) -> tuple[JobRecord, AttemptLaunch]:
+        """Attempt ``attempt``'s launch, and ``job`` with it recorded (intent before action)."""
+        launch = train_launch.attempt_launch(
+            run.store,
+            run.layout,
+            self.launch_settings(),
+            cluster=self.cluster,
+            identity=run.identity,
             attempt=attempt,
             capacity=job["capacity"],
-            storage_env=job_env_for(layout.run_uri, self.aws_conn_id),
+            aws_conn_id=self.aws_conn_id,
+            log=self.log,
         )
-        self.task_labels(context)  # on_kill finds every attempt's job by them
-        if current_attempt(job) is None:
-            job = intend_attempt(
-                job,
-                spec=launch.spec,
-                manifests=manifests_of(self.cluster, launch.spec),
-                at=now_iso(),
-                try_number=getattr(context.get("ti"), "try_number", None),
-            )
-            store.put_json(layout.job, job)
+        self.task_labels(run.context)  # on_kill finds every attempt's job by them
+        job = train_record.record_intent(
+            run.store,
+            run.layout,
+            job,
+            launch.spec,
+            manifests=lambda spec: manifests_of(self.cluster, spec),
+            at=now_iso(),
+            try_number=getattr(run.context.get("ti"), "try_number", None),
+        )
         return job, launch
 
-    def _record_handle(
-        self, store: Storage, layout: RunLayout, job: JobRecord, attempt: int, handle: JobHandle
-    ) -> JobRecord:
-        """``job`` with ``attempt`` running as ``handle``, written when that is news."""
-        from trainops.recovery.record import record_launched
-
-        recorded = record_launched(job, attempt=attempt, handle=handle, at=now_iso())
-        if recorded is not job:
-            store.put_json(layout.job, recorded)
-        return recorded
-
-    def _launch(
-        self,
-        context: Any,
-        store: Storage,
-        layout: RunLayout,
-        job: JobRecord,
-        identity: TaskIdentity,
-        attempt: int,
-    ) -> Any:
-        from trainops.cluster.base import JobAlreadyExists
-
-        job, launch = self._record_intent(context, store, layout, job, identity, attempt)
-        spec, chaos = launch.spec, launch.chaos
-        try:
-            handle = self.backend.launch(spec, chaos=chaos)
-        except JobAlreadyExists as exists:  # an earlier launch of this attempt, its reply lost
-            self.log.warning(
-                "attempt %d: %s; reattaching to it instead of launching a second one", attempt, exists
-            )
-            self._record_handle(store, layout, job, attempt, exists.handle)
-            return self._wait(context, exists.handle, layout)
-        self._record_handle(store, layout, job, attempt, handle)
-        self.log.info(
-            "attempt %d: launched %s (%d node(s) x %d process(es), %s capacity)%s",
-            attempt,
-            handle["job_id"],
-            spec.nodes,
-            spec.procs_per_node,
-            spec.capacity,
-            f"; will inject a preemption at step {chaos['at_step']}" if chaos else "",
+    def _launch(self, run: _Call, job: JobRecord, attempt: int) -> Any:
+        job, launch = self._record_intent(run, job, attempt)
+        handle = train_record.launch(
+            self.backend, run.store, run.layout, job, attempt, launch, at=now_iso(), log=self.log
         )
-        return self._wait(context, handle, layout)
-
-    def _disk_options(self, store: Storage, layout: RunLayout) -> dict[str, str]:
-        """Kubernetes: the pods' cache ``sizeLimit`` and ``ephemeral-storage`` request, from the
-        run's config and its dataset's manifest (``trainops.operators.sizing``); {} elsewhere."""
-        if self.cluster != "kubernetes":
-            return {}
-        import yaml
-
-        from trainer.config import config_from_mapping
-        from trainops.hooks.storage import storage_for
-        from trainops.operators.preflight import dataset_manifest
-        from trainops.operators.sizing import disk_options, estimate
-
-        config = config_from_mapping(yaml.safe_load(store.get(layout.config).decode()), layout.config)
-        manifest = dataset_manifest(storage_for(config.data_uri, self.aws_conn_id), config.data_uri)
-        found = estimate(config, manifest, procs_per_node=max(1, self.gpus_per_node), nodes=self.nodes)
-        if found is not None:
-            self.log.info(
-                "pod disk: %s (job_options cache_size, ephemeral_storage override it)", found.describe()
-            )
-        return disk_options(found)
+        return self._wait(run.context, handle, run.layout)
 
     def _wait(self, context: Any, handle: JobHandle, layout: RunLayout) -> Any:
-        """Wait for the attempt, with its progress lines in the task log and its heartbeat
-        watched for a hang, then decide."""
+        """Wait for the attempt (progress lines in the task log, heartbeat watched for a hang)."""
         attempt = int(handle.get("labels", {}).get("trainops/attempt", 1))
         return self.wait_for(
             context,
@@ -550,10 +413,6 @@ class FSDPTrainingOperator(ClusterJobOperator):
     def _retire(self, context: Any, handle: JobHandle, delay_s: float | None) -> Any:
         """Delete the attempt's job; relaunch once every pod of it is gone (and any back-off
         is over): no old pod may still be writing its emergency checkpoint."""
-        import time
-
-        from trainops.triggers.job import JobGoneTrigger
-
         self.backend.delete(handle)
         trigger = JobGoneTrigger(
             handle=handle,
@@ -567,236 +426,24 @@ class FSDPTrainingOperator(ClusterJobOperator):
     @fail_fast
     def execute_complete(self, context: Any, event: object = None) -> Any:
         """An attempt ended: fold it into job.json, then finish, relaunch or fail."""
-        from trainops.operators.cleanup import clip_tail
-        from trainops.operators.deadlines import deadline_failure, ended_by_deadline, waiting_failed
-        from trainops.operators.notice import grace_warning
-        from trainops.recovery.classify import attempt_record_of
-        from trainops.recovery.record import fold_finished
-        from trainops.triggers.events import check_event
-
         checked = check_event(event, expected=("finished", "timeout", "error", "hung", "deadline"))
         self._check_settings()
-        store, layout, identity = self._run(context)
-        job = self._job(store, layout, identity)
-        attempt = job["attempts"][-1]["attempt"]
-        if checked["status"] == "error":  # waiting failed, not the job: leave it running
-            raise RuntimeError(waiting_failed(checked, attempt))
-        if checked["status"] in ("timeout", "deadline"):
-            self.backend.delete(checked["handle"])
-            job = self._with_cost(store, layout, ended_by_deadline(job, checked, at=now_iso()))
-            store.put_json(layout.job, job)
-            raise RuntimeError(deadline_failure(checked, attempt))
-        if checked["status"] == "hung":
-            return self._hung(context, store, layout, job, checked)
-
-        record = self._read_record(store, layout, attempt)
-        tail = self._log_tail(checked["handle"])  # kept in job.json: it goes with the pods
-        if record is None:  # storage may have refused even the record: rank 0 printed it last
-            record = attempt_record_of(None, tail, attempt)
-        progress = None if record is not None else self._progress(store, layout, attempt)
-        job, decision = fold_finished(
-            job,
-            state=checked["state"],
-            record=record,
-            progress=progress,
-            budgets=self.budgets(),
-            at=now_iso(),
-            logs_tail=clip_tail(tail),
-        )
-        if decision["action"] != "relaunch":  # the run is over: its bill goes with it
-            job = self._with_cost(store, layout, job)
-        store.put_json(layout.job, job)
-        entry = job["attempts"][-1]
-        self.log.info(
-            "attempt %d: %s (%s); %s",
-            attempt,
-            entry.get("classification"),
-            entry.get("reason"),
-            decision["reason"],
-        )
-        warning = grace_warning(self.termination_grace_seconds, job["attempts"])
-        if warning:
-            self.log.warning("%s", warning)
-        if decision["action"] == "relaunch":
-            return self._retire(context, checked["handle"], decision.get("delay_s"))
-        if decision["action"] == "fail":
-            tail = self.backend.logs_tail(checked["handle"], lines=20)
-            self.clean_up(checked["handle"], decision["action"])
-            raise RuntimeError(
-                f"training failed on attempt {attempt}: {entry.get('reason')}. "
-                f"{decision['reason']}.\nLast log lines:\n{tail}"
-            )
-        assert record is not None, "an attempt finishes only with the trainer's 'completed' record"
-        self.clean_up(checked["handle"], decision["action"])
-        return self._result(store, layout, job, record)
+        run, job = self._resumed(context)
+        ended = train_reads.wait_ended(checked, job, run.store, run.layout, self.backend, self.log)
+        return self._step(run, job, ended)
 
     def record_abandoned(self, context: Any, why: str) -> None:
         """Airflow's deferral timeout won the race against the trigger's ``deadline`` event and
-        the live jobs were deleted: record the newest attempt as ``timeout``, as the deadline
-        event would have, so the next try does not read it as a lost (preempted) attempt."""
-        from trainops.operators.deadlines import ended_by_deadline
-        from trainops.recovery.record import attempt_status
-
-        store, layout, identity = self._run(context)
-        job = self._read_job(store, layout, identity)
-        if job is None or not job["attempts"] or attempt_status(job["attempts"][-1]) == "ended":
-            return
-        handle = job["attempts"][-1].get("job") or {"cluster": self.cluster, "job_id": "", "labels": {}}
-        event: Any = {"status": "deadline", "handle": handle, "message": f"{why}; the job was deleted"}
-        store.put_json(
-            layout.job, self._with_cost(store, layout, ended_by_deadline(job, event, at=now_iso()))
-        )
-
-    def _hung(self, context: Any, store: Storage, layout: RunLayout, job: JobRecord, event: Any) -> Any:
-        """A hung attempt: keep its logs tail, record it as ``hung``, then relaunch the whole
-        gang against the infrastructure budget (the old one deleted first) or fail."""
-        from trainops.operators.cleanup import clip_tail
-        from trainops.recovery.record import fold_finished
-
-        handle, attempt = event["handle"], job["attempts"][-1]["attempt"]
-        tail = self._log_tail(handle, lines=50)
-        job, decision = fold_finished(
-            job,
-            state=event["state"],
-            record=None,
-            progress=self._progress(store, layout, attempt),
-            budgets=self.budgets(),
-            at=now_iso(),
-            verdict={"classification": "hung", "reason": event.get("message") or "no new step"},
-            logs_tail=clip_tail(tail),
-        )
-        if decision["action"] != "relaunch":
-            job = self._with_cost(store, layout, job)
-        store.put_json(layout.job, job)
-        self.log.warning("attempt %d: hung (%s); %s", attempt, event.get("message"), decision["reason"])
-        if decision["action"] == "relaunch":
-            return self._retire(context, handle, decision.get("delay_s"))
-        self.backend.delete(handle)
-        raise RuntimeError(
-            f"training failed on attempt {attempt}: {event.get('message')}. {decision['reason']}; "
-            f"the job was deleted.\nLast log lines:\n{tail}"
-        )
+        the live jobs were deleted: record the newest attempt as ``timeout`` (see the driver)."""
+        self._step(*self._resumed(context), driver.DeferralFailed(why, self.cluster))
 
     def relaunch_when_gone(self, context: Any, event: object = None) -> Any:
         """The old attempt's pods are gone (and any back-off is over): launch the next attempt."""
-        from trainops.recovery.record import mark_failed
-        from trainops.triggers.events import check_event
-
         checked = check_event(event)
         self._check_settings()
+        return self._step(*self._resumed(context), driver.Retired(checked))
+
+    def _resumed(self, context: Any) -> tuple[_Call, JobRecord | None]:
+        """The call after a deferral, and the run's job.json as it is now (None: missing)."""
         store, layout, identity = self._run(context)
-        job = self._job(store, layout, identity)
-        if checked["status"] != "gone":
-            store.put_json(layout.job, self._with_cost(store, layout, mark_failed(job)))
-            raise RuntimeError(f"not relaunching: {checked.get('message') or checked['status']}")
-        return self._proceed(context, store, layout, job, identity, fresh_try=False)
-
-    def _with_cost(self, store: Storage, layout: RunLayout, job: JobRecord) -> JobRecord:
-        """``job`` with the run's bill (``"cost"``, a ``RunCost``), as it ended; logged in one
-        line. The estimate never fails the task: if it cannot be made, ``job`` is returned
-        as it was, with a warning."""
-        from trainer.contract import MetricsReader
-        from trainops.cost.accounting import account
-        from trainops.cost.money import money
-        from trainops.cost.prices import PRICES_VARIABLE, load_prices
-
-        try:
-            table, sources = load_prices(self.prices, self._prices_variable())
-        except ValueError as exc:  # the parameter was checked: the Variable is at fault
-            self.log.warning("Variable %s ignored for the cost estimate: %s", PRICES_VARIABLE, exc)
-            table, sources = load_prices(self.prices, None)
-        try:
-            cost = account(job, MetricsReader(store, layout.run_uri).records(), table)
-        except Exception as exc:  # an estimate: a fault in it must not fail a finished run
-            self.log.warning("no cost estimate for %s: %s", layout.run_uri, exc)
-            return job
-        goodput = "-" if cost["goodput"] is None else f"{cost['goodput']:.1%}"
-        self.log.info(
-            "estimated cost (prices: %s): %s, on-demand %s, savings %s; %.3f GPU-hours "
-            "billed, goodput %s; python -m trainops cost %s for the breakdown",
-            sources,
-            money(cost["cost"]),
-            money(cost["on_demand_cost"]),
-            money(cost["savings"]),
-            cost["billed_gpu_hours"],
-            goodput,
-            layout.run_uri,
-        )
-        for warning in cost["warnings"]:  # a clock that disagrees with the cluster's
-            self.log.warning("cost estimate: %s", warning)
-        return {**job, "cost": dict(cost)}
-
-    def _prices_variable(self) -> str | None:
-        """The Variable ``trainops_prices`` (JSON text), None when it is not set."""
-        from airflow.sdk import Variable
-
-        from trainops.cost.prices import PRICES_VARIABLE
-
-        value = Variable.get(PRICES_VARIABLE, default=None)
-        return None if value is None else str(value)
-
-    def _log_tail(self, handle: JobHandle, lines: int = 200) -> str | None:
-        """The attempt's last log lines, where the trainer prints its record when storage
-        refused it (torchrun's failure report and the other ranks' tracebacks come after it,
-        hence 200 lines); None when the logs cannot be read."""
-        try:
-            return self.backend.logs_tail(handle, lines=lines)
-        except Exception as exc:  # the record is then taken as missing, as before
-            self.log.warning(
-                "could not read the logs of %s for its attempt record: %s", handle["job_id"], exc
-            )
-            return None
-
-    def _read_record(self, store: Storage, layout: RunLayout, attempt: int) -> AttemptRecord | None:
-        from trainer.contract import parse_attempt_record
-        from trainer.storage import NotFound
-
-        try:
-            return parse_attempt_record(get_json_object(store, layout.attempt(attempt)))
-        except NotFound:
-            return None
-        except ValueError as exc:
-            self.log.warning("ignoring a malformed attempt record: %s", exc)
-            return None
-
-    @staticmethod
-    def _progress(store: Storage, layout: RunLayout, attempt: int) -> Progress | None:
-        """What storage shows of an attempt that wrote no record (SIGKILL): its last logged
-        step and the newest committed checkpoint (None: the run logged nothing)."""
-        from trainer.contract import MetricsReader
-        from trainer.storage import NotFound
-
-        metrics = MetricsReader(store, layout.run_uri, attempt=attempt)
-        latest = metrics.latest().get(attempt)  # reads the attempt's newest part only
-        if not metrics.found:
-            return None
-        last = int(latest["step"]) if latest else 0
-        try:
-            committed = int(get_json_object(store, layout.latest).get("step", 0))
-        except NotFound:
-            committed = 0
-        return {"last_step": last, "committed_step": committed}
-
-    @staticmethod
-    def _result(store: Storage, layout: RunLayout, job: JobRecord, record: AttemptRecord) -> dict[str, Any]:
-        from trainer.contract import MetricsReader, last_record
-        from trainops.recovery.record import total_steps_lost
-
-        # each attempt's newest part holds its highest step: no need to read the whole run
-        final = last_record(MetricsReader(store, layout.run_uri).latest().values())
-        final_loss = final["loss"] if final else None
-        return {
-            "run_uri": layout.run_uri,
-            "config_uri": layout.config,
-            "job_uri": layout.job,
-            "export_uri": layout.export,
-            "metrics_uri": layout.metrics_parts,
-            "steps": record["last_step"],
-            "checkpoint_step": record["checkpoint_step"],
-            "attempts": len(job["attempts"]),
-            "preemptions": job["preemptions"],
-            "steps_lost": total_steps_lost(job),
-            "final_loss": final_loss,
-            "cost": job.get("cost"),  # an estimate (trainops.cost.accounting.RunCost)
-            "goodput": (job.get("cost") or {}).get("goodput"),
-        }
+        return _Call(context, store, layout, identity), self._read_job(store, layout, identity)

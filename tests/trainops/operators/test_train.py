@@ -18,7 +18,7 @@ from tests.trainops.cluster.fake_backend import use_fake_cluster
 from tests.trainops.operators.helpers import staged_dataset
 from trainer.contract import RunLayout, attempt_record, run_prefix, safe_segment
 from trainer.storage import open_storage
-from trainops.operators import FSDPTrainingOperator
+from trainops.operators import FSDPTrainingOperator, train_reads
 
 DATA_URI = "file:///data/datasets/demo/abc"
 
@@ -1009,16 +1009,16 @@ def test_the_result_and_a_silent_attempts_progress_come_from_the_newest_metrics_
 
     layout = RunLayout((tmp_path / "run").as_uri())
     store = open_storage(layout.run_uri)
-    assert FSDPTrainingOperator._progress(store, layout, 1) is None  # nothing logged at all
+    assert train_reads.progress(store, layout, 1) is None  # nothing logged at all
     first, second = (MetricsLog(store, layout.metrics, attempt=a, flush_every=2) for a in (1, 2))
     for step in range(1, 7):
         first.add(step=step, loss=10.0 - step, lr=0.1, tokens_per_s=1.0, time=0.0)
     for step in range(5, 9):  # resumed from step 4 after a SIGKILL
         second.add(step=step, loss=1.0 / step, lr=0.1, tokens_per_s=1.0, time=0.0)
-    assert FSDPTrainingOperator._progress(store, layout, 1) == {"last_step": 6, "committed_step": 0}
-    assert FSDPTrainingOperator._progress(store, layout, 2) == {"last_step": 8, "committed_step": 0}
-    assert FSDPTrainingOperator._progress(store, layout, 3) == {"last_step": 0, "committed_step": 0}
+    assert train_reads.progress(store, layout, 1) == {"last_step": 6, "committed_step": 0}
+    assert train_reads.progress(store, layout, 2) == {"last_step": 8, "committed_step": 0}
+    assert train_reads.progress(store, layout, 3) == {"last_step": 0, "committed_step": 0}
     record = attempt_record(attempt=2, outcome="completed", last_step=8, checkpoint_step=8, world_size=1)
     job = {"attempts": [{"steps_lost": 2}, {"steps_lost": 0}], "preemptions": 0}
-    result = FSDPTrainingOperator._result(store, layout, job, record)
+    result = train_reads.result(store, layout, job, record)
     assert (result["final_loss"], result["metrics_uri"]) == (0.125, layout.metrics_parts)

@@ -1,0 +1,123 @@
+"""What the training operator launches: the run's config, checked before anything is written,
+and each attempt's JobSpec, sized from the config as written and the dataset it reads."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any, Protocol
+
+import yaml
+
+from trainer.config import Config, config_from_mapping
+from trainer.contract import RunLayout
+from trainer.storage import Storage
+from trainops.hooks.storage import job_env_for, storage_for
+from trainops.operators import warm_start
+from trainops.operators.base import TaskIdentity
+from trainops.operators.launch_plan import (
+    AttemptLaunch,
+    LaunchSettings,
+    checked_run_config,
+    sized,
+    training_attempt,
+)
+from trainops.operators.preflight import check_builder, check_fit, check_gpus, dataset_manifest
+from trainops.operators.sizing import disk_options, estimate
+
+
+class TaskLog(Protocol):
+    """The task log (the operator's ``log``)."""
+
+    def info(self, msg: str, /, *args: object) -> object: ...
+
+
+def checked_config(
+    trainer_config: Mapping[str, Any],
+    settings: LaunchSettings,
+    *,
+    cluster: str,
+    data_uri: str,
+    layout: RunLayout,
+    store: Storage,
+    model_name: str | None,
+    storage_root: str | None,
+    aws_conn_id: str | None,
+) -> Config:
+    """The run's config from ``trainer_config``, checked against this host's GPUs (local), the
+    dataset's manifest (a staged version that can feed the run) and the model builder, with
+    ``init.from`` resolved (:func:`trainops.operators.warm_start.prepare`); ValueError naming
+    the bad value. Nothing is written.
+
+    :param settings: what every attempt's job is made of (:class:`LaunchSettings`).
+    """
+    config = checked_run_config(
+        trainer_config, run_uri=layout.run_uri, data_uri=data_uri, world_size=settings.world_size
+    )
+    job_env = settings.job_options.get("env") or {}
+    check_gpus(cluster, nodes=settings.nodes, gpus_per_node=settings.gpus_per_node, env=job_env)
+    manifest = dataset_manifest(storage_for(data_uri, aws_conn_id), data_uri)
+    check_fit(config, manifest, world_size=settings.world_size)
+    check_builder(config.model.builder, cluster, env=job_env)
+    return warm_start.prepare(
+        config,
+        manifest,
+        model_name=model_name,
+        storage_root=storage_root,
+        store=store,
+        config_uri=layout.config,
+        storage_of=lambda uri: storage_for(uri, aws_conn_id),
+    )
+
+
+def run_config(store: Storage, layout: RunLayout) -> Config:
+    """The run's config as written (``config.yaml``): an attempt's pods are sized from it."""
+    return config_from_mapping(yaml.safe_load(store.get(layout.config).decode()), layout.config)
+
+
+def pod_disk(
+    config: Config, *, nodes: int, gpus_per_node: int, aws_conn_id: str | None, log: TaskLog
+) -> dict[str, str]:
+    """The pods' cache ``sizeLimit`` and ``ephemeral-storage`` request (Kubernetes), from the
+    run's config and its dataset's manifest (:mod:`trainops.operators.sizing`); said in ``log``."""
+    manifest = dataset_manifest(storage_for(config.data_uri, aws_conn_id), config.data_uri)
+    found = estimate(config, manifest, procs_per_node=max(1, gpus_per_node), nodes=nodes)
+    if found is not None:
+        log.info("pod disk: %s (job_options cache_size, ephemeral_storage override it)", found.describe())
+    return disk_options(found)
+
+
+def attempt_launch(
+    store: Storage,
+    layout: RunLayout,
+    settings: LaunchSettings,
+    *,
+    cluster: str,
+    identity: TaskIdentity,
+    attempt: int,
+    capacity: str,
+    aws_conn_id: str | None,
+    log: TaskLog,
+) -> AttemptLaunch:
+    """Attempt ``attempt``'s launch on ``capacity``, sized from the run's config as written
+    (and, on Kubernetes, the pods' disk from its dataset).
+
+    :param settings: the operator's launch settings (the pods' disk not sized yet)."""
+    config = run_config(store, layout)
+    if cluster == "kubernetes":
+        disk = pod_disk(
+            config,
+            nodes=settings.nodes,
+            gpus_per_node=settings.gpus_per_node,
+            aws_conn_id=aws_conn_id,
+            log=log,
+        )
+        settings = replace(settings, disk=disk)
+    return training_attempt(
+        sized(settings, config),
+        identity=identity,
+        run_uri=layout.run_uri,
+        attempt=attempt,
+        capacity=capacity,
+        storage_env=job_env_for(layout.run_uri, aws_conn_id),
+    )
