@@ -20,8 +20,7 @@ from airflow.sdk.exceptions import AirflowFailException, ParamValidationError
 from trainer.config import ConfigError
 from trainops.cluster.spec import JobSpecError
 from trainops.gate.errors import GateConfigError, GateInputError
-from trainops.operators.params import ParameterError
-from trainops.recipes.form import SettingsError
+from trainops.operators.params import ParameterError, SettingsError
 from trainops.recovery.record import RunFolderTaken
 from trainops.staging.errors import StagingError
 

@@ -17,6 +17,7 @@ from airflow.sdk import Param
 
 from trainer.presets import PRESETS
 from trainops.cluster.spec import CAPACITIES
+from trainops.operators.params import SettingsError  # raised here; imported from here as before
 
 DEMO_DATASET = "demo-text"
 # The Airflow Variable (JSON) holding the unattended DAGs' settings; any key may be left out.
@@ -111,10 +112,6 @@ SETTINGS: dict[str, dict] = {
         "stage, train, evaluate and promote nothing.",
     },
 }
-
-
-class SettingsError(ValueError):
-    """A setting is unknown or invalid; the message names it."""
 
 
 def demo_source_uri(root: str | None = None) -> str:

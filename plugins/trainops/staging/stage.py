@@ -24,7 +24,6 @@ import tempfile
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Protocol
 
 from trainer.contract import MANIFEST_NAME, dataset_prefix, join, safe_segment
 from trainer.storage import NotFound, PreconditionFailed
@@ -33,17 +32,9 @@ from trainops.staging.manifest import VALIDATION_NAME, build_manifest, check_man
 from trainops.staging.options import check_options
 from trainops.staging.quarantine import SAMPLE_PATH, over_limit
 from trainops.staging.reader import DEFAULT_BATCH_ROWS
+from trainops.staging.single_pass import TaskLog  # defined below stage, where the pass logs too
 from trainops.staging.tokenize import DEFAULT_EVAL_PERCENT, DEFAULT_SHARD_TOKENS
 from trainops.staging.validation import describe_failures
-
-
-class TaskLog(Protocol):
-    """What staging logs to: a ``logging.Logger``, or Airflow's task logger."""
-
-    def info(self, msg: str, /, *args: object) -> object: ...
-
-    def warning(self, msg: str, /, *args: object) -> object: ...
-
 
 __all__ = ["check_options", "stage_dataset"]
 

@@ -20,10 +20,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, TypedDict
 
-from trainops.cluster.base import Disruption, JobState, NodeState
+from trainops.cluster.base import EVICTED, Disruption, JobState, NodeState
 from trainops.cluster.kubernetes import indexed_job, pytorchjob, trainjob
 from trainops.cluster.kubernetes.objects import Json
-from trainops.recovery.classify import EVICTED
 
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 REPLICA_TYPE = "training.kubeflow.org/replica-type"
