@@ -11,13 +11,16 @@ imported inside the functions the tasks call.
 
 from __future__ import annotations
 
+import difflib
 import re
 
-from airflow.sdk import Param
+from airflow.sdk import Param, Variable
 
+from trainer.contract import join
 from trainer.presets import PRESETS
 from trainops.cluster.spec import CAPACITIES
 from trainops.operators.params import SettingsError  # raised here; imported from here as before
+from trainops.settings import resolve_storage_root
 
 DEMO_DATASET = "demo-text"
 # The Airflow Variable (JSON) holding the unattended DAGs' settings; any key may be left out.
@@ -116,8 +119,6 @@ SETTINGS: dict[str, dict] = {
 
 def demo_source_uri(root: str | None = None) -> str:
     """``<storage root>/raw/demo-text``: where the demo data lives (the demo DAG's too)."""
-    from trainer.contract import join
-    from trainops.settings import resolve_storage_root
 
     return join(resolve_storage_root(root), "raw", DEMO_DATASET)
 
@@ -147,7 +148,6 @@ def check_settings(
     naming ``source`` and the key. Airflow checks a triggered run's params itself, but it
     accepts keys it does not know, and Variables are not checked at all.
     """
-    import difflib
 
     import jsonschema
 
@@ -248,7 +248,6 @@ def plan_run(settings: dict) -> dict:
 def variable_settings(*, allowed) -> dict:
     """The ``trainops_retrain`` Variable (JSON; absent: all defaults), checked like the form:
     only ``allowed`` keys, each valid. Called in a task, never at parse time."""
-    from airflow.sdk import Variable
 
     value = Variable.get(SETTINGS_VARIABLE, default=None, deserialize_json=True)
     if value is not None and not isinstance(value, dict):

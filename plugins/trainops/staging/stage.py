@@ -30,9 +30,13 @@ from trainer.storage import NotFound, PreconditionFailed
 from trainops.staging.errors import DataValidationError, QuarantineExceeded, StagingError
 from trainops.staging.manifest import VALIDATION_NAME, build_manifest, check_manifest_name
 from trainops.staging.options import check_options
+from trainops.staging.plan import plan_stage
 from trainops.staging.quarantine import SAMPLE_PATH, over_limit
 from trainops.staging.reader import DEFAULT_BATCH_ROWS
-from trainops.staging.single_pass import TaskLog  # defined below stage, where the pass logs too
+from trainops.staging.single_pass import (
+    TaskLog,  # defined below stage, where the pass logs too
+    run_pass,
+)
 from trainops.staging.tokenize import DEFAULT_EVAL_PERCENT, DEFAULT_SHARD_TOKENS
 from trainops.staging.validation import describe_failures
 
@@ -79,7 +83,6 @@ def stage_dataset(
     unreadable files, no rows), :class:`SourceNotFound` when ``source_uri`` names nothing
     and :class:`SourceUnreachable` when its store does not answer.
     """
-    from trainops.staging.plan import plan_stage
 
     log = log or _log
     source_storage = source_storage or storage
@@ -109,8 +112,6 @@ def stage_dataset(
     if existing is not None:
         log.info("dataset %s version %s already staged at %s; reusing it", name, version, prefix)
         return stage_result(existing, prefix, manifest_uri, reused=True)
-
-    from trainops.staging.single_pass import run_pass
 
     with tempfile.TemporaryDirectory(prefix="trainops-stage-", dir=scratch_dir) as scratch:
         out_dir = os.path.join(scratch, "out")
