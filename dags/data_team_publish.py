@@ -53,7 +53,6 @@ with DAG(
     @task(outlets=[sources.RAW_DEMO_ASSET])
     def land_raw_data(params=None, dag_run=None, outlet_events=None) -> dict:
         """Write this run's snapshot and announce it on the Asset, with its URI and row count."""
-
         extra = sources.land_demo_batch(
             resolve_storage_root(None),
             dag_run.run_id,

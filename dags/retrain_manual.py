@@ -75,7 +75,6 @@ with DAG(
     @task
     def dry_run(run_plan: dict, dag=None, dag_run=None) -> dict:
         """Render what the train task would launch and estimate its cost; launch nothing."""
-
         report = dry_run_report(
             run_plan,
             dag.get_task("train"),
@@ -93,7 +92,6 @@ with DAG(
     @task
     def source(dataset_uri: str) -> str:
         """The raw data; the demo dataset is written first if its default location is empty."""
-
         return sources.ensure_source(dataset_uri, log=logging.getLogger("airflow.task"))
 
     run_plan = plan()

@@ -67,7 +67,6 @@ with DAG(
     @task
     def source(dataset_uri: str) -> str:
         """The raw data; the demo dataset is written first if its default location is empty."""
-
         return sources.ensure_source(dataset_uri, log=logging.getLogger("airflow.task"))
 
     run_plan = plan()

@@ -75,7 +75,6 @@ with DAG(
     @task
     def demo_data(params=None) -> str:
         """Write the deterministic demo dataset (Parquet) under the storage root; return its URI."""
-
         corrupt = bool(params["corrupt_data"])
         uri = join(resolve_storage_root(None), "raw", "demo-text-corrupt" if corrupt else "demo-text")
         write_demo_dataset(uri, rows=4000, seed=0, corrupt=corrupt)

@@ -73,5 +73,4 @@ class TrainopsPlugin(AirflowPlugin):
 
 def registered_by_entry_point() -> bool:
     """True when an installed distribution already publishes this plugin's entry point."""
-
     return any(ep.value.startswith("trainops.plugin:") for ep in entry_points(group="airflow.plugins"))

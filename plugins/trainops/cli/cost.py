@@ -37,7 +37,6 @@ PHASE_LABELS = {
 def render(cost: RunCost, run_uri: str, prices_from: str) -> str:
     """The bill as a person reads it: phases per attempt (seconds) and in total (seconds and
     GPU-hours), goodput, recovery times, money, notes; every figure marked an estimate."""
-
     attempts = cost["attempts"]
     lines = [
         f"Estimated cost of {run_uri}",
@@ -97,7 +96,6 @@ def run_cost(run_uri: str, prices_file: str | None, aws_conn_id: str | None = "a
     """``cost``: print the bill of the run at ``run_uri``; 1 (and why, in one line on stderr)
     when there is no run there, its ``job.json`` is damaged (:func:`trainops.shapes.check_job`
     names the field) or the prices are wrong."""
-
     layout = RunLayout(run_uri.rstrip("/"))
     store = storage_for(layout.run_uri, aws_conn_id)
     try:

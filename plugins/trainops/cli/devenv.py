@@ -46,7 +46,6 @@ def checkout_dir(cwd: str | os.PathLike | None = None) -> Path | None:
     """The checkout whose embedded default the commands use: ``cwd`` when it holds ``dags/``
     and ``plugins/trainops/`` (as ``make demo`` runs), else the checkout this ``trainops`` was
     imported from; None for an installed package outside a checkout."""
-
     for candidate in (Path(cwd or os.getcwd()), Path(trainops.__file__).resolve().parents[2]):
         if (candidate / "dags").is_dir() and (candidate / "plugins" / "trainops").is_dir():
             return candidate.resolve()
@@ -65,7 +64,6 @@ def storage_root_choice(
     :param checkout: the checkout (``demo --project-dir``); None: :func:`checkout_dir`.
     :raises ValueError: the root is not a storage URI (the message names it).
     """
-
     if explicit:
         return resolve_storage_root(explicit), "from --storage-root"
     if os.environ.get("TRAINOPS_STORAGE_ROOT"):

@@ -62,7 +62,6 @@ def _ensure_airflow_db(env: dict) -> None:
 
 def load_dag(dags_folder: str, dag_id: str):
     """Import one DAG file from the dags folder the way the DAG processor would."""
-
     path = Path(dags_folder) / f"{dag_id}.py"
     spec = importlib.util.spec_from_file_location(f"trainops_dags_{dag_id}", path)
     if spec is None or spec.loader is None:
@@ -114,7 +113,6 @@ def run_demo(
     :param result_file: also write the summary, run id, state and duration there (JSON).
     :param seed: the DAG's ``seed`` param (None: the DAG's default, what ``make demo`` trains with).
     """
-
     # A parent that ignored SIGINT (a shell's background job) passes the ignoring on: the
     # quiet demo stops this process with SIGINT, so it must raise KeyboardInterrupt here.
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -177,7 +175,6 @@ def _stop_demo_run(result_file: str | None) -> int:
 
 def run_rollback(model: str, version: int, *, reason: str, by: str | None, storage_root: str | None) -> int:
     """``rollback``: print what changed, or the error on stderr (exit status 1)."""
-
     try:
         root, source = storage_root_choice(storage_root)
         print(f"storage root: {root} ({source})", flush=True)
@@ -207,7 +204,6 @@ def run_rollback(model: str, version: int, *, reason: str, by: str | None, stora
 def run_airflow(project_dir: str) -> int:
     """``airflow standalone`` on the embedded default (scheduler, DAG processor, triggerer and
     API server on http://localhost:8080), with this interpreter's ``bin`` first on PATH."""
-
     root, source = storage_root_choice(None, checkout=project_dir)
     print(f"storage root: {root} ({source})", flush=True)
     bin_dir = os.path.dirname(sys.executable)
@@ -224,7 +220,6 @@ def run_airflow(project_dir: str) -> int:
 
 def _seed(text: str) -> int:
     """``--seed``: a whole number the trainer takes (argparse names the option on error)."""
-
     try:
         seed = int(text)
     except ValueError:
@@ -236,7 +231,6 @@ def _seed(text: str) -> int:
 
 def _model_name(value: str) -> str:
     """The rollback's MODEL, checked when the command line is parsed (argparse names it)."""
-
     try:
         return check_name(value, "model name")
     except ValueError as exc:
@@ -245,7 +239,6 @@ def _model_name(value: str) -> str:
 
 def _default_root_text(checkout: str | None = None) -> str:
     """The storage root a command would use now, for ``--help`` (nothing is applied)."""
-
     try:
         root, source = storage_root_choice(None, checkout=checkout, apply=False)
     except ValueError as exc:

@@ -19,7 +19,6 @@ def collect(store, root: str, results: dict, model_name: str, run_note: str | No
     (what the gate or promote wrote there when nothing was promoted). A production pointer
     that cannot be read, or is damaged (:func:`trainops.shapes.check_pointer`), is None, and
     ``production_problem`` says why."""
-
     facts = {
         "model_name": model_name,
         "root": root,

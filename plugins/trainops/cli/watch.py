@@ -90,7 +90,6 @@ def stop_jobs(dag_id: str, run_id: str | None, *, wait_s: float = 60.0) -> tuple
     """Delete the live local jobs of a DAG run (of any run of ``dag_id`` when ``run_id`` is
     None) and wait up to ``wait_s`` for their processes to go; return the job ids deleted and
     those with a process still left."""
-
     cluster = LocalCluster()
     labels = {"trainops/dag": dag_id}
     if run_id is not None:
@@ -243,7 +242,6 @@ def run_quiet_demo(
 ) -> int:
     """Run the demo in a child (``demo --verbose``) logging to a file, print its course and
     its summary; 130 after a Ctrl-C, else the child's exit status."""
-
     console = Console(out or sys.stdout)
     root, source = storage_root_choice(None, checkout=project_dir)
     env = apply_dev_env(project_dir)

@@ -284,7 +284,6 @@ def estimate_run(
     :param notes: the caller's own assumptions (where the instance type and prices came from),
         said first.
     """
-
     if not 0 < mfu <= 1:
         raise ValueError(f"the assumed MFU must be a fraction in (0, 1], got {mfu!r}; 0.4 is typical")
     devices = accelerators(nodes, gpus_per_node)

@@ -144,7 +144,6 @@ def root_and_storage(
     storage_root: str | None, aws_conn_id: str | None = "aws_default"
 ) -> tuple[str, Storage]:
     """An operator's storage: its ``storage_root`` (or the default root) and a client for it."""
-
     root = resolve_storage_root(storage_root)
     return root, storage_for(root, aws_conn_id)
 

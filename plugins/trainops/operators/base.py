@@ -74,7 +74,6 @@ def task_identity(context: Mapping[str, Any]) -> TaskIdentity:
 
 def job_labels(identity: TaskIdentity) -> dict[str, str]:
     """Labels that find a task's live job again after a worker or scheduler restart."""
-
     return {
         "trainops/dag": safe_segment(identity["dag_id"]),
         "trainops/run": safe_segment(identity["run_id"]),
@@ -95,14 +94,12 @@ def default_deferrable() -> bool:
     """``[trainops] default_deferrable`` (env ``AIRFLOW__TRAINOPS__DEFAULT_DEFERRABLE``), True
     when unset. Not Airflow's ``[operators] default_deferrable``, which ships False: a training
     gang runs for hours and must not hold a worker slot unless someone asks for it."""
-
     return conf.getboolean("trainops", "default_deferrable", fallback=True)
 
 
 def wait_here(trigger: Any) -> dict[str, Any]:
     """Run ``trigger`` in this process until its first event (``deferrable=False``): the same
     waiting, polling and logging as in the triggerer, holding this worker slot."""
-
     trigger.settle_s = 0.0  # no scheduler to race here (see trainops.triggers.job)
 
     async def first() -> dict[str, Any]:
@@ -214,7 +211,6 @@ class ClusterJobOperator(ReportingOperator):
     @cached_property
     def backend(self) -> ClusterBackend:
         """The cluster backend, built on first use (never at DAG parse)."""
-
         # Looked up on the package at each call: the one seam where tests put a fake backend.
         return trainops.cluster.get_cluster(self.cluster, **self.cluster_options())
 
@@ -231,7 +227,6 @@ class ClusterJobOperator(ReportingOperator):
     def wait_for(self, context: Mapping[str, Any], handle: JobHandle, **trigger_options: Any) -> Any:
         """Wait for the job with :class:`~trainops.triggers.job.JobTrigger` (node 0's log
         lines copied into the task log), then call ``execute_complete`` with its event."""
-
         trigger = JobTrigger(
             handle=handle,
             poll_interval=self.poll_interval,
@@ -324,7 +319,6 @@ class ClusterJobOperator(ReportingOperator):
         """Delete a finished job, its Service and PodGroup, once what it left is read and
         recorded (``action``: ``finish`` or ``fail``; unless ``keep_finished_jobs``). A failed
         deletion is logged: the task's outcome stands."""
-
         if not deletes_finished(self.keep_finished_jobs, action):
             return
         try:

@@ -104,7 +104,6 @@ class EvaluationGateOperator(ReportingOperator):
     def report_uri(self, context: Mapping[str, Any]) -> str | None:
         """The decision's ``eval/gate.json``, under the run the (rendered) evaluation names;
         None when the evaluation is not a mapping with a ``run_uri`` (``execute`` says why)."""
-
         run_uri = self.evaluation.get("run_uri") if isinstance(self.evaluation, Mapping) else None
         return RunLayout(run_uri).eval_gate if isinstance(run_uri, str) and run_uri else None
 
@@ -168,7 +167,6 @@ class EvaluationGateOperator(ReportingOperator):
 
     def _leave_notes(self, context: Context, result: dict) -> None:
         """Say why on the DAG run's note and this task's note, where a person looks first."""
-
         note = rejection_note(result)
         how = notes.write_notes(context, run_note=note, task_note=note, log=self.log)
         if how is not None:

@@ -99,7 +99,6 @@ def resolve_trainer_config(base: Mapping[str, Any], world_size: int) -> str:
     key, a wrong type, a value that is not finite or a global batch the ranks cannot split
     fails here, naming the key, before any job is launched.
     """
-
     return str(dump_yaml(_checked(base, world_size)))
 
 
@@ -135,7 +134,6 @@ def checked_run_config(
 
 def run_config(user: Mapping[str, Any] | None, *, run_uri: str, data_uri: str, world_size: int) -> str:
     """The resolved ``config.yaml`` of a training run (:func:`checked_run_config` as YAML)."""
-
     return str(dump_yaml(checked_run_config(user, run_uri=run_uri, data_uri=data_uri, world_size=world_size)))
 
 
@@ -145,7 +143,6 @@ def sized(settings: LaunchSettings, config: Config) -> LaunchSettings:
     warning in the log for each way the model cannot fit the GPUs
     (:func:`trainops.operators.sizing.fit_warnings`). For the operator and the dry run alike, so
     both show the same numbers."""
-
     args = preset_args(config)
     found = pod_resources(
         gpus_per_node=settings.gpus_per_node,
@@ -180,7 +177,6 @@ def training_attempt(
     :param capacity: the run's capacity now (``spot-then-on-demand`` moves to ``on-demand``).
     :param storage_env: the storage endpoint and region (``trainops.hooks.storage.job_env_for``).
     """
-
     layout = RunLayout(run_uri)
     options = {
         **settings.disk,
@@ -256,7 +252,6 @@ def one_process_job(
     :param labels: the job's labels (the task's, and whatever else marks this job).
     :param gpus_per_node: GPUs of the node, also told to the process (``TRAINOPS_GPUS_PER_NODE``).
     """
-
     return JobSpec(
         name=job_name(prefix, identity, attempt),
         args=args,

@@ -96,7 +96,6 @@ def combined_note(existing: str | None, ours: str) -> str:
 
 def api_conn_id() -> str:
     """``[trainops] airflow_api_conn_id`` (env ``AIRFLOW__TRAINOPS__AIRFLOW_API_CONN_ID``)."""
-
     return conf.get("trainops", "airflow_api_conn_id", fallback=DEFAULT_API_CONN_ID) or DEFAULT_API_CONN_ID
 
 
@@ -173,7 +172,6 @@ def _via_api(
     ``client``: an httpx client to use instead of one for the connection's host (tests).
     ``log``: where each retry is said (``info``). Raises :class:`NoteNotWritten` when a request
     is refused for good or its transient failures outlast :data:`NOTE_BUDGET_S`."""
-
     try:
         conn = BaseHook.get_connection(conn_id)
     except AirflowNotFoundException:
@@ -253,7 +251,6 @@ def _seconds(value: str | None) -> float | None:
 def _fault(exc: BaseException) -> str | None:
     """What a request that got no reply ran into, when trying again may cure it: a timeout, or a
     connection refused, reset or closed without a reply; None for anything else."""
-
     if isinstance(exc, httpx.TimeoutException):
         return "timeout"
     if isinstance(exc, httpx.NetworkError | httpx.RemoteProtocolError):

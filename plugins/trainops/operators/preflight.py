@@ -29,7 +29,6 @@ STAGED_VERSION = (
 def dataset_manifest(storage: Storage, data_uri: str) -> dict[str, Any]:
     """The manifest of the dataset version at ``data_uri``; ValueError saying what is there
     instead when it is not a staged version."""
-
     uri = join(data_uri, MANIFEST_NAME)
     try:
         manifest = storage.get_json(uri)
@@ -42,7 +41,6 @@ def dataset_manifest(storage: Storage, data_uri: str) -> dict[str, Any]:
 
 def missing_dataset(data_uri: str, stored: list[str]) -> str:
     """What to say about ``data_uri``, which holds no manifest, given what is stored under it (pure)."""
-
     if not stored:
         return f"dataset {data_uri!r} does not exist (nothing is stored under it): point dataset at {STAGED_VERSION}"
     versions = [u.removesuffix(f"/{MANIFEST_NAME}") for u in stored if u.endswith(f"/{MANIFEST_NAME}")]
@@ -60,7 +58,6 @@ def missing_dataset(data_uri: str, stored: list[str]) -> str:
 
 def check_fit(config: Config, manifest: Mapping[str, Any], *, world_size: int) -> None:
     """The trainer's own rule (``trainer.config.check_data_fit``) on the manifest's numbers."""
-
     try:
         train_tokens = int(manifest["splits"]["train"]["tokens"])
         vocab = int(manifest["tokenizer"]["vocab_size"])

@@ -128,7 +128,6 @@ class PromoteModelOperator(ReportingOperator):
 
     def _promote(self, context: Context, gate: dict) -> dict:
         """:meth:`execute` once the name and the gate result are checked."""
-
         root, storage = root_and_storage(self.storage_root, self.aws_conn_id)
         if not gate["approved"]:
             if self.retention is not None:
@@ -214,7 +213,6 @@ class PromoteModelOperator(ReportingOperator):
     def _skip(self, context: Context, reason: str, note: str) -> NoReturn:
         """Skip with ``reason`` as the task's message, and ``note`` on the run's and the task's
         notes (the gate wrote none: it approved)."""
-
         notes.write_notes(context, run_note=note, task_note=note, log=self.log)
         raise AirflowSkipException(f"not promoting {self.model_name}: {reason}")
 

@@ -266,7 +266,6 @@ class StageDatasetOperator(ClusterJobOperator):
     def _source_bytes(self) -> int:
         """The source's total size (the sum of its objects' sizes); a zero-byte Parquet object
         is refused here already, before a staging job is asked for."""
-
         objects = list_source_objects(storage_for(self.source_uri, self.aws_conn_id), self.source_uri)
         check_not_empty_parquet(objects)
         return sum(int(o.size or 0) for o in objects)
@@ -330,7 +329,6 @@ class StageDatasetOperator(ClusterJobOperator):
     def execute_complete(self, context: Context, event: object = None) -> dict:
         """The staging job ended: read its result record and finish as staging in the worker
         would; then delete the job (its logs tail is in any error this raises)."""
-
         checked = check_event(event, expected=("finished", "timeout", "error"))
         handle = checked["handle"]
         if checked["status"] == "error":  # watching failed, not the job: leave it running
@@ -348,7 +346,6 @@ class StageDatasetOperator(ClusterJobOperator):
 
     def _read_result(self, context: Context, checked: Any) -> dict:
         """The finished staging job's result record, as staging in the worker would return it."""
-
         handle = checked["handle"]
         root = resolve_storage_root(self.storage_root)
         _, result_uri = self._job_uris(context, root)

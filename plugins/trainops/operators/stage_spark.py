@@ -14,7 +14,6 @@ from trainops.staging.spark.stage import stage_dataset_spark
 def stage_on_spark(op: Any, root: str) -> dict:
     """Stage with the Spark engine, driven from this worker (local mode or Spark Connect);
     ``op`` is the StageDatasetOperator. Returns the same record as in-worker staging."""
-
     remote = op.spark_remote
     if remote is None and op.spark_conn_id:
         conn = BaseHook.get_connection(op.spark_conn_id)

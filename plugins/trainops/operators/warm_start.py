@@ -49,7 +49,6 @@ def resolve(
     :param pointer: the production pointer of ``model_name`` (None: never promoted).
     :param earlier: the URI this run resolved ``production``/``auto`` to on an earlier try, if any.
     """
-
     kind = init_source(value)
     if kind == INIT_NONE:
         return INIT_NONE, "init.from=none: training from random weights"
@@ -104,7 +103,6 @@ def source_tokenizer(storage_of: Callable[[str], Storage], source_uri: str) -> d
     """The tokenizer spec the folder at ``source_uri`` was trained with: its ``export.json``'s
     ``tokenizer``, else the ``tokenizer`` of the manifest of its ``data_uri``; None when neither
     can be read."""
-
     try:
         info = storage_of(source_uri).get_json(join(source_uri, EXPORT_INFO))
     except (NotFound, ValueError):
@@ -142,7 +140,6 @@ def prepare(
         run's ``config.yaml``, from an earlier try) live.
     :param storage_of: the storage client for another URI (the source folder's, its dataset's).
     """
-
     value = config.init.from_
     pointer, earlier = None, None
     if init_source(value) == "production":
@@ -182,7 +179,6 @@ def prepare(
 
 def _earlier_source(store: Storage, config_uri: str) -> str | None:
     """The URI ``init.from`` was resolved to in the run's ``config.yaml`` by an earlier try, if any."""
-
     try:
         written = yaml.safe_load(store.get(config_uri))
     except (NotFound, yaml.YAMLError):

@@ -66,7 +66,6 @@ def dry_run_report(
         in for its templated sizing fields, which the plan's XCom feeds when it runs.
     :param prices_variable: the Variable ``trainops_prices`` (JSON text; None: not set).
     """
-
     root = resolve_storage_root(train.storage_root)
     identity: TaskIdentity = {"dag_id": dag_id, "run_id": run_id, "task_id": train.task_id, "map_index": -1}
     run_uri = run_prefix(root, dag_id, run_id, train.task_id)
@@ -133,7 +132,6 @@ def run_estimate(
     measured by the last run of ``dag_id`` that trained the same model (:func:`last_run`), else
     the preset's FLOPs; the instance type from the job's node selector, else the one that run
     ran on; prices from the task's ``prices``, the Variable and the shipped table."""
-
     notes = []
     try:
         measured = last_run(storage_for(root, train.aws_conn_id), root, dag_id, train.task_id, config)
@@ -176,7 +174,6 @@ def last_run(storage: Storage, root: str, dag_id: str, task_id: str, config: Con
     or config cannot be read, whose metrics pass :data:`MAX_METRICS_BYTES`, or hold no two
     consecutive steps, is passed over.
     """
-
     task = safe_segment(task_id)
     found = []
     for uri, run in runs_below(storage, root, dag_id=safe_segment(dag_id)):

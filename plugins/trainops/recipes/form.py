@@ -119,7 +119,6 @@ SETTINGS: dict[str, dict] = {
 
 def demo_source_uri(root: str | None = None) -> str:
     """``<storage root>/raw/demo-text``: where the demo data lives (the demo DAG's too)."""
-
     return join(resolve_storage_root(root), "raw", DEMO_DATASET)
 
 
@@ -148,7 +147,6 @@ def check_settings(
     naming ``source`` and the key. Airflow checks a triggered run's params itself, but it
     accepts keys it does not know, and Variables are not checked at all.
     """
-
     import jsonschema
 
     values = dict(values or {})
@@ -248,7 +246,6 @@ def plan_run(settings: dict) -> dict:
 def variable_settings(*, allowed) -> dict:
     """The ``trainops_retrain`` Variable (JSON; absent: all defaults), checked like the form:
     only ``allowed`` keys, each valid. Called in a task, never at parse time."""
-
     value = Variable.get(SETTINGS_VARIABLE, default=None, deserialize_json=True)
     if value is not None and not isinstance(value, dict):
         raise SettingsError(

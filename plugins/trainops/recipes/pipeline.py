@@ -34,7 +34,6 @@ def deployment() -> dict:
     and the job poll interval that suits the cluster (1 s for local processes, 5 s for the
     Kubernetes API). A deployment choice, not a per-run one: every task of a run must agree
     on it."""
-
     cluster = conf.get("trainops", "cluster", fallback="local")
     return {
         "cluster": cluster,
@@ -50,7 +49,6 @@ def train_evaluate_gate_promote(stage, args, *, model: str, place: dict, **train
     ``gpus_per_node``, ``capacity``, ``max_preemptions``, ``trainer_config``), evaluate the
     candidate against production, gate it (:data:`GATE_CHECKS`) and promote it. ``place`` is
     :func:`deployment`'s answer. Returns the four tasks by task id."""
-
     where = {key: place[key] for key in ("cluster", "image", "namespace", "poll_interval")}
     # No Airflow retries for training: preemptions and infrastructure failures have their own
     # budgets inside the task, and a program error would fail the same way again.

@@ -22,7 +22,6 @@ RAW_DEMO_ASSET = Asset(name="datateam-raw-demo-text", uri="datateam://raw/demo-t
 def ensure_source(uri: str, *, aws_conn_id: str | None = "aws_default", log=None) -> str:
     """``uri``, after writing the demo dataset there if ``uri`` is the storage root's demo
     location and holds nothing yet. Any other URI is returned as is (staging checks it)."""
-
     if uri.rstrip("/") != demo_source_uri():
         return uri
     store = storage_for(uri, aws_conn_id)
@@ -40,7 +39,6 @@ def land_demo_batch(
 ) -> dict:
     """Write one snapshot of demo data to ``<root>/raw/datateam/demo-text/<batch>``; return
     the asset event's extra: ``{"uri", "rows", "dataset_name", "format"}``."""
-
     uri = join(root, "raw", "datateam", DEMO_DATASET, safe_segment(batch))
     written = write_demo_dataset(uri, rows=rows, seed=seed, storage=storage_for(root, aws_conn_id))
     return {"uri": written["uri"], "rows": written["rows"], "dataset_name": DEMO_DATASET, "format": "parquet"}

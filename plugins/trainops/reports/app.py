@@ -142,7 +142,6 @@ def _may_read_dag(request: Request, user) -> Callable[[str], bool]:
 
 def _framed(document: str, around: Around | None = None, *, live: bool = False) -> str:
     """``document`` with the bar of links every page carries (see :mod:`trainops.reports.frame`)."""
-
     links, refresh_s = frame_links(around or Around(live=live), base_url=airflow_base_url())
     return framed(document, links, refresh_s=refresh_s)
 
@@ -157,7 +156,6 @@ def _error_response(status: int, message: str, headers: Mapping[str, str] | None
 
 def _around(target: ReportTarget, data: bytes, roots: Sequence[str], conn_id: str | None) -> Around:
     """What lies around the report ``target`` (its Airflow run, run report, model cards)."""
-
     report = None
     if target.uri.endswith(pages.JSON_SUFFIXES):
         try:
@@ -195,7 +193,6 @@ def _served_under(roots: Sequence[str]) -> Callable[[str], bool]:
 
 def create_app() -> FastAPI:
     """The report app, to mount at ``/trainops``; needs Airflow's auth manager initialised."""
-
     app = FastAPI(title="trainops reports", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(ReportRequestError)

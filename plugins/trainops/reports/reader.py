@@ -100,7 +100,6 @@ class Reads:
 
     def listing(self, prefix: str) -> list[str]:
         """The URIs below ``prefix`` ([] when it is outside the roots or cannot be listed)."""
-
         where = self.locate(join(prefix, "x.json"))
         if where is None:
             return []

@@ -79,7 +79,6 @@ def failure_record(exc: BaseException) -> dict:
 
 def run(request: dict, open_storage) -> dict:
     """Stage as ``request`` says; the result record (also written to ``result_uri``)."""
-
     if request.get("version") != REQUEST_VERSION:
         raise ValueError(
             f"staging request version {request.get('version')!r}: this trainops "

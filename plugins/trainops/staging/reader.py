@@ -234,7 +234,6 @@ def _read_errors(obj: SourceObject, path: str):
 
 def _first_invalid_utf8(path: str) -> int | None:
     """The offset of the first byte that is not valid UTF-8, or None (reads in chunks)."""
-
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset = 0
     try:

@@ -83,7 +83,6 @@ def stage_dataset(
     unreadable files, no rows), :class:`SourceNotFound` when ``source_uri`` names nothing
     and :class:`SourceUnreachable` when its store does not answer.
     """
-
     log = log or _log
     source_storage = source_storage or storage
     plan = plan_stage(

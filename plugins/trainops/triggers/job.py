@@ -62,7 +62,6 @@ def settle_seconds() -> float:
     """``[trainops] trigger_settle_seconds`` (default 20): how long after deferring a trigger
     waits at least before it reports. ``dag.test()`` runs triggers in its own process with no
     scheduler to race, so ``python -m trainops demo`` and the tests set 0."""
-
     return conf.getfloat("trainops", "trigger_settle_seconds", fallback=DEFAULT_SETTLE_S)
 
 
@@ -85,7 +84,6 @@ def until_deadline(deadline: float | None) -> float | None:
 
 def deadline_message(handle: JobHandle, deadline: float) -> str:
     """The ``deadline`` event's message."""
-
     at = datetime.fromtimestamp(deadline, UTC).isoformat(timespec="seconds")
     return (
         f"the task's execution_timeout ends at {at}, in {max(0.0, deadline - time.time()):.0f} s "
@@ -211,7 +209,6 @@ class JobTrigger(BaseTrigger):
         """This attempt's latest metrics record as one line (blocking: run it in a thread);
         None when there is none yet or it cannot be read (see ``progress_uri``). The reader is
         kept across polls and reads only the attempt's newest part, once."""
-
         attempt = int(self.handle.get("labels", {}).get("trainops/attempt", 1))
         try:
             if self._store is None:
@@ -241,7 +238,6 @@ class JobTrigger(BaseTrigger):
     def _heartbeat(self, uri: str) -> Heartbeat | None:
         """The attempt's heartbeat (blocking: run it in a thread); None when none is written
         yet or it is not one. A failed read raises: the caller rides it out."""
-
         if self._store is None:
             self._store = storage_for(uri, self.aws_conn_id, outage_tolerance_s=PROGRESS_OUTAGE_TOLERANCE_S)
         try:
@@ -366,7 +362,6 @@ class JobTrigger(BaseTrigger):
 
     async def on_kill(self) -> None:
         """A user killed the deferred task: delete the job and its pods (never on restarts)."""
-
         cluster = trainops.cluster.get_cluster(self.handle["cluster"], **self.cluster_options)
         await asyncio.to_thread(cluster.delete, self.handle)
         self.log.info("task killed: deleted job %s", self.handle["job_id"])

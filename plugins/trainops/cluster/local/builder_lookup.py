@@ -158,7 +158,6 @@ def local_problem(builder: str, job_env: Mapping[str, str] | None = None) -> str
     (this one's, the packages' paths, and the job's own ``job_env``) and an empty working
     folder, as they start. A lookup that itself fails is logged and passes: the trainer still
     names the problem when it starts."""
-
     env = {**_env_with_package_path(), **(job_env or {})}
     with tempfile.TemporaryDirectory(prefix="trainops-builder-") as cwd:
         try:

@@ -108,5 +108,4 @@ def read_source(spark, objects, *, string_columns: Sequence[str]):
 
 def object_of(starts: Sequence[tuple[int, int]], row: int) -> int:
     """The index of the object holding ``row``, from ``(first row, object index)`` (pure)."""
-
     return starts[bisect.bisect_right(starts, (row, float("inf"))) - 1][1]

@@ -78,7 +78,6 @@ def remote_from_connection(conn_id: str, host: str | None, port: int | None) -> 
 
 def get_session(settings: dict):
     """The SparkSession ``settings`` names (an active one with the same master is reused)."""
-
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName("trainops-staging")

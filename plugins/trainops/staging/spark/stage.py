@@ -79,7 +79,6 @@ def stage_dataset_spark(
     The executors open the storage root themselves (``trainer.storage.open_storage``), so
     with ``s3://`` they need credentials in their own environment.
     """
-
     log = log or _log
     source_storage = source_storage or storage
     plan = plan_stage(
@@ -269,7 +268,6 @@ def _refuse_unpackable(run: _Run, annotated) -> None:
 
 def _write_shards(run: _Run, spans, totals: dict) -> dict:
     """Each split's ``{"tokens", "shards"}``, the shards written by the executors."""
-
     shards: list[dict] = []
     if spans is not None:
         most = max(totals["train"]["tokens"], totals["eval"]["tokens"])
@@ -295,7 +293,6 @@ def _write_shards(run: _Run, spans, totals: dict) -> dict:
 
 def _write_index(run: _Run, spans) -> None:
     """The eval index, streamed from the executors a partition at a time, then uploaded."""
-
     index = os.path.join(run.scratch, "index.jsonl")
     with open(index, "w", encoding="utf-8") as out:
         if spans is not None:

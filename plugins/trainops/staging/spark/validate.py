@@ -43,7 +43,6 @@ def check_rows(
     """The row expectations, in one GX validation over the whole frame: their
     ``(expectation, result)`` entries and, with ``quarantine``, ``{row: [labels]}`` of the
     rows they flag (GX's complete list of offending rows, gathered on the driver)."""
-
     columns = [c for c in frame.columns if c != ROW]
     entries: list[tuple[dict, dict]] = []
     flagged: dict[int, list[str]] = {}
@@ -82,7 +81,6 @@ def _gx_results(
 ) -> list[dict]:
     """One GX validation over the whole frame; per expectation, in suite order, the dict
     :class:`~trainops.staging.validation.RowResult` takes."""
-
     context = ephemeral_context()
     name = f"trainops-spark-{uuid.uuid4().hex[:8]}"
     asset = context.data_sources.add_spark(name).add_dataframe_asset(name)
