@@ -20,8 +20,9 @@ from airflow.sdk.exceptions import AirflowFailException, ParamValidationError
 from trainer.config import ConfigError
 from trainops.cluster.spec import JobSpecError
 from trainops.gate.errors import GateConfigError, GateInputError
-from trainops.operators.params import ParameterError, SettingsError
+from trainops.operators.params import ParameterError
 from trainops.recovery.record import RunFolderTaken
+from trainops.settings import SettingsError
 from trainops.staging.errors import StagingError
 
 __all__ = ["UNRETRYABLE", "fail_fast", "unretryable"]

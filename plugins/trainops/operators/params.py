@@ -19,12 +19,6 @@ class ParameterError(ValueError):
     """An operator parameter's value is invalid; the message names it and what to pass."""
 
 
-class SettingsError(ValueError):
-    """A setting of the example DAGs' form (``trainops.recipes.form``) is unknown or invalid;
-    the message names it. Here, below the operators, so that ``fail_fast`` knows it without
-    importing the recipes."""
-
-
 def known_at_run_time(value: object) -> bool:
     """A Jinja template or an XComArg, or a dict or list holding one: its value exists only
     once the task runs."""

@@ -4,9 +4,8 @@ Settings are the same ten keys wherever they come from: the ``retrain_manual`` f
 params), or the ``trainops_retrain`` Variable for the unattended DAGs. Every key has a default
 that runs on the embedded default (``file://`` storage, the local cluster, a tiny model).
 
-DAG files import this module when they are parsed, so at module level it uses only the
-standard library, ``airflow.sdk`` and ``trainer.presets`` (plain data); everything heavier is
-imported inside the functions the tasks call.
+DAG files import this module when they are parsed: the heavy libraries it needs (jsonschema)
+are imported inside the functions the tasks call (pyproject's banned-module-level-imports).
 """
 
 from __future__ import annotations
@@ -19,8 +18,10 @@ from airflow.sdk import Param, Variable
 from trainer.contract import join
 from trainer.presets import PRESETS
 from trainops.cluster.spec import CAPACITIES
-from trainops.operators.params import SettingsError  # raised here; imported from here as before
-from trainops.settings import resolve_storage_root
+from trainops.settings import (
+    SettingsError,  # raised here; imported from here as before
+    resolve_storage_root,
+)
 
 DEMO_DATASET = "demo-text"
 # The Airflow Variable (JSON) holding the unattended DAGs' settings; any key may be left out.

@@ -1,7 +1,7 @@
 """The chain every retraining DAG shares: train -> evaluate -> gate -> promote, and where it runs.
 
-Imported when DAG files are parsed: module level holds only plain data; the operators are
-imported inside :func:`train_evaluate_gate_promote`.
+Imported when DAG files are parsed, like the operators it wires; neither imports a heavy
+library at module level (pyproject's banned-module-level-imports).
 """
 
 from __future__ import annotations

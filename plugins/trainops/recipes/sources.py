@@ -1,7 +1,7 @@
 """Where a run's raw data comes from: the demo dataset, or a data team's asset events.
 
-Imported when DAG files are parsed: module level uses only ``airflow.sdk``; storage and the
-demo data writer are imported inside the functions.
+Imported when DAG files are parsed: what it imports defers the heavy libraries (pyarrow,
+boto3) to the functions that use them (pyproject's banned-module-level-imports).
 """
 
 from __future__ import annotations
