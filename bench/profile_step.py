@@ -455,7 +455,7 @@ def memory_table(a) -> None:
         print(f"saved_bytes_per_token_full_ac[{key}]={figures[1]:.0f}")
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="small")
     p.add_argument("--vocab", type=int, default=257, help="the bench datasets' byte vocabulary")
@@ -478,6 +478,53 @@ def main() -> None:
     p.add_argument("--memory-preset", default="bert-large-size")
     p.add_argument("--memory-vocab", type=int, default=32000)
     p.add_argument("--memory-seq", type=int, default=512)
+    return p
+
+
+def _print_ratios(runners: list, out) -> None:
+    """The median step and phase times of each runner, and their ratios to trainops'."""
+    medians = {
+        r.name: {phase: statistics.median(t[phase] for t in r.times) for phase in r.times[0]} for r in runners
+    }
+    base = medians["trainops"]
+    for name, m in medians.items():
+        spread = [t["step"] for t in next(r for r in runners if r.name == name).times]
+        out(
+            f"{name}: step {m['step'] * 1e3:.0f} ms wall (min {min(spread) * 1e3:.0f}, max {max(spread) * 1e3:.0f}), "
+            f"{m['step_cpu'] * 1e3:.0f} ms CPU; CPU shares "
+            + ", ".join(
+                f"{ph} {m[ph + '_cpu'] / m['step_cpu']:.0%}" for ph in ("forward", "backward", "optimizer")
+            ),
+            flush=True,
+        )
+    for name, m in medians.items():
+        if name == "trainops":
+            continue
+        suffix = "torchtitan" if name == "torchtitan" else name.removeprefix("trainops_")
+        out(f"step_time_ratio_vs_{suffix}={base['step'] / m['step']:.3f}")
+        out(f"step_cpu_time_ratio_vs_{suffix}={base['step_cpu'] / m['step_cpu']:.3f}")
+        for phase in ("forward", "backward", "optimizer"):
+            out(f"{phase}_cpu_time_ratio_vs_{suffix}={base[phase + '_cpu'] / m[phase + '_cpu']:.3f}")
+    for phase in ("forward", "backward", "optimizer"):
+        out(f"{phase}_cpu_share={base[phase + '_cpu'] / base['step_cpu']:.3f}")
+
+
+def _print_profiles(runners: list, a: argparse.Namespace, out) -> None:
+    """torch.profiler tables per runner, and where trainops and each other runner differ."""
+    profiled = {}
+    for name, profiles in profile_steps(runners, a.profile_steps).items():
+        table, shares, profiled[name] = op_summary(profiles, a.rows)
+        out(f"\n=== {name}: the median of {a.profile_steps} profiled steps, by self CPU time\n{table}")
+        for group, share in sorted(shares.items(), key=lambda kv: -kv[1]):
+            out(f"{name}_self_cpu_share_{group}={share:.3f}")
+    for name, ops in profiled.items():
+        if name != "trainops":
+            out(f"\n=== where trainops and {name} differ (self CPU per step, medians)")
+            out(gap_table(profiled["trainops"], ops, a.rows))
+
+
+def main() -> None:
+    p = _parser()
     a = p.parse_args()
 
     import torch
@@ -515,41 +562,9 @@ def main() -> None:
     for _ in range(a.rounds):
         for runner in runners:
             runner.times += [runner.step() for _ in range(a.steps)]
-    medians = {
-        r.name: {phase: statistics.median(t[phase] for t in r.times) for phase in r.times[0]} for r in runners
-    }
-    base = medians["trainops"]
-    for name, m in medians.items():
-        spread = [t["step"] for t in next(r for r in runners if r.name == name).times]
-        out(
-            f"{name}: step {m['step'] * 1e3:.0f} ms wall (min {min(spread) * 1e3:.0f}, max {max(spread) * 1e3:.0f}), "
-            f"{m['step_cpu'] * 1e3:.0f} ms CPU; CPU shares "
-            + ", ".join(
-                f"{ph} {m[ph + '_cpu'] / m['step_cpu']:.0%}" for ph in ("forward", "backward", "optimizer")
-            ),
-            flush=True,
-        )
-    for name, m in medians.items():
-        if name == "trainops":
-            continue
-        suffix = "torchtitan" if name == "torchtitan" else name.removeprefix("trainops_")
-        out(f"step_time_ratio_vs_{suffix}={base['step'] / m['step']:.3f}")
-        out(f"step_cpu_time_ratio_vs_{suffix}={base['step_cpu'] / m['step_cpu']:.3f}")
-        for phase in ("forward", "backward", "optimizer"):
-            out(f"{phase}_cpu_time_ratio_vs_{suffix}={base[phase + '_cpu'] / m[phase + '_cpu']:.3f}")
-    for phase in ("forward", "backward", "optimizer"):
-        out(f"{phase}_cpu_share={base[phase + '_cpu'] / base['step_cpu']:.3f}")
+    _print_ratios(runners, out)
     if a.profile:
-        profiled = {}
-        for name, profiles in profile_steps(runners, a.profile_steps).items():
-            table, shares, profiled[name] = op_summary(profiles, a.rows)
-            out(f"\n=== {name}: the median of {a.profile_steps} profiled steps, by self CPU time\n{table}")
-            for group, share in sorted(shares.items(), key=lambda kv: -kv[1]):
-                out(f"{name}_self_cpu_share_{group}={share:.3f}")
-        for name, ops in profiled.items():
-            if name != "trainops":
-                out(f"\n=== where trainops and {name} differ (self CPU per step, medians)")
-                out(gap_table(profiled["trainops"], ops, a.rows))
+        _print_profiles(runners, a, out)
     parallel.shutdown()
 
 

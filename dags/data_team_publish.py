@@ -19,12 +19,14 @@ named after the run), so a retry simply writes it again.
 
 from __future__ import annotations
 
+import zlib
 from datetime import timedelta
 
 import pendulum
 from airflow.sdk import DAG, Param, task
 
 from trainops.recipes import sources
+from trainops.settings import resolve_storage_root
 
 with DAG(
     dag_id="data_team_publish",
@@ -51,10 +53,6 @@ with DAG(
     @task(outlets=[sources.RAW_DEMO_ASSET])
     def land_raw_data(params=None, dag_run=None, outlet_events=None) -> dict:
         """Write this run's snapshot and announce it on the Asset, with its URI and row count."""
-        import zlib
-
-        from trainops.settings import resolve_storage_root
-
         extra = sources.land_demo_batch(
             resolve_storage_root(None),
             dag_run.run_id,

@@ -30,11 +30,16 @@ the same GPU hours.
 
 from __future__ import annotations
 
+import json
+import logging
 from datetime import timedelta
 
 import pendulum
-from airflow.sdk import DAG, task
+import yaml
+from airflow.sdk import DAG, Variable, task
 
+from trainops.cost.estimate import estimate_lines
+from trainops.cost.prices import PRICES_VARIABLE
 from trainops.operators import StageDatasetOperator
 from trainops.operators.fail_fast import fail_fast
 from trainops.recipes import form, pipeline, sources
@@ -70,14 +75,6 @@ with DAG(
     @task
     def dry_run(run_plan: dict, dag=None, dag_run=None) -> dict:
         """Render what the train task would launch and estimate its cost; launch nothing."""
-        import json
-
-        import yaml
-        from airflow.sdk import Variable
-
-        from trainops.cost.estimate import estimate_lines
-        from trainops.cost.prices import PRICES_VARIABLE
-
         report = dry_run_report(
             run_plan,
             dag.get_task("train"),
@@ -95,8 +92,6 @@ with DAG(
     @task
     def source(dataset_uri: str) -> str:
         """The raw data; the demo dataset is written first if its default location is empty."""
-        import logging
-
         return sources.ensure_source(dataset_uri, log=logging.getLogger("airflow.task"))
 
     run_plan = plan()

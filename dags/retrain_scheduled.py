@@ -33,6 +33,7 @@ after burning the same GPU hours.
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 import pendulum
@@ -66,8 +67,6 @@ with DAG(
     @task
     def source(dataset_uri: str) -> str:
         """The raw data; the demo dataset is written first if its default location is empty."""
-        import logging
-
         return sources.ensure_source(dataset_uri, log=logging.getLogger("airflow.task"))
 
     run_plan = plan()

@@ -17,6 +17,7 @@ import pendulum
 from airflow.sdk import DAG, Param, task
 
 from trainer.config import MAX_SEED
+from trainer.contract import join
 from trainops.operators import (
     EvaluateModelOperator,
     EvaluationGateOperator,
@@ -24,6 +25,8 @@ from trainops.operators import (
     PromoteModelOperator,
     StageDatasetOperator,
 )
+from trainops.settings import resolve_storage_root
+from trainops.staging.demo_data import write_demo_dataset
 
 MODEL = "demo-lm"
 
@@ -72,10 +75,6 @@ with DAG(
     @task
     def demo_data(params=None) -> str:
         """Write the deterministic demo dataset (Parquet) under the storage root; return its URI."""
-        from trainer.contract import join
-        from trainops.settings import resolve_storage_root
-        from trainops.staging.demo_data import write_demo_dataset
-
         corrupt = bool(params["corrupt_data"])
         uri = join(resolve_storage_root(None), "raw", "demo-text-corrupt" if corrupt else "demo-text")
         write_demo_dataset(uri, rows=4000, seed=0, corrupt=corrupt)

@@ -29,20 +29,11 @@ def project_modules(root: Path = REPO) -> dict[str, Path]:
     return out
 
 
-def _type_checking_lines(tree: ast.AST) -> set[int]:
-    """Line numbers inside ``if TYPE_CHECKING:`` blocks (imports there never run)."""
-    lines: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for child in node.body:
-                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
-    return lines
-
-
 def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The project modules ``name`` imports anywhere in its file (functions included)."""
+    """The project modules ``name`` imports anywhere in its file: inside functions and under
+    ``if TYPE_CHECKING:`` too (a cycle that only type checkers follow is still two modules that
+    each need the other)."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    skip = _type_checking_lines(tree)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
 
@@ -52,8 +43,6 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
         return target or None
 
     for node in ast.walk(tree):
-        if getattr(node, "lineno", 0) in skip:
-            continue
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -134,6 +123,70 @@ MAX_TRAINER_TOP_LEVEL = 20
 
 def test_no_import_cycles_among_our_modules_counting_imports_inside_functions():
     assert cycles(import_graph()) == []
+
+
+# Layers that must not import upwards: (importer, imported) as package prefixes. An operator
+# does not depend on the example DAGs' recipes, and the cluster backends report what the cluster
+# says without knowing how recovery reads it.
+FORBIDDEN_DIRECTIONS = [
+    ("trainops.operators", "trainops.recipes"),
+    ("trainops.cluster", "trainops.recovery"),
+]
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def wrong_way_imports(
+    graph: dict[str, set[str]], forbidden: list[tuple[str, str]] = FORBIDDEN_DIRECTIONS
+) -> list[tuple[str, str]]:
+    """Every (importer, imported) pair of ``graph`` that goes a forbidden direction."""
+    return sorted(
+        (name, target)
+        for name, targets in graph.items()
+        for target in targets
+        for low, high in forbidden
+        if _within(name, low) and _within(target, high)
+    )
+
+
+def test_no_layer_imports_a_layer_above_it():
+    assert wrong_way_imports(import_graph()) == []
+
+
+def test_a_wrong_way_import_is_found_wherever_it_sits(tmp_path):
+    """The check reads imports inside functions and under TYPE_CHECKING alike."""
+    base = tmp_path / "plugins" / "trainops"
+    for package in ("operators", "recipes", "cluster", "recovery"):
+        (base / package).mkdir(parents=True)
+        (base / package / "__init__.py").write_text("")
+    (tmp_path / "trainer").mkdir()
+    (base / "__init__.py").write_text("")
+    (base / "recipes" / "form.py").write_text("class SettingsError(ValueError): ...\n")
+    (base / "recovery" / "classify.py").write_text("EVICTED = 'Evicted'\n")
+    (base / "operators" / "fail_fast.py").write_text(
+        "def f():\n    from trainops.recipes.form import SettingsError\n"
+    )
+    (base / "cluster" / "state.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..recovery.classify import EVICTED\n"
+    )
+    assert wrong_way_imports(import_graph(tmp_path)) == [
+        ("trainops.cluster.state", "trainops.recovery.classify"),
+        ("trainops.operators.fail_fast", "trainops.recipes.form"),
+    ]
+
+
+def test_an_import_under_type_checking_counts_for_cycles(tmp_path):
+    base = tmp_path / "plugins" / "trainops"
+    base.mkdir(parents=True)
+    (tmp_path / "trainer").mkdir()
+    (base / "__init__.py").write_text("")
+    (base / "a.py").write_text("from trainops.b import B\nclass A: ...\n")
+    (base / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from trainops.a import A\nclass B: ...\n"
+    )
+    assert cycles(import_graph(tmp_path)) == [["trainops.a", "trainops.b"]]
 
 
 def test_the_airflow_side_keeps_a_short_top_level():
@@ -224,3 +277,7 @@ if __name__ == "__main__":
     print(f"import_cycles={len(found)}")
     for component in found:
         print("  cycle:", " <-> ".join(component))
+    wrong = wrong_way_imports(import_graph(root))
+    print(f"wrong_way_imports={len(wrong)}")
+    for importer, imported in wrong:
+        print(f"  {importer} -> {imported}")

@@ -55,6 +55,8 @@ from typing import Any, ClassVar
 from urllib.parse import quote, urlencode
 
 from airflow.sdk import BaseOperatorLink
+from airflow.sdk.configuration import conf
+from airflow.sdk.execution_time.xcom import XCom
 
 __all__ = [
     "FLEET_PATH",
@@ -99,8 +101,6 @@ def push_report(operator: object, context: Mapping[str, Any], key: str, uri: str
 
 def _base_url(base_url: str | None) -> str:
     if base_url is None:
-        from airflow.sdk.configuration import conf
-
         base_url = conf.get("api", "base_url", fallback="") or ""
     return base_url.rstrip("/")
 
@@ -163,7 +163,6 @@ class StoredReportLink(BaseOperatorLink):
             uri = (getattr(operator, "pushed_reports", None) or {}).get(self.report_key)
         else:
             # The configured XCom backend, as the task used when it pushed the URI.
-            from airflow.sdk.execution_time.xcom import XCom
 
             uri = XCom.get_value(ti_key=ti_key, key=self.report_key)
         if not isinstance(uri, str) or not uri:

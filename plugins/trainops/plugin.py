@@ -11,6 +11,7 @@ module for why.
 
 from __future__ import annotations
 
+from importlib.metadata import entry_points
 from typing import TYPE_CHECKING
 
 from airflow.plugins_manager import AirflowPlugin
@@ -72,6 +73,4 @@ class TrainopsPlugin(AirflowPlugin):
 
 def registered_by_entry_point() -> bool:
     """True when an installed distribution already publishes this plugin's entry point."""
-    from importlib.metadata import entry_points
-
     return any(ep.value.startswith("trainops.plugin:") for ep in entry_points(group="airflow.plugins"))

@@ -12,10 +12,10 @@ entry point only: listing it here as well would register it twice.
 
 from __future__ import annotations
 
+from trainops import __version__
+
 
 def get_provider_info() -> dict:
-    from trainops import __version__
-
     return {
         "package-name": "trainops",
         "name": "trainops",

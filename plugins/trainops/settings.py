@@ -5,7 +5,13 @@ from __future__ import annotations
 import os
 import pathlib
 
-__all__ = ["default_storage_root", "local_state_dir", "resolve_storage_root"]
+__all__ = ["SettingsError", "default_storage_root", "local_state_dir", "resolve_storage_root"]
+
+
+class SettingsError(ValueError):
+    """A setting of the example DAGs' form (``trainops.recipes.form``) is unknown or invalid;
+    the message names it. Here, below the operators and the recipes, so that ``fail_fast``
+    knows it without importing the recipes (and the form without importing the operators)."""
 
 
 def _airflow_home() -> pathlib.Path:

@@ -197,24 +197,36 @@ def _problem(value: object, spec: _Spec, path: str) -> tuple[str, _Spec, object]
     if isinstance(spec, _Leaf):
         return None if spec.fits(value) else (path, spec, value)
     if isinstance(spec, _List):
-        if not isinstance(value, list):
-            return path, spec, value
-        for i, item in enumerate(value):
-            found = _problem(item, spec.item, _at(path, i))
-            if found:
-                return found
-        return None
+        return _list_problem(value, spec, path)
     if not isinstance(value, dict):
         return path, spec, value
     if isinstance(spec, _Map):
-        for key in spec.required:
-            if key not in value:
-                return _at(path, key), spec.value, _MISSING
-        for key, item in value.items():
-            found = _problem(item, spec.value, _at(path, str(key)))
-            if found:
-                return found
-        return None
+        return _map_problem(value, spec, path)
+    return _obj_problem(value, spec, path)
+
+
+def _list_problem(value: object, spec: _List, path: str) -> tuple[str, _Spec, object] | None:
+    if not isinstance(value, list):
+        return path, spec, value
+    for i, item in enumerate(value):
+        found = _problem(item, spec.item, _at(path, i))
+        if found:
+            return found
+    return None
+
+
+def _map_problem(value: dict, spec: _Map, path: str) -> tuple[str, _Spec, object] | None:
+    for key in spec.required:
+        if key not in value:
+            return _at(path, key), spec.value, _MISSING
+    for key, item in value.items():
+        found = _problem(item, spec.value, _at(path, str(key)))
+        if found:
+            return found
+    return None
+
+
+def _obj_problem(value: dict, spec: _Obj, path: str) -> tuple[str, _Spec, object] | None:
     for key in sorted(spec.required):
         if key not in value:
             return _at(path, key), spec.fields.get(key, _Leaf("present", lambda v: True)), _MISSING

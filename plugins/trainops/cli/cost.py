@@ -10,9 +10,16 @@ running run, or ``--prices``, prices it now from ``job.json`` and the run's metr
 from __future__ import annotations
 
 import sys
+import time
 from typing import TYPE_CHECKING
 
+from trainer.contract import MetricsReader, RunLayout
+from trainer.storage import NotFound, StorageError
+from trainops.cost.accounting import PHASES, account, stored_cost
 from trainops.cost.money import money
+from trainops.cost.prices import PARAMETER_SOURCE, load_prices
+from trainops.hooks.storage import storage_for
+from trainops.shapes import check_job, load
 
 if TYPE_CHECKING:
     from trainops.cost.accounting import RunCost
@@ -30,8 +37,6 @@ PHASE_LABELS = {
 def render(cost: RunCost, run_uri: str, prices_from: str) -> str:
     """The bill as a person reads it: phases per attempt (seconds) and in total (seconds and
     GPU-hours), goodput, recovery times, money, notes; every figure marked an estimate."""
-    from trainops.cost.accounting import PHASES
-
     attempts = cost["attempts"]
     lines = [
         f"Estimated cost of {run_uri}",
@@ -91,15 +96,6 @@ def run_cost(run_uri: str, prices_file: str | None, aws_conn_id: str | None = "a
     """``cost``: print the bill of the run at ``run_uri``; 1 (and why, in one line on stderr)
     when there is no run there, its ``job.json`` is damaged (:func:`trainops.shapes.check_job`
     names the field) or the prices are wrong."""
-    import time
-
-    from trainer.contract import MetricsReader, RunLayout
-    from trainer.storage import NotFound, StorageError
-    from trainops.cost.accounting import account, stored_cost
-    from trainops.cost.prices import PARAMETER_SOURCE, load_prices
-    from trainops.hooks.storage import storage_for
-    from trainops.shapes import check_job, load
-
     layout = RunLayout(run_uri.rstrip("/"))
     store = storage_for(layout.run_uri, aws_conn_id)
     try:

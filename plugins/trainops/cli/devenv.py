@@ -9,6 +9,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import trainops
+from trainops.settings import resolve_storage_root
+
 
 def dev_env(project_dir: str | os.PathLike) -> dict[str, str]:
     """Environment defaults for running Airflow and trainops from ``project_dir``."""
@@ -43,8 +46,6 @@ def checkout_dir(cwd: str | os.PathLike | None = None) -> Path | None:
     """The checkout whose embedded default the commands use: ``cwd`` when it holds ``dags/``
     and ``plugins/trainops/`` (as ``make demo`` runs), else the checkout this ``trainops`` was
     imported from; None for an installed package outside a checkout."""
-    import trainops
-
     for candidate in (Path(cwd or os.getcwd()), Path(trainops.__file__).resolve().parents[2]):
         if (candidate / "dags").is_dir() and (candidate / "plugins" / "trainops").is_dir():
             return candidate.resolve()
@@ -63,8 +64,6 @@ def storage_root_choice(
     :param checkout: the checkout (``demo --project-dir``); None: :func:`checkout_dir`.
     :raises ValueError: the root is not a storage URI (the message names it).
     """
-    from trainops.settings import resolve_storage_root
-
     if explicit:
         return resolve_storage_root(explicit), "from --storage-root"
     if os.environ.get("TRAINOPS_STORAGE_ROOT"):

@@ -24,6 +24,8 @@
 from __future__ import annotations
 
 import argparse
+import getpass
+import importlib.util
 import json
 import os
 import signal
@@ -31,6 +33,18 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from trainer.config import MAX_SEED
+from trainer.contract import check_name
+from trainer.storage import StorageError
+from trainops.cli import summary
+from trainops.cli.cost import run_cost
+from trainops.cli.devenv import apply_dev_env, storage_root_choice
+from trainops.cli.render_job import main as render_job
+from trainops.cli.watch import run_quiet_demo, stop_jobs
+from trainops.hooks.storage import storage_for
+from trainops.registry.promotion import PromotionError
+from trainops.registry.rollback import rollback
 
 DEMO_DAG = "trainops_demo"
 DEMO_TASKS = ("stage", "train", "evaluate", "gate", "promote")
@@ -48,8 +62,6 @@ def _ensure_airflow_db(env: dict) -> None:
 
 def load_dag(dags_folder: str, dag_id: str):
     """Import one DAG file from the dags folder the way the DAG processor would."""
-    import importlib.util
-
     path = Path(dags_folder) / f"{dag_id}.py"
     spec = importlib.util.spec_from_file_location(f"trainops_dags_{dag_id}", path)
     if spec is None or spec.loader is None:
@@ -101,8 +113,6 @@ def run_demo(
     :param result_file: also write the summary, run id, state and duration there (JSON).
     :param seed: the DAG's ``seed`` param (None: the DAG's default, what ``make demo`` trains with).
     """
-    from trainops.cli.devenv import apply_dev_env, storage_root_choice
-
     # A parent that ignored SIGINT (a shell's background job) passes the ignoring on: the
     # quiet demo stops this process with SIGINT, so it must raise KeyboardInterrupt here.
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -112,8 +122,6 @@ def run_demo(
     # dag.test() runs each trigger in this process: no scheduler to race (trainops.triggers.job)
     os.environ.setdefault("AIRFLOW__TRAINOPS__TRIGGER_SETTLE_SECONDS", "0")
     _ensure_airflow_db(env)
-    from trainops.cli import summary
-    from trainops.hooks.storage import storage_for
 
     started = time.monotonic()
     dag = load_dag(env["AIRFLOW__CORE__DAGS_FOLDER"], DEMO_DAG)
@@ -140,11 +148,10 @@ def run_demo(
 def _stop_demo_run(result_file: str | None) -> int:
     """After a Ctrl-C in ``dag.test()``: mark the demo's running DAG run failed and delete its
     jobs (their process groups), say so (and write it to ``result_file``), return 130."""
+    # Deferred: the command line imports Airflow only once apply_dev_env has set its configuration.
     from airflow.models.dagrun import DagRun
     from airflow.utils.session import create_session
-    from airflow.utils.state import DagRunState
-
-    from trainops.cli.watch import stop_jobs
+    from airflow.utils.state import DagRunState  # noqa: PLC0415
 
     run_ids = []
     with create_session() as session:
@@ -168,14 +175,6 @@ def _stop_demo_run(result_file: str | None) -> int:
 
 def run_rollback(model: str, version: int, *, reason: str, by: str | None, storage_root: str | None) -> int:
     """``rollback``: print what changed, or the error on stderr (exit status 1)."""
-    import getpass
-
-    from trainer.storage import StorageError
-    from trainops.cli.devenv import storage_root_choice
-    from trainops.hooks.storage import storage_for
-    from trainops.registry.promotion import PromotionError
-    from trainops.registry.rollback import rollback
-
     try:
         root, source = storage_root_choice(storage_root)
         print(f"storage root: {root} ({source})", flush=True)
@@ -205,8 +204,6 @@ def run_rollback(model: str, version: int, *, reason: str, by: str | None, stora
 def run_airflow(project_dir: str) -> int:
     """``airflow standalone`` on the embedded default (scheduler, DAG processor, triggerer and
     API server on http://localhost:8080), with this interpreter's ``bin`` first on PATH."""
-    from trainops.cli.devenv import storage_root_choice
-
     root, source = storage_root_choice(None, checkout=project_dir)
     print(f"storage root: {root} ({source})", flush=True)
     bin_dir = os.path.dirname(sys.executable)
@@ -223,8 +220,6 @@ def run_airflow(project_dir: str) -> int:
 
 def _seed(text: str) -> int:
     """``--seed``: a whole number the trainer takes (argparse names the option on error)."""
-    from trainer.config import MAX_SEED
-
     try:
         seed = int(text)
     except ValueError:
@@ -236,8 +231,6 @@ def _seed(text: str) -> int:
 
 def _model_name(value: str) -> str:
     """The rollback's MODEL, checked when the command line is parsed (argparse names it)."""
-    from trainer.contract import check_name
-
     try:
         return check_name(value, "model name")
     except ValueError as exc:
@@ -246,8 +239,6 @@ def _model_name(value: str) -> str:
 
 def _default_root_text(checkout: str | None = None) -> str:
     """The storage root a command would use now, for ``--help`` (nothing is applied)."""
-    from trainops.cli.devenv import storage_root_choice
-
     try:
         root, source = storage_root_choice(None, checkout=checkout, apply=False)
     except ValueError as exc:
@@ -323,8 +314,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.command == "cost":
-        from trainops.cli.cost import run_cost
-
         return run_cost(args.run_uri, args.prices)
     if args.command == "rollback":
         return run_rollback(
@@ -335,13 +324,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_demo(
                 args.project_dir, corrupt_data=args.corrupt_data, result_file=args.result_file, seed=args.seed
             )
-        from trainops.cli.watch import run_quiet_demo
 
         return run_quiet_demo(args.project_dir, corrupt_data=args.corrupt_data, seed=args.seed)
     if args.command == "airflow":
         return run_airflow(args.project_dir)
     if args.command == "render-job":
-        from trainops.cli.render_job import main as render_job
-
         return render_job(args.spec)
     return 2

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 from trainops.cluster.credentials import MASK
+from trainops.cluster.kubernetes.render import review_manifests, to_yaml
+from trainops.cluster.spec import JobSpec, JobSpecError
 
 
 class RenderError(ValueError):
@@ -20,8 +22,6 @@ class RenderError(ValueError):
 
 def load_spec(path: str | Path):
     """Read a JobSpec's JSON form; unknown fields and bad values raise, naming them."""
-    from trainops.cluster.spec import JobSpec, JobSpecError
-
     path = Path(path)
     try:
         data = json.loads(path.read_text())
@@ -43,9 +43,6 @@ def render(path: str | Path) -> tuple[str, str | None]:
     """The manifests for the JobSpec in ``path`` as multi-document YAML, every credential-like
     literal value masked (``***``), and why launching it would be refused for those (None: it
     would not; :func:`trainops.cluster.kubernetes.render.review_manifests`)."""
-    from trainops.cluster.kubernetes.render import review_manifests, to_yaml
-    from trainops.cluster.spec import JobSpecError
-
     spec = load_spec(path)
     try:
         manifests, refusal = review_manifests(spec)

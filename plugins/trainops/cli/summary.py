@@ -8,7 +8,10 @@ it, see :mod:`trainops.cost.accounting`), written with the one money rule
 
 from __future__ import annotations
 
+from trainer.contract import production_pointer
+from trainer.storage import NotFound, StorageError
 from trainops.cost.money import money
+from trainops.shapes import ShapeError, check_pointer, load
 
 
 def collect(store, root: str, results: dict, model_name: str, run_note: str | None = None) -> dict:
@@ -16,10 +19,6 @@ def collect(store, root: str, results: dict, model_name: str, run_note: str | No
     (what the gate or promote wrote there when nothing was promoted). A production pointer
     that cannot be read, or is damaged (:func:`trainops.shapes.check_pointer`), is None, and
     ``production_problem`` says why."""
-    from trainer.contract import production_pointer
-    from trainer.storage import NotFound, StorageError
-    from trainops.shapes import ShapeError, check_pointer, load
-
     facts = {
         "model_name": model_name,
         "root": root,

@@ -24,7 +24,14 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+import yaml
+
+from trainer.contract import MetricsReader, RunLayout, run_prefix, safe_segment
+from trainer.storage import NotFound, open_storage
 from trainops.cli import quiet
+from trainops.cli.devenv import apply_dev_env, storage_root_choice
+from trainops.cluster.local.backend import LocalCluster
+from trainops.shapes import ShapeError, check_job, load
 
 DEMO_DAG = "trainops_demo"
 POLL_S = 0.5
@@ -83,9 +90,6 @@ def stop_jobs(dag_id: str, run_id: str | None, *, wait_s: float = 60.0) -> tuple
     """Delete the live local jobs of a DAG run (of any run of ``dag_id`` when ``run_id`` is
     None) and wait up to ``wait_s`` for their processes to go; return the job ids deleted and
     those with a process still left."""
-    from trainer.contract import safe_segment
-    from trainops.cluster.local.backend import LocalCluster
-
     cluster = LocalCluster()
     labels = {"trainops/dag": dag_id}
     if run_id is not None:
@@ -172,10 +176,6 @@ class DemoWatch:
                 self.console.line(quiet.task_line(row))
 
     def _training(self) -> None:
-        from trainer.contract import MetricsReader, RunLayout, run_prefix
-        from trainer.storage import NotFound, open_storage
-        from trainops.shapes import ShapeError, check_job, load
-
         assert self.run_id is not None
         run_uri = run_prefix(self.root, DEMO_DAG, self.run_id, "train")
         layout = RunLayout(run_uri)
@@ -225,8 +225,6 @@ class DemoWatch:
 
 
 def _max_steps(config_yaml: bytes) -> int | None:
-    import yaml
-
     config = yaml.safe_load(config_yaml) or {}
     steps = (config.get("train") or {}).get("max_steps")
     return int(steps) if steps else None
@@ -244,8 +242,6 @@ def run_quiet_demo(
 ) -> int:
     """Run the demo in a child (``demo --verbose``) logging to a file, print its course and
     its summary; 130 after a Ctrl-C, else the child's exit status."""
-    from trainops.cli.devenv import apply_dev_env, storage_root_choice
-
     console = Console(out or sys.stdout)
     root, source = storage_root_choice(None, checkout=project_dir)
     env = apply_dev_env(project_dir)

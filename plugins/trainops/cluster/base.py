@@ -8,7 +8,7 @@ Handles and states are plain JSON-able dicts (TypedDicts): a handle travels thro
 
 # No ``from __future__ import annotations``: TypedDict reads NotRequired at run time.
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Literal, NotRequired, Protocol, TypedDict
+from typing import TYPE_CHECKING, Final, Literal, NotRequired, Protocol, TypedDict
 
 if TYPE_CHECKING:
     from trainops.cluster.spec import JobSpec
@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 Phase = Literal["pending", "running", "succeeded", "failed", "lost"]
 # ``lost``: the job vanished under the gang (its supervisor or its job object is gone)
 FINAL_PHASES: tuple[Phase, ...] = ("succeeded", "failed", "lost")
+# A node's reason when the kubelet evicted its pod for node pressure (the pod's
+# ``status.reason``): the node ran out of disk or memory, which no preemption budget can fix.
+EVICTED: Final = "Evicted"
 
 
 class ObjectRef(TypedDict):

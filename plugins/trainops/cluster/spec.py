@@ -189,6 +189,13 @@ def shutdown_timeout(grace_seconds: int) -> int:
 
 def validate(spec: JobSpec) -> None:
     """Raise JobSpecError naming the first field no backend can run, and what to use."""
+    _check_workload(spec)
+    _check_resources(spec)
+    _check_pod(spec)
+
+
+def _check_workload(spec: JobSpec) -> None:
+    """The job's name, command, shape and image."""
     if not isinstance(spec.name, str) or not _NAME.match(spec.name):
         raise JobSpecError(
             f"JobSpec name {spec.name!r} is not a DNS-1123 label: use lowercase letters, digits and '-'"
@@ -209,6 +216,10 @@ def validate(spec: JobSpec) -> None:
         raise JobSpecError(
             f"JobSpec namespace {spec.namespace!r} is not a DNS-1123 label: use lowercase letters, digits and '-'"
         )
+
+
+def _check_resources(spec: JobSpec) -> None:
+    """Quantities, lifetimes and the choices among capacities, kinds and schedulers."""
     for name in ("cpu", "memory", "shm_size"):
         _check_quantity(name, getattr(spec, name))
     for name in ("cache_size", "ephemeral_storage"):
@@ -234,6 +245,10 @@ def validate(spec: JobSpec) -> None:
         raise JobSpecError(
             f"JobSpec termination_grace_seconds must be an integer >= 1, got {spec.termination_grace_seconds!r}"
         )
+
+
+def _check_pod(spec: JobSpec) -> None:
+    """What goes into the pods: environment, metadata, placement, names and Secrets."""
     for source in ("env", "nccl_env"):
         _check_env(source, getattr(spec, source))
     for source in ("labels", "annotations", "node_selector"):

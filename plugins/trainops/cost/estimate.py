@@ -21,6 +21,7 @@ from trainer.config import Config, accumulation_steps
 from trainer.contract import MetricsRecord, metrics_by_step
 from trainer.presets import PRESETS, ModelArgs, non_embedding_params
 from trainops.cost.money import money
+from trainops.cost.prices import price_of
 
 if TYPE_CHECKING:
     from trainops.cost.prices import Priced, PriceTable
@@ -283,8 +284,6 @@ def estimate_run(
     :param notes: the caller's own assumptions (where the instance type and prices came from),
         said first.
     """
-    from trainops.cost.prices import price_of
-
     if not 0 < mfu <= 1:
         raise ValueError(f"the assumed MFU must be a fraction in (0, 1], got {mfu!r}; 0.4 is typical")
     devices = accelerators(nodes, gpus_per_node)

@@ -45,6 +45,7 @@ from typing import Any
 from trainops.gate.errors import GateConfigError
 from trainops.gate.fields import NumberRule, fmt, is_number, show
 from trainops.gate.records import Check, FailingSlice, Outcome
+from trainops.staging.gx_batch import ephemeral_context
 
 __all__ = [
     "PRODUCTION_COLUMNS",
@@ -314,8 +315,6 @@ def run_slice_checks(
         return []
     # pandas and GX (through staging's context builder) only when slice checks run.
     import pandas as pd
-
-    from trainops.staging.gx_batch import ephemeral_context
 
     expectations = build_expectations(checks)
     rows = slice_rows(candidate, production)

@@ -23,6 +23,7 @@ from typing import Any
 
 from trainer.storage import OUTAGE_TOLERANCE_ENV, Storage, StorageError, open_storage, outage_tolerance
 from trainops.cluster.credentials import without_userinfo
+from trainops.settings import resolve_storage_root
 
 __all__ = [
     "DEFAULT_OUTAGE_TOLERANCE_S",
@@ -57,8 +58,10 @@ def _connection_options(aws_conn_id: str | None) -> dict | None:
     """Storage options from the Airflow connection, or None when there is no such connection."""
     if not aws_conn_id:
         return None
-    from airflow.sdk import BaseHook
-    from airflow.sdk.exceptions import AirflowNotFoundException
+    # Airflow is imported here, not at the top: the command line (rollback, cost) uses this
+    # module without Airflow (2 s, and its configuration, which the demo sets up first).
+    from airflow.sdk import BaseHook  # noqa: PLC0415
+    from airflow.sdk.exceptions import AirflowNotFoundException  # noqa: PLC0415
 
     try:
         conn = BaseHook.get_connection(aws_conn_id)
@@ -104,7 +107,7 @@ def airflow_outage_tolerance() -> float:
     """``[trainops] storage_outage_tolerance`` (``AIRFLOW__TRAINOPS__STORAGE_OUTAGE_TOLERANCE``):
     seconds, default :data:`DEFAULT_OUTAGE_TOLERANCE_S`; ValueError naming the setting when it
     is not a number of seconds >= 0."""
-    from airflow.configuration import conf
+    from airflow.configuration import conf  # noqa: PLC0415 - as in _connection_options: no Airflow for the CLI
 
     raw = conf.get("trainops", "storage_outage_tolerance", fallback=None)
     if raw is None or not str(raw).strip():
@@ -141,8 +144,6 @@ def root_and_storage(
     storage_root: str | None, aws_conn_id: str | None = "aws_default"
 ) -> tuple[str, Storage]:
     """An operator's storage: its ``storage_root`` (or the default root) and a client for it."""
-    from trainops.settings import resolve_storage_root
-
     root = resolve_storage_root(storage_root)
     return root, storage_for(root, aws_conn_id)
 

@@ -18,6 +18,7 @@ constructor stays cheap (it runs at every DAG parse); the backend is built on fi
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from collections.abc import Mapping
@@ -25,11 +26,17 @@ from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, cast
 
+from airflow.configuration import conf
 from airflow.sdk import BaseOperator
 
+import trainops.cluster
+from trainer.contract import safe_segment
 from trainops.cluster import CLUSTERS
+from trainops.links import StoredReportLink, home_url, report_url
+from trainops.operators.cleanup import deletes_finished
 from trainops.operators.job_options import check_job_options
 from trainops.operators.params import seconds
+from trainops.triggers.job import JobTrigger
 from trainops.triggers.outage import DEFAULT_API_OUTAGE_TOLERANCE_S
 
 if TYPE_CHECKING:
@@ -67,8 +74,6 @@ def task_identity(context: Mapping[str, Any]) -> TaskIdentity:
 
 def job_labels(identity: TaskIdentity) -> dict[str, str]:
     """Labels that find a task's live job again after a worker or scheduler restart."""
-    from trainer.contract import safe_segment
-
     return {
         "trainops/dag": safe_segment(identity["dag_id"]),
         "trainops/run": safe_segment(identity["run_id"]),
@@ -89,16 +94,12 @@ def default_deferrable() -> bool:
     """``[trainops] default_deferrable`` (env ``AIRFLOW__TRAINOPS__DEFAULT_DEFERRABLE``), True
     when unset. Not Airflow's ``[operators] default_deferrable``, which ships False: a training
     gang runs for hours and must not hold a worker slot unless someone asks for it."""
-    from airflow.configuration import conf
-
     return conf.getboolean("trainops", "default_deferrable", fallback=True)
 
 
 def wait_here(trigger: Any) -> dict[str, Any]:
     """Run ``trigger`` in this process until its first event (``deferrable=False``): the same
     waiting, polling and logging as in the triggerer, holding this worker slot."""
-    import asyncio
-
     trigger.settle_s = 0.0  # no scheduler to race here (see trainops.triggers.job)
 
     async def first() -> dict[str, Any]:
@@ -123,8 +124,6 @@ class ReportingOperator(BaseOperator):
         return None
 
     def pre_execute(self, context: Any) -> None:
-        from trainops.links import StoredReportLink, home_url, report_url
-
         try:
             names = [link.name for link in self.operator_extra_links if isinstance(link, StoredReportLink)]
             uri = self.report_uri(context)
@@ -212,9 +211,8 @@ class ClusterJobOperator(ReportingOperator):
     @cached_property
     def backend(self) -> ClusterBackend:
         """The cluster backend, built on first use (never at DAG parse)."""
-        from trainops.cluster import get_cluster
-
-        return get_cluster(self.cluster, **self.cluster_options())
+        # Looked up on the package at each call: the one seam where tests put a fake backend.
+        return trainops.cluster.get_cluster(self.cluster, **self.cluster_options())
 
     def task_labels(self, context: Mapping[str, Any]) -> dict[str, str]:
         """The labels of every job this task instance launches (any attempt); ``on_kill``
@@ -229,8 +227,6 @@ class ClusterJobOperator(ReportingOperator):
     def wait_for(self, context: Mapping[str, Any], handle: JobHandle, **trigger_options: Any) -> Any:
         """Wait for the job with :class:`~trainops.triggers.job.JobTrigger` (node 0's log
         lines copied into the task log), then call ``execute_complete`` with its event."""
-        from trainops.triggers.job import JobTrigger
-
         trigger = JobTrigger(
             handle=handle,
             poll_interval=self.poll_interval,
@@ -323,8 +319,6 @@ class ClusterJobOperator(ReportingOperator):
         """Delete a finished job, its Service and PodGroup, once what it left is read and
         recorded (``action``: ``finish`` or ``fail``; unless ``keep_finished_jobs``). A failed
         deletion is logged: the task's outcome stands."""
-        from trainops.operators.cleanup import deletes_finished
-
         if not deletes_finished(self.keep_finished_jobs, action):
             return
         try:

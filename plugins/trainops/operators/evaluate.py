@@ -4,12 +4,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from airflow.sdk.exceptions import AirflowFailException
+
+from trainer.contract import RunLayout, join, trainer_argv
+from trainops.cluster.base import JobAlreadyExists
 from trainops.cluster.spec import CAPACITIES
-from trainops.hooks.storage import get_json_object, root_and_storage
-from trainops.operators.base import DEFAULT_IMAGE, ClusterJobOperator
+from trainops.hooks.storage import get_json_object, job_env_for, root_and_storage
+from trainops.operators.base import DEFAULT_IMAGE, ClusterJobOperator, task_identity
+from trainops.operators.deadlines import waiting_failed
 from trainops.operators.fail_fast import fail_fast
 from trainops.operators.job_options import check_renders
+from trainops.operators.launch_plan import one_process_job
 from trainops.operators.params import as_int, known_at_run_time, name_param, optional_seconds
+from trainops.operators.preflight import check_gpus
+from trainops.registry.errors import MalformedPointer, RegistryNameConflict
+from trainops.registry.promotion import read_production
+from trainops.triggers.events import check_event
 
 if TYPE_CHECKING:
     from trainer.contract import RunLayout
@@ -109,16 +119,6 @@ class EvaluateModelOperator(ClusterJobOperator):
 
     @fail_fast
     def execute(self, context: Any) -> Any:
-        from airflow.sdk.exceptions import AirflowFailException
-
-        from trainer.contract import RunLayout, trainer_argv
-        from trainops.hooks.storage import job_env_for
-        from trainops.operators.base import task_identity
-        from trainops.operators.launch_plan import one_process_job
-        from trainops.operators.preflight import check_gpus
-        from trainops.registry.errors import MalformedPointer, RegistryNameConflict
-        from trainops.registry.promotion import read_production
-
         name_param("model_name", self.model_name)  # before anything is read or launched
         for key in ("run_uri", "config_uri", "export_uri"):
             if not isinstance(self.training, dict) or not self.training.get(key):
@@ -168,7 +168,6 @@ class EvaluateModelOperator(ClusterJobOperator):
                 "production_version": production["version"] if production else None,
             },
         )
-        from trainops.cluster.base import JobAlreadyExists
 
         try:
             handle = self.backend.launch(spec)
@@ -181,16 +180,10 @@ class EvaluateModelOperator(ClusterJobOperator):
 
     @staticmethod
     def _request_uri(layout: RunLayout) -> str:
-        from trainer.contract import join
-
         return join(layout.run_uri, "eval", "request.json")
 
     @fail_fast
     def execute_complete(self, context: Any, event: object = None) -> dict[str, Any]:
-        from trainer.contract import RunLayout
-        from trainops.operators.deadlines import waiting_failed
-        from trainops.triggers.events import check_event
-
         checked = check_event(event, expected=("finished", "timeout", "error"))
         handle, state = checked["handle"], checked.get("state")
         if checked["status"] == "error":  # watching failed, not the job: leave it running

@@ -21,8 +21,8 @@ from trainer.config import ConfigError
 from trainops.cluster.spec import JobSpecError
 from trainops.gate.errors import GateConfigError, GateInputError
 from trainops.operators.params import ParameterError
-from trainops.recipes.form import SettingsError
 from trainops.recovery.record import RunFolderTaken
+from trainops.settings import SettingsError
 from trainops.staging.errors import StagingError
 
 __all__ = ["UNRETRYABLE", "fail_fast", "unretryable"]

@@ -8,6 +8,7 @@ from typing import Any
 
 from airflow.sdk import Context
 
+from trainer.contract import RunLayout
 from trainops.gate.checks import (
     DEFAULT_CHECKS,
     SLICE_KINDS,
@@ -17,9 +18,14 @@ from trainops.gate.checks import (
     format_table,
     validate_checks,
 )
+from trainops.gate.slices import build_expectations, slice_rows
+from trainops.gate.verdict import rejection_note
+from trainops.hooks.storage import storage_for
 from trainops.links import GateDecisionLink, push_report
+from trainops.operators import notes  # write_notes looked up at each call: tests replace it
 from trainops.operators.base import ReportingOperator
 from trainops.operators.fail_fast import fail_fast
+from trainops.settings import resolve_storage_root
 
 # The report app's XCom key for the gate decision (see trainops.links).
 GATE_REPORT_KEY = "trainops_gate_report"
@@ -98,23 +104,15 @@ class EvaluationGateOperator(ReportingOperator):
     def report_uri(self, context: Mapping[str, Any]) -> str | None:
         """The decision's ``eval/gate.json``, under the run the (rendered) evaluation names;
         None when the evaluation is not a mapping with a ``run_uri`` (``execute`` says why)."""
-        from trainer.contract import RunLayout
-
         run_uri = self.evaluation.get("run_uri") if isinstance(self.evaluation, Mapping) else None
         return RunLayout(run_uri).eval_gate if isinstance(run_uri, str) and run_uri else None
 
     @fail_fast
     def execute(self, context: Context) -> dict:
-        from trainer.contract import RunLayout
-        from trainops.hooks.storage import storage_for
-        from trainops.settings import resolve_storage_root
-
         # Rendered now: validate again, and let GX refuse a slice expectation up front.
         checks = validate_checks(self.checks, templates="rendered")
         slice_checks = [c for c in checks if c["kind"] in SLICE_KINDS]
         if slice_checks:
-            from trainops.gate.slices import build_expectations
-
             build_expectations(slice_checks)
         evaluation = check_evaluation(self.evaluation, checks)
         decision = decide(
@@ -143,8 +141,6 @@ class EvaluationGateOperator(ReportingOperator):
             "decided_at": datetime.now(UTC).isoformat(timespec="seconds"),
         }
         if slice_checks:
-            from trainops.gate.slices import slice_rows
-
             record["slice_table"] = slice_rows(evaluation["candidate"], evaluation.get("production"))
         storage_for(root, self.aws_conn_id).put_json(gate_uri, record)
         push_report(self, context, GATE_REPORT_KEY, gate_uri)
@@ -171,11 +167,8 @@ class EvaluationGateOperator(ReportingOperator):
 
     def _leave_notes(self, context: Context, result: dict) -> None:
         """Say why on the DAG run's note and this task's note, where a person looks first."""
-        from trainops.gate.verdict import rejection_note
-        from trainops.operators.notes import write_notes
-
         note = rejection_note(result)
-        how = write_notes(context, run_note=note, task_note=note, log=self.log)
+        how = notes.write_notes(context, run_note=note, task_note=note, log=self.log)
         if how is not None:
             self.log.info("the DAG run's note says why (written through the %s)", how)
 

@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from trainops.cluster.kubernetes.render import render_manifests
 from trainops.cluster.spec import JobSpec
 
 # JobSpec fields the operators set themselves, and what to do instead of job_options.
@@ -61,6 +62,5 @@ def check_renders(cluster: str, **fields: Any) -> None:
     kind cannot express) fails when the DAG is parsed, not at launch."""
     if cluster != "kubernetes":
         return
-    from trainops.cluster.kubernetes.render import render_manifests
 
     render_manifests(JobSpec(name="check", args=["python", "-m", "trainer", "check"], **fields))

@@ -14,8 +14,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from trainer.config import accumulation_steps, config_from_mapping, dump_yaml, replicate_degree
+from trainer.contract import ENV_ATTEMPT, ENV_GPUS_PER_NODE, RunLayout, trainer_argv
+from trainer.presets import param_count
+from trainops.cluster.kubernetes.nodes import instance_type
+from trainops.cluster.kubernetes.render import render_manifests
+from trainops.cluster.spec import JobSpec
 from trainops.operators.base import TaskIdentity, job_labels, job_name
+from trainops.operators.cleanup import ttl_options
 from trainops.operators.job_options import merge_job_options
+from trainops.operators.sizing import fit_warnings, pod_resources, preset_args
 
 if TYPE_CHECKING:
     from trainer.config import Config
@@ -91,14 +99,10 @@ def resolve_trainer_config(base: Mapping[str, Any], world_size: int) -> str:
     key, a wrong type, a value that is not finite or a global batch the ranks cannot split
     fails here, naming the key, before any job is launched.
     """
-    from trainer.config import dump_yaml
-
     return str(dump_yaml(_checked(base, world_size)))
 
 
 def _checked(base: Mapping[str, Any], world_size: int | None) -> Config:
-    from trainer.config import accumulation_steps, config_from_mapping, replicate_degree
-
     config = config_from_mapping(base)
     if world_size is not None:
         accumulation_steps(config.train, world_size)
@@ -130,8 +134,6 @@ def checked_run_config(
 
 def run_config(user: Mapping[str, Any] | None, *, run_uri: str, data_uri: str, world_size: int) -> str:
     """The resolved ``config.yaml`` of a training run (:func:`checked_run_config` as YAML)."""
-    from trainer.config import dump_yaml
-
     return str(dump_yaml(checked_run_config(user, run_uri=run_uri, data_uri=data_uri, world_size=world_size)))
 
 
@@ -141,10 +143,6 @@ def sized(settings: LaunchSettings, config: Config) -> LaunchSettings:
     warning in the log for each way the model cannot fit the GPUs
     (:func:`trainops.operators.sizing.fit_warnings`). For the operator and the dry run alike, so
     both show the same numbers."""
-    from trainer.presets import param_count
-    from trainops.cluster.kubernetes.nodes import instance_type
-    from trainops.operators.sizing import fit_warnings, pod_resources, preset_args
-
     args = preset_args(config)
     found = pod_resources(
         gpus_per_node=settings.gpus_per_node,
@@ -179,10 +177,6 @@ def training_attempt(
     :param capacity: the run's capacity now (``spot-then-on-demand`` moves to ``on-demand``).
     :param storage_env: the storage endpoint and region (``trainops.hooks.storage.job_env_for``).
     """
-    from trainer.contract import ENV_ATTEMPT, ENV_GPUS_PER_NODE, RunLayout, trainer_argv
-    from trainops.cluster.spec import JobSpec
-    from trainops.operators.cleanup import ttl_options
-
     layout = RunLayout(run_uri)
     options = {
         **settings.disk,
@@ -258,9 +252,6 @@ def one_process_job(
     :param labels: the job's labels (the task's, and whatever else marks this job).
     :param gpus_per_node: GPUs of the node, also told to the process (``TRAINOPS_GPUS_PER_NODE``).
     """
-    from trainer.contract import ENV_GPUS_PER_NODE
-    from trainops.cluster.spec import JobSpec
-
     return JobSpec(
         name=job_name(prefix, identity, attempt),
         args=args,
@@ -281,6 +272,5 @@ def manifests_of(cluster: str, spec: JobSpec) -> list[dict[str, Any]]:
     values are ever in them, only references); nothing for other backends."""
     if cluster != "kubernetes":
         return []
-    from trainops.cluster.kubernetes.render import render_manifests
 
     return list(render_manifests(spec))

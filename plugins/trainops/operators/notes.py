@@ -43,6 +43,12 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
+import httpx
+from airflow.configuration import conf
+from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
+from sqlalchemy import select
+
 from trainer.storage.retry import backoff_delay
 from trainops.gate.verdict import fit_note
 from trainops.operators.base import task_identity
@@ -90,8 +96,6 @@ def combined_note(existing: str | None, ours: str) -> str:
 
 def api_conn_id() -> str:
     """``[trainops] airflow_api_conn_id`` (env ``AIRFLOW__TRAINOPS__AIRFLOW_API_CONN_ID``)."""
-    from airflow.configuration import conf
-
     return conf.get("trainops", "airflow_api_conn_id", fallback=DEFAULT_API_CONN_ID) or DEFAULT_API_CONN_ID
 
 
@@ -137,7 +141,6 @@ def _via_database(ids: Mapping[str, Any], run_note: str, task_note: str | None) 
         from airflow.models.dagrun import DagRun
         from airflow.models.taskinstance import TaskInstance
         from airflow.utils.session import create_session
-        from sqlalchemy import select
 
         with create_session() as session:
             dag_run = session.scalar(select(DagRun).filter_by(dag_id=ids["dag_id"], run_id=ids["run_id"]))
@@ -169,10 +172,6 @@ def _via_api(
     ``client``: an httpx client to use instead of one for the connection's host (tests).
     ``log``: where each retry is said (``info``). Raises :class:`NoteNotWritten` when a request
     is refused for good or its transient failures outlast :data:`NOTE_BUDGET_S`."""
-    import httpx
-    from airflow.sdk import BaseHook
-    from airflow.sdk.exceptions import AirflowNotFoundException
-
     try:
         conn = BaseHook.get_connection(conn_id)
     except AirflowNotFoundException:
@@ -252,8 +251,6 @@ def _seconds(value: str | None) -> float | None:
 def _fault(exc: BaseException) -> str | None:
     """What a request that got no reply ran into, when trying again may cure it: a timeout, or a
     connection refused, reset or closed without a reply; None for anything else."""
-    import httpx
-
     if isinstance(exc, httpx.TimeoutException):
         return "timeout"
     if isinstance(exc, httpx.NetworkError | httpx.RemoteProtocolError):

@@ -7,8 +7,15 @@ the job never starts, so no GPU time is spent finding out.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+
+from trainer.config import builder_parts, check_data_fit
+from trainer.contract import MANIFEST_FORMAT, MANIFEST_NAME, join
+from trainer.storage import NotFound
+from trainops.cluster.local.builder_lookup import find_builder, local_problem
+from trainops.cluster.local.gpus import host_gpus, shortfall
 
 if TYPE_CHECKING:
     from trainer.config import Config
@@ -22,9 +29,6 @@ STAGED_VERSION = (
 def dataset_manifest(storage: Storage, data_uri: str) -> dict[str, Any]:
     """The manifest of the dataset version at ``data_uri``; ValueError saying what is there
     instead when it is not a staged version."""
-    from trainer.contract import MANIFEST_FORMAT, MANIFEST_NAME, join
-    from trainer.storage import NotFound
-
     uri = join(data_uri, MANIFEST_NAME)
     try:
         manifest = storage.get_json(uri)
@@ -37,8 +41,6 @@ def dataset_manifest(storage: Storage, data_uri: str) -> dict[str, Any]:
 
 def missing_dataset(data_uri: str, stored: list[str]) -> str:
     """What to say about ``data_uri``, which holds no manifest, given what is stored under it (pure)."""
-    from trainer.contract import MANIFEST_NAME
-
     if not stored:
         return f"dataset {data_uri!r} does not exist (nothing is stored under it): point dataset at {STAGED_VERSION}"
     versions = [u.removesuffix(f"/{MANIFEST_NAME}") for u in stored if u.endswith(f"/{MANIFEST_NAME}")]
@@ -56,8 +58,6 @@ def missing_dataset(data_uri: str, stored: list[str]) -> str:
 
 def check_fit(config: Config, manifest: Mapping[str, Any], *, world_size: int) -> None:
     """The trainer's own rule (``trainer.config.check_data_fit``) on the manifest's numbers."""
-    from trainer.config import check_data_fit
-
     try:
         train_tokens = int(manifest["splits"]["train"]["tokens"])
         vocab = int(manifest["tokenizer"]["vocab_size"])
@@ -77,8 +77,6 @@ def check_builder(builder: str | None, cluster: str, *, env: Mapping[str, str]) 
     function, and one not found here is left to the trainer in the image."""
     if builder is None:
         return
-    from trainer.config import builder_parts
-    from trainops.cluster.local.builder_lookup import find_builder, local_problem
 
     module, function = builder_parts(builder)
     problem = local_problem(builder, env) if cluster == "local" else find_builder(module, function).problem
@@ -91,9 +89,6 @@ def check_gpus(cluster: str, *, nodes: int, gpus_per_node: int, env: Mapping[str
     driver's ``/proc`` entries; never torch); ``env`` is the job's own environment."""
     if cluster != "local" or gpus_per_node == 0:
         return
-    import os
-
-    from trainops.cluster.local.gpus import host_gpus, shortfall
 
     problem = shortfall(nodes, gpus_per_node, host_gpus({**os.environ, **env}))
     if problem:

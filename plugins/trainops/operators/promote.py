@@ -9,11 +9,25 @@ from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from trainops.gate.verdict import rejection_reason
+from trainops.hooks.storage import root_and_storage
 from trainops.links import ModelCardLink, push_report
+from trainops.operators import notes  # write_notes looked up at each call: tests replace it
 from trainops.operators.base import ReportingOperator
 from trainops.operators.fail_fast import fail_fast
 from trainops.operators.params import known_at_run_time, name_param
-from trainops.registry.retention import check_policy
+from trainops.registry.card import build_card, by_label, trigger_of
+from trainops.registry.errors import MalformedPointer, RegistryNameConflict
+from trainops.registry.identity import compare_with_production
+from trainops.registry.promotion import ProductionMovedError, RegateRejected, promote
+from trainops.registry.regate import make_regate
+from trainops.registry.retention import (
+    apply_plan,
+    check_policy,
+    plan_pruning,
+    protected_runs,
+    runs_scope,
+    scan_runs,
+)
 
 # The report app's XCom key for the promoted version's card (see trainops.links).
 MODEL_CARD_KEY = "trainops_model_card"
@@ -104,8 +118,6 @@ class PromoteModelOperator(ReportingOperator):
 
     @fail_fast
     def execute(self, context: Context) -> dict:
-        from trainops.registry.errors import MalformedPointer, RegistryNameConflict
-
         name_param("model_name", self.model_name)  # before anything is read or written
         gate = _require(self.gate, "gate", ("approved", "checks", "production_version"))
         try:
@@ -116,9 +128,6 @@ class PromoteModelOperator(ReportingOperator):
 
     def _promote(self, context: Context, gate: dict) -> dict:
         """:meth:`execute` once the name and the gate result are checked."""
-        from trainops.hooks.storage import root_and_storage
-        from trainops.registry.promotion import ProductionMovedError, RegateRejected, promote
-
         root, storage = root_and_storage(self.storage_root, self.aws_conn_id)
         if not gate["approved"]:
             if self.retention is not None:
@@ -133,10 +142,6 @@ class PromoteModelOperator(ReportingOperator):
                 f"the gate compared model {gated_name!r}, but model_name is {self.model_name!r}; "
                 "pass the same model_name to EvaluateModelOperator and PromoteModelOperator"
             )
-
-        from trainops.registry.card import build_card, by_label, trigger_of
-        from trainops.registry.identity import compare_with_production
-        from trainops.registry.regate import make_regate
 
         compared = compare_with_production(
             storage, root, self.model_name, export_uri=training["export_uri"], run_uri=training["run_uri"]
@@ -208,22 +213,13 @@ class PromoteModelOperator(ReportingOperator):
     def _skip(self, context: Context, reason: str, note: str) -> NoReturn:
         """Skip with ``reason`` as the task's message, and ``note`` on the run's and the task's
         notes (the gate wrote none: it approved)."""
-        from trainops.operators.notes import write_notes
-
-        write_notes(context, run_note=note, task_note=note, log=self.log)
+        notes.write_notes(context, run_note=note, task_note=note, log=self.log)
         raise AirflowSkipException(f"not promoting {self.model_name}: {reason}")
 
     def _prune(self, storage, root: str, training: dict) -> list[str]:
         """Apply the retention policy (if any); a failure is logged, never fatal."""
         if self.retention is None:
             return []
-        from trainops.registry.retention import (
-            apply_plan,
-            plan_pruning,
-            protected_runs,
-            runs_scope,
-            scan_runs,
-        )
 
         try:
             runs = scan_runs(storage, runs_scope(training["run_uri"]), self.model_name)

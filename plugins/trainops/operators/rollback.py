@@ -8,8 +8,11 @@ from typing import Any
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException
 
+from trainops.hooks.storage import root_and_storage
 from trainops.operators.fail_fast import fail_fast
 from trainops.operators.params import known_at_run_time, name_param
+from trainops.registry.promotion import PromotionError
+from trainops.registry.rollback import rollback
 
 
 class RollbackModelOperator(BaseOperator):
@@ -71,10 +74,6 @@ class RollbackModelOperator(BaseOperator):
 
     @fail_fast
     def execute(self, context: Context) -> dict:
-        from trainops.hooks.storage import root_and_storage
-        from trainops.registry.promotion import PromotionError
-        from trainops.registry.rollback import rollback
-
         name_param("model_name", self.model_name)
         version = _version(self.version)
         dag_run = context.get("dag_run")

@@ -33,6 +33,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from trainer.presets import PRESETS, non_embedding_params, param_count
+from trainops.cluster.kubernetes.nodes import instance_type
+from trainops.cost.estimate import gpu_of
+
 if TYPE_CHECKING:
     from trainer.config import Config
     from trainer.presets import ModelArgs
@@ -93,8 +97,6 @@ def dataset_bytes(manifest: Mapping[str, Any]) -> int:
 def model_params(config: Config, manifest: Mapping[str, Any]) -> int | None:
     """Parameters of the preset the run trains, with the vocabulary it will have (the
     config's, else the dataset tokenizer's); None for a ``model.builder`` model."""
-    from trainer.presets import PRESETS, param_count
-
     if config.model.builder is not None:
         return None
     vocab = config.model.vocab_size or int(manifest["tokenizer"]["vocab_size"])
@@ -221,8 +223,6 @@ class PodResources:
 def preset_args(config: Config) -> ModelArgs | None:
     """The preset's hyper-parameters with the config's vocabulary (else the preset's reference
     size: the dataset's is not known before staging); None for a ``model.builder`` model."""
-    from trainer.presets import PRESETS
-
     if config.model.builder is not None:
         return None
     args = PRESETS[config.model.preset]
@@ -280,8 +280,6 @@ class GpuMemory:
 def gpu_memory_of(instance_type: str | None) -> tuple[int, str]:
     """``(bytes, description)`` of one GPU of ``instance_type``; the stated default (80 GB)
     when it is not known."""
-    from trainops.cost.estimate import gpu_of
-
     found = gpu_of(instance_type)
     if instance_type is None or found is None:
         return DEFAULT_GPU_MEMORY, DEFAULT_GPU
@@ -294,8 +292,6 @@ def gpu_memory(config: Config, *, world_size: int, instance_type: str | None) ->
     ``model.builder`` model): 16 bytes per parameter over the GPUs, two layers gathered, and
     roughly the activations of one micro-batch (``train.activation_checkpointing``: a
     checkpointed block keeps only its input), and the logits."""
-    from trainer.presets import param_count
-
     args = preset_args(config)
     if args is None:
         return None
@@ -337,8 +333,6 @@ def fit_warnings(
       over every GPU), two gathered layers and the activations exceed 90 % of one GPU's memory
       (the instance type's GPU from the node selector, else 80 GB).
     """
-    from trainer.presets import non_embedding_params, param_count
-
     args = preset_args(config)
     if args is None:
         return []
@@ -389,8 +383,6 @@ def fit_warnings(
 def sizing_record(config: Config, spec: JobSpec) -> dict[str, Any]:
     """What the dry run prints about sizing: the pod resources ``spec`` got, one GPU's memory
     (None on CPUs or for a ``model.builder`` model) and the warnings (:func:`fit_warnings`)."""
-    from trainops.cluster.kubernetes.nodes import instance_type
-
     kind = instance_type(spec.node_selector)
     found = (
         gpu_memory(config, world_size=spec.nodes * spec.gpus_per_node, instance_type=kind)

@@ -6,12 +6,23 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from airflow.sdk import Asset, AssetAlias, Context
+from airflow.sdk.exceptions import AirflowFailException
 
+from trainer.contract import join, run_prefix
+from trainer.storage import NotFound
+from trainops.cluster.base import JobAlreadyExists
+from trainops.hooks.storage import get_json_object, job_env_for, storage_for
 from trainops.links import ValidationReportLink
-from trainops.operators.base import DEFAULT_IMAGE, ClusterJobOperator
+from trainops.operators.base import DEFAULT_IMAGE, ClusterJobOperator, task_identity
+from trainops.operators.deadlines import waiting_failed
 from trainops.operators.fail_fast import fail_fast
 from trainops.operators.job_options import check_renders
+from trainops.operators.launch_plan import one_process_job
+from trainops.operators.stage_spark import stage_on_spark
+from trainops.settings import resolve_storage_root
 from trainops.staging.assets import ASSET_ALIAS, asset_name, asset_uri, event_extra, is_runtime_name
+from trainops.staging.errors import DataValidationError
+from trainops.staging.job import build_request
 from trainops.staging.options import (
     check_dataset_name,
     check_engine,
@@ -19,9 +30,11 @@ from trainops.staging.options import (
     check_quarantine,
     check_tokenizer,
 )
-from trainops.staging.reader import DEFAULT_BATCH_ROWS
-from trainops.staging.suite import check_suite_spec
+from trainops.staging.reader import DEFAULT_BATCH_ROWS, check_not_empty_parquet, list_source_objects
+from trainops.staging.stage import stage_dataset
+from trainops.staging.suite import check_suite_spec, resolve_suite
 from trainops.staging.tokenize import DEFAULT_EVAL_PERCENT, DEFAULT_SHARD_TOKENS
+from trainops.triggers.events import check_event
 
 __all__ = ["StageDatasetOperator", "dataset_asset"]
 
@@ -196,20 +209,11 @@ class StageDatasetOperator(ClusterJobOperator):
 
     @fail_fast
     def execute(self, context: Context) -> dict:
-        from airflow.sdk.exceptions import AirflowFailException
-
-        from trainops.hooks.storage import storage_for
-        from trainops.settings import resolve_storage_root
-        from trainops.staging.errors import DataValidationError
-        from trainops.staging.stage import stage_dataset
-
         check_dataset_name(self.dataset_name)  # before anything is read or written
         root = resolve_storage_root(self.storage_root)
         threshold = self.job_threshold_bytes
         try:
             if self.engine == "spark":
-                from trainops.operators.stage_spark import stage_on_spark
-
                 return self._finish(context, stage_on_spark(self, root))
             if threshold is not None and (size := self._source_bytes()) > threshold:
                 self.log.info(
@@ -262,28 +266,16 @@ class StageDatasetOperator(ClusterJobOperator):
     def _source_bytes(self) -> int:
         """The source's total size (the sum of its objects' sizes); a zero-byte Parquet object
         is refused here already, before a staging job is asked for."""
-        from trainops.hooks.storage import storage_for
-        from trainops.staging.reader import check_not_empty_parquet, list_source_objects
-
         objects = list_source_objects(storage_for(self.source_uri, self.aws_conn_id), self.source_uri)
         check_not_empty_parquet(objects)
         return sum(int(o.size or 0) for o in objects)
 
     def _job_uris(self, context: Context, root: str) -> tuple[str, str]:
-        from trainer.contract import join, run_prefix
-        from trainops.operators.base import task_identity
-
         i = task_identity(context)
         prefix = join(run_prefix(root, i["dag_id"], i["run_id"], i["task_id"], i["map_index"]), "stage")
         return join(prefix, "request.json"), join(prefix, "result.json")
 
     def _stage_in_job(self, context: Context, root: str) -> dict:
-        from trainops.hooks.storage import job_env_for, storage_for
-        from trainops.operators.base import task_identity
-        from trainops.operators.launch_plan import one_process_job
-        from trainops.staging.job import build_request
-        from trainops.staging.suite import resolve_suite
-
         request_uri, result_uri = self._job_uris(context, root)
         store = storage_for(root, self.aws_conn_id)
         live = self.live_jobs(context)
@@ -323,7 +315,6 @@ class StageDatasetOperator(ClusterJobOperator):
                 job_options=self.job_options,
                 storage_env=job_env_for(root, self.aws_conn_id),
             )
-            from trainops.cluster.base import JobAlreadyExists
 
             try:
                 handle = self.backend.launch(spec)
@@ -338,9 +329,6 @@ class StageDatasetOperator(ClusterJobOperator):
     def execute_complete(self, context: Context, event: object = None) -> dict:
         """The staging job ended: read its result record and finish as staging in the worker
         would; then delete the job (its logs tail is in any error this raises)."""
-        from trainops.operators.deadlines import waiting_failed
-        from trainops.triggers.events import check_event
-
         checked = check_event(event, expected=("finished", "timeout", "error"))
         handle = checked["handle"]
         if checked["status"] == "error":  # watching failed, not the job: leave it running
@@ -358,12 +346,6 @@ class StageDatasetOperator(ClusterJobOperator):
 
     def _read_result(self, context: Context, checked: Any) -> dict:
         """The finished staging job's result record, as staging in the worker would return it."""
-        from airflow.sdk.exceptions import AirflowFailException
-
-        from trainer.storage import NotFound
-        from trainops.hooks.storage import get_json_object, storage_for
-        from trainops.settings import resolve_storage_root
-
         handle = checked["handle"]
         root = resolve_storage_root(self.storage_root)
         _, result_uri = self._job_uris(context, root)

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from airflow.sdk import BaseHook
+
+from trainops.hooks.storage import storage_for
+from trainops.staging.spark.session import remote_from_connection
+from trainops.staging.spark.stage import stage_dataset_spark
+
 
 def stage_on_spark(op: Any, root: str) -> dict:
     """Stage with the Spark engine, driven from this worker (local mode or Spark Connect);
     ``op`` is the StageDatasetOperator. Returns the same record as in-worker staging."""
-    from trainops.hooks.storage import storage_for
-    from trainops.staging.spark.stage import stage_dataset_spark
-
     remote = op.spark_remote
     if remote is None and op.spark_conn_id:
-        from airflow.sdk import BaseHook
-
-        from trainops.staging.spark.session import remote_from_connection
-
         conn = BaseHook.get_connection(op.spark_conn_id)
         remote = remote_from_connection(op.spark_conn_id, conn.host, conn.port)
     return stage_dataset_spark(

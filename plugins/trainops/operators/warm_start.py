@@ -22,6 +22,15 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
+from trainer.config import INIT_AUTO, INIT_NONE, INIT_PRODUCTION, ConfigError, check_init_fit, init_source
+from trainer.contract import MANIFEST_NAME, join
+from trainer.presets import PRESETS
+from trainer.storage import NotFound
+from trainops.registry.pointer import read_production
+from trainops.settings import resolve_storage_root
+
 if TYPE_CHECKING:
     from trainer.config import Config
     from trainer.storage import Storage
@@ -40,8 +49,6 @@ def resolve(
     :param pointer: the production pointer of ``model_name`` (None: never promoted).
     :param earlier: the URI this run resolved ``production``/``auto`` to on an earlier try, if any.
     """
-    from trainer.config import INIT_AUTO, INIT_NONE, INIT_PRODUCTION, init_source
-
     kind = init_source(value)
     if kind == INIT_NONE:
         return INIT_NONE, "init.from=none: training from random weights"
@@ -96,9 +103,6 @@ def source_tokenizer(storage_of: Callable[[str], Storage], source_uri: str) -> d
     """The tokenizer spec the folder at ``source_uri`` was trained with: its ``export.json``'s
     ``tokenizer``, else the ``tokenizer`` of the manifest of its ``data_uri``; None when neither
     can be read."""
-    from trainer.contract import MANIFEST_NAME, join
-    from trainer.storage import NotFound
-
     try:
         info = storage_of(source_uri).get_json(join(source_uri, EXPORT_INFO))
     except (NotFound, ValueError):
@@ -136,13 +140,6 @@ def prepare(
         run's ``config.yaml``, from an earlier try) live.
     :param storage_of: the storage client for another URI (the source folder's, its dataset's).
     """
-    from trainer.config import INIT_NONE, ConfigError, check_init_fit, init_source
-    from trainer.contract import join
-    from trainer.presets import PRESETS
-    from trainer.storage import NotFound
-    from trainops.registry.pointer import read_production
-    from trainops.settings import resolve_storage_root
-
     value = config.init.from_
     pointer, earlier = None, None
     if init_source(value) == "production":
@@ -182,11 +179,6 @@ def prepare(
 
 def _earlier_source(store: Storage, config_uri: str) -> str | None:
     """The URI ``init.from`` was resolved to in the run's ``config.yaml`` by an earlier try, if any."""
-    import yaml
-
-    from trainer.config import init_source
-    from trainer.storage import NotFound
-
     try:
         written = yaml.safe_load(store.get(config_uri))
     except (NotFound, yaml.YAMLError):

@@ -8,6 +8,25 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
+from trainer.config import ConfigError, config_from_mapping, dump_yaml
+from trainer.contract import MetricsReader, MetricsTooLarge, join, run_prefix, safe_segment
+from trainer.storage import NotFound, StorageError
+from trainops.cluster.kubernetes.nodes import instance_type
+from trainops.cluster.kubernetes.pod import masked
+from trainops.cluster.kubernetes.render import review_manifests
+from trainops.cost.estimate import estimate_run, measure_run, same_model
+from trainops.cost.prices import PRICES_VARIABLE, load_prices
+from trainops.cost.runs import runs_below, task_matches
+from trainops.hooks.storage import job_env_for, storage_for
+from trainops.operators.base import TaskIdentity
+from trainops.operators.launch_plan import checked_run_config, sized, training_attempt
+from trainops.operators.params import known_at_run_time
+from trainops.operators.sizing import sizing_record
+from trainops.recovery.record import as_job_record
+from trainops.settings import resolve_storage_root
+
 if TYPE_CHECKING:
     from trainer.config import Config
     from trainer.storage import Storage
@@ -47,18 +66,6 @@ def dry_run_report(
         in for its templated sizing fields, which the plan's XCom feeds when it runs.
     :param prices_variable: the Variable ``trainops_prices`` (JSON text; None: not set).
     """
-    import yaml
-
-    from trainer.config import dump_yaml
-    from trainer.contract import join, run_prefix, safe_segment
-    from trainops.cluster.kubernetes.pod import masked
-    from trainops.cluster.kubernetes.render import review_manifests
-    from trainops.hooks.storage import job_env_for
-    from trainops.operators.base import TaskIdentity
-    from trainops.operators.launch_plan import checked_run_config, sized, training_attempt
-    from trainops.operators.sizing import sizing_record
-    from trainops.settings import resolve_storage_root
-
     root = resolve_storage_root(train.storage_root)
     identity: TaskIdentity = {"dag_id": dag_id, "run_id": run_id, "task_id": train.task_id, "map_index": -1}
     run_uri = run_prefix(root, dag_id, run_id, train.task_id)
@@ -125,13 +132,6 @@ def run_estimate(
     measured by the last run of ``dag_id`` that trained the same model (:func:`last_run`), else
     the preset's FLOPs; the instance type from the job's node selector, else the one that run
     ran on; prices from the task's ``prices``, the Variable and the shipped table."""
-    from trainer.storage import StorageError
-    from trainops.cluster.kubernetes.nodes import instance_type
-    from trainops.cost.estimate import estimate_run
-    from trainops.cost.prices import PRICES_VARIABLE, load_prices
-    from trainops.hooks.storage import storage_for
-    from trainops.operators.params import known_at_run_time
-
     notes = []
     try:
         measured = last_run(storage_for(root, train.aws_conn_id), root, dag_id, train.task_id, config)
@@ -174,15 +174,6 @@ def last_run(storage: Storage, root: str, dag_id: str, task_id: str, config: Con
     or config cannot be read, whose metrics pass :data:`MAX_METRICS_BYTES`, or hold no two
     consecutive steps, is passed over.
     """
-    import yaml
-
-    from trainer.config import ConfigError, config_from_mapping
-    from trainer.contract import MetricsReader, MetricsTooLarge, safe_segment
-    from trainer.storage import NotFound
-    from trainops.cost.estimate import measure_run, same_model
-    from trainops.cost.runs import runs_below, task_matches
-    from trainops.recovery.record import as_job_record
-
     task = safe_segment(task_id)
     found = []
     for uri, run in runs_below(storage, root, dag_id=safe_segment(dag_id)):

@@ -4,19 +4,24 @@ Settings are the same ten keys wherever they come from: the ``retrain_manual`` f
 params), or the ``trainops_retrain`` Variable for the unattended DAGs. Every key has a default
 that runs on the embedded default (``file://`` storage, the local cluster, a tiny model).
 
-DAG files import this module when they are parsed, so at module level it uses only the
-standard library, ``airflow.sdk`` and ``trainer.presets`` (plain data); everything heavier is
-imported inside the functions the tasks call.
+DAG files import this module when they are parsed: the heavy libraries it needs (jsonschema)
+are imported inside the functions the tasks call (pyproject's banned-module-level-imports).
 """
 
 from __future__ import annotations
 
+import difflib
 import re
 
-from airflow.sdk import Param
+from airflow.sdk import Param, Variable
 
+from trainer.contract import join
 from trainer.presets import PRESETS
 from trainops.cluster.spec import CAPACITIES
+from trainops.settings import (
+    SettingsError,  # raised here; imported from here as before
+    resolve_storage_root,
+)
 
 DEMO_DATASET = "demo-text"
 # The Airflow Variable (JSON) holding the unattended DAGs' settings; any key may be left out.
@@ -113,15 +118,8 @@ SETTINGS: dict[str, dict] = {
 }
 
 
-class SettingsError(ValueError):
-    """A setting is unknown or invalid; the message names it."""
-
-
 def demo_source_uri(root: str | None = None) -> str:
     """``<storage root>/raw/demo-text``: where the demo data lives (the demo DAG's too)."""
-    from trainer.contract import join
-    from trainops.settings import resolve_storage_root
-
     return join(resolve_storage_root(root), "raw", DEMO_DATASET)
 
 
@@ -150,8 +148,6 @@ def check_settings(
     naming ``source`` and the key. Airflow checks a triggered run's params itself, but it
     accepts keys it does not know, and Variables are not checked at all.
     """
-    import difflib
-
     import jsonschema
 
     values = dict(values or {})
@@ -251,8 +247,6 @@ def plan_run(settings: dict) -> dict:
 def variable_settings(*, allowed) -> dict:
     """The ``trainops_retrain`` Variable (JSON; absent: all defaults), checked like the form:
     only ``allowed`` keys, each valid. Called in a task, never at parse time."""
-    from airflow.sdk import Variable
-
     value = Variable.get(SETTINGS_VARIABLE, default=None, deserialize_json=True)
     if value is not None and not isinstance(value, dict):
         raise SettingsError(

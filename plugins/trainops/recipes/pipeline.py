@@ -1,10 +1,19 @@
 """The chain every retraining DAG shares: train -> evaluate -> gate -> promote, and where it runs.
 
-Imported when DAG files are parsed: module level holds only plain data; the operators are
-imported inside :func:`train_evaluate_gate_promote`.
+Imported when DAG files are parsed, like the operators it wires; neither imports a heavy
+library at module level (pyproject's banned-module-level-imports).
 """
 
 from __future__ import annotations
+
+from airflow.configuration import conf
+
+from trainops.operators import (
+    EvaluateModelOperator,
+    EvaluationGateOperator,
+    FSDPTrainingOperator,
+    PromoteModelOperator,
+)
 
 # The gate every example DAG applies: an absolute bound well below an untrained model's loss
 # (ln 257 = 5.55 with the byte tokenizer), and no regression against production.
@@ -25,8 +34,6 @@ def deployment() -> dict:
     and the job poll interval that suits the cluster (1 s for local processes, 5 s for the
     Kubernetes API). A deployment choice, not a per-run one: every task of a run must agree
     on it."""
-    from airflow.configuration import conf
-
     cluster = conf.get("trainops", "cluster", fallback="local")
     return {
         "cluster": cluster,
@@ -42,13 +49,6 @@ def train_evaluate_gate_promote(stage, args, *, model: str, place: dict, **train
     ``gpus_per_node``, ``capacity``, ``max_preemptions``, ``trainer_config``), evaluate the
     candidate against production, gate it (:data:`GATE_CHECKS`) and promote it. ``place`` is
     :func:`deployment`'s answer. Returns the four tasks by task id."""
-    from trainops.operators import (
-        EvaluateModelOperator,
-        EvaluationGateOperator,
-        FSDPTrainingOperator,
-        PromoteModelOperator,
-    )
-
     where = {key: place[key] for key in ("cluster", "image", "namespace", "poll_interval")}
     # No Airflow retries for training: preemptions and infrastructure failures have their own
     # budgets inside the task, and a program error would fail the same way again.

@@ -1,14 +1,17 @@
 """Where a run's raw data comes from: the demo dataset, or a data team's asset events.
 
-Imported when DAG files are parsed: module level uses only ``airflow.sdk``; storage and the
-demo data writer are imported inside the functions.
+Imported when DAG files are parsed: what it imports defers the heavy libraries (pyarrow,
+boto3) to the functions that use them (pyproject's banned-module-level-imports).
 """
 
 from __future__ import annotations
 
 from airflow.sdk import Asset
 
+from trainer.contract import join, safe_segment
+from trainops.hooks.storage import storage_for
 from trainops.recipes.form import DEMO_DATASET, dataset_name_for, demo_source_uri
+from trainops.staging.demo_data import write_demo_dataset
 
 # The raw data a data team lands (dags/data_team_publish.py) and retrain_on_new_data is
 # scheduled on. The URI names the feed, not a location: each event's extra carries the
@@ -19,14 +22,11 @@ RAW_DEMO_ASSET = Asset(name="datateam-raw-demo-text", uri="datateam://raw/demo-t
 def ensure_source(uri: str, *, aws_conn_id: str | None = "aws_default", log=None) -> str:
     """``uri``, after writing the demo dataset there if ``uri`` is the storage root's demo
     location and holds nothing yet. Any other URI is returned as is (staging checks it)."""
-    from trainops.hooks.storage import storage_for
-
     if uri.rstrip("/") != demo_source_uri():
         return uri
     store = storage_for(uri, aws_conn_id)
     if store.list(uri):
         return uri
-    from trainops.staging.demo_data import write_demo_dataset
 
     written = write_demo_dataset(uri, rows=4000, seed=0, storage=store)
     if log:
@@ -39,10 +39,6 @@ def land_demo_batch(
 ) -> dict:
     """Write one snapshot of demo data to ``<root>/raw/datateam/demo-text/<batch>``; return
     the asset event's extra: ``{"uri", "rows", "dataset_name", "format"}``."""
-    from trainer.contract import join, safe_segment
-    from trainops.hooks.storage import storage_for
-    from trainops.staging.demo_data import write_demo_dataset
-
     uri = join(root, "raw", "datateam", DEMO_DATASET, safe_segment(batch))
     written = write_demo_dataset(uri, rows=rows, seed=seed, storage=storage_for(root, aws_conn_id))
     return {"uri": written["uri"], "rows": written["rows"], "dataset_name": DEMO_DATASET, "format": "parquet"}

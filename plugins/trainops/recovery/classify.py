@@ -13,7 +13,9 @@ line, which :func:`attempt_record_of` finds in the log tail.
 from typing import Final, Literal, TypedDict
 
 from trainer.contract import AttemptRecord, Cause, attempt_record_in_log
-from trainops.cluster.base import JobState
+
+# EVICTED lives with the cluster's records (the backends report it); imported here as before.
+from trainops.cluster.base import EVICTED, JobState
 
 # ``hung`` (no new step for the hang timeout, see recovery/hang.py) and ``timeout``
 # (job_timeout or the task's execution_timeout) are not classified from a finished job's state:
@@ -23,9 +25,6 @@ SUCCEEDED: Final = "succeeded"
 PREEMPTED: Final = "preempted"
 INFRA: Final = "infra"
 ERROR: Final = "error"
-# A node's reason when the kubelet evicted its pod for node pressure (the pod's
-# ``status.reason``): the node ran out of disk or memory, which no preemption budget can fix.
-EVICTED: Final = "Evicted"
 HUNG: Final = "hung"
 TIMEOUT: Final = "timeout"
 

@@ -33,6 +33,8 @@ import hashlib
 import re
 from typing import Any
 
+import yaml
+
 from trainer.storage import NotFound, Storage
 from trainops.registry.errors import PromotionError
 from trainops.registry.promotion import read_config_bytes
@@ -129,8 +131,6 @@ def parent_of(config: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _read_config(storage: Storage, config_uri: str) -> tuple[bytes, dict[str, Any]]:
-    import yaml
-
     data = read_config_bytes(storage, config_uri)
     try:
         config = yaml.safe_load(data)

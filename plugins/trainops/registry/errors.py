@@ -4,16 +4,16 @@ Every one is a :class:`PromotionError`, so a caller that only reports catches th
 message says what went wrong and what to do next.
 """
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from trainops.registry.pointer import Pointer
+# No postponed annotations here: TypedDict tells required from NotRequired keys at run time
+# only from evaluated annotations (``__required_keys__``).
+from typing import Any, NotRequired, TypedDict
 
 __all__ = [
+    "HistoryEntry",
     "LegacyRegistry",
     "MalformedPointer",
+    "Move",
+    "Pointer",
     "ProductionMovedError",
     "PromotionError",
     "RegateRejected",
@@ -21,6 +21,36 @@ __all__ = [
     "RollbackConflict",
     "version_label",
 ]
+
+
+# The production pointer's records: here, below ``pointer.py`` (which re-exports them), because
+# ProductionMovedError carries the pointer it found.
+class Move(TypedDict):
+    """What a move records in the history, besides the version it moves to."""
+
+    at: str
+    action: str  # "promote" or "rollback"
+    run_uri: str | None  # the run the version came from
+    from_version: NotRequired[int]  # a rollback's: the version it replaced
+    by: NotRequired[str]
+    reason: NotRequired[str]
+    via: NotRequired[str]  # a rollback's task, as dag_id/run_id/task_id
+
+
+class HistoryEntry(Move):
+    version: int
+
+
+class Pointer(TypedDict):
+    """``production.json``: the version in production and every move that led there."""
+
+    format: str
+    model: NotRequired[str]  # the model's exact name; a pointer written by hand may have none
+    version: int
+    uri: str  # the version's prefix, models/<name>/versions/<v>
+    promoted_at: str  # when it became production (the last move's ``at``)
+    run_uri: str | None
+    history: list[HistoryEntry]
 
 
 def version_label(version: int | None) -> str:

@@ -29,11 +29,19 @@ is the one check of a pointer's shape: anything else raises
 import json
 import logging
 from collections.abc import Callable
-from typing import NotRequired, TypedDict, cast
+from typing import TypedDict, cast
 
 from trainer.contract import check_name, legacy_segment, production_pointer, safe_segment
 from trainer.storage import NotFound, PreconditionFailed, Storage
-from trainops.registry.errors import LegacyRegistry, MalformedPointer, PromotionError, RegistryNameConflict
+from trainops.registry.errors import (
+    HistoryEntry,
+    LegacyRegistry,
+    MalformedPointer,
+    Move,
+    Pointer,
+    PromotionError,
+    RegistryNameConflict,
+)
 
 __all__ = [
     "MAX_CAS_TRIES",
@@ -59,34 +67,6 @@ POINTER_FORMAT = "trainops.production/v1"
 MAX_CAS_TRIES = 20
 
 log = logging.getLogger(__name__)
-
-
-class Move(TypedDict):
-    """What a move records in the history, besides the version it moves to."""
-
-    at: str
-    action: str  # "promote" or "rollback"
-    run_uri: str | None  # the run the version came from
-    from_version: NotRequired[int]  # a rollback's: the version it replaced
-    by: NotRequired[str]
-    reason: NotRequired[str]
-    via: NotRequired[str]  # a rollback's task, as dag_id/run_id/task_id
-
-
-class HistoryEntry(Move):
-    version: int
-
-
-class Pointer(TypedDict):
-    """``production.json``: the version in production and every move that led there."""
-
-    format: str
-    model: NotRequired[str]  # the model's exact name; a pointer written by hand may have none
-    version: int
-    uri: str  # the version's prefix, models/<name>/versions/<v>
-    promoted_at: str  # when it became production (the last move's ``at``)
-    run_uri: str | None
-    history: list[HistoryEntry]
 
 
 # The pointer as read (None: there is none yet) -> the pointer to write; raises to stop.

@@ -38,6 +38,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import trainops
 from trainer.contract import check_name, join, model_version_prefix, production_pointer
 from trainer.storage import NotFound, Storage
 from trainops.registry.claims import (
@@ -96,10 +97,6 @@ def _now() -> str:
 
 
 def _trainops_version() -> str:
-    try:
-        import trainops
-    except ImportError:
-        return "0.1.0"
     return getattr(trainops, "__version__", "0.1.0")
 
 

@@ -17,7 +17,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from trainer.contract import MetricsReader, MetricsRecord, MetricsTooLarge
+from trainer.storage import NotFound, StorageError, StorageUnavailable
+from trainops.hooks.storage import storage_for
 from trainops.reports import pages
+from trainops.settings import default_storage_root, resolve_storage_root
 
 if TYPE_CHECKING:
     from trainer.storage import Storage
@@ -163,8 +166,6 @@ def required_access(target: ReportTarget) -> str | None:
 
 def allowed_roots() -> list[str]:
     """The default storage root and the roots in ``$TRAINOPS_REPORT_ROOTS``, read each call."""
-    from trainops.settings import default_storage_root, resolve_storage_root
-
     roots = [default_storage_root()]
     for item in re.split(r"[,\s]+", os.environ.get(REPORT_ROOTS_ENV, "")):
         if not item:
@@ -191,8 +192,6 @@ def check_real_path(target: ReportTarget) -> None:
 def read_report(target: ReportTarget, aws_conn_id: str | None, max_bytes: int = MAX_REPORT_BYTES) -> bytes:
     """The report's bytes, read with the operators' storage client (with the app's outage
     tolerance); ReportRequestError if not: 503 naming the outage when storage is unavailable."""
-    from trainops.hooks.storage import storage_for
-
     if target.uri.startswith("file://"):
         check_real_path(target)
     storage = storage_for(target.root, aws_conn_id, outage_tolerance_s=OUTAGE_TOLERANCE_S)
@@ -201,8 +200,6 @@ def read_report(target: ReportTarget, aws_conn_id: str | None, max_bytes: int = 
 
 def read_with_client(storage: Storage, target: ReportTarget, max_bytes: int) -> bytes:
     """:func:`read_report` with a client at hand (the root and link checks already done)."""
-    from trainer.storage import NotFound, StorageError, StorageUnavailable
-
     try:
         head = storage.head(target.uri)
         if head is None:
@@ -247,9 +244,6 @@ def read_run_metrics(
     The reader of each recently shown run is kept (:data:`READERS_KEPT`), so a reload reads
     only the parts written since.
     """
-    from trainer.storage import StorageError, StorageUnavailable
-    from trainops.hooks.storage import storage_for
-
     run_uri = job.uri[: -len("/" + JOB_NAME)]
 
     def check(uri: str) -> None:

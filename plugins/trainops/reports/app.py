@@ -61,8 +61,8 @@ home page (:mod:`trainops.reports.home`, read by :mod:`trainops.reports.reader`)
 
 The checks and the reading are in :mod:`trainops.reports.access` (the runs' listing in
 :mod:`trainops.reports.fleet_reader`); this module holds the routes
-and the access checks of Airflow's auth manager. It imports FastAPI; Airflow's API security
-modules are imported only by :func:`create_app`, which the plugin calls on the first request
+and the access checks of Airflow's auth manager. It imports FastAPI and Airflow's API security
+modules, so only the API server imports it: the plugin builds the app on the first request
 (see ``trainops.plugin``).
 """
 
@@ -73,11 +73,14 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from airflow.api_fastapi.auth.managers.models.resource_details import AccessView, DagAccessEntity
+from airflow.api_fastapi.core_api.security import get_user, requires_access_dag, requires_access_view
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import HTTPException
 from fastapi.responses import HTMLResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from trainops.links import airflow_base_url
 from trainops.reports import fleet, pages, run_page
 from trainops.reports.access import (
     CONN_ID_ENV,
@@ -90,9 +93,13 @@ from trainops.reports.access import (
     read_run_metrics,
     required_access,
 )
+from trainops.reports.around import around_report
+from trainops.reports.card_page import render_card_page
 from trainops.reports.fleet_reader import FLEET_DEFAULT_RUNS, find_runs, fleet_dag, fleet_limit
 from trainops.reports.frame import Around, frame_links
+from trainops.reports.home import home_page
 from trainops.reports.html import framed
+from trainops.reports.reader import Reads, read_home
 
 # Re-exported: the checks as the app applies them (trainops.reports.access holds them).
 __all__ = ["ReportRequestError", "allowed_roots", "check_report_uri", "create_app", "required_access"]
@@ -110,12 +117,6 @@ _HEADERS = {
 
 
 def _authorize(request: Request, user, dag_id: str | None) -> None:
-    from airflow.api_fastapi.auth.managers.models.resource_details import (
-        AccessView,
-        DagAccessEntity,
-    )
-    from airflow.api_fastapi.core_api.security import requires_access_dag, requires_access_view
-
     try:
         if dag_id is not None:
             requires_access_dag("GET", DagAccessEntity.TASK_INSTANCE, param_dag_id=dag_id)(request, user)
@@ -141,8 +142,6 @@ def _may_read_dag(request: Request, user) -> Callable[[str], bool]:
 
 def _framed(document: str, around: Around | None = None, *, live: bool = False) -> str:
     """``document`` with the bar of links every page carries (see :mod:`trainops.reports.frame`)."""
-    from trainops.links import airflow_base_url
-
     links, refresh_s = frame_links(around or Around(live=live), base_url=airflow_base_url())
     return framed(document, links, refresh_s=refresh_s)
 
@@ -157,9 +156,6 @@ def _error_response(status: int, message: str, headers: Mapping[str, str] | None
 
 def _around(target: ReportTarget, data: bytes, roots: Sequence[str], conn_id: str | None) -> Around:
     """What lies around the report ``target`` (its Airflow run, run report, model cards)."""
-    from trainops.reports.around import around_report
-    from trainops.reports.reader import Reads
-
     report = None
     if target.uri.endswith(pages.JSON_SUFFIXES):
         try:
@@ -170,34 +166,34 @@ def _around(target: ReportTarget, data: bytes, roots: Sequence[str], conn_id: st
     return around_report((target.root, target.relative), report, reads.read, reads.listing, reads.locate)
 
 
+def _evaluation_beside(job: ReportTarget, roots: Sequence[str], conn_id: str | None) -> dict | None:
+    """The run's ``eval/metrics.json`` beside its ``job.json`` (the loss curve's eval
+    points), read with the checks of any report; None when it has none yet, or it cannot
+    be read or is not a JSON object (the page then says there is no evaluation)."""
+    uri = job.uri[: -len(JOB_NAME)] + "eval/metrics.json"  # trainer.contract.RunLayout.eval_metrics
+    try:
+        evaluation = json.loads(read_report(check_report_uri(uri, roots), conn_id))
+    except (ReportRequestError, ValueError, RecursionError):
+        return None
+    return evaluation if isinstance(evaluation, dict) else None
+
+
+def _served_under(roots: Sequence[str]) -> Callable[[str], bool]:
+    """Whether a URI on a page may link to its report: one this app would serve."""
+
+    def served(uri: str) -> bool:
+        try:
+            check_report_uri(uri, roots)
+        except ReportRequestError:
+            return False
+        return True
+
+    return served
+
+
 def create_app() -> FastAPI:
     """The report app, to mount at ``/trainops``; needs Airflow's auth manager initialised."""
-    from airflow.api_fastapi.core_api.security import get_user
-
     app = FastAPI(title="trainops reports", docs_url=None, redoc_url=None, openapi_url=None)
-
-    def evaluation_beside(job: ReportTarget, roots: Sequence[str], conn_id: str | None) -> dict | None:
-        """The run's ``eval/metrics.json`` beside its ``job.json`` (the loss curve's eval
-        points), read with the checks of any report; None when it has none yet, or it cannot
-        be read or is not a JSON object (the page then says there is no evaluation)."""
-        uri = job.uri[: -len(JOB_NAME)] + "eval/metrics.json"  # trainer.contract.RunLayout.eval_metrics
-        try:
-            evaluation = json.loads(read_report(check_report_uri(uri, roots), conn_id))
-        except (ReportRequestError, ValueError, RecursionError):
-            return None
-        return evaluation if isinstance(evaluation, dict) else None
-
-    def served_under(roots: Sequence[str]) -> Callable[[str], bool]:
-        """Whether a URI on a page may link to its report: one this app would serve."""
-
-        def served(uri: str) -> bool:
-            try:
-                check_report_uri(uri, roots)
-            except ReportRequestError:
-                return False
-            return True
-
-        return served
 
     @app.exception_handler(ReportRequestError)
     async def _refused(request: Request, exc: ReportRequestError) -> HTMLResponse:
@@ -225,12 +221,10 @@ def create_app() -> FastAPI:
         conn_id = os.environ.get(CONN_ID_ENV) or "aws_default"
         data = read_report(target, conn_id)
         if target.uri.endswith("/card.json"):
-            from trainops.reports.card_page import render_card_page
-
-            page = render_card_page(target.uri, data, linkable=served_under(roots))
+            page = render_card_page(target.uri, data, linkable=_served_under(roots))
         elif target.uri.endswith("/" + JOB_NAME):
             metrics, problem, where = read_run_metrics(target, roots, conn_id)
-            evaluation = evaluation_beside(target, roots, conn_id)
+            evaluation = _evaluation_beside(target, roots, conn_id)
             page = run_page.render_run_report(
                 target.uri,
                 data,
@@ -268,10 +262,6 @@ def create_app() -> FastAPI:
 
     @app.get("/", response_class=HTMLResponse)
     def home(request: Request, user=Depends(get_user)) -> HTMLResponse:
-        from trainops.links import airflow_base_url
-        from trainops.reports.home import home_page
-        from trainops.reports.reader import read_home
-
         _authorize(request, user, None)
         try:
             roots = allowed_roots()

@@ -21,7 +21,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from trainer.contract import join
+from trainops.registry.promotion import card_uri
 from trainops.reports.frame import Around, airflow_ref
+from trainops.reports.pages import report_kind
 
 __all__ = ["around_report", "promoted_from", "run_of_path"]
 
@@ -45,8 +47,6 @@ def run_of_path(root: str, relative: str) -> tuple[str, str, str] | None:
 def promoted_from(run_uri: str, root: str, read: Read, listing: Listing) -> list[tuple[str, int, str]]:
     """``(model, version, card URI)`` of each version whose promotion came from ``run_uri``,
     by the production pointers under ``root`` (the run's storage root)."""
-    from trainops.registry.promotion import card_uri
-
     base = join(root, "models") + "/"
     found = []
     for uri in sorted(listing(base)):
@@ -70,8 +70,6 @@ def around_report(
     """What lies around the report at ``target`` (``(root, path below it)``) whose parsed
     content is ``report`` (None when it is not JSON). ``locate`` places another URI the same
     way, None when it may not be read."""
-    from trainops.reports.pages import report_kind
-
     root, relative = target
     run = run_of_path(root, relative)
     if run is not None:

@@ -17,7 +17,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from trainer.contract import MetricsRecord
+from trainops.cost.accounting import account
 from trainops.cost.money import money
+from trainops.cost.prices import load_prices
 from trainops.reports.html import dicts, escape, list_of, table
 
 if TYPE_CHECKING:
@@ -360,14 +362,6 @@ def _accounted(
         return None, (
             "No cost: this run's job.json predates cost accounting, and its metrics, which the "
             "accounting needs, could not be read."
-        )
-    try:
-        from trainops.cost.accounting import account
-        from trainops.cost.prices import load_prices
-    except ImportError as exc:
-        return None, (
-            "No cost: this run's job.json predates cost accounting, and this installation cannot "
-            f"compute it ({exc})."
         )
     try:
         prices, source = load_prices(None, None)

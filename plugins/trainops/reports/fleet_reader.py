@@ -11,6 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from trainer.contract import safe_segment
+from trainer.storage import StorageError, StorageUnavailable
+from trainops.cost.runs import run_of
+from trainops.hooks.storage import storage_for
 from trainops.reports import access, fleet
 from trainops.reports.access import JOB_NAME, ReportRequestError, ReportTarget
 from trainops.shapes import ShapeError, check_job, load
@@ -52,8 +56,6 @@ def fleet_limit(value: str) -> int:
 def fleet_dag(value: str) -> str | None:
     """The fleet page's ``dag`` parameter as the runs' folder name, or None when empty;
     ReportRequestError (400) for a name that cannot be a folder (``.``, ``..``, control characters)."""
-    from trainer.contract import safe_segment
-
     if not value:
         return None
     if access.CONTROL.search(value):
@@ -69,8 +71,6 @@ def _run_ids(target: ReportTarget) -> tuple[str, str, str] | None:
     (:func:`trainops.cost.runs.run_of`), else None; also None when the page's access check
     would ask about another DAG (a ``runs`` folder inside a run), so a run is shown only to
     those who may open its report."""
-    from trainops.cost.runs import run_of
-
     run = run_of(target.relative)
     if run is None or access.required_access(target) != run.dag_id:
         return None
@@ -141,9 +141,6 @@ def list_roots(
     """``([(root, client, URIs or None when unlisted)], problems)``: one listing of each root,
     each problem a sentence naming the root that could not be listed and saying that ``what``
     (``its runs are``) not shown."""
-    from trainer.storage import StorageError, StorageUnavailable
-    from trainops.hooks.storage import storage_for
-
     listed: list[tuple[str, Storage, list[str] | None]] = []
     problems: list[str] = []
     for root in roots:
@@ -166,8 +163,6 @@ def _mtime(storage: Storage, target: ReportTarget, down: set[str]) -> float | No
     """When the run's job.json was last written, None when that cannot be told (it is read,
     and its problem shown, later). A root found unavailable joins ``down``: its other runs
     are not asked, so an outage costs a page one tolerance, not one per run."""
-    from trainer.storage import StorageError, StorageUnavailable
-
     if target.root in down:
         return None
     try:

@@ -20,6 +20,7 @@ from typing import Any, NotRequired, TypedDict
 
 from trainer.contract import MetricsRecord, join
 from trainops.cost.money import money
+from trainops.registry.promotion import card_uri
 from trainops.reports.cost_page import COST_FORMAT, percent
 from trainops.reports.fleet import FleetRun
 from trainops.reports.frame import AirflowRef, airflow_link, airflow_ref
@@ -214,8 +215,6 @@ def _who_and_why(entry: Mapping[str, Any], refs: Mapping[str, AirflowRef], base_
 
 
 def _model_section(model: ModelEntry, refs: Mapping[str, AirflowRef], base_url: str) -> str:
-    from trainops.registry.promotion import card_uri
-
     where = f' <span class="muted">under {escape(model["root"])}</span>'
     head = f"<h3>{escape(model['name'])}{where}</h3>"
     pointer = model["pointer"]

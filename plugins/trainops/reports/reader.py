@@ -20,7 +20,11 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
 from trainer.contract import join
+from trainer.storage import StorageError
+from trainops.hooks.storage import storage_for
 from trainops.reports import access, fleet_reader
 from trainops.reports.home import DatasetVersion, HomeRun, ModelEntry, progress
 from trainops.shapes import ShapeError, check_manifest, check_pointer, load
@@ -45,8 +49,6 @@ class Reads:
         self._clients: dict[str, Storage] = dict(clients or {})
 
     def client(self, root: str) -> Storage:
-        from trainops.hooks.storage import storage_for
-
         if root not in self._clients:
             self._clients[root] = storage_for(
                 root, self.aws_conn_id, outage_tolerance_s=access.OUTAGE_TOLERANCE_S
@@ -98,8 +100,6 @@ class Reads:
 
     def listing(self, prefix: str) -> list[str]:
         """The URIs below ``prefix`` ([] when it is outside the roots or cannot be listed)."""
-        from trainer.storage import StorageError
-
         where = self.locate(join(prefix, "x.json"))
         if where is None:
             return []
@@ -109,8 +109,6 @@ class Reads:
             return []
 
     def mtime(self, root: str, uri: str) -> float | None:
-        from trainer.storage import StorageError
-
         try:
             head = self.client(root).head(uri)
         except (StorageError, OSError):
@@ -120,8 +118,6 @@ class Reads:
 
 
 def _max_steps(reads: Reads, job: dict[str, Any]) -> int | None:
-    import yaml
-
     config_uri = job.get("config_uri")
     data = reads.data(config_uri)[0] if isinstance(config_uri, str) else None
     try:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 
+from trainer.storage import NotFound
+from trainer.storage import open_storage as default_open
 from trainops.staging.errors import StagingError
 from trainops.staging.tokenize import BYTE_EOS_ID, BYTE_VOCAB_SIZE, TOKENIZER, token_dtype_for
 
@@ -104,11 +106,8 @@ def load_tokenizer(spec: dict, open_storage: Callable | None = None):
     """The tokenizer for a checked spec (``options.check_tokenizer``); reads a file for HF."""
     if spec["kind"] == "byte":
         return ByteTokenizer()
-    from trainer.storage import NotFound
 
     if open_storage is None:
-        from trainer.storage import open_storage as default_open
-
         open_storage = default_open
     uri = spec["uri"]
     try:

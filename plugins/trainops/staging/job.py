@@ -20,6 +20,9 @@ import argparse
 import logging
 import sys
 
+from trainer.storage import open_storage
+from trainops.staging.stage import stage_dataset
+
 REQUEST_VERSION = 1
 # Errors whose class the operator maps back (the rest become a plain failure with logs).
 KNOWN_ERRORS = (
@@ -76,8 +79,6 @@ def failure_record(exc: BaseException) -> dict:
 
 def run(request: dict, open_storage) -> dict:
     """Stage as ``request`` says; the result record (also written to ``result_uri``)."""
-    from trainops.staging.stage import stage_dataset
-
     if request.get("version") != REQUEST_VERSION:
         raise ValueError(
             f"staging request version {request.get('version')!r}: this trainops "
@@ -109,8 +110,6 @@ def run(request: dict, open_storage) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from trainer.storage import open_storage
-
     parser = argparse.ArgumentParser(
         prog="python -m trainops.staging.job", description="Stage a dataset as StageDatasetOperator asks."
     )

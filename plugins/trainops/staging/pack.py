@@ -6,6 +6,7 @@ import datetime as _dt
 import os
 from collections.abc import Iterable, Sequence
 
+from trainops.staging.encoders import ByteTokenizer
 from trainops.staging.errors import StagingError
 from trainops.staging.manifest import EVAL_INDEX_PATH
 from trainops.staging.tokenize import ShardPacker, eval_mask, index_line
@@ -160,8 +161,6 @@ def pack_batches(
     import numpy as np
 
     if tokenizer is None:
-        from trainops.staging.encoders import ByteTokenizer
-
         tokenizer = ByteTokenizer()
     packer = Packer(
         out_dir,

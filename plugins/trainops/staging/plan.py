@@ -13,8 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainer.contract import MANIFEST_NAME, dataset_prefix, join
+from trainer.storage import open_storage as default_open_storage
+from trainops.staging.encoders import load_tokenizer
 from trainops.staging.options import check_dataset_name, check_options, check_quarantine, check_tokenizer
+from trainops.staging.reach import check_reachable
 from trainops.staging.reader import SourceObject, check_not_empty_parquet, list_source_objects
+from trainops.staging.suite import resolve_suite
 from trainops.staging.tokenize import split_rule
 from trainops.staging.version import dataset_version, version_inputs
 
@@ -55,10 +59,7 @@ def plan_stage(
     ``open_storage`` (``uri -> storage client``, default ``trainer.storage.open_storage``)
     opens the suite and tokenizer files."""
     if open_storage is None:
-        from trainer.storage import open_storage
-    from trainops.staging.encoders import load_tokenizer
-    from trainops.staging.reach import check_reachable
-    from trainops.staging.suite import resolve_suite
+        open_storage = default_open_storage
 
     slice_columns = list(slice_columns)
     check_options(eval_percent=eval_percent, shard_tokens=shard_tokens, slice_columns=slice_columns)

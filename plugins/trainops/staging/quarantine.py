@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 from collections import Counter
 from typing import IO
 
@@ -49,8 +50,6 @@ class QuarantineLog:
         if room <= 0:
             return
         if self._file is None:
-            import os
-
             os.makedirs(os.path.dirname(self._path), exist_ok=True)
             self._file = open(self._path, "w", encoding="utf-8")  # noqa: SIM115 - open across batches; close() ends it
         values = batch.slice(0, room).to_pylist()

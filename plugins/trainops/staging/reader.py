@@ -12,6 +12,7 @@ so memory holds a batch, never a whole file, however large the file is.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import os
 from collections.abc import Iterator, Sequence
@@ -233,8 +234,6 @@ def _read_errors(obj: SourceObject, path: str):
 
 def _first_invalid_utf8(path: str) -> int | None:
     """The offset of the first byte that is not valid UTF-8, or None (reads in chunks)."""
-    import codecs
-
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset = 0
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from trainops.staging.encoders import ByteTokenizer
 from trainops.staging.pack import Packer
@@ -21,8 +21,13 @@ from trainops.staging.schema import SchemaDrift, check_schema, drift_error
 from trainops.staging.uniqueness import partitions_for
 from trainops.staging.validation import DatasetValidator
 
-if TYPE_CHECKING:
-    from trainops.staging.stage import TaskLog
+
+class TaskLog(Protocol):
+    """What staging logs to: a ``logging.Logger``, or Airflow's task logger."""
+
+    def info(self, msg: str, /, *args: object) -> object: ...
+
+    def warning(self, msg: str, /, *args: object) -> object: ...
 
 
 def run_pass(

@@ -24,26 +24,21 @@ import tempfile
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Protocol
 
 from trainer.contract import MANIFEST_NAME, dataset_prefix, join, safe_segment
 from trainer.storage import NotFound, PreconditionFailed
 from trainops.staging.errors import DataValidationError, QuarantineExceeded, StagingError
 from trainops.staging.manifest import VALIDATION_NAME, build_manifest, check_manifest_name
 from trainops.staging.options import check_options
+from trainops.staging.plan import plan_stage
 from trainops.staging.quarantine import SAMPLE_PATH, over_limit
 from trainops.staging.reader import DEFAULT_BATCH_ROWS
+from trainops.staging.single_pass import (
+    TaskLog,  # defined below stage, where the pass logs too
+    run_pass,
+)
 from trainops.staging.tokenize import DEFAULT_EVAL_PERCENT, DEFAULT_SHARD_TOKENS
 from trainops.staging.validation import describe_failures
-
-
-class TaskLog(Protocol):
-    """What staging logs to: a ``logging.Logger``, or Airflow's task logger."""
-
-    def info(self, msg: str, /, *args: object) -> object: ...
-
-    def warning(self, msg: str, /, *args: object) -> object: ...
-
 
 __all__ = ["check_options", "stage_dataset"]
 
@@ -88,8 +83,6 @@ def stage_dataset(
     unreadable files, no rows), :class:`SourceNotFound` when ``source_uri`` names nothing
     and :class:`SourceUnreachable` when its store does not answer.
     """
-    from trainops.staging.plan import plan_stage
-
     log = log or _log
     source_storage = source_storage or storage
     plan = plan_stage(
@@ -118,8 +111,6 @@ def stage_dataset(
     if existing is not None:
         log.info("dataset %s version %s already staged at %s; reusing it", name, version, prefix)
         return stage_result(existing, prefix, manifest_uri, reused=True)
-
-    from trainops.staging.single_pass import run_pass
 
     with tempfile.TemporaryDirectory(prefix="trainops-stage-", dir=scratch_dir) as scratch:
         out_dir = os.path.join(scratch, "out")

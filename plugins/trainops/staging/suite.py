@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+from trainer.storage import NotFound
+from trainer.storage import open_storage as default_open
 from trainops.staging.errors import StagingError
 from trainops.staging.expectations import normalize_expectations
 from trainops.staging.options import URI_SCHEMES
@@ -76,11 +78,7 @@ def _normalized(value, where: str) -> list[dict]:
 
 
 def _load(uri: str, open_storage: Callable | None):
-    from trainer.storage import NotFound
-
     if open_storage is None:
-        from trainer.storage import open_storage as default_open
-
         open_storage = default_open
     try:
         raw = open_storage(uri).get(uri)

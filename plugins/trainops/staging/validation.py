@@ -22,6 +22,7 @@ from collections.abc import Iterable
 
 from trainops.staging.aggregates import NullProportionCheck, RowCountCheck
 from trainops.staging.expectations import ROW_EXPECTATIONS, columns_of, scope_of
+from trainops.staging.gx_batch import GXBatchValidator
 from trainops.staging.uniqueness import MIN_PARTITIONS, UniqueCheck
 
 _SAMPLES = 5
@@ -78,8 +79,6 @@ class DatasetValidator:
         self.row_exps = [e for e in expectations if e["type"] in ROW_EXPECTATIONS]
         self._labels = [label(e) for e in self.row_exps]
         if self.row_exps:
-            from trainops.staging.gx_batch import GXBatchValidator
-
             self._gx: GXBatchValidator | None = GXBatchValidator(self.row_exps, complete=quarantine)
         else:
             self._gx = None

@@ -26,13 +26,20 @@ the operator hands both triggers the task's ``deadline`` (epoch seconds), and th
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from airflow.configuration import conf
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+import trainops.cluster  # get_cluster looked up at each call: where tests put a fake backend
+from trainer.contract import MetricsReader, parse_heartbeat
+from trainer.storage import NotFound
 from trainops.cluster.base import FINAL_PHASES, ClusterBackend, JobHandle, JobState, LogCursor
+from trainops.hooks.storage import storage_for
 from trainops.recovery.hang import STARTUP_ALLOWANCE_S, hang_verdict
 from trainops.triggers.events import JobEvent, Status
 from trainops.triggers.outage import DEFAULT_API_OUTAGE_TOLERANCE_S, RETRY_CAP_S, Outage
@@ -55,8 +62,6 @@ def settle_seconds() -> float:
     """``[trainops] trigger_settle_seconds`` (default 20): how long after deferring a trigger
     waits at least before it reports. ``dag.test()`` runs triggers in its own process with no
     scheduler to race, so ``python -m trainops demo`` and the tests set 0."""
-    from airflow.configuration import conf
-
     return conf.getfloat("trainops", "trigger_settle_seconds", fallback=DEFAULT_SETTLE_S)
 
 
@@ -79,8 +84,6 @@ def until_deadline(deadline: float | None) -> float | None:
 
 def deadline_message(handle: JobHandle, deadline: float) -> str:
     """The ``deadline`` event's message."""
-    from datetime import UTC, datetime
-
     at = datetime.fromtimestamp(deadline, UTC).isoformat(timespec="seconds")
     return (
         f"the task's execution_timeout ends at {at}, in {max(0.0, deadline - time.time()):.0f} s "
@@ -206,9 +209,6 @@ class JobTrigger(BaseTrigger):
         """This attempt's latest metrics record as one line (blocking: run it in a thread);
         None when there is none yet or it cannot be read (see ``progress_uri``). The reader is
         kept across polls and reads only the attempt's newest part, once."""
-        from trainer.contract import MetricsReader
-        from trainops.hooks.storage import storage_for
-
         attempt = int(self.handle.get("labels", {}).get("trainops/attempt", 1))
         try:
             if self._store is None:
@@ -238,12 +238,6 @@ class JobTrigger(BaseTrigger):
     def _heartbeat(self, uri: str) -> Heartbeat | None:
         """The attempt's heartbeat (blocking: run it in a thread); None when none is written
         yet or it is not one. A failed read raises: the caller rides it out."""
-        import json
-
-        from trainer.contract import parse_heartbeat
-        from trainer.storage import NotFound
-        from trainops.hooks.storage import storage_for
-
         if self._store is None:
             self._store = storage_for(uri, self.aws_conn_id, outage_tolerance_s=PROGRESS_OUTAGE_TOLERANCE_S)
         try:
@@ -299,10 +293,8 @@ class JobTrigger(BaseTrigger):
         return _event(event)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from trainops.cluster import get_cluster
-
         try:  # a backend that cannot be built is configuration, not weather
-            cluster = get_cluster(self.handle["cluster"], **self.cluster_options)
+            cluster = trainops.cluster.get_cluster(self.handle["cluster"], **self.cluster_options)
         except Exception as exc:
             await settled(self.started_at, self.settle_s)
             yield self._ended("error", None, f"{type(exc).__name__}: {exc}")
@@ -370,9 +362,7 @@ class JobTrigger(BaseTrigger):
 
     async def on_kill(self) -> None:
         """A user killed the deferred task: delete the job and its pods (never on restarts)."""
-        from trainops.cluster import get_cluster
-
-        cluster = get_cluster(self.handle["cluster"], **self.cluster_options)
+        cluster = trainops.cluster.get_cluster(self.handle["cluster"], **self.cluster_options)
         await asyncio.to_thread(cluster.delete, self.handle)
         self.log.info("task killed: deleted job %s", self.handle["job_id"])
 
@@ -445,10 +435,8 @@ class JobGoneTrigger(BaseTrigger):
         return _event(event)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from trainops.cluster import get_cluster
-
         try:  # a backend that cannot be built is configuration, not weather
-            cluster = get_cluster(self.handle["cluster"], **self.cluster_options)
+            cluster = trainops.cluster.get_cluster(self.handle["cluster"], **self.cluster_options)
         except Exception as exc:
             await settled(self.started_at, self.settle_s)
             yield self._event("error", f"{type(exc).__name__}: {exc}")

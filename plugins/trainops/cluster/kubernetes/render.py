@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import yaml
+
 from trainops.cluster.base import ObjectRef
 from trainops.cluster.kubernetes import indexed_job, pod, pytorchjob, trainjob
 from trainops.cluster.kubernetes.objects import JOB_LABEL, Json
@@ -75,7 +77,6 @@ def pod_selector(kind: str, job: str) -> dict[str, str]:
 
 def to_yaml(manifests: list[Json]) -> str:
     """Multi-document YAML, keys in the order they were built."""
-    import yaml
 
     class _NoAliases(yaml.SafeDumper):
         def ignore_aliases(self, data: Any) -> bool:  # readable output even if a dict is shared

@@ -20,10 +20,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, TypedDict
 
-from trainops.cluster.base import Disruption, JobState, NodeState
+from trainops.cluster.base import EVICTED, Disruption, JobState, NodeState
 from trainops.cluster.kubernetes import indexed_job, pytorchjob, trainjob
 from trainops.cluster.kubernetes.objects import Json
-from trainops.recovery.classify import EVICTED
 
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 REPLICA_TYPE = "training.kubeflow.org/replica-type"
@@ -405,6 +404,19 @@ def job_state(
     lost = [d for d in disruptions if d["reason"] == "NodeLost"]
     if lost:  # the gang cannot finish without that node; nothing will end the attempt sooner
         return {**state, "phase": "lost", "reason": lost[0]["message"]}
+    failed = _start_failure(state, nodes) or _unschedulable_failure(
+        state, pods, nodes, now=now, deadline_s=unschedulable_deadline_s
+    )
+    if failed is not None:
+        return failed
+    if any(n["phase"] == "Running" for n in nodes):
+        return state
+    return {**state, "phase": "pending", "reason": "waiting for pods" if not nodes else None}
+
+
+def _start_failure(state: JobState, nodes: list[NodeState]) -> JobState | None:
+    """The attempt failed when a pod cannot pull its image or cannot start (its config names
+    something missing); None when no pod is stuck so."""
     for node in nodes:
         if node["reason"] in IMAGE_PULL_REASONS:
             why = (
@@ -420,18 +432,23 @@ def job_state(
                 f"({node['message'] or 'see kubectl describe pod'}); fix the image "
                 "name, Secret or volume it names",
             }
+    return None
+
+
+def _unschedulable_failure(
+    state: JobState, pods: list[Json], nodes: list[NodeState], *, now: datetime, deadline_s: float
+) -> JobState | None:
+    """The attempt failed when a pod found no node past the deadline; None otherwise."""
     for pod, node in zip(pods, nodes, strict=False):
         waited = _unschedulable_for(pod, now)
-        if waited is not None and waited > unschedulable_deadline_s:
+        if waited is not None and waited > deadline_s:
             message = next(
                 (c.get("message") for c in _conditions(pod) if c.get("type") == "PodScheduled"), None
             )
             why = (
                 f"Unschedulable: pod {node['pod']} found no node for {waited:.0f}s "
-                f"(deadline {unschedulable_deadline_s:.0f}s): {message or 'no message'}"
+                f"(deadline {deadline_s:.0f}s): {message or 'no message'}"
             )
             # "unschedulable": the operator falls back from spot to on-demand on it
             return {**state, "phase": "failed", "reason": why, "infra_reason": why, "unschedulable": True}
-    if any(n["phase"] == "Running" for n in nodes):
-        return state
-    return {**state, "phase": "pending", "reason": "waiting for pods" if not nodes else None}
+    return None

@@ -34,6 +34,7 @@ from trainops.cluster.local.pgroups import job_processes, new_token
 from trainops.cluster.local.supervisor import Status
 from trainops.cluster.spec import JobSpec, JobSpecError
 from trainops.cluster.torchrun_log import MAX_BLOCK_LINES, fold
+from trainops.settings import local_state_dir
 
 
 def _pid_alive(pid: int) -> bool:
@@ -62,8 +63,6 @@ class LocalCluster:
 
     def __init__(self, state_dir: str | os.PathLike | None = None):
         if state_dir is None:
-            from trainops.settings import local_state_dir
-
             state_dir = local_state_dir()
         self.jobs_dir = Path(state_dir) / "jobs"
 

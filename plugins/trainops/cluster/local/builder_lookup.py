@@ -28,6 +28,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from importlib.machinery import ModuleSpec
 
+from trainops.cluster.local.backend import _env_with_package_path
+
 LOOKUP_TIMEOUT_S = 60.0
 # The child runs this file by its path, not ``-m trainops...``: its sys.path must be exactly
 # the trainer's (the job's PYTHONPATH, the working folder), with nothing added to find us.
@@ -156,8 +158,6 @@ def local_problem(builder: str, job_env: Mapping[str, str] | None = None) -> str
     (this one's, the packages' paths, and the job's own ``job_env``) and an empty working
     folder, as they start. A lookup that itself fails is logged and passes: the trainer still
     names the problem when it starts."""
-    from trainops.cluster.local.backend import _env_with_package_path
-
     env = {**_env_with_package_path(), **(job_env or {})}
     with tempfile.TemporaryDirectory(prefix="trainops-builder-") as cwd:
         try:

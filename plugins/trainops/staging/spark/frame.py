@@ -11,6 +11,7 @@ on how Spark partitions it.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from urllib.parse import unquote, urlsplit
 
@@ -107,6 +108,4 @@ def read_source(spark, objects, *, string_columns: Sequence[str]):
 
 def object_of(starts: Sequence[tuple[int, int]], row: int) -> int:
     """The index of the object holding ``row``, from ``(first row, object index)`` (pure)."""
-    import bisect
-
     return starts[bisect.bisect_right(starts, (row, float("inf"))) - 1][1]

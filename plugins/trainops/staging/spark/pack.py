@@ -17,9 +17,14 @@ in-worker engine's :class:`~trainops.staging.pack.Packer`.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 
+from trainer.contract import join
+from trainer.storage import open_storage
+from trainops.staging.pack import json_value
 from trainops.staging.spark.frame import ROW
+from trainops.staging.tokenize import eval_mask, index_line
 
 CHUNK = 1 << 16  # rows per offset block: the driver holds two sums per block
 SPLIT, TOKENS, START, END, SHARD = (
@@ -44,8 +49,6 @@ def annotate(frame, tokenizer, *, id_column: str, text_column: str, eval_percent
         import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
-
-        from trainops.staging.tokenize import eval_mask
 
         for batch in batches:
             ids, texts = batch.column(id_column), batch.column(text_column)
@@ -128,9 +131,6 @@ def write_shards(spans, tokenizer, *, staging_uri: str, text_column: str, shard_
         import numpy as np
         import pyarrow as pa
 
-        from trainer.contract import join
-        from trainer.storage import open_storage
-
         storage = open_storage(staging_uri)
         current: list = [None, [], 0]  # (split, shard), token arrays, tokens so far
 
@@ -192,9 +192,6 @@ def eval_index_lines(spans, *, id_column: str, slice_columns: list[str]):
     """The eval index's lines in stream order, streamed to the driver a partition at a time."""
     from pyspark.sql import functions as F
 
-    from trainops.staging.pack import json_value
-    from trainops.staging.tokenize import index_line
-
     kinds = {f.name: f.dataType.typeName() for f in spans.schema.fields}
     # An instant travels as microseconds since the epoch, so it reads back in UTC, as the
     # worker engine writes it, whatever the driver's local time zone.
@@ -207,8 +204,6 @@ def eval_index_lines(spans, *, id_column: str, slice_columns: list[str]):
 
 
 def _utc(micros):
-    import datetime as dt
-
     if micros is None:
         return None
     return dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=int(micros))

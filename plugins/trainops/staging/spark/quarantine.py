@@ -15,6 +15,7 @@ from itertools import groupby
 
 from trainops.staging.quarantine import QuarantineLog
 from trainops.staging.spark.frame import ROW, object_of
+from trainops.staging.spark.pack import TOKENS
 
 
 def unpackable(
@@ -22,8 +23,6 @@ def unpackable(
 ) -> dict[int, list[str]]:
     """``{row: [reason]}`` for the rows not already ``flagged`` that staging cannot pack."""
     from pyspark.sql import functions as F
-
-    from trainops.staging.spark.pack import TOKENS
 
     found = (
         annotated.where((F.col(TOKENS) < 0) | (F.col(TOKENS) > shard_tokens))

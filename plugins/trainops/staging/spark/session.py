@@ -10,6 +10,8 @@ no RDDs), which Spark Connect supports.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Mapping
 
 DEFAULT_MASTER = "local[*]"
@@ -76,9 +78,6 @@ def remote_from_connection(conn_id: str, host: str | None, port: int | None) -> 
 
 def get_session(settings: dict):
     """The SparkSession ``settings`` names (an active one with the same master is reused)."""
-    import os
-    import sys
-
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName("trainops-staging")

@@ -24,7 +24,14 @@ from trainer.contract import join
 from trainops.staging.errors import StagingError
 from trainops.staging.manifest import EVAL_INDEX_PATH, build_manifest
 from trainops.staging.pack import null_problem, too_long_problem
+from trainops.staging.plan import plan_stage
 from trainops.staging.quarantine import SAMPLE_PATH
+from trainops.staging.single_pass import check_local_schemas
+from trainops.staging.spark.frame import ROW, read_source
+from trainops.staging.spark.pack import TOKENS, annotate, eval_index_lines, with_offsets, write_shards
+from trainops.staging.spark.quarantine import drop_rows, quarantine_log, unpackable
+from trainops.staging.spark.session import get_session, session_settings
+from trainops.staging.spark.validate import check_dataset, check_rows
 from trainops.staging.stage import (
     TaskLog,
     check_packed,
@@ -72,8 +79,6 @@ def stage_dataset_spark(
     The executors open the storage root themselves (``trainer.storage.open_storage``), so
     with ``s3://`` they need credentials in their own environment.
     """
-    from trainops.staging.plan import plan_stage
-
     log = log or _log
     source_storage = source_storage or storage
     plan = plan_stage(
@@ -94,9 +99,6 @@ def stage_dataset_spark(
     if existing is not None:
         log.info("dataset %s version %s already staged at %s; reusing it", name, plan.version, plan.prefix)
         return stage_result(existing, plan.prefix, plan.manifest_uri, reused=True)
-
-    from trainops.staging.single_pass import check_local_schemas
-    from trainops.staging.spark.session import get_session, session_settings
 
     string_columns = list(dict.fromkeys([id_column, text_column, *plan.slice_columns]))
     with tempfile.TemporaryDirectory(prefix="trainops-stage-", dir=scratch_dir) as scratch:
@@ -165,11 +167,6 @@ def _validate_and_pack(run: _Run, string_columns: list[str]) -> tuple[dict, dict
     """``(manifest, summary)``; raises the worker engine's errors (report kept) on bad data."""
     from pyspark import StorageLevel
 
-    from trainops.staging.spark.frame import read_source
-    from trainops.staging.spark.pack import annotate
-    from trainops.staging.spark.quarantine import drop_rows, quarantine_log, unpackable
-    from trainops.staging.spark.validate import check_dataset, check_rows
-
     plan = run.plan
     frame, rows, starts = read_source(run.spark, plan.objects, string_columns=string_columns)
     frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
@@ -220,8 +217,6 @@ def _pack(run: _Run, kept, summary: dict, qsum: dict | None, cached: list) -> di
     the manifest."""
     from pyspark import StorageLevel
 
-    from trainops.staging.spark.pack import with_offsets
-
     plan, tok = run.plan, run.plan.tokenizer
     spans, totals = with_offsets(run.spark, kept)
     if spans is not None:  # read twice: by the shard writers and for the eval index
@@ -256,9 +251,6 @@ def _refuse_unpackable(run: _Run, annotated) -> None:
     a null id or text, or a record longer than a shard."""
     from pyspark.sql import functions as F
 
-    from trainops.staging.spark.frame import ROW
-    from trainops.staging.spark.pack import TOKENS
-
     bad = (
         annotated.where((F.col(TOKENS) < 0) | (F.col(TOKENS) > run.shard_tokens))
         .orderBy(ROW)
@@ -276,8 +268,6 @@ def _refuse_unpackable(run: _Run, annotated) -> None:
 
 def _write_shards(run: _Run, spans, totals: dict) -> dict:
     """Each split's ``{"tokens", "shards"}``, the shards written by the executors."""
-    from trainops.staging.spark.pack import write_shards
-
     shards: list[dict] = []
     if spans is not None:
         most = max(totals["train"]["tokens"], totals["eval"]["tokens"])
@@ -303,8 +293,6 @@ def _write_shards(run: _Run, spans, totals: dict) -> dict:
 
 def _write_index(run: _Run, spans) -> None:
     """The eval index, streamed from the executors a partition at a time, then uploaded."""
-    from trainops.staging.spark.pack import eval_index_lines
-
     index = os.path.join(run.scratch, "index.jsonl")
     with open(index, "w", encoding="utf-8") as out:
         if spans is not None:

@@ -15,8 +15,9 @@ import uuid
 
 from trainops.staging.aggregates import NullProportionCheck, RowCountCheck
 from trainops.staging.expectations import ROW_EXPECTATIONS
+from trainops.staging.gx_batch import add_suite, ephemeral_context, exception_message, plain
 from trainops.staging.spark.frame import ROW
-from trainops.staging.validation import RowResult, summarize
+from trainops.staging.validation import RowResult, label, summarize
 
 _SAMPLES = 5
 # Expectations about the table's shape: checked on the frame without the row number column.
@@ -42,8 +43,6 @@ def check_rows(
     """The row expectations, in one GX validation over the whole frame: their
     ``(expectation, result)`` entries and, with ``quarantine``, ``{row: [labels]}`` of the
     rows they flag (GX's complete list of offending rows, gathered on the driver)."""
-    from trainops.staging.validation import label
-
     columns = [c for c in frame.columns if c != ROW]
     entries: list[tuple[dict, dict]] = []
     flagged: dict[int, list[str]] = {}
@@ -82,8 +81,6 @@ def _gx_results(
 ) -> list[dict]:
     """One GX validation over the whole frame; per expectation, in suite order, the dict
     :class:`~trainops.staging.validation.RowResult` takes."""
-    from trainops.staging.gx_batch import add_suite, ephemeral_context
-
     context = ephemeral_context()
     name = f"trainops-spark-{uuid.uuid4().hex[:8]}"
     asset = context.data_sources.add_spark(name).add_dataframe_asset(name)
@@ -101,8 +98,6 @@ def _gx_results(
 
 
 def _result(r, id_column: str, complete: bool = False) -> dict:
-    from trainops.staging.gx_batch import exception_message, plain
-
     out: dict = {"success": bool(r.success)}
     err = exception_message(r.exception_info)
     if err:

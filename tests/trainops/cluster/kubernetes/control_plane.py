@@ -424,14 +424,10 @@ class ControlPlane:
             p for p in self.pods() if any(r["uid"] == uid for r in p["metadata"].get("ownerReferences") or [])
         ]
 
-    def _job_controller(self, job):
-        spec, status = job["spec"], job.setdefault("status", {})
-        pods = self._owned(job)
-        if spec.get("suspend") or _true(job, "Complete") or _true(job, "Failed"):
-            return
-        if job["metadata"].get("deletionTimestamp"):
-            return
-        status.setdefault("startTime", iso(self.now))
+    def _count_finished(self, job, pods):
+        """Count each finished pod once (its tracking finalizer goes); a failed one through the
+        pod failure policy and the backoff limit."""
+        spec, status = job["spec"], job["status"]
         counted = status.setdefault("_counted", [])
         for pod in pods:
             uid = pod["metadata"]["uid"]
@@ -449,13 +445,27 @@ class ControlPlane:
                 self._fail(job, "PodFailurePolicy", message)
             elif status["failed"] > spec.get("backoffLimit", 6):
                 self._fail(job, "BackoffLimitExceeded", "Job has reached the specified backoff limit")
+
+    def _end_failing(self, job, pods):
+        """A job with FailureTarget: its running pods are deleted; Failed once none runs."""
+        for pod in pods:
+            if pod["status"]["phase"] not in ("Succeeded", "Failed"):
+                self._delete_pod(pod)
+        if all(p["status"]["phase"] in ("Succeeded", "Failed") for p in pods):
+            target = _true(job, "FailureTarget")
+            self._condition(job, "Failed", target["reason"], target["message"])
+
+    def _job_controller(self, job):
+        spec, status = job["spec"], job.setdefault("status", {})
+        pods = self._owned(job)
+        if spec.get("suspend") or _true(job, "Complete") or _true(job, "Failed"):
+            return
+        if job["metadata"].get("deletionTimestamp"):
+            return
+        status.setdefault("startTime", iso(self.now))
+        self._count_finished(job, pods)
         if _true(job, "FailureTarget"):
-            for pod in pods:
-                if pod["status"]["phase"] not in ("Succeeded", "Failed"):
-                    self._delete_pod(pod)
-            if all(p["status"]["phase"] in ("Succeeded", "Failed") for p in pods):
-                target = _true(job, "FailureTarget")
-                self._condition(job, "Failed", target["reason"], target["message"])
+            self._end_failing(job, pods)
             return
         done = sorted(
             {
@@ -679,17 +689,22 @@ class ControlPlane:
             if code is not None:
                 self.exit(pod, code)
         if deleting:
-            asked = pod["_deleted_at"]
-            if status["phase"] == "Pending":
-                status["phase"] = "Failed"  # its containers never started
-                self._release(pod)
-            if status["phase"] == "Running" and (
-                (self.sigterm_exit_s is not None and self.now - asked >= self.sigterm_exit_s)
-                or self.now >= _epoch(deleting)
-            ):
-                self.exit(pod, 143 if self.now < _epoch(deleting) else 137)
-            if status["phase"] != "Running":
-                self._remove_pod(pod)
+            self._stop_deleted(pod, deleting)
+
+    def _stop_deleted(self, pod, deleting):
+        """A pod being deleted on a ready node: a pending one fails, a running one exits on
+        SIGTERM (143) or past its grace period (137), and a stopped one goes."""
+        status, asked = pod["status"], pod["_deleted_at"]
+        if status["phase"] == "Pending":
+            status["phase"] = "Failed"  # its containers never started
+            self._release(pod)
+        if status["phase"] == "Running" and (
+            (self.sigterm_exit_s is not None and self.now - asked >= self.sigterm_exit_s)
+            or self.now >= _epoch(deleting)
+        ):
+            self.exit(pod, 143 if self.now < _epoch(deleting) else 137)
+        if status["phase"] != "Running":
+            self._remove_pod(pod)
 
     def _garbage_collector(self):
         live = {o["metadata"]["uid"] for (k, _, _), o in self.objects.items() if k != "Pod"}
