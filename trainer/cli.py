@@ -72,15 +72,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="[trainer] %(message)s", stream=sys.stdout)
     if args.command == "train":
         # Deferred (PLC0415): torch loads only for the command that needs it, not for `presets`.
-        from trainer.train import run_train
+        from trainer.train import run_train  # noqa: PLC0415
 
         return run_train(config)
     if args.command == "evaluate":
-        from trainer.evaluate import run_evaluate  # deferred, as above
+        from trainer.evaluate import run_evaluate  # noqa: PLC0415 (deferred, as above)
 
         run_evaluate(config)
         return 0
-    from trainer.export.folder import export_from_checkpoint  # deferred, as above
+    from trainer.export.folder import export_from_checkpoint  # noqa: PLC0415 (as above)
 
     export_from_checkpoint(config)
     return 0

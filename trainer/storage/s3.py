@@ -80,7 +80,7 @@ def transient(exc: BaseException) -> str | None:
     """What ``exc`` was when a retry can cure it (``"refused (503 SlowDown)"``), else None."""
     # Deferred (PLC0415): boto3 loads only when an s3:// URI is used (the Airflow side imports
     # trainer.storage, and most of it never touches S3).
-    from botocore import exceptions as bx
+    from botocore import exceptions as bx  # noqa: PLC0415
 
     if isinstance(exc, StorageError):
         # Our own verdicts are final: a StorageUnavailable already waited out its tolerance.
@@ -128,8 +128,8 @@ class S3Storage(Storage):
         """:param outage_tolerance_s: how long one request keeps retrying transient failures
         (throttling, 5xx, resets, timeouts) before :class:`StorageUnavailable`."""
         # Deferred (PLC0415): boto3 loads only when an s3:// URI is used.
-        import boto3
-        from botocore.config import Config
+        import boto3  # noqa: PLC0415
+        from botocore.config import Config  # noqa: PLC0415
 
         self.endpoint_url = endpoint_url
         self.region = region or "us-east-1"
