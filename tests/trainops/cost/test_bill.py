@@ -1,24 +1,14 @@
 """A run's bill as it ends: put into job.json and said in the task log; a bad Variable or a
 fault in the estimate never fails the task."""
 
+from tests.task_log import RecordingLog
 from tests.trainops.cost.fixtures import FIXTURE_PRICES, one_preemption_job
 from trainer.storage import open_storage
 from trainops.cost.bill import prices_variable, with_bill
 
 
-class Log:
-    def __init__(self):
-        self.lines = []
-
-    def info(self, msg, *args):
-        self.lines.append(("info", msg % args))
-
-    def warning(self, msg, *args):
-        self.lines.append(("warning", msg % args))
-
-
 def bill(tmp_path, job, prices=FIXTURE_PRICES):
-    log = Log()
+    log = RecordingLog()
     run_uri = (tmp_path / "run").as_uri()
     return with_bill(job, store=open_storage(run_uri), run_uri=run_uri, prices=prices, log=log), log
 

@@ -3,6 +3,7 @@ and each attempt's JobSpec sized from the config as written."""
 
 import pytest
 
+from tests.task_log import RecordingLog
 from tests.trainops.operators.helpers import staged_dataset
 from trainer.config import dump_yaml
 from trainer.contract import RunLayout
@@ -11,14 +12,6 @@ from trainops.operators import train_launch
 from trainops.operators.launch_plan import LaunchSettings
 
 IDENTITY = {"dag_id": "retrain", "run_id": "manual__1", "task_id": "train", "map_index": -1}
-
-
-class Log:
-    def __init__(self):
-        self.lines = []
-
-    def info(self, msg, *args):
-        self.lines.append(msg % args)
 
 
 def settings(**extra):
@@ -65,7 +58,7 @@ def test_an_attempt_is_launched_from_the_config_as_written_on_the_runs_capacity(
     assert train_launch.run_config(store, layout) == config
     launch = train_launch.attempt_launch(
         store, layout, settings(), cluster="local", identity=IDENTITY, attempt=2, capacity="on-demand",
-        aws_conn_id=None, log=Log(),
+        aws_conn_id=None, log=RecordingLog(),
     )  # fmt: skip
     assert launch.spec.name.endswith("-a2") and launch.spec.capacity == "on-demand"
     assert launch.spec.nodes == 2 and launch.spec.labels["trainops/attempt"] == "2"
@@ -75,7 +68,7 @@ def test_an_attempt_is_launched_from_the_config_as_written_on_the_runs_capacity(
 def test_the_pods_disk_comes_from_the_config_and_the_dataset(tmp_path):
     data = staged_dataset((tmp_path / "data" / "v1").as_uri())
     config, _, _ = checked(tmp_path, data)
-    log = Log()
+    log = RecordingLog()
     disk = train_launch.pod_disk(config, nodes=2, gpus_per_node=0, aws_conn_id=None, log=log)
     assert set(disk) == {"cache_size", "ephemeral_storage"}
-    assert log.lines[0].startswith("pod disk: ") and "job_options cache_size" in log.lines[0]
+    assert log.lines[0][1].startswith("pod disk: ") and "job_options cache_size" in log.lines[0][1]

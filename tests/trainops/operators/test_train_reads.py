@@ -1,6 +1,7 @@
 """What the training operator reads of an attempt: its log tail, the trainer's record (from
 storage, else from its log), its progress, and the task's result."""
 
+from tests.task_log import RecordingLog
 from trainer.contract import RunLayout, attempt_record, attempt_record_line
 from trainer.storage import open_storage
 from trainops.operators import train_reads
@@ -8,19 +9,6 @@ from trainops.operators.cleanup import LOGS_TAIL_CHARS
 
 HANDLE = {"cluster": "local", "job_id": "train-1234abcd-a1", "labels": {}}
 STATE = {"phase": "failed", "reason": None, "nodes": [], "disruptions": []}
-
-
-class Log:
-    """The task log: the lines said, as ``(level, text)``."""
-
-    def __init__(self):
-        self.lines = []
-
-    def info(self, msg, *args):
-        self.lines.append(("info", msg % args))
-
-    def warning(self, msg, *args):
-        self.lines.append(("warning", msg % args))
 
 
 class Backend:
@@ -46,7 +34,7 @@ def run(tmp_path):
 
 
 def test_a_log_that_cannot_be_read_is_no_tail_and_a_warning():
-    log = Log()
+    log = RecordingLog()
     assert train_reads.log_tail(Backend(None), HANDLE, log) is None
     assert log.lines == [
         (
@@ -58,7 +46,7 @@ def test_a_log_that_cannot_be_read_is_no_tail_and_a_warning():
 
 def test_a_malformed_stored_record_is_ignored_with_a_warning(tmp_path):
     store, layout = run(tmp_path)
-    log = Log()
+    log = RecordingLog()
     assert train_reads.stored_record(store, layout, 1, log) is None and log.lines == []  # none written
     store.put_json(layout.attempt(1), {"attempt": "one"})
     assert train_reads.stored_record(store, layout, 1, log) is None
@@ -71,7 +59,9 @@ def test_a_finished_attempt_whose_record_storage_refused_is_read_from_its_log(tm
     text = "x" * (LOGS_TAIL_CHARS + 10) + "\n[node-0] " + attempt_record_line(record)
     backend = Backend(text)
     event = {"status": "finished", "handle": HANDLE, "state": STATE}
-    ended = train_reads.wait_ended(event, job_of(), store=store, layout=layout, backend=backend, log=Log())
+    ended = train_reads.wait_ended(
+        event, job_of(), store=store, layout=layout, backend=backend, log=RecordingLog()
+    )
     assert ended.record == record and ended.progress is None  # a record: no progress to read
     assert ended.logs_tail == text and len(ended.kept_tail) <= LOGS_TAIL_CHARS
     assert backend.asked == [200]
@@ -81,7 +71,9 @@ def test_a_hung_attempt_is_read_for_its_tail_and_progress_never_its_record(tmp_p
     store, layout = run(tmp_path)
     backend = Backend("[node-0] step 3")
     event = {"status": "hung", "handle": HANDLE, "state": STATE, "message": "no new step for 700s"}
-    ended = train_reads.wait_ended(event, job_of(), store=store, layout=layout, backend=backend, log=Log())
+    ended = train_reads.wait_ended(
+        event, job_of(), store=store, layout=layout, backend=backend, log=RecordingLog()
+    )
     assert (ended.record, ended.progress, ended.logs_tail) == (None, None, "[node-0] step 3")
     assert backend.asked == [50]
 
@@ -92,6 +84,8 @@ def test_nothing_is_read_for_a_deadline_or_without_a_record(tmp_path):
     deadline = {"status": "deadline", "handle": HANDLE, "message": "execution_timeout"}
     finished = {"status": "finished", "handle": HANDLE, "state": STATE}
     for event, job in ((deadline, job_of()), (finished, None)):
-        ended = train_reads.wait_ended(event, job, store=store, layout=layout, backend=backend, log=Log())
+        ended = train_reads.wait_ended(
+            event, job, store=store, layout=layout, backend=backend, log=RecordingLog()
+        )
         assert ended.event == event and ended.logs_tail is None and ended.record is None
     assert backend.asked == []
