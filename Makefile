@@ -12,12 +12,21 @@ STAMP := $(VENV)/.trainops-installed
 demo: $(STAMP)
 	$(PY) -m trainops demo $(if $(V),--verbose)
 
-test: $(STAMP)
-	$(PY) -m pytest -q
+# The tests run on several processes (pytest-xdist; tests that share an expensive fixture stay
+# on one, see tests/conftest.py). The unit tests compute: one worker per core. The slow ones
+# mostly wait (torchrun gangs, Airflow's scheduler, Spark, subprocesses): one worker more keeps
+# the cores busy. `make test TEST_WORKERS=0` runs everything in one process (for --pdb).
+CORES := $(shell nproc 2>/dev/null || echo 2)
+TEST_WORKERS ?= $(shell echo $$(($(CORES) + 1)))
+FAST_WORKERS ?= $(CORES)
 
-# The unit tests only: no torchrun, no whole DAG (about 6 minutes on 2 cores).
+# Everything: torchrun, whole DAGs, a real Airflow, Chromium, Spark.
+test: $(STAMP)
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
+
+# The unit tests only (not marked slow; every test file keeps some): under 2 minutes on 2 cores.
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" -n $(FAST_WORKERS)
 
 # What CI checks before the tests: lint, formatting and types (config in pyproject.toml).
 lint: $(STAMP)

@@ -15,8 +15,10 @@ import pytest
 # --------------------------------------------------------------------------- airflow
 # Before anything imports Airflow: a private AIRFLOW_HOME (SQLite) and storage root inside the
 # checkout, so tests never touch the demo's state or a developer's own Airflow.
+# Under pytest-xdist each worker (gw0, gw1, ...) gets its own: SQLite takes one writer at a time,
+# and two workers' `airflow db migrate` or dag.test() on one file would lock each other out.
 REPO = Path(__file__).resolve().parents[1]
-TEST_STATE = REPO / ".trainops-test"
+TEST_STATE = REPO / ".trainops-test" / os.environ.get("PYTEST_XDIST_WORKER", "main")
 os.environ.update(
     {
         "AIRFLOW_HOME": str(TEST_STATE / "airflow"),
@@ -45,6 +47,39 @@ def airflow_db():
         env=os.environ.copy(),
     )
     return os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+
+
+# --------------------------------------------------------------------------- workers
+# `make test` spreads the tests over workers (pytest-xdist, `--dist loadgroup`). A fixture that
+# costs seconds and is shared by scope would be made again on every worker that gets one of its
+# tests: a module's (the real Airflow, the staged data of a module), and these session ones.
+# The tests that share one run on one worker, so each is made once, as in a serial run.
+SHARED_SESSION_FIXTURES = ("spark", "reference_run")
+
+
+def shared_group(item: pytest.Item) -> str | None:
+    """The worker group of a test that shares an expensive fixture (None: any worker).
+
+    :param item: a collected test.
+    """
+    used = getattr(item, "_fixtureinfo", None)
+    if used is None:  # not a function (a doctest, say): no fixtures to share
+        return None
+    for name in SHARED_SESSION_FIXTURES:
+        if name in used.name2fixturedefs:
+            return name
+    for defs in used.name2fixturedefs.values():
+        if defs[-1].scope in ("module", "class"):
+            return item.nodeid.split("::", 1)[0]  # its module: module fixtures live once per module
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        group = None if item.get_closest_marker("xdist_group") else shared_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 # --------------------------------------------------------------------------- storage

@@ -145,6 +145,7 @@ def test_a_dry_run_renders_the_job_and_launches_nothing(airflow_db, storage, tmp
     assert not (tmp_path / "local" / "jobs").exists()
 
 
+@pytest.mark.slow
 def test_a_misspelt_setting_fails_plan_once_without_retry(airflow_db, storage, capfd):
     """A retry cannot fix a typo: plan fails on its first try, whatever its retries, with the hint."""
     from datetime import timedelta

@@ -325,6 +325,7 @@ def test_dockerignore_keeps_local_state_and_secrets_out_of_the_context():
         assert not ignored(path)
 
 
+@pytest.mark.slow
 def test_install_checks_in_the_image_name_importable_modules(airflow_image):
     modules = set()
     for stage in airflow_image:

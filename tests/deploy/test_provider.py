@@ -110,12 +110,14 @@ def test_operator_modules_hold_every_public_operator(info):
     assert {g["integration-name"] for g in info["operators"] + info["triggers"]} <= integrations
 
 
+@pytest.mark.slow
 def test_airflow_lists_trainops_with_its_version(info):
     providers = {p["package_name"]: p for p in providers_cli("list")}
     assert "trainops" in providers, sorted(providers)
     assert providers["trainops"]["version"] == info["versions"][0] == metadata.version("trainops")
 
 
+@pytest.mark.slow
 def test_airflow_lists_trainops_extra_links(info):
     links = {row["extra_link_class_name"] for row in providers_cli("links")}
     ours = {link for link in links if link.startswith("trainops.")}
@@ -123,6 +125,7 @@ def test_airflow_lists_trainops_extra_links(info):
     assert ours == set(info["extra-links"])
 
 
+@pytest.mark.slow
 def test_airflow_registers_no_connection_type_for_trainops():
     hooks = providers_cli("hooks")
     assert not [h for h in hooks if h.get("package_name") == "trainops"]

@@ -1,5 +1,7 @@
 """A hung rank, end to end, with real parts: FSDPTrainingOperator on the local cluster (two
-nodes of one CPU rank each under torchrun, the tiny model, file:// storage), ``hang_timeout=45``.
+nodes of one CPU rank each under torchrun, the tiny model, file:// storage), ``hang_timeout=20``,
+rank 0 writing its heartbeat every second (``$TRAINOPS_HEARTBEAT_EVERY_S``; 10 s by default, which
+needs a timeout of minutes, as production's are).
 
 Once attempt 1 has committed a checkpoint and trained on, one worker process of node 1 is
 SIGSTOPped: it neither dies nor answers, so rank 0 waits in the next collective (gloo's timeout
@@ -26,12 +28,14 @@ from tests.e2e import driving
 from tests.e2e.driving import deferred
 from tests.trainer.helpers import TRAIN_KEYS, write_dataset
 from trainer.contract import MetricsReader, RunLayout, run_prefix
+from trainer.runtime.heartbeat import ENV_EVERY_S
 from trainer.storage import open_storage
 from trainops.operators import FSDPTrainingOperator
 
 pytestmark = pytest.mark.slow
 
-HANG_TIMEOUT = 45
+HANG_TIMEOUT = 20  # well over a heartbeat's age (its interval, 1 s, plus a step) even on a busy host
+HEARTBEAT_EVERY_S = 1.0
 POLL_S = 1.0
 MAX_STEPS = 40
 STOP_AFTER_STEP = 12  # past the step-10 commit, so attempt 2 resumes from it
@@ -90,7 +94,7 @@ def test_a_sigstopped_rank_is_hung_within_the_timeout_plus_a_poll_and_the_relaun
         progress_every=3600,
         termination_grace_seconds=3,
         hang_timeout=HANG_TIMEOUT,
-        job_options={"env": {"OMP_NUM_THREADS": "1"}},
+        job_options={"env": {"OMP_NUM_THREADS": "1", ENV_EVERY_S: str(HEARTBEAT_EVERY_S)}},
     )
     ctx = {"ti": SimpleNamespace(dag_id="retrain", run_id=RUN_ID, task_id="train", map_index=-1)}
     layout = RunLayout(run_prefix(file_root, "retrain", RUN_ID, "train"))

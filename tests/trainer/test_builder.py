@@ -71,6 +71,7 @@ def test_unknown_preset_names_it():
         build_model("huge", None, 257, 32)
 
 
+@pytest.mark.slow
 def test_example_builder_trains_one_step_on_cpu(user_modules):
     torch.manual_seed(0)
     built = build_model("tiny", "custom_model:build", vocab_size=257, seq_len=16)

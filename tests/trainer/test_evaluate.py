@@ -54,6 +54,7 @@ def model():
     return Transformer(ARGS).eval()
 
 
+@pytest.mark.slow
 def test_batched_windows_give_the_unbatched_losses_in_batches_of_the_setting(model, stream):
     shapes: list[tuple[int, ...]] = []
     model.register_forward_hook(lambda module, inputs, output: shapes.append(tuple(inputs[0].shape)))

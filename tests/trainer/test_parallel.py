@@ -41,6 +41,7 @@ def test_step_options_line_names_what_was_applied():
     )
 
 
+@pytest.mark.slow
 def test_parallelize_checkpoints_then_compiles_then_shards(world_of_one):
     model = plain_model()
     config = Config(precision="fp32", train=TrainConfig(activation_checkpointing="selective", compile=True))

@@ -3,6 +3,7 @@
 
 import copy
 
+import pytest
 import torch
 from torch.distributed.checkpoint.stateful import Stateful
 
@@ -41,6 +42,7 @@ def one_step(model, optimizer) -> None:
     optimizer.zero_grad()
 
 
+@pytest.mark.slow
 def test_model_and_optimizer_states_are_keyed_by_parameter_name_and_load_back():
     model = tiny_model(0)
     optimizer = build_optimizer(model, lr=1e-2, weight_decay=0.1)

@@ -19,6 +19,7 @@ def model_and_batch():
     return model, windows
 
 
+@pytest.mark.slow
 def test_accumulated_micro_batches_give_the_whole_batch_gradient_and_mean_loss():
     model, windows = model_and_batch()
     whole = F.cross_entropy(model(windows[:, :-1]).flatten(0, 1), windows[:, 1:].flatten())

@@ -127,6 +127,7 @@ def start(tmp_path, dataset_uri, env, attempt_number, *overrides):
     return setup(config, env, attempt), attempt
 
 
+@pytest.mark.slow
 def test_train_step_does_one_optimizer_step_and_counts_the_stop_votes(world_of_one, tmp_path, dataset_uri):
     training, attempt = start(tmp_path, dataset_uri, world_of_one, 1)
     assert (training.accum, training.global_batch, training.state.step, training.state.cursor) == (2, 4, 0, 0)
@@ -155,6 +156,7 @@ def events_of(training) -> list:
     return events
 
 
+@pytest.mark.slow
 def test_the_next_steps_first_micro_batch_is_read_while_the_step_computes_and_never_after_the_last(
     world_of_one, tmp_path, dataset_uri
 ):
@@ -166,6 +168,7 @@ def test_the_next_steps_first_micro_batch_is_read_while_the_step_computes_and_ne
     assert events == [(0, 0), (0, 1), (4, 0), "step", (4, 1), (8, 0), "step", (8, 1), "step"]
 
 
+@pytest.mark.slow
 def test_losses_are_read_every_log_every_steps_before_a_checkpoint_and_at_the_end(
     world_of_one, tmp_path, dataset_uri, monkeypatch
 ):
@@ -196,6 +199,7 @@ def test_losses_are_read_every_log_every_steps_before_a_checkpoint_and_at_the_en
     assert metrics[1]["time"] < metrics[2]["time"] < metrics[3]["time"]  # each step's own
 
 
+@pytest.mark.slow
 def test_a_signal_during_a_step_stops_every_rank_after_the_next_with_its_checkpoint(
     world_of_one, tmp_path, dataset_uri
 ):
@@ -219,6 +223,7 @@ def test_a_signal_during_a_step_stops_every_rank_after_the_next_with_its_checkpo
     assert events[-2:] == [(8, 1), "step"]  # step 3 was the last: nothing of step 4 was read
 
 
+@pytest.mark.slow
 def test_a_non_finite_loss_is_caught_at_the_next_read_naming_its_first_step(
     world_of_one, tmp_path, dataset_uri
 ):
@@ -242,6 +247,7 @@ def test_a_non_finite_loss_is_caught_at_the_next_read_naming_its_first_step(
     assert sorted(metrics_of(tmp_path / "run")) == [1, 2]  # the steps before it are logged
 
 
+@pytest.mark.slow
 def test_the_loop_completes_with_a_final_checkpoint_export_and_record_and_a_relaunch_only_re_exports(
     world_of_one, tmp_path, dataset_uri
 ):
@@ -291,6 +297,7 @@ def test_a_signalled_loop_stops_after_the_step_with_an_emergency_checkpoint(
     assert before <= record["first_step_time"] <= metrics_of(run)[1]["time"]
 
 
+@pytest.mark.slow
 def test_a_checkpoint_steps_record_says_how_long_its_save_held_the_loop_the_wait_included(
     world_of_one, tmp_path, dataset_uri
 ):

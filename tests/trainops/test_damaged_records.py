@@ -158,6 +158,7 @@ def _answered(response, where: str) -> list[str]:
 # ----------------------------------------------------------------------------- report pages
 
 
+@pytest.mark.slow
 def test_a_damaged_job_json_is_a_message_on_its_report_page_never_a_500(api, root):
     storage = open_storage(root)
     layout = RunLayout(join(root, "runs", "retrain", "r1", "train"))
@@ -196,6 +197,7 @@ def test_a_damaged_job_json_is_a_row_saying_why_on_the_home_and_fleet_pages(api,
     assert problems == []
 
 
+@pytest.mark.slow
 def test_a_damaged_card_json_is_a_message_on_its_report_page_never_a_500(api, root):
     storage = open_storage(root)
     uri = join(model_version_prefix(root, "demo-lm", 3), "card.json")

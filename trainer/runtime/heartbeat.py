@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from trainer.contract import Heartbeat, RunLayout
@@ -27,6 +28,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("trainer.heartbeat")
 
 EVERY_S = 10.0  # at most one write per 10 s: a heartbeat is a liveness signal, not a metric
+# The interval, for a run whose hang_timeout is far under a minute (the end-to-end hang test): a
+# heartbeat is up to one interval old when read, so the interval must stay well under the timeout.
+ENV_EVERY_S = "TRAINOPS_HEARTBEAT_EVERY_S"
 STEP_TIMES_KEPT = 1000  # the median is over this attempt's last 1000 step times
 WRITE_OUTAGE_TOLERANCE_S = 2.0  # a write rides out this much of an outage; the next step retries
 
@@ -126,13 +130,44 @@ class HeartbeatWriter:
             log.info("heartbeat written again (step %d)", beat["step"])
 
 
-def beats(run_uri: str, attempt: int, is_main: bool, step: int) -> Callable[[int, float], None]:
+def every_s_from(environ: Mapping[str, str]) -> float:
+    """The least time between two writes: ``$TRAINOPS_HEARTBEAT_EVERY_S`` when set, else
+    :data:`EVERY_S`.
+
+    :param environ: the process environment.
+    :raises ValueError: the variable is set but is not a number of seconds > 0.
+    """
+    raw = environ.get(ENV_EVERY_S, "").strip()
+    if not raw:
+        return EVERY_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ValueError(
+            f"{ENV_EVERY_S}={raw!r} is not a number of seconds > 0; unset it for the default ({EVERY_S:g} s)"
+        )
+    return value
+
+
+def beats(
+    run_uri: str, attempt: int, is_main: bool, step: int, environ: Mapping[str, str] = os.environ
+) -> Callable[[int, float], None]:
     """What the loop calls after each step, ``beat(step, step_s)``: on rank 0 a started
     :class:`HeartbeatWriter` of attempt ``attempt`` (the loop starts at ``step``), elsewhere
-    nothing. The writer's thread is a daemon: it ends with the process."""
+    nothing. The writer's thread is a daemon: it ends with the process.
+
+    :param run_uri: the run's folder.
+    :param attempt: the attempt number.
+    :param is_main: whether this is rank 0.
+    :param step: the step the loop starts at.
+    :param environ: where ``$TRAINOPS_HEARTBEAT_EVERY_S`` is read (:func:`every_s_from`).
+    """
+    every_s = every_s_from(environ)  # a bad value fails on every rank, before training
     if not is_main:
         return lambda step, step_s: None
     store = open_storage(run_uri, outage_tolerance_s=WRITE_OUTAGE_TOLERANCE_S)
-    writer = HeartbeatWriter(store, RunLayout(run_uri), attempt)
+    writer = HeartbeatWriter(store, RunLayout(run_uri), attempt, every_s=every_s)
     writer.start(step)
     return writer.beat

@@ -53,6 +53,7 @@ def advance(state, step, cursor):
     state.step, state.cursor = step, cursor
 
 
+@pytest.mark.slow
 def test_save_commit_prune_and_load(world_of_one, tmp_path, caplog):
     run_uri = (tmp_path / "run").as_uri()
     layout, storage = RunLayout(run_uri), open_storage(run_uri)
@@ -126,6 +127,7 @@ def gloo_loops() -> int:
     return sum(1 for name in names if name.exists() and name.read_text().strip() == "gloo_tcp_loop")
 
 
+@pytest.mark.slow
 def test_a_checkpointer_adds_no_thread_until_it_first_saves(world_of_one, tmp_path):
     """Its gloo group's TCP loop wakes every 10 ms even when idle, preempting the training
     threads of a small CPU host: a run that does not save while it trains must not pay for it."""
@@ -146,6 +148,7 @@ def snapshot(model):
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
+@pytest.mark.slow
 def test_async_save_keeps_the_state_of_its_step_while_training_goes_on(world_of_one, tmp_path, caplog):
     run_uri = (tmp_path / "run").as_uri()
     model, optimizer = fresh(0)
@@ -202,6 +205,7 @@ class HeldSaves:
         return self.storage.upload_file(path, uri, move=move)
 
 
+@pytest.mark.slow
 def test_a_save_that_waits_for_the_previous_one_counts_the_wait_and_warns_once(
     world_of_one, tmp_path, caplog
 ):
@@ -330,6 +334,7 @@ def write_checkpoint_before_named_states(tmp_path, run_uri, step, model, optimiz
     storage.put_json(layout.latest, {"step": step, "uri": layout.checkpoint(step)})
 
 
+@pytest.mark.slow
 def test_a_checkpoint_written_before_the_states_had_names_still_resumes(world_of_one, tmp_path):
     from trainer.optim import build_scheduler
     from trainer.state import checkpoint_states

@@ -115,6 +115,7 @@ def test_each_rank_reads_only_its_rows_and_gets_what_the_whole_tensor_would_give
             assert torch.equal(got, ours[name][lo:hi]), name
 
 
+@pytest.mark.slow
 def test_a_source_of_another_shape_or_function_or_incomplete_is_refused_naming_both_sides(
     world_of_one, tmp_path, dataset_uri
 ):

@@ -4,8 +4,10 @@ import json
 import threading
 import time
 
+import pytest
+
 from trainer.contract import RunLayout, parse_heartbeat
-from trainer.runtime.heartbeat import HeartbeatWriter, beats
+from trainer.runtime.heartbeat import ENV_EVERY_S, EVERY_S, HeartbeatWriter, beats, every_s_from
 from trainer.storage import open_storage
 
 
@@ -81,3 +83,22 @@ def test_only_rank_0_beats(tmp_path):
     beat = beats(root, 2, True, 5)
     beat(6, 0.1)
     wait_for(lambda: (read(open_storage(root), RunLayout(root), 2) or {}).get("step") in (5, 6))
+
+
+def test_the_interval_is_ten_seconds_unless_the_environment_says_otherwise(tmp_path):
+    assert every_s_from({}) == every_s_from({ENV_EVERY_S: " "}) == EVERY_S == 10.0
+    assert every_s_from({ENV_EVERY_S: "0.5"}) == 0.5
+    beat = beats(tmp_path.as_uri(), 1, True, 0, environ={ENV_EVERY_S: "0.5"})
+    assert beat.__self__.every_s == 0.5  # type: ignore[attr-defined]
+    beat.__self__.close()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "ten", "nan", "inf"])
+def test_a_bad_interval_fails_on_every_rank_naming_the_value(tmp_path, raw):
+    for is_main in (True, False):
+        with pytest.raises(ValueError) as caught:
+            beats(tmp_path.as_uri(), 1, is_main, 0, environ={ENV_EVERY_S: raw})
+        assert str(caught.value) == (
+            f"TRAINOPS_HEARTBEAT_EVERY_S={raw!r} is not a number of seconds > 0; "
+            "unset it for the default (10 s)"
+        )

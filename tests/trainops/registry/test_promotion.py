@@ -349,6 +349,7 @@ def test_two_processes_racing_on_file_storage_one_wins(file_root, tmp_path):
     assert [h["version"] for h in pointer["history"]] == [1, version]
 
 
+@pytest.mark.slow
 def test_twenty_thread_races_on_s3_each_have_exactly_one_winner(s3_root):
     storage = open_storage(s3_root)
     run_a = make_run(storage, s3_root, "a", small=True)
@@ -472,6 +473,7 @@ def run_races(root: str, rounds: int) -> list[dict]:
     return counts
 
 
+@pytest.mark.slow
 def test_twenty_rounds_of_four_concurrent_promotions_on_s3(s3_root):
     started = time.monotonic()
     counts = run_races(s3_root, 20)
