@@ -19,8 +19,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from trainer.contract import RunLayout
 from trainer.presets import PRESETS, ModelArgs
 from trainer.storage import NotFound, open_storage
@@ -477,6 +475,8 @@ def parse_override(text: str) -> dict[str, Any]:
     key = key.strip()
     if not sep or not key:
         raise ConfigError(f"override {text!r} must look like key=value, e.g. train.lr=0.001")
+    import yaml  # noqa: PLC0415 (the dataclasses alone need no yaml: see the module docstring)
+
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
@@ -502,6 +502,8 @@ def read_text(path_or_uri: str) -> str:
 
 def load_config(path_or_uri: str | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Defaults, then the YAML file (local path or storage URI; None for none), then overrides."""
+    import yaml  # noqa: PLC0415 (as above)
+
     config = Config()
     if path_or_uri:
         try:
@@ -518,6 +520,8 @@ def load_config(path_or_uri: str | None, overrides: list[str] | tuple[str, ...] 
 
 def dump_yaml(config: Config) -> str:
     """The resolved config as YAML; :func:`load_config` reads it back to an equal Config."""
+    import yaml  # noqa: PLC0415 (as above)
+
     return yaml.safe_dump(config.to_dict(), sort_keys=False)
 
 
