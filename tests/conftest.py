@@ -35,6 +35,9 @@ os.environ.update(
     }
 )
 (TEST_STATE / "airflow").mkdir(parents=True, exist_ok=True)
+# One intra-op thread per torch process (in-process tests, torchrun ranks, the demo's nodes):
+# the workers already fill the cores, and threads that spin for a busy core only add CPU time.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
@@ -74,12 +77,51 @@ def shared_group(item: pytest.Item) -> str | None:
     return None
 
 
+# The longest tests start first, so that no worker is left running one of them alone at the end
+# while the others are done (a serial run's --durations, heaviest first; a file's tests stay
+# together, so its module fixtures are made once). The order changes the wall time, never what a
+# test does: each test sets up its own state.
+LONGEST_FIRST = (
+    "tests/e2e/test_demo_dag.py",
+    "tests/e2e/test_real_airflow.py",
+    "tests/trainops/staging/spark/",
+    "tests/trainops/operators/test_stage_spark.py",
+    "tests/e2e/test_quiet_demo.py",
+    "tests/e2e/test_home_browser.py",
+    "tests/test_trainer_extra.py",
+    "tests/e2e/test_hang.py",
+    "tests/e2e/test_cost.py",
+    "tests/e2e/test_storage_outage.py",
+    "tests/trainer/test_train.py",
+    "tests/trainer/test_resume.py",
+)
+
+
+def start_rank(path: str, slow: bool) -> int:
+    """Where a test file starts: the longest first, then the other slow ones, then the rest.
+
+    :param path: the test file, relative to the checkout.
+    :param slow: whether any test in it is marked slow.
+    """
+    for rank, prefix in enumerate(LONGEST_FIRST):
+        if path.startswith(prefix):
+            return rank
+    return len(LONGEST_FIRST) + (0 if slow else 1)
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         group = None if item.get_closest_marker("xdist_group") else shared_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the order only matters when workers share the tests
+        slow_files = {item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("slow")}
+        items.sort(
+            key=lambda item: start_rank(
+                item.nodeid.split("::", 1)[0], item.nodeid.split("::", 1)[0] in slow_files
+            )
+        )
 
 
 # --------------------------------------------------------------------------- storage
