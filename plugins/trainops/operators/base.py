@@ -24,7 +24,7 @@ import time
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypedDict, cast
 
 from airflow.configuration import conf
 from airflow.sdk import BaseOperator
@@ -44,6 +44,14 @@ if TYPE_CHECKING:
 
 DEFAULT_IMAGE = "trainops-trainer:latest"
 TRIGGER_FAIL = "__fail__"  # Airflow's next_method for a deferral its scheduler failed (timeout)
+
+
+class TaskLog(Protocol):
+    """The task log (an operator's ``log``), as the operators' helper modules take it."""
+
+    def info(self, msg: str, /, *args: object) -> object: ...
+
+    def warning(self, msg: str, /, *args: object) -> object: ...
 
 
 class TaskIdentity(TypedDict):

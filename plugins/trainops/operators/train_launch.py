@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any
 
 import yaml
 
@@ -14,7 +14,7 @@ from trainer.contract import RunLayout
 from trainer.storage import Storage
 from trainops.hooks.storage import job_env_for, storage_for
 from trainops.operators import warm_start
-from trainops.operators.base import TaskIdentity
+from trainops.operators.base import TaskIdentity, TaskLog
 from trainops.operators.launch_plan import (
     AttemptLaunch,
     LaunchSettings,
@@ -24,12 +24,6 @@ from trainops.operators.launch_plan import (
 )
 from trainops.operators.preflight import check_builder, check_fit, check_gpus, dataset_manifest
 from trainops.operators.sizing import disk_options, estimate
-
-
-class TaskLog(Protocol):
-    """The task log (the operator's ``log``)."""
-
-    def info(self, msg: str, /, *args: object) -> object: ...
 
 
 def checked_config(

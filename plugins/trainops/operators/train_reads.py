@@ -4,25 +4,18 @@ are :mod:`trainops.recovery.driver`'s."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 from trainer.contract import MetricsReader, RunLayout, last_record, parse_attempt_record
 from trainer.storage import NotFound, Storage
 from trainops.cluster.base import ClusterBackend, JobHandle
 from trainops.hooks.storage import get_json_object
+from trainops.operators.base import TaskLog
 from trainops.operators.cleanup import clip_tail
 from trainops.recovery.classify import AttemptRecord, attempt_record_of
 from trainops.recovery.driver import WaitEnded
 from trainops.recovery.record import JobRecord, Progress, total_steps_lost
 from trainops.triggers.events import JobEvent
-
-
-class TaskLog(Protocol):
-    """The task log (the operator's ``log``)."""
-
-    def info(self, msg: str, /, *args: object) -> object: ...
-
-    def warning(self, msg: str, /, *args: object) -> object: ...
 
 
 def log_tail(backend: ClusterBackend, handle: JobHandle, log: TaskLog, lines: int = 200) -> str | None:

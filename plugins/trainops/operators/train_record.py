@@ -6,13 +6,13 @@ storage edge."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from trainer.contract import RunLayout
 from trainer.storage import NotFound, PreconditionFailed, Storage
 from trainops.cluster.base import ClusterBackend, JobAlreadyExists, JobHandle
 from trainops.cluster.spec import JobSpec
-from trainops.operators.base import TaskIdentity
+from trainops.operators.base import TaskIdentity, TaskLog
 from trainops.operators.launch_plan import AttemptLaunch
 from trainops.recovery.driver import missing_record
 from trainops.recovery.record import (
@@ -25,14 +25,6 @@ from trainops.recovery.record import (
     record_launched,
     start_record,
 )
-
-
-class TaskLog(Protocol):
-    """The task log (the operator's ``log``)."""
-
-    def info(self, msg: str, /, *args: object) -> object: ...
-
-    def warning(self, msg: str, /, *args: object) -> object: ...
 
 
 def read_job(store: Storage, layout: RunLayout, identity: TaskIdentity) -> JobRecord | None:
