@@ -284,7 +284,7 @@ def test_a_dead_supervisors_nodes_and_their_children_are_killed_by_delete(cluste
     )
     handle = cluster.launch(job("orphans", code, nodes=2, termination_grace_seconds=2))
     running(cluster, handle, nodes=4)  # two nodes, a worker each
-    pids = job_processes(Path(handle["job_dir"]))
+    processes = [_started(pid) for pid in job_processes(Path(handle["job_dir"]))]
     os.kill(int(Path(handle["job_dir"], "supervisor.pid").read_text()), signal.SIGKILL)
     wait_for(lambda: cluster.status(handle)["phase"] == "lost", "the job to be lost")
     assert not cluster.all_gone(handle)  # its trainers still run
@@ -292,7 +292,7 @@ def test_a_dead_supervisors_nodes_and_their_children_are_killed_by_delete(cluste
     cluster.delete(handle)
     wait_for(lambda: cluster.all_gone(handle), "the orphaned gang to be killed", timeout=30)
     assert time.monotonic() - started >= 1.5  # node 1 ignored SIGTERM: SIGKILL after the grace
-    assert [pid for pid in pids if _alive(pid)] == []
+    assert [process for process in processes if _alive(process)] == []
 
 
 def test_a_reused_process_group_id_is_never_signalled(cluster):
@@ -317,12 +317,29 @@ def test_a_reused_process_group_id_is_never_signalled(cluster):
         stranger.wait()
 
 
-def _alive(pid):
+def _stat(pid):
+    """``/proc/<pid>/stat``'s fields after the command name (None: no such process)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            return f.read().rsplit(")", 1)[1].split()
     except FileNotFoundError:
+        return None
+
+
+def _started(pid):
+    """``pid`` with its start time: the process itself, not a later one given the same pid (pids
+    wrap at 32768 here, and a busy suite reuses them within seconds)."""
+    fields = _stat(pid)
+    return (pid, fields[19] if fields else None)
+
+
+def _alive(process):
+    """Whether ``process`` (a pid, or ``_started``'s pair) still runs, a zombie not counted."""
+    pid, started = process if isinstance(process, tuple) else (process, None)
+    fields = _stat(pid)
+    if fields is None or fields[0] == "Z":
         return False
+    return started is None or fields[19] == started
 
 
 # -- the nodes' temp folder: the attempt's own, gone when the attempt ends ------------------------
