@@ -38,6 +38,10 @@ os.environ.update(
 # One intra-op thread per torch process (in-process tests, torchrun ranks, the demo's nodes):
 # the workers already fill the cores, and threads that spin for a busy core only add CPU time.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The JVMs of the Spark tests (a local session, a Spark Connect server) live for seconds on a few
+# MB: the C1 compiler alone and the serial collector spend about a third less CPU on them than
+# the server defaults (tiered C2, G1), which suit long jobs on big data, not these.
+os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
 
 @pytest.fixture(scope="session")
@@ -57,7 +61,7 @@ def airflow_db():
 # costs seconds and is shared by scope would be made again on every worker that gets one of its
 # tests: a module's (the real Airflow, the staged data of a module), and these session ones.
 # The tests that share one run on one worker, so each is made once, as in a serial run.
-SHARED_SESSION_FIXTURES = ("spark", "reference_run")
+SHARED_SESSION_FIXTURES = ("spark", "reference_run", "demo_first_run")
 
 
 def shared_group(item: pytest.Item) -> str | None:

@@ -8,54 +8,33 @@ passes the gate and becomes v2), then a rollback to v1 through the command line'
 (the `max_eval_loss` param) rejects against the rolled-back v1, with the reason in the run's
 note. The rollback's corner cases are tested in tests/trainops/cli/test_main.py and
 tests/trainops/registry/test_rollback.py; bad param values in tests/dags/test_trainops_demo.py.
+The first run is made once for this test and the browser click-through (tests/e2e/demo_run.py).
 """
 
 import pytest
 
+from tests.e2e.demo_run import run_demo, run_note, task_states
 from trainer.contract import MetricsReader, RunLayout, dataset_prefix, production_pointer
 from trainer.storage import open_storage
-from trainops.cli.main import DEMO_DAG, DEMO_TASKS, load_dag, main, xcom_results
+from trainops.cli.main import main
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def demo_env(tmp_path, monkeypatch, airflow_db):
-    root = f"file://{tmp_path}/storage"
-    monkeypatch.setenv("TRAINOPS_STORAGE_ROOT", root)
-    monkeypatch.setenv("TRAINOPS_LOCAL_STATE", str(tmp_path / "local"))
-    return root
-
-
-def run_demo(run_conf: dict | None = None):
-    import os
-
-    dag = load_dag(os.environ["AIRFLOW__CORE__DAGS_FOLDER"], DEMO_DAG)
-    dagrun = dag.test(run_conf=run_conf)
-    return dagrun, xcom_results(DEMO_DAG, dagrun.run_id, DEMO_TASKS)
-
-
-def run_note(run_id: str) -> str | None:
-    from trainops.cli.main import run_note as note_of
-
-    return note_of(DEMO_DAG, run_id)
-
-
-def task_states(run_id: str) -> dict:
-    from airflow.models.taskinstance import TaskInstance
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        rows = session.query(TaskInstance).filter_by(dag_id=DEMO_DAG, run_id=run_id).all()
-        return {ti.task_id: str(ti.state).rsplit(".", 1)[-1].lower() for ti in rows}
+def demo_env(demo_first_run, monkeypatch):
+    """The shared first run's storage root (tests/e2e/demo_run.py), for the runs that follow it."""
+    monkeypatch.setenv("TRAINOPS_STORAGE_ROOT", demo_first_run.root)
+    monkeypatch.setenv("TRAINOPS_LOCAL_STATE", demo_first_run.local_state)
+    return demo_first_run
 
 
 def test_demo_twice_then_another_seed_then_a_rollback_then_a_rejected_model(demo_env, capfd):
-    root = demo_env
+    root = demo_env.root
     store = open_storage(root)
 
-    dagrun, first = run_demo()
-    assert str(dagrun.state).endswith("success"), first
+    first = demo_env.results  # the first run, shared with the browser test (demo_run.py)
+    assert demo_env.state.endswith("success"), first
 
     stage = first["stage"]
     manifest = store.get_json(f"{dataset_prefix(root, 'demo-text', stage['version'])}/manifest.json")
@@ -91,7 +70,7 @@ def test_demo_twice_then_another_seed_then_a_rollback_then_a_rejected_model(demo
 
     assert first["promote"]["version"] == 1
     card = store.get_json(first["promote"]["card_uri"])
-    assert card["promoted_by"] == {"user": "dag_test", "trigger": "manual", "run_id": dagrun.run_id}
+    assert card["promoted_by"] == {"user": "dag_test", "trigger": "manual", "run_id": demo_env.run_id}
 
     # The same data, config and seed train the same weights: reported, not published again.
     dagrun, second = run_demo()

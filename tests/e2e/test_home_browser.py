@@ -1,4 +1,5 @@
-"""A person's click-through in a real headless browser: the demo DAG runs once (dag.test()),
+"""A person's click-through in a real headless browser: the demo DAG's first run (dag.test(),
+shared with the README walkthrough: tests/e2e/demo_run.py),
 Airflow's own API server serves the report app, and headless Chromium opens the trainops home
 page, follows its link to the run's report, from there to the model card promoted from it, and
 from the card back to the run's page in Airflow's UI, which renders that run; and Airflow's
@@ -24,11 +25,17 @@ from urllib.parse import quote, urljoin
 
 import pytest
 
-from tests.e2e.test_demo_dag import run_demo
-
-pytestmark = pytest.mark.slow
+from tests.e2e.demo_run import FirstRun
 
 CHROMIUM = "/usr/bin/chromium"
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not os.path.exists(CHROMIUM),
+        reason=f"{CHROMIUM} is not installed: the browser test needs Debian's chromium package",
+    ),
+]
+
 FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -114,14 +121,11 @@ def _wait_for(url: str, server: subprocess.Popen, timeout_s: float = 240.0) -> N
 
 
 @pytest.fixture
-def demo_env(tmp_path, monkeypatch, airflow_db):
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"{CHROMIUM} is not installed: the browser test needs Debian's chromium package")
-    root = f"file://{tmp_path}/storage"
-    monkeypatch.setenv("TRAINOPS_STORAGE_ROOT", root)
-    monkeypatch.setenv("TRAINOPS_LOCAL_STATE", str(tmp_path / "local"))
+def demo_env(demo_first_run, monkeypatch) -> FirstRun:
+    monkeypatch.setenv("TRAINOPS_STORAGE_ROOT", demo_first_run.root)
+    monkeypatch.setenv("TRAINOPS_LOCAL_STATE", demo_first_run.local_state)
     monkeypatch.delenv("AIRFLOW__API__BASE_URL", raising=False)
-    return root
+    return demo_first_run
 
 
 @pytest.fixture
@@ -152,17 +156,17 @@ def api_server(demo_env):
         server.wait(timeout=60)
 
 
-def test_home_to_run_to_model_card_and_back_to_the_airflow_run(demo_env, api_server, capfd, tmp_path):
+def test_home_to_run_to_model_card_and_back_to_the_airflow_run(demo_env, api_server, tmp_path):
     from trainer.contract import safe_segment
     from trainops.links import report_url
 
-    dagrun, results = run_demo()
-    assert str(dagrun.state).endswith("success"), results
-    run_id, job_uri = dagrun.run_id, results["train"]["run_uri"] + "/job.json"
+    results = demo_env.results
+    assert demo_env.state.endswith("success"), results
+    run_id, job_uri = demo_env.run_id, results["train"]["run_uri"] + "/job.json"
 
     # The task log names the report at the start of train and gate, and the home page at the
     # start of every task with a report (stage, train, evaluate, gate, promote).
-    logged = "".join(capfd.readouterr())
+    logged = demo_env.log
     assert f"trainops Training report: {report_url(job_uri, '')}" in logged
     gate_uri = results["train"]["run_uri"] + "/eval/gate.json"
     assert f"trainops Gate decision: {report_url(gate_uri, '')}" in logged

@@ -117,6 +117,9 @@ class RealAirflow:
                 {"conn_type": "http", "host": self.base, "login": "admin", "password": self.password}
             ),
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            # The DAG files do not change during the module: parse each once, not every 30 s
+            # (every re-parse imports the DAG files anew, CPU the trained models need).
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600",
             "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
             "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
             # The log servers' fixed default ports (8793, 8794) could be taken on this host.

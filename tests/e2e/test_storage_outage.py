@@ -250,7 +250,11 @@ def test_an_outage_shorter_than_the_tolerance_is_ridden_out_in_one_attempt(
     refused = s3_faults.counts()["refused"]
     log = node_logs(ended)
     assert "refused (503 SlowDown); retry 1 in" in log
-    assert "succeeded on retry" in log and "beyond the outage tolerance" not in log
+    # The run's storage rode the blackout out within its 60 s. A heartbeat write keeps its own
+    # short tolerance and may give up on one beat while training goes on: the only such line.
+    assert "succeeded on retry" in log
+    gave_up = [line for line in log.splitlines() if "beyond the outage tolerance" in line]
+    assert all("heartbeat not written" in line for line in gave_up), gave_up
     assert (result["attempts"], result["steps"], result["steps_lost"]) == (1, MAX_STEPS, 0)
     record = direct.get_json(layout.attempt(1))
     assert (record["outcome"], record["last_step"], record.get("metrics_unwritten", 0)) == (
