@@ -213,7 +213,7 @@ def read_back(tmp: Path, saves: int = 2) -> dict:
     from trainer.checkpoint.files import find_latest
     from trainer.checkpoint.save import Checkpointer
     from trainer.contract import RunLayout
-    from trainer.model import Transformer
+    from trainer.models.llama import Transformer
     from trainer.optim import build_optimizer
     from trainer.presets import PRESETS
     from trainer.state import ModelState, OptimizerState, TrainState

@@ -257,8 +257,8 @@ class Trainee:
         import torch
 
         from trainer import parallel
-        from trainer.builder import build_model
         from trainer.config import Config, ModelConfig, TrainConfig
+        from trainer.models.builder import build_model
         from trainer.optim import build_optimizer, build_scheduler
 
         config = Config(
@@ -271,7 +271,7 @@ class Trainee:
             self.built = build_model(preset, None, VOCAB, seq_len)
         self.model = self.built.model
         parallel.parallelize(self.model, self.built.block_names, config)
-        init_std = self.model.init_std  # the preset's own rule (trainer.model.Transformer)
+        init_std = self.model.init_std  # the preset's own rule (trainer.models.llama.Transformer)
         parallel.init_sharded(self.model, device, SEED, init_std)
         self.optimizer = build_optimizer(self.model, 1e-4, 0.1)
         self.scheduler = build_scheduler(self.optimizer, warmup_steps=10, max_steps=1000, min_lr_ratio=0.1)

@@ -120,9 +120,9 @@ def trainops_runner(name: str, args, tokens, *, variant: str = "") -> Runner:
     import torch
     import torch.nn.functional as F
 
-    from trainer import model as model_module
     from trainer import step as step_module
     from trainer.config import Config, ModelConfig, TrainConfig
+    from trainer.models import llama as model_module
     from trainer.optim import build_optimizer, build_scheduler
     from trainer.train import build_sharded_model
 
@@ -182,7 +182,7 @@ def legacy_apply_rope(x, cos, sin):
 
 
 def remember_model_module() -> None:
-    from trainer import model as model_module
+    from trainer.models import llama as model_module
 
     _NEW.update(norm=model_module.RMSNorm.forward, rope=model_module.apply_rope)
 
@@ -360,7 +360,7 @@ def saved_activation_bytes(
     import torch.nn.functional as F
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-    from trainer import model as model_module
+    from trainer.models import llama as model_module
 
     torch.manual_seed(0)
     model = model_module.Transformer(args).to(dtype)

@@ -101,7 +101,7 @@ def setup_worker(out_dir: Path, config_path: str) -> None:
 # The path a user's builder still takes (docs/models.md): the whole model on every rank's CPU.
 WHOLE_MODEL_BUILDER = """
 def build(vocab_size, seq_len):
-    from trainer.model import Transformer
+    from trainer.models.llama import Transformer
     from trainer.presets import PRESETS
 
     model = Transformer(PRESETS[{preset!r}].with_vocab(vocab_size))

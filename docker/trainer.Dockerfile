@@ -19,7 +19,7 @@ COPY pyproject.toml constraints.txt README.md ./
 COPY trainer/ trainer/
 COPY plugins/trainops/ plugins/trainops/
 RUN python -m pip install -c constraints.txt ".[trainer]" \
-    && python -c "import trainer.train, trainer.builder, trainer.export.folder" \
+    && python -c "import trainer.train, trainer.models.builder, trainer.export.folder" \
     && if python -c "import airflow" 2>/dev/null; then echo "airflow must not be in the trainer image" >&2; exit 1; fi \
     && cd / && rm -rf /tmp/trainops-src
 

@@ -115,7 +115,7 @@ def test_trainer_extra_installs_alone_without_airflow(tmp_path):
     assert no_transformers.returncode != 0  # the HF layout is written without it
     modules = run(
         "-c",
-        "import torch, trainer.train, trainer.builder, trainer.export.folder, trainer.evaluate; "
+        "import torch, trainer.train, trainer.models.builder, trainer.export.folder, trainer.evaluate; "
         "print(torch.__version__, trainer.__file__)",
     )
     assert modules.returncode == 0, modules.stderr

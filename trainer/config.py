@@ -395,6 +395,29 @@ def builder_parts(builder: object) -> tuple[str, str]:
     )
 
 
+# The Hugging Face causal LM families the trainer builds (trainer.models.hf), by the
+# ``model_type`` of their config.json. Each is tested (tests/trainer/models/test_hf.py).
+HF_CAUSAL_LM_TYPES = ("llama", "mistral", "qwen2")
+_HF_REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+
+
+def hf_config_problem(values: object, where: str = "config.json") -> str | None:
+    """Why the Hugging Face config ``values`` (a config.json's keys) cannot be trained, naming
+    the value and what to do; None when it can. Pure: both sides judge it before any model."""
+    if not isinstance(values, Mapping):
+        return f"{where}: expected a JSON object of a transformers config, got {type(values).__name__}"
+    kind = values.get("model_type")
+    if kind not in HF_CAUSAL_LM_TYPES:
+        return (
+            f"{where}: model_type {kind!r} is not supported; trainops trains "
+            f"{', '.join(HF_CAUSAL_LM_TYPES)} causal LMs"
+        )
+    missing = [key for key in _HF_REQUIRED if not isinstance(values.get(key), int) or values[key] < 1]
+    if missing:
+        return f"{where}: {', '.join(missing)} must be positive integers (a {kind} config sets them)"
+    return None
+
+
 def config_from_mapping(data: Mapping[str, Any], source: str = "trainer_config") -> Config:
     """Defaults < ``data`` (nested keys, as a config file holds them), validated: what
     :func:`load_config` gives for a file holding ``data``, with no file and no yaml."""
@@ -562,7 +585,7 @@ _REL_TOL = 1e-6
 
 def llama_config_keys(args: ModelArgs) -> dict[str, Any]:
     """The keys of a Hugging Face Llama ``config.json`` that fix what the model ``args`` computes,
-    with its values: every shape, and what ``trainer.model`` is beyond them (RMSNorm with
+    with its values: every shape, and what ``trainer.models.llama`` is beyond them (RMSNorm with
     ``norm_eps``, plain RoPE with ``rope_theta`` and no scaling, SwiGLU with SiLU, no biases,
     untied embeddings, full causal attention: no sliding window). ``trainer.export.hf.hf_config``
     writes them all on export (a test holds the two together)."""

@@ -300,7 +300,13 @@ def fill_rows(
 
 @torch.no_grad()
 def init_sharded(
-    model: nn.Module, device: torch.device, seed: int, init_std: Callable[[str], float | None]
+    model: nn.Module,
+    device: torch.device,
+    seed: int,
+    init_std: Callable[[str], float | None],
+    *,
+    fill_buffers: Callable[[nn.Module], None] | None = None,
+    zero_rows: Mapping[str, int] | None = None,
 ) -> None:
     """Materialise a model sharded on the ``meta`` device: allocate this rank's shards on
     ``device`` (nothing else), then fill them with the values the whole model would start from.
@@ -308,15 +314,25 @@ def init_sharded(
     The values depend on ``seed`` and each parameter's name only, never on the world size or
     the mesh, so a checkpoint resumes on any world size and 1 rank starts where 2 do.
 
-    :param init_std: the std of parameter ``name``'s zero-mean normal, None for ones (the
-        model's own rule, e.g. ``Transformer.init_std``), by its name as built.
+    :param init_std: the std of parameter ``name``'s zero-mean normal (0.0: zeros), None for
+        ones (the model's own rule, e.g. ``Transformer.init_std``), by its name as built.
+    :param fill_buffers: computes the model's buffers once they are on ``device`` (buffers are
+        not sharded); without it a model with buffers is refused.
+    :param zero_rows: a row of a parameter that starts at zero (an embedding's padding row),
+        by name as built.
     """
-    if any(True for _ in model.buffers()):
+    if fill_buffers is None and any(True for _ in model.buffers()):
         raise TypeError(
             f"{type(model).__name__} has buffers, which initialisation on the meta device cannot "
             "fill; compute them in forward instead"
         )
-    model.to_empty(device=device)
+    ties = tied_parameters(model)
+    model.to_empty(device=device)  # gives each module its own tensor: tied weights come apart
+    for name, first in ties.items():
+        owner, _, attribute = name.rpartition(".")
+        setattr(model.get_submodule(owner) if owner else model, attribute, model.get_parameter(first))
+    if fill_buffers is not None:
+        fill_buffers(model)
 
     for raw_name, param in model.named_parameters():
         name, full_shape = plain_name(raw_name), tuple(param.shape)
@@ -333,6 +349,22 @@ def init_sharded(
             local.fill_(1.0)
         else:
             fill_rows(local, full_shape, row_offset, seed, name, std)
+        row = (zero_rows or {}).get(name)
+        if row is not None and row_offset <= row < row_offset + (local.shape[0] if local.dim() else 1):
+            local[row - row_offset].zero_()
+
+
+def tied_parameters(model: nn.Module) -> dict[str, str]:
+    """Each further name of a parameter held under several names (tied embeddings), to its
+    first name."""
+    first: dict[int, str] = {}
+    ties = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            ties[name] = first[id(param)]
+        else:
+            first[id(param)] = name
+    return ties
 
 
 def _replace(model: nn.Module, name: str, module: nn.Module) -> None:

@@ -71,7 +71,7 @@ PRESETS: dict[str, ModelArgs] = {
 
 
 def param_count(args: ModelArgs) -> int:
-    """Number of parameters of :class:`trainer.model.Transformer` built from ``args``."""
+    """Number of parameters of :class:`trainer.models.llama.Transformer` built from ``args``."""
     kv_dim = args.kv_heads * args.head_dim
     attention = args.dim * args.dim * 2 + args.dim * kv_dim * 2  # wq, wo, wk, wv
     feed_forward = 3 * args.dim * args.hidden  # w1, w2, w3

@@ -29,7 +29,6 @@ import torch
 from torch import nn
 
 from trainer import data, parallel
-from trainer.builder import BuiltModel, build_model
 from trainer.checkpoint.fence import Fenced, raise_fence
 from trainer.checkpoint.save import Checkpointer, on_rank0
 from trainer.checkpoint.warm_start import warm_start
@@ -37,6 +36,7 @@ from trainer.config import Config, accumulation_steps, check_data_fit
 from trainer.contract import AttemptRecord, RunLayout, attempt_record_line
 from trainer.export.folder import join_export, write_export
 from trainer.flops import mfu, peak_flops
+from trainer.models.builder import BuiltModel, build_model
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.runtime import heartbeat
 from trainer.runtime.attempts import (
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
     from torch.optim.lr_scheduler import LRScheduler
 
-    from trainer.model import Transformer
+    from trainer.models.llama import Transformer
     from trainer.storage import Storage
 
 log = logging.getLogger("trainer.train")

@@ -49,7 +49,7 @@ def batch(step: int) -> torch.Tensor:
 
 
 def new_model():
-    from trainer.model import Transformer
+    from trainer.models.llama import Transformer
     from trainer.presets import PRESETS
 
     torch.manual_seed(0)

@@ -29,7 +29,7 @@ def main() -> None:
     from tests.trainer.helpers import ForwardingStorage
     from trainer import parallel
     from trainer.checkpoint.save import Checkpointer
-    from trainer.model import Transformer
+    from trainer.models.llama import Transformer
     from trainer.optim import build_optimizer
     from trainer.presets import PRESETS
     from trainer.state import ModelState, OptimizerState, TrainState

@@ -15,7 +15,7 @@ from trainer.cli import main
 from trainer.data import TokenStream
 from trainer.evaluate import eval_device, eval_windows, slice_summaries, token_losses, token_owners
 from trainer.export.folder import write_export
-from trainer.model import Transformer
+from trainer.models.llama import Transformer
 from trainer.presets import PRESETS
 from trainer.storage import open_storage
 

@@ -16,7 +16,7 @@ def test_lr_warms_up_linearly_then_follows_a_cosine_to_the_floor():
 
 
 def test_weight_decay_applies_to_matrices_only_and_the_schedule_scales_the_peak_lr():
-    from trainer.model import Transformer
+    from trainer.models.llama import Transformer
     from trainer.optim import build_optimizer, build_scheduler
     from trainer.presets import PRESETS
 

@@ -11,7 +11,7 @@ from torch.distributed.tensor import DTensor
 
 from trainer import parallel
 from trainer.config import Config, TrainConfig
-from trainer.model import Transformer
+from trainer.models.llama import Transformer
 from trainer.presets import ModelArgs
 
 ARGS = ModelArgs(dim=32, n_layers=4, n_heads=4, vocab_size=97)

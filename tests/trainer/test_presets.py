@@ -3,7 +3,7 @@ model) and the ``python -m trainer presets`` table."""
 
 import pytest
 
-from trainer.model import Transformer, count_parameters
+from trainer.models.llama import Transformer, count_parameters
 from trainer.presets import PRESETS, ModelArgs, non_embedding_params, param_count, preset_table
 
 

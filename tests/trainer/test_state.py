@@ -28,7 +28,7 @@ def test_train_state_saves_step_cursor_and_the_rng_as_of_now():
 
 
 def tiny_model(seed: int):
-    from trainer.model import Transformer
+    from trainer.models.llama import Transformer
 
     torch.manual_seed(seed)
     return Transformer(PRESETS["tiny"].with_vocab(97))

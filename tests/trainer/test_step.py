@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainer.model import Transformer
+from trainer.models.llama import Transformer
 from trainer.presets import PRESETS
 from trainer.step import apply_gradients, first_non_finite, forward_backward, read_losses
 

@@ -40,7 +40,6 @@ from safetensors.torch import load_file
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from trainer.builder import build_from_spec, build_preset
 from trainer.checkpoint.fence import fence_of, read_latest
 from trainer.checkpoint.files import checked_marker, download, find_latest, load_model_weights, local_root
 from trainer.contract import RunLayout, checkpoint_step_of, join
@@ -53,12 +52,13 @@ from trainer.export.tokenizer_files import (
     generation_config,
     tokenizer_files,
 )
+from trainer.models.builder import build_from_spec, build_preset
 from trainer.presets import ModelArgs
 from trainer.storage import NotFound, Storage, open_storage
 
 if TYPE_CHECKING:
-    from trainer.builder import BuiltModel
     from trainer.config import Config
+    from trainer.models.builder import BuiltModel
 
 log = logging.getLogger("trainer.export")
 

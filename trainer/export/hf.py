@@ -2,7 +2,7 @@
 
 Pure mappings over state dicts and plain dicts; no file I/O and no ``transformers`` import.
 
-RoPE: ``trainer.model.apply_rope`` rotates interleaved channel pairs ``(2i, 2i+1)`` of each
+RoPE: ``trainer.models.llama.apply_rope`` rotates interleaved channel pairs ``(2i, 2i+1)`` of each
 head; HF Llama rotates ``(i, i + head_dim/2)`` ("rotate half"). Both use frequency ``i`` for
 pair ``i``, so reordering the output rows of ``wq`` and ``wk`` within each head (evens first,
 then odds) makes HF compute the same attention. Scores are dot products of q and k, and

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from trainer.model import Transformer
+from trainer.models.llama import Transformer
 from trainer.presets import ModelArgs
 
 

@@ -167,7 +167,7 @@ def test_per_rank_states_are_read_by_name_also_from_the_flat_files_of_earlier_ch
 def test_a_plain_model_loads_the_weights_of_a_dcp_checkpoint_in_one_process(tmp_path):
     import torch.distributed.checkpoint as dcp
 
-    from trainer.model import Transformer
+    from trainer.models.llama import Transformer
     from trainer.presets import PRESETS
 
     args = PRESETS["tiny"].with_vocab(97)

@@ -22,7 +22,7 @@ from trainer.checkpoint.save import (
     written_entry,
 )
 from trainer.contract import RunLayout
-from trainer.model import Transformer
+from trainer.models.llama import Transformer
 from trainer.optim import build_optimizer
 from trainer.presets import PRESETS
 from trainer.state import ModelState, OptimizerState, TrainState
@@ -617,7 +617,7 @@ def test_a_checkpoint_written_by_an_earlier_version_still_resumes(world_of_one, 
     torch itself reads from it."""
     import shutil
 
-    from trainer.builder import build_model
+    from trainer.models.builder import build_model
     from trainer.optim import build_scheduler
     from trainer.state import checkpoint_states
 

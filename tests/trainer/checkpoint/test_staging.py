@@ -6,7 +6,7 @@ import torch.distributed.checkpoint as dcp
 
 from trainer.checkpoint.files import Written, hashing_writer
 from trainer.checkpoint.staging import caching_planner, plan_key, reusing_stager
-from trainer.model import Transformer
+from trainer.models.llama import Transformer
 from trainer.presets import PRESETS
 
 

@@ -21,10 +21,10 @@ from tests.trainer.helpers import (
     trainer_env,
 )
 from tests.trainer.test_train import start
-from trainer.builder import build_preset
 from trainer.checkpoint import warm_start
 from trainer.config import ConfigError
 from trainer.export import hf
+from trainer.models.builder import build_preset
 from trainer.presets import PRESETS
 from trainer.storage import open_storage
 

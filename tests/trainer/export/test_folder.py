@@ -15,14 +15,14 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from tests.trainer.helpers import REPO, run_config
-from trainer.builder import build_model
 from trainer.cli import main
 from trainer.data import DataError
 from trainer.export import folder as export_module
 from trainer.export.folder import load_checkpoint_model, load_export, write_export
 from trainer.export.hf import from_hf_state_dict, half_to_interleaved
 from trainer.export.safetensors_writer import StreamWriter
-from trainer.model import Transformer
+from trainer.models.builder import build_model
+from trainer.models.llama import Transformer
 from trainer.presets import ModelArgs
 from trainer.storage import open_storage
 

@@ -13,7 +13,7 @@ from trainer.export.hf import (
     interleaved_to_half,
     to_hf_state_dict,
 )
-from trainer.model import Transformer
+from trainer.models.llama import Transformer
 from trainer.presets import ModelArgs
 
 # Grouped-query attention, so q and k are permuted with different head counts.

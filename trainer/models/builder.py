@@ -20,7 +20,7 @@ from torch import nn
 
 from trainer import flops
 from trainer.config import builder_parts
-from trainer.model import Transformer, count_parameters
+from trainer.models.llama import Transformer, count_parameters
 from trainer.presets import PRESETS, ModelArgs, non_embedding_params
 
 

@@ -10,8 +10,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from tests.trainer.helpers import REPO
-from trainer.builder import build_from_spec, build_model, matmul_params
 from trainer.config import ConfigError
+from trainer.models.builder import build_from_spec, build_model, matmul_params
 from trainer.presets import PRESETS, param_count
 
 BAD_BUILDERS = textwrap.dedent("""

@@ -3,7 +3,7 @@ RMSNorm's fp32 statistics without fp32 copies kept for backward."""
 
 import torch
 
-from trainer.model import RMSNorm, Transformer, _RMSNormFunction, count_parameters
+from trainer.models.llama import RMSNorm, Transformer, _RMSNormFunction, count_parameters
 from trainer.presets import PRESETS, ModelArgs, param_count
 
 
@@ -34,7 +34,7 @@ def test_untied_embeddings_and_shardable_layers():
 
 
 def plain_rms_norm(x, weight, eps):
-    """RMSNorm as autograd would write it (trainer.model before #14): the reference."""
+    """RMSNorm as autograd would write it (trainer.models.llama before #14): the reference."""
     out = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
     return out.type_as(x) * weight
 
