@@ -212,12 +212,14 @@ def test_an_outage_longer_than_the_tolerance_fails_the_attempt_as_infra_and_the_
     )
 
 
-def refused_metrics_flushes(proxy) -> int:
-    """Requests for the metrics parts (a part's PUT, or the listing before the first) the proxy
-    refused: rank 0's, which logs how it recovered."""
+def refused_run_requests(proxy) -> int:
+    """Requests of the run's own storage the proxy refused: everything but the heartbeat, whose
+    writes keep their own 2 s tolerance and may give up on a beat while training goes on."""
     from urllib.parse import unquote
 
-    return sum(1 for e in list(proxy.events) if e.action == "refused" and "/metrics/" in unquote(e.target))
+    return sum(
+        1 for e in list(proxy.events) if e.action == "refused" and "/heartbeat/" not in unquote(e.target)
+    )
 
 
 def test_an_outage_shorter_than_the_tolerance_is_ridden_out_in_one_attempt(
@@ -235,7 +237,11 @@ def test_an_outage_shorter_than_the_tolerance_is_ridden_out_in_one_attempt(
         s3_faults.blackout()
         blackout["on"] = time.monotonic()
         try:
-            wait_until(lambda: refused_metrics_flushes(s3_faults) >= 1, "rank 0's metrics flush to meet it")
+            # Whichever of the run's requests comes next meets it: the step-10 checkpoint's pruning
+            # when it is still in flight (the step-20 save waits for it, and the metrics flush
+            # after that), else the step-20 metrics flush or checkpoint. Waiting for one kind
+            # only held the blackout until the other gave up, 60 s later, on a loaded machine.
+            wait_until(lambda: refused_run_requests(s3_faults) >= 1, "one of the run's requests to meet it")
             wait_until(lambda: time.monotonic() - blackout["on"] >= 2.0, "two seconds of blackout")
         finally:
             s3_faults.end_blackout()
