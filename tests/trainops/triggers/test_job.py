@@ -1,6 +1,7 @@
 """JobTrigger: serializes to (classpath, kwargs) and reports a finished job once."""
 
 import asyncio
+import threading
 import time
 
 from trainer.storage import open_storage
@@ -302,37 +303,64 @@ def test_a_log_that_cannot_be_read_is_a_warning_not_a_failure(monkeypatch, caplo
 def test_progress_lines_through_a_storage_outage_are_missed_once_and_never_fail_the_wait(
     tmp_path, faulty_s3_root, s3_faults, monkeypatch, caplog, capsys
 ):
-    # A progress read gives up after 0.2 s here (scaled down from 5 s), so the outage is short too.
+    """The storage blacks out until the trigger's progress read has given up once; the job runs
+    until a read after the outage has succeeded. Each phase waits for the last, not for time."""
+    # A progress read gives up after 0.2 s here (scaled down from 5 s).
     monkeypatch.setattr(job_trigger, "PROGRESS_OUTAGE_TOLERANCE_S", 0.2)
     progress_uri = f"{faulty_s3_root}/metrics.jsonl"
     open_storage(progress_uri).put(progress_uri, b'{"step": 7, "loss": 2.5, "attempt": 1}\n')
     cluster = LocalCluster(tmp_path)
+    done = tmp_path / "done"
     handle = cluster.launch(
         JobSpec(
             name="steps",
-            args=["python", "-c", "import time; time.sleep(3)"],
+            args=[
+                "python",
+                "-c",
+                f"import os, time\nwhile not os.path.exists({str(done)!r}): time.sleep(0.05)",
+            ],
             distributed=False,
             labels={"trainops/attempt": "1"},
         )
     )
     caplog.set_level("INFO")
-    s3_faults.blackout(1.5)
-    event = first_event(
-        JobTrigger(
-            handle=handle,
-            poll_interval=0.1,
-            progress_uri=progress_uri,
-            progress_every=0.1,
-            cluster_options={"state_dir": str(tmp_path)},
-            settle_s=0,
-        )
+    trigger = JobTrigger(
+        handle=handle,
+        poll_interval=0.1,
+        progress_uri=progress_uri,
+        progress_every=0.1,
+        cluster_options={"state_dir": str(tmp_path)},
+        settle_s=0,
     )
+    s3_faults.blackout()
+
+    def outage_then_recovery() -> None:
+        # The trigger's own state: whether its last progress read gave up.
+        try:
+            wait_for(lambda: trigger._progress_failing, "the progress read to give up")
+            s3_faults.end_blackout()
+            wait_for(lambda: not trigger._progress_failing, "a progress read after the outage")
+        finally:
+            s3_faults.end_blackout()
+            done.touch()
+
+    conductor = threading.Thread(target=outage_then_recovery, daemon=True)
+    conductor.start()
+    event = first_event(trigger)
+    conductor.join(timeout=5)
     assert event["status"] == "finished" and event["state"]["phase"] == "succeeded"
     logged = caplog.text + capsys.readouterr().out
     assert logged.count("no progress lines for now: could not read") == 1
     assert "beyond the outage tolerance of 0.2 s" in logged
     assert "progress lines resume" in logged
     assert "attempt 1: step 7, loss 2.5000" in logged
+
+
+def wait_for(condition, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
 
 
 class ApiException(Exception):
