@@ -212,6 +212,7 @@ TESTED_ELSEWHERE = {
     "trainops.provider": ("tests/deploy/test_provider.py", "trainops.provider"),
     "trainops.gate.errors": ("tests/trainops/gate/test_checks.py", "GateConfigError"),
     "trainer.__main__": ("tests/trainer/test_cli.py", '"-m", "trainer"'),
+    "trainer.config.errors": ("tests/trainer/test_config.py", "ConfigError"),
 }
 
 
@@ -247,6 +248,7 @@ BEHAVIOUR_TESTS = {
     "tests/trainops/test_damaged_records.py": "damaged records through every report page and command",
     "tests/trainops/staging/spark/test_connect.py": "staging from a worker through a Spark Connect server",
     "tests/trainer/test_gradients.py": "each precision's gradients against a one-process reference",
+    "tests/trainer/models/test_hf_training.py": "a Hugging Face model through the whole trainer under torchrun",
     "tests/trainer/test_resume.py": "bitwise and elastic resume under torchrun",
     "tests/trainer/test_s3_run.py": "a run with its prefix on S3",
 }

@@ -23,7 +23,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -61,7 +61,6 @@ if TYPE_CHECKING:
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
     from torch.optim.lr_scheduler import LRScheduler
 
-    from trainer.models.llama import Transformer
     from trainer.storage import Storage
 
 log = logging.getLogger("trainer.train")
@@ -264,7 +263,8 @@ def build_sharded_model(
 ) -> BuiltModel:
     """The model, parallelized per ``config`` over ``mesh``, with its initial weights.
 
-    A preset is built on the ``meta`` device and sharded there; each rank then allocates and
+    A preset or a ``model.hf_config`` model is built on the ``meta`` device and sharded there
+    (``BuiltModel.meta_init`` says how it starts); each rank then allocates and
     fills only its own shards (``parallel.init_sharded``), so its memory holds its share of
     the model, never the whole, and the weights do not depend on the world size. A user's
     builder builds the whole model on every rank from torch's RNG seeded with ``seed`` (its
@@ -278,10 +278,18 @@ def build_sharded_model(
         parallel.parallelize(built.model, built.block_names, config, mesh)
         return built
     with torch.device("meta"):
-        built = build_model(config.model.preset, None, vocab, t.seq_len)
+        built = build_model(config.model.preset, None, vocab, t.seq_len, hf_config=config.model.hf_config)
     parallel.parallelize(built.model, built.block_names, config, mesh)
-    transformer = cast("Transformer", built.model)
-    parallel.init_sharded(built.model, env.device, config.seed, transformer.init_std)
+    init = built.meta_init
+    assert init is not None  # a preset's and a Hugging Face model's rule (trainer.models.builder)
+    parallel.init_sharded(
+        built.model,
+        env.device,
+        config.seed,
+        init.std,
+        fill_buffers=init.fill_buffers,
+        zero_rows=init.zero_rows,
+    )
     return built
 
 

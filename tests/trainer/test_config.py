@@ -13,11 +13,15 @@ from trainer.config import (
     all_keys,
     builder_parts,
     check_data_fit,
+    check_init_model,
     config_from_mapping,
     dump_yaml,
     float_keys,
     get_key,
     load_config,
+    model_label,
+    model_shape,
+    model_vocab,
     replicate_degree,
     resolved_eval_uris,
     samples_in,
@@ -361,165 +365,93 @@ def test_init_from_is_spelt_without_the_attributes_underscore():
         base("init.from_=none")
 
 
-def our_export(args):
-    """The ``config.json`` our export writes for ``args`` (``trainer.export.hf.hf_config``)."""
-    from trainer.export import hf
-
-    return hf.hf_config(args, 64, token_ids={"bos_token_id": 256, "eos_token_id": 256})
-
-
-def test_a_source_whose_shape_differs_is_named_on_both_sides():
-    from trainer.config import check_init_fit
-
-    args = PRESETS["tiny"].with_vocab(257)
-    same = our_export(args)
-    check_init_fit(args, same, "s3://b/v/1")
-    check_init_fit(args, {k: v for k, v in same.items() if k != "num_key_value_heads"}, "s3://b/v/1")
-    check_init_fit(args, {k: v for k, v in same.items() if k != "head_dim"}, "s3://b/v/1")
-    with pytest.raises(
-        ConfigError, match=r"num_hidden_layers 4 in the source, 2 in the run; pick the preset"
-    ):
-        check_init_fit(args, {**same, "num_hidden_layers": 4}, "s3://b/v/1")
-    with pytest.raises(ConfigError, match=r"head_dim 32 in the source, 16 in the run; pick the preset"):
-        check_init_fit(args, {**same, "head_dim": 32}, "s3://b/v/1")
-    with pytest.raises(ConfigError, match=r"holds a 'gpt2' model, not a Llama one"):
-        check_init_fit(args, {**same, "model_type": "gpt2"}, "s3://b/v/1")
-
-
-def test_our_own_export_of_every_preset_fits_its_run():
-    from trainer.config import check_init_fit
-
-    for preset in PRESETS.values():
-        check_init_fit(preset.with_vocab(257), our_export(preset.with_vocab(257)), "file:///v/1")
-
-
-def without(config, *keys):
-    return {k: v for k, v in config.items() if k not in keys}
-
-
-# Each key a Llama config.json sets that changes what the weights compute, beyond their shapes:
-# (what the folder says instead of our export, the words of the refusal).
-FUNCTION_MISMATCHES = {
-    "rope_theta (CodeLlama's, flat)": (
-        lambda c: {**without(c, "rope_parameters"), "rope_theta": 1e6},
-        r"rope_theta 1000000.0 in the source, 10000.0 in the run",
-    ),
-    "rope_theta flat only, rope_parameters ours": (
-        lambda c: {**c, "rope_theta": 1e6},
-        r"rope_theta 1000000.0 in the source, 10000.0 in the run",
-    ),
-    "rope_theta under rope_parameters": (
-        lambda c: {
-            **without(c, "rope_theta"),
-            "rope_parameters": {"rope_type": "default", "rope_theta": 5e5},
-        },
-        r"rope_parameters.rope_theta 500000.0 in the source, 10000.0 in the run",
-    ),
-    "rope_scaling linear (transformers 4)": (
-        lambda c: {**c, "rope_scaling": {"type": "linear", "factor": 2.0}},
-        r"rope_scaling \{'type': 'linear', 'factor': 2.0\} in the source, none in the run",
-    ),
-    "rope_scaling llama3 under rope_parameters (transformers 5)": (
-        lambda c: {**c, "rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 10000.0}},
-        r"rope_parameters \{'rope_type': 'llama3'.*\} in the source, none in the run",
-    ),
-    "rms_norm_eps": (
-        lambda c: {**c, "rms_norm_eps": 1e-6},
-        r"rms_norm_eps 1e-06 in the source, 1e-05 in the run",
-    ),
-    "rms_norm_eps not set": (
-        lambda c: without(c, "rms_norm_eps"),
-        r"rms_norm_eps 1e-06 in the source \(not set: transformers' LlamaConfig default\), 1e-05 in the run",
-    ),
-    "tie_word_embeddings": (
-        lambda c: {**c, "tie_word_embeddings": True},
-        r"tie_word_embeddings True in the source, False in the run",
-    ),
-    "hidden_act": (
-        lambda c: {**c, "hidden_act": "gelu"},
-        r"hidden_act 'gelu' in the source, 'silu' in the run",
-    ),
-    "attention_bias": (
-        lambda c: {**c, "attention_bias": True},
-        r"attention_bias True in the source, False in the run",
-    ),
-    "mlp_bias": (lambda c: {**c, "mlp_bias": True}, r"mlp_bias True in the source, False in the run"),
-    "sliding_window": (
-        lambda c: {**c, "sliding_window": 4096},
-        r"sliding_window 4096 in the source, none in the run",
-    ),
-    "use_sliding_window": (
-        lambda c: {**c, "sliding_window": 4096, "use_sliding_window": True},
-        r"use_sliding_window True in the source, False in the run",
-    ),
+# --- model.hf_config ---------------------------------------------------------------------------
+QWEN2 = {
+    "model_type": "qwen2",
+    "vocab_size": 300,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
 }
 
 
-@pytest.mark.parametrize("change, message", list(FUNCTION_MISMATCHES.values()), ids=list(FUNCTION_MISMATCHES))
-def test_a_source_that_computes_another_function_is_refused_naming_the_key_both_values_and_the_fix(
-    change, message
-):
-    from trainer.config import check_init_fit
+def with_hf(values=QWEN2, **model):
+    return config_from_mapping(
+        {"run_uri": "file:///r", "data_uri": "file:///d", "model": {"hf_config": values, **model}}
+    )
 
-    args = PRESETS["tiny"].with_vocab(257)
-    with pytest.raises(ConfigError) as refused:
-        check_init_fit(args, change(our_export(args)), "s3://b/codellama/")
-    said = str(refused.value)
-    assert re.search(message, said), said
-    assert said.startswith("init.from='s3://b/codellama/' does not fit the run's model")
-    assert "warm start from a source trained with the run's" in said and "or set init.from=none" in said
+
+def test_an_hf_config_is_a_mapping_read_from_a_file_and_from_an_override_alike(tmp_path):
+    from_file = load_config(
+        str(write_config(tmp_path / "c.yaml", **{**MINIMAL, "model": {"hf_config": QWEN2}}))
+    )
+    overridden = base(f"model.hf_config={dict(QWEN2)}")
+    assert from_file.model.hf_config == overridden.model.hf_config == QWEN2
+    assert load_config(None, ["run_uri=file:///r", "data_uri=file:///d"]).model.hf_config is None
+    again = yaml.safe_load(dump_yaml(from_file))
+    assert again["model"]["hf_config"] == QWEN2  # the resolved config the pods get keeps it
+    assert (model_label(from_file), model_label(base())) == ("model.hf_config (qwen2)", "model.preset 'tiny'")
 
 
 @pytest.mark.parametrize(
-    "change",
+    "values, model, message",
     [
-        # float32 rounding of the same numbers, and transformers' own spellings of the same function
-        lambda c: {**c, "rms_norm_eps": 9.999999747378752e-06, "rope_theta": 10000.000000001},
-        lambda c: {**c, "rope_scaling": None, "hidden_act": "swish"},
-        lambda c: {**c, "rope_scaling": {"rope_type": "default", "rope_theta": 10000.0}},
-        # a window that is declared but switched off (Qwen2's spelling)
-        lambda c: {**c, "sliding_window": 4096, "use_sliding_window": False},
-        # a plain Llama config.json: what it leaves out is transformers' default, which is the run's
-        lambda c: without(
-            c,
-            "rope_theta",
-            "rope_parameters",
-            "hidden_act",
-            "tie_word_embeddings",
-            "attention_bias",
-            "mlp_bias",
-            "head_dim",
+        ("qwen2", {}, "model.hf_config: expected a mapping of names to values, got 'qwen2'"),
+        (
+            {**QWEN2, "model_type": "gpt2"},
+            {},
+            "model.hf_config: model_type 'gpt2' is not supported; trainops trains llama, mistral, qwen2",
+        ),
+        (
+            {**QWEN2, "intermediate_size": 0},
+            {},
+            "model.hf_config: intermediate_size must be positive integers",
+        ),
+        (
+            {**QWEN2, "num_key_value_heads": 3},
+            {},
+            "num_key_value_heads 3 must be a positive divisor of num_attention_heads 4; set num_key_value_heads",
+        ),
+        (
+            QWEN2,
+            {"builder": "pkg.mod:build"},
+            "model.hf_config and model.builder='pkg.mod:build' are both set",
+        ),
+        (QWEN2, {"vocab_size": 512}, "model.vocab_size=512 is not used with model.hf_config"),
+        (
+            {**QWEN2, "max_position_embeddings": 8},
+            {},
+            "train.seq_len=64 is longer than model.hf_config.max_position_embeddings=8",
         ),
     ],
-    ids=["float32 rounding", "swish is silu", "default rope_scaling", "window off", "defaults"],
 )
-def test_a_source_that_says_the_runs_function_otherwise_fits(change):
-    from trainer.config import check_init_fit
-
-    args = PRESETS["tiny"].with_vocab(257)
-    check_init_fit(args, change(our_export(args)), "s3://b/v/1")
+def test_an_hf_config_that_cannot_train_is_refused_naming_the_value(values, model, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        with_hf(values, **model)
 
 
-def test_what_a_config_json_leaves_out_is_the_installed_transformers_llama_default():
-    transformers = pytest.importorskip("transformers")
-    from trainer.config import LLAMA_DEFAULTS
+def test_an_hf_models_vocabulary_is_its_configs_and_must_hold_the_tokenizers():
+    config = with_hf()
+    assert model_vocab(config) == 300
+    shape = model_shape(config)
+    assert shape is not None and (shape.dim, shape.n_layers, shape.hidden, shape.vocab_size) == (
+        64,
+        2,
+        128,
+        300,
+    )
+    check_data_fit(config, train_tokens=10_000, tokenizer_vocab=300, world_size=1)
+    with pytest.raises(ConfigError) as info:
+        check_data_fit(config, train_tokens=10_000, tokenizer_vocab=301, world_size=1)
+    assert str(info.value).startswith(
+        "model.hf_config.vocab_size=300 is smaller than the vocabulary of the dataset's tokenizer (301, file:///d)"
+    )
 
-    default = transformers.LlamaConfig()
-    for key, value in LLAMA_DEFAULTS.items():
-        got = default.rope_parameters["rope_theta"] if key == "rope_theta" else getattr(default, key)
-        assert got == value, key
-    assert default.rope_parameters["rope_type"] == "default"
-    assert getattr(default, "sliding_window", None) is None
 
-
-def test_the_keys_the_check_compares_are_the_ones_the_export_writes():
-    from trainer.config import HF_SHAPE_KEYS, llama_config_keys
-    from trainer.export import hf
-
-    for preset in PRESETS.values():
-        written = hf.hf_config(preset, 64)
-        assert {theirs: written[theirs] for theirs in HF_SHAPE_KEYS.values()} == {
-            theirs: getattr(preset, ours) for ours, theirs in HF_SHAPE_KEYS.items()
-        }
-        assert {key: written[key] for key in llama_config_keys(preset)} == llama_config_keys(preset)
-        assert hf.args_from_hf_config(written).kv_heads == preset.kv_heads
+def test_warm_start_into_an_hf_config_model_is_refused_before_anything_is_read():
+    with pytest.raises(ConfigError, match=re.escape("a model.hf_config model starts from random weights")):
+        check_init_model(with_hf(), "s3://b/models/m/versions/3/")
+    check_init_model(base(), "s3://b/models/m/versions/3/")  # a preset: the folder's fit is checked later

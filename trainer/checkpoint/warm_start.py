@@ -14,7 +14,7 @@ source is read in place; an ``s3://`` one is downloaded once per node into the n
 
 Names and the RoPE row order come from ``trainer.export.hf`` (``to_hf_name``, ``from_hf_state_dict``);
 shapes and every key that changes what the weights compute (RoPE theta and scaling, the norm's
-epsilon, ...) are checked with the operator's own rule (``trainer.config.check_init_fit``) before
+epsilon, ...) are checked with the operator's own rule (``trainer.config.hf.check_init_fit``) before
 a byte of weights is read. Weights only: the optimizer, step, data cursor and schedule are the
 run's own, fresh.
 """
@@ -35,7 +35,8 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from trainer.checkpoint import node_cache
-from trainer.config import Config, ConfigError, check_init_fit, init_source
+from trainer.config import Config, ConfigError, check_init_model, init_source, model_label
+from trainer.config.hf import check_init_fit
 from trainer.contract import join
 from trainer.data import cache_dir
 from trainer.export import hf
@@ -187,11 +188,9 @@ def warm_start(config: Config, model: nn.Module, args: ModelArgs | None) -> str 
             "into a version URI; outside it, set init.from to the version's URI "
             "(<root>/models/<name>/versions/<v>/) or none"
         )
+    check_init_model(config, value)
     if args is None:
-        raise ConfigError(
-            f"init.from={value!r} needs a built-in preset (model.preset): a model.builder model has no "
-            "Hugging Face Llama layout to load; unset model.builder or set init.from=none"
-        )
+        raise ConfigError(f"init.from={value!r}: {model_label(config)} has no preset shape to load into")
     storage = open_storage(value)
     count = load_into(model, args, read_source(storage, value), storage)
     log.info("warm start: %d tensors from %s (weights only: fresh optimizer, step 0)", count, value)

@@ -52,13 +52,13 @@ from trainer.export.tokenizer_files import (
     generation_config,
     tokenizer_files,
 )
-from trainer.models.builder import build_from_spec, build_preset
+from trainer.models.builder import HF_PREFIX, BuiltModel, build_from_spec, build_preset
+from trainer.parallel import tied_parameters
 from trainer.presets import ModelArgs
 from trainer.storage import NotFound, Storage, open_storage
 
 if TYPE_CHECKING:
     from trainer.config import Config
-    from trainer.models.builder import BuiltModel
 
 log = logging.getLogger("trainer.export")
 
@@ -93,11 +93,30 @@ class _Plan:
     args: ModelArgs | None
 
 
-def _plan(state_dict: Mapping[str, torch.Tensor], args: ModelArgs | None, dtype: str) -> _Plan:
+def _is_hf(spec: Mapping[str, Any]) -> bool:
+    """Whether ``spec`` rebuilds a Hugging Face model (``model.hf_config``): its export is a
+    folder of its own class, under its own names."""
+    return "hf_config" in spec
+
+
+def stored_name(raw: str, args: ModelArgs | None, spec: Mapping[str, Any]) -> str:
+    """A state dict key's name in the export: HF Llama's for a preset, the HF model's own for a
+    ``model.hf_config`` model (without the trainer's ``hf.`` wrapper), a user model's own."""
+    if args is not None:
+        return hf.to_hf_name(raw)
+    name = hf.clean_name(raw)
+    return name.removeprefix(HF_PREFIX) if _is_hf(spec) else name
+
+
+def _plan(state_dict: Mapping[str, torch.Tensor], model: ModelArgs | BuiltModel, dtype: str) -> _Plan:
     if dtype not in EXPORT_DTYPES:
         raise ValueError(f"export dtype {dtype!r} is not one of {', '.join(EXPORT_DTYPES)}; set export.dtype")
     stored = EXPORT_DTYPES[dtype]
-    names = {(hf.to_hf_name(raw) if args is not None else hf.clean_name(raw)): raw for raw in state_dict}
+    args, spec = _spec_of(model)
+    # A tied weight (an LM head sharing the embedding) is stored once, under its first name, as
+    # transformers saves it; loading ties it again.
+    aliases = set() if isinstance(model, ModelArgs) else set(tied_parameters(model.model))
+    names = {stored_name(raw, args, spec): raw for raw in state_dict if raw not in aliases}
     entries = []
     for name, raw in names.items():
         value = state_dict[raw]  # a DTensor's shape is the full one: the header needs no gather
@@ -137,7 +156,7 @@ def write_export(
         tokenizer files or token ids: there is no dataset to say how text was tokenized.
     """
     args, spec = _spec_of(model)
-    plan = _plan(state_dict, args, dtype)
+    plan = _plan(state_dict, model, dtype)
     context = int(seq_len or DEFAULT_MAX_POSITIONS)
     # The tokenizer first: a missing or changed tokenizer fails before the weights are gathered.
     tokens = _tokenizer_files(data_uri, tokenizer, context) if data_uri or tokenizer is not None else None
@@ -164,22 +183,24 @@ def write_export(
         "precision": precision,
         "dtype": dtype,
         "param_count": sum(math.prod(e.shape) for e in plan.entries),
-        "layout": "hf-llama" if args is not None else "state-dict",
-        "model": spec.get("builder", "llama"),
+        "layout": "hf-llama" if args is not None else "hf" if _is_hf(spec) else "state-dict",
+        "model": spec["hf_config"]["model_type"] if _is_hf(spec) else spec.get("builder", "llama"),
         "weight_files": list(writer.names),
         # what a warm start from this export checks the new dataset's tokenizer against
         **({"tokenizer": tokens.spec} if tokens else {}),
     }
     for name, data in (tokens.files if tokens else {}).items():
         storage.put(join(export_uri, name), data)
+    stored = str(plan.dtype).removeprefix("torch.")
+    token_ids = tokens.ids.fields() if tokens else None
     if args is not None:
-        stored = str(plan.dtype).removeprefix("torch.")
         storage.put_json(
-            join(export_uri, HF_CONFIG),
-            hf.hf_config(args, context, dtype=stored, token_ids=tokens.ids.fields() if tokens else None),
+            join(export_uri, HF_CONFIG), hf.hf_config(args, context, dtype=stored, token_ids=token_ids)
         )
-        if tokens is not None:
-            storage.put_json(join(export_uri, GENERATION_CONFIG), generation_config(tokens.ids, context))
+    elif _is_hf(spec) and not isinstance(model, ModelArgs):
+        storage.put_json(join(export_uri, HF_CONFIG), _hf_model_config(model, stored, token_ids))
+    if (args is not None or _is_hf(spec)) and tokens is not None:
+        storage.put_json(join(export_uri, GENERATION_CONFIG), generation_config(tokens.ids, context))
     storage.put_json(join(export_uri, MODEL_CONFIG), spec)
     storage.put_json(join(export_uri, INFO), info)
     log.info(
@@ -192,6 +213,17 @@ def write_export(
         export_uri,
     )
     return info
+
+
+def _hf_model_config(
+    built: BuiltModel, dtype: str, token_ids: Mapping[str, int | None] | None
+) -> dict[str, Any]:
+    """``config.json`` of a ``model.hf_config`` model: its transformers config, every default
+    spelt out, its class, the stored dtype and the dataset tokenizer's special ids."""
+    model = built.model.get_submodule(HF_PREFIX.rstrip("."))
+    values = dict(getattr(model, "config").to_dict())  # noqa: B009 (a PreTrainedModel, typed as a Module here)
+    values.update({"architectures": [type(model).__name__], "dtype": dtype, **(token_ids or {})})
+    return values
 
 
 def _tokenizer_files(data_uri: str, tokenizer: Mapping[str, Any] | None, context: int) -> TokenizerFiles:
@@ -221,7 +253,7 @@ def join_export(
     state_dict: Mapping[str, torch.Tensor], model: ModelArgs | BuiltModel, *, dtype: str = "bf16"
 ) -> None:
     """A rank other than the writer's part in :func:`write_export`: the same gathers, nothing kept."""
-    _stream(state_dict, _plan(state_dict, _spec_of(model)[0], dtype), None)
+    _stream(state_dict, _plan(state_dict, model, dtype), None)
 
 
 def _stream(state_dict: Mapping[str, torch.Tensor], plan: _Plan, writer: ShardedWriter | None) -> None:
@@ -271,8 +303,23 @@ def load_export(storage: Storage, export_uri: str) -> tuple[nn.Module, ModelArgs
             os.remove(path)
     if built.args is not None and "model.embed_tokens.weight" in tensors:
         tensors = hf.from_hf_state_dict(tensors, built.args)
-    built.model.load_state_dict(tensors)
+    if _is_hf(built.spec):
+        tensors = {HF_PREFIX + name: value for name, value in tensors.items()}
+    load_weights(built.model, tensors, export_uri)
     return built.model.eval(), built.args
+
+
+def load_weights(model: nn.Module, tensors: Mapping[str, torch.Tensor], source: str) -> None:
+    """Every parameter and buffer of ``model`` from ``tensors`` (names as built); a tied
+    weight stored once under its first name is tied again. Errors name what differs."""
+    aliases = tied_parameters(model)
+    missing, unexpected = model.load_state_dict(dict(tensors), strict=False)
+    missing = [name for name in missing if name not in aliases]
+    if missing or unexpected:
+        raise ValueError(
+            f"{source}: the weights do not fit the model: missing {missing[:5]}, unexpected "
+            f"{unexpected[:5]}; export the model again from its run"
+        )
 
 
 def weight_map(storage: Storage, folder_uri: str) -> dict[str, str] | None:

@@ -1,4 +1,5 @@
-"""The model to train: a built-in preset, or a user's ``module:function`` builder.
+"""The model to train: a built-in preset, a Hugging Face config (``model.hf_config``,
+``trainer.models.hf``), or a user's ``module:function`` builder.
 
 A builder is called as ``function(vocab_size=..., seq_len=...)`` and returns
 ``(model, blocks)``: an ``nn.Module`` whose forward maps token ids ``(batch, seq)`` (int64)
@@ -11,8 +12,8 @@ same initial weights from torch's RNG. See docs/models.md.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -23,16 +24,35 @@ from trainer.config import builder_parts
 from trainer.models.llama import Transformer, count_parameters
 from trainer.presets import PRESETS, ModelArgs, non_embedding_params
 
+# A Hugging Face model's parameter names under the trainer's wrapper (trainer.models.hf.CausalLMLogits)
+HF_PREFIX = "hf."
+
+
+@dataclass(frozen=True)
+class MetaInit:
+    """How a model built on the ``meta`` device gets its initial values, shard by shard
+    (``trainer.parallel.init_sharded``): each parameter's rule by name, the buffers' filler,
+    the rows that start at zero."""
+
+    std: Callable[[str], float | None]
+    fill_buffers: Callable[[nn.Module], None] | None = None
+    zero_rows: Mapping[str, int] = field(default_factory=dict)
+
 
 @dataclass
 class BuiltModel:
     model: nn.Module
     blocks: list[nn.Module]
     block_names: list[str]  # each block's qualified name in ``model`` (e.g. "layers.0")
-    args: ModelArgs | None  # the preset's hyper-parameters; None for a user model
+    args: ModelArgs | None  # the preset's hyper-parameters; None for a user or Hugging Face model
     param_count: int
-    source: str  # "preset tiny" | "builder mypkg.models:build"
-    spec: dict  # what rebuilds it: ModelArgs fields, or {"builder", "vocab_size", "seq_len"}
+    source: str  # "preset tiny" | "hf qwen2" | "builder mypkg.models:build"
+    # what rebuilds it: ModelArgs fields, {"hf_config": {...}}, or {"builder", "vocab_size", "seq_len"}
+    spec: dict
+    # None: the model builds its own initial values (a user's builder, on every rank)
+    meta_init: MetaInit | None = None
+    # (layers, attention width) for the attention FLOPs of a model that is not a preset
+    attention: tuple[int, int] = (0, 0)
 
     def describe(self) -> str:
         return f"{self.source}: {self.param_count:,} parameters, {len(self.blocks)} blocks" + (
@@ -40,12 +60,13 @@ class BuiltModel:
         )
 
     def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token; a user model counts its matmul parameters only (6 N)."""
+        """Training FLOPs per token; a user model counts its matmul parameters only (6 N), a
+        Hugging Face one its attention too."""
         if self.args is not None:
             return flops.flops_per_token(
                 non_embedding_params(self.args), self.args.n_layers, self.args.dim, seq_len
             )
-        return flops.flops_per_token(matmul_params(self.model), 0, 0, seq_len)
+        return flops.flops_per_token(matmul_params(self.model), *self.attention, seq_len)
 
 
 def matmul_params(model: nn.Module) -> int:
@@ -54,10 +75,20 @@ def matmul_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if id(p) not in lookups)
 
 
-def build_model(preset: str, builder: str | None, vocab_size: int, seq_len: int) -> BuiltModel:
-    """The model for a run: ``builder`` when set (``module:function``), else ``preset``."""
+def build_model(
+    preset: str,
+    builder: str | None,
+    vocab_size: int,
+    seq_len: int,
+    *,
+    hf_config: Mapping[str, Any] | None = None,
+) -> BuiltModel:
+    """The model for a run: ``builder`` when set (``module:function``), else ``hf_config``
+    when set (its own vocabulary), else ``preset``."""
     if builder:
         return build_user_model(builder, vocab_size, seq_len)
+    if hf_config is not None:
+        return build_hf(hf_config)
     if preset not in PRESETS:
         raise ValueError(
             f"unknown model preset {preset!r}; pick one of {', '.join(PRESETS)} or set model.builder"
@@ -76,11 +107,33 @@ def build_preset(args: ModelArgs, source: str = "llama") -> BuiltModel:
         count_parameters(model),
         source,
         args.to_dict(),
+        MetaInit(model.init_std),
+    )
+
+
+def build_hf(values: Mapping[str, Any]) -> BuiltModel:
+    """The ``transformers`` model of config ``values`` (``model.hf_config``) on the current
+    default device, sharded and initialised per ``trainer.models.hf``."""
+    from trainer.models import hf  # noqa: PLC0415 (transformers: 2.7 s of imports a preset run never needs)
+
+    model, names = hf.build_hf_causal_lm(values)
+    return BuiltModel(
+        model,
+        [model.get_submodule(name) for name in names],
+        names,
+        None,
+        count_parameters(model),
+        f"hf {values['model_type']}",
+        {"hf_config": dict(values)},
+        MetaInit(hf.init_rule(model), hf.fill_buffers, hf.padding_rows(model)),
+        hf.attention_shape(model),
     )
 
 
 def build_from_spec(spec: dict) -> BuiltModel:
     """Rebuild the model a checkpoint marker or ``export.json`` describes (fresh weights)."""
+    if "hf_config" in spec:
+        return build_hf(spec["hf_config"])
     if "builder" in spec:
         return build_user_model(spec["builder"], int(spec["vocab_size"]), int(spec["seq_len"]))
     return build_preset(ModelArgs.from_dict(spec))

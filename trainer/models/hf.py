@@ -13,7 +13,7 @@ of its architecture is written here. What this module adds is what the trainer n
   ``trainer.parallel.init_sharded`` shard by shard, so they do not depend on the world size;
   the buffers (rotary tables) are computed by the model's own ``_init_weights``.
 
-Only the families in ``trainer.config.HF_CAUSAL_LM_TYPES`` are supported; the config check
+Only the families in ``trainer.config.hf.HF_CAUSAL_LM_TYPES`` are supported; the config check
 refuses any other before launch. This is the first part of issue #27: a model from a config
 (random initial weights). Loading an HF folder's weights, the classification and SFT tasks and
 the export as an HF folder of the same class come next.
@@ -26,17 +26,16 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
-from trainer.config import hf_config_problem
-
-PREFIX = "hf."  # the HF model's parameter names under CausalLMLogits
+from trainer.config.hf import hf_config_problem
 
 
 class CausalLMLogits(nn.Module):
-    """``forward(token ids (batch, seq)) -> logits (batch, seq, vocab)`` over an HF causal LM."""
+    """``forward(token ids (batch, seq)) -> logits (batch, seq, vocab)`` over an HF causal LM,
+    held as ``hf``: its parameter names are the HF model's under ``HF_PREFIX``."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: PreTrainedModel):
         super().__init__()
         self.hf = model
 
@@ -112,9 +111,18 @@ def padding_rows(model: CausalLMLogits) -> dict[str, int]:
     }
 
 
-def fill_buffers(model: CausalLMLogits) -> None:
-    """Compute the buffers (the rotary tables) by the model's own ``_init_weights``, on the
-    device they were materialised on."""
-    for module in model.hf.modules():
+def fill_buffers(model: nn.Module) -> None:
+    """Compute the buffers (the rotary tables) of a :class:`CausalLMLogits` by the model's own
+    ``_init_weights``, on the device they were materialised on."""
+    inner = model.get_submodule("hf")
+    for module in inner.modules():
         if any(True for _ in module.buffers(recurse=False)):
-            model.hf._init_weights(module)  # type: ignore[operator]
+            inner._init_weights(module)  # type: ignore[operator]
+
+
+def attention_shape(model: CausalLMLogits) -> tuple[int, int]:
+    """(layers, attention width: heads x head size), for the attention term of the FLOPs."""
+    config = model.hf.config
+    heads = int(config.num_attention_heads)
+    head_dim = int(getattr(config, "head_dim", None) or int(config.hidden_size) // heads)
+    return int(config.num_hidden_layers), heads * head_dim

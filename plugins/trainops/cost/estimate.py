@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypedDict
 
 from trainer import flops
-from trainer.config import Config, accumulation_steps
+from trainer.config import Config, accumulation_steps, model_label, model_shape, model_vocab
 from trainer.contract import MetricsRecord, metrics_by_step
-from trainer.presets import PRESETS, ModelArgs, non_embedding_params
+from trainer.presets import ModelArgs, non_embedding_params
 from trainops.cost.money import money
 from trainops.cost.prices import price_of
 
@@ -126,24 +126,17 @@ class Estimate(TypedDict):
 # ------------------------------------------------------------------------- the model's work
 
 
-def model_args(config: Config) -> ModelArgs | None:
-    """The preset's hyper-parameters with the vocabulary counted (``model.vocab_size``, else
-    the preset's reference size); None for a ``model.builder`` model."""
-    if config.model.builder:
-        return None
-    args = PRESETS[config.model.preset]
-    return args.with_vocab(config.model.vocab_size) if config.model.vocab_size else args
-
-
 def flops_per_token(args: ModelArgs, seq_len: int) -> float:
     """Training FLOPs (forward + backward) per token: ``6 N + 12 L d T`` (``trainer.flops``)."""
     return flops.flops_per_token(non_embedding_params(args), args.n_layers, args.dim, seq_len)
 
 
 def same_model(a: Config, b: Config) -> bool:
-    """Whether two configs train the same model: the same ``model.builder``, or with none the
-    same preset."""
-    return a.model.builder == b.model.builder and (bool(a.model.builder) or a.model.preset == b.model.preset)
+    """Whether two configs train the same model: the same ``model.builder``, the same
+    ``model.hf_config``, or with neither the same preset."""
+    if a.model.builder != b.model.builder or a.model.hf_config != b.model.hf_config:
+        return False
+    return bool(a.model.builder) or a.model.hf_config is not None or a.model.preset == b.model.preset
 
 
 def samples_per_step(config: Config, world_size: int) -> int:
@@ -218,7 +211,7 @@ def measure_run(
     if found is None:
         return None
     world = accelerators(nodes, gpus_per_node)
-    args = model_args(config)
+    args = model_shape(config)
     return {
         "run_uri": run_uri,
         "step_s": found[0],
@@ -288,7 +281,7 @@ def estimate_run(
         raise ValueError(f"the assumed MFU must be a fraction in (0, 1], got {mfu!r}; 0.4 is typical")
     devices = accelerators(nodes, gpus_per_node)
     tokens_per_step = samples_per_step(config, devices) * config.train.seq_len
-    args = model_args(config)
+    args = model_shape(config)
     fpt = None if args is None else flops_per_token(args, config.train.seq_len)
     said = list(notes)
     known = gpu_of(instance_type)
@@ -327,9 +320,9 @@ def estimate_run(
         step_s = flops_step_s(
             tokens_per_step=tokens_per_step, flops_per_token=fpt, peak=peak, devices=devices, mfu=mfu
         )
-        vocab = "" if config.model.vocab_size else f", counted with a {args.vocab_size:,}-token vocabulary"
+        vocab = "" if model_vocab(config) else f", counted with a {args.vocab_size:,}-token vocabulary"
         said.append(
-            f"step time from the {config.model.preset} preset's FLOPs ({fpt:.4g} per token{vocab}) x "
+            f"step time from the FLOPs of {model_label(config)} ({fpt:.4g} per token{vocab}) x "
             f"{tokens_per_step:,} tokens per step at an assumed {mfu:.0%} MFU of {devices} x {gpu} "
             f"({_tflops(peak)} {config.precision} dense peak, NVIDIA datasheet); no earlier run of this DAG "
             "and model was found to measure it"

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from trainer.config import accumulation_steps, config_from_mapping, dump_yaml, replicate_degree
+from trainer.config import accumulation_steps, config_from_mapping, dump_yaml, model_shape, replicate_degree
 from trainer.contract import ENV_ATTEMPT, ENV_GPUS_PER_NODE, RunLayout, trainer_argv
 from trainer.presets import param_count
 from trainops.cluster.kubernetes.nodes import instance_type
@@ -23,7 +23,7 @@ from trainops.cluster.spec import JobSpec
 from trainops.operators.base import TaskIdentity, job_labels, job_name
 from trainops.operators.cleanup import ttl_options
 from trainops.operators.job_options import merge_job_options
-from trainops.operators.sizing import fit_warnings, pod_resources, preset_args
+from trainops.operators.sizing import fit_warnings, pod_resources
 
 if TYPE_CHECKING:
     from trainer.config import Config
@@ -143,7 +143,7 @@ def sized(settings: LaunchSettings, config: Config) -> LaunchSettings:
     warning in the log for each way the model cannot fit the GPUs
     (:func:`trainops.operators.sizing.fit_warnings`). For the operator and the dry run alike, so
     both show the same numbers."""
-    args = preset_args(config)
+    args = model_shape(config)
     found = pod_resources(
         gpus_per_node=settings.gpus_per_node,
         nodes=settings.nodes,

@@ -33,13 +33,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from trainer.presets import PRESETS, non_embedding_params, param_count
+from trainer.config import model_label, model_shape, model_vocab
+from trainer.presets import non_embedding_params, param_count
 from trainops.cluster.kubernetes.nodes import instance_type
 from trainops.cost.estimate import gpu_of
 
 if TYPE_CHECKING:
     from trainer.config import Config
-    from trainer.presets import ModelArgs
     from trainops.cluster.spec import JobSpec
 
 GIB = 2**30
@@ -95,12 +95,13 @@ def dataset_bytes(manifest: Mapping[str, Any]) -> int:
 
 
 def model_params(config: Config, manifest: Mapping[str, Any]) -> int | None:
-    """Parameters of the preset the run trains, with the vocabulary it will have (the
-    config's, else the dataset tokenizer's); None for a ``model.builder`` model."""
-    if config.model.builder is not None:
+    """Parameters of the model the run trains (a preset's or a ``model.hf_config``'s shape), with
+    the vocabulary it will have (the config's, else the dataset tokenizer's); None for a
+    ``model.builder`` model."""
+    shape = model_shape(config)
+    if shape is None:
         return None
-    vocab = config.model.vocab_size or int(manifest["tokenizer"]["vocab_size"])
-    return param_count(PRESETS[config.model.preset].with_vocab(vocab))
+    return param_count(shape.with_vocab(model_vocab(config) or int(manifest["tokenizer"]["vocab_size"])))
 
 
 def estimate(
@@ -220,15 +221,6 @@ class PodResources:
         )
 
 
-def preset_args(config: Config) -> ModelArgs | None:
-    """The preset's hyper-parameters with the config's vocabulary (else the preset's reference
-    size: the dataset's is not known before staging); None for a ``model.builder`` model."""
-    if config.model.builder is not None:
-        return None
-    args = PRESETS[config.model.preset]
-    return args.with_vocab(config.model.vocab_size) if config.model.vocab_size else args
-
-
 def pod_resources(*, gpus_per_node: int, nodes: int, params: int | None) -> PodResources:
     """The CPU, memory and shm of one pod of ``nodes`` x ``gpus_per_node``.
 
@@ -292,7 +284,7 @@ def gpu_memory(config: Config, *, world_size: int, instance_type: str | None) ->
     ``model.builder`` model): 16 bytes per parameter over the GPUs, two layers gathered, and
     roughly the activations of one micro-batch (``train.activation_checkpointing``: a
     checkpointed block keeps only its input), and the logits."""
-    args = preset_args(config)
+    args = model_shape(config)
     if args is None:
         return None
     t = config.train
@@ -333,11 +325,11 @@ def fit_warnings(
       over every GPU), two gathered layers and the activations exceed 90 % of one GPU's memory
       (the instance type's GPU from the node selector, else 80 GB).
     """
-    args = preset_args(config)
+    args = model_shape(config)
     if args is None:
         return []
     params = param_count(args)
-    name = f"model.preset {config.model.preset!r} ({params / 1e9:.2f}B parameters)"
+    name = f"{model_label(config)} ({params / 1e9:.2f}B parameters)"
     if gpus_per_node == 0:
         if params <= CPU_MAX_PARAMS:
             return []

@@ -6,7 +6,7 @@ pointer, ``trainops.registry.pointer``); ``auto`` is the same, or ``none`` while
 no production version (or the operator no ``model_name``). A retried task keeps the folder its run resolved first (in the run's
 ``config.yaml``): production may have moved since, and the run's checkpoints and its card's
 lineage belong to the first. Then the folder's ``config.json`` must describe the run's model
-(``trainer.config.check_init_fit``, the trainer's own rule: architecture, every dimension, the
+(``trainer.config.hf.check_init_fit``, the trainer's own rule: architecture, every dimension, the
 vocabulary, and every key that changes what the weights compute: RoPE theta and scaling, the
 norm's epsilon, the activation, biases, tied embeddings, a sliding window), and the
 tokenizer the folder was trained with (its ``export.json``'s, else its dataset's manifest's)
@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from trainer.config import INIT_AUTO, INIT_NONE, INIT_PRODUCTION, ConfigError, check_init_fit, init_source
+from trainer.config import INIT_AUTO, INIT_NONE, INIT_PRODUCTION, ConfigError, check_init_model, init_source
+from trainer.config.hf import check_init_fit
 from trainer.contract import MANIFEST_NAME, join
 from trainer.presets import PRESETS
 from trainer.storage import NotFound
@@ -151,11 +152,7 @@ def prepare(
     config.init.from_ = resolved
     if resolved == INIT_NONE:
         return config
-    if config.model.builder:
-        raise ValueError(
-            f"init.from={resolved!r} needs a built-in preset (model.preset): a model.builder model has no "
-            "Hugging Face Llama layout to load; unset model.builder or set init.from=none"
-        )
+    check_init_model(config, resolved)
     try:
         source_config = storage_of(resolved).get_json(join(resolved, "config.json"))
     except NotFound:

@@ -192,6 +192,39 @@ def test_user_model_exports_its_own_names_and_loads_through_its_builder(tmp_path
     torch.testing.assert_close(loaded(tokens), built.model.eval()(tokens), rtol=0, atol=0)
 
 
+def test_an_hf_config_model_exports_its_own_class_and_names_a_tied_head_once(tmp_path):
+    """Exported under the HF model's own names (no trainer wrapper), the tied LM head stored once
+    as transformers saves it; loaded back (``load_export``), tied again and bit for bit."""
+    values = {
+        "model_type": "qwen2",
+        "vocab_size": 97,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": True,
+    }
+    torch.manual_seed(0)
+    built = build_model("tiny", None, 0, 16, hf_config=values)
+    folder, uri = export(tmp_path, built.model, args=built, dtype="fp32")
+    names = set(load_file(folder / "model.safetensors"))
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
+    assert not any(name.startswith("hf.") for name in names)
+    config = json.loads((folder / "config.json").read_text())
+    assert (config["architectures"], config["model_type"], config["dtype"]) == (
+        ["Qwen2ForCausalLM"],
+        "qwen2",
+        "float32",
+    )
+    assert json.loads((folder / "export.json").read_text())["layout"] == "hf"
+    loaded, args = load_export(open_storage(uri), uri)
+    assert args is None and loaded.hf.lm_head.weight is loaded.hf.model.embed_tokens.weight
+    tokens = torch.randint(0, 97, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(tokens), built.model.eval()(tokens), rtol=0, atol=0)
+
+
 def test_missing_export_says_what_to_point_at(tmp_path):
     uri = (tmp_path / "nothing").as_uri()
     with pytest.raises(

@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainer import parallel
-from trainer.config import HF_CAUSAL_LM_TYPES, hf_config_problem
+from trainer.config.hf import HF_CAUSAL_LM_TYPES, hf_config_problem, hf_shape, kv_heads
 from trainer.models.hf import (
     build_hf_causal_lm,
     fill_buffers,
@@ -21,6 +21,7 @@ from trainer.models.hf import (
     layer_names,
     padding_rows,
 )
+from trainer.presets import param_count
 
 VOCAB = 300
 # A tiny model of each supported family, as its config.json would hold it.
@@ -185,3 +186,46 @@ def test_a_config_that_cannot_be_trained_is_refused_naming_the_value(values, mes
     assert problem is not None and re.search(message, problem), problem
     with pytest.raises(ValueError, match=message):
         build_hf_causal_lm(values)
+
+
+@pytest.mark.parametrize("kind", HF_CAUSAL_LM_TYPES)
+def test_the_shape_the_airflow_side_sizes_by_counts_the_models_parameters(kind):
+    """``hf_shape`` (torch-free, for memory and cost before launch) against the model transformers
+    builds: exact but for Qwen2's q/k/v biases and a tied head, which it leaves out."""
+    values = config(kind)
+    with torch.device("meta"):
+        model, _ = build_hf_causal_lm(values)
+    built = sum(p.numel() for p in model.parameters())
+    counted = param_count(hf_shape(values))
+    biases = sum(p.numel() for n, p in model.named_parameters() if n.endswith(".bias"))
+    tied = VOCAB * 64 if values.get("tie_word_embeddings") else 0
+    assert counted == built - biases + tied
+
+
+def test_a_built_hf_model_carries_its_rebuild_spec_and_sharded_init():
+    from trainer.models.builder import build_from_spec, build_model
+
+    with torch.device("meta"):
+        built = build_model("tiny", None, 999, 32, hf_config=config("qwen2"))  # its own vocabulary
+    assert (built.source, built.args, built.spec) == ("hf qwen2", None, {"hf_config": config("qwen2")})
+    assert built.block_names == ["hf.model.layers.0", "hf.model.layers.1"]
+    assert built.meta_init is not None and built.meta_init.zero_rows == {"hf.model.embed_tokens.weight": 0}
+    assert built.attention == (2, 64)
+    again = build_from_spec(built.spec)  # what an export or a checkpoint rebuilds, on the CPU
+    assert [n for n, _ in again.model.named_parameters()] == [n for n, _ in built.model.named_parameters()]
+
+
+@pytest.mark.parametrize("kind", HF_CAUSAL_LM_TYPES)
+def test_the_key_value_heads_a_config_leaves_out_are_the_installed_transformers_default(kind):
+    from transformers import AutoConfig
+
+    values = {**SHAPE, "model_type": kind, "num_attention_heads": 32, "hidden_size": 256}
+    assert kv_heads(values) == AutoConfig.for_model(**values).num_key_value_heads
+
+
+def test_a_config_whose_default_key_value_heads_cannot_divide_its_heads_is_refused():
+    problem = hf_config_problem({**SHAPE, "model_type": "qwen2"}, "model.hf_config")
+    assert problem == (
+        "model.hf_config: num_key_value_heads 32 (not set: a qwen2 config's default) must be a positive "
+        "divisor of num_attention_heads 4; set num_key_value_heads"
+    )

@@ -190,3 +190,27 @@ def test_the_dry_runs_record_names_the_resources_the_gpu_and_the_warnings():
     assert record["gpu_memory"]["gpu"] == "g6.xlarge's L4 (24 GB)"
     assert [w["check"] for w in record["warnings"]] == ["gpu-memory"]
     assert json.loads(json.dumps(record)) == record  # the dry run prints it as JSON
+
+
+# A Qwen2-7B-shaped config.json: sized by its own shape, with its own vocabulary.
+QWEN2_7B = {
+    "model_type": "qwen2",
+    "vocab_size": 152064,
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 32768,
+}
+
+
+def test_an_hf_config_model_is_sized_by_its_own_shape_and_vocabulary():
+    found = estimate(config(hf_config=QWEN2_7B), MANIFEST, procs_per_node=8)
+    assert found is not None
+    params = found.checkpoint_bytes // 12
+    assert 7.60e9 < params < 7.62e9  # Qwen2-7B: 7.62B, its q/k/v biases (129,024) not counted
+    (warning,) = fit_warnings(config(hf_config=QWEN2_7B), nodes=1, gpus_per_node=1)
+    assert warning["check"] == "gpu-memory" and warning["message"].startswith(
+        "model.hf_config (qwen2) (7.62B parameters) does not fit 1 x 1 GPU(s)"
+    )

@@ -11,7 +11,7 @@ from airflow.sdk.exceptions import TaskDeferred
 
 from tests.trainops.cluster.fake_backend import use_fake_cluster
 from tests.trainops.operators.helpers import staged_dataset
-from trainer.config import llama_config_keys
+from trainer.config.hf import llama_config_keys
 from trainer.contract import RunLayout, join, model_version_prefix, production_pointer, run_prefix
 from trainer.presets import PRESETS
 from trainer.storage import open_storage

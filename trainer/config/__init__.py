@@ -19,13 +19,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainer.config.errors import ConfigError
+from trainer.config.hf import hf_config_problem, hf_shape
 from trainer.contract import RunLayout
 from trainer.presets import PRESETS, ModelArgs
 from trainer.storage import NotFound, open_storage
-
-
-class ConfigError(ValueError):
-    """A config value is missing, unknown or of the wrong type; the message names the key."""
 
 
 @dataclass
@@ -33,6 +31,10 @@ class ModelConfig:
     preset: str = "tiny"
     builder: str | None = None  # "module:function" for a user model (docs/models.md); overrides preset
     vocab_size: int = 0  # 0: the dataset manifest's tokenizer vocab_size
+    # A Hugging Face config (a config.json's keys; model_type one of trainer.config.hf.HF_CAUSAL_LM_TYPES):
+    # the model transformers builds from it, random initial weights (docs/models.md). Overrides
+    # preset; its own vocab_size is the model's.
+    hf_config: dict[str, Any] | None = None
 
 
 @dataclass
@@ -234,6 +236,11 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
         if value is None:
             return None
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    return _as_type(key, value, hint)
+
+
+def _as_type(key: str, value: Any, hint: Any) -> Any:
+    """``value`` as the (non-optional) type ``hint``, or a ConfigError naming key, value and type."""
     if hint is bool:
         if isinstance(value, bool):
             return value
@@ -252,6 +259,10 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
         if isinstance(value, str):
             return value
         raise ConfigError(f"{key}: expected a string, got {value!r}")
+    if typing.get_origin(hint) is dict:
+        if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+            return dict(value)
+        raise ConfigError(f"{key}: expected a mapping of names to values, got {value!r}")
     raise TypeError(f"config field {key} has an unsupported type {hint!r}")
 
 
@@ -314,12 +325,88 @@ def validate(config: Config) -> Config:
         raise ConfigError(
             f"train.min_lr_ratio: expected a number between 0 and 1, got {config.train.min_lr_ratio!r}"
         )
-    if config.model.builder is not None:
-        builder_parts(config.model.builder)
+    _check_model(config)
     for key in AUTO_OR_COUNT:
         _auto_or_count(key, get_key(config, key))
     init_source(config.init.from_)
     return config
+
+
+def _check_model(config: Config) -> None:
+    """The model source: a builder's ``module:function`` form, a ``model.hf_config``'s family,
+    alone as the source, its context long enough for ``train.seq_len``."""
+    model = config.model
+    if model.builder is not None:
+        builder_parts(model.builder)
+    if model.hf_config is None:
+        return
+    problem = hf_config_problem(model.hf_config, "model.hf_config")
+    if problem:
+        raise ConfigError(problem)
+    if model.builder is not None:
+        raise ConfigError(
+            f"model.hf_config and model.builder={model.builder!r} are both set; a run trains one model: "
+            "unset one of them"
+        )
+    if model.vocab_size:
+        raise ConfigError(
+            f"model.vocab_size={model.vocab_size} is not used with model.hf_config, whose vocab_size is "
+            "the model's: set model.hf_config.vocab_size instead, and model.vocab_size=0"
+        )
+    positions = (model.hf_config or {}).get("max_position_embeddings")
+    if isinstance(positions, int) and positions < config.train.seq_len:
+        raise ConfigError(
+            f"train.seq_len={config.train.seq_len} is longer than model.hf_config.max_position_embeddings="
+            f"{positions}; lower train.seq_len or raise max_position_embeddings"
+        )
+
+
+def model_vocab(config: Config) -> int:
+    """The model's vocabulary size as the config fixes it (``model.hf_config``'s, else
+    ``model.vocab_size``); 0: the dataset tokenizer's."""
+    if config.model.hf_config is not None:
+        return int(config.model.hf_config["vocab_size"])
+    return config.model.vocab_size
+
+
+def model_shape(config: Config) -> ModelArgs | None:
+    """The shape the run's model is counted by (parameters, FLOPs, memory), before it is built:
+    the preset's, or a ``model.hf_config``'s (``trainer.config.hf.hf_shape``), with the config's
+    vocabulary when it fixes one (else the preset's reference size); None for a ``model.builder``
+    model, whose size nothing knows before it is built."""
+    if config.model.builder is not None:
+        return None
+    if config.model.hf_config is not None:
+        return hf_shape(config.model.hf_config)
+    args = PRESETS[config.model.preset]
+    return args.with_vocab(config.model.vocab_size) if config.model.vocab_size else args
+
+
+def model_label(config: Config) -> str:
+    """The run's model as messages name it: ``model.preset 'tiny'``, ``model.hf_config (qwen2)``,
+    ``model.builder 'pkg.mod:build'``."""
+    model = config.model
+    if model.builder is not None:
+        return f"model.builder {model.builder!r}"
+    if model.hf_config is not None:
+        return f"model.hf_config ({model.hf_config.get('model_type')})"
+    return f"model.preset {model.preset!r}"
+
+
+def check_init_model(config: Config, value: str) -> None:
+    """Raise ConfigError when ``init.from=value`` (a folder's URI) cannot load into the run's
+    model: warm start loads a Hugging Face Llama folder into a preset's model only. Both sides
+    ask before anything is read."""
+    if config.model.builder is not None:
+        raise ConfigError(
+            f"init.from={value!r} needs a built-in preset (model.preset): a model.builder model has no "
+            "Hugging Face Llama layout to load; unset model.builder or set init.from=none"
+        )
+    if config.model.hf_config is not None:
+        raise ConfigError(
+            f"init.from={value!r}: a model.hf_config model starts from random weights; loading a Hugging "
+            "Face folder's own weights into it is not built yet: set init.from=none, or train a preset"
+        )
 
 
 def init_source(value: str) -> str:
@@ -395,29 +482,6 @@ def builder_parts(builder: object) -> tuple[str, str]:
     )
 
 
-# The Hugging Face causal LM families the trainer builds (trainer.models.hf), by the
-# ``model_type`` of their config.json. Each is tested (tests/trainer/models/test_hf.py).
-HF_CAUSAL_LM_TYPES = ("llama", "mistral", "qwen2")
-_HF_REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
-
-
-def hf_config_problem(values: object, where: str = "config.json") -> str | None:
-    """Why the Hugging Face config ``values`` (a config.json's keys) cannot be trained, naming
-    the value and what to do; None when it can. Pure: both sides judge it before any model."""
-    if not isinstance(values, Mapping):
-        return f"{where}: expected a JSON object of a transformers config, got {type(values).__name__}"
-    kind = values.get("model_type")
-    if kind not in HF_CAUSAL_LM_TYPES:
-        return (
-            f"{where}: model_type {kind!r} is not supported; trainops trains "
-            f"{', '.join(HF_CAUSAL_LM_TYPES)} causal LMs"
-        )
-    missing = [key for key in _HF_REQUIRED if not isinstance(values.get(key), int) or values[key] < 1]
-    if missing:
-        return f"{where}: {', '.join(missing)} must be positive integers (a {kind} config sets them)"
-    return None
-
-
 def config_from_mapping(data: Mapping[str, Any], source: str = "trainer_config") -> Config:
     """Defaults < ``data`` (nested keys, as a config file holds them), validated: what
     :func:`load_config` gives for a file holding ``data``, with no file and no yaml."""
@@ -438,8 +502,14 @@ def check_data_fit(config: Config, *, train_tokens: int, tokenizer_vocab: int, w
     (``train.seq_len + 1`` tokens) longer than the train split, or fewer samples than one
     micro-batch takes. Pure: the numbers come from the dataset's manifest, so the operator
     can refuse before launching and the trainer before building the model."""
-    data, t, vocab = config.data_uri, config.train, config.model.vocab_size
+    data, t, vocab = config.data_uri, config.train, model_vocab(config)
     if vocab and vocab < tokenizer_vocab:
+        if config.model.hf_config is not None:
+            raise ConfigError(
+                f"model.hf_config.vocab_size={vocab} is smaller than the vocabulary of the dataset's "
+                f"tokenizer ({tokenizer_vocab}, {data}); set it to at least {tokenizer_vocab}, or stage "
+                "the data with the model's own tokenizer"
+            )
         raise ConfigError(
             f"model.vocab_size={vocab} is smaller than the vocabulary of the dataset's tokenizer "
             f"({tokenizer_vocab}, {data}); set model.vocab_size=0 to take the dataset's, or at least "
@@ -552,162 +622,3 @@ def resolved_eval_uris(config: Config) -> tuple[str, str]:
     """(model_uri, output_uri) with the run-relative defaults filled in."""
     layout = RunLayout(config.run_uri)
     return config.eval.model_uri or layout.export, config.eval.output_uri or layout.eval_metrics
-
-
-# ``ModelArgs`` fields as a Hugging Face Llama ``config.json`` names them (``trainer.export.hf.hf_config``
-# writes them; a test holds the two to the same names), for the check before a warm start.
-HF_SHAPE_KEYS = {
-    "vocab_size": "vocab_size",
-    "dim": "hidden_size",
-    "n_layers": "num_hidden_layers",
-    "n_heads": "num_attention_heads",
-    "kv_heads": "num_key_value_heads",
-    "hidden": "intermediate_size",
-}
-
-# What transformers' ``LlamaConfig`` takes for a key a ``config.json`` leaves out, so what a
-# folder without it was trained to compute (transformers 5: ``configuration_llama.py``, RoPE theta
-# from ``modeling_rope_utils.RotaryEmbeddingConfigMixin.default_theta``; a test holds these to the
-# installed transformers). Its ``num_key_value_heads`` and ``head_dim`` defaults follow the heads.
-LLAMA_DEFAULTS: dict[str, Any] = {
-    "rope_theta": 10000.0,
-    "rms_norm_eps": 1e-6,
-    "hidden_act": "silu",
-    "tie_word_embeddings": False,
-    "attention_bias": False,
-    "mlp_bias": False,
-}
-# transformers' activation table maps both names to the same SiLU.
-_SAME_ACTIVATION = {"swish": "silu"}
-# Floats read back from JSON, or rounded through float32 by another exporter, are the same value.
-_REL_TOL = 1e-6
-
-
-def llama_config_keys(args: ModelArgs) -> dict[str, Any]:
-    """The keys of a Hugging Face Llama ``config.json`` that fix what the model ``args`` computes,
-    with its values: every shape, and what ``trainer.models.llama`` is beyond them (RMSNorm with
-    ``norm_eps``, plain RoPE with ``rope_theta`` and no scaling, SwiGLU with SiLU, no biases,
-    untied embeddings, full causal attention: no sliding window). ``trainer.export.hf.hf_config``
-    writes them all on export (a test holds the two together)."""
-    return {
-        **{theirs: getattr(args, ours) for ours, theirs in HF_SHAPE_KEYS.items()},
-        "head_dim": args.head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": args.norm_eps,
-        "rope_theta": args.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": args.rope_theta},
-        "tie_word_embeddings": False,
-        "attention_bias": False,
-        "mlp_bias": False,
-    }
-
-
-def _close(got: Any, want: float) -> bool:
-    number = isinstance(got, int | float) and not isinstance(got, bool)
-    return number and math.isclose(float(got), want, rel_tol=_REL_TOL)
-
-
-def _shape_differences(args: ModelArgs, source: Mapping[str, Any]) -> list[str]:
-    """``"key <source's> in the source, <run's> in the run"`` for each shape that differs."""
-    run, differ = llama_config_keys(args), []
-    for theirs in (*HF_SHAPE_KEYS.values(), "head_dim"):
-        want, got = run[theirs], source.get(theirs)
-        if theirs == "num_key_value_heads" and got is None:  # HF's default: as many as the heads
-            got = source.get("num_attention_heads")
-        if theirs == "head_dim" and got is None:  # HF's default: the hidden size over the heads
-            hidden, heads = source.get("hidden_size"), source.get("num_attention_heads")
-            got = hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else want
-        if got != want:
-            differ.append(f"{theirs} {got!r} in the source, {want!r} in the run")
-    return differ
-
-
-def _rope_type(value: Any) -> Any:
-    """The RoPE type a ``rope_scaling``/``rope_parameters`` value names (transformers 4 spells the
-    key ``type``); ``default`` is plain RoPE, every other type rescales it."""
-    return value.get("rope_type", value.get("type", "default")) if isinstance(value, Mapping) else value
-
-
-def _function_differences(args: ModelArgs, source: Mapping[str, Any]) -> list[str]:
-    """``"key <source's> in the source, <run's> in the run"`` for each key of the source's
-    ``config.json`` by which its model computes another function than the run's, a key left out
-    being transformers' default (:data:`LLAMA_DEFAULTS`)."""
-    run = llama_config_keys(args)
-    differ = []
-
-    def say(key: str, got: Any, want: Any) -> None:
-        unset = "" if key.split(".")[0] in source else " (not set: transformers' LlamaConfig default)"
-        differ.append(f"{key} {got!r} in the source{unset}, {want!r} in the run")
-
-    # RoPE theta, wherever the folder states it: transformers 4 (and trainer.export.hf) read it flat,
-    # transformers 5 from rope_parameters (or rope_scaling). Each place must say the run's.
-    stated = [
-        (f"{holder}.rope_theta" if holder else "rope_theta", where["rope_theta"])
-        for holder, where in (
-            ("", source),
-            *((k, source.get(k)) for k in ("rope_parameters", "rope_scaling")),
-        )
-        if isinstance(where, Mapping) and where.get("rope_theta") is not None
-    ]
-    for key, got in stated or [("rope_theta", LLAMA_DEFAULTS["rope_theta"])]:
-        if not _close(got, run["rope_theta"]):
-            say(key, got, run["rope_theta"])
-    # The run's RoPE is plain: any scaling (linear, dynamic, yarn, llama3, ...) is another model.
-    for key in ("rope_scaling", "rope_parameters"):
-        value = source.get(key)
-        if value is not None and _rope_type(value) != _rope_type(run["rope_parameters"]):
-            differ.append(f"{key} {value!r} in the source, none in the run (plain RoPE)")
-    got = source.get("rms_norm_eps", LLAMA_DEFAULTS["rms_norm_eps"])
-    if not _close(got, run["rms_norm_eps"]):
-        say("rms_norm_eps", got, run["rms_norm_eps"])
-    got = source.get("hidden_act", LLAMA_DEFAULTS["hidden_act"])
-    if (_SAME_ACTIVATION.get(got, got) if isinstance(got, str) else got) != run["hidden_act"]:
-        say("hidden_act", got, run["hidden_act"])
-    for key in ("tie_word_embeddings", "attention_bias", "mlp_bias"):
-        got = source.get(key, LLAMA_DEFAULTS[key])
-        if got is not run[key]:
-            say(key, got, run[key])
-    # A sliding window (Mistral's spelling: sliding_window alone; Qwen2's: use_sliding_window with
-    # it) masks what full causal attention sees. A window declared with use_sliding_window false is
-    # off.
-    window, use = source.get("sliding_window"), source.get("use_sliding_window")
-    if use:
-        differ.append(f"use_sliding_window {use!r} in the source, False in the run (full causal attention)")
-    elif window is not None and use is None:
-        differ.append(f"sliding_window {window!r} in the source, none in the run (full causal attention)")
-    return differ
-
-
-def check_init_fit(args: ModelArgs, source_config: Mapping[str, Any], source_uri: str) -> None:
-    """Raise ConfigError when the weights at ``source_uri`` (``init.from``), whose ``config.json``
-    is ``source_config``, cannot start the model ``args`` describes (the preset with the run's
-    vocabulary): another architecture, any dimension that differs, or any key by which the source
-    computes another function (RoPE theta and scaling, the norm's epsilon, the activation, biases,
-    tied embeddings, a sliding window; a key left out is transformers' default), named on both
-    sides. Pure and torch-free, so the operator refuses before launch and the trainer before
-    loading."""
-    if source_config.get("model_type") != "llama":
-        raise ConfigError(
-            f"init.from={source_uri!r} holds a {source_config.get('model_type')!r} model, not a Llama one; "
-            "warm start loads the Hugging Face Llama layout only: set init.from to a Llama folder or none"
-        )
-    shapes = _shape_differences(args, source_config)
-    function = _function_differences(args, source_config)
-    if not shapes and not function:
-        return
-    fixes = []
-    if shapes:
-        fixes.append(
-            "pick the preset (model.preset, model.vocab_size) the source was trained with, a source of this shape"
-        )
-    if function:
-        fixes.append(
-            "warm start from a source trained with the run's "
-            f"{', '.join(dict.fromkeys(key.split(' ')[0] for key in function))} (every preset's model is a Llama with "
-            f"rope_theta {args.rope_theta}, no RoPE scaling, rms_norm_eps {args.norm_eps}, SiLU, no biases, "
-            "untied embeddings and full causal attention, and no setting changes them)"
-        )
-    raise ConfigError(
-        f"init.from={source_uri!r} does not fit the run's model: {'; '.join(shapes + function)}; "
-        f"{', or '.join(fixes)}, or set init.from=none"
-    )
