@@ -31,7 +31,7 @@ from torch import nn
 from trainer import data, parallel
 from trainer.checkpoint.fence import Fenced, raise_fence
 from trainer.checkpoint.save import Checkpointer, on_rank0
-from trainer.checkpoint.warm_start import warm_start
+from trainer.checkpoint.warm_start import pinned_hf_config, warm_start
 from trainer.config import Config, accumulation_steps, check_data_fit
 from trainer.contract import AttemptRecord, RunLayout, attempt_record_line
 from trainer.export.folder import join_export, write_export
@@ -168,6 +168,7 @@ def setup(config: Config, env: parallel.DistEnv, attempt: Attempt) -> Training:
     ``trainer.checkpoint.save.NothingToResume`` when checkpoints were committed but none can be
     resumed: starting over from step 0 then would silently throw the run away.
     """
+    config = pinned_hf_config(config)  # model.hf: the folder's config.json, as the operator pinned it
     t = config.train
     accum = accumulation_steps(t, env.world_size)  # before anything slow: a bad batch fails fast
     mesh = parallel.device_mesh(env, config.parallel.replicate)  # so does a bad parallel.replicate

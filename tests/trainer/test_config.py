@@ -22,6 +22,7 @@ from trainer.config import (
     model_label,
     model_shape,
     model_vocab,
+    pin_hf_config,
     replicate_degree,
     resolved_eval_uris,
     samples_in,
@@ -455,3 +456,49 @@ def test_warm_start_into_an_hf_config_model_is_refused_before_anything_is_read()
     with pytest.raises(ConfigError, match=re.escape("a model.hf_config model starts from random weights")):
         check_init_model(with_hf(), "s3://b/models/m/versions/3/")
     check_init_model(base(), "s3://b/models/m/versions/3/")  # a preset: the folder's fit is checked later
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["model.hf=/models/qwen"],
+            "model.hf='/models/qwen' is not a folder URI: give the Hugging Face folder as file://... or s3://...",
+        ),
+        (
+            ["model.hf=s3://b/m/", "model.builder=pkg.mod:build"],
+            "model.hf='s3://b/m/' and model.builder='pkg.mod:build' are both set",
+        ),
+        (["model.hf=s3://b/m/", "model.vocab_size=300"], "model.vocab_size=300 is not used with model.hf"),
+        (
+            ["model.hf=s3://b/m/", "init.from=s3://b/v/"],
+            "init.from='s3://b/v/' with model.hf='s3://b/m/': the folder's weights",
+        ),
+    ],
+)
+def test_a_model_hf_that_cannot_be_the_model_is_refused_naming_the_value(overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        base(*overrides)
+
+
+def test_a_model_hf_folders_config_is_pinned_once_and_a_changed_one_refused():
+    config = base("model.hf=s3://b/m/")
+    assert (config.model.hf_config, model_shape(config) is not None) == (
+        None,
+        True,
+    )  # a preset's until pinned
+    pinned = pin_hf_config(config, QWEN2)
+    assert (pinned.model.hf_config, model_vocab(pinned), model_label(pinned)) == (
+        QWEN2,
+        300,
+        "model.hf 's3://b/m/'",
+    )
+    assert pin_hf_config(pinned, dict(QWEN2)) == pinned  # the same folder again: nothing changes
+    with pytest.raises(
+        ConfigError, match=re.escape("config.json changed since the run was launched (hidden_size differ")
+    ):
+        pin_hf_config(pinned, {**QWEN2, "hidden_size": 128})
+    with pytest.raises(
+        ConfigError, match=re.escape("model.hf='s3://b/m/': config.json: model_type 'bert' is not supported")
+    ):
+        pin_hf_config(config, {**QWEN2, "model_type": "bert"})

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,12 +36,13 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from trainer.checkpoint import node_cache
-from trainer.config import Config, ConfigError, check_init_model, init_source, model_label
+from trainer.config import Config, ConfigError, check_init_model, init_source, model_label, pin_hf_config
 from trainer.config.hf import check_init_fit
 from trainer.contract import join
 from trainer.data import cache_dir
 from trainer.export import hf
 from trainer.export.folder import HF_CONFIG, WEIGHTS, WEIGHTS_INDEX, weight_map
+from trainer.models.builder import HF_PREFIX
 from trainer.parallel import plain_name
 from trainer.presets import ModelArgs
 from trainer.storage import NotFound, Storage, open_storage
@@ -61,29 +63,43 @@ class Source:
     files: dict[str, str]  # HF tensor name -> file name in the folder
 
 
-def read_source(storage: Storage, uri: str) -> Source:
+def read_source(storage: Storage, uri: str, key: str = "init.from") -> Source:
     """The folder at ``uri``: its ``config.json`` and the file of every tensor (from
-    ``model.safetensors.index.json`` when there is one, else all in ``model.safetensors``)."""
+    ``model.safetensors.index.json`` when there is one, else all in ``model.safetensors``).
+
+    :param key: the config key that names the folder (``init.from``, ``model.hf``), for errors.
+    """
+    what = (
+        "a Hugging Face Llama folder (a promoted version, a run's export/)"
+        if key == "init.from"
+        else ("a Hugging Face model folder (config.json, safetensors weights, tokenizer files)")
+    )
     try:
         config = storage.get_json(join(uri, HF_CONFIG))
     except NotFound:
-        raise WarmStartError(
-            f"init.from={uri!r} holds no {HF_CONFIG}; point init.from at a Hugging Face Llama folder "
-            "(a promoted version, a run's export/) or set it to none"
-        ) from None
+        raise WarmStartError(f"{key}={uri!r} holds no {HF_CONFIG}; point {key} at {what}") from None
     if not isinstance(config, dict):
         raise WarmStartError(f"{join(uri, HF_CONFIG)} is not a JSON object; re-export the source model")
     try:
         files = weight_map(storage, uri)
     except ValueError as exc:
-        raise WarmStartError(f"{exc} (init.from={uri!r})") from None
+        raise WarmStartError(f"{exc} ({key}={uri!r})") from None
     if files is not None:
         return Source(uri, config, files)
     if storage.head(join(uri, WEIGHTS)) is None:
         raise WarmStartError(
-            f"init.from={uri!r} holds neither {WEIGHTS} nor {WEIGHTS_INDEX}; point init.from at a folder with the weights"
+            f"{key}={uri!r} holds neither {WEIGHTS} nor {WEIGHTS_INDEX}; point {key} at a folder with the weights"
         )
     return Source(uri, config, {})  # one file: names are read from its header
+
+
+def pinned_hf_config(config: Config) -> Config:
+    """``config`` with the ``model.hf`` folder's ``config.json`` pinned (``trainer.config.pin_hf_config``:
+    refused when it changed since the operator pinned it); ``config`` itself without ``model.hf``."""
+    if not config.model.hf:
+        return config
+    uri = config.model.hf
+    return pin_hf_config(config, read_source(open_storage(uri), uri, "model.hf").config)
 
 
 def local_file(storage: Storage, uri: str) -> Path:
@@ -141,12 +157,54 @@ def load_into(model: nn.Module, args: ModelArgs, source: Source, storage: Storag
 
     check_init_fit(args, source.config, source.uri)
     wanted = {hf.to_hf_name(plain_name(raw)): (raw, param) for raw, param in model.named_parameters()}
+    return _fill(
+        wanted,
+        source,
+        storage,
+        lambda handle, name, raw, lo, hi: _rows(handle, name, plain_name(raw), lo, hi, args),
+        "init.from",
+        "a complete Llama folder of the run's shape",
+    )
+
+
+@torch.no_grad()
+def load_hf_into(model: nn.Module, source: Source, storage: Storage) -> int:
+    """Fill this rank's shards of every parameter of a ``model.hf`` model (built from the folder's
+    own ``config.json``) from the folder, under the HF model's own names; the number of tensors
+    read. A tied LM head is one parameter (the embedding), so a folder without it loads."""
+    wanted = {
+        plain_name(raw).removeprefix(HF_PREFIX): (raw, param) for raw, param in model.named_parameters()
+    }
+    return _fill(
+        wanted,
+        source,
+        storage,
+        lambda handle, name, raw, lo, hi: handle.get_slice(name)[lo:hi],
+        "model.hf",
+        "a complete folder of the model its config.json describes",
+    )
+
+
+RowReader = Callable[[Any, str, str, int, int], torch.Tensor]
+
+
+def _fill(
+    wanted: Mapping[str, tuple[str, torch.Tensor]],
+    source: Source,
+    storage: Storage,
+    rows_of: RowReader,
+    key: str,
+    complete: str,
+) -> int:
+    """Copy rows ``lo:hi`` of each source tensor (``rows_of(handle, source name, our raw name,
+    lo, hi)``) into this rank's shard of the parameter ``wanted`` maps it to; one weight file
+    open at a time."""
     files = source.files or dict.fromkeys(wanted, WEIGHTS)
     missing = sorted(set(wanted) - set(files))
     if missing:
         raise WarmStartError(
-            f"init.from={source.uri!r} lacks {len(missing)} tensor(s) the model needs, such as {missing[0]!r}; "
-            "point init.from at a complete Llama folder of the run's shape"
+            f"{key}={source.uri!r} lacks {len(missing)} tensor(s) the model needs, such as {missing[0]!r}; "
+            f"point {key} at {complete}"
         )
     by_file: dict[str, list[str]] = {}
     for name in wanted:
@@ -163,14 +221,19 @@ def load_into(model: nn.Module, args: ModelArgs, source: Source, storage: Storag
                     )
                 shape = tuple(handle.get_slice(name).get_shape())
                 if shape != tuple(param.shape):
+                    fix = (
+                        "pick a source of the run's shape or init.from=none"
+                        if key == "init.from"
+                        else (f"point {key} at {complete}")
+                    )
                     raise WarmStartError(
-                        f"tensor {name!r} of init.from={source.uri!r} has shape {shape}, the run's model "
-                        f"{tuple(param.shape)}; pick a source of the run's shape or init.from=none"
+                        f"tensor {name!r} of {key}={source.uri!r} has shape {shape}, the run's model "
+                        f"{tuple(param.shape)}; {fix}"
                     )
                 local, lo = _shard(param)
                 if local.numel():
                     rows = local.shape[0] if local.dim() else 1
-                    local.copy_(_rows(handle, name, plain_name(raw), lo, lo + rows, args).view_as(local))
+                    local.copy_(rows_of(handle, name, raw, lo, lo + rows).view_as(local))
     return len(wanted)
 
 
@@ -178,6 +241,12 @@ def warm_start(config: Config, model: nn.Module, args: ModelArgs | None) -> str 
     """Load ``init.from`` into ``model`` (a fresh run: the caller skips this on resume); the
     source URI, or None for ``init.from: none``. ``production`` and ``auto`` never reach the
     trainer from the operator, which resolves them: here they are a configuration error."""
+    if config.model.hf:  # the folder is the model and its initial weights (init.from is none)
+        uri = config.model.hf
+        storage = open_storage(uri)
+        count = load_hf_into(model, read_source(storage, uri, "model.hf"), storage)
+        log.info("model.hf: %d tensors from %s (weights only: fresh optimizer, step 0)", count, uri)
+        return uri
     value = config.init.from_
     kind = init_source(value)
     if kind == "none":

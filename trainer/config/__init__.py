@@ -17,7 +17,7 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from trainer.config.errors import ConfigError
 from trainer.config.hf import hf_config_problem, hf_shape
@@ -35,6 +35,10 @@ class ModelConfig:
     # the model transformers builds from it, random initial weights (docs/models.md). Overrides
     # preset; its own vocab_size is the model's.
     hf_config: dict[str, Any] | None = None
+    # The URI of a Hugging Face folder (config.json, safetensors weights, tokenizer files): the
+    # model its config.json describes, starting from its weights. The operator pins the folder's
+    # config.json into hf_config before launch; the trainer checks the folder still says the same.
+    hf: str = ""
 
 
 @dataclass
@@ -338,6 +342,8 @@ def _check_model(config: Config) -> None:
     model = config.model
     if model.builder is not None:
         builder_parts(model.builder)
+    if model.hf:
+        _check_hf_folder(config)
     if model.hf_config is None:
         return
     problem = hf_config_problem(model.hf_config, "model.hf_config")
@@ -359,6 +365,52 @@ def _check_model(config: Config) -> None:
             f"train.seq_len={config.train.seq_len} is longer than model.hf_config.max_position_embeddings="
             f"{positions}; lower train.seq_len or raise max_position_embeddings"
         )
+
+
+def _check_hf_folder(config: Config) -> None:
+    """``model.hf``: a folder's URI, alone as the model source and as the initial weights."""
+    model, value = config.model, config.model.hf
+    if not value.startswith(INIT_SCHEMES):
+        raise ConfigError(
+            f"model.hf={value!r} is not a folder URI: give the Hugging Face folder as "
+            f"{' or '.join(s + '...' for s in INIT_SCHEMES)}"
+        )
+    if model.builder is not None:
+        raise ConfigError(
+            f"model.hf={value!r} and model.builder={model.builder!r} are both set; a run trains one "
+            "model: unset one of them"
+        )
+    if model.vocab_size:
+        raise ConfigError(
+            f"model.vocab_size={model.vocab_size} is not used with model.hf, whose config.json fixes the "
+            "vocabulary: set model.vocab_size=0"
+        )
+    if config.init.from_ != INIT_NONE:
+        raise ConfigError(
+            f"init.from={config.init.from_!r} with model.hf={value!r}: the folder's weights are the run's "
+            "initial weights; set init.from=none"
+        )
+
+
+def pin_hf_config(config: Config, values: object) -> Config:
+    """``config`` with ``model.hf_config`` pinned to ``values``, the ``config.json`` of the
+    ``model.hf`` folder: what every attempt builds, whatever the folder says later. Refused,
+    naming the folder, when the family cannot be trained, or when a config pinned earlier (by
+    the operator, before launch) is not what the folder now says. Pure."""
+    where = f"model.hf={config.model.hf!r}: config.json"
+    problem = hf_config_problem(values, where)
+    if problem:
+        raise ConfigError(problem)
+    values = cast("Mapping[str, Any]", values)  # hf_config_problem said it is one
+    pinned = config.model.hf_config
+    if pinned is not None and dict(pinned) != dict(values):
+        changed = sorted(k for k in {*pinned, *values} if pinned.get(k) != values.get(k))
+        raise ConfigError(
+            f"{where} changed since the run was launched ({', '.join(changed[:5])} differ from the "
+            "config pinned then); a run trains one model: restore the folder, or start a new run"
+        )
+    model = dataclasses.replace(config.model, hf_config=dict(values))
+    return validate(dataclasses.replace(config, model=model))
 
 
 def model_vocab(config: Config) -> int:
@@ -388,6 +440,8 @@ def model_label(config: Config) -> str:
     model = config.model
     if model.builder is not None:
         return f"model.builder {model.builder!r}"
+    if model.hf:
+        return f"model.hf {model.hf!r}"
     if model.hf_config is not None:
         return f"model.hf_config ({model.hf_config.get('model_type')})"
     return f"model.preset {model.preset!r}"

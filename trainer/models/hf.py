@@ -43,15 +43,18 @@ class CausalLMLogits(nn.Module):
         return self.hf(input_ids=tokens, use_cache=False).logits
 
 
+# config.json keys that say nothing of the model's function: how it was saved (the trainer sets
+# its own precision), which class and which transformers wrote it.
+_NOT_SHAPE = ("model_type", "architectures", "transformers_version", "dtype", "torch_dtype")
+
+
 def hf_config(values: Mapping[str, Any]):
     """The ``transformers`` config of ``values`` (a ``config.json``'s keys), refused with the
     reason when its family is not supported."""
     problem = hf_config_problem(values)
     if problem:
         raise ValueError(problem)
-    keys = {
-        k: v for k, v in values.items() if k not in ("model_type", "architectures", "transformers_version")
-    }
+    keys = {k: v for k, v in values.items() if k not in _NOT_SHAPE}
     return AutoConfig.for_model(values["model_type"], **keys)
 
 

@@ -39,7 +39,8 @@ def checked_config(
     aws_conn_id: str | None,
 ) -> Config:
     """The run's config from ``trainer_config``, checked against this host's GPUs (local), the
-    dataset's manifest (a staged version that can feed the run) and the model builder, with
+    dataset's manifest (a staged version that can feed the run) and the model builder, with a
+    ``model.hf`` folder's config pinned (:func:`trainops.operators.warm_start.pin_hf_model`) and
     ``init.from`` resolved (:func:`trainops.operators.warm_start.prepare`); ValueError naming
     the bad value. Nothing is written.
 
@@ -48,6 +49,7 @@ def checked_config(
     config = checked_run_config(
         trainer_config, run_uri=layout.run_uri, data_uri=data_uri, world_size=settings.world_size
     )
+    config = warm_start.pin_hf_model(config, lambda uri: storage_for(uri, aws_conn_id))
     job_env = settings.job_options.get("env") or {}
     check_gpus(cluster, nodes=settings.nodes, gpus_per_node=settings.gpus_per_node, env=job_env)
     manifest = dataset_manifest(storage_for(data_uri, aws_conn_id), data_uri)

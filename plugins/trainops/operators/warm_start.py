@@ -24,7 +24,15 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from trainer.config import INIT_AUTO, INIT_NONE, INIT_PRODUCTION, ConfigError, check_init_model, init_source
+from trainer.config import (
+    INIT_AUTO,
+    INIT_NONE,
+    INIT_PRODUCTION,
+    ConfigError,
+    check_init_model,
+    init_source,
+    pin_hf_config,
+)
 from trainer.config.hf import check_init_fit
 from trainer.contract import MANIFEST_NAME, join
 from trainer.presets import PRESETS
@@ -172,6 +180,29 @@ def prepare(
     if warning:
         log.warning("%s", warning)
     return config
+
+
+def pin_hf_model(config: Config, storage_of: Callable[[str], Storage]) -> Config:
+    """``config`` with the ``model.hf`` folder's ``config.json`` pinned into ``model.hf_config``
+    (``trainer.config.pin_hf_config``: the family and shape checked, the model every attempt
+    builds), after checking the folder holds weights; ``config`` itself without ``model.hf``.
+    ValueError naming the folder and what to fix."""
+    uri = config.model.hf
+    if not uri:
+        return config
+    storage = storage_of(uri)
+    what = "a Hugging Face model folder (config.json, safetensors weights, tokenizer files)"
+    try:
+        values = storage.get_json(join(uri, "config.json"))
+    except NotFound:
+        raise ValueError(f"model.hf={uri!r} holds no config.json; point model.hf at {what}") from None
+    weights = ("model.safetensors", "model.safetensors.index.json")
+    if all(storage.head(join(uri, name)) is None for name in weights):
+        raise ValueError(f"model.hf={uri!r} holds neither {' nor '.join(weights)}; point model.hf at {what}")
+    pinned = pin_hf_config(config, values)
+    kind = (pinned.model.hf_config or {}).get("model_type")
+    log.info("model.hf: %s, a %s model; its config.json is pinned for every attempt", uri, kind)
+    return pinned
 
 
 def _earlier_source(store: Storage, config_uri: str) -> str | None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import save_file
 
 from tests.trainer.helpers import (
@@ -202,3 +203,76 @@ def test_a_preempted_warm_started_run_resumes_bitwise(tmp_path, dataset_uri, ref
     reference_final = metrics_of(reference_run["run_dir"])[40]["loss"]
     warm_first = metrics_of(tmp_path / "whole")[1]["loss"]
     assert warm_first < reference_final + 0.3 < 4.0  # a cold tiny model starts near ln 257 = 5.55
+
+
+# --- model.hf: a Hugging Face folder as the model and its initial weights --------------------------
+HF_FAMILIES = {
+    "llama": {"model_type": "llama", "num_key_value_heads": 2},
+    "mistral": {"model_type": "mistral", "num_key_value_heads": 2, "sliding_window": None},
+    "qwen2": {"model_type": "qwen2", "num_key_value_heads": 2, "tie_word_embeddings": True},
+}
+
+
+def save_hf_folder(folder: Path, kind: str, *, shards: bool = False):
+    """A random model of family ``kind`` saved by transformers itself (fp32), as a team's folder
+    would be; sharded with an index when ``shards``. Returns the model, in eval mode."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    values = {
+        "vocab_size": 300,  # more than the dataset tokenizer's 257
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 64,
+        **HF_FAMILIES[kind],
+    }
+    torch.manual_seed(5)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**values), attn_implementation="sdpa")
+    model.save_pretrained(folder, max_shard_size="100KB" if shards else "5GB")
+    return model.eval()
+
+
+@pytest.mark.parametrize("kind, shards", [("llama", True), ("mistral", False), ("qwen2", False)])
+def test_model_hf_starts_from_the_folders_weights_and_its_first_loss_is_what_transformers_computes(
+    world_of_one, tmp_path, dataset_uri, kind, shards
+):
+    import torch.nn.functional as F
+
+    from trainer.runtime.preemption import StopFlag
+    from trainer.train import train_step
+
+    folder = tmp_path / "team-model"
+    theirs = save_hf_folder(folder, kind, shards=shards)
+    assert (folder / "model.safetensors.index.json").exists() == shards
+    training, attempt = start(tmp_path, dataset_uri, world_of_one, 1, f"model.hf={folder.as_uri()}")
+    assert training.config.model.hf_config["model_type"] == kind  # pinned from the folder
+    loaded = weights(training)
+    for name, tensor in theirs.state_dict().items():
+        if f"hf.{name}" in loaded:  # a tied head is the embedding, loaded once
+            assert torch.equal(loaded[f"hf.{name}"], tensor), name
+    windows = [training.batches.micro_batch(0, micro) for micro in range(training.accum)]
+    with torch.no_grad():
+        expected = sum(
+            F.cross_entropy(theirs(input_ids=w[:, :-1]).logits.transpose(1, 2), w[:, 1:]).item()
+            for w in windows
+        ) / len(windows)
+    first = train_step(training, StopFlag())
+    assert first.loss.item() == pytest.approx(expected, rel=1e-5)
+    assert attempt.resumed_from_step is None
+
+
+def test_model_hf_whose_folder_changed_since_it_was_pinned_is_refused_naming_the_keys(
+    world_of_one, tmp_path, dataset_uri
+):
+    folder = tmp_path / "team-model"
+    save_hf_folder(folder, "qwen2")
+    values = json.loads((folder / "config.json").read_text())
+    # what the operator pinned at launch, as the run's config.yaml holds it
+    pinned = yaml.safe_dump({**values, "num_hidden_layers": 3}, default_flow_style=True).strip()
+    with pytest.raises(
+        ConfigError, match=r"config.json changed since the run was launched \(num_hidden_layers differ"
+    ):
+        start(
+            tmp_path, dataset_uri, world_of_one, 1, f"model.hf={folder.as_uri()}", f"model.hf_config={pinned}"
+        )

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from airflow.sdk.exceptions import TaskDeferred
+from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
 from tests.trainops.cluster.fake_backend import use_fake_cluster
 from tests.trainops.operators.helpers import staged_dataset
@@ -219,3 +219,85 @@ def test_a_missing_source_or_production_is_refused(file_root, tmp_path, cluster,
     with pytest.raises(ValueError, match=r"no production version yet"):
         operator(file_root, "production", model_name=MODEL).execute(context)
     assert cluster.launched == []
+
+
+# --- model.hf: the folder's config.json pinned before launch --------------------------------------
+QWEN2 = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "vocab_size": 300,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+    "rms_norm_eps": 1e-6,
+}
+
+
+def hf_folder(uri: str, config: dict | None = QWEN2, weights: bool = True) -> str:
+    """A Hugging Face folder as the operator reads it: config.json and the weights' presence."""
+    storage = open_storage(uri)
+    if config is not None:
+        storage.put_json(join(uri, "config.json"), config)
+    if weights:
+        storage.put(join(uri, "model.safetensors"), b"not read before launch")
+    return uri
+
+
+def hf_operator(root: str, folder: str, **config):
+    data = staged_dataset(f"{root.rsplit('/', 1)[0]}/data/datasets/demo/abc")
+    return FSDPTrainingOperator(
+        task_id="train",
+        dataset={"uri": data},
+        storage_root=root,
+        trainer_config={"train.max_steps": 10, "train.seq_len": 32, "model.hf": folder, **config},
+    )
+
+
+def test_model_hf_is_pinned_in_the_written_config_and_sizes_the_run(file_root, tmp_path, cluster, context):
+    folder = hf_folder((tmp_path / "team-model").as_uri())
+    with pytest.raises(TaskDeferred):
+        hf_operator(file_root, folder).execute(context)
+    layout = RunLayout(run_prefix(file_root, "retrain", "manual__1", "train"))
+    written = yaml.safe_load(open_storage(file_root).get(layout.config))["model"]
+    assert (written["hf"], written["hf_config"]) == (folder, QWEN2)  # what every attempt builds
+    assert len(cluster.launched) == 1
+
+
+@pytest.mark.parametrize(
+    "config, weights, extra, message",
+    [
+        (
+            None,
+            True,
+            {},
+            r"model.hf='.*' holds no config.json; point model.hf at a Hugging Face model folder",
+        ),
+        (QWEN2, False, {}, r"holds neither model.safetensors nor model.safetensors.index.json"),
+        (
+            {**QWEN2, "model_type": "bert"},
+            True,
+            {},
+            r"model.hf='.*': config.json: model_type 'bert' is not supported; trainops trains llama, mistral, qwen2",
+        ),
+        (
+            {**QWEN2, "vocab_size": 200},
+            True,
+            {},
+            r"model.hf_config.vocab_size=200 is smaller than the vocabulary of the dataset's tokenizer \(257",
+        ),
+        (QWEN2, True, {"init.from": "s3://b/v/"}, r"the folder's weights are the run's initial weights"),
+    ],
+    ids=["no-config", "no-weights", "family", "vocabulary", "init-from"],
+)
+def test_a_model_hf_folder_that_cannot_train_fails_before_anything_is_written_or_launched(
+    file_root, tmp_path, cluster, context, config, weights, extra, message
+):
+    folder = hf_folder((tmp_path / "team-model").as_uri(), config, weights)
+    # a folder that is not there yet may be retried; a config that cannot train fails at once
+    with pytest.raises((ValueError, AirflowFailException), match=message):
+        hf_operator(file_root, folder, **extra).execute(context)
+    assert cluster.launched == []
+    assert open_storage(file_root).list(file_root) == []
