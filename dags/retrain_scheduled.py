@@ -7,8 +7,8 @@ active run at a time.
 touching code:
 
 - Airflow Variable `trainops_retrain` (JSON object), any of `dataset_uri`, `model_preset`,
-  `nodes`, `gpus_per_node`, `capacity`, `max_preemptions`, `lr`, `max_steps`, `warm_start`, with the same
-  meanings, limits and defaults as the `retrain_manual` form. Unset keys keep their defaults,
+  `hf_model`, `nodes`, `gpus_per_node`, `capacity`, `max_preemptions`, `lr`, `max_steps`,
+  `warm_start`, with the same meanings, limits and defaults as the `retrain_manual` form. Unset keys keep their defaults,
   which run on the embedded default: the demo dataset under the storage root (generated on
   first use), the tiny model, one CPU "node", 60 steps, and `warm_start` `auto`: training starts
   from the production version of `retrain-lm` when there is one, else from random weights (the

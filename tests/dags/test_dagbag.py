@@ -57,6 +57,7 @@ def test_retrain_manual_has_no_schedule_and_the_form(bag):
     assert set(dag.params) == {
         "dataset_uri",
         "model_preset",
+        "hf_model",
         "nodes",
         "gpus_per_node",
         "capacity",

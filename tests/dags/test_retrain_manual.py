@@ -32,6 +32,7 @@ def test_every_default_is_valid_and_runs_on_the_embedded_default(server_params, 
     assert values == {
         "dataset_uri": f"{storage}/raw/demo-text",
         "model_preset": "tiny",
+        "hf_model": "",
         "nodes": 1,
         "gpus_per_node": 0,
         "capacity": "spot",
@@ -60,6 +61,7 @@ def test_every_default_is_valid_and_runs_on_the_embedded_default(server_params, 
         ("dataset_uri", "raw/tickets"),  # not a URI
         ("dataset_uri", "file://relative/path"),
         ("model_preset", "huge"),
+        ("hf_model", "hf.co/Qwen/Qwen2-0.5B"),  # a hub name: trainops reads folders, never the hub
         ("nodes", 0),
         ("nodes", "2"),  # a string, not a number
         ("gpus_per_node", 17),

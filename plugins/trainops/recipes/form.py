@@ -1,6 +1,6 @@
 """The retraining settings: one schema for the trigger form, the Variable and the run plan.
 
-Settings are the same ten keys wherever they come from: the ``retrain_manual`` form (DAG
+Settings are the same eleven keys wherever they come from: the ``retrain_manual`` form (DAG
 params), or the ``trainops_retrain`` Variable for the unattended DAGs. Every key has a default
 that runs on the embedded default (``file://`` storage, the local cluster, a tiny model).
 
@@ -50,6 +50,16 @@ SETTINGS: dict[str, dict] = {
         "title": "Model size",
         "description": "A built-in Llama-style preset (python -m trainer presets). 'tiny' "
         "trains in seconds on a CPU; the larger ones need GPUs.",
+    },
+    "hf_model": {
+        "schema": {"type": "string", "pattern": r"^$|^(file:///|s3://[^/\s]+/)\S+$", "maxLength": 2048},
+        "default": "",
+        "title": "Hugging Face model",
+        "description": "Empty: train the preset above. Else the file:/// or s3:// URI of a Hugging "
+        "Face folder (config.json, safetensors weights, tokenizer files) of a Llama, Mistral or "
+        "Qwen2 causal LM: training starts from its weights (the trainer's model.hf), and 'Warm "
+        "start' must be auto or none. Checked before launch: the family, the shape, the weights, "
+        "and a vocabulary that holds the dataset's tokenizer.",
     },
     "nodes": {
         "schema": {"type": "integer", "minimum": 1, "maximum": 64},
@@ -195,15 +205,21 @@ def dataset_name_for(uri: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=-]", "_", name)
 
 
-def trainer_config(model_preset: str, lr: float, max_steps: int, warm_start: str = "none") -> dict:
+def trainer_config(
+    model_preset: str, lr: float, max_steps: int, warm_start: str = "none", hf_model: str = ""
+) -> dict:
     """The trainer config for a retraining run: small batches of 64-token windows, bf16,
     a warmup of a tenth of the run (at most 100 steps), a checkpoint every quarter of the run
     (every 10 to 200 steps), so a preemption costs at most that many steps; ``warm_start`` is
-    ``init.from`` (the training operator resolves ``auto`` and ``production``)."""
+    ``init.from`` (the training operator resolves ``auto`` and ``production``). ``hf_model``
+    (``model.hf``) replaces the preset, and starts from its own weights: ``auto`` is then
+    ``none``; any other warm start is refused by the trainer's rule, before launch."""
+    if hf_model and warm_start == "auto":
+        warm_start = "none"
     return {
         "init": {"from": warm_start},
         "precision": "bf16",
-        "model": {"preset": model_preset},
+        "model": {"hf": hf_model} if hf_model else {"preset": model_preset},
         "train": {
             "max_steps": max_steps,
             "micro_batch_size": 8,
@@ -229,6 +245,7 @@ def training_kwargs(settings: dict) -> dict:
             settings["lr"],
             settings["max_steps"],
             settings.get("warm_start", "none"),
+            settings.get("hf_model", ""),
         ),
     }
 

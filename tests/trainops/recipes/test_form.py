@@ -111,3 +111,16 @@ def test_a_warm_start_the_trainer_would_refuse_is_refused_by_the_form(warm):
 
 def test_unattended_runs_default_to_auto():
     assert form.defaults()["warm_start"] == "auto"
+
+
+def test_a_hugging_face_model_replaces_the_preset_and_starts_from_its_own_weights():
+    settings = form.check_settings({"hf_model": "s3://team-models/qwen2-0.5b/"}, source="test")
+    config = form.plan_run(settings)["trainer_config"]
+    assert (config["model"], config["init"]) == ({"hf": "s3://team-models/qwen2-0.5b/"}, {"from": "none"})
+    resolve_trainer_config({"run_uri": "file:///r", "data_uri": "file:///d", **config}, 1)
+    production = form.check_settings({"hf_model": "s3://m/q/", "warm_start": "production"}, source="test")
+    with pytest.raises(ValueError, match=r"init.from='production' with model.hf='s3://m/q/'"):
+        resolve_trainer_config(
+            {"run_uri": "file:///r", "data_uri": "file:///d", **form.plan_run(production)["trainer_config"]},
+            1,
+        )
