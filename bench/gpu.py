@@ -3,29 +3,35 @@
 1. ``matmul``: the bf16 matmul rate this device really reaches (a large GEMM).
 2. ``throughput``: the ``1b`` preset at sequence length 2048 in bf16 (FSDP2 mixed precision,
    world of one), activation checkpointing off and full x ``torch.compile`` off and on:
-   tokens/s, peak memory and MFU against 989 TFLOP/s (the H100/H200 SXM dense bf16 spec),
-   against 790 (the bf16 matmul ceiling measured on an H200) and against this run's matmul.
-3. ``seed_claim``: ``bert-large-size`` in fp32 (TF32 matmuls) without activation checkpointing
-   against bf16 with full activation checkpointing at the same micro batch: peak
-   ``torch.cuda.max_memory_allocated``, tokens/s (claimed: memory x0.5, throughput x1.7), and
-   the largest micro batch that fits in each mode (doubling, then bisection, out-of-memory
-   caught and freed; each probe a full training step).
-4. ``checkpoint``: the ``1b`` training state (weights and AdamW moments) saved by the trainer's
+   tokens/s, peak memory (allocated, and reserved: what ``nvidia-smi`` shows) and MFU against
+   989 TFLOP/s (the H100/H200 SXM dense bf16 spec), against 790 (the bf16 matmul ceiling
+   measured on an H200) and against this run's matmul; then the same shape as a Hugging Face
+   Llama (``model.hf_config``, transformers' model on the trainer), uncompiled, and its ratio.
+3. ``flops_check``: one step of the ``1b`` preset and of its Hugging Face twin counted by
+   ``torch.utils.flop_counter`` against the FLOPs per token the MFU figures use
+   (``trainer.flops``): the ratio says whether the MFU formula counts what the step does.
+4. ``seed_claim``: the seed's own statement, ``bert-large-size`` (sequence 512) in fp32 with
+   TF32 off at micro batch 8 against bf16 with full activation checkpointing at micro batch 16:
+   peak memory (allocated and reserved), tokens/s (claimed: memory x0.5, throughput x1.7);
+   fp32 with TF32 on at micro batch 8 beside them (what fp32 gives on defaults); and the
+   largest micro batch that fits in fp32 and in bf16 + AC (doubling, then bisection,
+   out-of-memory caught and freed; each probe a full training step).
+5. ``checkpoint``: the ``1b`` training state (weights and AdamW moments) saved by the trainer's
    ``Checkpointer`` to file:// on local disk: the time the loop is blocked per asynchronous save
    (the wait for a previous save included), in seconds and in steps, and the time of the
    emergency (synchronous) save.
-5. ``resume``: a fresh process that resumes from that committed checkpoint as an attempt does
+6. ``resume``: a fresh process that resumes from that committed checkpoint as an attempt does
    (fence, model built on the meta device, load) and takes one step: the time from its start
    to the end of that step, with its phases.
 
-Every section has a time cap and the sections a total budget (``--budget-s``, default 420 s,
-leaving a minute of the 8 a lent H200 gives for start-up and a compile that outlasts its
+Every section has a time cap and the sections a total budget (``--budget-s``, default 440 s,
+leaving 100 s of the 540 a run is given for start-up and a compile that outlasts its
 section); a section or row that would overrun is skipped with its reason in the JSON, and one
 that fails records its error (the exit status is then 1).
 
 It runs on the device's own Python and torch as they are (3.12 / 2.11 tested for): it imports
-torch, numpy and this checkout's ``trainer`` modules that need nothing else (no boto3, no
-Airflow, no safetensors, no yaml). ``--smoke`` runs every section on the CPU with the ``tiny``
+torch, numpy, transformers (the Hugging Face rows) and this checkout's ``trainer`` modules that
+need nothing else (no boto3, no Airflow, no safetensors, no yaml). ``--smoke`` runs every section on the CPU with the ``tiny``
 preset in seconds (``torch.compile`` with the eager backend there), so the script is checked
 without a GPU (tests/bench/test_gpu.py)::
 
@@ -73,7 +79,8 @@ class Plan:
     seq: int
     claim_seq: int
     micro_batch: int
-    claim_micro_batch: int
+    claim_fp32_micro_batch: int  # the seed's fp32 run
+    claim_bf16_micro_batch: int  # the seed's bf16 + activation checkpointing run
     ckpt_micro_batch: int
     steps: int
     warmup: int
@@ -93,7 +100,8 @@ REAL = Plan(
     seq=2048,
     claim_seq=512,
     micro_batch=8,
-    claim_micro_batch=16,
+    claim_fp32_micro_batch=8,
+    claim_bf16_micro_batch=16,
     ckpt_micro_batch=2,
     steps=8,
     warmup=2,
@@ -104,7 +112,14 @@ REAL = Plan(
     search_cap=4096,
     saves=3,
     save_every=10,
-    caps={"matmul": 10, "throughput": 150, "seed_claim": 90, "checkpoint": 90, "resume": 60},
+    caps={
+        "matmul": 10,
+        "throughput": 160,
+        "flops_check": 25,
+        "seed_claim": 105,
+        "checkpoint": 80,
+        "resume": 60,
+    },
 )
 SMOKE = Plan(
     big="tiny",
@@ -112,7 +127,8 @@ SMOKE = Plan(
     seq=32,
     claim_seq=32,
     micro_batch=2,
-    claim_micro_batch=2,
+    claim_fp32_micro_batch=2,
+    claim_bf16_micro_batch=4,
     ckpt_micro_batch=2,
     steps=1,
     warmup=1,
@@ -123,7 +139,14 @@ SMOKE = Plan(
     search_cap=4,
     saves=2,
     save_every=1,
-    caps={"matmul": 10, "throughput": 60, "seed_claim": 40, "checkpoint": 40, "resume": 60},
+    caps={
+        "matmul": 10,
+        "throughput": 60,
+        "flops_check": 30,
+        "seed_claim": 40,
+        "checkpoint": 40,
+        "resume": 60,
+    },
 )
 
 
@@ -253,7 +276,9 @@ class Trainee:
     """A preset built as the trainer builds it (meta device, sharded, then this rank's shards
     materialised and initialised on ``device``), its optimizer and LR schedule, and its step."""
 
-    def __init__(self, preset: str, precision: str, ac: str, compiled: bool, seq_len: int, device):
+    def __init__(
+        self, preset: str, precision: str, ac: str, compiled: bool, seq_len: int, device, hf: bool = False
+    ):
         import torch
 
         from trainer import parallel
@@ -261,18 +286,22 @@ class Trainee:
         from trainer.models.builder import build_model
         from trainer.optim import build_optimizer, build_scheduler
 
+        hf_config = hf_twin(preset, seq_len) if hf else None
         config = Config(
             precision=precision,
             seed=SEED,
-            model=ModelConfig(preset=preset),
+            model=ModelConfig(preset=preset, hf_config=hf_config),
             train=TrainConfig(seq_len=seq_len, activation_checkpointing=ac, compile=compiled),
         )
         with torch.device("meta"):
-            self.built = build_model(preset, None, VOCAB, seq_len)
+            self.built = build_model(preset, None, VOCAB, seq_len, hf_config=hf_config)
         self.model = self.built.model
         parallel.parallelize(self.model, self.built.block_names, config)
-        init_std = self.model.init_std  # the preset's own rule (trainer.models.llama.Transformer)
-        parallel.init_sharded(self.model, device, SEED, init_std)
+        init = self.built.meta_init  # the model's own rule: the preset's, or transformers'
+        assert init is not None
+        parallel.init_sharded(
+            self.model, device, SEED, init.std, fill_buffers=init.fill_buffers, zero_rows=init.zero_rows
+        )
         self.optimizer = build_optimizer(self.model, 1e-4, 0.1)
         self.scheduler = build_scheduler(self.optimizer, warmup_steps=10, max_steps=1000, min_lr_ratio=0.1)
         self.device, self.seq_len = device, seq_len
@@ -305,10 +334,44 @@ class Trainee:
         return times
 
 
+def hf_twin(preset: str, seq_len: int) -> dict[str, Any]:
+    """The preset's shape as a Hugging Face Llama ``config.json`` (``model.hf_config``)."""
+    from trainer.config.hf import llama_config_keys
+    from trainer.presets import PRESETS
+
+    args = PRESETS[preset].with_vocab(VOCAB)
+    return {"model_type": "llama", **llama_config_keys(args), "max_position_embeddings": seq_len}
+
+
 def peak_gib(device) -> float | None:
     import torch
 
     return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+
+
+def peak_reserved_gib(device) -> float | None:
+    """The caching allocator's peak reservation: what ``nvidia-smi`` shows the process using."""
+    import torch
+
+    return torch.cuda.max_memory_reserved(device) / 2**30 if device.type == "cuda" else None
+
+
+class tf32:
+    """Within the block, fp32 matmuls and convolutions run on TF32 tensor cores or not."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+
+    def __enter__(self):
+        import torch
+
+        self.saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = self.enabled
+
+    def __exit__(self, *exc):
+        import torch
+
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self.saved
 
 
 def reset_peak(device) -> None:
@@ -329,17 +392,20 @@ def measure(
     warmup: int,
     device,
     deadline: float,
+    hf: bool = False,
 ) -> dict[str, Any]:
-    """Tokens/s, FLOPs/token and peak memory of the trainer's step (weights, moments included)."""
+    """Tokens/s, FLOPs/token and peak memory of the trainer's step (weights, moments included);
+    ``hf``: the preset's Hugging Face twin (:func:`hf_twin`)."""
     import torch
 
     reset_peak(device)
-    trainee = Trainee(preset, precision, ac, compiled, seq_len, device)
+    trainee = Trainee(preset, precision, ac, compiled, seq_len, device, hf=hf)
     try:
         times = trainee.timed_steps(micro_batch, warmup, steps, deadline)
         step_s = statistics.median(times)
         return {
             "preset": preset,
+            "model": trainee.built.source,
             "precision": precision,
             "activation_checkpointing": ac,
             "compile": compiled,
@@ -351,6 +417,7 @@ def measure(
             "tokens_per_s": micro_batch * seq_len / step_s,
             "flops_per_token": trainee.built.flops_per_token(seq_len),
             "peak_mem_gib": peak_gib(device),
+            "peak_reserved_gib": peak_reserved_gib(device),
         }
     finally:
         del trainee
@@ -429,48 +496,132 @@ def section_throughput(
                 f"peak {r['peak_mem_gib'] or 0:.1f} GiB",
                 flush=True,
             )
-    return {"rows": rows, "rows_skipped": skipped}
+    hf_row = None
+    if time.monotonic() + (20 if device.type == "cuda" else 0) > deadline:
+        skipped.append({"model": "hf", "why": "section time cap"})
+    else:
+        hf_row = with_mfu(
+            measure(
+                plan.big,
+                "bf16",
+                "none",
+                False,
+                plan.micro_batch,
+                plan.seq,
+                plan.steps,
+                plan.warmup,
+                device,
+                deadline,
+                hf=True,
+            ),
+            measured,
+            spec,
+        )
+        preset_row = next(
+            (r for r in rows if (r["activation_checkpointing"], r["compile"]) == ("none", False)), None
+        )
+        if preset_row is not None:
+            hf_row["step_time_ratio_vs_preset"] = hf_row["step_s"] / preset_row["step_s"]
+        print(
+            f"{plan.big} as a Hugging Face Llama, bf16 seq {plan.seq}: {hf_row['tokens_per_s']:,.0f} tok/s, "
+            f"MFU {hf_row['mfu_vs_989']:.1%} of 989; step time x{hf_row.get('step_time_ratio_vs_preset', float('nan')):.3f} "
+            "of the preset's",
+            flush=True,
+        )
+    return {"rows": rows, "hf_row": hf_row, "rows_skipped": skipped}
+
+
+def counted_flops_per_token(preset: str, seq_len: int, device, hf: bool) -> tuple[float, float]:
+    """(FLOPs per token ``torch.utils.flop_counter`` counts in one training step at micro batch 1,
+    the trainer's formula for the same model)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    trainee = Trainee(preset, "bf16", "none", False, seq_len, device, hf=hf)
+    try:
+        trainee.step(1)  # outside the count: the optimizer's lazy state, the first-call setup
+        with FlopCounterMode(display=False) as counter:
+            trainee.step(1)
+        return counter.get_total_flops() / seq_len, trainee.built.flops_per_token(seq_len)
+    finally:
+        del trainee
+        free_memory(device)
+
+
+def section_flops_check(plan: Plan, device, deadline: float) -> dict:
+    out: dict[str, Any] = {}
+    for name, hf in (("preset", False), ("hf", True)):
+        if time.monotonic() > deadline:
+            out[name] = {"skipped": "section time cap"}
+            continue
+        counted, formula = counted_flops_per_token(plan.big, plan.seq, device, hf)
+        out[name] = {
+            "counted_per_token": counted,
+            "formula_per_token": formula,
+            "formula_over_counted": formula / counted,
+        }
+        print(
+            f"{plan.big} ({name}) seq {plan.seq}: flop_counter {counted:.4g} FLOPs/token, the MFU formula "
+            f"{formula:.4g}: x{formula / counted:.3f}",
+            flush=True,
+        )
+    return out
 
 
 def section_seed_claim(
     plan: Plan, device, deadline: float, measured: float | None, spec: float | None
 ) -> dict:
-    modes = (("fp32", "none"), ("bf16", "full"))
-    same_batch = []
-    for precision, ac in modes:
-        row = measure(
-            plan.claim,
-            precision,
-            ac,
-            False,
-            plan.claim_micro_batch,
-            plan.claim_seq,
-            plan.steps,
-            plan.warmup,
-            device,
-            deadline,
-        )
-        same_batch.append(with_mfu(row, measured, spec))
-    fp32, bf16 = same_batch
-    memory_ratio = bf16["peak_mem_gib"] / fp32["peak_mem_gib"] if fp32["peak_mem_gib"] else None
+    """The seed's statement: fp32 (TF32 off) at micro batch 8 against bf16 + full activation
+    checkpointing at micro batch 16; fp32 with TF32 on at 8 beside them."""
+    runs = (
+        ("fp32", "none", plan.claim_fp32_micro_batch, False),
+        ("bf16", "full", plan.claim_bf16_micro_batch, False),
+        ("fp32", "none", plan.claim_fp32_micro_batch, True),
+    )
+    rows = []
+    for precision, ac, micro_batch, use_tf32 in runs:
+        if rows and time.monotonic() > deadline:
+            break
+        with tf32(use_tf32):
+            row = measure(
+                plan.claim,
+                precision,
+                ac,
+                False,
+                micro_batch,
+                plan.claim_seq,
+                plan.steps,
+                plan.warmup,
+                device,
+                deadline,
+            )
+        rows.append({**with_mfu(row, measured, spec), "tf32": use_tf32 if precision == "fp32" else None})
+    fp32, bf16 = rows[0], rows[1]
+
+    def ratio(key: str) -> float | None:
+        return bf16[key] / fp32[key] if fp32.get(key) else None
+
+    memory, reserved = ratio("peak_mem_gib"), ratio("peak_reserved_gib")
     speedup = bf16["tokens_per_s"] / fp32["tokens_per_s"]
     print(
-        f"{plan.claim} micro batch {plan.claim_micro_batch}: fp32 (TF32 matmuls), no AC -> bf16, full AC: "
-        f"memory x{memory_ratio or float('nan'):.2f}, throughput x{speedup:.2f} (claimed: x0.5 and x1.7)",
+        f"{plan.claim} seq {plan.claim_seq}: fp32 (TF32 off) micro batch {plan.claim_fp32_micro_batch} -> bf16 + "
+        f"full AC micro batch {plan.claim_bf16_micro_batch}: memory x{memory or float('nan'):.2f} allocated, "
+        f"x{reserved or float('nan'):.2f} reserved; throughput x{speedup:.2f} (claimed: x0.5 and x1.7)",
         flush=True,
     )
     largest = {}
+    modes = (("fp32", "none"), ("bf16", "full"))
     for i, (precision, ac) in enumerate(modes):
         share_end = time.monotonic() + (deadline - time.monotonic()) / (len(modes) - i)
         fits = fits_in_memory(plan.claim, precision, ac, plan.claim_seq, device)
         try:
-            found = largest_fitting(
-                fits,
-                plan.search_start,
-                plan.search_cap,
-                lambda end=share_end: end - time.monotonic(),
-                probe_s=same_batch[i]["step_s"] * 2,  # a rebuild and a step
-            )
+            with tf32(False):
+                found = largest_fitting(
+                    fits,
+                    plan.search_start,
+                    plan.search_cap,
+                    lambda end=share_end: end - time.monotonic(),
+                    probe_s=rows[i]["step_s"] * 2,  # a rebuild and a step
+                )
         finally:
             fits.release()  # type: ignore[attr-defined]
         largest[f"{precision}_ac_{ac}"] = found
@@ -480,9 +631,9 @@ def section_seed_claim(
             flush=True,
         )
     return {
-        "tf32_for_fp32": True,
-        "same_batch": same_batch,
-        "memory_ratio_bf16_ac_over_fp32": memory_ratio,
+        "rows": rows,
+        "memory_ratio_bf16_ac_over_fp32": memory,
+        "reserved_ratio_bf16_ac_over_fp32": reserved,
         "throughput_ratio_bf16_ac_over_fp32": speedup,
         "largest_micro_batch": largest,
     }
@@ -724,10 +875,10 @@ def main() -> None:
     p.add_argument("--out", default=os.environ.get("OUT") or str(Path(__file__).parent / "results"))
     p.add_argument("--smoke", action="store_true", help="CPU, tiny preset, few steps: check the script")
     p.add_argument(
-        "--budget-s", type=float, default=None, help="the sections' seconds in all (default 420; smoke 200)"
+        "--budget-s", type=float, default=None, help="the sections' seconds in all (default 440; smoke 200)"
     )
     p.add_argument("--scratch", default=None, help="local-disk folder for checkpoints (default: a temp dir)")
-    p.add_argument("--sections", default="matmul,throughput,seed_claim,checkpoint,resume")
+    p.add_argument("--sections", default="matmul,throughput,flops_check,seed_claim,checkpoint,resume")
     p.add_argument("--resume-child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--child-preset", default="1b", help=argparse.SUPPRESS)
     p.add_argument("--child-seq", type=int, default=2048, help=argparse.SUPPRESS)
@@ -745,12 +896,12 @@ def main() -> None:
     if not a.smoke and not torch.cuda.is_available():
         sys.exit("bench/gpu.py needs CUDA (use --smoke to check it on the CPU)")
     plan = SMOKE if a.smoke else REAL
-    budget = Budget(a.budget_s or (200.0 if a.smoke else 420.0))
+    budget = Budget(a.budget_s or (200.0 if a.smoke else 440.0))
     wanted = set(a.sections.split(","))
     if a.smoke:
         torch.set_num_threads(min(2, torch.get_num_threads()))
         use_eager_compile()
-    torch.backends.cuda.matmul.allow_tf32 = True  # fp32 rows run on TF32 tensor cores
+    torch.backends.cuda.matmul.allow_tf32 = True  # fp32 runs on TF32 unless a row says otherwise
     torch.backends.cudnn.allow_tf32 = True
     env = parallel.init_distributed()  # a world of one, as FSDP2 wants a process group
     device = env.device
@@ -774,6 +925,7 @@ def main() -> None:
     sections: dict[str, Callable[[float], Any]] = {
         "matmul": lambda d: section_matmul(plan, device, d),
         "throughput": lambda d: section_throughput(plan, device, d, measured(), spec_tflops),
+        "flops_check": lambda d: section_flops_check(plan, device, d),
         "seed_claim": lambda d: section_seed_claim(plan, device, d, measured(), spec_tflops),
         "checkpoint": lambda d: section_checkpoint(plan, device, d, scratch),
         "resume": lambda d: section_resume(plan, d, scratch, results.get("checkpoint") or {}),

@@ -100,7 +100,7 @@ def test_smoke_runs_every_section_on_the_cpu_without_boto3_or_airflow(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads(out.read_text())
-    for section in ("matmul", "throughput", "seed_claim", "checkpoint", "resume"):
+    for section in ("matmul", "throughput", "flops_check", "seed_claim", "checkpoint", "resume"):
         assert "skipped" not in results[section] and "error" not in results[section], results[section]
     rows = results["throughput"]["rows"]
     assert results["throughput"]["rows_skipped"] == []
@@ -111,8 +111,20 @@ def test_smoke_runs_every_section_on_the_cpu_without_boto3_or_airflow(tmp_path):
         ("full", True),
     }
     assert all(r["mfu_vs_989"] > 0 and r["mfu_vs_790"] > 0 for r in rows)
+    hf_row = results["throughput"]["hf_row"]  # the preset's shape as a Hugging Face Llama
+    assert (hf_row["model"], hf_row["params"]) == ("hf llama", rows[0]["params"])
+    assert hf_row["step_time_ratio_vs_preset"] > 0
+    for model in ("preset", "hf"):  # the MFU formula against torch's own count of one step
+        check = results["flops_check"][model]
+        assert 0.5 < check["formula_over_counted"] < 2.0, check
     claim = results["seed_claim"]
-    assert [r["precision"] for r in claim["same_batch"]] == ["fp32", "bf16"]
+    assert [
+        (r["precision"], r["activation_checkpointing"], r["micro_batch"], r["tf32"]) for r in claim["rows"]
+    ] == [
+        ("fp32", "none", 2, False),
+        ("bf16", "full", 4, None),
+        ("fp32", "none", 2, True),
+    ]
     assert set(claim["largest_micro_batch"]) == {"fp32_ac_none", "bf16_ac_full"}
     assert all(found["largest_fitting"] >= 2 for found in claim["largest_micro_batch"].values())
     ckpt = results["checkpoint"]
