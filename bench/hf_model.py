@@ -134,7 +134,9 @@ def main() -> None:
     out = print if a.env.is_main else (lambda *args, **kwargs: None)
     args = PRESETS[a.preset].with_vocab(a.vocab)
     hf_config = {"model_type": "llama", **llama_config_keys(args), "max_position_embeddings": a.seq_len}
-    tokens = torch.randint(0, a.vocab, (a.micro_batch, a.seq_len + 1), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(
+        0, a.vocab, (a.micro_batch, a.seq_len + 1), generator=torch.Generator().manual_seed(0)
+    )
     runners = [
         trainer_runner("preset", a, tokens, ModelConfig(preset=a.preset)),
         trainer_runner("hf", a, tokens, ModelConfig(hf_config=hf_config)),

@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -339,6 +339,8 @@ class TrainBatches:
         (:class:`DeviceFeed` sets it on CUDA; on a CPU-only host pinning fails or wastes).
     """
 
+    masked = False  # every target carries loss (a record task's batches say True)
+
     def __init__(
         self,
         stream: TokenStream,
@@ -372,8 +374,22 @@ class TrainBatches:
         return windows
 
 
+class Batches(Protocol):
+    """What :class:`DeviceFeed` reads from: :class:`TrainBatches` (token windows) or
+    ``trainer.records.RecordBatches`` (a record task's samples)."""
+
+    pin_memory: bool
+    masked: bool  # whether targets carry IGNORE_INDEX (the loss is then a masked mean)
+
+    def micro_batch(self, cursor: int, micro_step: int) -> torch.Tensor: ...
+
+
 def inputs_and_targets(windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A micro-batch's inputs and targets: the targets are the inputs shifted by one token."""
+    """A micro-batch's inputs and targets: the targets are the inputs shifted by one token. A
+    record task's micro-batch (``trainer.records``) has two channels, tokens and labels: the
+    targets are then the labels, shifted alike."""
+    if windows.dim() == 3:
+        return windows[:, 0, :-1], windows[:, 1, 1:]
     return windows[:, :-1], windows[:, 1:]
 
 
@@ -389,7 +405,7 @@ class DeviceFeed:
     next one the loop asks for.
     """
 
-    def __init__(self, batches: TrainBatches, device: torch.device):
+    def __init__(self, batches: Batches, device: torch.device):
         self.batches, self.device = batches, device
         self.cuda = device.type == "cuda"
         batches.pin_memory = self.cuda

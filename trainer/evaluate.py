@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from trainer import data
 from trainer.config import Config, resolved_eval_uris
-from trainer.contract import ENV_GPUS_PER_NODE
+from trainer.contract import ENV_GPUS_PER_NODE, RECORD_TASKS, dataset_task
 from trainer.export.folder import load_model
 from trainer.storage import open_storage
 
@@ -175,6 +175,12 @@ def run_evaluate(config: Config) -> dict:
     model_uri, output_uri = resolved_eval_uris(config)
     data_storage = open_storage(config.data_uri)
     manifest = data.read_manifest(data_storage, config.data_uri)
+    task = dataset_task(manifest)
+    if task in RECORD_TASKS:
+        raise data.DataError(
+            f"dataset {config.data_uri} was staged for task {task!r}, and evaluating a model on it is not "
+            "built yet (issue #27): its loss would score the prompts too; evaluate on a causal_lm dataset"
+        )
     stream = data.open_split(data_storage, config.data_uri, manifest, "eval")
     records, columns = data.read_eval_index(data_storage, config.data_uri, manifest)
     candidate = evaluate_export(model_uri, stream, records, columns, config)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer import parallel
+from trainer.contract import IGNORE_INDEX
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
@@ -29,19 +30,31 @@ def forward_backward(
     accum_steps: int,
     scaler: ShardedGradScaler | None = None,
     skip_grad_sync: bool = False,
+    masked: bool = False,
 ) -> torch.Tensor:
     """Backward every micro-batch of one step; the step's mean loss on this rank (a 0-d tensor).
 
     Each micro-batch's loss is divided by ``accum_steps`` and FSDP averages over ranks, so the
     gradients are those of the mean loss over the global batch. With ``skip_grad_sync`` only the
     last micro-step reduce-scatters; the earlier ones accumulate unsharded gradients locally.
+
+    :param masked: the targets hold ``IGNORE_INDEX`` where a position carries no loss (a prompt's
+        tokens, padding): a micro-batch's loss is then the mean over its other positions, and 0
+        for a micro-batch that has none (no host sync to find out: the count is clamped to 1).
     """
     loss_sum: torch.Tensor | None = None
     for micro, (inputs, targets) in enumerate(micro_batches):
         if skip_grad_sync:
             parallel.set_gradient_sync(model, micro == accum_steps - 1)
         logits = model(inputs)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()) / accum_steps
+        flat = targets.flatten()
+        if masked:
+            counted = (flat != IGNORE_INDEX).sum().clamp(min=1)
+            loss = (
+                F.cross_entropy(logits.float().flatten(0, 1), flat, reduction="sum") / counted / accum_steps
+            )
+        else:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), flat) / accum_steps
         (scaler.scale(loss) if scaler is not None else loss).backward()
         loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
     if skip_grad_sync:

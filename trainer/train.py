@@ -33,11 +33,19 @@ from trainer.checkpoint.fence import Fenced, raise_fence
 from trainer.checkpoint.save import Checkpointer, on_rank0
 from trainer.checkpoint.warm_start import pinned_hf_config, warm_start
 from trainer.config import Config, accumulation_steps, check_data_fit
-from trainer.contract import AttemptRecord, RunLayout, attempt_record_line
+from trainer.contract import (
+    RECORD_TASKS,
+    AttemptRecord,
+    RunLayout,
+    attempt_record_line,
+    dataset_task,
+    split_records,
+)
 from trainer.export.folder import join_export, write_export
 from trainer.flops import mfu, peak_flops
 from trainer.models.builder import BuiltModel, build_model
 from trainer.optim import build_optimizer, build_scheduler
+from trainer.records import RecordBatches, check_records, read_records
 from trainer.runtime import heartbeat
 from trainer.runtime.attempts import (
     Attempt,
@@ -87,7 +95,7 @@ class Training:
     optimizer: torch.optim.Optimizer
     scheduler: LRScheduler
     scaler: ShardedGradScaler | None  # fp16 only
-    batches: data.TrainBatches
+    batches: data.TrainBatches | RecordBatches
     feed: data.DeviceFeed  # ``batches`` on the device, one micro-batch ahead
     host_group: dist.ProcessGroup  # gloo, for the stop flag (``parallel.host_group``)
     accum: int  # micro-steps per optimizer step on this world size
@@ -303,8 +311,18 @@ def _train_data(config: Config, env: parallel.DistEnv) -> tuple[Storage, dict[st
     data_storage = open_storage(config.data_uri)  # the dataset may live on another scheme than the run
     manifest = data.read_manifest(data_storage, config.data_uri)
     train_tokens, dataset_vocab = data.manifest_numbers(manifest, config.data_uri)
+    try:
+        task = dataset_task(manifest)
+    except ValueError as exc:
+        raise data.DataError(f"{config.data_uri}: {exc}") from None
+    records = split_records(manifest, "train")
     check_data_fit(
-        config, train_tokens=train_tokens, tokenizer_vocab=dataset_vocab, world_size=env.world_size
+        config,
+        train_tokens=train_tokens,
+        tokenizer_vocab=dataset_vocab,
+        world_size=env.world_size,
+        dataset_task=task,
+        train_records=int(records.get("count", 0)) if records else None,
     )
     return data_storage, manifest, config.model.vocab_size or dataset_vocab
 
@@ -316,15 +334,16 @@ def _train_batches(
     manifest: dict[str, Any],
     state: TrainState,
     global_batch: int,
-) -> data.TrainBatches:
+) -> data.TrainBatches | RecordBatches:
     """This rank's batches of the train split, from the resumed ``state`` on: only the shards the
-    remaining steps read are fetched (each once per node); the shards must hold what the
-    manifest says."""
+    remaining steps read are fetched (each once per node; every shard for a record task); the
+    shards must hold what the manifest says."""
     t = config.train
     train_tokens, _ = data.manifest_numbers(manifest, config.data_uri)
     shards = data.split_info(manifest, "train", config.data_uri)["shards"]
     only = None
-    if all("tokens" in shard for shard in shards):  # a manifest without them: fetch every shard
+    records = config.task.kind in RECORD_TASKS
+    if not records and all("tokens" in shard for shard in shards):  # else: fetch every shard
         remaining = data.remaining_positions(state.cursor, state.step, t.max_steps, global_batch)
         only = data.shards_read([int(s["tokens"]) for s in shards], t.seq_len, config.seed, remaining)
         log.info("data: %d of %d train shards are read by the remaining steps", len(only), len(shards))
@@ -333,6 +352,19 @@ def _train_batches(
         raise data.DataError(
             f"the train split of {config.data_uri} holds {len(stream)} tokens in its shards, but its "
             f"manifest says {train_tokens}; re-stage the dataset"
+        )
+    if records:
+        rows = read_records(data_storage, config.data_uri, manifest, "train")
+        check_records(rows, len(stream), config.data_uri)
+        return RecordBatches(
+            stream,
+            rows,
+            config.task.kind,
+            t.seq_len,
+            config.seed,
+            t.micro_batch_size,
+            env.world_size,
+            env.rank,
         )
     return data.TrainBatches(stream, t.seq_len, config.seed, t.micro_batch_size, env.world_size, env.rank)
 
@@ -365,7 +397,9 @@ def train_step(tr: Training, flag: StopFlag) -> StepResult:
         if not last:
             tr.feed.prefetch(state.cursor + tr.global_batch, 0)
 
-    loss = forward_backward(tr.model, micro_batches(), tr.accum, tr.scaler, t.skip_grad_sync_in_accum)
+    loss = forward_backward(
+        tr.model, micro_batches(), tr.accum, tr.scaler, t.skip_grad_sync_in_accum, tr.batches.masked
+    )
     apply_gradients(tr.model, tr.optimizer, tr.scheduler, tr.scaler, t.grad_clip)
     state.step, state.cursor = state.step + 1, state.cursor + tr.global_batch
     tr.attempt.last_step = state.step

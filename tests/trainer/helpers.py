@@ -100,6 +100,57 @@ def write_config(path: Path, **values) -> Path:
     return path
 
 
+def instructions(count: int, seed: int) -> list[tuple[str, str]]:
+    """(prompt, response) records: a question about a templated sentence and its answer, the
+    answer learnable from the prompt."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        subject, verb, obj = rng.choice(SUBJECTS), rng.choice(VERBS), rng.choice(OBJECTS)
+        out.append((f"Q: who {verb} {obj}? ({subject} {verb} {obj}.)\nA:", f" {subject}."))
+    return out
+
+
+def write_records(root: Path, split: str, rows: list[tuple[int, int, int]]) -> dict:
+    """A record task's ``<split>/records.bin`` (trainer.contract.tasks) and its manifest entry."""
+    data = np.array(rows, dtype="<i8").reshape(-1, 3).tobytes()
+    (root / split).mkdir(parents=True, exist_ok=True)
+    (root / split / "records.bin").write_bytes(data)
+    return {"path": f"{split}/records.bin", "count": len(rows), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def write_sft_dataset(
+    root: Path, *, train_records: int = 600, eval_records: int = 60, shard_tokens: int = 20000, seed: int = 0
+) -> str:
+    """A staged ``sft`` dataset version (prompt/response records, byte tokens); its file:// URI."""
+    root.mkdir(parents=True, exist_ok=True)
+    splits = {}
+    for split, count, offset in (("train", train_records, 0), ("eval", eval_records, 1)):
+        tokens: list[int] = []
+        rows = []
+        for prompt, response in instructions(count, seed + offset):
+            start, prompt_tokens = len(tokens), list(prompt.encode("utf-8"))
+            tokens += prompt_tokens + encode(response)
+            rows.append((start, len(tokens) - start, len(prompt_tokens)))
+        splits[split] = {
+            "tokens": len(tokens),
+            "shards": write_shards(root, split, np.array(tokens), shard_tokens),
+            "records": write_records(root, split, rows),
+        }
+    manifest = {
+        "format": "trainops.dataset/v1",
+        "name": "instructions",
+        "version": "test",
+        "task": {"kind": "sft"},
+        "tokenizer": {"kind": "byte", "vocab_size": 257, "eos_id": EOS},
+        "token_dtype": "uint16",
+        "splits": splits,
+        "rows": {"total": train_records + eval_records, "train": train_records, "eval": eval_records},
+    }
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return root.as_uri()
+
+
 # --- running the trainer ------------------------------------------------------------------
 REPO = Path(__file__).resolve().parents[2]
 

@@ -14,7 +14,8 @@ with ``-m``).
   every storage call of the process fails as the client would after its retries, as in an
   outage that outlasts them.
 
-All wrap ``TrainBatches.micro_batch`` (and, for the blackout, the storage the trainer opens);
+All wrap ``TrainBatches.micro_batch`` and ``RecordBatches.micro_batch`` (and, for the
+blackout, the storage the trainer opens);
 the trainer runs unchanged otherwise.
 """
 
@@ -28,7 +29,7 @@ import time
 from pathlib import Path
 
 from tests.trainer.helpers import ForwardingStorage
-from trainer import data, train
+from trainer import data, records, train
 from trainer.cli import main
 from trainer.contract import RunLayout
 from trainer.storage import StorageUnavailable
@@ -71,13 +72,6 @@ def go_dark_after(step: int) -> None:
 
 
 def install() -> None:
-    original = data.TrainBatches.micro_batch
-    samples_dir = os.environ.get("TRAINOPS_TEST_SAMPLES_DIR")
-    sigterm_at = os.environ.get("TRAINOPS_TEST_SIGTERM_AT")
-    target = tuple(int(x) for x in sigterm_at.split(":")) if sigterm_at else None
-    signalled_rank = target[2] if target is not None and len(target) > 2 else None
-    pause_at = os.environ.get("TRAINOPS_TEST_PAUSE_AT")
-    pause = (int(pause_at.split(":", 1)[0]), Path(pause_at.split(":", 1)[1])) if pause_at else None
     blackout_at = os.environ.get("TRAINOPS_TEST_BLACKOUT_AT")
     blackout = tuple(int(x) for x in blackout_at.split(":")) if blackout_at else None
     if blackout is not None:
@@ -88,6 +82,18 @@ def install() -> None:
             return Blackout(opened(uri, **options))
 
         train.open_storage = open_storage
+    for batches in (data.TrainBatches, records.RecordBatches):  # token windows, a record task's samples
+        instrument(batches, blackout)
+
+
+def instrument(batches: type, blackout: tuple[int, ...] | None) -> None:
+    original = batches.micro_batch
+    samples_dir = os.environ.get("TRAINOPS_TEST_SAMPLES_DIR")
+    sigterm_at = os.environ.get("TRAINOPS_TEST_SIGTERM_AT")
+    target = tuple(int(x) for x in sigterm_at.split(":")) if sigterm_at else None
+    signalled_rank = target[2] if target is not None and len(target) > 2 else None
+    pause_at = os.environ.get("TRAINOPS_TEST_PAUSE_AT")
+    pause = (int(pause_at.split(":", 1)[0]), Path(pause_at.split(":", 1)[1])) if pause_at else None
 
     def micro_batch(self, cursor: int, micro_step: int):
         if target is not None and target[:2] == (cursor, micro_step) and signalled_rank in (None, self.rank):
@@ -117,7 +123,7 @@ def install() -> None:
                 )
         return original(self, cursor, micro_step)
 
-    data.TrainBatches.micro_batch = micro_batch
+    batches.micro_batch = micro_batch
 
 
 if __name__ == "__main__":  # the guard matters: async checkpointing may re-import the main module

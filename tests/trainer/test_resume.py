@@ -157,3 +157,83 @@ def test_a_signal_to_one_rank_stops_both_after_the_same_step(tmp_path, dataset_u
         read = [r for r in samples_read(samples, 1) if r["positions"][0] // 4 % 2 == rank]
         assert max(r["cursor"] for r in read) == cursor_before(8), rank
     assert positions(samples_read(samples, 1)) == Counter(range(8 * GLOBAL_BATCH))
+
+
+# --- a record task: sft --------------------------------------------------------------------------
+SFT_STEPS = 12
+SFT_OVERRIDES = (
+    "task.kind=sft",
+    f"train.max_steps={SFT_STEPS}",
+    "train.seq_len=80",
+    "checkpoint.every_steps=4",
+)
+
+
+@pytest.fixture(scope="module")
+def sft_dataset(tmp_path_factory) -> str:
+    from tests.trainer.helpers import write_sft_dataset
+
+    return write_sft_dataset(tmp_path_factory.mktemp("sft") / "datasets" / "instructions" / "v1")
+
+
+def sft_train(config, tmp_path, attempt: int, **instruments: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        torchrun_argv(config, *SFT_OVERRIDES, module=INSTRUMENTED),
+        env=trainer_env(tmp_path / "cache", attempt, **instruments),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def test_an_sft_run_preempted_then_killed_resumes_bitwise_identical(tmp_path, sft_dataset):
+    """Prompt/response records, the loss on the responses: an uninterrupted run, then one
+    stopped by SIGTERM inside step 2 (it stops after step 3, checkpointed), resumed and killed
+    (SIGKILL, the gang) while held in step 9 after the step-8 commit, resumed to the end."""
+    import os
+    import signal
+    import time
+
+    from tests.trainer.helpers import committed_steps
+
+    (tmp_path / "reference").mkdir()
+    reference, _ = run_config(tmp_path / "reference", sft_dataset, "run")
+    done = sft_train(reference, tmp_path / "reference", 1)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    losses = metrics_of(tmp_path / "reference" / "run")
+    assert losses[SFT_STEPS]["loss"] < losses[1]["loss"] - 1.0  # the answers are learnt
+
+    config, _ = run_config(tmp_path, sft_dataset, "run")
+    run, held = tmp_path / "run", tmp_path / "held"
+    held.mkdir()
+    first = sft_train(config, tmp_path, 1, sigterm_at=f"{cursor_before(2)}:1")
+    assert first.returncode == 1, first.stdout[-3000:] + first.stderr[-3000:]
+    record = read_json(run / "attempts" / "1.json")
+    assert (record["outcome"], record["last_step"], record["steps_lost"]) == ("preempted", 3, 0)
+    proc = subprocess.Popen(
+        torchrun_argv(config, *SFT_OVERRIDES, module=INSTRUMENTED),
+        env=trainer_env(tmp_path / "cache", 2, pause_at=f"{cursor_before(10)}:{held}"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (len(list(held.glob("paused_a2_r*"))) == 2 and 8 in committed_steps(run)):
+            assert proc.poll() is None, "attempt 2 ended before it was held"
+            assert time.monotonic() < deadline, "attempt 2 was never held after the step-8 commit"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    third = sft_train(config, tmp_path, 3)
+    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
+    record = read_json(run / "attempts" / "3.json")
+    assert (record["outcome"], record["resumed_from_step"], record["last_step"]) == (
+        "completed",
+        8,
+        SFT_STEPS,
+    )
+    assert (run / "export" / "model.safetensors").read_bytes() == (
+        tmp_path / "reference" / "run" / "export" / "model.safetensors"
+    ).read_bytes()

@@ -21,7 +21,14 @@ from typing import Any, cast
 
 from trainer.config.errors import ConfigError
 from trainer.config.hf import hf_config_problem, hf_shape
-from trainer.contract import RunLayout
+from trainer.contract import (
+    RECORD_TASKS,
+    TASK_CAUSAL_LM,
+    TASK_CLASSIFICATION,
+    TASK_KINDS,
+    TASK_SFT,
+    RunLayout,
+)
 from trainer.presets import PRESETS, ModelArgs
 from trainer.storage import NotFound, open_storage
 
@@ -39,6 +46,14 @@ class ModelConfig:
     # model its config.json describes, starting from its weights. The operator pins the folder's
     # config.json into hf_config before launch; the trainer checks the folder still says the same.
     hf: str = ""
+
+
+@dataclass
+class TaskConfig:
+    # What the run learns (trainer.contract.tasks): causal_lm, next-token loss on the staged token
+    # stream; sft, prompt/response records, the loss on the response only. The dataset must have
+    # been staged for the same task.
+    kind: str = TASK_CAUSAL_LM
 
 
 @dataclass
@@ -134,6 +149,7 @@ class Config:
     precision: str = "bf16"
     resume: str = "auto"
     model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -169,6 +185,7 @@ CHOICES = {
     "model.preset": tuple(PRESETS),
     "train.activation_checkpointing": ("none", "full", "selective"),
     "export.dtype": ("bf16", "fp32"),
+    "task.kind": TASK_KINDS,
 }
 # Values older configs used, read as their new spelling without a warning.
 ALIASES = {"train.activation_checkpointing": {True: "full", False: "none"}}
@@ -330,6 +347,11 @@ def validate(config: Config) -> Config:
             f"train.min_lr_ratio: expected a number between 0 and 1, got {config.train.min_lr_ratio!r}"
         )
     _check_model(config)
+    if config.task.kind == TASK_CLASSIFICATION:
+        raise ConfigError(
+            "task.kind='classification' is not built yet (the encoder classifiers come with issue #27): "
+            f"train {TASK_CAUSAL_LM} or {TASK_SFT}"
+        )
     for key in AUTO_OR_COUNT:
         _auto_or_count(key, get_key(config, key))
     init_source(config.init.from_)
@@ -550,13 +572,27 @@ def samples_in(tokens: int, seq_len: int) -> int:
     return max(0, (tokens - 1) // seq_len)
 
 
-def check_data_fit(config: Config, *, train_tokens: int, tokenizer_vocab: int, world_size: int) -> None:
+def check_data_fit(
+    config: Config,
+    *,
+    train_tokens: int,
+    tokenizer_vocab: int,
+    world_size: int,
+    dataset_task: str = TASK_CAUSAL_LM,
+    train_records: int | None = None,
+) -> None:
     """Raise ConfigError when the dataset ``config.data_uri`` cannot feed ``config`` on
-    ``world_size`` ranks: a model vocabulary smaller than the tokenizer's, a window
-    (``train.seq_len + 1`` tokens) longer than the train split, or fewer samples than one
-    micro-batch takes. Pure: the numbers come from the dataset's manifest, so the operator
-    can refuse before launching and the trainer before building the model."""
+    ``world_size`` ranks: staged for another task, a model vocabulary smaller than the
+    tokenizer's, a window (``train.seq_len + 1`` tokens) longer than the train split, or fewer
+    samples than one micro-batch takes (a record task's samples are its ``train_records``).
+    Pure: the numbers come from the dataset's manifest, so the operator can refuse before
+    launching and the trainer before building the model."""
     data, t, vocab = config.data_uri, config.train, model_vocab(config)
+    if dataset_task != config.task.kind:
+        raise ConfigError(
+            f"task.kind={config.task.kind!r}, but dataset {data} was staged for task {dataset_task!r}: "
+            f"stage the data for {config.task.kind!r}, or set task.kind={dataset_task}"
+        )
     if vocab and vocab < tokenizer_vocab:
         if config.model.hf_config is not None:
             raise ConfigError(
@@ -569,6 +605,9 @@ def check_data_fit(config: Config, *, train_tokens: int, tokenizer_vocab: int, w
             f"({tokenizer_vocab}, {data}); set model.vocab_size=0 to take the dataset's, or at least "
             f"{tokenizer_vocab}"
         )
+    if dataset_task in RECORD_TASKS:
+        _check_records_fit(config, train_records or 0, world_size)
+        return
     window = t.seq_len + 1
     if train_tokens < window:
         fix = (
@@ -587,6 +626,16 @@ def check_data_fit(config: Config, *, train_tokens: int, tokenizer_vocab: int, w
             f"{t.seq_len}, fewer than one micro-step takes (train.micro_batch_size={t.micro_batch_size} x "
             f"world size {world_size} = {per_micro_step}); lower train.seq_len or train.micro_batch_size, "
             "or stage more data"
+        )
+
+
+def _check_records_fit(config: Config, records: int, world_size: int) -> None:
+    t, per_micro_step = config.train, config.train.micro_batch_size * world_size
+    if records < per_micro_step:
+        raise ConfigError(
+            f"the train split of {config.data_uri} has {records} records, fewer than one micro-step takes "
+            f"(train.micro_batch_size={t.micro_batch_size} x world size {world_size} = {per_micro_step}); "
+            "lower train.micro_batch_size, or stage more data"
         )
 
 

@@ -14,6 +14,8 @@ attempt records; the trainer to honour them. Its parts, in order:
    ``metrics/part-<attempt>-<n>.jsonl`` (the previous version's ``metrics.jsonl`` is still
    read); the one reader is there, :class:`MetricsReader`.
 6. Heartbeats (``heartbeat``): ``heartbeat/<n>.json``, attempt n's latest step, for hang detection.
+7. Tasks (``tasks``): what a staged dataset's samples are (token windows; prompt/response
+   records whose response alone is scored), and where a record task's records are listed.
 """
 
 from trainer.contract.heartbeat import (
@@ -81,6 +83,18 @@ from trainer.contract.records import (
     attempt_record_line,
     parse_attempt_record,
 )
+from trainer.contract.tasks import (
+    IGNORE_INDEX,
+    RECORD_FIELDS,
+    RECORD_TASKS,
+    RECORDS_DTYPE,
+    TASK_CAUSAL_LM,
+    TASK_CLASSIFICATION,
+    TASK_KINDS,
+    TASK_SFT,
+    dataset_task,
+    split_records,
+)
 
 CONTRACT_VERSION = 1
 
@@ -103,14 +117,22 @@ __all__ = [
     "ENV_REGION",
     "ENV_S3_ENDPOINT",
     "HASH_MARK",
+    "IGNORE_INDEX",
     "MANIFEST_FORMAT",
     "MANIFEST_NAME",
     "MAX_NAME",
     "MAX_SEGMENT",
     "METRICS_DIR",
     "OUTCOMES",
+    "RECORDS_DTYPE",
+    "RECORD_FIELDS",
+    "RECORD_TASKS",
     "SHARED_MODULES",
     "SPLITS",
+    "TASK_CAUSAL_LM",
+    "TASK_CLASSIFICATION",
+    "TASK_KINDS",
+    "TASK_SFT",
     "TRAINER_COMMANDS",
     "AttemptRecord",
     "Cause",
@@ -128,6 +150,7 @@ __all__ = [
     "check_name",
     "checkpoint_step_of",
     "dataset_prefix",
+    "dataset_task",
     "join",
     "last_record",
     "latest_of_attempt",
@@ -146,6 +169,7 @@ __all__ = [
     "production_pointer",
     "run_prefix",
     "safe_segment",
+    "split_records",
     "torchrun_argv",
     "trainer_argv",
 ]

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from trainer.config import builder_parts, check_data_fit
-from trainer.contract import MANIFEST_FORMAT, MANIFEST_NAME, join
+from trainer.contract import MANIFEST_FORMAT, MANIFEST_NAME, dataset_task, join, split_records
 from trainer.storage import NotFound
 from trainops.cluster.local.builder_lookup import find_builder, local_problem
 from trainops.cluster.local.gpus import host_gpus, shortfall
@@ -66,7 +66,16 @@ def check_fit(config: Config, manifest: Mapping[str, Any], *, world_size: int) -
             f"the manifest of dataset {config.data_uri!r} lacks splits.train.tokens or tokenizer.vocab_size: "
             "re-stage the dataset"
         ) from None
-    check_data_fit(config, train_tokens=train_tokens, tokenizer_vocab=vocab, world_size=world_size)
+    task = dataset_task(manifest)  # ValueError naming an unknown task
+    records = split_records(manifest, "train")
+    check_data_fit(
+        config,
+        train_tokens=train_tokens,
+        tokenizer_vocab=vocab,
+        world_size=world_size,
+        dataset_task=task,
+        train_records=int(records.get("count", 0)) if records else None,
+    )
 
 
 def check_builder(builder: str | None, cluster: str, *, env: Mapping[str, str]) -> None:

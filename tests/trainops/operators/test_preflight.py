@@ -70,6 +70,29 @@ def test_the_config_is_checked_against_the_manifest_numbers():
         check_fit(config(), {"splits": {}}, world_size=1)
 
 
+def test_a_dataset_staged_for_another_task_or_too_few_records_is_refused_before_launch():
+    sft = {
+        "task": {"kind": "sft"},
+        "splits": {"train": {"tokens": 5000, "records": {"path": "train/records.bin", "count": 6}}},
+        "tokenizer": {"vocab_size": 257},
+    }
+    with pytest.raises(ValueError, match=r"task.kind='causal_lm', but dataset .* was staged for task 'sft'"):
+        check_fit(config(), sft, world_size=1)
+    sft_config = config_from_mapping(
+        {
+            "run_uri": "file:///r",
+            "data_uri": "file:///d",
+            "task": {"kind": "sft"},
+            "train": {"micro_batch_size": 4},
+        }
+    )
+    check_fit(sft_config, sft, world_size=1)  # 6 records feed micro-steps of 4
+    with pytest.raises(ValueError, match=r"has 6 records, fewer than one micro-step takes"):
+        check_fit(sft_config, sft, world_size=2)
+    with pytest.raises(ValueError, match=r"staged for task 'translation', which this trainer does not know"):
+        check_fit(config(), {**sft, "task": {"kind": "translation"}}, world_size=1)
+
+
 def test_builders_and_gpus_are_left_alone_where_this_host_cannot_tell():
     check_builder(None, "local", env={})
     check_builder("image_only_model:build", "kubernetes", env={})  # not here: in the image

@@ -1,0 +1,114 @@
+"""Record tasks (``sft``): one record, one sample, padded, its prompt and padding without loss;
+the sample order is the records', so resume replays the same batches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.trainer.helpers import write_sft_dataset
+from trainer.config import ConfigError, load_config
+from trainer.contract import IGNORE_INDEX
+from trainer.data import DataError, TokenStream, inputs_and_targets
+from trainer.records import RecordBatches, check_records, read_records, sample
+from trainer.step import forward_backward
+from trainer.storage import open_storage
+
+
+def test_a_sample_is_the_record_padded_and_only_its_response_is_labelled():
+    tokens = np.array([10, 11, 12, 20, 21, 256])  # a prompt of 3, a response of 2, end of text
+    got = sample(tokens, 3, seq_len=7)
+    assert got[0].tolist() == [10, 11, 12, 20, 21, 256, 0, 0]
+    assert got[1].tolist() == [IGNORE_INDEX] * 3 + [20, 21, 256] + [IGNORE_INDEX] * 2
+    inputs, targets = inputs_and_targets(torch.from_numpy(got[None]))
+    # position 2 (the prompt's last token) predicts the response's first: the first scored target
+    assert inputs[0].tolist() == [10, 11, 12, 20, 21, 256, 0]
+    assert targets[0].tolist() == [IGNORE_INDEX] * 2 + [20, 21, 256] + [IGNORE_INDEX] * 2
+    truncated = sample(tokens, 3, seq_len=3)  # longer than a sample: cut, never split
+    assert truncated.tolist() == [[10, 11, 12, 20], [IGNORE_INDEX] * 3 + [20]]
+
+
+def test_the_loss_is_the_responses_mean_and_no_gradient_reaches_the_prompt():
+    torch.manual_seed(0)
+    vocab = 300
+
+    class Logits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(vocab, vocab)
+
+        def forward(self, tokens):
+            self.logits = self.embed(tokens)
+            self.logits.retain_grad()
+            return self.logits
+
+    model = Logits()
+    batch = torch.from_numpy(
+        np.stack([sample(np.array([1, 2, 3, 4, 5, 6]), 4, 7), sample(np.array([7, 8, 9, 10]), 1, 7)])
+    )
+    inputs, targets = inputs_and_targets(batch)
+    loss = forward_backward(model, [(inputs, targets)], 1, masked=True)
+    scored = targets != IGNORE_INDEX
+    by_hand = F.cross_entropy(model.logits.detach()[scored], targets[scored])
+    assert loss.item() == pytest.approx(by_hand.item(), rel=1e-6)
+    grad = model.logits.grad
+    assert grad[~scored].abs().max().item() == 0.0  # the prompt and the padding carry no loss
+    assert (grad[scored].abs().sum(-1) > 0).all()
+    # a micro-batch with nothing to score adds nothing (not NaN)
+    nothing = torch.full_like(targets, IGNORE_INDEX)
+    assert forward_backward(model, [(inputs, nothing)], 1, masked=True).item() == 0.0
+
+
+def test_record_batches_split_the_global_batch_over_ranks_in_the_records_order(tmp_path):
+    uri = write_sft_dataset(tmp_path / "sft", train_records=40, eval_records=4)
+    storage = open_storage(uri)
+    manifest = storage.get_json(f"{uri}/manifest.json")
+    rows = read_records(storage, uri, manifest, "train")
+    stream = TokenStream([tmp_path / "sft" / "train" / "00000.bin"], "uint16")
+    check_records(rows, len(stream), uri)
+    whole = RecordBatches(stream, rows, "sft", 128, seed=3, micro_batch_size=4, world_size=1, rank=0)
+    ranks = [
+        RecordBatches(stream, rows, "sft", 128, seed=3, micro_batch_size=2, world_size=2, rank=r)
+        for r in (0, 1)
+    ]
+    assert torch.equal(whole.micro_batch(8, 0), torch.cat([r.micro_batch(8, 0) for r in ranks]))
+    batch = whole.micro_batch(0, 0)
+    assert batch.shape == (4, 2, 129)
+    first = int(whole.order.sample_id(0))
+    start, length, prompt = (int(v) for v in rows[first])
+    assert batch[0, 0, :length].tolist() == stream.read(start, start + length).tolist()
+    assert (batch[0, 1, :prompt] == IGNORE_INDEX).all() and (
+        batch[0, 1, prompt:length] == batch[0, 0, prompt:length]
+    ).all()
+
+
+def test_records_outside_the_stream_or_without_a_response_are_refused_naming_the_record():
+    with pytest.raises(DataError, match=r"record 1 of file:///d is \(start 5, length 3, aux 3\)"):
+        check_records(np.array([[0, 5, 2], [5, 3, 3]]), 100, "file:///d")
+    with pytest.raises(DataError, match=r"record 0 .* in a stream of 4 tokens"):
+        check_records(np.array([[0, 5, 2]]), 4, "file:///d")
+
+
+def test_a_dataset_staged_for_another_task_is_refused_naming_both(world_of_one, tmp_path):
+    from tests.trainer.test_train import start
+
+    uri = write_sft_dataset(tmp_path / "sft", train_records=40, eval_records=4)
+    with pytest.raises(ConfigError, match=r"task.kind='causal_lm', but dataset .* was staged for task 'sft'"):
+        start(tmp_path, uri, world_of_one, 1)
+    training, _ = start(tmp_path, uri, world_of_one, 1, "task.kind=sft")
+    assert isinstance(training.batches, RecordBatches) and training.batches.masked
+    with pytest.raises(ConfigError, match=r"task.kind='classification' is not built yet"):
+        load_config(None, ["run_uri=file:///r", "data_uri=file:///d", "task.kind=classification"])
+
+
+def test_evaluating_on_an_sft_dataset_is_refused_until_it_scores_the_responses(tmp_path):
+    from trainer.evaluate import run_evaluate
+
+    uri = write_sft_dataset(tmp_path / "sft", train_records=8, eval_records=4)
+    config = load_config(None, [f"run_uri={(tmp_path / 'run').as_uri()}", f"data_uri={uri}", "task.kind=sft"])
+    with pytest.raises(
+        DataError, match=r"staged for task 'sft', and evaluating a model on it is not built yet"
+    ):
+        run_evaluate(config)

@@ -1,0 +1,49 @@
+"""The run contract, part 7: tasks, what a staged dataset's samples are and how they are scored.
+
+- ``causal_lm`` (the default; a manifest without ``task`` is one): the split's token stream cut
+  into windows of ``train.seq_len + 1`` tokens, every token a target.
+- ``sft``: prompt/response records. Each is one sample, never split across samples nor packed
+  with another: its tokens (prompt, response, end of text), truncated to ``seq_len + 1`` and
+  padded; only the response's tokens are targets.
+- ``classification``: text/label records (the trainer does not train it yet).
+
+A record task's split lists its records beside its shards: ``splits.<split>.records`` =
+``{"path": "<split>/records.bin", "count": n, "sha256": ...}``, a little-endian int64 array of
+``n`` rows ``(start, length, aux)``: the record's first token in the split's stream, its tokens,
+and ``aux``, the prompt's tokens (``sft``) or the label's index (``classification``). The
+manifest's ``task`` is ``{"kind": ...}``. Standard library only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+TASK_CAUSAL_LM = "causal_lm"
+TASK_SFT = "sft"
+TASK_CLASSIFICATION = "classification"
+TASK_KINDS = (TASK_CAUSAL_LM, TASK_SFT, TASK_CLASSIFICATION)
+RECORD_TASKS = (TASK_SFT, TASK_CLASSIFICATION)  # one record, one sample
+RECORD_FIELDS = ("start", "length", "aux")  # the columns of records.bin
+RECORDS_DTYPE = "<i8"
+IGNORE_INDEX = -100  # a target position that carries no loss (a prompt's token, padding)
+
+
+def dataset_task(manifest: Mapping[str, Any]) -> str:
+    """The task a dataset was staged for (``causal_lm`` when its manifest names none);
+    ValueError for a kind this trainer does not know."""
+    task = manifest.get("task")
+    kind = task.get("kind", TASK_CAUSAL_LM) if isinstance(task, Mapping) else TASK_CAUSAL_LM
+    if kind not in TASK_KINDS:
+        raise ValueError(
+            f"the dataset was staged for task {kind!r}, which this trainer does not know "
+            f"({', '.join(TASK_KINDS)}); stage it again, or upgrade the trainer"
+        )
+    return str(kind)
+
+
+def split_records(manifest: Mapping[str, Any], split: str) -> Mapping[str, Any] | None:
+    """A record task's ``splits.<split>.records`` entry; None for a token-stream dataset."""
+    info = (manifest.get("splits") or {}).get(split) or {}
+    records = info.get("records") if isinstance(info, Mapping) else None
+    return records if isinstance(records, Mapping) else None
