@@ -54,6 +54,7 @@ def checked_config(
     check_gpus(cluster, nodes=settings.nodes, gpus_per_node=settings.gpus_per_node, env=job_env)
     manifest = dataset_manifest(storage_for(data_uri, aws_conn_id), data_uri)
     check_fit(config, manifest, world_size=settings.world_size)
+    warm_start.check_hf_tokenizer(config, manifest, lambda uri: storage_for(uri, aws_conn_id))
     check_builder(config.model.builder, cluster, env=job_env)
     return warm_start.prepare(
         config,

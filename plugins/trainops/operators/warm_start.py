@@ -18,6 +18,7 @@ anything is written or launched.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -203,6 +204,71 @@ def pin_hf_model(config: Config, storage_of: Callable[[str], Storage]) -> Config
     kind = (pinned.model.hf_config or {}).get("model_type")
     log.info("model.hf: %s, a %s model; its config.json is pinned for every attempt", uri, kind)
     return pinned
+
+
+def hf_tokenizer_problem(
+    folder_uri: str,
+    *,
+    export_tokenizer: Mapping[str, Any] | None,
+    tokenizer_sha256: str | None,
+    dataset: Mapping[str, Any],
+    data_uri: str,
+) -> tuple[str | None, str | None]:
+    """``(error, warning)``: whether the dataset was tokenized with the ``model.hf`` folder's own
+    tokenizer. A trainops export names the spec it was trained with (``export_tokenizer``);
+    another folder has its ``tokenizer.json`` (``tokenizer_sha256``), which staging records by
+    its sha256. A folder with neither cannot be checked (a warning). Pure."""
+    stage = (
+        f"stage the data with the model's tokenizer (StageDatasetOperator tokenizer="
+        f"{join(folder_uri, 'tokenizer.json')!r})"
+    )
+    if export_tokenizer is not None:
+        if dict(export_tokenizer) != dict(dataset):
+            return (
+                f"model.hf={folder_uri!r} was trained with tokenizer {dict(export_tokenizer)!r}, but dataset "
+                f"{data_uri!r} is tokenized with {dict(dataset)!r}; {stage}",
+                None,
+            )
+        return None, None
+    if tokenizer_sha256 is None:
+        return None, (
+            f"model.hf={folder_uri!r} holds no tokenizer.json: whether dataset {data_uri!r} was tokenized "
+            "with the model's tokenizer cannot be checked (only the vocabulary is)"
+        )
+    if dataset.get("kind") != "huggingface" or dataset.get("sha256") != tokenizer_sha256:
+        said = dataset.get("sha256") or dataset.get("kind")
+        return (
+            f"model.hf={folder_uri!r} has its own tokenizer (tokenizer.json, sha256 {tokenizer_sha256[:12]}), "
+            f"but dataset {data_uri!r} is tokenized with another ({said}); {stage}",
+            None,
+        )
+    return None, None
+
+
+def check_hf_tokenizer(
+    config: Config, manifest: Mapping[str, Any], storage_of: Callable[[str], Storage]
+) -> None:
+    """ValueError when the ``model.hf`` folder's tokenizer is not the one the dataset was staged
+    with (:func:`hf_tokenizer_problem`), before launch; nothing without ``model.hf``."""
+    uri = config.model.hf
+    if not uri:
+        return
+    storage = storage_of(uri)
+    try:
+        data = storage.get(join(uri, "tokenizer.json"))
+    except NotFound:
+        data = None
+    error, warning = hf_tokenizer_problem(
+        uri,
+        export_tokenizer=source_tokenizer(storage_of, uri),
+        tokenizer_sha256=hashlib.sha256(data).hexdigest() if data is not None else None,
+        dataset=dict(manifest.get("tokenizer") or {}),
+        data_uri=config.data_uri,
+    )
+    if error:
+        raise ValueError(error)
+    if warning:
+        log.warning("%s", warning)
 
 
 def _earlier_source(store: Storage, config_uri: str) -> str | None:

@@ -301,3 +301,57 @@ def test_a_model_hf_folder_that_cannot_train_fails_before_anything_is_written_or
         hf_operator(file_root, folder, **extra).execute(context)
     assert cluster.launched == []
     assert open_storage(file_root).list(file_root) == []
+
+
+def test_the_model_hf_folders_tokenizer_must_be_the_datasets():
+    from trainops.operators.warm_start import hf_tokenizer_problem
+
+    hf_tok = {
+        "kind": "huggingface",
+        "vocab_size": 300,
+        "eos_id": 2,
+        "uri": "s3://m/q/tokenizer.json",
+        "sha256": "ab" * 32,
+    }
+    common = {"data_uri": "s3://d/v1"}
+    assert hf_tokenizer_problem(
+        "s3://m/q/", export_tokenizer=None, tokenizer_sha256="ab" * 32, dataset=hf_tok, **common
+    ) == (None, None)
+    error, _ = hf_tokenizer_problem(
+        "s3://m/q/", export_tokenizer=None, tokenizer_sha256="cd" * 32, dataset=hf_tok, **common
+    )
+    assert error is not None and "has its own tokenizer (tokenizer.json, sha256 cdcdcdcdcdcd)" in error
+    assert "StageDatasetOperator tokenizer='s3://m/q/tokenizer.json'" in error
+    error, _ = hf_tokenizer_problem(
+        "s3://m/q/", export_tokenizer=None, tokenizer_sha256="ab" * 32, dataset=dict(TOKENIZER), **common
+    )
+    assert error is not None and "is tokenized with another (byte)" in error
+    # a trainops export names the spec it was trained with
+    assert hf_tokenizer_problem(
+        "s3://m/v3/",
+        export_tokenizer=dict(TOKENIZER),
+        tokenizer_sha256="ef" * 32,
+        dataset=dict(TOKENIZER),
+        **common,
+    ) == (None, None)
+    error, _ = hf_tokenizer_problem(
+        "s3://m/v3/", export_tokenizer=hf_tok, tokenizer_sha256=None, dataset=dict(TOKENIZER), **common
+    )
+    assert error is not None and "was trained with tokenizer" in error
+    _, warning = hf_tokenizer_problem(
+        "s3://m/q/", export_tokenizer=None, tokenizer_sha256=None, dataset=dict(TOKENIZER), **common
+    )
+    assert warning is not None and "holds no tokenizer.json" in warning
+
+
+def test_a_model_hf_folder_with_another_tokenizer_fails_before_anything_is_written_or_launched(
+    file_root, tmp_path, cluster, context
+):
+    folder = hf_folder((tmp_path / "team-model").as_uri())
+    open_storage(folder).put(join(folder, "tokenizer.json"), b'{"model": {"type": "BPE"}}')
+    with pytest.raises(
+        ValueError, match=r"has its own tokenizer \(tokenizer.json, sha256 [0-9a-f]{12}\), but dataset"
+    ):
+        hf_operator(file_root, folder).execute(context)
+    assert cluster.launched == []
+    assert open_storage(file_root).list(file_root) == []
