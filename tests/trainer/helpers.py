@@ -6,7 +6,10 @@ import hashlib
 import json
 import os
 import random
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -149,6 +152,21 @@ def write_sft_dataset(
     }
     (root / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return root.as_uri()
+
+
+# A tiny Qwen2 as its config.json would hold it (model.hf_config), with tied embeddings (the LM
+# head is the embedding, as in Qwen2-0.5B), for the test dataset's byte tokenizer.
+TINY_QWEN2 = {
+    "model_type": "qwen2",
+    "vocab_size": 257,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+    "tie_word_embeddings": True,
+}
 
 
 # --- running the trainer ------------------------------------------------------------------
@@ -314,3 +332,51 @@ class CountingDownloads(ForwardingStorage):
     def download_file_hashed(self, uri, local_path):
         self.downloads.append(uri)
         return self.inner.download_file_hashed(uri, local_path)
+
+
+def preempted_then_killed(
+    config: Path, run: Path, tmp_path: Path, overrides: tuple[str, ...], global_batch: int = GLOBAL_BATCH
+) -> dict:
+    """Three attempts of a 12-step run checkpointed every 4 steps, under torchrun with the test
+    instruments: SIGTERM inside step 2 (it stops after step 3, checkpointed), then killed
+    (SIGKILL, the whole gang) while held in step 9 after the step-8 commit, then to the end.
+    Returns the attempt records of 1 and 3 (2 was killed: it has none).
+
+    :param run: the run folder ``config`` names."""
+    held = tmp_path / "held"
+    held.mkdir()
+
+    def cursor_before(step: int) -> int:
+        return (step - 1) * global_batch
+
+    def train(attempt: int, **instruments: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            torchrun_argv(config, *overrides, module=INSTRUMENTED),
+            env=trainer_env(tmp_path / "cache", attempt, **instruments),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    first = train(1, sigterm_at=f"{cursor_before(2)}:1")
+    assert first.returncode == 1, first.stdout[-3000:] + first.stderr[-3000:]  # torchrun's, on SIGTERM
+    proc = subprocess.Popen(
+        torchrun_argv(config, *overrides, module=INSTRUMENTED),
+        env=trainer_env(tmp_path / "cache", 2, pause_at=f"{cursor_before(10)}:{held}"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not (len(list(held.glob("paused_a2_r*"))) == 2 and 8 in committed_steps(run)):
+            assert proc.poll() is None, "attempt 2 ended before it was held"
+            assert time.monotonic() < deadline, "attempt 2 was never held after the step-8 commit"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert not (run / "attempts" / "2.json").exists()  # killed: no record
+    third = train(3)
+    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
+    return {1: read_json(run / "attempts" / "1.json"), 3: read_json(run / "attempts" / "3.json")}

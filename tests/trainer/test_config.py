@@ -5,7 +5,7 @@ import re
 import pytest
 import yaml
 
-from tests.trainer.helpers import write_config
+from tests.trainer.helpers import TINY_QWEN2, write_config
 from trainer.config import (
     Config,
     ConfigError,
@@ -367,16 +367,7 @@ def test_init_from_is_spelt_without_the_attributes_underscore():
 
 
 # --- model.hf_config ---------------------------------------------------------------------------
-QWEN2 = {
-    "model_type": "qwen2",
-    "vocab_size": 300,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 64,
-}
+QWEN2 = {**TINY_QWEN2, "vocab_size": 300}
 
 
 def with_hf(values=QWEN2, **model):

@@ -187,14 +187,10 @@ def sft_train(config, tmp_path, attempt: int, **instruments: str) -> subprocess.
 
 
 def test_an_sft_run_preempted_then_killed_resumes_bitwise_identical(tmp_path, sft_dataset):
-    """Prompt/response records, the loss on the responses: an uninterrupted run, then one
-    stopped by SIGTERM inside step 2 (it stops after step 3, checkpointed), resumed and killed
-    (SIGKILL, the gang) while held in step 9 after the step-8 commit, resumed to the end."""
-    import os
-    import signal
-    import time
-
-    from tests.trainer.helpers import committed_steps
+    """Prompt/response records, the loss on the responses: an uninterrupted run, and one stopped
+    by SIGTERM inside step 2, then SIGKILL in step 9 after the step-8 commit, then run to the end
+    (``tests.trainer.helpers.preempted_then_killed``): the same bytes."""
+    from tests.trainer.helpers import preempted_then_killed
 
     (tmp_path / "reference").mkdir()
     reference, _ = run_config(tmp_path / "reference", sft_dataset, "run")
@@ -204,36 +200,13 @@ def test_an_sft_run_preempted_then_killed_resumes_bitwise_identical(tmp_path, sf
     assert losses[SFT_STEPS]["loss"] < losses[1]["loss"] - 1.0  # the answers are learnt
 
     config, _ = run_config(tmp_path, sft_dataset, "run")
-    run, held = tmp_path / "run", tmp_path / "held"
-    held.mkdir()
-    first = sft_train(config, tmp_path, 1, sigterm_at=f"{cursor_before(2)}:1")
-    assert first.returncode == 1, first.stdout[-3000:] + first.stderr[-3000:]
-    record = read_json(run / "attempts" / "1.json")
-    assert (record["outcome"], record["last_step"], record["steps_lost"]) == ("preempted", 3, 0)
-    proc = subprocess.Popen(
-        torchrun_argv(config, *SFT_OVERRIDES, module=INSTRUMENTED),
-        env=trainer_env(tmp_path / "cache", 2, pause_at=f"{cursor_before(10)}:{held}"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not (len(list(held.glob("paused_a2_r*"))) == 2 and 8 in committed_steps(run)):
-            assert proc.poll() is None, "attempt 2 ended before it was held"
-            assert time.monotonic() < deadline, "attempt 2 was never held after the step-8 commit"
-            time.sleep(0.05)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    third = sft_train(config, tmp_path, 3)
-    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
-    record = read_json(run / "attempts" / "3.json")
-    assert (record["outcome"], record["resumed_from_step"], record["last_step"]) == (
+    records = preempted_then_killed(config, tmp_path / "run", tmp_path, SFT_OVERRIDES)
+    assert (records[1]["outcome"], records[1]["last_step"], records[1]["steps_lost"]) == ("preempted", 3, 0)
+    assert (records[3]["outcome"], records[3]["resumed_from_step"], records[3]["last_step"]) == (
         "completed",
         8,
         SFT_STEPS,
     )
-    assert (run / "export" / "model.safetensors").read_bytes() == (
+    assert (tmp_path / "run" / "export" / "model.safetensors").read_bytes() == (
         tmp_path / "reference" / "run" / "export" / "model.safetensors"
     ).read_bytes()

@@ -9,6 +9,7 @@ import pytest
 import yaml
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
+from tests.trainer.helpers import TINY_QWEN2
 from tests.trainops.cluster.fake_backend import use_fake_cluster
 from tests.trainops.operators.helpers import staged_dataset
 from trainer.config.hf import llama_config_keys
@@ -222,18 +223,7 @@ def test_a_missing_source_or_production_is_refused(file_root, tmp_path, cluster,
 
 
 # --- model.hf: the folder's config.json pinned before launch --------------------------------------
-QWEN2 = {
-    "architectures": ["Qwen2ForCausalLM"],
-    "model_type": "qwen2",
-    "vocab_size": 300,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 64,
-    "rms_norm_eps": 1e-6,
-}
+QWEN2 = {"architectures": ["Qwen2ForCausalLM"], **TINY_QWEN2, "vocab_size": 300, "rms_norm_eps": 1e-6}
 
 
 def hf_folder(uri: str, config: dict | None = QWEN2, weights: bool = True) -> str:
