@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 from airflow.sdk import Asset, AssetAlias, Context
 from airflow.sdk.exceptions import AirflowFailException
 
-from trainer.contract import join, run_prefix
+from trainer.contract import TASK_CAUSAL_LM, join, run_prefix
 from trainer.storage import NotFound
 from trainops.cluster.base import JobAlreadyExists
 from trainops.hooks.storage import get_json_object, job_env_for, storage_for
@@ -24,10 +24,12 @@ from trainops.staging.assets import ASSET_ALIAS, asset_name, asset_uri, event_ex
 from trainops.staging.errors import DataValidationError
 from trainops.staging.job import build_request
 from trainops.staging.options import (
+    DEFAULT_SLICE_COLUMNS,
     check_dataset_name,
     check_engine,
     check_options,
     check_quarantine,
+    check_task,
     check_tokenizer,
 )
 from trainops.staging.reader import DEFAULT_BATCH_ROWS, check_not_empty_parquet, list_source_objects
@@ -98,7 +100,13 @@ class StageDatasetOperator(ClusterJobOperator):
         if more than ``max_fraction`` of the rows were dropped.
     :param eval_percent: share of records (by a hash of their id, so stable across
         versions) that go to the eval split, 1 to 50.
-    :param slice_columns: columns recorded in the eval index for per-slice evaluation.
+    :param slice_columns: columns recorded in the eval index for per-slice evaluation
+        (default: ``source`` for ``causal_lm``, none for ``sft``).
+    :param task: what the dataset is for (``trainer.contract.tasks``): ``causal_lm`` (default;
+        a ``text`` column, the default suite above) or ``sft`` (``prompt`` and ``response``
+        columns; the default suite asks for a non-empty prompt and response in every record;
+        each record is staged as one training sample whose response alone is scored). ``sft``
+        stages on the worker engine only.
     :param shard_tokens: tokens per shard file.
     :param storage_root: storage root URI; defaults to the embedded root. (templated)
     :param aws_conn_id: Airflow AWS connection for ``s3://``; when it is not defined,
@@ -141,7 +149,8 @@ class StageDatasetOperator(ClusterJobOperator):
         tokenizer: str | dict | None = None,
         quarantine: dict | None = None,
         eval_percent: int = DEFAULT_EVAL_PERCENT,
-        slice_columns: Sequence[str] = ("source",),
+        slice_columns: Sequence[str] | None = None,
+        task: str = TASK_CAUSAL_LM,
         shard_tokens: int = DEFAULT_SHARD_TOKENS,
         storage_root: str | None = None,
         aws_conn_id: str | None = "aws_default",
@@ -160,6 +169,8 @@ class StageDatasetOperator(ClusterJobOperator):
         **kwargs: Any,
     ) -> None:
         self.engine = check_engine(engine, spark_remote=spark_remote)
+        self.task = check_task(task, self.engine)
+        slice_columns = DEFAULT_SLICE_COLUMNS[task] if slice_columns is None else slice_columns
         self.spark_remote, self.spark_conn_id, self.spark_conf = spark_remote, spark_conn_id, spark_conf
         check_options(eval_percent=eval_percent, shard_tokens=shard_tokens, slice_columns=slice_columns)
         alias = is_runtime_name(dataset_name)
@@ -239,6 +250,7 @@ class StageDatasetOperator(ClusterJobOperator):
                 batch_rows=DEFAULT_BATCH_ROWS,
                 open_storage=lambda uri: storage_for(uri, self.aws_conn_id),
                 log=self.log,
+                task=self.task,
             )
         except DataValidationError as exc:
             _push_report(context, exc.report_uri)
@@ -299,6 +311,7 @@ class StageDatasetOperator(ClusterJobOperator):
                     slice_columns=self.slice_columns,
                     shard_tokens=self.shard_tokens,
                     result_uri=result_uri,
+                    task=self.task,
                 ),
             )
             store.delete(result_uri)  # a previous try's result must not be read as this one's

@@ -34,6 +34,27 @@ DEFAULT_EXPECTATIONS: list[dict] = [
     },
 ]
 
+# An sft source's default suite: ids as for text, a prompt and a response in every record.
+DEFAULT_SFT_EXPECTATIONS: list[dict] = [
+    {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "id"}},
+    {"type": "expect_column_values_to_be_unique", "kwargs": {"column": "id"}},
+    *(
+        expectation
+        for column in ("prompt", "response")
+        for expectation in (
+            {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": column}},
+            {
+                "type": "expect_column_value_lengths_to_be_between",
+                "kwargs": {"column": column, "min_value": 1, "max_value": 20000},
+            },
+        )
+    ),
+    {
+        "type": "expect_table_row_count_to_be_between",
+        "kwargs": {"min_value": 1, "max_value": 100_000_000},
+    },
+]
+
 # type -> gx.expectations class name, for expectations GX checks batch by batch.
 ROW_EXPECTATIONS: dict[str, str] = {
     "expect_column_to_exist": "ExpectColumnToExist",
@@ -93,13 +114,14 @@ def scope_of(expectation_type: str) -> str:
     )
 
 
-def normalize_expectations(expectations: list[dict] | None) -> list[dict]:
-    """Check a suite's shape and types; return a clean copy (``None`` means the default suite).
+def normalize_expectations(expectations: list[dict] | None, task: str = "causal_lm") -> list[dict]:
+    """Check a suite's shape and types; return a clean copy (``None`` means the default suite of
+    ``task``: text records', or prompt/response records' for ``sft``).
 
     Cheap and GX-free, so an operator can call it at DAG-parse time.
     """
     if expectations is None:
-        return copy.deepcopy(DEFAULT_EXPECTATIONS)
+        return copy.deepcopy(DEFAULT_SFT_EXPECTATIONS if task == "sft" else DEFAULT_EXPECTATIONS)
     if not isinstance(expectations, (list, tuple)):
         raise ValueError(
             f"expectations must be a list of {{'type': ..., 'kwargs': {{...}}}} dicts, "

@@ -46,6 +46,7 @@ def build_request(
     slice_columns: list[str],
     shard_tokens: int,
     result_uri: str,
+    task: str = "causal_lm",
 ) -> dict:
     """The JSON request for one staging job. ``expectations`` must already be a plain list,
     a suite URI or None (a callable cannot cross into a job: resolve it first)."""
@@ -63,6 +64,7 @@ def build_request(
         "slice_columns": list(slice_columns),
         "shard_tokens": shard_tokens,
         "result_uri": result_uri,
+        "task": task,
     }
 
 
@@ -100,6 +102,7 @@ def run(request: dict, open_storage) -> dict:
             shard_tokens=request["shard_tokens"],
             open_storage=open_storage,
             log=log,
+            task=request.get("task", "causal_lm"),
         )
         record = {"status": "staged", "result": result}
     except Exception as exc:  # recorded for the operator, which decides what it means

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from trainer.contract import MANIFEST_FORMAT, SPLITS, safe_segment
+from trainer.contract import MANIFEST_FORMAT, SPLITS, TASK_CAUSAL_LM, safe_segment
 from trainops.staging.errors import StagingError
 
 EVAL_INDEX_PATH = "eval/index.jsonl"
@@ -28,6 +28,7 @@ def build_manifest(
     validation: dict,
     quarantine: dict | None = None,
     engine: str | None = None,
+    task: str = TASK_CAUSAL_LM,
 ) -> dict:
     """Assemble the manifest; ``splits`` maps each split to ``{"tokens", "shards"}``.
 
@@ -57,7 +58,11 @@ def build_manifest(
         "tokenizer": dict(tokenizer),
         "token_dtype": token_dtype,
         "splits": {
-            s: {"tokens": int(splits[s]["tokens"]), "shards": [dict(x) for x in splits[s]["shards"]]}
+            s: {
+                "tokens": int(splits[s]["tokens"]),
+                "shards": [dict(x) for x in splits[s]["shards"]],
+                **({"records": dict(splits[s]["records"])} if "records" in splits[s] else {}),
+            }
             for s in SPLITS
         },
         "split_rule": dict(split_rule),
@@ -71,6 +76,8 @@ def build_manifest(
     }
     if quarantine is not None:
         manifest["quarantine"] = dict(quarantine)
+    if task != TASK_CAUSAL_LM:
+        manifest["task"] = {"kind": task}
     if engine is not None:
         manifest["engine"] = engine
     return manifest
@@ -79,7 +86,8 @@ def build_manifest(
 def shard_paths(manifest: dict) -> list[str]:
     """Every file a manifest names, relative to the version prefix."""
     paths = [s["path"] for split in SPLITS for s in manifest["splits"][split]["shards"]]
-    return [*paths, manifest["eval_index"]["path"]]
+    records = [manifest["splits"][s]["records"]["path"] for s in SPLITS if "records" in manifest["splits"][s]]
+    return [*paths, *records, manifest["eval_index"]["path"]]
 
 
 def check_manifest_name(manifest: object, name: str, uri: str) -> None:

@@ -1,17 +1,25 @@
-"""Tokenize record batches into train/eval shards and the eval index, in a local folder."""
+"""Tokenize record batches into train/eval shards and the eval index, in a local folder.
+
+An ``sft`` source's records are a prompt and a response: each record's tokens are the prompt's
+(without the end-of-record token) then the response's (with it), and its split lists it in
+``<split>/records.bin`` (``trainer.contract.tasks``: start, length, prompt tokens), so the
+trainer takes it as one sample and scores its response only."""
 
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import os
 from collections.abc import Iterable, Sequence
 
+from trainer.contract import RECORDS_DTYPE, TASK_CAUSAL_LM, TASK_SFT
 from trainops.staging.encoders import ByteTokenizer
 from trainops.staging.errors import StagingError
 from trainops.staging.manifest import EVAL_INDEX_PATH
 from trainops.staging.tokenize import ShardPacker, eval_mask, index_line
 
 SPLITS = ("train", "eval")
+SFT_COLUMNS = ("prompt", "response")  # an sft source's text columns
 
 
 def null_problem(row: int, column: str) -> str:
@@ -49,13 +57,20 @@ class Packer:
         shard_tokens: int,
         slice_columns: Sequence[str] = ("source",),
         id_column: str = "id",
-        text_column: str = "text",
+        text_column: str | Sequence[str] = "text",
+        task: str = TASK_CAUSAL_LM,
     ):
         self.out_dir = out_dir
+        self.task = task
+        self.records: dict[str, list] = {s: [] for s in SPLITS}  # sft: each batch's record rows
         self.tokenizer = tokenizer
         self.eval_percent = eval_percent
         self.shard_tokens = shard_tokens
         self.slice_columns = list(slice_columns)
+        if task == TASK_SFT:
+            text_column = SFT_COLUMNS[0]  # null checks and messages; the response is read too
+        elif not isinstance(text_column, str):
+            text_column = text_column[0]
         self.id_column, self.text_column = id_column, text_column
         self.packers = {s: ShardPacker(out_dir, s, shard_tokens, tokenizer.dtype) for s in SPLITS}
         os.makedirs(os.path.join(out_dir, "eval"), exist_ok=True)
@@ -69,6 +84,8 @@ class Packer:
         import pyarrow.compute as pc
 
         rows = np.asarray(rows)
+        if self.task == TASK_SFT:
+            return self._add_sft(batch, rows)
         ids = batch.column(batch.schema.get_field_index(self.id_column))
         texts = batch.column(batch.schema.get_field_index(self.text_column))
         skipped: dict[int, str] = {}
@@ -93,7 +110,50 @@ class Packer:
         self._pack(batch, ids, tokens, lengths, set(too_long.tolist()))
         return skipped
 
-    def _pack(self, batch, ids: list[str], tokens, lengths, skip: set[int]) -> None:
+    def _add_sft(self, batch, rows) -> dict[int, str]:
+        """An sft batch: the prompt's tokens then the response's, per record; rows with a null id,
+        prompt or response, or longer than a shard, are returned as for text."""
+        import numpy as np
+        import pyarrow.compute as pc
+
+        def column(name: str):
+            return batch.column(batch.schema.get_field_index(name))
+
+        skipped: dict[int, str] = {}
+        names = [self.id_column, *SFT_COLUMNS]
+        null = np.zeros(batch.num_rows, dtype=bool)
+        for name in names:
+            null |= pc.is_null(column(name)).to_numpy(zero_copy_only=False)
+        if null.any():
+            for i in np.flatnonzero(null):
+                name = next(n for n in names if column(n)[int(i)].as_py() is None)
+                skipped[int(rows[i])] = f"null {name!r}"
+                self._first_problem(null_problem(int(rows[i]), name))
+            batch, rows = batch.filter(~null), rows[~null]
+        if not batch.num_rows:
+            return skipped
+        prompts, prompt_lengths = self.tokenizer.encode_batch(column(SFT_COLUMNS[0]))
+        responses, response_lengths = self.tokenizer.encode_batch(column(SFT_COLUMNS[1]))
+        prompt_lengths = prompt_lengths - 1  # the prompt runs on into the response: no end of record
+        lengths = prompt_lengths + response_lengths
+        tokens = np.empty(int(lengths.sum()), dtype=prompts.dtype)
+        p_starts = np.cumsum(prompt_lengths + 1) - prompt_lengths - 1
+        r_starts = np.cumsum(response_lengths) - response_lengths
+        at = 0
+        for n in range(len(lengths)):
+            p, r = int(prompt_lengths[n]), int(response_lengths[n])
+            tokens[at : at + p] = prompts[p_starts[n] : p_starts[n] + p]
+            tokens[at + p : at + p + r] = responses[r_starts[n] : r_starts[n] + r]
+            at += p + r
+        ids = [str(v) for v in column(self.id_column).to_pylist()]
+        too_long = np.flatnonzero(lengths > self.shard_tokens)
+        for i in too_long:
+            skipped[int(rows[i])] = f"{int(lengths[i])} tokens > shard_tokens {self.shard_tokens}"
+            self._first_problem(too_long_problem(ids[i], int(rows[i]), int(lengths[i]), self.shard_tokens))
+        self._pack(batch, ids, tokens, lengths, set(too_long.tolist()), prompt_lengths)
+        return skipped
+
+    def _pack(self, batch, ids: list[str], tokens, lengths, skip: set[int], prompts=None) -> None:
         import numpy as np
 
         is_eval = eval_mask(ids, self.eval_percent)
@@ -108,6 +168,12 @@ class Packer:
                 tokens[token_mask].astype("<u2" if self.tokenizer.dtype == "uint16" else "<u4", copy=False),
                 records=int(chosen.sum()),
             )
+            if prompts is not None:  # sft: the records' rows, (start, length, prompt tokens)
+                picked = np.flatnonzero(chosen)
+                ends = start + np.cumsum(lengths[picked])
+                self.records[split].append(
+                    np.stack([ends - lengths[picked], lengths[picked], prompts[picked]], 1)
+                )
             if split == "eval":
                 self._write_index(batch, ids, lengths, chosen, start)
 
@@ -127,6 +193,19 @@ class Packer:
             lines.append(index_line(ids[i], values, end - int(lengths[i]), end))
         self._index.write("".join(lines))
 
+    def _write_records(self, split: str) -> dict:
+        """``<split>/records.bin`` and its manifest entry (``trainer.contract.tasks``)."""
+        import numpy as np
+
+        rows = self.records[split]
+        table = np.concatenate(rows) if rows else np.zeros((0, 3), dtype=np.int64)
+        data = table.astype(RECORDS_DTYPE).tobytes()
+        rel = f"{split}/records.bin"
+        os.makedirs(os.path.join(self.out_dir, split), exist_ok=True)
+        with open(os.path.join(self.out_dir, rel), "wb") as out:
+            out.write(data)
+        return {"path": rel, "count": len(table), "sha256": hashlib.sha256(data).hexdigest()}
+
     def _first_problem(self, message: str) -> None:
         if self.problem is None:
             self.problem = message
@@ -137,6 +216,10 @@ class Packer:
         self._index.close()
         splits = {s: p.close() for s, p in self.packers.items()}
         files = [sh["path"] for s in SPLITS for sh in splits[s]["shards"]]
+        if self.task == TASK_SFT:
+            for split in SPLITS:
+                splits[split]["records"] = self._write_records(split)
+                files.append(splits[split]["records"]["path"])
         train, evals = self.packers["train"].records, self.packers["eval"].records
         return {
             "splits": splits,

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.contract import MANIFEST_NAME, dataset_prefix, join
+from trainer.contract import MANIFEST_NAME, TASK_CAUSAL_LM, dataset_prefix, join
 from trainer.storage import open_storage as default_open_storage
 from trainops.staging.encoders import load_tokenizer
 from trainops.staging.options import check_dataset_name, check_options, check_quarantine, check_tokenizer
@@ -53,6 +53,7 @@ def plan_stage(
     tokenizer: str | dict | None,
     quarantine: dict | None,
     open_storage: Callable | None = None,
+    task: str = TASK_CAUSAL_LM,
 ) -> StagePlan:
     """Check everything that can be checked without reading rows; name the version.
 
@@ -68,7 +69,7 @@ def plan_stage(
     check_dataset_name(name)
     check_reachable(source_storage, source_uri)
     check_reachable(storage, root)
-    suite = resolve_suite(expectations, open_storage=open_storage)
+    suite = resolve_suite(expectations, open_storage=open_storage, task=task)
     tok = load_tokenizer(tokenizer_spec, open_storage)
     rule = split_rule(eval_percent)
 
@@ -84,6 +85,7 @@ def plan_stage(
             shard_tokens=shard_tokens,
             slice_columns=slice_columns,
             quarantine=quarantine,
+            task=task,
         )
     )
     prefix = dataset_prefix(root, name, version)

@@ -8,26 +8,31 @@ from collections.abc import Sequence
 from trainops.staging.errors import StagingError
 
 
-def check_schema(uri: str, schema, *, id_column: str, text_column: str, slice_columns: Sequence[str]) -> None:
+def check_schema(
+    uri: str, schema, *, id_column: str, text_column: str | Sequence[str], slice_columns: Sequence[str]
+) -> None:
     """Raise StagingError naming the object, the column and the fix, for a schema staging
     cannot use: a missing column, text that is not a string, an id that is neither a string
-    nor an integer, or a slice column holding nested values."""
+    nor an integer, or a slice column holding nested values. ``text_column`` may name several
+    (an ``sft`` source's prompt and response)."""
     import pyarrow as pa
 
     names = schema.names
-    required = list(dict.fromkeys([id_column, text_column, *slice_columns]))
+    texts = [text_column] if isinstance(text_column, str) else list(text_column)
+    required = list(dict.fromkeys([id_column, *texts, *slice_columns]))
     missing = [c for c in required if c not in names]
     if missing:
         raise StagingError(
             f"source object {uri!r} lacks columns {missing} (it has {names}): add them to the "
             "data, or change slice_columns"
         )
-    text = schema.field(text_column).type
-    if not (_is_string(text) or pa.types.is_null(text)):
-        raise StagingError(
-            f"source object {uri!r} has column {text_column!r} of type {text}, but staging "
-            f"tokenizes text: write {text_column!r} as strings"
-        )
+    for column in texts:
+        text = schema.field(column).type
+        if not (_is_string(text) or pa.types.is_null(text)):
+            raise StagingError(
+                f"source object {uri!r} has column {column!r} of type {text}, but staging "
+                f"tokenizes text: write {column!r} as strings"
+            )
     ident = schema.field(id_column).type
     if not (_is_string(ident) or pa.types.is_integer(ident) or pa.types.is_null(ident)):
         raise StagingError(

@@ -13,8 +13,9 @@ import logging
 import os
 from typing import Any, Protocol
 
+from trainer.contract import TASK_CAUSAL_LM, TASK_SFT
 from trainops.staging.encoders import ByteTokenizer
-from trainops.staging.pack import Packer
+from trainops.staging.pack import SFT_COLUMNS, Packer
 from trainops.staging.quarantine import SAMPLE_PATH, QuarantineLog
 from trainops.staging.reader import iter_file_batches, local_copy, read_schema
 from trainops.staging.schema import SchemaDrift, check_schema, drift_error
@@ -46,6 +47,7 @@ def run_pass(
     text_column: str = "text",
     quarantine: dict | None = None,
     log: TaskLog | None = None,
+    task: str = TASK_CAUSAL_LM,
 ) -> dict:
     """Read every object once; return ``{"summary", "packed", "quarantine", "problem"}``.
 
@@ -57,10 +59,11 @@ def run_pass(
 
     log = log or logging.getLogger(__name__)
     tokenizer = tokenizer or ByteTokenizer()
-    string_columns = list(dict.fromkeys([id_column, text_column, *slice_columns]))
+    texts = list(SFT_COLUMNS) if task == TASK_SFT else [text_column]
+    string_columns = list(dict.fromkeys([id_column, *texts, *slice_columns]))
     columns: dict[str, Any] = {
         "id_column": id_column,
-        "text_column": text_column,
+        "text_column": texts,
         "slice_columns": slice_columns,
     }
     empty = [o for o in objects if o.size == 0]  # zero-byte JSONL/CSV: no rows (Parquet is refused)
@@ -75,7 +78,9 @@ def run_pass(
         partitions=partitions_for(sum(o.size for o in objects)),
         quarantine=quarantine is not None,
     )
-    packer = Packer(out_dir, tokenizer, eval_percent=eval_percent, shard_tokens=shard_tokens, **columns)
+    packer = Packer(
+        out_dir, tokenizer, eval_percent=eval_percent, shard_tokens=shard_tokens, task=task, **columns
+    )
     qlog = QuarantineLog(quarantine, os.path.join(out_dir, SAMPLE_PATH)) if quarantine else None
     offset = 0
     for obj in objects:
@@ -122,7 +127,7 @@ def check_local_schemas(
     *,
     string_columns: list[str],
     id_column: str,
-    text_column: str,
+    text_column: str | list[str],
     slice_columns: list[str],
 ) -> SchemaDrift:
     """Check every ``file://`` object's schema (footer or first block) before any row is read;

@@ -25,11 +25,11 @@ import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
-from trainer.contract import MANIFEST_NAME, dataset_prefix, join, safe_segment
+from trainer.contract import MANIFEST_NAME, TASK_CAUSAL_LM, dataset_prefix, join, safe_segment
 from trainer.storage import NotFound, PreconditionFailed
 from trainops.staging.errors import DataValidationError, QuarantineExceeded, StagingError
 from trainops.staging.manifest import VALIDATION_NAME, build_manifest, check_manifest_name
-from trainops.staging.options import check_options
+from trainops.staging.options import DEFAULT_SLICE_COLUMNS, check_options
 from trainops.staging.plan import plan_stage
 from trainops.staging.quarantine import SAMPLE_PATH, over_limit
 from trainops.staging.reader import DEFAULT_BATCH_ROWS
@@ -54,7 +54,7 @@ def stage_dataset(
     source_storage=None,
     expectations=None,
     eval_percent: int = DEFAULT_EVAL_PERCENT,
-    slice_columns: Sequence[str] = ("source",),
+    slice_columns: Sequence[str] | None = None,
     shard_tokens: int = DEFAULT_SHARD_TOKENS,
     batch_rows: int = DEFAULT_BATCH_ROWS,
     id_column: str = "id",
@@ -64,9 +64,15 @@ def stage_dataset(
     open_storage: Callable | None = None,
     scratch_dir: str | None = None,
     log: TaskLog | None = None,
+    task: str = TASK_CAUSAL_LM,
 ) -> dict:
     """Stage ``source_uri`` as dataset ``name`` under ``root``; reuse an identical version.
 
+    :param slice_columns: the eval index's columns (default: ``source`` for ``causal_lm``, none
+        for ``sft``).
+    :param task: ``causal_lm`` (a ``text`` column) or ``sft`` (``prompt`` and ``response``
+        columns; ``trainer.contract.tasks``): the records' shape, the default suite, and what
+        the manifest says the data is for.
     :param expectations: the suite: a list, a callable returning one, or the URI of a
         suite JSON file (see :mod:`trainops.staging.suite`); None for the default suite.
     :param tokenizer: None for the built-in byte tokenizer, or a Hugging Face
@@ -85,6 +91,7 @@ def stage_dataset(
     """
     log = log or _log
     source_storage = source_storage or storage
+    slice_columns = DEFAULT_SLICE_COLUMNS.get(task, ()) if slice_columns is None else slice_columns
     plan = plan_stage(
         storage,
         root,
@@ -98,6 +105,7 @@ def stage_dataset(
         tokenizer=tokenizer,
         quarantine=quarantine,
         open_storage=open_storage,
+        task=task,
     )
     suite, tok, rule, quarantine = plan.suite, plan.tokenizer, plan.split_rule, plan.quarantine
     slice_columns, objects, identities, version = (
@@ -129,6 +137,7 @@ def stage_dataset(
             text_column=text_column,
             quarantine=quarantine,
             log=log,
+            task=task,
         )
         summary, packed, qsum = done["summary"], done["packed"], done["quarantine"]
         sample = os.path.join(out_dir, SAMPLE_PATH) if qsum and qsum["sample"] else None
@@ -157,6 +166,7 @@ def stage_dataset(
             validation=summary,
             quarantine=qsum,
             engine="worker",
+            task=task,
         )
         files = packed["files"] + ([SAMPLE_PATH] if sample else [])
         committed = _publish(storage, root, name, version, out_dir, files, manifest, summary, log)

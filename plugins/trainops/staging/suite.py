@@ -42,8 +42,11 @@ def check_suite_spec(expectations) -> list[dict] | str | Callable | None:
     return normalize_expectations(_as_dicts(expectations, "expectations"))
 
 
-def resolve_suite(expectations, *, open_storage: Callable | None = None) -> list[dict]:
-    """The normalized suite for any accepted form (reads the file for a URI).
+def resolve_suite(
+    expectations, *, open_storage: Callable | None = None, task: str = "causal_lm"
+) -> list[dict]:
+    """The normalized suite for any accepted form (reads the file for a URI); None is ``task``'s
+    default suite.
 
     :param open_storage: ``uri -> storage client`` for a suite at a URI; by default
         ``trainer.storage.open_storage``.
@@ -66,7 +69,7 @@ def resolve_suite(expectations, *, open_storage: Callable | None = None) -> list
     if isinstance(expectations, str):
         return _normalized(_load(expectations, open_storage), f"suite file {expectations!r}")
     if expectations is None:
-        return normalize_expectations(None)
+        return normalize_expectations(None, task)
     return _normalized(expectations, "expectations")
 
 

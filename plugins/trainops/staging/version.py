@@ -25,11 +25,13 @@ def version_inputs(
     shard_tokens: int,
     slice_columns: Sequence[str],
     quarantine: dict | None = None,
+    task: str = "causal_lm",
 ) -> dict:
     """The plain dict the version hashes; ``objects`` are ``SourceObject.identity()`` dicts.
 
     ``quarantine`` decides which rows are staged, so it counts when set; without it the
-    inputs (and so the versions staged before quarantine existed) are unchanged.
+    inputs (and so the versions staged before quarantine existed) are unchanged. So does a
+    ``task`` other than ``causal_lm``.
     """
     inputs = {
         "objects": sorted(objects, key=lambda o: o["uri"]),
@@ -41,6 +43,8 @@ def version_inputs(
     }
     if quarantine is not None:
         inputs["quarantine"] = dict(quarantine)
+    if task != "causal_lm":
+        inputs["task"] = task
     return inputs
 
 

@@ -30,6 +30,7 @@ def _request(tmp_path, source_uri: str, **changes) -> dict:
         "slice_columns": ("source",),
         "shard_tokens": 4096,
         "result_uri": f"file://{tmp_path}/jobs/stage-1/result.json",
+        "task": "causal_lm",
     }
     options.update(changes)
     return json.loads(json.dumps(build_request(**options)))  # it reaches the job as JSON
@@ -61,6 +62,7 @@ def test_the_request_holds_every_option_as_plain_json(tmp_path):
         "slice_columns": ["source"],
         "shard_tokens": 4096,
         "result_uri": f"file://{tmp_path}/jobs/stage-1/result.json",
+        "task": "causal_lm",
     }
 
 

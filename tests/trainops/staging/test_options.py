@@ -204,3 +204,15 @@ def test_engine_is_worker_or_spark_and_spark_remote_needs_spark():
         check_engine("spark", spark_remote="localhost:15002")
     with pytest.raises(ValueError, match="spark_remote 'sc://c:1' is only used with engine='spark'"):
         check_engine("worker", spark_remote="sc://c:1")
+
+
+def test_a_task_is_one_staging_can_stage_for_on_its_engine():
+    from trainops.staging.options import check_task
+
+    assert check_task("sft", "worker") == "sft" and check_task("causal_lm", "spark") == "causal_lm"
+    with pytest.raises(
+        ValueError, match=r"task 'classification' cannot be staged: pick one of causal_lm, sft"
+    ):
+        check_task("classification", "worker")
+    with pytest.raises(ValueError, match=r"task 'sft' stages on the worker engine only for now"):
+        check_task("sft", "spark")

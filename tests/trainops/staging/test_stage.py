@@ -208,3 +208,57 @@ def test_a_folder_holding_another_datasets_manifest_is_refused_naming_both(file_
         "this folder first"
     )
     assert snapshot(storage, file_root) == before
+
+
+# --- task sft: prompt/response records ------------------------------------------------------------
+def sft_source(storage, folder: str, count: int = 200, **bad: dict) -> str:
+    """A JSONL source of prompt/response records (``bad``: fields to override, by record index)."""
+    from tests.trainer.helpers import instructions
+
+    rows = [{"id": f"q{i}", "prompt": p, "response": r} for i, (p, r) in enumerate(instructions(count, 3))]
+    for index, fields in bad.items():
+        rows[int(index.removeprefix("row"))].update(fields)
+    storage.put(f"{folder}/data.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
+    return f"{folder}/data.jsonl"
+
+
+def test_an_sft_source_stages_one_record_per_sample_with_its_prompt_length_and_the_trainer_reads_it(
+    file_root, tmp_path
+):
+    import numpy as np
+
+    from tests.trainer.helpers import instructions
+    from trainer.records import check_records, read_records
+
+    storage = open_storage(file_root)
+    source = sft_source(storage, f"file://{tmp_path}/raw")
+    result = stage_dataset(storage, file_root, source, "instructions", task="sft")
+    manifest = storage.get_json(result["manifest_uri"])
+    assert manifest["task"] == {"kind": "sft"} and manifest["eval_index"]["slice_columns"] == []
+    pairs = dict(instructions(200, 3))
+    seen = 0
+    for split in ("train", "eval"):
+        info = manifest["splits"][split]
+        stream = b"".join(storage.get(join(result["uri"], s["path"])) for s in info["shards"])
+        tokens = np.frombuffer(stream, dtype="<u2")
+        rows = read_records(storage, result["uri"], manifest, split)  # the trainer's own reader
+        check_records(rows, len(tokens), result["uri"])
+        assert len(rows) == info["records"]["count"] == manifest["rows"][split]
+        for first, length, prompt in rows.tolist():
+            record = tokens[first : first + length]
+            assert record[-1] == 256  # one end of record, after the response
+            text = bytes(record[:-1].astype(np.uint8)).decode()
+            assert pairs[text[:prompt]] == text[prompt:]  # the prompt, then its own response
+        seen += len(rows)
+    assert seen == 200
+
+
+def test_an_sft_source_without_a_response_or_with_an_empty_one_is_refused_naming_it(file_root, tmp_path):
+    storage = open_storage(file_root)
+    missing = f"file://{tmp_path}/missing"
+    storage.put(f"{missing}/data.jsonl", b'{"id": "a", "prompt": "hi"}\n')
+    with pytest.raises(StagingError, match=r"lacks columns \['response'\]"):
+        stage_dataset(storage, file_root, missing, "m", task="sft")
+    empty = sft_source(storage, f"file://{tmp_path}/empty", 50, row7={"response": ""})
+    with pytest.raises(DataValidationError, match=r"response"):
+        stage_dataset(storage, file_root, empty, "e", task="sft")
