@@ -8,6 +8,9 @@ token, so every token but the first is predicted exactly once. Each predicted to
 belongs to the eval record whose [start, end) span contains it; per-slice figures
 aggregate the tokens of records with the same slice value.
 
+An ``sft`` dataset (``trainer.contract.tasks``) is scored as it is trained: each eval record is
+one sample (``trainer.records.sample``), and only its response's tokens count.
+
 It runs on CUDA with bf16 autocast when a GPU is present (the loss itself in fp32), else on
 the CPU in fp32; the windows go through the model ``eval.batch_size`` at a time. CPU figures
 are exactly those of an unbatched fp32 run up to float summation order; bf16 autocast moves
@@ -29,8 +32,9 @@ import torch.nn.functional as F
 
 from trainer import data
 from trainer.config import Config, resolved_eval_uris
-from trainer.contract import ENV_GPUS_PER_NODE, RECORD_TASKS, dataset_task
+from trainer.contract import ENV_GPUS_PER_NODE, IGNORE_INDEX, RECORD_TASKS, dataset_task
 from trainer.export.folder import load_model
+from trainer.records import check_records, read_records, sample
 from trainer.storage import open_storage
 
 log = logging.getLogger("trainer.evaluate")
@@ -144,17 +148,64 @@ def token_losses(
     return losses
 
 
-def evaluate_export(model_uri: str, stream, records, columns, config: Config) -> dict:
-    """Evaluate the model at ``model_uri``: an export folder or a checkpoint (``.../checkpoints[/step_<N>]``)."""
+@torch.no_grad()
+def record_token_losses(
+    model,
+    stream: data.TokenStream,
+    rows: np.ndarray,
+    seq_len: int,
+    batch_size: int,
+    max_batches: int = 0,
+    device: Device | None = None,
+) -> np.ndarray:
+    """Cross-entropy of each response token of each record (``rows``: a record task's), one
+    record per sample as in training; NaN at every other position (prompts, records' ends
+    beyond ``seq_len + 1`` tokens)."""
+    device = device or eval_device(False)
+    losses = np.full(len(stream), np.nan, dtype=np.float64)
+    order = range(len(rows))
+    batches = [list(order[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
+    for batch in batches[:max_batches] if max_batches else batches:
+        samples = []
+        for index in batch:
+            start, length, prompt = (int(v) for v in rows[index])
+            samples.append(sample(stream.read(start, start + min(length, seq_len + 1)), prompt, seq_len))
+        windows = torch.from_numpy(np.stack(samples)).to(device.device, non_blocking=True)
+        inputs, targets = data.inputs_and_targets(windows)
+        autocast = (
+            torch.autocast(device.device.type, dtype=device.autocast)
+            if device.autocast is not None
+            else contextlib.nullcontext()
+        )
+        with autocast:
+            logits = model(inputs)
+        ce = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none").cpu().numpy()
+        scored = (targets != IGNORE_INDEX).cpu().numpy()
+        for index, row, keep in zip(batch, ce, scored, strict=True):
+            positions = int(rows[index][0]) + 1 + np.flatnonzero(keep)  # target j is token j + 1
+            losses[positions] = row[keep]
+    return losses
+
+
+def evaluate_export(
+    model_uri: str, stream, records, columns, config: Config, rows: np.ndarray | None = None
+) -> dict:
+    """Evaluate the model at ``model_uri``: an export folder or a checkpoint (``.../checkpoints[/step_<N>]``).
+
+    :param rows: a record task's eval records (``trainer.records.read_records``): each scored as
+        one sample, its response only; None: token windows over the whole split."""
     device = eval_device(torch.cuda.is_available())
     model, _ = load_model(open_storage(model_uri), model_uri)
     model = model.to(device.device)
+    unit = "records" if rows is not None else "windows"
     log.info(
-        "evaluate: %s on %s, batches of %d windows", model_uri, device.describe(), config.eval.batch_size
+        "evaluate: %s on %s, batches of %d %s", model_uri, device.describe(), config.eval.batch_size, unit
     )
-    losses = token_losses(
-        model, stream, config.train.seq_len, config.eval.batch_size, config.eval.max_batches, device
-    )
+    t, e = config.train, config.eval
+    if rows is not None:
+        losses = record_token_losses(model, stream, rows, t.seq_len, e.batch_size, e.max_batches, device)
+    else:
+        losses = token_losses(model, stream, t.seq_len, e.batch_size, e.max_batches, device)
     owners = token_owners(records, len(stream))
     result = {
         "model_uri": model_uri,
@@ -175,17 +226,15 @@ def run_evaluate(config: Config) -> dict:
     model_uri, output_uri = resolved_eval_uris(config)
     data_storage = open_storage(config.data_uri)
     manifest = data.read_manifest(data_storage, config.data_uri)
-    task = dataset_task(manifest)
-    if task in RECORD_TASKS:
-        raise data.DataError(
-            f"dataset {config.data_uri} was staged for task {task!r}, and evaluating a model on it is not "
-            "built yet (issue #27): its loss would score the prompts too; evaluate on a causal_lm dataset"
-        )
     stream = data.open_split(data_storage, config.data_uri, manifest, "eval")
+    rows = None
+    if dataset_task(manifest) in RECORD_TASKS:  # scored as trained: each record, its response only
+        rows = read_records(data_storage, config.data_uri, manifest, "eval")
+        check_records(rows, len(stream), config.data_uri)
     records, columns = data.read_eval_index(data_storage, config.data_uri, manifest)
-    candidate = evaluate_export(model_uri, stream, records, columns, config)
+    candidate = evaluate_export(model_uri, stream, records, columns, config, rows)
     baseline = (
-        evaluate_export(config.eval.baseline_uri, stream, records, columns, config)
+        evaluate_export(config.eval.baseline_uri, stream, records, columns, config, rows)
         if config.eval.baseline_uri
         else None
     )

@@ -103,12 +103,51 @@ def test_a_dataset_staged_for_another_task_is_refused_naming_both(world_of_one, 
         load_config(None, ["run_uri=file:///r", "data_uri=file:///d", "task.kind=classification"])
 
 
-def test_evaluating_on_an_sft_dataset_is_refused_until_it_scores_the_responses(tmp_path):
+def test_an_sft_model_is_evaluated_on_its_eval_records_responses_only(tmp_path):
+    """The eval loss is the mean cross-entropy of the eval records' response tokens, each record
+    run alone through the model: padding and batching change nothing, prompts count for nothing."""
     from trainer.evaluate import run_evaluate
+    from trainer.export.folder import load_model, write_export
+    from trainer.models.builder import build_preset
+    from trainer.presets import PRESETS
 
-    uri = write_sft_dataset(tmp_path / "sft", train_records=8, eval_records=4)
-    config = load_config(None, [f"run_uri={(tmp_path / 'run').as_uri()}", f"data_uri={uri}", "task.kind=sft"])
-    with pytest.raises(
-        DataError, match=r"staged for task 'sft', and evaluating a model on it is not built yet"
-    ):
-        run_evaluate(config)
+    uri = write_sft_dataset(tmp_path / "sft", train_records=8, eval_records=12)
+    torch.manual_seed(0)
+    built = build_preset(PRESETS["tiny"].with_vocab(257))
+    export_uri = (tmp_path / "export").as_uri()
+    write_export(
+        open_storage(export_uri),
+        export_uri,
+        built.model.state_dict(),
+        built,
+        step=1,
+        data_uri=uri,
+        run_uri="file:///r",
+        precision="fp32",
+        dtype="fp32",
+    )
+    config = load_config(
+        None,
+        [
+            f"run_uri={(tmp_path / 'run').as_uri()}",
+            f"data_uri={uri}",
+            "task.kind=sft",
+            "train.seq_len=96",
+            f"eval.model_uri={export_uri}",
+            "eval.batch_size=5",
+        ],
+    )
+    report = run_evaluate(config)["candidate"]
+    model, _ = load_model(open_storage(export_uri), export_uri)
+    storage = open_storage(uri)
+    manifest = storage.get_json(f"{uri}/manifest.json")
+    rows = read_records(storage, uri, manifest, "eval")
+    stream = TokenStream([tmp_path / "sft" / "eval" / "00000.bin"], "uint16")
+    losses = []
+    with torch.no_grad():
+        for start, length, prompt in rows.tolist():
+            tokens = torch.from_numpy(stream.read(start, start + length))[None]
+            ce = F.cross_entropy(model(tokens[:, :-1])[0], tokens[0, 1:], reduction="none")
+            losses += ce[prompt - 1 :].tolist()  # the targets from the response's first token on
+    assert report["tokens"] == len(losses)
+    assert report["eval_loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-5)
