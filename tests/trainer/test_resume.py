@@ -17,6 +17,7 @@ from tests.trainer.helpers import (
     GLOBAL_BATCH,
     INSTRUMENTED,
     REPO,
+    TINY_QWEN2,
     metrics_of,
     read_json,
     run_config,
@@ -167,6 +168,9 @@ SFT_OVERRIDES = (
     "train.seq_len=80",
     "checkpoint.every_steps=4",
 )
+# A Hugging Face model with tied embeddings (the tie, its rotary buffers and its names must
+# survive the checkpoints too), with room for the records' 80 tokens.
+SFT_MODEL = {**TINY_QWEN2, "max_position_embeddings": 128}
 
 
 @pytest.fixture(scope="module")
@@ -187,19 +191,20 @@ def sft_train(config, tmp_path, attempt: int, **instruments: str) -> subprocess.
 
 
 def test_an_sft_run_preempted_then_killed_resumes_bitwise_identical(tmp_path, sft_dataset):
-    """Prompt/response records, the loss on the responses: an uninterrupted run, and one stopped
+    """Prompt/response records, the loss on the responses, a Hugging Face Qwen2 (tied embeddings):
+    an uninterrupted run, and one stopped
     by SIGTERM inside step 2, then SIGKILL in step 9 after the step-8 commit, then run to the end
     (``tests.trainer.helpers.preempted_then_killed``): the same bytes."""
     from tests.trainer.helpers import preempted_then_killed
 
     (tmp_path / "reference").mkdir()
-    reference, _ = run_config(tmp_path / "reference", sft_dataset, "run")
+    reference, _ = run_config(tmp_path / "reference", sft_dataset, "run", model={"hf_config": SFT_MODEL})
     done = sft_train(reference, tmp_path / "reference", 1)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     losses = metrics_of(tmp_path / "reference" / "run")
     assert losses[SFT_STEPS]["loss"] < losses[1]["loss"] - 1.0  # the answers are learnt
 
-    config, _ = run_config(tmp_path, sft_dataset, "run")
+    config, _ = run_config(tmp_path, sft_dataset, "run", model={"hf_config": SFT_MODEL})
     records = preempted_then_killed(config, tmp_path / "run", tmp_path, SFT_OVERRIDES)
     assert (records[1]["outcome"], records[1]["last_step"], records[1]["steps_lost"]) == ("preempted", 3, 0)
     assert (records[3]["outcome"], records[3]["resumed_from_step"], records[3]["last_step"]) == (

@@ -41,12 +41,11 @@ from trainops.cli import summary
 from trainops.cli.cost import run_cost
 from trainops.cli.devenv import apply_dev_env, storage_root_choice
 from trainops.cli.render_job import main as render_job
-from trainops.cli.watch import run_quiet_demo, stop_jobs
+from trainops.cli.watch import DEMO_DAG, DEMOS, run_quiet_demo, stop_jobs
 from trainops.hooks.storage import storage_for
 from trainops.registry.promotion import PromotionError
 from trainops.registry.rollback import rollback
 
-DEMO_DAG = "trainops_demo"
 DEMO_TASKS = ("stage", "train", "evaluate", "gate", "promote")
 
 
@@ -98,13 +97,19 @@ def run_note(dag_id: str, run_id: str) -> str | None:
         return run.note if run is not None else None
 
 
-def demo_conf(corrupt_data: bool, seed: int | None) -> dict[str, object]:
-    """The demo DAG run's conf: only what the command line set (the DAG's params hold the rest)."""
-    return {"corrupt_data": corrupt_data, **({"seed": seed} if seed is not None else {})}
+def demo_conf(corrupt_data: bool, seed: int | None, task: str = "causal_lm") -> dict[str, object]:
+    """The demo DAG run's conf: only what the command line set (the DAG's params hold the rest;
+    the ``sft`` demo has no bad-data switch)."""
+    bad = {"corrupt_data": corrupt_data} if task == "causal_lm" else {}
+    return {**bad, **({"seed": seed} if seed is not None else {})}
 
 
 def run_demo(
-    project_dir: str, corrupt_data: bool = False, result_file: str | None = None, seed: int | None = None
+    project_dir: str,
+    corrupt_data: bool = False,
+    result_file: str | None = None,
+    seed: int | None = None,
+    task: str = "causal_lm",
 ) -> int:
     """The demo with everything printed (``demo -v``; the quiet ``demo`` runs this in a child,
     :mod:`trainops.cli.watch`). Ctrl-C (SIGINT) stops the run: it is marked failed and its
@@ -112,7 +117,10 @@ def run_demo(
 
     :param result_file: also write the summary, run id, state and duration there (JSON).
     :param seed: the DAG's ``seed`` param (None: the DAG's default, what ``make demo`` trains with).
+    :param task: which demo (``DEMOS``): ``causal_lm`` (the default, ``trainops_demo``) or ``sft``
+        (``trainops_demo_sft``: instruction tuning of a small Hugging Face Qwen2).
     """
+    dag_id, model = DEMOS[task]
     # A parent that ignored SIGINT (a shell's background job) passes the ignoring on: the
     # quiet demo stops this process with SIGINT, so it must raise KeyboardInterrupt here.
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -124,16 +132,14 @@ def run_demo(
     _ensure_airflow_db(env)
 
     started = time.monotonic()
-    dag = load_dag(env["AIRFLOW__CORE__DAGS_FOLDER"], DEMO_DAG)
+    dag = load_dag(env["AIRFLOW__CORE__DAGS_FOLDER"], dag_id)
     try:
-        dagrun = dag.test(run_conf=demo_conf(corrupt_data, seed))
+        dagrun = dag.test(run_conf=demo_conf(corrupt_data, seed, task))
     except KeyboardInterrupt:
-        return _stop_demo_run(result_file)
+        return _stop_demo_run(result_file, dag_id)
     elapsed = time.monotonic() - started
-    results = xcom_results(DEMO_DAG, dagrun.run_id, DEMO_TASKS)
-    facts = summary.collect(
-        storage_for(root, None), root, results, "demo-lm", run_note(DEMO_DAG, dagrun.run_id)
-    )
+    results = xcom_results(dag_id, dagrun.run_id, DEMO_TASKS)
+    facts = summary.collect(storage_for(root, None), root, results, model, run_note(dag_id, dagrun.run_id))
     text = summary.render(facts)
     state = str(dagrun.state).rsplit(".", 1)[-1].lower()
     print(text)
@@ -145,7 +151,7 @@ def run_demo(
     return 0 if state == "success" else 1
 
 
-def _stop_demo_run(result_file: str | None) -> int:
+def _stop_demo_run(result_file: str | None, dag_id: str = DEMO_DAG) -> int:
     """After a Ctrl-C in ``dag.test()``: mark the demo's running DAG run failed and delete its
     jobs (their process groups), say so (and write it to ``result_file``), return 130."""
     # Deferred: the command line imports Airflow only once apply_dev_env has set its configuration.
@@ -155,12 +161,10 @@ def _stop_demo_run(result_file: str | None) -> int:
 
     run_ids = []
     with create_session() as session:
-        for run in session.query(DagRun).filter(
-            DagRun.dag_id == DEMO_DAG, DagRun.state == DagRunState.RUNNING
-        ):
+        for run in session.query(DagRun).filter(DagRun.dag_id == dag_id, DagRun.state == DagRunState.RUNNING):
             run.set_state(DagRunState.FAILED)
             run_ids.append(run.run_id)
-    deleted, left = stop_jobs(DEMO_DAG, run_ids[0] if len(run_ids) == 1 else None)
+    deleted, left = stop_jobs(dag_id, run_ids[0] if len(run_ids) == 1 else None)
     if result_file:
         Path(result_file).write_text(
             json.dumps({"interrupted": True, "run_ids": run_ids, "deleted": deleted, "left": left})
@@ -277,6 +281,13 @@ def main(argv: list[str] | None = None) -> int:
         "model (2 passes the gate and becomes the next version)",
     )
     demo.add_argument(
+        "--task",
+        choices=tuple(DEMOS),
+        default="causal_lm",
+        help="causal_lm (the default: our tiny Llama on the demo text) or sft (a small Hugging Face "
+        "Qwen2 instruction-tuned on prompt/response pairs, its own tokenizer, the loss on the responses)",
+    )
+    demo.add_argument(
         "-v",
         "--verbose",
         action="store_true",
@@ -320,12 +331,22 @@ def main(argv: list[str] | None = None) -> int:
             args.model, args.version, reason=args.reason, by=args.by, storage_root=args.storage_root
         )
     if args.command == "demo":
+        if args.corrupt_data and args.task != "causal_lm":
+            parser.error(
+                f"--corrupt-data is the causal_lm demo's; the {args.task} demo has no bad-data switch"
+            )
         if args.verbose:
             return run_demo(
-                args.project_dir, corrupt_data=args.corrupt_data, result_file=args.result_file, seed=args.seed
+                args.project_dir,
+                corrupt_data=args.corrupt_data,
+                result_file=args.result_file,
+                seed=args.seed,
+                task=args.task,
             )
 
-        return run_quiet_demo(args.project_dir, corrupt_data=args.corrupt_data, seed=args.seed)
+        return run_quiet_demo(
+            args.project_dir, corrupt_data=args.corrupt_data, seed=args.seed, task=args.task
+        )
     if args.command == "airflow":
         return run_airflow(args.project_dir)
     if args.command == "render-job":

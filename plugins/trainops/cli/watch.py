@@ -34,6 +34,8 @@ from trainops.cluster.local.backend import LocalCluster
 from trainops.shapes import ShapeError, check_job, load
 
 DEMO_DAG = "trainops_demo"
+# demo --task: the DAG each task's demo runs, and the model it promotes
+DEMOS = {"causal_lm": (DEMO_DAG, "demo-lm"), "sft": ("trainops_demo_sft", "demo-sft")}
 POLL_S = 0.5
 # How long a stopped child gets to mark its run failed and delete its jobs before SIGKILL.
 STOP_GRACE_S = 60.0
@@ -138,8 +140,9 @@ class DemoWatch:
     :param root: the storage root the run writes to.
     """
 
-    def __init__(self, console: Console, db: Path | None, after_id: int, root: str):
+    def __init__(self, console: Console, db: Path | None, after_id: int, root: str, dag_id: str = DEMO_DAG):
         self.console, self.db, self.after_id, self.root = console, db, after_id, root
+        self.dag_id = dag_id
         self.run_id: str | None = None
         self.run_state: str | None = None
         self._printed_tasks: set[tuple[str, int]] = set()
@@ -154,7 +157,7 @@ class DemoWatch:
     def poll(self) -> None:
         """Read what is new and print its lines (a read that fails now is read again later)."""
         if self.db is not None:
-            found = read_run(self.db, DEMO_DAG, self.after_id)
+            found = read_run(self.db, self.dag_id, self.after_id)
             if found is not None:
                 self.run_id, self.run_state, tasks = found
                 self._tasks(tasks)
@@ -177,7 +180,7 @@ class DemoWatch:
 
     def _training(self) -> None:
         assert self.run_id is not None
-        run_uri = run_prefix(self.root, DEMO_DAG, self.run_id, "train")
+        run_uri = run_prefix(self.root, self.dag_id, self.run_id, "train")
         layout = RunLayout(run_uri)
         if self._store is None:
             self._store = open_storage(run_uri)
@@ -238,7 +241,12 @@ def log_path(airflow_home: str) -> Path:
 
 
 def run_quiet_demo(
-    project_dir: str, *, corrupt_data: bool = False, seed: int | None = None, out: IO[str] | None = None
+    project_dir: str,
+    *,
+    corrupt_data: bool = False,
+    seed: int | None = None,
+    out: IO[str] | None = None,
+    task: str = "causal_lm",
 ) -> int:
     """Run the demo in a child (``demo --verbose``) logging to a file, print its course and
     its summary; 130 after a Ctrl-C, else the child's exit status."""
@@ -252,8 +260,18 @@ def run_quiet_demo(
     db = sqlite_path(env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"))
     if db is None:
         console.line("(Airflow's DB is not SQLite: no task or training lines here; -v shows the log)")
-    watch = DemoWatch(console, db, newest_run_id(db) if db else 0, root)
-    argv = [sys.executable, "-m", "trainops", "demo", "--verbose", "--project-dir", project_dir]
+    watch = DemoWatch(console, db, newest_run_id(db) if db else 0, root, DEMOS[task][0])
+    argv = [
+        sys.executable,
+        "-m",
+        "trainops",
+        "demo",
+        "--verbose",
+        "--project-dir",
+        project_dir,
+        "--task",
+        task,
+    ]
     argv += ["--result-file", str(result)] + (["--corrupt-data"] if corrupt_data else [])
     argv += ["--seed", str(seed)] if seed is not None else []
     with open(log, "ab") as sink:
@@ -308,7 +326,7 @@ def _interrupted(console: Console, child: subprocess.Popen[bytes], watch: DemoWa
         result.unlink()
     except (FileNotFoundError, ValueError):  # killed before it could say
         done = {}
-    deleted, left = stop_jobs(DEMO_DAG, watch.run_id)  # what the child did not delete
+    deleted, left = stop_jobs(watch.dag_id, watch.run_id)  # what the child did not delete
     jobs = [*done.get("deleted", []), *deleted]
     run = watch.run_id or "(none started yet)"
     what = f"deleted its job(s) {', '.join(jobs)}" if jobs else "it had no job running"

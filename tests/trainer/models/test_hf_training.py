@@ -1,5 +1,6 @@
 """A Hugging Face model from ``model.hf_config`` through the whole trainer: 2 CPU ranks under
-torchrun, checkpoints, a SIGTERM and a SIGKILL, the export that ``transformers`` loads alone.
+torchrun, checkpoints, the export that ``transformers`` loads alone. (Its resume after a SIGTERM
+and a SIGKILL is the sft test's, tests/trainer/test_resume.py, which trains the same model.)
 
 The model is a tiny Qwen2 with tied embeddings (the LM head is the embedding, as in Qwen2-0.5B),
 so the tie survives sharding, checkpoints and the export.
@@ -16,7 +17,6 @@ from tests.trainer.helpers import (
     INSTRUMENTED,
     TINY_QWEN2,
     metrics_of,
-    preempted_then_killed,
     read_json,
     run_config,
     torchrun_argv,
@@ -80,22 +80,3 @@ def test_a_qwen2_from_its_config_trains_and_its_export_loads_in_transformers_wit
     with torch.no_grad():
         difference = (ours(tokens) - theirs(input_ids=tokens).logits).abs().max().item()
     assert difference <= 1e-5
-
-
-def test_an_hf_model_preempted_then_killed_resumes_bitwise_identical(tmp_path, dataset_uri, hf_run):
-    """SIGTERM inside step 2, then SIGKILL in step 9 after the step-8 commit, then to the end
-    (``tests.trainer.helpers.preempted_then_killed``): the same bytes as the uninterrupted run."""
-    config, _ = run_config(tmp_path, dataset_uri, "run", model={"hf_config": TINY_QWEN2})
-    run = tmp_path / "run"
-    records = preempted_then_killed(config, run, tmp_path, OVERRIDES)
-    first, third = records[1], records[3]
-    assert (first["outcome"], first["last_step"], first["checkpoint_step"], first["steps_lost"]) == (
-        "preempted",
-        3,
-        3,
-        0,
-    )
-    assert (third["outcome"], third["resumed_from_step"], third["last_step"]) == ("completed", 8, STEPS)
-    assert (run / "export" / "model.safetensors").read_bytes() == (
-        hf_run["run_dir"] / "export" / "model.safetensors"
-    ).read_bytes()

@@ -1,0 +1,156 @@
+"""trainops_demo_sft: instruction tuning of a Hugging Face model, end to end on the embedded default.
+
+Generate prompt/response data and its tokenizer -> stage it for `sft` (each record one sample,
+the loss on the response only) with that tokenizer -> train a small random-weight Qwen2
+(`model.hf_config`, built by transformers) on 2 local "nodes" with one injected spot
+preemption -> evaluate on the eval records' responses -> gate -> promote. The promoted version
+is a Hugging Face folder (`Qwen2ForCausalLM`, its tokenizer) that `transformers` loads as is.
+`python -m trainops demo --task sft` runs it with `dag.test()`.
+
+The task: each prompt is a post of the demo text and `source:`; the response is the source
+that wrote it (news, forum or docs). Params: `seed` (the trainer's seed) and `max_eval_loss`
+(the gate's threshold on the responses' loss).
+"""
+
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import DAG, Param, task
+
+from trainer.config import MAX_SEED
+from trainer.contract import join
+from trainops.operators import (
+    EvaluateModelOperator,
+    EvaluationGateOperator,
+    FSDPTrainingOperator,
+    PromoteModelOperator,
+    StageDatasetOperator,
+)
+from trainops.settings import resolve_storage_root
+from trainops.staging.demo_sft import TOKENIZER_VOCAB, write_demo_sft_dataset, write_demo_tokenizer
+
+MODEL = "demo-sft"
+# Where the demo writes its tokenizer; staging encodes with it and the export ships it.
+TOKENIZER = join(resolve_storage_root(None), "tokenizers", "demo-sft", "tokenizer.json")
+# A small Qwen2 (tied embeddings, as Qwen2-0.5B), random initial weights, the tokenizer's vocabulary.
+QWEN2 = {
+    "model_type": "qwen2",
+    "vocab_size": TOKENIZER_VOCAB,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+    "tie_word_embeddings": True,
+}
+
+with DAG(
+    dag_id="trainops_demo_sft",
+    schedule=None,
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    tags=["trainops", "demo"],
+    default_args={"owner": "trainops", "retries": 0},
+    doc_md=__doc__,
+    render_template_as_native_obj=True,  # "{{ params.seed }}" reaches the trainer as an int
+    params={
+        "seed": Param(
+            1234,
+            type="integer",
+            minimum=0,
+            maximum=MAX_SEED,
+            title="Training seed",
+            description="The trainer's seed: the model's initial weights and the order of the samples.",
+        ),
+        "max_eval_loss": Param(
+            1.0,
+            type="number",
+            minimum=0,
+            title="Gate: highest eval loss",
+            description="The gate rejects a candidate whose loss on the eval responses is above this.",
+        ),
+    },
+) as dag:
+
+    @task
+    def demo_data() -> str:
+        """Write the demo tokenizer (once) and the prompt/response data; return the data's URI."""
+        write_demo_tokenizer(TOKENIZER)
+        uri = join(resolve_storage_root(None), "raw", "demo-instructions")
+        write_demo_sft_dataset(uri, rows=2000, seed=0)
+        return uri
+
+    stage = StageDatasetOperator(
+        task_id="stage",
+        source_uri=demo_data(),
+        dataset_name="demo-instructions",
+        task="sft",
+        tokenizer=TOKENIZER,
+        slice_columns=("source",),
+    )
+
+    train = FSDPTrainingOperator(
+        task_id="train",
+        dataset=stage.output,
+        nodes=2,
+        gpus_per_node=0,  # 2 "nodes" x 1 CPU process, gloo
+        trainer_config={
+            "seed": "{{ params.seed }}",
+            "precision": "bf16",
+            "task": {"kind": "sft"},
+            "model": {"hf_config": QWEN2},
+            "train": {
+                "max_steps": 100,
+                "micro_batch_size": 8,
+                "seq_len": 48,
+                "lr": 3e-3,
+                "warmup_steps": 10,
+            },
+            "checkpoint": {"every_steps": 25, "keep": 2},
+            "metrics": {"flush_every": 1},
+        },
+        inject_preemption={"node": 1, "at_step": 40},
+        max_preemptions=2,
+        termination_grace_seconds=30,
+        poll_interval=1.0,
+        progress_every=5.0,
+    )
+
+    evaluate = EvaluateModelOperator(
+        task_id="evaluate", training=train.output, model_name=MODEL, poll_interval=1.0
+    )
+
+    gate = EvaluationGateOperator(
+        task_id="gate",
+        evaluation=evaluate.output,
+        checks=[
+            {
+                "name": "response loss under max_eval_loss",
+                "kind": "threshold",
+                "metric": "eval_loss",
+                "op": "<=",
+                "value": "{{ params.max_eval_loss }}",
+            },
+            {
+                "name": "no regression vs production",
+                "kind": "no_regression",
+                "metric": "eval_loss",
+                "tolerance": 0.02,
+            },
+        ],
+    )
+
+    promote = PromoteModelOperator(
+        task_id="promote",
+        model_name=MODEL,
+        gate=gate.output,
+        training=train.output,
+        dataset=stage.output,
+        evaluation=evaluate.output,
+    )
+
+
+if __name__ == "__main__":
+    dag.test()

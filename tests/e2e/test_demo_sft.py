@@ -1,0 +1,68 @@
+"""``python -m trainops demo --task sft`` (the ``trainops_demo_sft`` DAG) through Airflow's own
+``dag.test()``: prompt/response data staged for ``sft`` with the demo's own tokenizer, a small
+random Qwen2 trained on 2 local nodes through one injected preemption, evaluated on the eval
+responses, gated and promoted; the promoted folder loads with ``transformers`` alone, with the
+trainer's logits, and answers its prompts."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from trainer.contract import MetricsReader, RunLayout, production_pointer
+from trainer.storage import open_storage
+from trainops.cli.main import DEMO_TASKS, DEMOS, load_dag, xcom_results
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_sft_demo_tunes_a_qwen2_on_its_responses_and_promotes_a_folder_transformers_serves(
+    tmp_path, airflow_db, monkeypatch
+):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer.export.folder import load_model
+
+    dag_id, model = DEMOS["sft"]
+    root = f"file://{tmp_path}/storage"
+    monkeypatch.setenv("TRAINOPS_STORAGE_ROOT", root)
+    monkeypatch.setenv("TRAINOPS_LOCAL_STATE", str(tmp_path / "local"))
+    dag = load_dag(os.environ["AIRFLOW__CORE__DAGS_FOLDER"], dag_id)  # parsed under this root
+    dagrun = dag.test()
+    results = xcom_results(dag_id, dagrun.run_id, DEMO_TASKS)
+    assert str(dagrun.state).rsplit(".", 1)[-1].lower() == "success", results
+    store = open_storage(root)
+
+    stage = results["stage"]
+    manifest = store.get_json(f"{stage['uri']}/manifest.json")
+    assert manifest["task"] == {"kind": "sft"} and manifest["tokenizer"]["kind"] == "huggingface"
+    train = results["train"]
+    assert (train["preemptions"], train["steps_lost"], train["steps"]) == (1, 0, 100)
+    layout = RunLayout(train["run_uri"])
+    records = [store.get_json(layout.attempt(n)) for n in (1, 2)]
+    assert [r["outcome"] for r in records] == ["preempted", "completed"]
+    assert records[1]["resumed_from_step"] == records[0]["checkpoint_step"] == records[0]["last_step"]
+    assert {r["step"] for r in MetricsReader(store, layout.run_uri).records()} == set(range(1, 101))
+    evaluation = store.get_json(layout.eval_metrics)["candidate"]
+    assert evaluation["eval_loss"] < 0.5 and results["gate"]["approved"] is True  # ln(512) = 6.2 untrained
+    pointer = store.get_json(production_pointer(root, model))
+    assert pointer["version"] == results["promote"]["version"] == 1
+
+    folder = pointer["uri"]
+    path = folder.removeprefix("file://")
+    theirs = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)  # transformers alone
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    assert type(theirs).__name__ == "Qwen2ForCausalLM"
+    ours, _ = load_model(open_storage(folder), folder)
+    prompts = {
+        "news": "the council opened a new bridge in oslo on monday.\nsource:",
+        "docs": "edit config.yaml before you restart the server.\nsource:",
+    }
+    for source, prompt in prompts.items():
+        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            assert (ours(ids) - theirs(input_ids=ids).logits).abs().max().item() <= 1e-5
+            answer = theirs.generate(ids, max_new_tokens=3, do_sample=False)[0, ids.shape[1] :]
+        assert tokenizer.decode(answer, skip_special_tokens=True).strip() == source
