@@ -30,8 +30,8 @@ section); a section or row that would overrun is skipped with its reason in the 
 that fails records its error (the exit status is then 1).
 
 It runs on the device's own Python and torch as they are (3.12 / 2.11 tested for): it imports
-torch, numpy, transformers (the Hugging Face rows) and this checkout's ``trainer`` modules that
-need nothing else (no boto3, no Airflow, no safetensors, no yaml). ``--smoke`` runs every section on the CPU with the ``tiny``
+torch, numpy, transformers (the Hugging Face rows; it brings safetensors and pyyaml) and this
+checkout's ``trainer`` modules that need nothing else (no boto3, no Airflow). ``--smoke`` runs every section on the CPU with the ``tiny``
 preset in seconds (``torch.compile`` with the eager backend there), so the script is checked
 without a GPU (tests/bench/test_gpu.py)::
 

@@ -48,6 +48,7 @@ COMPONENTS = {
 # A user-facing payload: every key of the form, small enough to train in seconds.
 PAYLOAD = {
     "model_preset": "tiny",
+    "hf_model": "",
     "nodes": 1,
     "gpus_per_node": 0,
     "capacity": "spot",

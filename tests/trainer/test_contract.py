@@ -24,7 +24,7 @@ def defined_names(module) -> set[str]:
 
 def test_every_public_name_of_every_part_is_a_name_of_the_contract():
     parts = [m.name for m in pkgutil.iter_modules(trainer.contract.__path__)]
-    assert parts == ["heartbeat", "launch", "layout", "metrics", "records"]
+    assert parts == ["heartbeat", "launch", "layout", "metrics", "records", "tasks"]
     lost = {}
     for part in parts:
         module = importlib.import_module(f"trainer.contract.{part}")
