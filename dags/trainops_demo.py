@@ -18,13 +18,8 @@ from airflow.sdk import DAG, Param, task
 
 from trainer.config import MAX_SEED
 from trainer.contract import join
-from trainops.operators import (
-    EvaluateModelOperator,
-    EvaluationGateOperator,
-    FSDPTrainingOperator,
-    PromoteModelOperator,
-    StageDatasetOperator,
-)
+from trainops.operators import StageDatasetOperator
+from trainops.recipes.demo import demo_chain
 from trainops.settings import resolve_storage_root
 from trainops.staging.demo_data import write_demo_dataset
 
@@ -82,11 +77,9 @@ with DAG(
 
     stage = StageDatasetOperator(task_id="stage", source_uri=demo_data(), dataset_name="demo-text")
 
-    train = FSDPTrainingOperator(
-        task_id="train",
-        dataset=stage.output,
-        nodes=2,
-        gpus_per_node=0,  # 2 "nodes" x 1 CPU process, gloo
+    demo_chain(
+        stage,
+        model=MODEL,
         trainer_config={
             "seed": "{{ params.seed }}",  # an int: the DAG renders templates as native objects
             "precision": "bf16",
@@ -102,48 +95,9 @@ with DAG(
             "checkpoint": {"every_steps": 30, "keep": 2},
             "metrics": {"flush_every": 1},
         },
-        inject_preemption={"node": 1, "at_step": 50},
-        max_preemptions=2,
-        termination_grace_seconds=30,
-        poll_interval=1.0,
-        progress_every=5.0,
+        loss_check="eval loss under max_eval_loss",
+        preempt_at=50,
     )
-
-    evaluate = EvaluateModelOperator(
-        task_id="evaluate", training=train.output, model_name=MODEL, poll_interval=1.0
-    )
-
-    gate = EvaluationGateOperator(
-        task_id="gate",
-        evaluation=evaluate.output,
-        checks=[
-            {
-                "name": "eval loss under max_eval_loss",
-                "kind": "threshold",
-                "metric": "eval_loss",
-                "op": "<=",
-                "value": "{{ params.max_eval_loss }}",
-            },
-            # Relative: a candidate may be up to 2% worse than production. Allows ties (the
-            # same data and seed retrain the same model) and another seed's chance difference.
-            {
-                "name": "no regression vs production",
-                "kind": "no_regression",
-                "metric": "eval_loss",
-                "tolerance": 0.02,
-            },
-        ],
-    )
-
-    promote = PromoteModelOperator(
-        task_id="promote",
-        model_name=MODEL,
-        gate=gate.output,
-        training=train.output,
-        dataset=stage.output,
-        evaluation=evaluate.output,
-    )
-
 
 if __name__ == "__main__":
     dag.test()

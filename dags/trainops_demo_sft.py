@@ -19,13 +19,8 @@ from airflow.sdk import DAG, Param, task
 
 from trainer.config import MAX_SEED
 from trainer.contract import join
-from trainops.operators import (
-    EvaluateModelOperator,
-    EvaluationGateOperator,
-    FSDPTrainingOperator,
-    PromoteModelOperator,
-    StageDatasetOperator,
-)
+from trainops.operators import StageDatasetOperator
+from trainops.recipes.demo import demo_chain
 from trainops.settings import resolve_storage_root
 from trainops.staging.demo_sft import TOKENIZER_VOCAB, write_demo_sft_dataset, write_demo_tokenizer
 
@@ -91,66 +86,21 @@ with DAG(
         slice_columns=("source",),
     )
 
-    train = FSDPTrainingOperator(
-        task_id="train",
-        dataset=stage.output,
-        nodes=2,
-        gpus_per_node=0,  # 2 "nodes" x 1 CPU process, gloo
+    demo_chain(
+        stage,
+        model=MODEL,
         trainer_config={
             "seed": "{{ params.seed }}",
             "precision": "bf16",
             "task": {"kind": "sft"},
             "model": {"hf_config": QWEN2},
-            "train": {
-                "max_steps": 100,
-                "micro_batch_size": 8,
-                "seq_len": 48,
-                "lr": 3e-3,
-                "warmup_steps": 10,
-            },
+            "train": {"max_steps": 100, "micro_batch_size": 8, "seq_len": 48, "lr": 3e-3, "warmup_steps": 10},
             "checkpoint": {"every_steps": 25, "keep": 2},
             "metrics": {"flush_every": 1},
         },
-        inject_preemption={"node": 1, "at_step": 40},
-        max_preemptions=2,
-        termination_grace_seconds=30,
-        poll_interval=1.0,
-        progress_every=5.0,
+        loss_check="response loss under max_eval_loss",
+        preempt_at=40,
     )
-
-    evaluate = EvaluateModelOperator(
-        task_id="evaluate", training=train.output, model_name=MODEL, poll_interval=1.0
-    )
-
-    gate = EvaluationGateOperator(
-        task_id="gate",
-        evaluation=evaluate.output,
-        checks=[
-            {
-                "name": "response loss under max_eval_loss",
-                "kind": "threshold",
-                "metric": "eval_loss",
-                "op": "<=",
-                "value": "{{ params.max_eval_loss }}",
-            },
-            {
-                "name": "no regression vs production",
-                "kind": "no_regression",
-                "metric": "eval_loss",
-                "tolerance": 0.02,
-            },
-        ],
-    )
-
-    promote = PromoteModelOperator(
-        task_id="promote",
-        model_name=MODEL,
-        gate=gate.output,
-        training=train.output,
-        dataset=stage.output,
-        evaluation=evaluate.output,
-    )
-
 
 if __name__ == "__main__":
     dag.test()

@@ -1,0 +1,32 @@
+"""The demos' shared chain: two local CPU nodes, one injected preemption, a gate on the loss."""
+
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import DAG
+
+from trainops.gate.checks import validate_checks
+from trainops.operators import StageDatasetOperator
+from trainops.recipes.demo import demo_chain
+
+
+def test_the_chain_trains_on_two_nodes_through_one_preemption_and_gates_on_the_param():
+    with DAG("d", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")) as dag:
+        stage = StageDatasetOperator(task_id="stage", source_uri="file:///raw", dataset_name="demo")
+        tasks = demo_chain(
+            stage,
+            model="demo-x",
+            trainer_config={"train": {"max_steps": 9}},
+            loss_check="loss ok",
+            preempt_at=4,
+        )
+    assert set(tasks) == {"train", "evaluate", "gate", "promote"} <= set(dag.task_ids)
+    train = tasks["train"]
+    assert (train.nodes, train.gpus_per_node, train.inject_preemption) == (2, 0, {"node": 1, "at_step": 4})
+    assert train.trainer_config == {"train": {"max_steps": 9}}
+    checks = tasks["gate"].checks
+    assert [c["name"] for c in checks] == ["loss ok", "no regression vs production"]
+    assert checks[0]["value"] == "{{ params.max_eval_loss }}"  # the DAG's param, rendered at run time
+    validate_checks([{**checks[0], "value": 1.0}, checks[1]])
+    assert tasks["evaluate"].model_name == tasks["promote"].model_name == "demo-x"
+    assert tasks["train"].downstream_task_ids == {"evaluate", "promote"}
