@@ -249,6 +249,8 @@ BEHAVIOUR_TESTS = {
     "tests/trainops/staging/spark/test_connect.py": "staging from a worker through a Spark Connect server",
     "tests/trainer/test_gradients.py": "each precision's gradients against a one-process reference",
     "tests/trainer/models/test_hf_training.py": "a Hugging Face model through the whole trainer under torchrun",
+    "tests/trainer/models/test_hf_classifier.py": "a Hugging Face classifier through the whole trainer under torchrun",
+    "tests/trainer/models/test_hf_encoders.py": "Hugging Face encoder classifiers from a config",
     "tests/trainer/test_resume.py": "bitwise and elastic resume under torchrun",
     "tests/trainer/test_s3_run.py": "a run with its prefix on S3",
 }

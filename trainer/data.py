@@ -373,6 +373,10 @@ class TrainBatches:
         self.stream.gather(ids * self.seq_len, self.seq_len + 1, out=windows.numpy())
         return windows
 
+    def split(self, windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and targets (:func:`inputs_and_targets`)."""
+        return inputs_and_targets(windows)
+
 
 class Batches(Protocol):
     """What :class:`DeviceFeed` reads from: :class:`TrainBatches` (token windows) or
@@ -382,6 +386,10 @@ class Batches(Protocol):
     masked: bool  # whether targets carry IGNORE_INDEX (the loss is then a masked mean)
 
     def micro_batch(self, cursor: int, micro_step: int) -> torch.Tensor: ...
+
+    def split(self, windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A micro-batch's (inputs, targets)."""
+        ...
 
 
 def inputs_and_targets(windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -436,7 +444,7 @@ class DeviceFeed:
             compute = torch.cuda.current_stream(self.device)
             compute.wait_stream(self._copies)  # on the device: the host does not wait
             windows.record_stream(compute)  # its memory is in use on the compute stream from now on
-        return inputs_and_targets(windows)
+        return self.batches.split(windows)
 
     def _to_device(self, windows: torch.Tensor) -> torch.Tensor:
         if self._copies is None:

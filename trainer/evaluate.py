@@ -9,7 +9,10 @@ belongs to the eval record whose [start, end) span contains it; per-slice figure
 aggregate the tokens of records with the same slice value.
 
 An ``sft`` dataset (``trainer.contract.tasks``) is scored as it is trained: each eval record is
-one sample (``trainer.records.sample``), and only its response's tokens count.
+one sample (``trainer.records.sample``), and only its response's tokens count. A
+``classification`` dataset's eval records are each one sample too (``trainer.records.labelled_sample``):
+its loss is the cross-entropy of the record's label, and the report adds accuracy, macro F1 and
+each label's figures (:func:`label_metrics`); ``tokens`` then counts records.
 
 It runs on CUDA with bf16 autocast when a GPU is present (the loss itself in fp32), else on
 the CPU in fp32; the windows go through the model ``eval.batch_size`` at a time. CPU figures
@@ -32,9 +35,16 @@ import torch.nn.functional as F
 
 from trainer import data
 from trainer.config import Config, resolved_eval_uris
-from trainer.contract import ENV_GPUS_PER_NODE, IGNORE_INDEX, RECORD_TASKS, dataset_task
+from trainer.contract import (
+    ENV_GPUS_PER_NODE,
+    IGNORE_INDEX,
+    RECORD_TASKS,
+    TASK_CLASSIFICATION,
+    dataset_labels,
+    dataset_task,
+)
 from trainer.export.folder import load_model
-from trainer.records import check_records, read_records, sample
+from trainer.records import check_records, labelled_sample, read_records, sample, split_samples
 from trainer.storage import open_storage
 
 log = logging.getLogger("trainer.evaluate")
@@ -79,6 +89,31 @@ def slice_summaries(losses: np.ndarray, owners: np.ndarray, records: list[dict],
             value: summary(losses[scored & (per_token == value)]) for value in sorted(set(values[:-1]))
         }
     return out
+
+
+def label_metrics(truth: np.ndarray, predicted: np.ndarray, labels: list[str]) -> dict:
+    """A classifier's figures: ``{"accuracy", "f1_macro", "per_label": {label: {precision,
+    recall, f1, support}}}`` of ``predicted`` against ``truth`` (label indices into ``labels``),
+    as scikit-learn's ``classification_report`` defines them (``zero_division=0``); None figures
+    for no records (JSON has no NaN). Macro F1 averages over every label of the set, present or
+    not."""
+    truth, predicted = np.asarray(truth, dtype=np.int64), np.asarray(predicted, dtype=np.int64)
+    if not truth.size:
+        return {"accuracy": None, "f1_macro": None, "per_label": {}}
+    per_label, f1s = {}, []
+    for index, label in enumerate(labels):
+        hits = int(np.sum((predicted == index) & (truth == index)))
+        said, support = int(np.sum(predicted == index)), int(np.sum(truth == index))
+        precision = hits / said if said else 0.0
+        recall = hits / support if support else 0.0
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        per_label[label] = {"precision": precision, "recall": recall, "f1": f1, "support": support}
+        f1s.append(f1)
+    return {
+        "accuracy": float(np.mean(truth == predicted)),
+        "f1_macro": float(np.mean(f1s)),
+        "per_label": per_label,
+    }
 
 
 # --- model I/O --------------------------------------------------------------------------
@@ -187,13 +222,77 @@ def record_token_losses(
     return losses
 
 
+@torch.no_grad()
+def record_label_scores(
+    model,
+    stream: data.TokenStream,
+    rows: np.ndarray,
+    seq_len: int,
+    batch_size: int,
+    max_batches: int = 0,
+    device: Device | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """A classifier's cross-entropy of each eval record's label and its predicted label index
+    (``rows``: a ``classification`` split's records), one record per sample as in training;
+    NaN and -1 for the records past ``max_batches``."""
+    device = device or eval_device(False)
+    losses, predicted = np.full(len(rows), np.nan), np.full(len(rows), -1, dtype=np.int64)
+    order = range(len(rows))
+    batches = [list(order[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
+    for batch in batches[:max_batches] if max_batches else batches:
+        samples = []
+        for index in batch:
+            start, length, label = (int(v) for v in rows[index])
+            samples.append(labelled_sample(stream.read(start, start + min(length, seq_len)), label, seq_len))
+        windows = torch.from_numpy(np.stack(samples)).to(device.device, non_blocking=True)
+        inputs, targets = split_samples(windows, TASK_CLASSIFICATION)
+        autocast = (
+            torch.autocast(device.device.type, dtype=device.autocast)
+            if device.autocast is not None
+            else contextlib.nullcontext()
+        )
+        with autocast:
+            logits = model(inputs).float()
+        losses[batch] = F.cross_entropy(logits, targets, reduction="none").cpu().numpy()
+        predicted[batch] = logits.argmax(dim=-1).cpu().numpy()
+    return losses, predicted
+
+
+def _classification_result(
+    model, stream, rows: np.ndarray, records, columns, config: Config, device: Device, labels: list[str]
+) -> dict:
+    """``evaluate_export``'s figures for a classifier: the label loss per record, placed at the
+    record's first token so that the slices group records as they group tokens."""
+    t, e = config.train, config.eval
+    per_record, predicted = record_label_scores(
+        model, stream, rows, t.seq_len, e.batch_size, e.max_batches, device
+    )
+    scored = ~np.isnan(per_record)
+    losses = np.full(len(stream), np.nan)
+    losses[rows[scored, 0]] = per_record[scored]
+    return {
+        **summary(per_record[scored]),
+        "records": int(scored.sum()),
+        **label_metrics(rows[scored, 2], predicted[scored], labels),
+        "slices": slice_summaries(losses, token_owners(records, len(stream)), records, columns),
+    }
+
+
 def evaluate_export(
-    model_uri: str, stream, records, columns, config: Config, rows: np.ndarray | None = None
+    model_uri: str,
+    stream,
+    records,
+    columns,
+    config: Config,
+    rows: np.ndarray | None = None,
+    labels: list[str] | None = None,
 ) -> dict:
     """Evaluate the model at ``model_uri``: an export folder or a checkpoint (``.../checkpoints[/step_<N>]``).
 
     :param rows: a record task's eval records (``trainer.records.read_records``): each scored as
-        one sample, its response only; None: token windows over the whole split."""
+        one sample, its response only; None: token windows over the whole split.
+    :param labels: a ``classification`` dataset's label set: ``rows`` are then scored by their
+        labels (:func:`record_label_scores`)."""
     device = eval_device(torch.cuda.is_available())
     model, _ = load_model(open_storage(model_uri), model_uri)
     model = model.to(device.device)
@@ -202,6 +301,20 @@ def evaluate_export(
         "evaluate: %s on %s, batches of %d %s", model_uri, device.describe(), config.eval.batch_size, unit
     )
     t, e = config.train, config.eval
+    if rows is not None and labels is not None:
+        result = {
+            "model_uri": model_uri,
+            **_classification_result(model, stream, rows, records, columns, config, device, labels),
+        }
+        log.info(
+            "evaluate: %s eval_loss %.4f accuracy %.4f macro F1 %.4f over %d records",
+            model_uri,
+            result["eval_loss"],
+            result["accuracy"],
+            result["f1_macro"],
+            result["records"],
+        )
+        return result
     if rows is not None:
         losses = record_token_losses(model, stream, rows, t.seq_len, e.batch_size, e.max_batches, device)
     else:
@@ -227,14 +340,17 @@ def run_evaluate(config: Config) -> dict:
     data_storage = open_storage(config.data_uri)
     manifest = data.read_manifest(data_storage, config.data_uri)
     stream = data.open_split(data_storage, config.data_uri, manifest, "eval")
-    rows = None
-    if dataset_task(manifest) in RECORD_TASKS:  # scored as trained: each record, its response only
+    rows, labels = None, None
+    task = dataset_task(manifest)
+    if task == TASK_CLASSIFICATION:
+        labels = dataset_labels(manifest)
+    if task in RECORD_TASKS:  # scored as trained: each record, its response (or label) only
         rows = read_records(data_storage, config.data_uri, manifest, "eval")
-        check_records(rows, len(stream), config.data_uri)
+        check_records(rows, len(stream), config.data_uri, len(labels) if labels else None)
     records, columns = data.read_eval_index(data_storage, config.data_uri, manifest)
-    candidate = evaluate_export(model_uri, stream, records, columns, config, rows)
+    candidate = evaluate_export(model_uri, stream, records, columns, config, rows, labels)
     baseline = (
-        evaluate_export(config.eval.baseline_uri, stream, records, columns, config, rows)
+        evaluate_export(config.eval.baseline_uri, stream, records, columns, config, rows, labels)
         if config.eval.baseline_uri
         else None
     )

@@ -373,10 +373,18 @@ def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
 
 
 def _apply_activation_checkpointing(model: nn.Module, block_names: list[str], mode: str) -> None:
-    """Recompute the chosen blocks' activations in backward instead of keeping them."""
+    """Recompute the chosen blocks' activations in backward instead of keeping them. A block
+    with dropout (an encoder's) replays its forward's random state, so the recomputation draws
+    the same masks; the others skip that cost."""
     for index in checkpointed_blocks(mode, len(block_names)):
         name = block_names[index]
-        _replace(model, name, checkpoint_wrapper(model.get_submodule(name), preserve_rng_state=False))
+        block = model.get_submodule(name)
+        _replace(model, name, checkpoint_wrapper(block, preserve_rng_state=has_dropout(block)))
+
+
+def has_dropout(module: nn.Module) -> bool:
+    """Whether ``module`` draws random numbers in training (an ``nn.Dropout`` with p > 0)."""
+    return any(isinstance(m, nn.Dropout) and m.p > 0 for m in module.modules())
 
 
 def _apply_compile(model: nn.Module, block_names: list[str]) -> None:

@@ -46,15 +46,14 @@ def forward_backward(
     for micro, (inputs, targets) in enumerate(micro_batches):
         if skip_grad_sync:
             parallel.set_gradient_sync(model, micro == accum_steps - 1)
-        logits = model(inputs)
-        flat = targets.flatten()
+        # (batch, seq, vocab) next-token logits or a classifier's (batch, labels): one row per target
+        logits = model(inputs).float()
+        rows, flat = logits.reshape(-1, logits.shape[-1]), targets.flatten()
         if masked:
             counted = (flat != IGNORE_INDEX).sum().clamp(min=1)
-            loss = (
-                F.cross_entropy(logits.float().flatten(0, 1), flat, reduction="sum") / counted / accum_steps
-            )
+            loss = F.cross_entropy(rows, flat, reduction="sum") / counted / accum_steps
         else:
-            loss = F.cross_entropy(logits.float().flatten(0, 1), flat) / accum_steps
+            loss = F.cross_entropy(rows, flat) / accum_steps
         (scaler.scale(loss) if scaler is not None else loss).backward()
         loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
     if skip_grad_sync:

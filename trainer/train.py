@@ -32,12 +32,14 @@ from trainer import data, parallel
 from trainer.checkpoint.fence import Fenced, raise_fence
 from trainer.checkpoint.save import Checkpointer, on_rank0
 from trainer.checkpoint.warm_start import pinned_hf_config, warm_start
-from trainer.config import Config, accumulation_steps, check_data_fit
+from trainer.config import Config, accumulation_steps, check_data_fit, pin_labels
 from trainer.contract import (
     RECORD_TASKS,
+    TASK_CLASSIFICATION,
     AttemptRecord,
     RunLayout,
     attempt_record_line,
+    dataset_labels,
     dataset_task,
     split_records,
 )
@@ -183,6 +185,7 @@ def setup(config: Config, env: parallel.DistEnv, attempt: Attempt) -> Training:
     # Before any checkpoint is read: from now on the attempts before this one may commit nothing.
     on_rank0(env.rank, lambda: raise_fence(attempt.storage, attempt.layout, attempt.number))
     data_storage, manifest, vocab = _train_data(config, env)
+    config = task_config(config, manifest)  # classification: the dataset's labels, in the model's config
     global_batch = data.global_batch_size(t.micro_batch_size, accum, env.world_size)
     log.info(
         "batch: %d samples per step = micro batch %d x %d accumulation steps x %d ranks",
@@ -323,8 +326,26 @@ def _train_data(config: Config, env: parallel.DistEnv) -> tuple[Storage, dict[st
         world_size=env.world_size,
         dataset_task=task,
         train_records=int(records.get("count", 0)) if records else None,
+        labels=task_config_labels(config, manifest),
     )
     return data_storage, manifest, config.model.vocab_size or dataset_vocab
+
+
+def task_config_labels(config: Config, manifest: dict[str, Any]) -> list[str] | None:
+    """A ``classification`` dataset's label set (None for another task)."""
+    if dataset_task(manifest) != TASK_CLASSIFICATION:
+        return None
+    try:
+        return dataset_labels(manifest)
+    except ValueError as exc:
+        raise data.DataError(f"{config.data_uri}: {exc}") from None
+
+
+def task_config(config: Config, manifest: dict[str, Any]) -> Config:
+    """``config`` with what the dataset fixes of its model: a ``classification`` run's label set
+    (``trainer.config.pin_labels``), refused when the model's config names other labels."""
+    labels = task_config_labels(config, manifest)
+    return pin_labels(config, labels) if labels is not None else config
 
 
 def _train_batches(
@@ -355,7 +376,8 @@ def _train_batches(
         )
     if records:
         rows = read_records(data_storage, config.data_uri, manifest, "train")
-        check_records(rows, len(stream), config.data_uri)
+        labels = len(dataset_labels(manifest)) if config.task.kind == TASK_CLASSIFICATION else None
+        check_records(rows, len(stream), config.data_uri, labels)
         return RecordBatches(
             stream,
             rows,

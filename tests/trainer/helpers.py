@@ -154,6 +154,73 @@ def write_sft_dataset(
     return root.as_uri()
 
 
+# What a sentence's first subject is: the label of the classification dataset.
+KINDS = {"the cat": "animal", "a dog": "animal", "the robot": "machine"}
+LABELS = ["animal", "machine", "person"]
+
+
+def labelled(count: int, seed: int) -> list[tuple[str, str, str]]:
+    """(source, text, label) records: the templated sentences without their ``[source]`` tag,
+    labelled by the kind of their first subject (``KINDS``, else ``person``)."""
+    out = []
+    for source, text in sentences(count, seed):
+        body = text.split("] ", 1)[1]
+        subject = next(s for s in SUBJECTS if body.startswith(s))
+        out.append((source, body, KINDS.get(subject, "person")))
+    return out
+
+
+def write_classification_dataset(
+    root: Path, *, train_records: int = 600, eval_records: int = 60, shard_tokens: int = 20000, seed: int = 0
+) -> str:
+    """A staged ``classification`` dataset version (text/label records, byte tokens, the label
+    set ``LABELS``, an eval index sliced by source); its file:// URI."""
+    root.mkdir(parents=True, exist_ok=True)
+    splits, index = {}, []
+    for split, count, offset in (("train", train_records, 0), ("eval", eval_records, 1)):
+        tokens: list[int] = []
+        rows = []
+        for number, (source, text, label) in enumerate(labelled(count, seed + offset)):
+            start = len(tokens)
+            tokens += encode(text)
+            rows.append((start, len(tokens) - start, LABELS.index(label)))
+            if split == "eval":
+                index.append({"id": f"e{number}", "source": source, "start": start, "end": len(tokens)})
+        splits[split] = {
+            "tokens": len(tokens),
+            "shards": write_shards(root, split, np.array(tokens), shard_tokens),
+            "records": write_records(root, split, rows),
+        }
+    (root / "eval" / "index.jsonl").write_text("".join(json.dumps(r) + "\n" for r in index))
+    manifest = {
+        "format": "trainops.dataset/v1",
+        "name": "kinds",
+        "version": "test",
+        "task": {"kind": "classification", "labels": LABELS},
+        "tokenizer": {"kind": "byte", "vocab_size": 257, "eos_id": EOS},
+        "token_dtype": "uint16",
+        "splits": splits,
+        "eval_index": {"path": "eval/index.jsonl", "records": len(index), "slice_columns": ["source"]},
+        "rows": {"total": train_records + eval_records, "train": train_records, "eval": eval_records},
+    }
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return root.as_uri()
+
+
+# A tiny BERT as its config.json would hold it (model.hf_config), for the byte tokenizer (its
+# padding id 0 is a byte no text holds). Dropout stays on, as in BERT: resume must replay it.
+TINY_BERT = {
+    "model_type": "bert",
+    "vocab_size": 257,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 128,
+    "pad_token_id": 0,
+}
+
+
 # A tiny Qwen2 as its config.json would hold it (model.hf_config), with tied embeddings (the LM
 # head is the embedding, as in Qwen2-0.5B), for the test dataset's byte tokenizer.
 TINY_QWEN2 = {

@@ -416,7 +416,7 @@ def test_an_hf_config_is_a_mapping_read_from_a_file_and_from_an_override_alike(t
         (
             {**QWEN2, "max_position_embeddings": 8},
             {},
-            "train.seq_len=64 is longer than model.hf_config.max_position_embeddings=8",
+            "train.seq_len=64 is longer than the 8 tokens model.hf_config.max_position_embeddings=8 holds",
         ),
     ],
 )
@@ -490,6 +490,6 @@ def test_a_model_hf_folders_config_is_pinned_once_and_a_changed_one_refused():
     ):
         pin_hf_config(pinned, {**QWEN2, "hidden_size": 128})
     with pytest.raises(
-        ConfigError, match=re.escape("model.hf='s3://b/m/': config.json: model_type 'bert' is not supported")
+        ConfigError, match=re.escape("model.hf='s3://b/m/': config.json: model_type 't5' is not supported")
     ):
-        pin_hf_config(config, {**QWEN2, "model_type": "bert"})
+        pin_hf_config(config, {**QWEN2, "model_type": "t5"})

@@ -226,3 +226,31 @@ def test_an_uncommitted_checkpoint_is_refused_by_name(reference_run, tmp_path, d
         f"eval.baseline_uri={reference_run['run_uri']}/checkpoints/step_00000030",
     )
     assert fallback["candidate"]["eval_loss"] == pytest.approx(fallback["baseline"]["eval_loss"], abs=1e-6)
+
+
+def test_a_classifiers_figures_are_accuracy_and_each_labels_precision_recall_and_f1():
+    from trainer.evaluate import label_metrics
+
+    # truth:     a a a b b c ; predicted: a a b b c c  (label "d" is in the set, never seen nor said)
+    figures = label_metrics(np.array([0, 0, 0, 1, 1, 2]), np.array([0, 0, 1, 1, 2, 2]), ["a", "b", "c", "d"])
+    assert figures["accuracy"] == pytest.approx(4 / 6)
+    assert figures["per_label"]["a"] == {
+        "precision": 1.0,
+        "recall": pytest.approx(2 / 3),
+        "f1": 0.8,
+        "support": 3,
+    }
+    assert figures["per_label"]["b"] == {"precision": 0.5, "recall": 0.5, "f1": 0.5, "support": 2}
+    assert figures["per_label"]["c"] == {
+        "precision": 0.5,
+        "recall": 1.0,
+        "f1": pytest.approx(2 / 3),
+        "support": 1,
+    }
+    assert figures["per_label"]["d"] == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 0}
+    assert figures["f1_macro"] == pytest.approx((0.8 + 0.5 + 2 / 3 + 0.0) / 4)
+    assert label_metrics(np.array([]), np.array([]), ["a", "b"]) == {
+        "accuracy": None,
+        "f1_macro": None,
+        "per_label": {},
+    }

@@ -99,7 +99,7 @@ def test_a_dataset_staged_for_another_task_is_refused_naming_both(world_of_one, 
         start(tmp_path, uri, world_of_one, 1)
     training, _ = start(tmp_path, uri, world_of_one, 1, "task.kind=sft")
     assert isinstance(training.batches, RecordBatches) and training.batches.masked
-    with pytest.raises(ConfigError, match=r"task.kind='classification' is not built yet"):
+    with pytest.raises(ConfigError, match=r"task.kind='classification' trains a Hugging Face encoder"):
         load_config(None, ["run_uri=file:///r", "data_uri=file:///d", "task.kind=classification"])
 
 

@@ -20,13 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from trainer.config.errors import ConfigError
-from trainer.config.hf import hf_config_problem, hf_shape
+from trainer.config.hf import HF_CLASSIFIER_TYPES, hf_config_problem, hf_context, hf_shape, labelled_config
 from trainer.contract import (
     RECORD_TASKS,
     TASK_CAUSAL_LM,
     TASK_CLASSIFICATION,
     TASK_KINDS,
-    TASK_SFT,
     RunLayout,
 )
 from trainer.presets import PRESETS, ModelArgs
@@ -38,7 +37,7 @@ class ModelConfig:
     preset: str = "tiny"
     builder: str | None = None  # "module:function" for a user model (docs/models.md); overrides preset
     vocab_size: int = 0  # 0: the dataset manifest's tokenizer vocab_size
-    # A Hugging Face config (a config.json's keys; model_type one of trainer.config.hf.HF_CAUSAL_LM_TYPES):
+    # A Hugging Face config (a config.json's keys; model_type one of trainer.config.hf.HF_TASK_TYPES's):
     # the model transformers builds from it, random initial weights (docs/models.md). Overrides
     # preset; its own vocab_size is the model's.
     hf_config: dict[str, Any] | None = None
@@ -51,8 +50,9 @@ class ModelConfig:
 @dataclass
 class TaskConfig:
     # What the run learns (trainer.contract.tasks): causal_lm, next-token loss on the staged token
-    # stream; sft, prompt/response records, the loss on the response only. The dataset must have
-    # been staged for the same task.
+    # stream; sft, prompt/response records, the loss on the response only; classification,
+    # text/label records, an encoder's cross-entropy over the labels. The dataset must have been
+    # staged for the same task.
     kind: str = TASK_CAUSAL_LM
 
 
@@ -347,10 +347,11 @@ def validate(config: Config) -> Config:
             f"train.min_lr_ratio: expected a number between 0 and 1, got {config.train.min_lr_ratio!r}"
         )
     _check_model(config)
-    if config.task.kind == TASK_CLASSIFICATION:
+    if config.task.kind == TASK_CLASSIFICATION and config.model.hf_config is None and not config.model.hf:
         raise ConfigError(
-            "task.kind='classification' is not built yet (the encoder classifiers come with issue #27): "
-            f"train {TASK_CAUSAL_LM} or {TASK_SFT}"
+            f"task.kind='classification' trains a Hugging Face encoder ({', '.join(HF_CLASSIFIER_TYPES)}), but "
+            f"the model is {model_label(config)}: set model.hf to a classifier's folder or model.hf_config "
+            "to an encoder's config"
         )
     for key in AUTO_OR_COUNT:
         _auto_or_count(key, get_key(config, key))
@@ -368,7 +369,7 @@ def _check_model(config: Config) -> None:
         _check_hf_folder(config)
     if model.hf_config is None:
         return
-    problem = hf_config_problem(model.hf_config, "model.hf_config")
+    problem = hf_config_problem(model.hf_config, "model.hf_config", config.task.kind)
     if problem:
         raise ConfigError(problem)
     if model.builder is not None:
@@ -381,11 +382,13 @@ def _check_model(config: Config) -> None:
             f"model.vocab_size={model.vocab_size} is not used with model.hf_config, whose vocab_size is "
             "the model's: set model.hf_config.vocab_size instead, and model.vocab_size=0"
         )
-    positions = (model.hf_config or {}).get("max_position_embeddings")
-    if isinstance(positions, int) and positions < config.train.seq_len:
+    context = hf_context(model.hf_config or {})
+    if context is not None and context < config.train.seq_len:
+        positions = (model.hf_config or {}).get("max_position_embeddings")
         raise ConfigError(
-            f"train.seq_len={config.train.seq_len} is longer than model.hf_config.max_position_embeddings="
-            f"{positions}; lower train.seq_len or raise max_position_embeddings"
+            f"train.seq_len={config.train.seq_len} is longer than the {context} tokens "
+            f"model.hf_config.max_position_embeddings={positions} holds; lower train.seq_len or raise "
+            "max_position_embeddings"
         )
 
 
@@ -420,11 +423,13 @@ def pin_hf_config(config: Config, values: object) -> Config:
     naming the folder, when the family cannot be trained, or when a config pinned earlier (by
     the operator, before launch) is not what the folder now says. Pure."""
     where = f"model.hf={config.model.hf!r}: config.json"
-    problem = hf_config_problem(values, where)
+    problem = hf_config_problem(values, where, config.task.kind)
     if problem:
         raise ConfigError(problem)
     values = cast("Mapping[str, Any]", values)  # hf_config_problem said it is one
     pinned = config.model.hf_config
+    if pinned is not None and config.task.kind == TASK_CLASSIFICATION:  # the labels are pinned later
+        pinned = {k: v for k, v in pinned.items() if k not in _PINNED_LABEL_KEYS or k in values}
     if pinned is not None and dict(pinned) != dict(values):
         changed = sorted(k for k in {*pinned, *values} if pinned.get(k) != values.get(k))
         raise ConfigError(
@@ -433,6 +438,24 @@ def pin_hf_config(config: Config, values: object) -> Config:
         )
     model = dataclasses.replace(config.model, hf_config=dict(values))
     return validate(dataclasses.replace(config, model=model))
+
+
+# What pin_labels adds to a classifier's config (trainer.config.hf.labelled_config).
+_PINNED_LABEL_KEYS = ("id2label", "label2id")
+
+
+def pin_labels(config: Config, labels: list[str]) -> Config:
+    """A ``classification`` run's ``config`` with the dataset's label set pinned into its model's
+    config (``trainer.config.hf.labelled_config``: the classifier's outputs, the export's
+    ``id2label``); refused, naming both, when the model's config names other labels. Pure: the
+    operator pins before launch, the trainer again (the same labels) before building."""
+    if config.task.kind != TASK_CLASSIFICATION or config.model.hf_config is None:
+        return config
+    where = model_label(config)
+    model = dataclasses.replace(
+        config.model, hf_config=labelled_config(config.model.hf_config, labels, where)
+    )
+    return dataclasses.replace(config, model=model)
 
 
 def model_vocab(config: Config) -> int:
@@ -580,11 +603,13 @@ def check_data_fit(
     world_size: int,
     dataset_task: str = TASK_CAUSAL_LM,
     train_records: int | None = None,
+    labels: list[str] | None = None,
 ) -> None:
     """Raise ConfigError when the dataset ``config.data_uri`` cannot feed ``config`` on
     ``world_size`` ranks: staged for another task, a model vocabulary smaller than the
     tokenizer's, a window (``train.seq_len + 1`` tokens) longer than the train split, or fewer
-    samples than one micro-batch takes (a record task's samples are its ``train_records``).
+    samples than one micro-batch takes (a record task's samples are its ``train_records``), or
+    (``classification``) a model whose config names other ``labels`` than the dataset's.
     Pure: the numbers come from the dataset's manifest, so the operator can refuse before
     launching and the trainer before building the model."""
     data, t, vocab = config.data_uri, config.train, model_vocab(config)
@@ -605,6 +630,8 @@ def check_data_fit(
             f"({tokenizer_vocab}, {data}); set model.vocab_size=0 to take the dataset's, or at least "
             f"{tokenizer_vocab}"
         )
+    if dataset_task == TASK_CLASSIFICATION:
+        pin_labels(config, list(labels or ()))  # refused when the model names other labels
     if dataset_task in RECORD_TASKS:
         _check_records_fit(config, train_records or 0, world_size)
         return

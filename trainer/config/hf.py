@@ -1,7 +1,9 @@
 """Hugging Face ``config.json`` judgments, pure and torch-free (both sides run them before launch):
 
-- which families the trainer builds from a config (:data:`HF_CAUSAL_LM_TYPES`,
-  :func:`hf_config_problem`);
+- which families the trainer builds from a config, for which task (:data:`HF_CAUSAL_LM_TYPES`,
+  :data:`HF_CLASSIFIER_TYPES`, :func:`hf_config_problem`), and how long a context each holds
+  (:func:`hf_context`);
+- a classifier's label set pinned into its config (:func:`labelled_config`);
 - whether a Llama folder can warm-start a preset's model (:func:`check_init_fit`): the keys by
   which a ``config.json`` fixes what the model computes, named on both sides when they differ.
 """
@@ -13,27 +15,50 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainer.config.errors import ConfigError
+from trainer.contract import TASK_CAUSAL_LM, TASK_CLASSIFICATION, TASK_SFT
 from trainer.presets import ModelArgs
 
 # The Hugging Face causal LM families the trainer builds (trainer.models.hf), by the
 # ``model_type`` of their config.json. Each is tested (tests/trainer/models/test_hf.py).
 HF_CAUSAL_LM_TYPES = ("llama", "mistral", "qwen2")
+# The encoder families it trains as sequence classifiers (``AutoModelForSequenceClassification``).
+HF_CLASSIFIER_TYPES = ("bert", "roberta")
+# Which families each task trains.
+HF_TASK_TYPES = {
+    TASK_CAUSAL_LM: HF_CAUSAL_LM_TYPES,
+    TASK_SFT: HF_CAUSAL_LM_TYPES,
+    TASK_CLASSIFICATION: HF_CLASSIFIER_TYPES,
+}
 # What transformers' config of each family takes for ``num_key_value_heads`` left out (None: as
 # many as the attention heads); a test holds these to the installed transformers.
-KV_HEADS_DEFAULTS: dict[str, int | None] = {"llama": None, "mistral": 8, "qwen2": 32}
+KV_HEADS_DEFAULTS: dict[str, int | None] = {
+    "llama": None,
+    "mistral": 8,
+    "qwen2": 32,
+    "bert": None,
+    "roberta": None,
+}
 _HF_REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 
 
-def hf_config_problem(values: object, where: str = "config.json") -> str | None:
-    """Why the Hugging Face config ``values`` (a config.json's keys) cannot be trained, naming
-    the value and what to do; None when it can. Pure: both sides judge it before any model."""
+def hf_config_problem(values: object, where: str = "config.json", task: str | None = None) -> str | None:
+    """Why the Hugging Face config ``values`` (a config.json's keys) cannot be trained (for
+    ``task``, when given), naming the value and what to do; None when it can. Pure: both sides
+    judge it before any model."""
     if not isinstance(values, Mapping):
         return f"{where}: expected a JSON object of a transformers config, got {type(values).__name__}"
     kind = values.get("model_type")
-    if kind not in HF_CAUSAL_LM_TYPES:
+    if kind not in (*HF_CAUSAL_LM_TYPES, *HF_CLASSIFIER_TYPES):
         return (
             f"{where}: model_type {kind!r} is not supported; trainops trains "
-            f"{', '.join(HF_CAUSAL_LM_TYPES)} causal LMs"
+            f"{', '.join(HF_CAUSAL_LM_TYPES)} causal LMs (task.kind {TASK_CAUSAL_LM} or {TASK_SFT}) and "
+            f"{', '.join(HF_CLASSIFIER_TYPES)} sequence classifiers (task.kind {TASK_CLASSIFICATION})"
+        )
+    if task is not None and kind not in HF_TASK_TYPES.get(task, ()):
+        fits = [t for t, kinds in HF_TASK_TYPES.items() if kind in kinds]
+        return (
+            f"{where}: model_type {kind!r} does not train task.kind {task!r} (it trains {' or '.join(fits)}); "
+            f"set task.kind={fits[0]}, or pick a {', '.join(HF_TASK_TYPES.get(task, ()))} model"
         )
     missing = [
         key
@@ -55,6 +80,52 @@ def hf_config_problem(values: object, where: str = "config.json") -> str | None:
             "set head_dim or another head count"
         )
     return None
+
+
+def hf_context(values: Mapping[str, Any]) -> int | None:
+    """The longest sequence a supported config's model takes (None: its config does not say):
+    ``max_position_embeddings``, less RoBERTa's position offset (its positions start after its
+    padding id, so a 512-token RoBERTa states 514)."""
+    positions = values.get("max_position_embeddings")
+    if not isinstance(positions, int) or isinstance(positions, bool):
+        return None
+    if values.get("model_type") == "roberta":
+        pad = values.get("pad_token_id")
+        return positions - (int(pad) if isinstance(pad, int) else 1) - 1
+    return positions
+
+
+def labelled_config(values: Mapping[str, Any], labels: list[str], where: str) -> dict[str, Any]:
+    """A classifier's config with the dataset's label set pinned (``id2label``, ``label2id``,
+    ``num_labels``: what its output rows mean, as the export's config.json states them). A config
+    that already names other labels (a fine-tuned classifier's folder) is refused, naming both
+    sides: its head was trained for those. Pure."""
+    stated = values.get("id2label")
+    want = {str(i): label for i, label in enumerate(labels)}
+    if isinstance(stated, Mapping) and not _default_labels(stated):
+        have = {str(k): v for k, v in stated.items()}
+        if have != want:
+            raise ConfigError(
+                f"{where}: id2label {[have[k] for k in sorted(have, key=int)]} is not the dataset's label set "
+                f"{labels}: the classifier's head was trained for its labels; stage the data with those "
+                "labels, or start from a config (model.hf_config) without id2label"
+            )
+    num = values.get("num_labels")
+    if isinstance(num, int) and num != len(labels) and not isinstance(stated, Mapping):
+        raise ConfigError(
+            f"{where}: num_labels {num} is not the dataset's {len(labels)} labels {labels}; "
+            "drop num_labels (the dataset sets it) or stage the data with its labels"
+        )
+    return {
+        **{k: v for k, v in values.items() if k != "num_labels"},
+        "id2label": want,
+        "label2id": {label: i for i, label in enumerate(labels)},
+    }
+
+
+def _default_labels(stated: Mapping[Any, Any]) -> bool:
+    """transformers' placeholder labels (``LABEL_0``, ``LABEL_1``), which name nothing."""
+    return all(str(v) == f"LABEL_{k}" for k, v in stated.items())
 
 
 def kv_heads(values: Mapping[str, Any]) -> Any:

@@ -92,6 +92,7 @@ from trainer.contract.tasks import (
     TASK_CLASSIFICATION,
     TASK_KINDS,
     TASK_SFT,
+    dataset_labels,
     dataset_task,
     split_records,
 )
@@ -149,6 +150,7 @@ __all__ = [
     "attempt_record_line",
     "check_name",
     "checkpoint_step_of",
+    "dataset_labels",
     "dataset_prefix",
     "dataset_task",
     "join",

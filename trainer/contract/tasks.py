@@ -5,13 +5,17 @@
 - ``sft``: prompt/response records. Each is one sample, never split across samples nor packed
   with another: its tokens (prompt, response, end of text), truncated to ``seq_len + 1`` and
   padded; only the response's tokens are targets.
-- ``classification``: text/label records (the trainer does not train it yet).
+- ``classification``: text/label records, each one sample (its first ``seq_len`` tokens, the
+  rest padding the model does not attend to), one cross-entropy over the labels per record. The
+  label set is the manifest's ``task.labels`` (their order fixes each label's index, the
+  classifier's output row, and the exported model's ``id2label``).
 
 A record task's split lists its records beside its shards: ``splits.<split>.records`` =
 ``{"path": "<split>/records.bin", "count": n, "sha256": ...}``, a little-endian int64 array of
 ``n`` rows ``(start, length, aux)``: the record's first token in the split's stream, its tokens,
 and ``aux``, the prompt's tokens (``sft``) or the label's index (``classification``). The
-manifest's ``task`` is ``{"kind": ...}``. Standard library only.
+manifest's ``task`` is ``{"kind": ...}``, with ``"labels": [...]`` for ``classification``.
+Standard library only.
 """
 
 from __future__ import annotations
@@ -47,3 +51,21 @@ def split_records(manifest: Mapping[str, Any], split: str) -> Mapping[str, Any] 
     info = (manifest.get("splits") or {}).get(split) or {}
     records = info.get("records") if isinstance(info, Mapping) else None
     return records if isinstance(records, Mapping) else None
+
+
+def dataset_labels(manifest: Mapping[str, Any]) -> list[str]:
+    """A ``classification`` dataset's label set, in index order; ValueError naming what is wrong
+    when its manifest has none (or not a list of distinct strings)."""
+    task = manifest.get("task")
+    labels = task.get("labels") if isinstance(task, Mapping) else None
+    if (
+        not isinstance(labels, list)
+        or len(labels) < 2
+        or not all(isinstance(label, str) and label for label in labels)
+        or len(set(labels)) != len(labels)
+    ):
+        raise ValueError(
+            f"the dataset was staged for classification but its manifest's task.labels is {labels!r}, "
+            "not a list of two or more distinct label names; stage it again"
+        )
+    return list(labels)

@@ -24,7 +24,7 @@ from trainer.config import builder_parts
 from trainer.models.llama import Transformer, count_parameters
 from trainer.presets import PRESETS, ModelArgs, non_embedding_params
 
-# A Hugging Face model's parameter names under the trainer's wrapper (trainer.models.hf.CausalLMLogits)
+# A Hugging Face model's parameter names under the trainer's wrapper (trainer.models.hf: CausalLMLogits, ClassifierLogits)
 HF_PREFIX = "hf."
 
 
@@ -116,7 +116,7 @@ def build_hf(values: Mapping[str, Any]) -> BuiltModel:
     default device, sharded and initialised per ``trainer.models.hf``."""
     from trainer.models import hf  # noqa: PLC0415 (transformers: 2.7 s of imports a preset run never needs)
 
-    model, names = hf.build_hf_causal_lm(values)
+    model, names = hf.build_hf_model(values)
     return BuiltModel(
         model,
         [model.get_submodule(name) for name in names],

@@ -117,8 +117,9 @@ def run_demo(
 
     :param result_file: also write the summary, run id, state and duration there (JSON).
     :param seed: the DAG's ``seed`` param (None: the DAG's default, what ``make demo`` trains with).
-    :param task: which demo (``DEMOS``): ``causal_lm`` (the default, ``trainops_demo``) or ``sft``
-        (``trainops_demo_sft``: instruction tuning of a small Hugging Face Qwen2).
+    :param task: which demo (``DEMOS``): ``causal_lm`` (the default, ``trainops_demo``), ``sft``
+        (``trainops_demo_sft``: instruction tuning of a small Hugging Face Qwen2) or
+        ``classification`` (``trainops_demo_classification``: a small Hugging Face BERT classifier).
     """
     dag_id, model = DEMOS[task]
     # A parent that ignored SIGINT (a shell's background job) passes the ignoring on: the
@@ -284,8 +285,10 @@ def main(argv: list[str] | None = None) -> int:
         "--task",
         choices=tuple(DEMOS),
         default="causal_lm",
-        help="causal_lm (the default: our tiny Llama on the demo text) or sft (a small Hugging Face "
-        "Qwen2 instruction-tuned on prompt/response pairs, its own tokenizer, the loss on the responses)",
+        help="causal_lm (the default: our tiny Llama on the demo text), sft (a small Hugging Face "
+        "Qwen2 instruction-tuned on prompt/response pairs, its own tokenizer, the loss on the responses) "
+        "or classification (a small Hugging Face BERT that labels each post with its source, accuracy "
+        "and F1 in its evaluation)",
     )
     demo.add_argument(
         "-v",

@@ -88,7 +88,13 @@ def render(facts: dict) -> str:
         lines += _cost_lines(train.get("cost"))
     if ev:
         cand = ev["candidate"]
-        line = f"eval loss        {cand['eval_loss']:.4f} (perplexity {cand['perplexity']:.2f}, {cand['tokens']:,} tokens)"
+        if cand.get("accuracy") is not None:  # a classifier: its records and labels
+            line = (
+                f"eval loss        {cand['eval_loss']:.4f} (accuracy {cand['accuracy']:.1%}, macro F1 "
+                f"{cand['f1_macro']:.3f}, {cand.get('records', cand['tokens']):,} records)"
+            )
+        else:
+            line = f"eval loss        {cand['eval_loss']:.4f} (perplexity {cand['perplexity']:.2f}, {cand['tokens']:,} tokens)"
         if ev.get("production"):
             line += f"; production v{ev['production_version']}: {ev['production']['eval_loss']:.4f}"
         else:

@@ -35,7 +35,11 @@ from trainops.shapes import ShapeError, check_job, load
 
 DEMO_DAG = "trainops_demo"
 # demo --task: the DAG each task's demo runs, and the model it promotes
-DEMOS = {"causal_lm": (DEMO_DAG, "demo-lm"), "sft": ("trainops_demo_sft", "demo-sft")}
+DEMOS = {
+    "causal_lm": (DEMO_DAG, "demo-lm"),
+    "sft": ("trainops_demo_sft", "demo-sft"),
+    "classification": ("trainops_demo_classification", "demo-classifier"),
+}
 POLL_S = 0.5
 # How long a stopped child gets to mark its run failed and delete its jobs before SIGKILL.
 STOP_GRACE_S = 60.0

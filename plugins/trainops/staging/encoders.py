@@ -3,6 +3,9 @@
 ``encode_batch(texts)`` takes a pyarrow string array without nulls and returns
 ``(tokens, lengths)``: every record's tokens followed by EOS, concatenated, as a numpy
 array of the tokenizer's ``dtype``, and each record's token count (EOS included).
+``encode_batch(texts, special=True)`` (a classifier's records) frames each record as the model
+was pretrained to read it instead: a Hugging Face tokenizer's own post-processor (BERT's
+``[CLS] text [SEP]``), no EOS added; the byte tokenizer has no framing and ends it with EOS.
 ``config`` is what the manifest records and the dataset version hashes.
 """
 
@@ -27,7 +30,7 @@ class ByteTokenizer:
         self.eos_id = BYTE_EOS_ID
         self.dtype = token_dtype_for(BYTE_VOCAB_SIZE)
 
-    def encode_batch(self, texts):
+    def encode_batch(self, texts, special: bool = False):
         import numpy as np
         import pyarrow as pa
 
@@ -88,9 +91,14 @@ class HFTokenizer:
             "sha256": hashlib.sha256(data).hexdigest(),
         }
 
-    def encode_batch(self, texts):
+    def encode_batch(self, texts, special: bool = False):
         import numpy as np
 
+        if special:
+            framed = self._tok.encode_batch(texts.to_pylist(), add_special_tokens=True)
+            lengths = np.fromiter((len(e.ids) for e in framed), dtype=np.int64, count=len(framed))
+            ids = [i for e in framed for i in e.ids]
+            return np.asarray(ids, dtype=self.dtype), lengths
         encoded = self._tok.encode_batch(texts.to_pylist(), add_special_tokens=False)
         lengths = np.fromiter((len(e.ids) + 1 for e in encoded), dtype=np.int64, count=len(encoded))
         tokens = np.empty(int(lengths.sum()), dtype=self.dtype)

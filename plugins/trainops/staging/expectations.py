@@ -55,6 +55,32 @@ DEFAULT_SFT_EXPECTATIONS: list[dict] = [
     },
 ]
 
+# A classification source's default suite: ids as for text, a text and a label in every record
+# (the label set is the data's; a user who knows it adds expect_column_values_to_be_in_set).
+DEFAULT_CLASSIFICATION_EXPECTATIONS: list[dict] = [
+    {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "id"}},
+    {"type": "expect_column_values_to_be_unique", "kwargs": {"column": "id"}},
+    {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "text"}},
+    {
+        "type": "expect_column_value_lengths_to_be_between",
+        "kwargs": {"column": "text", "min_value": 1, "max_value": 20000},
+    },
+    {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "label"}},
+    {
+        "type": "expect_column_value_lengths_to_be_between",
+        "kwargs": {"column": "label", "min_value": 1, "max_value": 200},
+    },
+    {
+        "type": "expect_table_row_count_to_be_between",
+        "kwargs": {"min_value": 1, "max_value": 100_000_000},
+    },
+]
+DEFAULT_SUITES = {
+    "causal_lm": DEFAULT_EXPECTATIONS,
+    "sft": DEFAULT_SFT_EXPECTATIONS,
+    "classification": DEFAULT_CLASSIFICATION_EXPECTATIONS,
+}
+
 # type -> gx.expectations class name, for expectations GX checks batch by batch.
 ROW_EXPECTATIONS: dict[str, str] = {
     "expect_column_to_exist": "ExpectColumnToExist",
@@ -116,12 +142,13 @@ def scope_of(expectation_type: str) -> str:
 
 def normalize_expectations(expectations: list[dict] | None, task: str = "causal_lm") -> list[dict]:
     """Check a suite's shape and types; return a clean copy (``None`` means the default suite of
-    ``task``: text records', or prompt/response records' for ``sft``).
+    ``task``: text records', prompt/response records' for ``sft``, text/label records' for
+    ``classification``).
 
     Cheap and GX-free, so an operator can call it at DAG-parse time.
     """
     if expectations is None:
-        return copy.deepcopy(DEFAULT_SFT_EXPECTATIONS if task == "sft" else DEFAULT_EXPECTATIONS)
+        return copy.deepcopy(DEFAULT_SUITES.get(task, DEFAULT_EXPECTATIONS))
     if not isinstance(expectations, (list, tuple)):
         raise ValueError(
             f"expectations must be a list of {{'type': ..., 'kwargs': {{...}}}} dicts, "

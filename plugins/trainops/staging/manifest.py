@@ -29,6 +29,7 @@ def build_manifest(
     quarantine: dict | None = None,
     engine: str | None = None,
     task: str = TASK_CAUSAL_LM,
+    labels: Sequence[str] | None = None,
 ) -> dict:
     """Assemble the manifest; ``splits`` maps each split to ``{"tokens", "shards"}``.
 
@@ -77,7 +78,7 @@ def build_manifest(
     if quarantine is not None:
         manifest["quarantine"] = dict(quarantine)
     if task != TASK_CAUSAL_LM:
-        manifest["task"] = {"kind": task}
+        manifest["task"] = {"kind": task, **({"labels": list(labels)} if labels is not None else {})}
     if engine is not None:
         manifest["engine"] = engine
     return manifest

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from trainer.contract import TASK_CAUSAL_LM, TASK_SFT, check_name
+from trainer.contract import TASK_CAUSAL_LM, TASK_CLASSIFICATION, TASK_SFT, check_name
 
 RESERVED_INDEX_KEYS = ("id", "start", "end")
 DEFAULT_QUARANTINE_SAMPLE_ROWS = 100
@@ -132,18 +132,15 @@ def check_engine(engine: object, *, spark_remote: object = None) -> str:
     return engine
 
 
-STAGED_TASKS = (TASK_CAUSAL_LM, TASK_SFT)  # what staging can stage a source for
-DEFAULT_SLICE_COLUMNS = {TASK_CAUSAL_LM: ("source",), TASK_SFT: ()}
+STAGED_TASKS = (TASK_CAUSAL_LM, TASK_SFT, TASK_CLASSIFICATION)  # what staging can stage a source for
+DEFAULT_SLICE_COLUMNS = {TASK_CAUSAL_LM: ("source",), TASK_SFT: (), TASK_CLASSIFICATION: ()}
 
 
 def check_task(task: object, engine: str) -> str:
     """A task staging can stage for (``trainer.contract.tasks``) on ``engine``; ValueError naming
     the value and what to do otherwise."""
     if task not in STAGED_TASKS:
-        raise ValueError(
-            f"task {task!r} cannot be staged: pick one of {', '.join(STAGED_TASKS)} "
-            "(classification is not built yet)"
-        )
+        raise ValueError(f"task {task!r} cannot be staged: pick one of {', '.join(STAGED_TASKS)}")
     if task != TASK_CAUSAL_LM and engine != "worker":
         raise ValueError(
             f"task {task!r} stages on the worker engine only for now: set engine='worker' (a source "

@@ -3,7 +3,13 @@
 An ``sft`` source's records are a prompt and a response: each record's tokens are the prompt's
 (without the end-of-record token) then the response's (with it), and its split lists it in
 ``<split>/records.bin`` (``trainer.contract.tasks``: start, length, prompt tokens), so the
-trainer takes it as one sample and scores its response only."""
+trainer takes it as one sample and scores its response only.
+
+A ``classification`` source's records are a text and a label: each record's tokens are its
+text's, framed as the tokenizer frames one sequence (``encode_batch(special=True)``), and
+``records.bin`` lists it with its label's index. The label set is the data's, sorted; the
+packer numbers labels as it meets them and renumbers them in :meth:`Packer.close`, where it
+also counts each label's records."""
 
 from __future__ import annotations
 
@@ -12,7 +18,7 @@ import hashlib
 import os
 from collections.abc import Iterable, Sequence
 
-from trainer.contract import RECORDS_DTYPE, TASK_CAUSAL_LM, TASK_SFT
+from trainer.contract import RECORD_TASKS, RECORDS_DTYPE, TASK_CAUSAL_LM, TASK_CLASSIFICATION, TASK_SFT
 from trainops.staging.encoders import ByteTokenizer
 from trainops.staging.errors import StagingError
 from trainops.staging.manifest import EVAL_INDEX_PATH
@@ -20,6 +26,7 @@ from trainops.staging.tokenize import ShardPacker, eval_mask, index_line
 
 SPLITS = ("train", "eval")
 SFT_COLUMNS = ("prompt", "response")  # an sft source's text columns
+LABEL_COLUMN = "label"  # a classification source's label column (read as strings)
 
 
 def null_problem(row: int, column: str) -> str:
@@ -67,6 +74,7 @@ class Packer:
         self.eval_percent = eval_percent
         self.shard_tokens = shard_tokens
         self.slice_columns = list(slice_columns)
+        self.labels: dict[str, int] = {}  # classification: each label's number, as first met
         if task == TASK_SFT:
             text_column = SFT_COLUMNS[0]  # null checks and messages; the response is read too
         elif not isinstance(text_column, str):
@@ -86,6 +94,8 @@ class Packer:
         rows = np.asarray(rows)
         if self.task == TASK_SFT:
             return self._add_sft(batch, rows)
+        if self.task == TASK_CLASSIFICATION:
+            return self._add_labelled(batch, rows)
         ids = batch.column(batch.schema.get_field_index(self.id_column))
         texts = batch.column(batch.schema.get_field_index(self.text_column))
         skipped: dict[int, str] = {}
@@ -153,6 +163,41 @@ class Packer:
         self._pack(batch, ids, tokens, lengths, set(too_long.tolist()), prompt_lengths)
         return skipped
 
+    def _add_labelled(self, batch, rows) -> dict[int, str]:
+        """A classification batch: the text's tokens, framed, and the label's number per record;
+        rows with a null id, text or label, or longer than a shard, are returned as for text."""
+        import numpy as np
+        import pyarrow.compute as pc
+
+        def column(name: str):
+            return batch.column(batch.schema.get_field_index(name))
+
+        skipped: dict[int, str] = {}
+        names = [self.id_column, self.text_column, LABEL_COLUMN]
+        null = np.zeros(batch.num_rows, dtype=bool)
+        for name in names:
+            null |= pc.is_null(column(name)).to_numpy(zero_copy_only=False)
+        if null.any():
+            for i in np.flatnonzero(null):
+                name = next(n for n in names if column(n)[int(i)].as_py() is None)
+                skipped[int(rows[i])] = f"null {name!r}"
+                self._first_problem(null_problem(int(rows[i]), name))
+            batch, rows = batch.filter(~null), rows[~null]
+        if not batch.num_rows:
+            return skipped
+        tokens, lengths = self.tokenizer.encode_batch(column(self.text_column), special=True)
+        labels = np.array(
+            [self.labels.setdefault(str(v), len(self.labels)) for v in column(LABEL_COLUMN).to_pylist()],
+            dtype=np.int64,
+        )
+        ids = [str(v) for v in column(self.id_column).to_pylist()]
+        too_long = np.flatnonzero(lengths > self.shard_tokens)
+        for i in too_long:
+            skipped[int(rows[i])] = f"{int(lengths[i])} tokens > shard_tokens {self.shard_tokens}"
+            self._first_problem(too_long_problem(ids[i], int(rows[i]), int(lengths[i]), self.shard_tokens))
+        self._pack(batch, ids, tokens, lengths, set(too_long.tolist()), labels)
+        return skipped
+
     def _pack(self, batch, ids: list[str], tokens, lengths, skip: set[int], prompts=None) -> None:
         import numpy as np
 
@@ -168,7 +213,7 @@ class Packer:
                 tokens[token_mask].astype("<u2" if self.tokenizer.dtype == "uint16" else "<u4", copy=False),
                 records=int(chosen.sum()),
             )
-            if prompts is not None:  # sft: the records' rows, (start, length, prompt tokens)
+            if prompts is not None:  # the records' rows, (start, length, prompt tokens or label)
                 picked = np.flatnonzero(chosen)
                 ends = start + np.cumsum(lengths[picked])
                 self.records[split].append(
@@ -216,7 +261,10 @@ class Packer:
         self._index.close()
         splits = {s: p.close() for s, p in self.packers.items()}
         files = [sh["path"] for s in SPLITS for sh in splits[s]["shards"]]
-        if self.task == TASK_SFT:
+        labelled = {}
+        if self.task == TASK_CLASSIFICATION:
+            labelled = self._renumber_labels()
+        if self.task in RECORD_TASKS:
             for split in SPLITS:
                 splits[split]["records"] = self._write_records(split)
                 files.append(splits[split]["records"]["path"])
@@ -226,7 +274,25 @@ class Packer:
             "rows": {"total": train + evals, "train": train, "eval": evals},
             "eval_records": evals,
             "files": [*files, EVAL_INDEX_PATH],
+            **labelled,
         }
+
+    def _renumber_labels(self) -> dict:
+        """Number the labels in sorted order (the label set's, whatever order the data came
+        in); return ``{"labels": [...], "label_counts": {label: {split: records}}}``."""
+        import numpy as np
+
+        order = sorted(self.labels)
+        new = np.zeros(max(len(self.labels), 1), dtype=np.int64)
+        for label, number in self.labels.items():
+            new[number] = order.index(label)
+        counts = {label: dict.fromkeys(SPLITS, 0) for label in order}
+        for split in SPLITS:
+            for table in self.records[split]:
+                table[:, 2] = new[table[:, 2]]
+                for number, count in zip(*np.unique(table[:, 2], return_counts=True), strict=True):
+                    counts[order[int(number)]][split] += int(count)
+        return {"labels": order, "label_counts": counts}
 
 
 def pack_batches(

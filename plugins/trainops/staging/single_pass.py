@@ -13,9 +13,9 @@ import logging
 import os
 from typing import Any, Protocol
 
-from trainer.contract import TASK_CAUSAL_LM, TASK_SFT
+from trainer.contract import TASK_CAUSAL_LM, TASK_CLASSIFICATION, TASK_SFT
 from trainops.staging.encoders import ByteTokenizer
-from trainops.staging.pack import SFT_COLUMNS, Packer
+from trainops.staging.pack import LABEL_COLUMN, SFT_COLUMNS, Packer
 from trainops.staging.quarantine import SAMPLE_PATH, QuarantineLog
 from trainops.staging.reader import iter_file_batches, local_copy, read_schema
 from trainops.staging.schema import SchemaDrift, check_schema, drift_error
@@ -59,7 +59,13 @@ def run_pass(
 
     log = log or logging.getLogger(__name__)
     tokenizer = tokenizer or ByteTokenizer()
-    texts = list(SFT_COLUMNS) if task == TASK_SFT else [text_column]
+    texts = (
+        list(SFT_COLUMNS)
+        if task == TASK_SFT
+        else [text_column, LABEL_COLUMN]
+        if task == TASK_CLASSIFICATION
+        else [text_column]
+    )
     string_columns = list(dict.fromkeys([id_column, *texts, *slice_columns]))
     columns: dict[str, Any] = {
         "id_column": id_column,

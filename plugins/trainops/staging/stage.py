@@ -150,6 +150,8 @@ def stage_dataset(
         if done["problem"]:
             raise StagingError(done["problem"])
         check_packed(source_uri, name, packed, eval_percent, log)
+        if "labels" in packed:
+            check_labels(source_uri, name, packed["labels"], packed["label_counts"], log)
         manifest = build_manifest(
             name=name,
             version=version,
@@ -167,6 +169,7 @@ def stage_dataset(
             quarantine=qsum,
             engine="worker",
             task=task,
+            labels=packed.get("labels"),
         )
         files = packed["files"] + ([SAMPLE_PATH] if sample else [])
         committed = _publish(storage, root, name, version, out_dir, files, manifest, summary, log)
@@ -190,6 +193,35 @@ def check_packed(source_uri: str, name: str, packed: dict, eval_percent: int, lo
             name,
             eval_percent,
             packed["rows"]["total"],
+        )
+
+
+# More records of the most frequent label than this many times the least frequent's: a warning.
+IMBALANCE_WARNING_RATIO = 10
+
+
+def check_labels(source_uri: str, name: str, labels: list[str], counts: dict, log: TaskLog) -> None:
+    """Refuse a classification source with fewer than two labels; warn, naming the labels and
+    their counts, when one label has over ``IMBALANCE_WARNING_RATIO`` times another's records
+    (a classifier then learns to say the frequent one)."""
+    if len(labels) < 2:
+        raise StagingError(
+            f"source {source_uri!r} has {len(labels)} label(s) {labels} in its 'label' column: a classifier "
+            "needs two or more; check the label column, or add records of the other labels"
+        )
+    total = {label: sum(counts[label].values()) for label in labels}
+    most, least = max(total, key=total.__getitem__), min(total, key=total.__getitem__)
+    if total[most] > IMBALANCE_WARNING_RATIO * total[least]:
+        log.warning(
+            "dataset %s is imbalanced: %d records labelled %r, %d labelled %r (over %dx); accuracy will "
+            "flatter a model that says %r; per-label figures are in the eval report",
+            name,
+            total[most],
+            most,
+            total[least],
+            least,
+            IMBALANCE_WARNING_RATIO,
+            most,
         )
 
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from trainer import parallel
 from trainer.config.hf import HF_CAUSAL_LM_TYPES, hf_config_problem, hf_shape, kv_heads
 from trainer.models.hf import (
-    build_hf_causal_lm,
+    build_hf_model,
     fill_buffers,
     init_rule,
     layer_names,
@@ -48,7 +48,7 @@ def config(kind: str) -> dict:
 def materialised(kind: str, seed: int = 7):
     """The model built on meta and initialised in one process (no sharding)."""
     with torch.device("meta"):
-        model, blocks = build_hf_causal_lm(config(kind))
+        model, blocks = build_hf_model(config(kind))
     parallel.init_sharded(
         model,
         torch.device("cpu"),
@@ -67,7 +67,7 @@ def test_every_supported_family_is_tested():
 @pytest.mark.parametrize("kind", sorted(CONFIGS))
 def test_the_blocks_are_the_models_own_decoder_layers(kind):
     with torch.device("meta"):
-        model, blocks = build_hf_causal_lm(config(kind))
+        model, blocks = build_hf_model(config(kind))
     assert blocks == ["hf.model.layers.0", "hf.model.layers.1"]
     assert blocks == layer_names(model)
     assert all(p.device.type == "meta" for p in model.parameters())  # nothing allocated
@@ -133,7 +133,7 @@ def test_sharded_with_fsdp2_it_starts_from_the_same_values_and_learns(kind):
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         with torch.device("meta"):
-            model, blocks = build_hf_causal_lm(config(kind))
+            model, blocks = build_hf_model(config(kind))
         for name in blocks:
             fully_shard(model.get_submodule(name))
         fully_shard(model)
@@ -185,7 +185,7 @@ def test_a_config_that_cannot_be_trained_is_refused_naming_the_value(values, mes
     problem = hf_config_problem(values)
     assert problem is not None and re.search(message, problem), problem
     with pytest.raises(ValueError, match=message):
-        build_hf_causal_lm(values)
+        build_hf_model(values)
 
 
 @pytest.mark.parametrize("kind", HF_CAUSAL_LM_TYPES)
@@ -194,7 +194,7 @@ def test_the_shape_the_airflow_side_sizes_by_counts_the_models_parameters(kind):
     builds: exact but for Qwen2's q/k/v biases and a tied head, which it leaves out."""
     values = config(kind)
     with torch.device("meta"):
-        model, _ = build_hf_causal_lm(values)
+        model, _ = build_hf_model(values)
     built = sum(p.numel() for p in model.parameters())
     counted = param_count(hf_shape(values))
     biases = sum(p.numel() for n, p in model.named_parameters() if n.endswith(".bias"))

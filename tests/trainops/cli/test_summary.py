@@ -97,6 +97,21 @@ def test_the_first_promotion_and_a_reused_dataset_say_so():
     assert "promoted         demo-lm v1 (first production version)" in text
 
 
+def test_a_classifier_is_summed_up_by_its_accuracy_and_f1_over_its_records():
+    classifier = {
+        "eval_loss": 0.005,
+        "perplexity": 1.005,
+        "tokens": 182,
+        "records": 182,
+        "accuracy": 0.9945,
+        "f1_macro": 0.9951,
+    }
+    text = render(facts(evaluate={**EVALUATE, "candidate": classifier}))
+    assert (
+        "eval loss        0.0050 (accuracy 99.5%, macro F1 0.995, 182 records); production v1: 2.7000" in text
+    )
+
+
 def test_a_rejected_candidate_promotes_nothing():
     checks = [{"name": "loss cap", "passed": False}]
     text = render(facts(gate={"approved": False, "checks": checks}, promote=None, production=None))

@@ -93,6 +93,47 @@ def test_a_dataset_staged_for_another_task_or_too_few_records_is_refused_before_
         check_fit(config(), {**sft, "task": {"kind": "translation"}}, world_size=1)
 
 
+def test_a_classifier_whose_labels_are_not_the_datasets_is_refused_before_launch():
+    labelled = {
+        "task": {"kind": "classification", "labels": ["ham", "spam"]},
+        "splits": {"train": {"tokens": 5000, "records": {"path": "train/records.bin", "count": 6}}},
+        "tokenizer": {"vocab_size": 257},
+    }
+    bert = {
+        "model_type": "bert",
+        "vocab_size": 300,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+    }
+
+    def classifier(**hf_config):
+        return config_from_mapping(
+            {
+                "run_uri": "file:///r",
+                "data_uri": "file:///d",
+                "task": {"kind": "classification"},
+                "model": {"hf_config": {**bert, **hf_config}},
+                "train": {"micro_batch_size": 2},
+            }
+        )
+
+    check_fit(classifier(), labelled, world_size=1)
+    check_fit(classifier(id2label={"0": "ham", "1": "spam"}), labelled, world_size=1)
+    with pytest.raises(
+        ValueError, match=r"id2label \['spam', 'ham'\] is not the dataset's label set \['ham', 'spam'\]"
+    ):
+        check_fit(classifier(id2label={"0": "spam", "1": "ham"}), labelled, world_size=1)
+    with pytest.raises(ValueError, match=r"num_labels 3 is not the dataset's 2 labels"):
+        check_fit(classifier(num_labels=3), labelled, world_size=1)
+    unlabelled = {**labelled, "task": {"kind": "classification"}}
+    with pytest.raises(
+        ValueError, match=r"task.labels is None, not a list of two or more distinct label names"
+    ):
+        check_fit(classifier(), unlabelled, world_size=1)
+
+
 def test_builders_and_gpus_are_left_alone_where_this_host_cannot_tell():
     check_builder(None, "local", env={})
     check_builder("image_only_model:build", "kubernetes", env={})  # not here: in the image

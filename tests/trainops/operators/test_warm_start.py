@@ -267,10 +267,10 @@ def test_model_hf_is_pinned_in_the_written_config_and_sizes_the_run(file_root, t
         ),
         (QWEN2, False, {}, r"holds neither model.safetensors nor model.safetensors.index.json"),
         (
-            {**QWEN2, "model_type": "bert"},
+            {**QWEN2, "model_type": "t5"},
             True,
             {},
-            r"model.hf='.*': config.json: model_type 'bert' is not supported; trainops trains llama, mistral, qwen2",
+            r"model.hf='.*': config.json: model_type 't5' is not supported; trainops trains llama, mistral, qwen2",
         ),
         (
             {**QWEN2, "vocab_size": 200},

@@ -210,9 +210,12 @@ def test_a_task_is_one_staging_can_stage_for_on_its_engine():
     from trainops.staging.options import check_task
 
     assert check_task("sft", "worker") == "sft" and check_task("causal_lm", "spark") == "causal_lm"
+    assert check_task("classification", "worker") == "classification"
     with pytest.raises(
-        ValueError, match=r"task 'classification' cannot be staged: pick one of causal_lm, sft"
+        ValueError, match=r"task 'translation' cannot be staged: pick one of causal_lm, sft, classification"
     ):
-        check_task("classification", "worker")
+        check_task("translation", "worker")
+    with pytest.raises(ValueError, match=r"task 'classification' stages on the worker engine only for now"):
+        check_task("classification", "spark")
     with pytest.raises(ValueError, match=r"task 'sft' stages on the worker engine only for now"):
         check_task("sft", "spark")

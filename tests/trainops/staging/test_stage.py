@@ -253,6 +253,80 @@ def test_an_sft_source_stages_one_record_per_sample_with_its_prompt_length_and_t
     assert seen == 200
 
 
+# --- task classification: text/label records ----------------------------------------------------
+def labelled_source(storage, folder: str, count: int = 200, **bad: dict) -> str:
+    """A JSONL source of text/label records (``bad``: fields to override, by record index)."""
+    from tests.trainer.helpers import labelled
+
+    rows = [{"id": f"k{i}", "text": t, "label": k} for i, (_, t, k) in enumerate(labelled(count, 5))]
+    for index, fields in bad.items():
+        rows[int(index.removeprefix("row"))].update(fields)
+    storage.put(f"{folder}/data.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
+    return f"{folder}/data.jsonl"
+
+
+def test_a_classification_source_stages_its_labels_and_one_record_per_text_the_trainer_reads(
+    file_root, tmp_path
+):
+    import numpy as np
+
+    from tests.trainer.helpers import LABELS, labelled
+    from trainer.contract import dataset_labels
+    from trainer.records import check_records, read_records
+
+    storage = open_storage(file_root)
+    source = labelled_source(storage, f"file://{tmp_path}/raw")
+    result = stage_dataset(storage, file_root, source, "kinds", task="classification")
+    manifest = storage.get_json(result["manifest_uri"])
+    assert manifest["task"] == {"kind": "classification", "labels": LABELS}  # the data's, sorted
+    assert dataset_labels(manifest) == LABELS
+    truth = {text: label for _, text, label in labelled(200, 5)}
+    seen = 0
+    for split in ("train", "eval"):
+        info = manifest["splits"][split]
+        tokens = np.frombuffer(
+            b"".join(storage.get(join(result["uri"], s["path"])) for s in info["shards"]), "<u2"
+        )
+        rows = read_records(storage, result["uri"], manifest, split)
+        check_records(rows, len(tokens), result["uri"], len(LABELS))
+        for first, length, label in rows.tolist():
+            record = tokens[first : first + length]
+            assert record[-1] == 256  # the byte tokenizer frames a text with its end
+            assert LABELS[label] == truth[bytes(record[:-1].astype(np.uint8)).decode()]
+        seen += len(rows)
+    assert seen == 200
+
+
+def test_a_source_with_one_label_is_refused_and_an_imbalanced_one_warned_naming_the_counts(
+    file_root, tmp_path, caplog
+):
+    import logging
+
+    storage = open_storage(file_root)
+    one = labelled_source(
+        storage, f"file://{tmp_path}/one", 30, **{f"row{i}": {"label": "spam"} for i in range(30)}
+    )
+    with pytest.raises(
+        StagingError, match=r"has 1 label\(s\) \['spam'\] in its 'label' column: a classifier needs two"
+    ):
+        stage_dataset(storage, file_root, one, "one", task="classification")
+    skewed = labelled_source(
+        storage,
+        f"file://{tmp_path}/skewed",
+        120,
+        **{f"row{i}": {"label": "ham" if i else "spam"} for i in range(120)},
+    )
+    with caplog.at_level(logging.WARNING):
+        stage_dataset(storage, file_root, skewed, "skewed", task="classification")
+    assert (
+        "dataset skewed is imbalanced: 119 records labelled 'ham', 1 labelled 'spam' (over 10x)"
+        in caplog.text
+    )
+    nulls = labelled_source(storage, f"file://{tmp_path}/nulls", 50, row3={"label": None})
+    with pytest.raises(DataValidationError, match=r"label"):
+        stage_dataset(storage, file_root, nulls, "nulls", task="classification")
+
+
 def test_an_sft_source_without_a_response_or_with_an_empty_one_is_refused_naming_it(file_root, tmp_path):
     storage = open_storage(file_root)
     missing = f"file://{tmp_path}/missing"
