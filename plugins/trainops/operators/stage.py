@@ -101,12 +101,15 @@ class StageDatasetOperator(ClusterJobOperator):
     :param eval_percent: share of records (by a hash of their id, so stable across
         versions) that go to the eval split, 1 to 50.
     :param slice_columns: columns recorded in the eval index for per-slice evaluation
-        (default: ``source`` for ``causal_lm``, none for ``sft``).
+        (default: ``source`` for ``causal_lm``, none for ``sft`` and ``classification``).
     :param task: what the dataset is for (``trainer.contract.tasks``): ``causal_lm`` (default;
-        a ``text`` column, the default suite above) or ``sft`` (``prompt`` and ``response``
+        a ``text`` column, the default suite above), ``sft`` (``prompt`` and ``response``
         columns; the default suite asks for a non-empty prompt and response in every record;
-        each record is staged as one training sample whose response alone is scored). ``sft``
-        stages on the worker engine only.
+        each record is staged as one training sample whose response alone is scored) or
+        ``classification`` (``text`` and ``label`` columns; the label set is the data's, sorted,
+        recorded in the manifest; the default suite asks for a non-empty text and label in
+        every record; a label with over 10 times another's records is warned about). ``sft``
+        and ``classification`` stage on the worker engine only.
     :param shard_tokens: tokens per shard file.
     :param storage_root: storage root URI; defaults to the embedded root. (templated)
     :param aws_conn_id: Airflow AWS connection for ``s3://``; when it is not defined,
