@@ -276,3 +276,68 @@ def test_model_hf_whose_folder_changed_since_it_was_pinned_is_refused_naming_the
         start(
             tmp_path, dataset_uri, world_of_one, 1, f"model.hf={folder.as_uri()}", f"model.hf_config={pinned}"
         )
+
+
+# The encoder classifiers' folders: dropout off, so the first step's loss is the folder's own.
+HF_CLASSIFIERS = {
+    "bert": {"model_type": "bert", "pad_token_id": 0},
+    "roberta": {"model_type": "roberta", "pad_token_id": 1, "max_position_embeddings": 66},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HF_CLASSIFIERS))
+def test_model_hf_of_a_classifier_starts_from_its_weights_and_its_first_loss_is_what_transformers_computes(
+    world_of_one, tmp_path, kind
+):
+    """A team's classifier folder (its labels the dataset's), saved by transformers: every weight
+    loaded bit for bit, and the first step's loss the folder's model computes on the same records."""
+    import torch.nn.functional as F
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    from tests.trainer.helpers import LABELS, write_classification_dataset
+    from trainer.runtime.preemption import StopFlag
+    from trainer.train import train_step
+
+    values = {
+        "vocab_size": 300,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 64,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+        "id2label": dict(enumerate(LABELS)),
+        **HF_CLASSIFIERS[kind],
+    }
+    torch.manual_seed(5)
+    theirs = AutoModelForSequenceClassification.from_config(
+        AutoConfig.for_model(**values), attn_implementation="sdpa"
+    )
+    folder = tmp_path / "team-classifier"
+    theirs.save_pretrained(folder)
+    theirs.eval()
+    uri = write_classification_dataset(tmp_path / "kinds", train_records=40, eval_records=4)
+    training, _ = start(
+        tmp_path,
+        uri,
+        world_of_one,
+        1,
+        f"model.hf={folder.as_uri()}",
+        "task.kind=classification",
+        "train.seq_len=48",
+    )
+    assert training.config.model.hf_config["id2label"] == {str(i): label for i, label in enumerate(LABELS)}
+    loaded = weights(training)
+    for name, tensor in theirs.state_dict().items():
+        assert torch.equal(loaded[f"hf.{name}"], tensor), name
+    batches = [training.batches.split(training.batches.micro_batch(0, m)) for m in range(training.accum)]
+    with torch.no_grad():
+        expected = sum(
+            F.cross_entropy(
+                theirs(input_ids=inputs.clamp(min=0), attention_mask=(inputs >= 0).long()).logits, targets
+            ).item()
+            for inputs, targets in batches
+        ) / len(batches)
+    first = train_step(training, StopFlag())
+    assert first.loss.item() == pytest.approx(expected, rel=1e-5)
