@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from trainer.storage import NotFound
 from trainer.storage import open_storage as default_open
+from trainops.staging.chat import ChatTemplate, read_chat_template
 from trainops.staging.errors import StagingError
 from trainops.staging.tokenize import BYTE_EOS_ID, BYTE_VOCAB_SIZE, TOKENIZER, token_dtype_for
 
@@ -24,6 +25,11 @@ EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>", "[SEP]")
 
 class ByteTokenizer:
     """UTF-8 bytes, then EOS 256: no vocabulary to ship, any text encodes."""
+
+    chat = None  # bytes have no chat template
+
+    def use_chat_template(self, read: Callable[[str], bytes | None]) -> None:
+        """Bytes have no chat template: nothing to do."""
 
     def __init__(self):
         self.config = dict(TOKENIZER)
@@ -53,6 +59,16 @@ class ByteTokenizer:
 
 class HFTokenizer:
     """A Hugging Face ``tokenizers`` JSON file; EOS is appended after every record."""
+
+    chat: ChatTemplate | None = None  # set by use_chat_template when its folder has one
+
+    def use_chat_template(self, read: Callable[[str], bytes | None]) -> None:
+        """Render ``sft`` records with the chat template beside the tokenizer, if it has one
+        (:mod:`trainops.staging.chat`); its sha256 joins :attr:`config`, so the version counts it
+        and the manifest says it was applied."""
+        self.chat = read_chat_template(self.config["uri"], read)
+        if self.chat is not None:
+            self.config["chat_template_sha256"] = self.chat.sha256
 
     def __init__(self, data: bytes, *, uri: str, eos_token: str | None = None):
         try:

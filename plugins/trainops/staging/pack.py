@@ -142,16 +142,29 @@ class Packer:
             batch, rows = batch.filter(~null), rows[~null]
         if not batch.num_rows:
             return skipped
-        prompts, prompt_lengths = self.tokenizer.encode_batch(column(SFT_COLUMNS[0]))
-        responses, response_lengths = self.tokenizer.encode_batch(column(SFT_COLUMNS[1]))
+        prompt_texts, response_texts = column(SFT_COLUMNS[0]), column(SFT_COLUMNS[1])
+        chat = getattr(self.tokenizer, "chat", None)
+        if chat is not None:  # the tokenizer's chat template (trainops.staging.chat)
+            import pyarrow as pa
+
+            pairs = [
+                chat.split(p, r)
+                for p, r in zip(prompt_texts.to_pylist(), response_texts.to_pylist(), strict=True)
+            ]
+            prompt_texts = pa.array([p for p, _ in pairs], pa.large_string())
+            response_texts = pa.array([r for _, r in pairs], pa.large_string())
+        prompts, prompt_lengths = self.tokenizer.encode_batch(prompt_texts)
+        responses, response_lengths = self.tokenizer.encode_batch(response_texts)
         prompt_lengths = prompt_lengths - 1  # the prompt runs on into the response: no end of record
-        lengths = prompt_lengths + response_lengths
+        # A template ends the response with its own end of turn: no end of record after it either.
+        ends = 0 if chat is None else 1
+        lengths = prompt_lengths + response_lengths - ends
         tokens = np.empty(int(lengths.sum()), dtype=prompts.dtype)
         p_starts = np.cumsum(prompt_lengths + 1) - prompt_lengths - 1
         r_starts = np.cumsum(response_lengths) - response_lengths
         at = 0
         for n in range(len(lengths)):
-            p, r = int(prompt_lengths[n]), int(response_lengths[n])
+            p, r = int(prompt_lengths[n]), int(response_lengths[n]) - ends
             tokens[at : at + p] = prompts[p_starts[n] : p_starts[n] + p]
             tokens[at + p : at + p + r] = responses[r_starts[n] : r_starts[n] + r]
             at += p + r

@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.contract import MANIFEST_NAME, TASK_CAUSAL_LM, dataset_prefix, join
+from trainer.contract import MANIFEST_NAME, TASK_CAUSAL_LM, TASK_SFT, dataset_prefix, join
+from trainer.storage import NotFound
 from trainer.storage import open_storage as default_open_storage
 from trainops.staging.encoders import load_tokenizer
 from trainops.staging.options import check_dataset_name, check_options, check_quarantine, check_tokenizer
@@ -37,6 +38,14 @@ class StagePlan:
     version: str
     prefix: str
     manifest_uri: str
+
+
+def _read_or_none(open_storage: Callable, uri: str) -> bytes | None:
+    """The bytes at ``uri``; None when nothing is there."""
+    try:
+        return open_storage(uri).get(uri)
+    except NotFound:
+        return None
 
 
 def plan_stage(
@@ -71,6 +80,8 @@ def plan_stage(
     check_reachable(storage, root)
     suite = resolve_suite(expectations, open_storage=open_storage, task=task)
     tok = load_tokenizer(tokenizer_spec, open_storage)
+    if task == TASK_SFT:  # prompt/response records as the model reads a conversation
+        tok.use_chat_template(lambda uri: _read_or_none(open_storage, uri))
     rule = split_rule(eval_percent)
 
     objects = list_source_objects(source_storage, source_uri)
