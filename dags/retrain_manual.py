@@ -105,6 +105,8 @@ with DAG(
         task_id="stage",
         source_uri=raw,
         dataset_name=run_plan["dataset_name"],
+        task=run_plan["task"],  # the form's task, and the HF model's tokenizer (None: bytes)
+        tokenizer=run_plan["tokenizer"],
         cluster=PLACE["cluster"],
         image=PLACE["image"],
         namespace=PLACE["namespace"],

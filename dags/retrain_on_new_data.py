@@ -73,17 +73,18 @@ with DAG(
         return form.training_kwargs(form.variable_settings(allowed=SETTINGS))
 
     snapshot = source()
+    args = train_args()  # read before staging: the Variable's task and model say how to stage
     stage = StageDatasetOperator(
         task_id="stage",
         source_uri=snapshot["uri"],
         dataset_name=snapshot["dataset_name"],
+        task=args["task"],
+        tokenizer=args["tokenizer"],
         cluster=PLACE["cluster"],
         image=PLACE["image"],
         namespace=PLACE["namespace"],
     )
 
-    args = train_args()
-    stage >> args
     pipeline.train_evaluate_gate_promote(stage, args, model=MODEL, place=PLACE)
 
 

@@ -7,7 +7,7 @@ active run at a time.
 touching code:
 
 - Airflow Variable `trainops_retrain` (JSON object), any of `dataset_uri`, `model_preset`,
-  `hf_model`, `nodes`, `gpus_per_node`, `capacity`, `max_preemptions`, `lr`, `max_steps`,
+  `hf_model`, `task`, `nodes`, `gpus_per_node`, `capacity`, `max_preemptions`, `lr`, `max_steps`,
   `warm_start`, with the same meanings, limits and defaults as the `retrain_manual` form. Unset keys keep their defaults,
   which run on the embedded default: the demo dataset under the storage root (generated on
   first use), the tiny model, one CPU "node", 60 steps, and `warm_start` `auto`: training starts
@@ -74,6 +74,8 @@ with DAG(
         task_id="stage",
         source_uri=source(run_plan["dataset_uri"]),
         dataset_name=run_plan["dataset_name"],
+        task=run_plan["task"],  # the form's task, and the HF model's tokenizer (None: bytes)
+        tokenizer=run_plan["tokenizer"],
         cluster=PLACE["cluster"],
         image=PLACE["image"],
         namespace=PLACE["namespace"],

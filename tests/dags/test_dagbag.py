@@ -58,6 +58,7 @@ def test_retrain_manual_has_no_schedule_and_the_form(bag):
         "dataset_uri",
         "model_preset",
         "hf_model",
+        "task",
         "nodes",
         "gpus_per_node",
         "capacity",

@@ -49,6 +49,7 @@ COMPONENTS = {
 PAYLOAD = {
     "model_preset": "tiny",
     "hf_model": "",
+    "task": "causal_lm",
     "nodes": 1,
     "gpus_per_node": 0,
     "capacity": "spot",

@@ -139,7 +139,7 @@ class StageDatasetOperator(ClusterJobOperator):
     """
 
     operator_extra_links = (ValidationReportLink(),)
-    template_fields: Sequence[str] = ("source_uri", "dataset_name", "storage_root")
+    template_fields: Sequence[str] = ("source_uri", "dataset_name", "storage_root", "task", "tokenizer")
     ui_color = "#e8f4e8"
     job_role_labels: ClassVar[Mapping[str, str]] = {"trainops/role": "stage"}
 
@@ -172,10 +172,13 @@ class StageDatasetOperator(ClusterJobOperator):
         **kwargs: Any,
     ) -> None:
         self.engine = check_engine(engine, spark_remote=spark_remote)
-        self.task = check_task(task, self.engine)
-        slice_columns = DEFAULT_SLICE_COLUMNS[task] if slice_columns is None else slice_columns
+        # task and tokenizer may come from an XCom or a template (a form's settings): then they
+        # are checked when the task runs, once rendered (execute), as the dataset name is.
+        self.task = check_task(task, self.engine) if _plain(task) else task
+        if slice_columns is None and _plain(task):
+            slice_columns = DEFAULT_SLICE_COLUMNS[task]
         self.spark_remote, self.spark_conn_id, self.spark_conf = spark_remote, spark_conn_id, spark_conf
-        check_options(eval_percent=eval_percent, shard_tokens=shard_tokens, slice_columns=slice_columns)
+        check_options(eval_percent=eval_percent, shard_tokens=shard_tokens, slice_columns=slice_columns or [])
         alias = is_runtime_name(dataset_name)
         if not alias:
             check_dataset_name(dataset_name)  # else when the task runs, once rendered
@@ -197,11 +200,12 @@ class StageDatasetOperator(ClusterJobOperator):
         self.source_uri = source_uri
         self.dataset_name = dataset_name
         self.expectations = check_suite_spec(expectations)
-        check_tokenizer(tokenizer)
+        if _plain(tokenizer):
+            check_tokenizer(tokenizer)
         self.tokenizer = tokenizer
         self.quarantine = check_quarantine(quarantine)
         self.eval_percent = eval_percent
-        self.slice_columns = list(slice_columns)
+        self.slice_columns = None if slice_columns is None else list(slice_columns)
         self.shard_tokens = shard_tokens
         if job_threshold_bytes is not None and (
             isinstance(job_threshold_bytes, bool)
@@ -224,6 +228,10 @@ class StageDatasetOperator(ClusterJobOperator):
     @fail_fast
     def execute(self, context: Context) -> dict:
         check_dataset_name(self.dataset_name)  # before anything is read or written
+        self.task = check_task(self.task, self.engine)  # rendered by now
+        check_tokenizer(self.tokenizer)
+        if self.slice_columns is None:
+            self.slice_columns = list(DEFAULT_SLICE_COLUMNS[self.task])
         root = resolve_storage_root(self.storage_root)
         threshold = self.job_threshold_bytes
         try:
@@ -405,3 +413,8 @@ def _as_list(value) -> list:
     if value is None:
         return []
     return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _plain(value: object) -> bool:
+    """Whether an argument is its own value now: not an XCom nor a template rendered at run time."""
+    return value is None or (isinstance(value, (str, dict)) and "{{" not in str(value))

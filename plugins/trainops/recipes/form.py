@@ -1,6 +1,6 @@
 """The retraining settings: one schema for the trigger form, the Variable and the run plan.
 
-Settings are the same eleven keys wherever they come from: the ``retrain_manual`` form (DAG
+Settings are the same twelve keys wherever they come from: the ``retrain_manual`` form (DAG
 params), or the ``trainops_retrain`` Variable for the unattended DAGs. Every key has a default
 that runs on the embedded default (``file://`` storage, the local cluster, a tiny model).
 
@@ -57,9 +57,20 @@ SETTINGS: dict[str, dict] = {
         "title": "Hugging Face model",
         "description": "Empty: train the preset above. Else the file:/// or s3:// URI of a Hugging "
         "Face folder (config.json, safetensors weights, tokenizer files) of a Llama, Mistral or "
-        "Qwen2 causal LM: training starts from its weights (the trainer's model.hf), and 'Warm "
-        "start' must be auto or none. Checked before launch: the family, the shape, the weights, "
+        "Qwen2 causal LM, or of a BERT or RoBERTa classifier: training starts from its weights (the "
+        "trainer's model.hf), the data is tokenized with its tokenizer.json, and 'Warm start' must "
+        "be auto or none. Checked before launch: the family, the shape, the weights, the labels, "
         "and a vocabulary that holds the dataset's tokenizer.",
+    },
+    "task": {
+        "schema": {"type": "string", "enum": ["causal_lm", "sft", "classification"]},
+        "default": "causal_lm",
+        "title": "Task",
+        "description": "What the model learns from the raw data. causal_lm: next-token loss on a "
+        "'text' column. sft: instruction tuning on 'prompt' and 'response' columns, the loss on the "
+        "responses (with the tokenizer's chat template when it has one). classification: a 'text' "
+        "and a 'label' column, for a BERT or RoBERTa 'Hugging Face model'; accuracy and F1 in "
+        "the evaluation. Every source also needs an 'id' column.",
     },
     "nodes": {
         "schema": {"type": "integer", "minimum": 1, "maximum": 64},
@@ -181,6 +192,11 @@ def check_settings(
             jsonschema.validate(value, SETTINGS[key]["schema"])
         except jsonschema.ValidationError as exc:
             raise SettingsError(f"{source}: {key}={value!r} is invalid: {exc.message}") from None
+    if merged.get("task") == "classification" and not merged.get("hf_model"):
+        raise SettingsError(
+            f"{source}: task='classification' trains a Hugging Face BERT or RoBERTa classifier, but "
+            "hf_model is empty (the presets are causal LMs): set hf_model to the classifier's folder"
+        )
     return merged
 
 
@@ -206,18 +222,25 @@ def dataset_name_for(uri: str) -> str:
 
 
 def trainer_config(
-    model_preset: str, lr: float, max_steps: int, warm_start: str = "none", hf_model: str = ""
+    model_preset: str,
+    lr: float,
+    max_steps: int,
+    warm_start: str = "none",
+    hf_model: str = "",
+    task: str = "causal_lm",
 ) -> dict:
     """The trainer config for a retraining run: small batches of 64-token windows, bf16,
     a warmup of a tenth of the run (at most 100 steps), a checkpoint every quarter of the run
     (every 10 to 200 steps), so a preemption costs at most that many steps; ``warm_start`` is
     ``init.from`` (the training operator resolves ``auto`` and ``production``). ``hf_model``
     (``model.hf``) replaces the preset, and starts from its own weights: ``auto`` is then
-    ``none``; any other warm start is refused by the trainer's rule, before launch."""
+    ``none``; any other warm start is refused by the trainer's rule, before launch. ``task`` is
+    ``task.kind``."""
     if hf_model and warm_start == "auto":
         warm_start = "none"
     return {
         "init": {"from": warm_start},
+        "task": {"kind": task},
         "precision": "bf16",
         "model": {"hf": hf_model} if hf_model else {"preset": model_preset},
         "train": {
@@ -246,7 +269,20 @@ def training_kwargs(settings: dict) -> dict:
             settings["max_steps"],
             settings.get("warm_start", "none"),
             settings.get("hf_model", ""),
+            settings.get("task", "causal_lm"),
         ),
+        **staging_kwargs(settings),
+    }
+
+
+def staging_kwargs(settings: dict) -> dict:
+    """The staging operator's run-time arguments: ``task``, and ``tokenizer``, the Hugging Face
+    model's own ``tokenizer.json`` (None: the built-in byte tokenizer of the presets), so the data
+    is tokenized as the model reads it (the training operator checks it before launch)."""
+    hf_model = settings.get("hf_model", "")
+    return {
+        "task": settings.get("task", "causal_lm"),
+        "tokenizer": join(hf_model, "tokenizer.json") if hf_model else None,
     }
 
 

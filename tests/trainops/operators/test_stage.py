@@ -132,7 +132,29 @@ def test_a_templated_dataset_name_is_checked_before_anything_is_read_or_written(
 
 
 def test_templated_fields():
-    assert StageDatasetOperator.template_fields == ("source_uri", "dataset_name", "storage_root")
+    assert StageDatasetOperator.template_fields == (
+        "source_uri",
+        "dataset_name",
+        "storage_root",
+        "task",
+        "tokenizer",
+    )
+
+
+def test_a_task_and_tokenizer_given_at_run_time_are_checked_once_rendered(file_root, tmp_path):
+    """A form's task and model tokenizer reach staging through an XCom or a template: checked
+    when the task runs, before anything is read or written."""
+    op = _op(storage_root=file_root, task="{{ params.task }}", tokenizer="{{ params.tokenizer }}")
+    op.task, op.tokenizer = "translation", None  # as rendered
+    with pytest.raises(
+        ValueError, match=r"task 'translation' cannot be staged: pick one of causal_lm, sft, classification"
+    ):
+        op.execute(context={})
+    op = _op(storage_root=file_root, task="{{ params.task }}", tokenizer="{{ params.tokenizer }}")
+    op.task, op.tokenizer = "sft", "http://elsewhere/tokenizer.json"
+    with pytest.raises(ValueError, match=r"tokenizer uri must be a file:// or s3:// URI"):
+        op.execute(context={})
+    assert open_storage(file_root).list(file_root) == []
 
 
 def test_outlets_name_the_dataset_asset_or_an_alias_for_runtime_names():

@@ -8,6 +8,7 @@ import pytest
 
 from trainops.operators.launch_plan import resolve_trainer_config
 from trainops.recipes import form
+from trainops.settings import SettingsError
 
 
 def test_unknown_keys_are_refused_by_the_plan_with_a_suggestion():
@@ -124,3 +125,24 @@ def test_a_hugging_face_model_replaces_the_preset_and_starts_from_its_own_weight
             {"run_uri": "file:///r", "data_uri": "file:///d", **form.plan_run(production)["trainer_config"]},
             1,
         )
+
+
+def test_the_task_reaches_staging_and_the_trainer_and_a_model_folder_tokenizes_the_data():
+    preset = form.plan_run(form.check_settings(None, source="test"))
+    assert (preset["task"], preset["tokenizer"]) == ("causal_lm", None)  # the presets' byte tokenizer
+    assert preset["trainer_config"]["task"] == {"kind": "causal_lm"}
+    chat = form.plan_run(form.check_settings({"task": "sft", "hf_model": "s3://m/qwen2/"}, source="test"))
+    assert (chat["task"], chat["tokenizer"]) == ("sft", "s3://m/qwen2/tokenizer.json")
+    assert chat["trainer_config"]["task"] == {"kind": "sft"}
+    resolve_trainer_config({"run_uri": "file:///r", "data_uri": "file:///d", **chat["trainer_config"]}, 1)
+    labels = form.plan_run(
+        form.check_settings({"task": "classification", "hf_model": "s3://m/bert/"}, source="t")
+    )
+    assert (labels["task"], labels["trainer_config"]["model"]) == ("classification", {"hf": "s3://m/bert/"})
+    with pytest.raises(
+        SettingsError,
+        match=r"test: task='classification' trains a Hugging Face BERT or RoBERTa classifier, but hf_model is empty",
+    ):
+        form.check_settings({"task": "classification"}, source="test")
+    with pytest.raises(SettingsError, match=r"test: task='translation' is invalid"):
+        form.check_settings({"task": "translation"}, source="test")
