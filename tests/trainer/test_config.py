@@ -443,10 +443,42 @@ def test_an_hf_models_vocabulary_is_its_configs_and_must_hold_the_tokenizers():
     )
 
 
-def test_warm_start_into_an_hf_config_model_is_refused_before_anything_is_read():
-    with pytest.raises(ConfigError, match=re.escape("a model.hf_config model starts from random weights")):
-        check_init_model(with_hf(), "s3://b/models/m/versions/3/")
+def test_warm_start_into_an_hf_config_model_is_a_version_of_it_whose_fit_is_checked_later():
+    check_init_model(with_hf(), "s3://b/models/m/versions/3/")  # trainer.config.hf.check_hf_init_fit
     check_init_model(base(), "s3://b/models/m/versions/3/")  # a preset: the folder's fit is checked later
+
+
+def test_a_version_of_another_hf_model_is_refused_naming_each_key_on_both_sides():
+    from trainer.config.hf import check_hf_init_fit
+
+    run = {
+        "model_type": "bert",
+        "hidden_size": 64,
+        "id2label": {"0": "ham", "1": "spam"},
+        "layer_norm_eps": 1e-12,
+    }
+    exported = {
+        **run,
+        "id2label": {0: "ham", 1: "spam"},
+        "layer_norm_eps": 1.0000000000000001e-12,
+        "eos_token_id": 3,
+        "architectures": ["BertForSequenceClassification"],
+        "transformers_version": "5.24.0",
+        "vocab_size": 512,
+    }
+    check_hf_init_fit(run, exported, "s3://b/v/")  # read back from JSON, with what export fills in: fits
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
+            "id2label {'0': 'spam', '1': 'ham'} in the source, {'0': 'ham', '1': 'spam'} in the run"
+        ),
+    ):
+        check_hf_init_fit(run, {**exported, "id2label": {"0": "spam", "1": "ham"}}, "s3://b/v/")
+    with pytest.raises(
+        ConfigError,
+        match=re.escape("init.from='s3://b/v/' holds a 'roberta' model, the run trains a 'bert' one"),
+    ):
+        check_hf_init_fit(run, {**exported, "model_type": "roberta"}, "s3://b/v/")
 
 
 @pytest.mark.parametrize(
@@ -461,10 +493,6 @@ def test_warm_start_into_an_hf_config_model_is_refused_before_anything_is_read()
             "model.hf='s3://b/m/' and model.builder='pkg.mod:build' are both set",
         ),
         (["model.hf=s3://b/m/", "model.vocab_size=300"], "model.vocab_size=300 is not used with model.hf"),
-        (
-            ["model.hf=s3://b/m/", "init.from=s3://b/v/"],
-            "init.from='s3://b/v/' with model.hf='s3://b/m/': the folder's weights",
-        ),
     ],
 )
 def test_a_model_hf_that_cannot_be_the_model_is_refused_naming_the_value(overrides, message):

@@ -37,7 +37,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from trainer.checkpoint import node_cache
 from trainer.config import Config, ConfigError, check_init_model, init_source, model_label, pin_hf_config
-from trainer.config.hf import check_init_fit
+from trainer.config.hf import check_hf_init_fit, check_init_fit
 from trainer.contract import join
 from trainer.data import cache_dir
 from trainer.export import hf
@@ -168,10 +168,13 @@ def load_into(model: nn.Module, args: ModelArgs, source: Source, storage: Storag
 
 
 @torch.no_grad()
-def load_hf_into(model: nn.Module, source: Source, storage: Storage) -> int:
-    """Fill this rank's shards of every parameter of a ``model.hf`` model (built from the folder's
-    own ``config.json``) from the folder, under the HF model's own names; the number of tensors
-    read. A tied LM head is one parameter (the embedding), so a folder without it loads."""
+def load_hf_into(model: nn.Module, source: Source, storage: Storage, key: str = "model.hf") -> int:
+    """Fill this rank's shards of every parameter of a Hugging Face model (``model.hf``'s, or a
+    ``model.hf_config`` one warm-started from ``init.from``) from the folder, under the HF model's
+    own names; the number of tensors read. A tied LM head is one parameter (the embedding), so a
+    folder without it loads.
+
+    :param key: the config key that names the folder, for errors."""
     wanted = {
         plain_name(raw).removeprefix(HF_PREFIX): (raw, param) for raw, param in model.named_parameters()
     }
@@ -180,7 +183,7 @@ def load_hf_into(model: nn.Module, source: Source, storage: Storage) -> int:
         source,
         storage,
         lambda handle, name, raw, lo, hi: handle.get_slice(name)[lo:hi],
-        "model.hf",
+        key,
         "a complete folder of the model its config.json describes",
     )
 
@@ -241,7 +244,17 @@ def warm_start(config: Config, model: nn.Module, args: ModelArgs | None) -> str 
     """Load ``init.from`` into ``model`` (a fresh run: the caller skips this on resume); the
     source URI, or None for ``init.from: none``. ``production`` and ``auto`` never reach the
     trainer from the operator, which resolves them: here they are a configuration error."""
-    if config.model.hf:  # the folder is the model and its initial weights (init.from is none)
+    value = config.init.from_
+    if config.model.hf_config is not None and init_source(value) == "uri":
+        # a Hugging Face model from a version of itself (its production): the folder's weights
+        check_init_model(config, value)
+        storage = open_storage(value)
+        source = read_source(storage, value)
+        check_hf_init_fit(config.model.hf_config, source.config, value)
+        count = load_hf_into(model, source, storage, "init.from")
+        log.info("warm start: %d tensors from %s (weights only: fresh optimizer, step 0)", count, value)
+        return value
+    if config.model.hf:  # the folder is the model and its initial weights
         uri = config.model.hf
         storage = open_storage(uri)
         count = load_hf_into(model, read_source(storage, uri, "model.hf"), storage)

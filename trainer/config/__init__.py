@@ -410,11 +410,6 @@ def _check_hf_folder(config: Config) -> None:
             f"model.vocab_size={model.vocab_size} is not used with model.hf, whose config.json fixes the "
             "vocabulary: set model.vocab_size=0"
         )
-    if config.init.from_ != INIT_NONE:
-        raise ConfigError(
-            f"init.from={config.init.from_!r} with model.hf={value!r}: the folder's weights are the run's "
-            "initial weights; set init.from=none"
-        )
 
 
 def pin_hf_config(config: Config, values: object) -> Config:
@@ -494,17 +489,14 @@ def model_label(config: Config) -> str:
 
 def check_init_model(config: Config, value: str) -> None:
     """Raise ConfigError when ``init.from=value`` (a folder's URI) cannot load into the run's
-    model: warm start loads a Hugging Face Llama folder into a preset's model only. Both sides
-    ask before anything is read."""
+    model: warm start loads a Hugging Face Llama folder into a preset's model, or a Hugging Face
+    folder of the run's own model (a promoted version of it) into a ``model.hf_config`` or
+    ``model.hf`` model; never into a ``model.builder`` one. Both sides ask before anything is
+    read."""
     if config.model.builder is not None:
         raise ConfigError(
             f"init.from={value!r} needs a built-in preset (model.preset): a model.builder model has no "
             "Hugging Face Llama layout to load; unset model.builder or set init.from=none"
-        )
-    if config.model.hf_config is not None:
-        raise ConfigError(
-            f"init.from={value!r}: a model.hf_config model starts from random weights; loading a Hugging "
-            "Face folder's own weights into it is not built yet: set init.from=none, or train a preset"
         )
 
 

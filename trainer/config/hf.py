@@ -128,6 +128,51 @@ def _default_labels(stated: Mapping[Any, Any]) -> bool:
     return all(str(v) == f"LABEL_{k}" for k, v in stated.items())
 
 
+# config.json keys that say how a folder was saved or which tokenizer ids it was exported with,
+# not what its model computes: a warm start's source may state them otherwise.
+_NOT_FUNCTION = (
+    "architectures",
+    "transformers_version",
+    "dtype",
+    "torch_dtype",
+    "bos_token_id",
+    "eos_token_id",
+)
+
+
+def check_hf_init_fit(run: Mapping[str, Any], source: Mapping[str, Any], source_uri: str) -> None:
+    """Raise ConfigError when the Hugging Face folder at ``source_uri`` (``init.from``: a promoted
+    version, a run's export), whose ``config.json`` is ``source``, is not the run's model ``run``
+    (``model.hf_config``, pinned): another family, or any key the run's config states (its labels
+    included) that the source states otherwise, named on both sides. A key only the source states
+    is one transformers filled in on export (the run's default). Pure: the operator refuses
+    before launch and the trainer before loading; the load itself checks every tensor's shape."""
+    if source.get("model_type") != run.get("model_type"):
+        raise ConfigError(
+            f"init.from={source_uri!r} holds a {source.get('model_type')!r} model, the run trains a "
+            f"{run.get('model_type')!r} one (model.hf_config): warm start from a version of this model, "
+            "or set init.from=none"
+        )
+    differ = []
+    for key, want in run.items():
+        if key in _NOT_FUNCTION or key not in source:
+            continue
+        got = source[key]
+        if isinstance(want, Mapping) and isinstance(got, Mapping):
+            same = {str(k): v for k, v in want.items()} == {str(k): v for k, v in got.items()}
+        elif isinstance(want, float) or isinstance(got, float):
+            same = _close(got, float(want)) if isinstance(want, int | float) else got == want
+        else:
+            same = got == want
+        if not same:
+            differ.append(f"{key} {got!r} in the source, {want!r} in the run")
+    if differ:
+        raise ConfigError(
+            f"init.from={source_uri!r} does not fit the run's model: {'; '.join(differ[:6])}; warm start "
+            "from a version trained with this model.hf_config (and these labels), or set init.from=none"
+        )
+
+
 def kv_heads(values: Mapping[str, Any]) -> Any:
     """The key/value heads of a supported config: its ``num_key_value_heads``, else its family's
     default (:data:`KV_HEADS_DEFAULTS`)."""

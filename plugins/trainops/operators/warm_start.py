@@ -33,9 +33,10 @@ from trainer.config import (
     check_init_model,
     init_source,
     pin_hf_config,
+    pin_labels,
 )
-from trainer.config.hf import check_init_fit
-from trainer.contract import MANIFEST_NAME, join
+from trainer.config.hf import check_hf_init_fit, check_init_fit
+from trainer.contract import MANIFEST_NAME, TASK_CLASSIFICATION, dataset_labels, dataset_task, join
 from trainer.presets import PRESETS
 from trainer.storage import NotFound
 from trainops.registry.pointer import read_production
@@ -170,9 +171,17 @@ def prepare(
             "(a promoted version, a run's export/) or set it to none"
         ) from None
     tokenizer = dict(manifest["tokenizer"])
-    args = PRESETS[config.model.preset].with_vocab(config.model.vocab_size or int(tokenizer["vocab_size"]))
+    source_config = source_config if isinstance(source_config, dict) else {}
     try:
-        check_init_fit(args, source_config if isinstance(source_config, dict) else {}, resolved)
+        if config.model.hf_config is not None:  # a Hugging Face model: a version of itself
+            labels = dataset_labels(manifest) if dataset_task(manifest) == TASK_CLASSIFICATION else None
+            run = pin_labels(config, labels) if labels is not None else config
+            check_hf_init_fit(run.model.hf_config or {}, source_config, resolved)
+        else:
+            args = PRESETS[config.model.preset].with_vocab(
+                config.model.vocab_size or int(tokenizer["vocab_size"])
+            )
+            check_init_fit(args, source_config, resolved)
     except ConfigError as exc:
         raise ValueError(str(exc)) from None
     warning = check_tokenizer(

@@ -58,8 +58,8 @@ SETTINGS: dict[str, dict] = {
         "description": "Empty: train the preset above. Else the file:/// or s3:// URI of a Hugging "
         "Face folder (config.json, safetensors weights, tokenizer files) of a Llama, Mistral or "
         "Qwen2 causal LM, or of a BERT or RoBERTa classifier: training starts from its weights (the "
-        "trainer's model.hf), the data is tokenized with its tokenizer.json, and 'Warm start' must "
-        "be auto or none. Checked before launch: the family, the shape, the weights, the labels, "
+        "trainer's model.hf), the data is tokenized with its tokenizer.json, and 'Warm start' auto "
+        "or production starts from the production version of this model instead. Checked before launch: the family, the shape, the weights, the labels, "
         "and a vocabulary that holds the dataset's tokenizer.",
     },
     "task": {
@@ -233,11 +233,9 @@ def trainer_config(
     a warmup of a tenth of the run (at most 100 steps), a checkpoint every quarter of the run
     (every 10 to 200 steps), so a preemption costs at most that many steps; ``warm_start`` is
     ``init.from`` (the training operator resolves ``auto`` and ``production``). ``hf_model``
-    (``model.hf``) replaces the preset, and starts from its own weights: ``auto`` is then
-    ``none``; any other warm start is refused by the trainer's rule, before launch. ``task`` is
-    ``task.kind``."""
-    if hf_model and warm_start == "auto":
-        warm_start = "none"
+    (``model.hf``) replaces the preset and starts from its own weights, or from a version of the
+    same model that ``warm_start`` names (production, with ``auto``, once there is one): the
+    trainer's rule checks it is that model before launch. ``task`` is ``task.kind``."""
     return {
         "init": {"from": warm_start},
         "task": {"kind": task},

@@ -341,3 +341,45 @@ def test_model_hf_of_a_classifier_starts_from_its_weights_and_its_first_loss_is_
         ) / len(batches)
     first = train_step(training, StopFlag())
     assert first.loss.item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_model_hf_warm_starts_from_a_version_of_itself_and_refuses_another_models(
+    world_of_one, tmp_path, dataset_uri
+):
+    """Scheduled retraining of a team's model: ``model.hf`` says what the model is, ``init.from``
+    (its production version, as the operator resolves ``auto``) gives the weights; a folder of
+    another shape is refused before any weight is read, naming the key on both sides."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = tmp_path / "team-model"
+    save_hf_folder(folder, "qwen2")
+    values = json.loads((folder / "config.json").read_text())
+    torch.manual_seed(6)  # the version: the same model, other weights (as training left them)
+    version = AutoModelForCausalLM.from_config(AutoConfig.for_model(**values), attn_implementation="sdpa")
+    version.save_pretrained(tmp_path / "v3")
+    training, attempt = start(
+        tmp_path,
+        dataset_uri,
+        world_of_one,
+        1,
+        f"model.hf={folder.as_uri()}",
+        f"init.from={(tmp_path / 'v3').as_uri()}",
+    )
+    loaded = weights(training)
+    for name, tensor in version.state_dict().items():
+        if f"hf.{name}" in loaded:
+            assert torch.equal(loaded[f"hf.{name}"], tensor), name
+    assert attempt.resumed_from_step is None
+    other = AutoModelForCausalLM.from_config(AutoConfig.for_model(**{**values, "intermediate_size": 96}))
+    other.save_pretrained(tmp_path / "other")
+    with pytest.raises(
+        ConfigError, match=r"does not fit the run's model: intermediate_size 96 in the source, 128 in the run"
+    ):
+        start(
+            tmp_path / "again",
+            dataset_uri,
+            world_of_one,
+            1,
+            f"model.hf={folder.as_uri()}",
+            f"init.from={(tmp_path / 'other').as_uri()}",
+        )

@@ -278,9 +278,8 @@ def test_model_hf_is_pinned_in_the_written_config_and_sizes_the_run(file_root, t
             {},
             r"model.hf_config.vocab_size=200 is smaller than the vocabulary of the dataset's tokenizer \(257",
         ),
-        (QWEN2, True, {"init.from": "s3://b/v/"}, r"the folder's weights are the run's initial weights"),
     ],
-    ids=["no-config", "no-weights", "family", "vocabulary", "init-from"],
+    ids=["no-config", "no-weights", "family", "vocabulary"],
 )
 def test_a_model_hf_folder_that_cannot_train_fails_before_anything_is_written_or_launched(
     file_root, tmp_path, cluster, context, config, weights, extra, message
@@ -291,6 +290,30 @@ def test_a_model_hf_folder_that_cannot_train_fails_before_anything_is_written_or
         hf_operator(file_root, folder, **extra).execute(context)
     assert cluster.launched == []
     assert open_storage(file_root).list(file_root) == []
+
+
+def test_a_model_hf_run_warm_starts_from_a_version_of_its_own_model_only(
+    file_root, tmp_path, cluster, context
+):
+    """init.from with model.hf (a production version of the team's model, as auto resolves it):
+    the folder says what the model is, the version gives the weights; a version of another model
+    is refused before launch, naming both sides."""
+    folder = hf_folder((tmp_path / "team-model").as_uri())
+    version = hf_folder((tmp_path / "v1").as_uri(), {**QWEN2, "torch_dtype": "bfloat16", "eos_token_id": 3})
+    with pytest.raises(TaskDeferred):
+        hf_operator(file_root, folder, **{"init.from": version}).execute(context)
+    assert len(cluster.launched) == 1
+    for other, message in (
+        (
+            {**QWEN2, "hidden_size": 128},
+            r"does not fit the run's model: hidden_size 128 in the source, 64 in the run",
+        ),
+        ({**QWEN2, "model_type": "llama"}, r"holds a 'llama' model, the run trains a 'qwen2' one"),
+    ):
+        wrong = hf_folder((tmp_path / f"wrong-{other['hidden_size']}-{other['model_type']}").as_uri(), other)
+        with pytest.raises((ValueError, AirflowFailException), match=message):
+            hf_operator(file_root, folder, **{"init.from": wrong}).execute(context)
+    assert len(cluster.launched) == 1
 
 
 def test_the_model_hf_folders_tokenizer_must_be_the_datasets():

@@ -114,17 +114,14 @@ def test_unattended_runs_default_to_auto():
     assert form.defaults()["warm_start"] == "auto"
 
 
-def test_a_hugging_face_model_replaces_the_preset_and_starts_from_its_own_weights():
+def test_a_hugging_face_model_replaces_the_preset_and_warm_starts_from_its_production():
     settings = form.check_settings({"hf_model": "s3://team-models/qwen2-0.5b/"}, source="test")
     config = form.plan_run(settings)["trainer_config"]
-    assert (config["model"], config["init"]) == ({"hf": "s3://team-models/qwen2-0.5b/"}, {"from": "none"})
+    # auto: the operator resolves it to the production version of the model once there is one
+    assert (config["model"], config["init"]) == ({"hf": "s3://team-models/qwen2-0.5b/"}, {"from": "auto"})
     resolve_trainer_config({"run_uri": "file:///r", "data_uri": "file:///d", **config}, 1)
-    production = form.check_settings({"hf_model": "s3://m/q/", "warm_start": "production"}, source="test")
-    with pytest.raises(ValueError, match=r"init.from='production' with model.hf='s3://m/q/'"):
-        resolve_trainer_config(
-            {"run_uri": "file:///r", "data_uri": "file:///d", **form.plan_run(production)["trainer_config"]},
-            1,
-        )
+    cold = form.check_settings({"hf_model": "s3://m/q/", "warm_start": "none"}, source="test")
+    assert form.plan_run(cold)["trainer_config"]["init"] == {"from": "none"}  # the folder's own weights
 
 
 def test_the_task_reaches_staging_and_the_trainer_and_a_model_folder_tokenizes_the_data():
