@@ -319,7 +319,7 @@ class StageDatasetOperator(ClusterJobOperator):
                     tokenizer=self.tokenizer,
                     quarantine=self.quarantine,
                     eval_percent=self.eval_percent,
-                    slice_columns=self.slice_columns,
+                    slice_columns=list(self.slice_columns or ()),
                     shard_tokens=self.shard_tokens,
                     result_uri=result_uri,
                     task=self.task,

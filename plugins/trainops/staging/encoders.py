@@ -66,7 +66,7 @@ class HFTokenizer:
         """Render ``sft`` records with the chat template beside the tokenizer, if it has one
         (:mod:`trainops.staging.chat`); its sha256 joins :attr:`config`, so the version counts it
         and the manifest says it was applied."""
-        self.chat = read_chat_template(self.config["uri"], read)
+        self.chat = read_chat_template(str(self.config["uri"]), read)
         if self.chat is not None:
             self.config["chat_template_sha256"] = self.chat.sha256
 
