@@ -16,12 +16,11 @@ the eval records' label loss).
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import DAG, Param, task
+from airflow.sdk import DAG, task
 
-from trainer.config import MAX_SEED
 from trainer.contract import join
 from trainops.operators import StageDatasetOperator
-from trainops.recipes.demo import demo_chain
+from trainops.recipes.demo import demo_chain, hf_demo_params
 from trainops.settings import resolve_storage_root
 from trainops.staging.demo_classification import (
     TOKENIZER_VOCAB,
@@ -55,23 +54,7 @@ with DAG(
     default_args={"owner": "trainops", "retries": 0},
     doc_md=__doc__,
     render_template_as_native_obj=True,  # "{{ params.seed }}" reaches the trainer as an int
-    params={
-        "seed": Param(
-            1234,
-            type="integer",
-            minimum=0,
-            maximum=MAX_SEED,
-            title="Training seed",
-            description="The trainer's seed: the model's initial weights and the order of the samples.",
-        ),
-        "max_eval_loss": Param(
-            0.5,
-            type="number",
-            minimum=0,
-            title="Gate: highest eval loss",
-            description="The gate rejects a candidate whose label loss on the eval records is above this.",
-        ),
-    },
+    params=hf_demo_params(0.5, "label loss on the eval records"),
 ) as dag:
 
     @task

@@ -15,12 +15,11 @@ that wrote it (news, forum or docs). Params: `seed` (the trainer's seed) and `ma
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import DAG, Param, task
+from airflow.sdk import DAG, task
 
-from trainer.config import MAX_SEED
 from trainer.contract import join
 from trainops.operators import StageDatasetOperator
-from trainops.recipes.demo import demo_chain
+from trainops.recipes.demo import demo_chain, hf_demo_params
 from trainops.settings import resolve_storage_root
 from trainops.staging.demo_sft import TOKENIZER_VOCAB, write_demo_sft_dataset, write_demo_tokenizer
 
@@ -50,23 +49,7 @@ with DAG(
     default_args={"owner": "trainops", "retries": 0},
     doc_md=__doc__,
     render_template_as_native_obj=True,  # "{{ params.seed }}" reaches the trainer as an int
-    params={
-        "seed": Param(
-            1234,
-            type="integer",
-            minimum=0,
-            maximum=MAX_SEED,
-            title="Training seed",
-            description="The trainer's seed: the model's initial weights and the order of the samples.",
-        ),
-        "max_eval_loss": Param(
-            1.0,
-            type="number",
-            minimum=0,
-            title="Gate: highest eval loss",
-            description="The gate rejects a candidate whose loss on the eval responses is above this.",
-        ),
-    },
+    params=hf_demo_params(1.0, "loss on the eval responses"),
 ) as dag:
 
     @task

@@ -127,6 +127,12 @@ class Device:
     def describe(self) -> str:
         return f"{self.device.type}, {'fp32' if self.autocast is None else 'bf16 autocast'}"
 
+    def autocast_context(self):
+        """Autocast to :attr:`autocast` on this device; nothing for plain fp32."""
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast)
+
 
 def eval_device(cuda_available: bool, environ: Mapping[str, str] | None = None) -> Device:
     """CUDA with bf16 autocast when there is a GPU (the evaluate pod's), else the CPU in fp32 as
@@ -170,12 +176,7 @@ def token_losses(
     for batch in batches:
         tokens = torch.from_numpy(np.stack([stream.read(a, b) for a, b in batch]))
         tokens = tokens.to(device.device, non_blocking=True)
-        autocast = (
-            torch.autocast(device.device.type, dtype=device.autocast)
-            if device.autocast is not None
-            else contextlib.nullcontext()
-        )
-        with autocast:
+        with device.autocast_context():
             logits = model(tokens[:, :-1])
         ce = F.cross_entropy(logits.float().transpose(1, 2), tokens[:, 1:], reduction="none")
         for (a, b), row in zip(batch, ce.cpu().numpy(), strict=False):
@@ -207,12 +208,7 @@ def record_token_losses(
             samples.append(sample(stream.read(start, start + min(length, seq_len + 1)), prompt, seq_len))
         windows = torch.from_numpy(np.stack(samples)).to(device.device, non_blocking=True)
         inputs, targets = data.inputs_and_targets(windows)
-        autocast = (
-            torch.autocast(device.device.type, dtype=device.autocast)
-            if device.autocast is not None
-            else contextlib.nullcontext()
-        )
-        with autocast:
+        with device.autocast_context():
             logits = model(inputs)
         ce = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none").cpu().numpy()
         scored = (targets != IGNORE_INDEX).cpu().numpy()
@@ -246,12 +242,7 @@ def record_label_scores(
             samples.append(labelled_sample(stream.read(start, start + min(length, seq_len)), label, seq_len))
         windows = torch.from_numpy(np.stack(samples)).to(device.device, non_blocking=True)
         inputs, targets = split_samples(windows, TASK_CLASSIFICATION)
-        autocast = (
-            torch.autocast(device.device.type, dtype=device.autocast)
-            if device.autocast is not None
-            else contextlib.nullcontext()
-        )
-        with autocast:
+        with device.autocast_context():
             logits = model(inputs).float()
         losses[batch] = F.cross_entropy(logits, targets, reduction="none").cpu().numpy()
         predicted[batch] = logits.argmax(dim=-1).cpu().numpy()

@@ -8,12 +8,37 @@ from __future__ import annotations
 
 from typing import Any
 
+from airflow.sdk import Param
+
+from trainer.config import MAX_SEED
 from trainops.operators import (
     EvaluateModelOperator,
     EvaluationGateOperator,
     FSDPTrainingOperator,
     PromoteModelOperator,
 )
+
+
+def hf_demo_params(max_eval_loss: float, loss: str) -> dict[str, Param]:
+    """The Hugging Face demos' form: the trainer's ``seed`` and the gate's ``max_eval_loss``
+    (default ``max_eval_loss``; ``loss`` says which loss it bounds)."""
+    return {
+        "seed": Param(
+            1234,
+            type="integer",
+            minimum=0,
+            maximum=MAX_SEED,
+            title="Training seed",
+            description="The trainer's seed: the model's initial weights and the order of the samples.",
+        ),
+        "max_eval_loss": Param(
+            max_eval_loss,
+            type="number",
+            minimum=0,
+            title="Gate: highest eval loss",
+            description=f"The gate rejects a candidate whose {loss} is above this.",
+        ),
+    }
 
 
 def demo_chain(

@@ -124,24 +124,14 @@ class Packer:
         """An sft batch: the prompt's tokens then the response's, per record; rows with a null id,
         prompt or response, or longer than a shard, are returned as for text."""
         import numpy as np
-        import pyarrow.compute as pc
+
+        batch, rows, skipped = self._without_nulls(batch, rows, [self.id_column, *SFT_COLUMNS])
+        if not batch.num_rows:
+            return skipped
 
         def column(name: str):
             return batch.column(batch.schema.get_field_index(name))
 
-        skipped: dict[int, str] = {}
-        names = [self.id_column, *SFT_COLUMNS]
-        null = np.zeros(batch.num_rows, dtype=bool)
-        for name in names:
-            null |= pc.is_null(column(name)).to_numpy(zero_copy_only=False)
-        if null.any():
-            for i in np.flatnonzero(null):
-                name = next(n for n in names if column(n)[int(i)].as_py() is None)
-                skipped[int(rows[i])] = f"null {name!r}"
-                self._first_problem(null_problem(int(rows[i]), name))
-            batch, rows = batch.filter(~null), rows[~null]
-        if not batch.num_rows:
-            return skipped
         prompt_texts, response_texts = column(SFT_COLUMNS[0]), column(SFT_COLUMNS[1])
         chat = getattr(self.tokenizer, "chat", None)
         if chat is not None:  # the tokenizer's chat template (trainops.staging.chat)
@@ -176,9 +166,9 @@ class Packer:
         self._pack(batch, ids, tokens, lengths, set(too_long.tolist()), prompt_lengths)
         return skipped
 
-    def _add_labelled(self, batch, rows) -> dict[int, str]:
-        """A classification batch: the text's tokens, framed, and the label's number per record;
-        rows with a null id, text or label, or longer than a shard, are returned as for text."""
+    def _without_nulls(self, batch, rows, names: list[str]):
+        """``(batch, rows, skipped)``: the rows with a null in any of ``names`` left out, each
+        returned as ``{row number: "null '<column>'"}`` (the first also kept as the problem)."""
         import numpy as np
         import pyarrow.compute as pc
 
@@ -186,7 +176,6 @@ class Packer:
             return batch.column(batch.schema.get_field_index(name))
 
         skipped: dict[int, str] = {}
-        names = [self.id_column, self.text_column, LABEL_COLUMN]
         null = np.zeros(batch.num_rows, dtype=bool)
         for name in names:
             null |= pc.is_null(column(name)).to_numpy(zero_copy_only=False)
@@ -196,8 +185,22 @@ class Packer:
                 skipped[int(rows[i])] = f"null {name!r}"
                 self._first_problem(null_problem(int(rows[i]), name))
             batch, rows = batch.filter(~null), rows[~null]
+        return batch, rows, skipped
+
+    def _add_labelled(self, batch, rows) -> dict[int, str]:
+        """A classification batch: the text's tokens, framed, and the label's number per record;
+        rows with a null id, text or label, or longer than a shard, are returned as for text."""
+        import numpy as np
+
+        batch, rows, skipped = self._without_nulls(
+            batch, rows, [self.id_column, self.text_column, LABEL_COLUMN]
+        )
         if not batch.num_rows:
             return skipped
+
+        def column(name: str):
+            return batch.column(batch.schema.get_field_index(name))
+
         tokens, lengths = self.tokenizer.encode_batch(column(self.text_column), special=True)
         labels = np.array(
             [self.labels.setdefault(str(v), len(self.labels)) for v in column(LABEL_COLUMN).to_pylist()],
