@@ -27,6 +27,7 @@ from trainops.staging.options import (
     DEFAULT_SLICE_COLUMNS,
     check_dataset_name,
     check_engine,
+    check_labels,
     check_options,
     check_quarantine,
     check_task,
@@ -107,8 +108,13 @@ class StageDatasetOperator(ClusterJobOperator):
         columns; the default suite asks for a non-empty prompt and response in every record;
         each record is staged as one training sample whose response alone is scored) or
         ``classification`` (``text`` and ``label`` columns; the label set is the data's, sorted,
-        recorded in the manifest; the default suite asks for a non-empty text and label in
-        every record; a label with over 10 times another's records is warned about). ``sft``
+        recorded in the manifest, or ``labels``; the default suite asks for a non-empty text and
+        label in every record; a label with over 10 times another's records is warned about).
+    :param labels: ``classification`` only: the fixed label set, in the order of the
+        classifier's outputs (None: the labels the data holds, sorted). A record with another
+        label is not staged: it is quarantined, or the staging fails naming it. Fix it for a
+        model retrained on fresh data, so a label that goes missing from one delivery does not
+        renumber the others. ``sft``
         and ``classification`` stage on the worker engine only.
     :param shard_tokens: tokens per shard file.
     :param storage_root: storage root URI; defaults to the embedded root. (templated)
@@ -154,6 +160,7 @@ class StageDatasetOperator(ClusterJobOperator):
         eval_percent: int = DEFAULT_EVAL_PERCENT,
         slice_columns: Sequence[str] | None = None,
         task: str = TASK_CAUSAL_LM,
+        labels: Sequence[str] | None = None,
         shard_tokens: int = DEFAULT_SHARD_TOKENS,
         storage_root: str | None = None,
         aws_conn_id: str | None = "aws_default",
@@ -175,6 +182,7 @@ class StageDatasetOperator(ClusterJobOperator):
         # task and tokenizer may come from an XCom or a template (a form's settings): then they
         # are checked when the task runs, once rendered (execute), as the dataset name is.
         self.task = check_task(task, self.engine) if _plain(task) else task
+        self.labels = check_labels(labels, task) if _plain(task) else labels
         if slice_columns is None and _plain(task):
             slice_columns = DEFAULT_SLICE_COLUMNS[task]
         self.spark_remote, self.spark_conn_id, self.spark_conf = spark_remote, spark_conn_id, spark_conf
@@ -229,6 +237,7 @@ class StageDatasetOperator(ClusterJobOperator):
     def execute(self, context: Context) -> dict:
         check_dataset_name(self.dataset_name)  # before anything is read or written
         self.task = check_task(self.task, self.engine)  # rendered by now
+        self.labels = check_labels(self.labels, self.task)
         check_tokenizer(self.tokenizer)
         if self.slice_columns is None:
             self.slice_columns = list(DEFAULT_SLICE_COLUMNS[self.task])
@@ -262,6 +271,7 @@ class StageDatasetOperator(ClusterJobOperator):
                 open_storage=lambda uri: storage_for(uri, self.aws_conn_id),
                 log=self.log,
                 task=self.task,
+                labels=self.labels,
             )
         except DataValidationError as exc:
             _push_report(context, exc.report_uri)
@@ -323,6 +333,7 @@ class StageDatasetOperator(ClusterJobOperator):
                     shard_tokens=self.shard_tokens,
                     result_uri=result_uri,
                     task=self.task,
+                    labels=None if self.labels is None else list(self.labels),
                 ),
             )
             store.delete(result_uri)  # a previous try's result must not be read as this one's

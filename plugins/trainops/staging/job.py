@@ -47,6 +47,7 @@ def build_request(
     shard_tokens: int,
     result_uri: str,
     task: str = "causal_lm",
+    labels: list[str] | None = None,
 ) -> dict:
     """The JSON request for one staging job. ``expectations`` must already be a plain list,
     a suite URI or None (a callable cannot cross into a job: resolve it first)."""
@@ -65,6 +66,7 @@ def build_request(
         "shard_tokens": shard_tokens,
         "result_uri": result_uri,
         "task": task,
+        "labels": labels,
     }
 
 
@@ -103,6 +105,7 @@ def run(request: dict, open_storage) -> dict:
             open_storage=open_storage,
             log=log,
             task=request.get("task", "causal_lm"),
+            labels=request.get("labels"),
         )
         record = {"status": "staged", "result": result}
     except Exception as exc:  # recorded for the operator, which decides what it means

@@ -136,6 +136,26 @@ STAGED_TASKS = (TASK_CAUSAL_LM, TASK_SFT, TASK_CLASSIFICATION)  # what staging c
 DEFAULT_SLICE_COLUMNS = {TASK_CAUSAL_LM: ("source",), TASK_SFT: (), TASK_CLASSIFICATION: ()}
 
 
+def check_labels(labels: object, task: object) -> list[str] | None:
+    """A classification's fixed label set (None: the data's); ValueError naming the value and
+    what to do otherwise. The order given is the labels' indices, the classifier's outputs."""
+    if labels is None:
+        return None
+    if task != TASK_CLASSIFICATION:
+        raise ValueError(f"labels {labels!r} are only used with task='classification', got task {task!r}")
+    if (
+        isinstance(labels, (str, bytes))
+        or not isinstance(labels, (list, tuple))
+        or len(labels) < 2
+        or not all(isinstance(label, str) and label for label in labels)
+        or len(set(labels)) != len(labels)
+    ):
+        raise ValueError(
+            f"labels must be a list of two or more distinct, non-empty label names, got {labels!r}"
+        )
+    return list(labels)
+
+
 def check_task(task: object, engine: str) -> str:
     """A task staging can stage for (``trainer.contract.tasks``) on ``engine``; ValueError naming
     the value and what to do otherwise."""

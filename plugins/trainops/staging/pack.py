@@ -38,6 +38,15 @@ def null_problem(row: int, column: str) -> str:
     )
 
 
+def label_problem(record_id: str, row: int, label: str, labels: list[str]) -> str:
+    """Why a record cannot be staged: its label is not in the fixed label set."""
+    return (
+        f"record {record_id!r} (row {row}) has label {label!r}, which is not in the label set {labels}: "
+        "add it to labels (a new label set trains a new classifier head: warm starts from the old one "
+        "are refused), quarantine such rows, or fix the data"
+    )
+
+
 def too_long_problem(record_id: str, row: int, tokens: int, shard_tokens: int) -> str:
     """Why a record cannot be staged: it has more tokens than a shard holds."""
     return (
@@ -66,6 +75,7 @@ class Packer:
         id_column: str = "id",
         text_column: str | Sequence[str] = "text",
         task: str = TASK_CAUSAL_LM,
+        labels: Sequence[str] | None = None,
     ):
         self.out_dir = out_dir
         self.task = task
@@ -74,7 +84,9 @@ class Packer:
         self.eval_percent = eval_percent
         self.shard_tokens = shard_tokens
         self.slice_columns = list(slice_columns)
-        self.labels: dict[str, int] = {}  # classification: each label's number, as first met
+        # classification: each label's number, as first met; or the fixed set's, in its order
+        self.labels: dict[str, int] = {label: i for i, label in enumerate(labels or ())}
+        self.fixed_labels = labels is not None
         if task == TASK_SFT:
             text_column = SFT_COLUMNS[0]  # null checks and messages; the response is read too
         elif not isinstance(text_column, str):
@@ -201,12 +213,21 @@ class Packer:
         def column(name: str):
             return batch.column(batch.schema.get_field_index(name))
 
-        tokens, lengths = self.tokenizer.encode_batch(column(self.text_column), special=True)
-        labels = np.array(
-            [self.labels.setdefault(str(v), len(self.labels)) for v in column(LABEL_COLUMN).to_pylist()],
-            dtype=np.int64,
-        )
         ids = [str(v) for v in column(self.id_column).to_pylist()]
+        names = [str(v) for v in column(LABEL_COLUMN).to_pylist()]
+        if self.fixed_labels:
+            outside = np.array([name not in self.labels for name in names], dtype=bool)
+            for i in np.flatnonzero(outside):
+                skipped[int(rows[i])] = f"label {names[i]!r} not in the label set"
+                self._first_problem(label_problem(ids[i], int(rows[i]), names[i], list(self.labels)))
+            if outside.any():
+                batch, rows = batch.filter(~outside), rows[~outside]
+                ids = [i for i, out in zip(ids, outside, strict=True) if not out]
+                names = [n for n, out in zip(names, outside, strict=True) if not out]
+                if not batch.num_rows:
+                    return skipped
+        tokens, lengths = self.tokenizer.encode_batch(column(self.text_column), special=True)
+        labels = np.array([self.labels.setdefault(name, len(self.labels)) for name in names], dtype=np.int64)
         too_long = np.flatnonzero(lengths > self.shard_tokens)
         for i in too_long:
             skipped[int(rows[i])] = f"{int(lengths[i])} tokens > shard_tokens {self.shard_tokens}"
@@ -295,10 +316,10 @@ class Packer:
 
     def _renumber_labels(self) -> dict:
         """Number the labels in sorted order (the label set's, whatever order the data came
-        in); return ``{"labels": [...], "label_counts": {label: {split: records}}}``."""
+        in; a fixed set keeps its own order); return ``{"labels": [...], "label_counts": {label: {split: records}}}``."""
         import numpy as np
 
-        order = sorted(self.labels)
+        order = list(self.labels) if self.fixed_labels else sorted(self.labels)
         new = np.zeros(max(len(self.labels), 1), dtype=np.int64)
         for label, number in self.labels.items():
             new[number] = order.index(label)

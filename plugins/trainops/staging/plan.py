@@ -63,6 +63,7 @@ def plan_stage(
     quarantine: dict | None,
     open_storage: Callable | None = None,
     task: str = TASK_CAUSAL_LM,
+    labels: Sequence[str] | None = None,
 ) -> StagePlan:
     """Check everything that can be checked without reading rows; name the version.
 
@@ -97,6 +98,7 @@ def plan_stage(
             slice_columns=slice_columns,
             quarantine=quarantine,
             task=task,
+            labels=labels,
         )
     )
     prefix = dataset_prefix(root, name, version)

@@ -48,6 +48,7 @@ def run_pass(
     quarantine: dict | None = None,
     log: TaskLog | None = None,
     task: str = TASK_CAUSAL_LM,
+    labels: list[str] | None = None,
 ) -> dict:
     """Read every object once; return ``{"summary", "packed", "quarantine", "problem"}``.
 
@@ -85,7 +86,13 @@ def run_pass(
         quarantine=quarantine is not None,
     )
     packer = Packer(
-        out_dir, tokenizer, eval_percent=eval_percent, shard_tokens=shard_tokens, task=task, **columns
+        out_dir,
+        tokenizer,
+        eval_percent=eval_percent,
+        shard_tokens=shard_tokens,
+        task=task,
+        labels=labels,
+        **columns,
     )
     qlog = QuarantineLog(quarantine, os.path.join(out_dir, SAMPLE_PATH)) if quarantine else None
     offset = 0

@@ -65,6 +65,7 @@ def stage_dataset(
     scratch_dir: str | None = None,
     log: TaskLog | None = None,
     task: str = TASK_CAUSAL_LM,
+    labels: list[str] | None = None,
 ) -> dict:
     """Stage ``source_uri`` as dataset ``name`` under ``root``; reuse an identical version.
 
@@ -73,6 +74,9 @@ def stage_dataset(
     :param task: ``causal_lm`` (a ``text`` column) or ``sft`` (``prompt`` and ``response``
         columns; ``trainer.contract.tasks``): the records' shape, the default suite, and what
         the manifest says the data is for.
+    :param labels: a ``classification`` source's fixed label set, in index order (None: the
+        labels the data holds, sorted); a record with another label is not staged (quarantined,
+        or the staging fails naming it).
     :param expectations: the suite: a list, a callable returning one, or the URI of a
         suite JSON file (see :mod:`trainops.staging.suite`); None for the default suite.
     :param tokenizer: None for the built-in byte tokenizer, or a Hugging Face
@@ -106,6 +110,7 @@ def stage_dataset(
         quarantine=quarantine,
         open_storage=open_storage,
         task=task,
+        labels=labels,
     )
     suite, tok, rule, quarantine = plan.suite, plan.tokenizer, plan.split_rule, plan.quarantine
     slice_columns, objects, identities, version = (
@@ -138,6 +143,7 @@ def stage_dataset(
             quarantine=quarantine,
             log=log,
             task=task,
+            labels=labels,
         )
         summary, packed, qsum = done["summary"], done["packed"], done["quarantine"]
         sample = os.path.join(out_dir, SAMPLE_PATH) if qsum and qsum["sample"] else None

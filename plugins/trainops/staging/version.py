@@ -26,6 +26,7 @@ def version_inputs(
     slice_columns: Sequence[str],
     quarantine: dict | None = None,
     task: str = "causal_lm",
+    labels: Sequence[str] | None = None,
 ) -> dict:
     """The plain dict the version hashes; ``objects`` are ``SourceObject.identity()`` dicts.
 
@@ -45,6 +46,8 @@ def version_inputs(
         inputs["quarantine"] = dict(quarantine)
     if task != "causal_lm":
         inputs["task"] = task
+    if labels is not None:  # a fixed label set numbers the labels: it decides the records
+        inputs["labels"] = list(labels)
     return inputs
 
 

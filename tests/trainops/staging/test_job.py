@@ -31,6 +31,7 @@ def _request(tmp_path, source_uri: str, **changes) -> dict:
         "shard_tokens": 4096,
         "result_uri": f"file://{tmp_path}/jobs/stage-1/result.json",
         "task": "causal_lm",
+        "labels": None,
     }
     options.update(changes)
     return json.loads(json.dumps(build_request(**options)))  # it reaches the job as JSON
@@ -63,6 +64,7 @@ def test_the_request_holds_every_option_as_plain_json(tmp_path):
         "shard_tokens": 4096,
         "result_uri": f"file://{tmp_path}/jobs/stage-1/result.json",
         "task": "causal_lm",
+        "labels": None,
     }
 
 

@@ -206,6 +206,22 @@ def test_engine_is_worker_or_spark_and_spark_remote_needs_spark():
         check_engine("worker", spark_remote="sc://c:1")
 
 
+def test_a_fixed_label_set_is_two_or_more_distinct_names_for_classification_only():
+    from trainops.staging.options import check_labels
+
+    assert check_labels(None, "classification") is None
+    assert check_labels(("spam", "ham"), "classification") == ["spam", "ham"]
+    for bad in (["spam"], ["spam", "spam"], ["spam", ""], "spam,ham", ["spam", 1]):
+        with pytest.raises(
+            ValueError, match=r"labels must be a list of two or more distinct, non-empty label names"
+        ):
+            check_labels(bad, "classification")
+    with pytest.raises(
+        ValueError, match=r"labels \['a', 'b'\] are only used with task='classification', got task 'sft'"
+    ):
+        check_labels(["a", "b"], "sft")
+
+
 def test_a_task_is_one_staging_can_stage_for_on_its_engine():
     from trainops.staging.options import check_task
 

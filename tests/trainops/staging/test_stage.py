@@ -297,6 +297,42 @@ def test_a_classification_source_stages_its_labels_and_one_record_per_text_the_t
     assert seen == 200
 
 
+def test_a_fixed_label_set_keeps_its_order_and_a_record_outside_it_is_refused_or_quarantined(
+    file_root, tmp_path
+):
+    import numpy as np
+
+    from trainer.contract import dataset_labels
+    from trainer.records import read_records
+
+    storage = open_storage(file_root)
+    fixed = ["person", "machine", "animal", "plant"]  # not sorted, and one the data never holds
+    source = labelled_source(storage, f"file://{tmp_path}/raw", 60)
+    result = stage_dataset(storage, file_root, source, "kinds", task="classification", labels=fixed)
+    manifest = storage.get_json(result["manifest_uri"])
+    assert dataset_labels(manifest) == fixed
+    rows = np.concatenate([read_records(storage, result["uri"], manifest, s) for s in ("train", "eval")])
+    assert set(rows[:, 2].tolist()) == {0, 1, 2}  # indices into the fixed set; no plant
+    derived = stage_dataset(storage, file_root, source, "kinds", task="classification")
+    assert derived["version"] != result["version"]  # the label set decides the records
+    odd = labelled_source(storage, f"file://{tmp_path}/odd", 60, row5={"id": "k5", "label": "mineral"})
+    with pytest.raises(
+        StagingError,
+        match=r"record 'k5' \(row 5\) has label 'mineral', which is not in the label set \['person'",
+    ):
+        stage_dataset(storage, file_root, odd, "odd", task="classification", labels=fixed)
+    kept = stage_dataset(
+        storage,
+        file_root,
+        odd,
+        "odd",
+        task="classification",
+        labels=fixed,
+        quarantine={"max_fraction": 0.1, "sample_rows": 5},
+    )
+    assert kept["quarantined_rows"] == 1 and kept["rows"] == 59
+
+
 def test_a_source_with_one_label_is_refused_and_an_imbalanced_one_warned_naming_the_counts(
     file_root, tmp_path, caplog
 ):
