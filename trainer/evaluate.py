@@ -116,6 +116,13 @@ def label_metrics(truth: np.ndarray, predicted: np.ndarray, labels: list[str]) -
     }
 
 
+def record_batches(count: int, batch_size: int, max_batches: int = 0) -> list[list[int]]:
+    """A record task's eval records in order, ``batch_size`` at a time; the first
+    ``max_batches`` batches (0: all)."""
+    batches = [list(range(i, min(i + batch_size, count))) for i in range(0, count, batch_size)]
+    return batches[:max_batches] if max_batches else batches
+
+
 # --- model I/O --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Device:
@@ -199,9 +206,7 @@ def record_token_losses(
     beyond ``seq_len + 1`` tokens)."""
     device = device or eval_device(False)
     losses = np.full(len(stream), np.nan, dtype=np.float64)
-    order = range(len(rows))
-    batches = [list(order[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
-    for batch in batches[:max_batches] if max_batches else batches:
+    for batch in record_batches(len(rows), batch_size, max_batches):
         samples = []
         for index in batch:
             start, length, prompt = (int(v) for v in rows[index])
@@ -233,9 +238,7 @@ def record_label_scores(
     NaN and -1 for the records past ``max_batches``."""
     device = device or eval_device(False)
     losses, predicted = np.full(len(rows), np.nan), np.full(len(rows), -1, dtype=np.int64)
-    order = range(len(rows))
-    batches = [list(order[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
-    for batch in batches[:max_batches] if max_batches else batches:
+    for batch in record_batches(len(rows), batch_size, max_batches):
         samples = []
         for index in batch:
             start, length, label = (int(v) for v in rows[index])

@@ -35,13 +35,12 @@ from trainer.checkpoint.warm_start import pinned_hf_config, warm_start
 from trainer.config import Config, accumulation_steps, check_data_fit, pin_labels
 from trainer.contract import (
     RECORD_TASKS,
-    TASK_CLASSIFICATION,
     AttemptRecord,
     RunLayout,
     attempt_record_line,
-    dataset_labels,
     dataset_task,
     split_records,
+    task_labels,
 )
 from trainer.export.folder import join_export, write_export
 from trainer.flops import mfu, peak_flops
@@ -326,17 +325,16 @@ def _train_data(config: Config, env: parallel.DistEnv) -> tuple[Storage, dict[st
         world_size=env.world_size,
         dataset_task=task,
         train_records=int(records.get("count", 0)) if records else None,
-        labels=task_config_labels(config, manifest),
+        labels=_labels(config, manifest),
     )
     return data_storage, manifest, config.model.vocab_size or dataset_vocab
 
 
-def task_config_labels(config: Config, manifest: dict[str, Any]) -> list[str] | None:
-    """A ``classification`` dataset's label set (None for another task)."""
-    if dataset_task(manifest) != TASK_CLASSIFICATION:
-        return None
+def _labels(config: Config, manifest: dict[str, Any]) -> list[str] | None:
+    """A ``classification`` dataset's label set (None for another task), a DataError naming the
+    dataset when its manifest has none."""
     try:
-        return dataset_labels(manifest)
+        return task_labels(manifest)
     except ValueError as exc:
         raise data.DataError(f"{config.data_uri}: {exc}") from None
 
@@ -344,7 +342,7 @@ def task_config_labels(config: Config, manifest: dict[str, Any]) -> list[str] | 
 def task_config(config: Config, manifest: dict[str, Any]) -> Config:
     """``config`` with what the dataset fixes of its model: a ``classification`` run's label set
     (``trainer.config.pin_labels``), refused when the model's config names other labels."""
-    labels = task_config_labels(config, manifest)
+    labels = _labels(config, manifest)
     return pin_labels(config, labels) if labels is not None else config
 
 
@@ -376,8 +374,8 @@ def _train_batches(
         )
     if records:
         rows = read_records(data_storage, config.data_uri, manifest, "train")
-        labels = len(dataset_labels(manifest)) if config.task.kind == TASK_CLASSIFICATION else None
-        check_records(rows, len(stream), config.data_uri, labels)
+        labels = _labels(config, manifest)
+        check_records(rows, len(stream), config.data_uri, len(labels) if labels is not None else None)
         return RecordBatches(
             stream,
             rows,

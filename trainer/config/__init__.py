@@ -423,8 +423,6 @@ def pin_hf_config(config: Config, values: object) -> Config:
         raise ConfigError(problem)
     values = cast("Mapping[str, Any]", values)  # hf_config_problem said it is one
     pinned = config.model.hf_config
-    if pinned is not None and config.task.kind == TASK_CLASSIFICATION:  # the labels are pinned later
-        pinned = {k: v for k, v in pinned.items() if k not in _PINNED_LABEL_KEYS or k in values}
     if pinned is not None and dict(pinned) != dict(values):
         changed = sorted(k for k in {*pinned, *values} if pinned.get(k) != values.get(k))
         raise ConfigError(
@@ -433,10 +431,6 @@ def pin_hf_config(config: Config, values: object) -> Config:
         )
     model = dataclasses.replace(config.model, hf_config=dict(values))
     return validate(dataclasses.replace(config, model=model))
-
-
-# What pin_labels adds to a classifier's config (trainer.config.hf.labelled_config).
-_PINNED_LABEL_KEYS = ("id2label", "label2id")
 
 
 def pin_labels(config: Config, labels: list[str]) -> Config:

@@ -95,6 +95,7 @@ from trainer.contract.tasks import (
     dataset_labels,
     dataset_task,
     split_records,
+    task_labels,
 )
 
 CONTRACT_VERSION = 1
@@ -172,6 +173,7 @@ __all__ = [
     "run_prefix",
     "safe_segment",
     "split_records",
+    "task_labels",
     "torchrun_argv",
     "trainer_argv",
 ]

@@ -53,6 +53,11 @@ def split_records(manifest: Mapping[str, Any], split: str) -> Mapping[str, Any] 
     return records if isinstance(records, Mapping) else None
 
 
+def task_labels(manifest: Mapping[str, Any]) -> list[str] | None:
+    """A ``classification`` dataset's label set (:func:`dataset_labels`); None for another task."""
+    return dataset_labels(manifest) if dataset_task(manifest) == TASK_CLASSIFICATION else None
+
+
 def dataset_labels(manifest: Mapping[str, Any]) -> list[str]:
     """A ``classification`` dataset's label set, in index order; ValueError naming what is wrong
     when its manifest has none (or not a list of distinct strings)."""

@@ -15,11 +15,10 @@ from trainer.config import builder_parts, check_data_fit
 from trainer.contract import (
     MANIFEST_FORMAT,
     MANIFEST_NAME,
-    TASK_CLASSIFICATION,
-    dataset_labels,
     dataset_task,
     join,
     split_records,
+    task_labels,
 )
 from trainer.storage import NotFound
 from trainops.cluster.local.builder_lookup import find_builder, local_problem
@@ -83,7 +82,7 @@ def check_fit(config: Config, manifest: Mapping[str, Any], *, world_size: int) -
         world_size=world_size,
         dataset_task=task,
         train_records=int(records.get("count", 0)) if records else None,
-        labels=dataset_labels(manifest) if task == TASK_CLASSIFICATION else None,  # ValueError naming them
+        labels=task_labels(manifest),  # ValueError naming them
     )
 
 

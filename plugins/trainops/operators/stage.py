@@ -110,12 +110,12 @@ class StageDatasetOperator(ClusterJobOperator):
         ``classification`` (``text`` and ``label`` columns; the label set is the data's, sorted,
         recorded in the manifest, or ``labels``; the default suite asks for a non-empty text and
         label in every record; a label with over 10 times another's records is warned about).
+        ``sft`` and ``classification`` stage on the worker engine only.
     :param labels: ``classification`` only: the fixed label set, in the order of the
         classifier's outputs (None: the labels the data holds, sorted). A record with another
         label is not staged: it is quarantined, or the staging fails naming it. Fix it for a
         model retrained on fresh data, so a label that goes missing from one delivery does not
-        renumber the others. ``sft``
-        and ``classification`` stage on the worker engine only.
+        renumber the others.
     :param shard_tokens: tokens per shard file.
     :param storage_root: storage root URI; defaults to the embedded root. (templated)
     :param aws_conn_id: Airflow AWS connection for ``s3://``; when it is not defined,

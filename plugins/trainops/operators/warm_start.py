@@ -36,7 +36,7 @@ from trainer.config import (
     pin_labels,
 )
 from trainer.config.hf import check_hf_init_fit, check_init_fit
-from trainer.contract import MANIFEST_NAME, TASK_CLASSIFICATION, dataset_labels, dataset_task, join
+from trainer.contract import MANIFEST_NAME, join, task_labels
 from trainer.presets import PRESETS
 from trainer.storage import NotFound
 from trainops.registry.pointer import read_production
@@ -174,7 +174,7 @@ def prepare(
     source_config = source_config if isinstance(source_config, dict) else {}
     try:
         if config.model.hf_config is not None:  # a Hugging Face model: a version of itself
-            labels = dataset_labels(manifest) if dataset_task(manifest) == TASK_CLASSIFICATION else None
+            labels = task_labels(manifest)
             run = pin_labels(config, labels) if labels is not None else config
             check_hf_init_fit(run.model.hf_config or {}, source_config, resolved)
         else:

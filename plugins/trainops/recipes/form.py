@@ -59,8 +59,9 @@ SETTINGS: dict[str, dict] = {
         "Face folder (config.json, safetensors weights, tokenizer files) of a Llama, Mistral or "
         "Qwen2 causal LM, or of a BERT or RoBERTa classifier: training starts from its weights (the "
         "trainer's model.hf), the data is tokenized with its tokenizer.json, and 'Warm start' auto "
-        "or production starts from the production version of this model instead. Checked before launch: the family, the shape, the weights, the labels, "
-        "and a vocabulary that holds the dataset's tokenizer.",
+        "or production starts from the production version of this model instead. Checked before "
+        "launch: the family, the shape, the weights, the labels, and a vocabulary that holds the "
+        "dataset's tokenizer.",
     },
     "task": {
         "schema": {"type": "string", "enum": ["causal_lm", "sft", "classification"]},
