@@ -1,62 +1,36 @@
 """``python -m trainops demo`` as a user runs it: what the terminal shows, and what Ctrl-C does.
 
 Both run the real CLI in a subprocess (the demo DAG through ``dag.test()``, torchrun on the
-local backend, one injected preemption) on a private storage root and local state.
+local backend, one injected preemption) on a private storage root, local state and temp dir.
+The first is the shared first demo run (``demo_first_run``, tests/e2e/demo_run.py), which the
+README walkthrough and the browser test go on from.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.demo_run import demo_env as make_demo_env
+from tests.e2e.demo_run import start_demo
 from trainops.cluster.local.pgroups import job_processes, recorded_groups
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture
 def demo_env(tmp_path, airflow_db):
-    (tmp_path / "tmp").mkdir()
-    env = dict(os.environ)
-    env.update(
-        {
-            "TRAINOPS_STORAGE_ROOT": f"file://{tmp_path}/storage",
-            "TRAINOPS_LOCAL_STATE": str(tmp_path / "local"),
-            "TMPDIR": str(tmp_path / "tmp"),  # the demo's own: what it leaves there is under test
-            "PYTHONPATH": os.pathsep.join([str(REPO / "plugins"), str(REPO)]),
-        }
-    )
-    env.pop("COLUMNS", None)
-    return env
+    return make_demo_env(tmp_path)
 
 
-def start_demo(env: dict, terminal: Path) -> subprocess.Popen[bytes]:
-    """The demo, its stdout and stderr going to ``terminal`` (a file: a pipe nobody reads
-    while the test waits would fill and stall a chatty demo)."""
-    with open(terminal, "wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "trainops", "demo", "--project-dir", str(REPO)],
-            cwd=REPO,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-
-
-def test_the_demo_prints_a_few_lines_a_preemption_line_and_the_summary(demo_env, tmp_path):
-    demo = start_demo(demo_env, tmp_path / "terminal")
-    demo.wait(timeout=300)
-    out = (tmp_path / "terminal").read_text()
+def test_the_demo_prints_a_few_lines_a_preemption_line_and_the_summary(demo_first_run):
+    out = demo_first_run.terminal
     lines = out.splitlines()
-    assert demo.returncode == 0, out
+    assert demo_first_run.returncode == 0, out
     assert len(lines) <= 60, f"{len(lines)} lines:\n{out}"
     assert "Traceback" not in out and "ChildFailedError" not in out, out
     assert lines[0].startswith("full log: ") and lines[0].split()[2].endswith(".log")
@@ -74,8 +48,8 @@ def test_the_demo_prints_a_few_lines_a_preemption_line_and_the_summary(demo_env,
     assert lines[-1].startswith("DAG run manual__") and ": success in " in lines[-1]
     # torchrun's agent makes a torchelastic_* folder in its temp dir on every attempt of every
     # node: each node's temp dir is its attempt's, and goes when the attempt ends.
-    left = [p.name for p in (tmp_path / "tmp").iterdir() if p.name.startswith("torchelastic_")]
-    assert left == [] and list((tmp_path / "local").glob("jobs/*/node-*/tmp")) == []
+    left = [p.name for p in demo_first_run.tmp.iterdir() if p.name.startswith("torchelastic_")]
+    assert left == [] and list(Path(demo_first_run.local_state).glob("jobs/*/node-*/tmp")) == []
 
 
 def _live_train_job(local_state: Path) -> Path | None:

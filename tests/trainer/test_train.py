@@ -22,7 +22,6 @@ from tests.trainer.helpers import (
     GLOBAL_BATCH,
     INSTRUMENTED,
     REPO,
-    TRAIN_KEYS,
     committed_steps,
     metrics_of,
     read_json,
@@ -739,29 +738,24 @@ def resumed_run(tmp_path, dataset_uri, name, source, step, replicate, **extra) -
 def test_a_run_resumes_from_flat_fsdp_into_hsdp_and_back(tmp_path, dataset_uri, reference_run):
     # HSDP on the reference's 2 ranks: 2 replicas of 1 rank (parallel.replicate=2). Its steps are
     # not the flat run's bit for bit (the gradient norm sums other partial sums), so as on another
-    # world size the trajectories are compared by loss; what a checkpoint holds moves between the
-    # meshes exactly: both re-export the flat step-30 checkpoint to the same bytes.
+    # world size the trajectories are compared by loss: the flat step-30 checkpoint resumed as
+    # HSDP, then that run's own step-35 checkpoint resumed flat. What a checkpoint holds moves
+    # between the meshes exactly: the flat step-40 checkpoint re-exported under HSDP is the
+    # reference's own export, byte for byte.
     flat_run = reference_run["run_dir"]
-    hsdp_config, _ = run_config(
-        tmp_path, dataset_uri, "hsdp", parallel={"replicate": 2}, checkpoint={"every_steps": 10, "keep": 4}
+    hsdp, hsdp_out = resumed_run(
+        tmp_path, dataset_uri, "to_hsdp", flat_run, 30, 2, checkpoint={"every_steps": 5, "keep": 4}
     )
-    hsdp = tmp_path / "hsdp"
-    assert "sharding: HSDP: 2 replicas x 1 ranks sharding each" in relaunch_to_completion(
-        hsdp_config, tmp_path, attempt=1
-    )
-    for name, source, step, replicate in (("to_flat", hsdp, 20, 1), ("to_hsdp", flat_run, 30, 2)):
-        run, stdout = resumed_run(tmp_path, dataset_uri, name, source, step, replicate)
-        assert ("HSDP: 2 replicas" if replicate == 2 else "FSDP over all 2 ranks") in stdout
+    assert "sharding: HSDP: 2 replicas x 1 ranks sharding each" in hsdp_out
+    flat, flat_out = resumed_run(tmp_path, dataset_uri, "to_flat", hsdp, 35, 1)
+    assert "FSDP over all 2 ranks" in flat_out
+    for run, source, step in ((hsdp, flat_run, 30), (flat, hsdp, 35)):
         resumed, uninterrupted = metrics_of(run), metrics_of(source)
         assert sorted(resumed) == list(range(step + 1, MAX_STEPS + 1))
         for later in (step + 1, MAX_STEPS):
-            assert resumed[later]["loss"] == pytest.approx(uninterrupted[later]["loss"], abs=0.02), name
+            assert resumed[later]["loss"] == pytest.approx(uninterrupted[later]["loss"], abs=0.02), run.name
 
-    train_at_30 = {**TRAIN_KEYS["train"], "max_steps": 30}  # nothing left to train: only re-export
-    exports = [
-        resumed_run(tmp_path, dataset_uri, f"export_{r}", flat_run, 30, r, train=train_at_30)[0]
-        / "export"
-        / "model.safetensors"
-        for r in (1, 2)
-    ]
-    assert exports[0].read_bytes() == exports[1].read_bytes()
+    # Nothing left to train: the step-40 checkpoint is only re-exported, under HSDP.
+    reexport, _ = resumed_run(tmp_path, dataset_uri, "reexport", flat_run, MAX_STEPS, 2)
+    exported = (reexport / "export" / "model.safetensors").read_bytes()
+    assert exported == (flat_run / "export" / "model.safetensors").read_bytes()
