@@ -7,8 +7,9 @@ preemption -> evaluate against production -> gate -> promote. `make demo` runs i
 Params (the trigger form, or `-c '{...}'`): `seed` (the trainer's seed; the default, 1234, is
 what `make demo` trains with, so a second run trains the same model and is not published
 again; `{"seed": 2}` trains another model, promoted as the next version when it passes the
-gate), `max_eval_loss` (the gate's threshold; 0.5 rejects every model) and `corrupt_data`
-(staging rejects the data before anything trains).
+gate), `max_eval_loss` (the gate's threshold; 0.5 rejects every model), `corrupt_data`
+(staging rejects the data before anything trains) and `preempt` (off: no injected preemption;
+the same seed still trains the same model, bit for bit).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from airflow.sdk import DAG, Param, task
 from trainer.config import MAX_SEED
 from trainer.contract import join
 from trainops.operators import StageDatasetOperator
-from trainops.recipes.demo import demo_chain
+from trainops.recipes.demo import demo_chain, preempt_param
 from trainops.settings import resolve_storage_root
 from trainops.staging.demo_data import write_demo_dataset
 
@@ -64,6 +65,7 @@ with DAG(
             description="The gate rejects a candidate whose eval loss is above this. Set it "
             "to 0.5 to watch a model be rejected and promotion skipped.",
         ),
+        "preempt": preempt_param(),
     },
 ) as dag:
 

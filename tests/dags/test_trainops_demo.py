@@ -34,7 +34,12 @@ def validate(params, conf):
 def test_the_defaults_are_what_make_demo_trains_with(server_params):
     from trainer.config import Config
 
-    assert validate(server_params, None) == {"corrupt_data": False, "max_eval_loss": 3.5, "seed": 1234}
+    assert validate(server_params, None) == {
+        "corrupt_data": False,
+        "max_eval_loss": 3.5,
+        "preempt": True,
+        "seed": 1234,
+    }
     assert Config().seed == 1234  # the trainer's default: the demo's models did not change
     assert validate(server_params, {"seed": 2})["seed"] == 2
 

@@ -1,7 +1,8 @@
 """The demo DAG end to end through Airflow's own dag.test(), asserting on storage.
 
 One test follows the README's walkthrough with four runs (each trains for ~40 s): a first
-model (v1), a second one that is the same model bit for bit (reported as identical, not
+model (v1, through an injected preemption), a second one, uninterrupted (the `preempt` param
+off, as in the runs after it), that is the same model bit for bit (reported as identical, not
 promoted again), a third trained with another seed (`{"seed": 2}`, a different model that
 passes the gate and becomes v2), then a rollback to v1 through the command line's own code
 (`python -m trainops rollback`, in process), and a fourth run that an impossible threshold
@@ -72,9 +73,15 @@ def test_demo_twice_then_another_seed_then_a_rollback_then_a_rejected_model(demo
     card = store.get_json(first["promote"]["card_uri"])
     assert card["promoted_by"] == {"user": "dag_test", "trigger": "manual", "run_id": demo_env.run_id}
 
-    # The same data, config and seed train the same weights: reported, not published again.
-    dagrun, second = run_demo()
+    # The same data, config and seed train the same weights, uninterrupted this time (the
+    # preempt param off): v1 resumed exactly, so the run is reported identical to it, not
+    # published again.
+    dagrun, second = run_demo({"preempt": False})
     assert str(dagrun.state).endswith("success"), second
+    assert (second["train"]["preemptions"], second["train"]["steps"]) == (0, 120)
+    assert [
+        a["classification"] for a in store.get_json(RunLayout(second["train"]["run_uri"]).job)["attempts"]
+    ] == ["succeeded"]
     assert second["stage"]["reused"] is True
     assert second["stage"]["version"] == stage["version"]
     assert second["evaluate"]["production_version"] == 1
@@ -87,7 +94,7 @@ def test_demo_twice_then_another_seed_then_a_rollback_then_a_rejected_model(demo
 
     # Another seed trains another model (other initial weights, other sample order): it passes
     # the gate against v1 and becomes v2.
-    dagrun, other = run_demo({"seed": 2})
+    dagrun, other = run_demo({"seed": 2, "preempt": False})
     assert str(dagrun.state).endswith("success"), other
     states = task_states(dagrun.run_id)
     assert (states["gate"], states["promote"]) == ("success", "success")
@@ -141,7 +148,7 @@ def test_demo_twice_then_another_seed_then_a_rollback_then_a_rejected_model(demo
     # v1 again (not v2, the newest version), and promotion is skipped.
     pointer_before = store.get(production_pointer(root, "demo-lm"))
     capfd.readouterr()
-    dagrun, rejected = run_demo({"max_eval_loss": 0.5})
+    dagrun, rejected = run_demo({"max_eval_loss": 0.5, "preempt": False})
     assert str(dagrun.state).endswith("success"), rejected  # a rejection is not a failure
     states = task_states(dagrun.run_id)
     assert (states["gate"], states["promote"]) == ("success", "skipped")

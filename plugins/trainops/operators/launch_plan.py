@@ -56,7 +56,7 @@ class LaunchSettings:
     namespace: str
     termination_grace_seconds: int
     job_options: Mapping[str, Any] = field(default_factory=dict)
-    inject_preemption: Mapping[str, Any] | None = None
+    inject_preemption: Mapping[str, Any] | str | None = None  # a str: a template left unrendered
     disk: Mapping[str, str] = field(default_factory=dict)
     keep_finished_jobs: bool = False
     resources: Mapping[str, str] = field(default_factory=dict)
@@ -210,6 +210,10 @@ def training_attempt(
         ),
     )
     inject = settings.inject_preemption
+    if inject is not None and not isinstance(inject, Mapping):
+        raise ValueError(
+            f"inject_preemption must be a mapping such as {{'node': 1, 'at_step': 40}}, or None; got {inject!r}"
+        )
     chaos: Chaos | None = None
     if inject and int(inject.get("attempt", 1)) == attempt:
         if not isinstance(inject.get("at_step"), int):

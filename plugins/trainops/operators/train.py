@@ -99,7 +99,9 @@ class FSDPTrainingOperator(ClusterJobOperator):
     :param deferrable: wait in the triggerer (True) or in this worker slot (False). Default:
         ``[trainops] default_deferrable``, True when unset.
     :param inject_preemption: local cluster only, for demos and tests: ``{"node": 1,
-        "at_step": 40}`` sends SIGTERM to that node's torchrun once attempt 1 reaches the step.
+        "at_step": 40}`` sends SIGTERM to that node's torchrun once attempt 1 reaches the step
+        (None: none). (templated: a DAG that renders templates as native objects can switch it
+        with a param, as the demos do)
     :param poll_interval: seconds between job state polls in the triggerer, a positive number.
     :param progress_every: seconds between progress lines (step, loss, tokens/s) in the task
         log, a positive number.
@@ -133,6 +135,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
         "capacity",
         "max_preemptions",
         "prices",
+        "inject_preemption",
     )
     ui_color = "#f4d9c6"
     operator_extra_links = (RunReportLink(),)
@@ -157,7 +160,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
         termination_grace_seconds: int = 60,
         job_options: dict[str, Any] | None = None,
         deferrable: bool | None = None,
-        inject_preemption: dict[str, Any] | None = None,
+        inject_preemption: dict[str, Any] | str | None = None,
         poll_interval: float = 5.0,
         progress_every: float = 30.0,
         job_timeout: float | None = None,

@@ -19,9 +19,21 @@ from trainops.operators import (
 )
 
 
+def preempt_param() -> Param:
+    """The demos' ``preempt`` switch: the injected spot preemption of node 1 (on by default)."""
+    return Param(
+        True,
+        type="boolean",
+        title="Inject a spot preemption",
+        description="Stop node 1 mid-run as a spot reclaim would, to watch the run save an "
+        "emergency checkpoint, relaunch and resume from it. Off: an uninterrupted run, which "
+        "with the same seed trains the same model bit for bit.",
+    )
+
+
 def hf_demo_params(max_eval_loss: float, loss: str) -> dict[str, Param]:
-    """The Hugging Face demos' form: the trainer's ``seed`` and the gate's ``max_eval_loss``
-    (default ``max_eval_loss``; ``loss`` says which loss it bounds)."""
+    """The Hugging Face demos' form: the trainer's ``seed``, the gate's ``max_eval_loss``
+    (default ``max_eval_loss``; ``loss`` says which loss it bounds) and ``preempt``."""
     return {
         "seed": Param(
             1234,
@@ -38,6 +50,7 @@ def hf_demo_params(max_eval_loss: float, loss: str) -> dict[str, Param]:
             title="Gate: highest eval loss",
             description=f"The gate rejects a candidate whose {loss} is above this.",
         ),
+        "preempt": preempt_param(),
     }
 
 
@@ -45,7 +58,8 @@ def demo_chain(
     stage, *, model: str, trainer_config: dict[str, Any], loss_check: str, preempt_at: int
 ) -> dict:
     """The four tasks after ``stage``, created in the DAG being defined: train with
-    ``trainer_config`` (2 nodes x 1 CPU process, gloo; node 1 preempted at step ``preempt_at``),
+    ``trainer_config`` (2 nodes x 1 CPU process, gloo; node 1 preempted at step ``preempt_at``
+    when the DAG's ``preempt`` param is on: the DAG renders templates as native objects),
     evaluate against ``model``'s production version, gate (``loss_check``: eval loss under the
     DAG's ``max_eval_loss`` param; and no regression beyond 2 %), promote. Returns them by task id."""
     train = FSDPTrainingOperator(
@@ -54,7 +68,10 @@ def demo_chain(
         nodes=2,
         gpus_per_node=0,  # 2 "nodes" x 1 CPU process, gloo
         trainer_config=trainer_config,
-        inject_preemption={"node": 1, "at_step": preempt_at},
+        # Rendered as a native object: this mapping, or None when the DAG's preempt param is off.
+        inject_preemption="{{ {'node': 1, 'at_step': "
+        + str(int(preempt_at))
+        + "} if params.preempt else None }}",
         max_preemptions=2,
         termination_grace_seconds=30,
         poll_interval=1.0,

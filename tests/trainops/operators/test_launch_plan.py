@@ -148,6 +148,10 @@ def test_an_injected_preemption_goes_to_the_attempt_it_names_only():
     assert attempt(2, inject_preemption=inject).chaos is None
     assert attempt(2, inject_preemption={**inject, "attempt": 2}).chaos["attempt"] == 2
     assert attempt(1).chaos is None
+    # A templated value renders to a mapping or None (the demos' preempt param); anything else
+    # is refused, naming it.
+    with pytest.raises(ValueError, match=r"inject_preemption must be a mapping .* got 'node 1 at 40'"):
+        attempt(1, inject_preemption="node 1 at 40")
 
 
 def test_a_one_process_job_is_one_node_without_torchrun():

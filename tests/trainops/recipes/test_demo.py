@@ -7,11 +7,17 @@ from airflow.sdk import DAG
 
 from trainops.gate.checks import validate_checks
 from trainops.operators import StageDatasetOperator
-from trainops.recipes.demo import demo_chain
+from trainops.recipes.demo import demo_chain, preempt_param
 
 
 def test_the_chain_trains_on_two_nodes_through_one_preemption_and_gates_on_the_param():
-    with DAG("d", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")) as dag:
+    with DAG(
+        "d",
+        schedule=None,
+        start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+        render_template_as_native_obj=True,  # as the demos render it
+        params={"preempt": preempt_param()},
+    ) as dag:
         stage = StageDatasetOperator(task_id="stage", source_uri="file:///raw", dataset_name="demo")
         tasks = demo_chain(
             stage,
@@ -22,7 +28,13 @@ def test_the_chain_trains_on_two_nodes_through_one_preemption_and_gates_on_the_p
         )
     assert set(tasks) == {"train", "evaluate", "gate", "promote"} <= set(dag.task_ids)
     train = tasks["train"]
-    assert (train.nodes, train.gpus_per_node, train.inject_preemption) == (2, 0, {"node": 1, "at_step": 4})
+    assert (train.nodes, train.gpus_per_node) == (2, 0)
+    # The preemption follows the DAG's preempt param (on by default): rendered, a mapping or None.
+    env = dag.get_template_env()
+    for preempt, injected in ((True, {"node": 1, "at_step": 4}), (False, None)):
+        rendered = train.render_template(train.inject_preemption, {"params": {"preempt": preempt}}, env)
+        assert rendered == injected
+    assert dag.params["preempt"] is True
     assert train.trainer_config == {"train": {"max_steps": 9}}
     checks = tasks["gate"].checks
     assert [c["name"] for c in checks] == ["loss ok", "no regression vs production"]
