@@ -12,6 +12,10 @@ rows fall in, for the RoPE reordering), so no rank ever holds the full model. A 
 source is read in place; an ``s3://`` one is downloaded once per node into the node's cache
 (the first rank to ask fetches it, the others wait on a lock and read the same file).
 
+A Hugging Face model's folder (``model.hf``) is read under the model's own names; a classifier
+may start from a base encoder's folder (``bert-base-uncased``), its new head from the seed
+(:func:`hf_name_map`, the rule of transformers' ``from_pretrained``).
+
 Names and the RoPE row order come from ``trainer.export.hf`` (``to_hf_name``, ``from_hf_state_dict``);
 shapes and every key that changes what the weights compute (RoPE theta and scaling, the norm's
 epsilon, ...) are checked with the operator's own rule (``trainer.config.hf.check_init_fit``) before
@@ -24,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +42,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from trainer.checkpoint import node_cache
 from trainer.config import Config, ConfigError, check_init_model, init_source, model_label, pin_hf_config
 from trainer.config.hf import check_hf_init_fit, check_init_fit
-from trainer.contract import join
+from trainer.contract import TASK_CLASSIFICATION, join
 from trainer.data import cache_dir
 from trainer.export import hf
 from trainer.export.folder import HF_CONFIG, WEIGHTS, WEIGHTS_INDEX, weight_map
@@ -167,24 +171,110 @@ def load_into(model: nn.Module, args: ModelArgs, source: Source, storage: Storag
     )
 
 
-@torch.no_grad()
-def load_hf_into(model: nn.Module, source: Source, storage: Storage, key: str = "model.hf") -> int:
-    """Fill this rank's shards of every parameter of a Hugging Face model (``model.hf``'s, or a
-    ``model.hf_config`` one warm-started from ``init.from``) from the folder, under the HF model's
-    own names; the number of tensors read. A tied LM head is one parameter (the embedding), so a
-    folder without it loads.
+@dataclass(frozen=True)
+class NameMap:
+    """How a Hugging Face folder's tensors meet the model's parameters (:func:`hf_name_map`)."""
 
-    :param key: the config key that names the folder, for errors."""
+    source: dict[str, str]  # the model's parameter name -> the folder's tensor that fills it
+    fresh: list[str]  # the task's new head, absent from the folder: kept as the seed made it
+    unused: list[str]  # the folder's tensors no parameter takes (a pre-training head)
+
+
+def hf_name_map(wanted: Iterable[str], present: Iterable[str], base_prefix: str, new_head: bool) -> NameMap:
+    """Which of the folder's tensors (``present``) fills each of the model's parameters
+    (``wanted``, the Hugging Face model's own names), by the rule transformers' ``from_pretrained``
+    follows: the same name; else, for a parameter of the base model (under ``base_prefix``, the
+    class's ``base_model_prefix``: ``bert``, ``roberta``), the name without it, as a base model
+    (``BertModel``) saves it. The folder's other tensors (a pre-training head: ``cls.*``,
+    ``lm_head.*``) are unused.
+
+    With ``new_head`` (a classifier from a base encoder's folder), two parts of the model may be
+    new: the task's head (every parameter outside the base model) and the base model's pooler
+    (``<base>.pooler.*``, which a masked-LM checkpoint leaves out). Each is ``fresh``, kept as
+    initialised from the seed, when the folder holds none of it; a part the folder holds only
+    some of is not new, and the rest of it is missing. A parameter neither filled nor fresh is
+    missing (in neither list): the caller refuses the folder, naming it. Pure.
+    """
+    have = set(present)
+    prefix = f"{base_prefix}." if base_prefix else ""
+    source: dict[str, str] = {}
+    parts: dict[str, list[str]] = {}  # the parts that may be new -> their parameters
+    for name in wanted:
+        if name in have:
+            source[name] = name
+        elif prefix and name.startswith(prefix) and name[len(prefix) :] in have:
+            source[name] = name[len(prefix) :]
+        if not prefix:
+            continue
+        part = (
+            "head"
+            if not name.startswith(prefix)
+            else "pooler"
+            if name.startswith(f"{prefix}pooler.")
+            else None
+        )
+        if part:
+            parts.setdefault(part, []).append(name)
+    fresh = (
+        [] if not new_head else [n for names in parts.values() if not set(names) & set(source) for n in names]
+    )
+    return NameMap(source, sorted(fresh), sorted(have - set(source.values())))
+
+
+def _folder_tensors(source: Source, storage: Storage) -> list[str]:
+    """Every tensor name of the folder: its index's, or its one weights file's."""
+    if source.files:
+        return list(source.files)
+    with safe_open(str(local_file(storage, join(source.uri, WEIGHTS))), framework="pt") as handle:
+        return list(handle.keys())
+
+
+def _listed(names: list[str], most: int = 4) -> str:
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+@torch.no_grad()
+def load_hf_into(
+    model: nn.Module, source: Source, storage: Storage, key: str = "model.hf", new_head: bool = False
+) -> int:
+    """Fill this rank's shards of every parameter of a Hugging Face model (``model.hf``'s, or a
+    ``model.hf_config`` one warm-started from ``init.from``) from the folder, its names met as
+    :func:`hf_name_map` says; the number of tensors read. A tied LM head is one parameter (the
+    embedding), so a folder without it loads.
+
+    :param key: the config key that names the folder, for errors.
+    :param new_head: a classifier may start from a base encoder's folder (``bert-base-uncased``:
+        a ``BertForMaskedLM``), its new head from the seed; the log names both sides."""
     wanted = {
         plain_name(raw).removeprefix(HF_PREFIX): (raw, param) for raw, param in model.named_parameters()
     }
+    base = str(getattr(getattr(model, "hf", None), "base_model_prefix", "") or "")
+    names = hf_name_map(wanted, _folder_tensors(source, storage), base, new_head)
+    if names.fresh:
+        log.info(
+            "%s: %s holds a base encoder without this task's head: %s start from the seed "
+            "(the model's own initialisation), as transformers' from_pretrained starts them",
+            key,
+            source.uri,
+            _listed(names.fresh),
+        )
+    if names.unused and names.source:
+        log.info(
+            "%s: %d tensor(s) of the folder unused (not this model's): %s",
+            key,
+            len(names.unused),
+            _listed(names.unused),
+        )
+    fresh = set(names.fresh)
+    by_source = {names.source.get(name, name): wanted[name] for name in wanted if name not in fresh}
     return _fill(
-        wanted,
+        by_source,
         source,
         storage,
         lambda handle, name, raw, lo, hi: handle.get_slice(name)[lo:hi],
         key,
-        "a complete folder of the model its config.json describes",
+        "a complete folder of the model its config.json describes"
+        + (", or of its base encoder (a BertModel, a BertForMaskedLM)" if new_head else ""),
     )
 
 
@@ -257,7 +347,8 @@ def warm_start(config: Config, model: nn.Module, args: ModelArgs | None) -> str 
     if config.model.hf:  # the folder is the model and its initial weights
         uri = config.model.hf
         storage = open_storage(uri)
-        count = load_hf_into(model, read_source(storage, uri, "model.hf"), storage)
+        new_head = config.task.kind == TASK_CLASSIFICATION
+        count = load_hf_into(model, read_source(storage, uri, "model.hf"), storage, new_head=new_head)
         log.info("model.hf: %d tensors from %s (weights only: fresh optimizer, step 0)", count, uri)
         return uri
     value = config.init.from_

@@ -383,3 +383,114 @@ def test_model_hf_warm_starts_from_a_version_of_itself_and_refuses_another_model
             f"model.hf={folder.as_uri()}",
             f"init.from={(tmp_path / 'other').as_uri()}",
         )
+
+
+# --- a classifier from a base encoder's folder: its new head from the seed -------------------------
+BERT_MLM = [  # a masked-LM checkpoint: the encoder under "bert.", its pre-training head, no pooler
+    "bert.embeddings.word_embeddings.weight",
+    "bert.encoder.layer.0.output.dense.weight",
+    "cls.predictions.bias",
+]
+CLASSIFIER = [
+    "bert.embeddings.word_embeddings.weight",
+    "bert.encoder.layer.0.output.dense.weight",
+    "bert.pooler.dense.weight",
+    "classifier.weight",
+    "classifier.bias",
+]
+
+
+def test_the_name_map_meets_a_folder_as_from_pretrained_and_keeps_only_a_whole_head_new():
+    same = warm_start.hf_name_map(CLASSIFIER, CLASSIFIER, "bert", new_head=True)
+    assert (same.source, same.fresh, same.unused) == ({n: n for n in CLASSIFIER}, [], [])
+
+    mlm = warm_start.hf_name_map(CLASSIFIER, BERT_MLM, "bert", new_head=True)
+    assert mlm.source == {n: n for n in CLASSIFIER[:2]}
+    assert mlm.fresh == ["bert.pooler.dense.weight", "classifier.bias", "classifier.weight"]
+    assert mlm.unused == ["cls.predictions.bias"]
+
+    bare = [n.removeprefix("bert.") for n in CLASSIFIER[:3]]  # a BertModel saves no prefix
+    encoder = warm_start.hf_name_map(CLASSIFIER, bare, "bert", new_head=True)
+    assert encoder.source == {n: n.removeprefix("bert.") for n in CLASSIFIER[:3]}
+    assert encoder.fresh == ["classifier.bias", "classifier.weight"] and encoder.unused == []
+
+    # Not a base encoder's folder: nothing is new, so what it lacks is missing (the load refuses).
+    assert warm_start.hf_name_map(CLASSIFIER, BERT_MLM, "bert", new_head=False).fresh == []
+    half = warm_start.hf_name_map(CLASSIFIER, [*CLASSIFIER[:3], "classifier.weight"], "bert", new_head=True)
+    assert half.fresh == [] and "classifier.bias" not in half.source  # half a head is no base encoder
+    layerless = warm_start.hf_name_map(CLASSIFIER, BERT_MLM[:1], "bert", new_head=True)
+    assert "bert.encoder.layer.0.output.dense.weight" not in {*layerless.source, *layerless.fresh}
+
+
+BASE_ENCODERS = {  # transformers' class a hub's base checkpoint is saved from, and its head
+    ("bert", "AutoModelForMaskedLM"): ["classifier.bias", "classifier.weight"],
+    ("bert", "AutoModel"): ["classifier.bias", "classifier.weight"],
+    ("roberta", "AutoModelForMaskedLM"): [
+        "classifier.dense.bias",
+        "classifier.dense.weight",
+        "classifier.out_proj.bias",
+        "classifier.out_proj.weight",
+    ],
+}
+
+
+@pytest.mark.parametrize("kind, saved_as", sorted(BASE_ENCODERS))
+def test_model_hf_of_a_base_encoder_trains_a_classifier_whose_new_head_starts_from_the_seed(
+    world_of_one, tmp_path, kind, saved_as, caplog
+):
+    """``bert-base-uncased`` as a team starts from it: a folder with no classification head. The
+    encoder comes from the folder bit for bit, under the classifier's names; the head (and BERT's
+    pooler, which a masked-LM checkpoint leaves out) is what the seed gives a model built from
+    the same config; the log names both, and the folder's unused pre-training head."""
+    import logging
+
+    import transformers
+    from transformers import AutoConfig
+
+    from tests.trainer.helpers import write_classification_dataset
+
+    values = {
+        "vocab_size": 300,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        **HF_CLASSIFIERS[kind],
+        "max_position_embeddings": 66,
+    }
+    torch.manual_seed(5)
+    base = getattr(transformers, saved_as).from_config(
+        AutoConfig.for_model(**values), attn_implementation="sdpa"
+    )
+    folder = tmp_path / "base-encoder"
+    base.save_pretrained(folder)
+    encoder = base.base_model.state_dict()  # the bare encoder's own names
+    data = write_classification_dataset(tmp_path / "kinds", train_records=40, eval_records=4)
+    options = ("task.kind=classification", "train.seq_len=48")
+    with caplog.at_level(logging.INFO, logger="trainer.warm_start"):
+        training, _ = start(tmp_path, data, world_of_one, 1, f"model.hf={folder.as_uri()}", *options)
+    loaded = weights(training)
+    prefix = f"hf.{kind}."
+    pooler = (
+        [] if kind == "roberta" or saved_as == "AutoModel" else ["pooler.dense.bias", "pooler.dense.weight"]
+    )
+    assert (
+        sorted(k.removeprefix("hf.") for k in loaded if not k.startswith(prefix))
+        == BASE_ENCODERS[kind, saved_as]
+    )
+    for name in loaded:
+        if name.startswith(prefix) and name.removeprefix(prefix) not in pooler:
+            assert torch.equal(loaded[name], encoder[name.removeprefix(prefix)]), name
+
+    pinned = yaml.safe_dump(training.config.model.hf_config, default_flow_style=True).strip()
+    scratch, _ = start(tmp_path / "scratch", data, world_of_one, 1, f"model.hf_config={pinned}", *options)
+    from_seed = weights(scratch)
+    new = [f"hf.{n}" for n in BASE_ENCODERS[kind, saved_as]] + [f"{prefix}{n}" for n in pooler]
+    for name in new:
+        assert torch.equal(loaded[name], from_seed[name]), name
+    said = caplog.text
+    assert "holds a base encoder without this task's head: " in said and "start from the seed" in said
+    assert all(n.removeprefix("hf.") in said for n in new[:4])
+    if saved_as == "AutoModelForMaskedLM":
+        assert "tensor(s) of the folder unused (not this model's): " in said
+        assert ("cls.predictions" if kind == "bert" else "lm_head.") in said
