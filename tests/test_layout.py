@@ -119,6 +119,9 @@ def trainer_top_level(root: Path = REPO) -> list[str]:
 # ----------------------------------------------------------------------------- the rules
 MAX_TOP_LEVEL_MODULES = 8
 MAX_TRAINER_TOP_LEVEL = 20
+# The training operator keeps the Airflow work only; the recovery loop lives in recovery/.
+OPERATOR_FILE = Path("plugins") / "trainops" / "operators" / "train.py"
+MAX_OPERATOR_LINES = 450
 
 
 def test_no_import_cycles_among_our_modules_counting_imports_inside_functions():
@@ -197,6 +200,14 @@ def test_the_airflow_side_keeps_a_short_top_level():
 def test_the_trainer_keeps_a_short_top_level():
     top = trainer_top_level()
     assert len(top) <= MAX_TRAINER_TOP_LEVEL, top
+
+
+def test_the_training_operator_stays_airflow_glue():
+    lines = len((REPO / OPERATOR_FILE).read_text().splitlines())
+    assert lines <= MAX_OPERATOR_LINES, (
+        f"{OPERATOR_FILE} has {lines} lines (at most {MAX_OPERATOR_LINES}): move decisions to "
+        "trainops.recovery and launching or job.json I/O to operators/train_*.py"
+    )
 
 
 def test_every_package_is_shipped():

@@ -98,10 +98,8 @@ class FSDPTrainingOperator(ClusterJobOperator):
         ``ttl_seconds_after_finished`` (see docs/kubernetes.md), on every cluster.
     :param deferrable: wait in the triggerer (True) or in this worker slot (False). Default:
         ``[trainops] default_deferrable``, True when unset.
-    :param inject_preemption: local cluster only, for demos and tests: ``{"node": 1,
-        "at_step": 40}`` sends SIGTERM to that node's torchrun once attempt 1 reaches the step
-        (None: none). (templated: a DAG that renders templates as native objects can switch it
-        with a param, as the demos do)
+    :param inject_preemption: local cluster only, for demos and tests: ``{"node": 1, "at_step":
+        40}`` SIGTERMs that node's torchrun once attempt 1 reaches the step. (templated)
     :param poll_interval: seconds between job state polls in the triggerer, a positive number.
     :param progress_every: seconds between progress lines (step, loss, tokens/s) in the task
         log, a positive number.
