@@ -25,7 +25,7 @@ from trainops.staging.demo_sft import TOKENIZER_VOCAB, write_demo_sft_dataset, w
 
 MODEL = "demo-sft"
 # Where the demo writes its tokenizer; staging encodes with it and the export ships it.
-TOKENIZER = join(resolve_storage_root(None), "tokenizers", "demo-sft", "tokenizer.json")
+TOKENIZER = join(resolve_storage_root(None), "tokenizers", "demo-chat", "tokenizer.json")
 # A small Qwen2 (tied embeddings, as Qwen2-0.5B), random initial weights, the tokenizer's vocabulary.
 QWEN2 = {
     "model_type": "qwen2",

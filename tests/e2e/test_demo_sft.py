@@ -2,11 +2,13 @@
 ``dag.test()``: prompt/response data staged for ``sft`` with the demo's own tokenizer, a small
 random Qwen2 trained on 2 local nodes through one injected preemption, evaluated on the eval
 responses, gated and promoted; the promoted folder loads with ``transformers`` alone, with the
-trainer's logits, and answers its prompts."""
+trainer's logits, and answers its prompts asked through its own chat template (ChatML), ending
+its turn with ``<|im_end|>`` as an instruction-tuned model does."""
 
 from __future__ import annotations
 
 import os
+from hashlib import sha256
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ import torch
 from trainer.contract import MetricsReader, RunLayout, production_pointer
 from trainer.storage import open_storage
 from trainops.cli.main import DEMO_TASKS, DEMOS, load_dag, xcom_results
+from trainops.staging.demo_sft import CHAT_TEMPLATE, TURN_END
 
 pytestmark = pytest.mark.slow
 
@@ -38,6 +41,7 @@ def test_the_sft_demo_tunes_a_qwen2_on_its_responses_and_promotes_a_folder_trans
     stage = results["stage"]
     manifest = store.get_json(f"{stage['uri']}/manifest.json")
     assert manifest["task"] == {"kind": "sft"} and manifest["tokenizer"]["kind"] == "huggingface"
+    assert manifest["tokenizer"]["chat_template_sha256"] == sha256(CHAT_TEMPLATE.encode()).hexdigest()
     train = results["train"]
     assert (train["preemptions"], train["steps_lost"], train["steps"]) == (1, 0, 100)
     layout = RunLayout(train["run_uri"])
@@ -60,9 +64,15 @@ def test_the_sft_demo_tunes_a_qwen2_on_its_responses_and_promotes_a_folder_trans
         "news": "the council opened a new bridge in oslo on monday.\nsource:",
         "docs": "edit config.yaml before you restart the server.\nsource:",
     }
+    # Asked as a chat model is asked: the folder's own template, and generation ends with the turn.
+    end_of_turn = tokenizer.convert_tokens_to_ids(TURN_END)
+    assert tokenizer.eos_token == TURN_END and theirs.generation_config.eos_token_id[0] == end_of_turn
     for source, prompt in prompts.items():
-        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+        chat = [{"role": "user", "content": prompt}]
+        text = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
         with torch.no_grad():
             assert (ours(ids) - theirs(input_ids=ids).logits).abs().max().item() <= 1e-5
-            answer = theirs.generate(ids, max_new_tokens=3, do_sample=False)[0, ids.shape[1] :]
+            answer = theirs.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1] :]
         assert tokenizer.decode(answer, skip_special_tokens=True).strip() == source
+        assert answer[-1].item() == end_of_turn and len(answer) < 8  # it ended its turn, not the budget

@@ -15,7 +15,10 @@ A record task's split lists its records beside its shards: ``splits.<split>.reco
 ``n`` rows ``(start, length, aux)``: the record's first token in the split's stream, its tokens,
 and ``aux``, the prompt's tokens (``sft``) or the label's index (``classification``). The
 manifest's ``task`` is ``{"kind": ...}``, with ``"labels": [...]`` for ``classification``.
-Standard library only.
+
+An ``sft`` dataset staged with a tokenizer whose folder holds a chat template records its sha256
+in the manifest's ``tokenizer.chat_template_sha256``; :func:`chat_template_text` is where both
+sides find that template (staging to render records, the export to ship it). Standard library only.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ RECORD_TASKS = (TASK_SFT, TASK_CLASSIFICATION)  # one record, one sample
 RECORD_FIELDS = ("start", "length", "aux")  # the columns of records.bin
 RECORDS_DTYPE = "<i8"
 IGNORE_INDEX = -100  # a target position that carries no loss (a prompt's token, padding)
+# Where a Hugging Face tokenizer folder keeps its chat template, as transformers reads it.
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
 
 
 def dataset_task(manifest: Mapping[str, Any]) -> str:
@@ -74,3 +80,17 @@ def dataset_labels(manifest: Mapping[str, Any]) -> list[str]:
             "not a list of two or more distinct label names; stage it again"
         )
     return list(labels)
+
+
+def chat_template_text(tokenizer_config: Mapping[str, Any], jinja: bytes | None) -> str | None:
+    """The chat template a tokenizer folder holds, as transformers picks it: the text of its
+    ``chat_template.jinja`` (``jinja``, None when there is none), else ``tokenizer_config.json``'s
+    ``chat_template`` (a string, or a list of named templates: the one named ``default``); None
+    when it has none."""
+    if jinja is not None:
+        return jinja.decode("utf-8")
+    template = tokenizer_config.get("chat_template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
+        template = named.get("default")
+    return template if isinstance(template, str) and template else None

@@ -8,7 +8,11 @@ that encodes the same way, so ``AutoTokenizer.from_pretrained(folder)`` works on
   byte ``b``, 256 is ``<|endoftext|>``) and a ``tokenizer_config.json``;
 - a staged Hugging Face tokenizer (``{"kind": "huggingface", "uri", "sha256", "eos_token",
   "eos_id", ...}``): the staged ``tokenizer.json`` (checked against the manifest's sha256), with
-  the ``tokenizer_config.json`` and ``special_tokens_map.json`` beside it when there are any.
+  the ``tokenizer_config.json``, ``special_tokens_map.json`` and ``chat_template.jinja`` beside it
+  when there are any. A chat template that staging rendered ``sft`` records with (the manifest's
+  ``chat_template_sha256``) must still be the folder's, and the model keeps the folder's own
+  ``eos_token`` (the template's end of turn, ``<|im_end|>`` for ChatML): it was tuned to end its
+  answers with it, so generation stops there (and at the staged end of record).
 
 Staging appends EOS after every record and adds no other special token, so a record's staged
 ids are ``tokenizer(text, add_special_tokens=False).input_ids + [eos_token_id]`` for either
@@ -25,23 +29,27 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from trainer.contract import CHAT_TEMPLATE_FILE, chat_template_text
+
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"
 GENERATION_CONFIG = "generation_config.json"
 # Files a staged Hugging Face tokenizer may keep beside its tokenizer.json; copied when present.
-HF_SIBLINGS = (TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP)
+HF_SIBLINGS = (TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP, CHAT_TEMPLATE_FILE)
 BYTE_VOCAB_SIZE, BYTE_EOS_ID = 257, 256  # staging's byte tokenizer (trainops.staging.tokenize)
 BYTE_EOS_TOKEN = "<|endoftext|>"
 
 
 @dataclass(frozen=True)
 class TokenIds:
-    """The special token ids ``config.json`` and ``generation_config.json`` carry (None: none)."""
+    """The special token ids ``config.json`` and ``generation_config.json`` carry (None: none);
+    ``stops``: more ids that end generation (``generation_config.json`` lists them after ``eos``)."""
 
     eos: int
     bos: int | None = None
     pad: int | None = None
+    stops: tuple[int, ...] = ()
 
     def fields(self) -> dict[str, int | None]:
         """``bos_token_id``, ``eos_token_id`` and, when the tokenizer has one, ``pad_token_id``."""
@@ -197,14 +205,45 @@ def hf_tokenizer_files(
     special = json.loads(files[SPECIAL_TOKENS_MAP]) if SPECIAL_TOKENS_MAP in files else {}
     config.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
     config.setdefault("model_max_length", int(model_max_length))
-    if spec.get("eos_token"):
-        config["eos_token"] = spec["eos_token"]
-    files[TOKENIZER_CONFIG] = _json_bytes(config)
     document = json.loads(data)
+    staged_eos = int(spec["eos_id"])
+    end_of_turn = _chat_end_of_turn(spec, folder, config, files.get(CHAT_TEMPLATE_FILE), document)
+    if end_of_turn is not None:  # tuned on the template's turns: they end with the folder's EOS
+        eos, stops = end_of_turn, (() if end_of_turn == staged_eos else (staged_eos,))
+    else:
+        eos, stops = staged_eos, ()
+        if spec.get("eos_token"):
+            config["eos_token"] = spec["eos_token"]
+    files[TOKENIZER_CONFIG] = _json_bytes(config)
     bos = _token_text(config.get("bos_token")) or _token_text(special.get("bos_token"))
     pad = _token_text(config.get("pad_token")) or _token_text(special.get("pad_token"))
-    ids = TokenIds(eos=int(spec["eos_id"]), bos=token_id(document, bos), pad=token_id(document, pad))
+    ids = TokenIds(eos=eos, bos=token_id(document, bos), pad=token_id(document, pad), stops=stops)
     return TokenizerFiles(files, ids)
+
+
+def _chat_end_of_turn(
+    spec: Mapping[str, Any],
+    folder: str,
+    config: Mapping[str, Any],
+    jinja: bytes | None,
+    document: Mapping[str, Any],
+) -> int | None:
+    """The id of the folder's own ``eos_token`` when staging rendered the records with its chat
+    template (None when it did not, or the folder names no EOS the tokenizer has). ValueError
+    when the folder's template is gone or is not the one staging rendered with."""
+    staged = spec.get("chat_template_sha256")
+    if not staged:
+        return None
+    template = chat_template_text(config, jinja)
+    digest = hashlib.sha256(template.encode()).hexdigest() if template is not None else None
+    if digest != staged:
+        found = f"a chat template with sha256 {digest}" if digest else "no chat template"
+        raise ValueError(
+            f"the dataset was staged with the chat template of {folder} (sha256 {staged}), but that "
+            f"folder now holds {found}; put the staged tokenizer_config.json / chat_template.jinja back "
+            "there to export the model"
+        )
+    return token_id(document, _token_text(config.get("eos_token")))
 
 
 def tokenizer_files(
@@ -228,4 +267,7 @@ def generation_config(ids: TokenIds, max_length: int) -> dict[str, Any]:
     The model never saw a position past ``max_length``, so prompt and generated tokens together
     stop there by default; a caller's ``max_new_tokens`` still takes precedence.
     """
-    return {**ids.fields(), "max_length": int(max_length), "do_sample": False}
+    fields: dict[str, Any] = dict(ids.fields())
+    if ids.stops:  # transformers stops at any id of the list
+        fields["eos_token_id"] = [ids.eos, *ids.stops]
+    return {**fields, "max_length": int(max_length), "do_sample": False}

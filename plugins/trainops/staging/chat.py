@@ -27,10 +27,9 @@ from jinja2.exceptions import TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from trainer.contract import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG_FILE, chat_template_text
 from trainops.staging.errors import StagingError
 
-TOKENIZER_CONFIG = "tokenizer_config.json"
-TEMPLATE_FILE = "chat_template.jinja"
 # The special tokens transformers passes to a template as variables, when the tokenizer has them.
 SPECIAL_TOKEN_KEYS = (
     "bos_token",
@@ -98,22 +97,19 @@ def _text(value: Any) -> str | None:
 
 def read_chat_template(tokenizer_uri: str, read: Callable[[str], bytes | None]) -> ChatTemplate | None:
     """The chat template beside the ``tokenizer.json`` at ``tokenizer_uri`` (``chat_template.jinja``,
-    else ``tokenizer_config.json``'s ``chat_template``), with that config's special tokens; None
-    when it has none. ``read(uri)`` returns a file's bytes, None when there is none."""
+    else ``tokenizer_config.json``'s ``chat_template``: :func:`trainer.contract.chat_template_text`),
+    with that config's special tokens; None when it has none. ``read(uri)`` returns a file's
+    bytes, None when there is none."""
     folder = tokenizer_uri.rsplit("/", 1)[0]
-    raw = read(f"{folder}/{TOKENIZER_CONFIG}")
+    raw = read(f"{folder}/{TOKENIZER_CONFIG_FILE}")
     try:
         config = json.loads(raw) if raw is not None else {}
     except ValueError:
-        raise StagingError(f"{folder}/{TOKENIZER_CONFIG} is not JSON: fix or remove it") from None
+        raise StagingError(f"{folder}/{TOKENIZER_CONFIG_FILE} is not JSON: fix or remove it") from None
     special = {key: text for key in SPECIAL_TOKEN_KEYS if (text := _text(config.get(key))) is not None}
-    jinja = read(f"{folder}/{TEMPLATE_FILE}")
-    if jinja is not None:
-        return ChatTemplate(jinja.decode("utf-8"), f"{folder}/{TEMPLATE_FILE}", special)
-    template = config.get("chat_template")
-    if isinstance(template, list):  # named templates: transformers uses "default"
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
-        template = named.get("default")
-    if isinstance(template, str) and template:
-        return ChatTemplate(template, f"{folder}/{TOKENIZER_CONFIG}", special)
-    return None
+    jinja = read(f"{folder}/{CHAT_TEMPLATE_FILE}")
+    template = chat_template_text(config, jinja)
+    if template is None:
+        return None
+    source = f"{folder}/{CHAT_TEMPLATE_FILE if jinja is not None else TOKENIZER_CONFIG_FILE}"
+    return ChatTemplate(template, source, special)

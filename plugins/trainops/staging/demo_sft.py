@@ -3,19 +3,33 @@
 - Prompt/response records over the demo text (:mod:`trainops.staging.demo_data`): the prompt is
   a post and ``source:``, the response the source that wrote it (``news``, ``forum`` or
   ``docs``), which each source's own templates make learnable in a hundred steps.
-- A byte-level BPE ``tokenizer.json`` trained with ``tokenizers`` on the same text, with the
-  end-of-record token ``<|endoftext|>``: the tokenizer staging encodes the records with, and the
-  one the exported model ships with.
+- A tokenizer folder as an instruction-tuned Qwen2 ships one: a byte-level BPE
+  ``tokenizer.json`` trained with ``tokenizers`` on the same text (special tokens
+  ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``) and a ``tokenizer_config.json`` with the
+  ChatML chat template and ``<|im_end|>`` as its ``eos_token``. Staging renders each record as the
+  one-turn conversation the template makes of it (:mod:`trainops.staging.chat`) and encodes it
+  with this tokenizer; the exported model ships the folder, so ``apply_chat_template`` and
+  ``generate`` work on it as on a hub model, stopping at the end of the assistant's turn.
 """
 
 from __future__ import annotations
 
-from trainer.contract import join
+import json
+
+from trainer.contract import TOKENIZER_CONFIG_FILE, join
 from trainer.storage import open_storage
 from trainops.staging.demo_data import demo_rows
 
-EOS_TOKEN = "<|endoftext|>"
+EOS_TOKEN = "<|endoftext|>"  # the end of record staging appends (its first known EOS)
+TURN_START, TURN_END = "<|im_start|>", "<|im_end|>"
 TOKENIZER_VOCAB = 512
+# ChatML, as Qwen2-Instruct's template renders it when no system message is given (no default one).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 
 
 def demo_instructions(rows: int = 2000, *, seed: int = 0) -> dict[str, list]:
@@ -53,7 +67,7 @@ def demo_tokenizer_json(vocab_size: int = TOKENIZER_VOCAB) -> bytes:
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=[EOS_TOKEN],
+        special_tokens=[EOS_TOKEN, TURN_START, TURN_END],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -64,9 +78,30 @@ def demo_tokenizer_json(vocab_size: int = TOKENIZER_VOCAB) -> bytes:
     return tokenizer.to_str().encode()
 
 
+def demo_tokenizer_config() -> bytes:
+    """The folder's ``tokenizer_config.json``: the chat template and the special tokens, as
+    Qwen2-Instruct's names them (``<|im_end|>`` ends a turn and is its EOS)."""
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": CHAT_TEMPLATE,
+        "bos_token": None,
+        "eos_token": TURN_END,
+        "pad_token": EOS_TOKEN,
+        "clean_up_tokenization_spaces": False,
+    }
+    return (json.dumps(config, indent=2) + "\n").encode()
+
+
 def write_demo_tokenizer(uri: str, storage=None) -> str:
-    """Write the demo tokenizer to ``uri`` (a ``tokenizer.json``) unless it is there; return ``uri``."""
+    """Write the demo tokenizer's folder: ``uri`` (its ``tokenizer.json``) and the
+    ``tokenizer_config.json`` beside it, each unless it is there (a staged dataset names these
+    files by hash); return ``uri``."""
     storage = storage or open_storage(uri)
-    if storage.head(uri) is None:
-        storage.put(uri, demo_tokenizer_json())
+    folder = uri.rsplit("/", 1)[0]
+    for file_uri, make in (
+        (uri, demo_tokenizer_json),
+        (join(folder, TOKENIZER_CONFIG_FILE), demo_tokenizer_config),
+    ):
+        if storage.head(file_uri) is None:
+            storage.put(file_uri, make())
     return uri

@@ -22,3 +22,14 @@ def test_a_record_tasks_split_lists_its_records_and_a_token_streams_none():
     manifest = {"splits": {"train": {"tokens": 9, "records": records}, "eval": {"tokens": 4}}}
     assert split_records(manifest, "train") == records
     assert split_records(manifest, "eval") is None and split_records({}, "train") is None
+
+
+def test_a_folders_chat_template_is_found_where_transformers_finds_it():
+    from trainer.contract import chat_template_text
+
+    assert chat_template_text({"chat_template": "{{ x }}"}, b"{{ jinja }}") == "{{ jinja }}"  # the file wins
+    assert chat_template_text({"chat_template": "{{ x }}"}, None) == "{{ x }}"
+    named = [{"name": "tool_use", "template": "{{ t }}"}, {"name": "default", "template": "{{ d }}"}]
+    assert chat_template_text({"chat_template": named}, None) == "{{ d }}"
+    assert chat_template_text({"chat_template": named[:1]}, None) is None
+    assert chat_template_text({"chat_template": ""}, None) is None and chat_template_text({}, None) is None

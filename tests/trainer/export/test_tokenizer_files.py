@@ -163,3 +163,69 @@ def test_generation_config_carries_the_ids_and_the_trained_context(tmp_path):
     (tmp_path / GENERATION_CONFIG).write_text(json.dumps(document))
     loaded = transformers.GenerationConfig.from_pretrained(tmp_path)
     assert (loaded.eos_token_id, loaded.pad_token_id, loaded.max_length) == (1, 2, 256)
+
+
+CHATML = (
+    "{% for m in messages %}{{ '<s>' + m['role'] + ' ' + m['content'] + '<pad>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<s>assistant ' }}{% endif %}"
+)
+
+
+@pytest.mark.parametrize("where", ["tokenizer_config.json", "chat_template.jinja"])
+def test_a_model_tuned_on_a_chat_template_ships_it_and_stops_at_the_folders_end_of_turn(tmp_path, where):
+    """An instruction-tuned tokenizer (Qwen2-Instruct's: eos_token <|im_end|>, pad <|endoftext|>)
+    staged for sft through its template (staging appended </s> after causal records, never after a
+    templated turn): the export keeps the folder's EOS (here <pad>, the template's end of turn) and
+    ships the template, so transformers' apply_chat_template renders what staging rendered and
+    generate stops at the end of the turn, or at the staged end of record."""
+    transformers = pytest.importorskip("transformers")
+    data = staged_hf_tokenizer()
+    config = {"eos_token": "<pad>", "pad_token": "</s>"}
+    store = {"s3://b/tok/tokenizer.json": data}
+    if where == "chat_template.jinja":
+        store["s3://b/tok/chat_template.jinja"] = CHATML.encode()
+    else:
+        config["chat_template"] = CHATML
+    store["s3://b/tok/tokenizer_config.json"] = json.dumps(config).encode()
+    spec = {
+        "kind": "huggingface",
+        "uri": "s3://b/tok/tokenizer.json",
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "eos_token": "</s>",
+        "eos_id": 1,
+        "chat_template_sha256": hashlib.sha256(CHATML.encode()).hexdigest(),
+    }
+    made = tokenizer_files(spec, 64, read=store.get)
+    assert made.ids == TokenIds(eos=2, pad=1, stops=(1,))
+    assert json.loads(made.files["tokenizer_config.json"])["eos_token"] == "<pad>"  # the folder's own
+    assert generation_config(made.ids, 64)["eos_token_id"] == [2, 1]
+    folder = write(tmp_path / "export", made.files)
+    (folder / GENERATION_CONFIG).write_text(json.dumps(generation_config(made.ids, 64)))
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    chat = [{"role": "user", "content": "hello"}]
+    assert tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False) == (
+        "<s>user hello<pad><s>assistant "
+    )
+    assert tok.eos_token_id == 2
+    assert transformers.GenerationConfig.from_pretrained(folder).eos_token_id == [2, 1]
+
+    # The same dataset without the template (staged before it was added): the staged EOS, as before.
+    plain = tokenizer_files({**spec, "chat_template_sha256": None}, 64, read=store.get)
+    assert plain.ids == TokenIds(eos=1, pad=1)
+    assert json.loads(plain.files["tokenizer_config.json"])["eos_token"] == "</s>"
+
+
+def test_a_chat_template_changed_or_gone_since_staging_is_refused_by_name():
+    data = staged_hf_tokenizer()
+    spec = {
+        "kind": "huggingface",
+        "uri": "s3://b/tok/tokenizer.json",
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "eos_id": 1,
+        "chat_template_sha256": hashlib.sha256(CHATML.encode()).hexdigest(),
+    }
+    other = {spec["uri"]: data, "s3://b/tok/chat_template.jinja": b"{{ messages }}"}
+    with pytest.raises(ValueError, match=r"staged with the chat template of s3://b/tok \(sha256 [0-9a-f]{8}"):
+        tokenizer_files(spec, 16, read=other.get)
+    with pytest.raises(ValueError, match=r"that folder now holds no chat template; put the staged"):
+        tokenizer_files(spec, 16, read={spec["uri"]: data}.get)
