@@ -20,7 +20,7 @@ from airflow.sdk import DAG, Param, task
 from trainer.config import MAX_SEED
 from trainer.contract import join
 from trainops.operators import StageDatasetOperator
-from trainops.recipes.demo import demo_chain, preempt_param
+from trainops.recipes.demo import demo_chain, loss_checks, preempt_param
 from trainops.settings import resolve_storage_root
 from trainops.staging.demo_data import write_demo_dataset
 
@@ -97,7 +97,7 @@ with DAG(
             "checkpoint": {"every_steps": 30, "keep": 2},
             "metrics": {"flush_every": 1},
         },
-        loss_check="eval loss under max_eval_loss",
+        checks=loss_checks("eval loss under max_eval_loss"),
         preempt_at=50,
     )
 

@@ -4,13 +4,14 @@ Generate labelled data and its tokenizer -> stage it for `classification` (each 
 its label's index recorded, the label set taken from the data) with that tokenizer -> train a
 small random-weight BERT (`model.hf_config`, built by transformers as a sequence classifier) on
 2 local "nodes" with one injected spot preemption -> evaluate (loss, accuracy, macro F1) ->
-gate -> promote. The promoted version is a Hugging Face folder (`BertForSequenceClassification`
+gate on what a classifier's team measures (accuracy at least `min_accuracy`; macro F1 no worse
+than production's by more than 2 %) -> promote. The promoted version is a Hugging Face folder (`BertForSequenceClassification`
 with the labels as its `id2label`, and its tokenizer) that `transformers` loads as is.
 `python -m trainops demo --task classification` runs it with `dag.test()`.
 
 The task: each text is a post of the demo text; its label is the source that wrote it (news,
-forum or docs). Params: `seed` (the trainer's seed) and `max_eval_loss` (the gate's threshold on
-the eval records' label loss).
+forum or docs). Params: `seed` (the trainer's seed), `min_accuracy` (the gate's threshold, 0.9)
+and `preempt`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from airflow.sdk import DAG, task
 
 from trainer.contract import join
 from trainops.operators import StageDatasetOperator
-from trainops.recipes.demo import demo_chain, hf_demo_params
+from trainops.recipes.demo import classifier_checks, demo_chain, hf_demo_params, min_accuracy_param
 from trainops.settings import resolve_storage_root
 from trainops.staging.demo_classification import (
     TOKENIZER_VOCAB,
@@ -54,7 +55,7 @@ with DAG(
     default_args={"owner": "trainops", "retries": 0},
     doc_md=__doc__,
     render_template_as_native_obj=True,  # "{{ params.seed }}" reaches the trainer as an int
-    params=hf_demo_params(0.5, "label loss on the eval records"),
+    params=hf_demo_params(min_accuracy=min_accuracy_param(0.9)),
 ) as dag:
 
     @task
@@ -85,7 +86,7 @@ with DAG(
             "checkpoint": {"every_steps": 20, "keep": 2},
             "metrics": {"flush_every": 1},
         },
-        loss_check="label loss under max_eval_loss",
+        checks=classifier_checks(),
         preempt_at=40,
     )
 

@@ -19,7 +19,7 @@ from airflow.sdk import DAG, task
 
 from trainer.contract import join
 from trainops.operators import StageDatasetOperator
-from trainops.recipes.demo import demo_chain, hf_demo_params
+from trainops.recipes.demo import demo_chain, hf_demo_params, loss_checks, max_eval_loss_param
 from trainops.settings import resolve_storage_root
 from trainops.staging.demo_sft import TOKENIZER_VOCAB, write_demo_sft_dataset, write_demo_tokenizer
 
@@ -49,7 +49,7 @@ with DAG(
     default_args={"owner": "trainops", "retries": 0},
     doc_md=__doc__,
     render_template_as_native_obj=True,  # "{{ params.seed }}" reaches the trainer as an int
-    params=hf_demo_params(1.0, "loss on the eval responses"),
+    params=hf_demo_params(max_eval_loss=max_eval_loss_param(1.0, "loss on the eval responses")),
 ) as dag:
 
     @task
@@ -81,7 +81,7 @@ with DAG(
             "checkpoint": {"every_steps": 25, "keep": 2},
             "metrics": {"flush_every": 1},
         },
-        loss_check="response loss under max_eval_loss",
+        checks=loss_checks("response loss under max_eval_loss"),
         preempt_at=40,
     )
 

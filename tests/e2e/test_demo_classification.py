@@ -12,9 +12,11 @@ import os
 import pytest
 import torch
 
+from tests.trainops.reports.helpers import page_text
 from trainer.contract import MetricsReader, RunLayout, production_pointer
 from trainer.storage import open_storage
 from trainops.cli.main import DEMO_TASKS, DEMOS, load_dag, xcom_results
+from trainops.reports.card_page import render_card_page
 
 pytestmark = pytest.mark.slow
 
@@ -51,8 +53,15 @@ def test_the_classification_demo_trains_a_bert_on_its_labels_and_promotes_a_fold
     assert evaluation["eval_loss"] < 0.5 and results["gate"]["approved"] is True  # ln(3) = 1.1 untrained
     assert evaluation["accuracy"] > 0.9 and evaluation["f1_macro"] > 0.9
     assert sorted(evaluation["per_label"]) == ["docs", "forum", "news"]
+    gated = {c["metric"]: c for c in results["gate"]["checks"]}  # on what the team measures
+    assert set(gated) == {"accuracy", "f1_macro"} and gated["accuracy"]["expected"] == ">= 0.9"
     pointer = store.get_json(production_pointer(root, model))
     assert pointer["version"] == results["promote"]["version"] == 1
+    card_uri = f"{pointer['uri']}/card.json"
+    headline = page_text(render_card_page(card_uri, store.get(card_uri)))
+    headline = headline[: headline.index("Gate checks")]
+    assert f"Accuracy {evaluation['accuracy']:.4g} no production model" in headline
+    assert "Macro F1 " in headline and "Eval loss" not in headline
 
     folder = pointer["uri"]
     path = folder.removeprefix("file://")

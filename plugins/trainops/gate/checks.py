@@ -4,10 +4,10 @@ A check is a dict, so a gate definition can live in DAG code, a YAML file or a
 DAG param. Kinds (every one with examples in docs/promotion.md):
 
 - ``threshold``: ``{"kind": "threshold", "metric": "eval_loss", "op": "<=", "value": 4.0}``
-- ``no_regression``: ``{"kind": "no_regression", "metric": "eval_loss", "tolerance": 0.01,
-  "direction": "lower_is_better"}``; passes when the candidate is no worse than the
-  production model by more than ``tolerance`` (a fraction), and when there is no
-  production model yet.
+- ``no_regression``: ``{"kind": "no_regression", "metric": "f1_macro", "tolerance": 0.01}``;
+  passes when the candidate is no worse than the production model by more than ``tolerance``
+  (a fraction), and when there is no production model yet. "Worse" follows the metric's
+  direction (:mod:`trainops.gate.metrics`); a ``direction`` given must agree with it.
 - ``slices`` and ``slice_no_regression``: great-expectations expectations over the
   per-slice metrics table (:mod:`trainops.gate.slices`).
 
@@ -28,6 +28,7 @@ from typing import Any
 
 from trainops.gate.errors import GateConfigError, GateInputError
 from trainops.gate.fields import TEMPLATE_MODES, fmt, is_number, number_rule, show
+from trainops.gate.metrics import BUILTIN, DIRECTIONS, LOWER, METRIC_NAMES, known_metrics, missing_metric_hint
 from trainops.gate.records import Check, CheckResult, Decision, Outcome
 from trainops.gate.slices import SLICE_KINDS, default_name, run_slice_checks, validate_slice_check
 
@@ -48,17 +49,13 @@ __all__ = [
 ]
 
 KINDS = ("threshold", "no_regression", *SLICE_KINDS)
-METRICS = ("eval_loss", "perplexity")
-DIRECTIONS = ("lower_is_better", "higher_is_better")
+METRICS = METRIC_NAMES
 OPS: dict[str, Callable[[float, float], bool]] = {
     "<": operator.lt,
     "<=": operator.le,
     ">": operator.gt,
     ">=": operator.ge,
 }
-
-# Both metrics we produce today are "lower is better"; the default direction follows the metric.
-_METRIC_DIRECTION = {"eval_loss": "lower_is_better", "perplexity": "lower_is_better"}
 
 _FIELDS = {
     "threshold": {"name", "kind", "metric", "op", "value"},
@@ -71,7 +68,7 @@ DEFAULT_MAX_EVAL_LOSS = 10.0
 
 DEFAULT_CHECKS: list[Check] = [
     {"kind": "threshold", "metric": "eval_loss", "op": "<=", "value": DEFAULT_MAX_EVAL_LOSS},
-    {"kind": "no_regression", "metric": "eval_loss", "tolerance": 0.0, "direction": "lower_is_better"},
+    {"kind": "no_regression", "metric": "eval_loss", "tolerance": 0.0, "direction": LOWER},
 ]
 
 
@@ -103,7 +100,9 @@ def _validate_one(index: int, check: object, templates: str | None = None) -> Ch
         )
     metric = check.get("metric")
     if metric not in METRICS:
-        raise GateConfigError(f"{where} has unknown metric {metric!r}; use one of {list(METRICS)}")
+        raise GateConfigError(
+            f"{where} has unknown metric {metric!r}; the known metrics are {known_metrics()}"
+        )
     out: Check = {"kind": kind, "metric": metric}
     if kind == "threshold":
         op = check.get("op")
@@ -118,10 +117,16 @@ def _validate_one(index: int, check: object, templates: str | None = None) -> Ch
                 f"{where} needs field 'tolerance' to be a number >= 0 (a fraction: 0.01 is 1%), "
                 f"got {tolerance!r}"
             )
-        direction = check.get("direction", _METRIC_DIRECTION[metric])
+        own = BUILTIN[metric].direction
+        direction = check.get("direction", own)
         if direction not in DIRECTIONS:
             raise GateConfigError(
                 f"{where} has unknown direction {direction!r}; use one of {list(DIRECTIONS)}"
+            )
+        if direction != own:
+            raise GateConfigError(
+                f"{where} says {metric} is {direction}, but {metric} is {own}: "
+                "drop 'direction' (the metric's own is used)"
             )
         out.update(tolerance=tolerance, direction=direction)
     return _named(where, check, out)
@@ -205,7 +210,8 @@ def check_evaluation(evaluation: object, checks: list[Check]) -> dict[str, Any]:
             if not is_number(metrics.get(check["metric"])):
                 raise GateInputError(
                     f"evaluation {side} metric {check['metric']!r} must be a number for check "
-                    f"{check['name']!r}, got {metrics.get(check['metric'])!r}"
+                    f"{check['name']!r}, got {metrics.get(check['metric'])!r} "
+                    f"({missing_metric_hint(check['metric'], metrics)})"
                 )
     return evaluation
 
@@ -266,7 +272,7 @@ def _no_regression(
             "passed": True,
             "note": f"{label} {base_why}; nothing to regress from",
         }
-    if check["direction"] == "lower_is_better":
+    if check["direction"] == LOWER:
         op, bound = "<=", base * (1 + tolerance)
     else:
         op, bound = ">=", base * (1 - tolerance)

@@ -1,5 +1,6 @@
-"""The demos' shared chain (``trainops_demo``, ``trainops_demo_sft``): train on 2 local CPU
-"nodes" with one injected spot preemption, evaluate, gate, promote.
+"""The demos' shared chain (``trainops_demo``, ``trainops_demo_sft``,
+``trainops_demo_classification``): train on 2 local CPU "nodes" with one injected spot
+preemption, evaluate, gate (on loss, or on a classifier's accuracy and macro-F1), promote.
 
 Imported when DAG files are parsed, like the operators it wires (no heavy import at module level).
 """
@@ -31,9 +32,9 @@ def preempt_param() -> Param:
     )
 
 
-def hf_demo_params(max_eval_loss: float, loss: str) -> dict[str, Param]:
-    """The Hugging Face demos' form: the trainer's ``seed``, the gate's ``max_eval_loss``
-    (default ``max_eval_loss``; ``loss`` says which loss it bounds) and ``preempt``."""
+def hf_demo_params(**gate: Param) -> dict[str, Param]:
+    """The Hugging Face demos' form: the trainer's ``seed``, the gate's own params (``gate``:
+    :func:`max_eval_loss_param` or :func:`min_accuracy_param`) and ``preempt``."""
     return {
         "seed": Param(
             1234,
@@ -43,25 +44,88 @@ def hf_demo_params(max_eval_loss: float, loss: str) -> dict[str, Param]:
             title="Training seed",
             description="The trainer's seed: the model's initial weights and the order of the samples.",
         ),
-        "max_eval_loss": Param(
-            max_eval_loss,
-            type="number",
-            minimum=0,
-            title="Gate: highest eval loss",
-            description=f"The gate rejects a candidate whose {loss} is above this.",
-        ),
+        **gate,
         "preempt": preempt_param(),
     }
 
 
+def max_eval_loss_param(default: float, loss: str) -> Param:
+    """The gate's ``max_eval_loss`` (``loss`` says which loss it bounds), for :func:`loss_checks`."""
+    return Param(
+        default,
+        type="number",
+        minimum=0,
+        title="Gate: highest eval loss",
+        description=f"The gate rejects a candidate whose {loss} is above this.",
+    )
+
+
+def min_accuracy_param(default: float) -> Param:
+    """The gate's ``min_accuracy``, for :func:`classifier_checks`."""
+    return Param(
+        default,
+        type="number",
+        minimum=0,
+        maximum=1,
+        title="Gate: lowest accuracy",
+        description="The gate rejects a classifier whose accuracy on the eval records is below this.",
+    )
+
+
+# Relative: a candidate may be up to 2% worse than production. Allows ties (the same data and
+# seed retrain the same model) and another seed's chance difference.
+NO_REGRESSION_TOLERANCE = 0.02
+
+
+def loss_checks(name: str) -> list[dict[str, Any]]:
+    """A language model's gate: eval loss under the DAG's ``max_eval_loss`` param (the check
+    called ``name``), and no regression of it beyond 2 %."""
+    return [
+        {
+            "name": name,
+            "kind": "threshold",
+            "metric": "eval_loss",
+            "op": "<=",
+            "value": "{{ params.max_eval_loss }}",
+        },
+        {
+            "name": "no regression vs production",
+            "kind": "no_regression",
+            "metric": "eval_loss",
+            "tolerance": NO_REGRESSION_TOLERANCE,
+        },
+    ]
+
+
+def classifier_checks() -> list[dict[str, Any]]:
+    """A classifier's gate, on what its team measures: accuracy at least the DAG's
+    ``min_accuracy`` param, and macro-F1 (every label weighs the same, so a label the model
+    stops finding shows) no worse than production's by more than 2 %."""
+    return [
+        {
+            "name": "accuracy at least min_accuracy",
+            "kind": "threshold",
+            "metric": "accuracy",
+            "op": ">=",
+            "value": "{{ params.min_accuracy }}",
+        },
+        {
+            "name": "macro F1 no regression vs production",
+            "kind": "no_regression",
+            "metric": "f1_macro",
+            "tolerance": NO_REGRESSION_TOLERANCE,
+        },
+    ]
+
+
 def demo_chain(
-    stage, *, model: str, trainer_config: dict[str, Any], loss_check: str, preempt_at: int
+    stage, *, model: str, trainer_config: dict[str, Any], checks: list[dict[str, Any]], preempt_at: int
 ) -> dict:
     """The four tasks after ``stage``, created in the DAG being defined: train with
     ``trainer_config`` (2 nodes x 1 CPU process, gloo; node 1 preempted at step ``preempt_at``
     when the DAG's ``preempt`` param is on: the DAG renders templates as native objects),
-    evaluate against ``model``'s production version, gate (``loss_check``: eval loss under the
-    DAG's ``max_eval_loss`` param; and no regression beyond 2 %), promote. Returns them by task id."""
+    evaluate against ``model``'s production version, gate with ``checks`` (:func:`loss_checks`,
+    :func:`classifier_checks`), promote. Returns them by task id."""
     train = FSDPTrainingOperator(
         task_id="train",
         dataset=stage.output,
@@ -83,23 +147,7 @@ def demo_chain(
     gate = EvaluationGateOperator(
         task_id="gate",
         evaluation=evaluate.output,
-        checks=[
-            {
-                "name": loss_check,
-                "kind": "threshold",
-                "metric": "eval_loss",
-                "op": "<=",
-                "value": "{{ params.max_eval_loss }}",
-            },
-            # Relative: a candidate may be up to 2% worse than production. Allows ties (the
-            # same data and seed retrain the same model) and another seed's chance difference.
-            {
-                "name": "no regression vs production",
-                "kind": "no_regression",
-                "metric": "eval_loss",
-                "tolerance": 0.02,
-            },
-        ],
+        checks=checks,
     )
     promote = PromoteModelOperator(
         task_id="promote",

@@ -13,11 +13,13 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from trainops.gate.metrics import shown_metrics
+
 __all__ = ["README_NAME", "TAGS", "render"]
 
 README_NAME = "README.md"
 TAGS = ("trainops", "llama", "text-generation", "causal-lm")
-_METRICS = ("eval_loss", "perplexity", "tokens")
+_COUNTS = ("tokens", "records")  # listed after the metrics (trainops.gate.metrics)
 
 
 def _text(value: Any) -> str:
@@ -97,13 +99,15 @@ def _metrics(card: Mapping[str, Any]) -> list[str]:
     candidate = metrics.get("candidate") or {}
     production = metrics.get("production")
     version = metrics.get("production_version")
-    lines = ["## Evaluation", "", "Token cross-entropy on the dataset's held-out eval split.", ""]
+    lines = ["## Evaluation", "", "Scored on the dataset's held-out eval split.", ""]
+    names = [m.name for m in shown_metrics(candidate, production)]
+    names += [k for k in _COUNTS if candidate.get(k) is not None]
     if production:
         header = ["metric", "this version", f"production v{_text(version)} at the time"]
-        rows = [[m, candidate.get(m), production.get(m)] for m in _METRICS]
+        rows = [[m, candidate.get(m), production.get(m)] for m in names]
     else:
         header = ["metric", "this version"]
-        rows = [[m, candidate.get(m)] for m in _METRICS]
+        rows = [[m, candidate.get(m)] for m in names]
         lines += ["There was no production version to compare with.", ""]
     return lines + _table(header, rows)
 

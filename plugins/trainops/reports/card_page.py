@@ -19,8 +19,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from trainops.gate.metrics import better, shown_metrics
 from trainops.reports.card_sections import (
-    METRICS,
     Linkable,
     as_map,
     dataset_section,
@@ -93,16 +93,16 @@ def _headline(card: Mapping) -> str:
     candidate, production = as_map(metrics.get("candidate")), as_map(metrics.get("production"))
     version = metrics.get("production_version")
     tiles = []
-    for key, label in METRICS[:2]:
-        ours, theirs = candidate.get(key), production.get(key)
+    for metric in shown_metrics(candidate, production)[:2]:  # the task's own, first
+        ours, theirs = candidate.get(metric.name), production.get(metric.name)
         if isinstance(ours, (int, float)) and isinstance(theirs, (int, float)):
             sub = (
                 f"production v{escape(version)}: {escape(figure(theirs))} ({escape(f'{ours - theirs:+.4g}')})"
             )
-            css = "good" if ours <= theirs else "bad"
+            css = "good" if better(metric, ours, theirs) else "bad"
         else:
             sub, css = "no production model to compare", ""
-        tiles.append(_tile(label, escape(figure(ours)), sub, css))
+        tiles.append(_tile(metric.label, escape(figure(ours)), sub, css))
     checks, failed = dicts(gate.get("checks")), _failed_checks(gate)
     ok = _approved(gate)
     tiles.append(

@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from trainops.gate.metrics import shown_metrics
 from trainops.reports.html import dicts, escape, list_of, report_link, table, verdict
 from trainops.reports.pages import JSON_SUFFIXES, TEXT_SUFFIXES
 
 __all__ = [
-    "METRICS",
+    "COUNTS",
     "Linkable",
     "as_map",
     "dataset_section",
@@ -24,6 +25,7 @@ __all__ = [
     "files_section",
     "folder_link",
     "lineage_section",
+    "metric_rows",
     "percent",
     "rows_table",
     "training_section",
@@ -31,7 +33,14 @@ __all__ = [
 ]
 
 Linkable = Callable[[str], bool]
-METRICS = (("eval_loss", "Eval loss"), ("perplexity", "Perplexity"), ("tokens", "Tokens evaluated"))
+# What an evaluation counted, listed after its metrics (trainops.gate.metrics).
+COUNTS = (("tokens", "Tokens evaluated"), ("records", "Records evaluated"))
+
+
+def metric_rows(candidate: Mapping, production: Mapping | None) -> list[tuple[str, str]]:
+    """``(key, label)`` of every metric the scores hold, the task's own first, then the counts."""
+    shown = [(m.name, m.label) for m in shown_metrics(candidate, production)]
+    return shown + [(k, label) for k, label in COUNTS if candidate.get(k) is not None]
 
 
 def default_linkable(uri: str) -> bool:
@@ -105,7 +114,7 @@ def evaluation_section(card: Mapping, linkable: Linkable) -> str:
     if isinstance(production, Mapping):
         header.append(f"Production v{escape(metrics.get('production_version'))} at the time")
     rows = []
-    for key, label in METRICS:
+    for key, label in metric_rows(candidate, production if isinstance(production, Mapping) else None):
         row = [escape(label), escape(figure(candidate.get(key)))]
         if isinstance(production, Mapping):
             row.append(escape(figure(production.get(key))))

@@ -116,18 +116,57 @@ def test_no_regression_with_zero_tolerance_rejects_any_worse_candidate():
     assert decide([check], metrics(2.5001), metrics(2.5), 1)["approved"] is False
 
 
-def test_no_regression_higher_is_better_mirrors_the_bound():
-    check = {
-        "kind": "no_regression",
-        "metric": "perplexity",
-        "tolerance": 0.1,
-        "direction": "higher_is_better",
-    }
-    passed = decide([check], metrics(1, perplexity=9.0), metrics(1, perplexity=10.0), 1)
-    failed = decide([check], metrics(1, perplexity=8.9), metrics(1, perplexity=10.0), 1)
+def test_no_regression_on_a_higher_is_better_metric_mirrors_the_bound():
+    check = {"kind": "no_regression", "metric": "f1_macro", "tolerance": 0.1}
+    assert validate_checks([check])[0]["direction"] == "higher_is_better"  # the metric's own
+    passed = decide([check], {"f1_macro": 0.81}, {"f1_macro": 0.9}, 1)
+    failed = decide([check], {"f1_macro": 0.8}, {"f1_macro": 0.9}, 1)
     assert passed["approved"] is True
-    assert failed["approved"] is False
-    assert failed["checks"][0]["expected"] == ">= 9"
+    assert failed["approved"] is False and failed["checks"][0]["expected"] == ">= 0.81"
+
+
+def test_every_metric_the_evaluation_reports_can_be_gated_in_its_own_direction():
+    """A classifier is gated on accuracy and macro-F1 as a language model on loss: a threshold
+    compares as written; a no-regression reads 'worse' in the metric's direction."""
+    candidate = {"eval_loss": 0.3, "accuracy": 0.91, "f1_macro": 0.88}
+    production = {"eval_loss": 0.2, "accuracy": 0.93, "f1_macro": 0.9}
+    checks = [
+        {"kind": "threshold", "metric": "accuracy", "op": ">=", "value": 0.9},
+        {"kind": "no_regression", "metric": "f1_macro", "tolerance": 0.05},
+        {"kind": "no_regression", "metric": "eval_loss", "tolerance": 0.05},
+    ]
+    decision = decide(checks, candidate, production, 3)
+    assert [c["passed"] for c in decision["checks"]] == [True, True, False]
+    better = decide(checks, {**candidate, "eval_loss": 0.2, "f1_macro": 0.95}, production, 3)
+    assert better["approved"] is True
+
+
+def test_an_unknown_metric_or_a_direction_against_the_metrics_is_refused_listing_the_known():
+    with pytest.raises(GateConfigError, match=r"unknown metric 'acc'; the known metrics are accuracy "):
+        validate_checks([{"kind": "threshold", "metric": "acc", "op": ">=", "value": 0.9}])
+    with pytest.raises(GateConfigError, match=r"accuracy \(higher is better; classification\)"):
+        validate_checks([{"kind": "threshold", "metric": "acc", "op": ">=", "value": 0.9}])
+    wrong = {"kind": "no_regression", "metric": "accuracy", "direction": "lower_is_better"}
+    with pytest.raises(
+        GateConfigError, match=r"says accuracy is lower_is_better, but accuracy is higher_is_better: drop"
+    ):
+        validate_checks([wrong])
+
+
+def test_a_metric_the_evaluation_lacks_is_named_with_the_tasks_that_report_it():
+    check = validate_checks([{"kind": "threshold", "metric": "accuracy", "op": ">=", "value": 0.9}])
+    evaluation = {
+        "run_uri": "file:///r",
+        "model_name": "m",
+        "production_version": None,
+        "candidate": {"eval_loss": 2.0, "perplexity": 7.4},
+        "production": None,
+    }
+    with pytest.raises(
+        GateInputError,
+        match=r"accuracy is reported for classification only; this evaluation holds eval_loss, perplexity\)$",
+    ):
+        check_evaluation(evaluation, check)
 
 
 def test_a_production_model_with_nan_loss_does_not_block_candidates():
@@ -186,7 +225,7 @@ def no_regression(**fields) -> dict:
     "check, words",
     [
         (threshold(kind="thresold"), ["'thresold'", "kind"]),
-        (threshold(metric="accuracy"), ["'accuracy'", "metric"]),
+        (threshold(metric="bleu"), ["'bleu'", "metric", "f1_macro"]),
         (threshold(op="=="), ["'=='", "op"]),
         ({"kind": "threshold", "metric": "eval_loss", "op": "<"}, ["'value'", "None"]),
         (threshold(value="4"), ["'value'", "'4'"]),

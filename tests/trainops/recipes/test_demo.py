@@ -1,4 +1,5 @@
-"""The demos' shared chain: two local CPU nodes, one injected preemption, a gate on the loss."""
+"""The demos' shared chain: two local CPU nodes, one injected preemption, a gate on the loss
+or, for the classifier, on accuracy and macro-F1."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from airflow.sdk import DAG
 
 from trainops.gate.checks import validate_checks
 from trainops.operators import StageDatasetOperator
-from trainops.recipes.demo import demo_chain, preempt_param
+from trainops.recipes.demo import classifier_checks, demo_chain, loss_checks, preempt_param
 
 
 def test_the_chain_trains_on_two_nodes_through_one_preemption_and_gates_on_the_param():
@@ -23,7 +24,7 @@ def test_the_chain_trains_on_two_nodes_through_one_preemption_and_gates_on_the_p
             stage,
             model="demo-x",
             trainer_config={"train": {"max_steps": 9}},
-            loss_check="loss ok",
+            checks=loss_checks("loss ok"),
             preempt_at=4,
         )
     assert set(tasks) == {"train", "evaluate", "gate", "promote"} <= set(dag.task_ids)
@@ -42,3 +43,14 @@ def test_the_chain_trains_on_two_nodes_through_one_preemption_and_gates_on_the_p
     validate_checks([{**checks[0], "value": 1.0}, checks[1]])
     assert tasks["evaluate"].model_name == tasks["promote"].model_name == "demo-x"
     assert tasks["train"].downstream_task_ids == {"evaluate", "promote"}
+
+
+def test_the_classifiers_gate_checks_accuracy_against_its_param_and_macro_f1_against_production():
+    checks = validate_checks(classifier_checks(), templates="allow")
+    assert [(c["kind"], c["metric"]) for c in checks] == [
+        ("threshold", "accuracy"),
+        ("no_regression", "f1_macro"),
+    ]
+    assert checks[0]["value"] == "{{ params.min_accuracy }}" and checks[1]["direction"] == "higher_is_better"
+    rendered = validate_checks([{**checks[0], "value": "0.9"}, checks[1]], templates="rendered")
+    assert rendered[0]["value"] == 0.9

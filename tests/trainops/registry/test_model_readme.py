@@ -104,3 +104,15 @@ def test_a_first_version_from_scratch_without_cost_says_so():
 def test_an_old_card_missing_sections_still_renders():
     text = render({"model": "m", "version": 1})
     assert "# m v1" in text and "No checks were recorded." in text and "Trained from scratch" in text
+
+
+def test_a_classifiers_readme_lists_its_task_metrics_first():
+    metrics = {
+        "candidate": {"eval_loss": 0.3, "accuracy": 0.95, "f1_macro": 0.9, "records": 200, "tokens": 0},
+        "production": None,
+    }
+    text = render({**CARD, "metrics": metrics})
+    rows = [line for line in text.splitlines() if line.startswith("| ") and line.split("|")[1].strip()]
+    names = [row.split("|")[1].strip() for row in rows]
+    start = names.index("accuracy")
+    assert names[start : start + 5] == ["accuracy", "f1_macro", "eval_loss", "tokens", "records"]

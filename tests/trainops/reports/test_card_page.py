@@ -134,6 +134,24 @@ def test_the_headline_comes_first_and_the_config_is_folded_away():
     ]
 
 
+def test_a_classifiers_card_headlines_accuracy_and_macro_f1_judged_in_their_direction():
+    card = copy.deepcopy(CARD)
+    card["metrics"]["candidate"] = {"eval_loss": 0.31, "accuracy": 0.95, "f1_macro": 0.81, "records": 200}
+    card["metrics"]["production"] = {"eval_loss": 0.3, "accuracy": 0.9, "f1_macro": 0.84, "records": 200}
+    html = render_card_page(CARD_URI, json.dumps(card).encode())
+    headline = page_text(html)[: page_text(html).index("Gate checks")]
+    assert "Accuracy 0.95 production v2: 0.9 (+0.05)" in headline
+    assert "Macro F1 0.81 production v2: 0.84 (-0.03)" in headline and "Eval loss" not in headline
+    tiles = re.findall(r'<div class="tile ?(\w*)"><div class="label">([^<]+)</div>', html)
+    assert ("good", "Accuracy") in tiles and ("bad", "Macro F1") in tiles  # higher is better
+    assert table_with(html, "Metric")[1:] == [
+        ["Accuracy", "0.95", "0.9"],
+        ["Macro F1", "0.81", "0.84"],
+        ["Eval loss", "0.31", "0.3"],
+        ["Records evaluated", "200", "200"],
+    ]
+
+
 def test_every_uri_is_a_report_link_and_folders_link_to_their_report_file():
     html = card_report(CARD)
     for uri in (

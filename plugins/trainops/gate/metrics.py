@@ -1,0 +1,78 @@
+"""The metrics an evaluation reports, and which way each one is better; pure.
+
+One table (:data:`BUILTIN`) says, for every metric ``EvaluateModelOperator`` can report: how a
+page labels it, whether higher or lower is better, and the tasks whose evaluation reports it.
+The gate takes a check's metric name and default direction from it, refuses a name it lacks
+(listing the known ones) and a direction against the metric's, and the model card and the
+version README list the metrics an evaluation holds in its order.
+
+=============  ============  ================  ====================================================
+metric         better        tasks             what
+=============  ============  ================  ====================================================
+accuracy       higher        classification    share of records whose top label is the right one
+f1_macro       higher        classification    mean over the labels of each label's F1
+eval_loss      lower         every task        mean loss over the scored tokens (sft: responses;
+                                               classification: one cross-entropy per record)
+perplexity     lower         causal_lm, sft    ``exp(eval_loss)``
+=============  ============  ================  ====================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from trainer.contract import TASK_CAUSAL_LM, TASK_CLASSIFICATION, TASK_KINDS, TASK_SFT
+
+LOWER, HIGHER = "lower_is_better", "higher_is_better"
+DIRECTIONS = (LOWER, HIGHER)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A metric an evaluation reports: its label on pages, its direction, who reports it."""
+
+    name: str
+    label: str
+    direction: str
+    tasks: tuple[str, ...]
+
+
+BUILTIN: dict[str, Metric] = {
+    m.name: m
+    for m in (
+        # A task's own metrics first: pages headline the first two an evaluation holds.
+        Metric("accuracy", "Accuracy", HIGHER, (TASK_CLASSIFICATION,)),
+        Metric("f1_macro", "Macro F1", HIGHER, (TASK_CLASSIFICATION,)),
+        Metric("eval_loss", "Eval loss", LOWER, TASK_KINDS),
+        Metric("perplexity", "Perplexity", LOWER, (TASK_CAUSAL_LM, TASK_SFT)),
+    )
+}
+METRIC_NAMES = tuple(BUILTIN)
+
+
+def known_metrics() -> str:
+    """The known names with their direction and tasks, for a message."""
+    return "; ".join(
+        f"{m.name} ({m.direction.split('_')[0]} is better; {', '.join(m.tasks)})" for m in BUILTIN.values()
+    )
+
+
+def shown_metrics(*scores: Mapping[str, object] | None) -> list[Metric]:
+    """The metrics to show for these scores (a candidate's, production's): each that any of them
+    holds, in :data:`BUILTIN`'s order."""
+    present = [s for s in scores if isinstance(s, Mapping)]
+    return [m for m in BUILTIN.values() if any(s.get(m.name) is not None for s in present)]
+
+
+def better(metric: Metric, ours: float, theirs: float) -> bool:
+    """Whether ``ours`` is at least as good as ``theirs`` in the metric's direction."""
+    return ours <= theirs if metric.direction == LOWER else ours >= theirs
+
+
+def missing_metric_hint(metric: str, scores: Mapping[str, object]) -> str:
+    """Why an evaluation lacks ``metric``: which tasks report it, and what this one holds."""
+    known = BUILTIN.get(metric)
+    held = ", ".join(m.name for m in shown_metrics(scores)) or "none"
+    which = f"{metric} is reported for {', '.join(known.tasks)} only" if known else f"{metric} is unknown"
+    return f"{which}; this evaluation holds {held}"

@@ -1,0 +1,29 @@
+"""Which metrics an evaluation reports, which way each is better, and which a page shows."""
+
+from trainer.contract import TASK_KINDS
+from trainops.gate.metrics import BUILTIN, HIGHER, LOWER, better, known_metrics, shown_metrics
+
+
+def test_every_task_has_a_metric_and_each_metric_a_direction():
+    assert {task for m in BUILTIN.values() for task in m.tasks} == set(TASK_KINDS)
+    assert {m.name: m.direction for m in BUILTIN.values()} == {
+        "accuracy": HIGHER,
+        "f1_macro": HIGHER,
+        "eval_loss": LOWER,
+        "perplexity": LOWER,
+    }
+    assert "f1_macro (higher is better; classification)" in known_metrics()
+
+
+def test_a_page_shows_the_tasks_own_metrics_first_and_only_those_held():
+    classifier = {"eval_loss": 0.2, "accuracy": 0.9, "f1_macro": 0.8, "records": 200, "tokens": 900}
+    assert [m.name for m in shown_metrics(classifier)] == ["accuracy", "f1_macro", "eval_loss"]
+    language_model = {"eval_loss": 2.0, "perplexity": 7.4, "tokens": 900}
+    assert [m.name for m in shown_metrics(language_model, None)] == ["eval_loss", "perplexity"]
+    # production scored before the classifier metrics existed: the candidate's still show
+    assert [m.name for m in shown_metrics({"eval_loss": 0.1}, classifier)][:2] == ["accuracy", "f1_macro"]
+
+
+def test_better_reads_the_metrics_direction():
+    assert better(BUILTIN["accuracy"], 0.9, 0.8) and not better(BUILTIN["accuracy"], 0.7, 0.8)
+    assert better(BUILTIN["eval_loss"], 0.7, 0.8) and not better(BUILTIN["eval_loss"], 0.9, 0.8)
