@@ -9,7 +9,12 @@ belongs to the eval record whose [start, end) span contains it; per-slice figure
 aggregate the tokens of records with the same slice value.
 
 An ``sft`` dataset (``trainer.contract.tasks``) is scored as it is trained: each eval record is
-one sample (``trainer.records.sample``), and only its response's tokens count. A
+one sample (``trainer.records.sample``), and only its response's tokens count. The model also
+answers each eval prompt greedily (:func:`record_answers`), as many tokens as the reference
+response has (its end of record or end of turn included; at most ``eval.max_new_tokens``), and
+the report adds ``exact_match`` (the share of answers equal to their reference) and
+``token_f1`` (the mean F1 of each answer's tokens against its reference's, as a bag of token
+ids: SQuAD's F1 over the tokenizer's tokens instead of words). A
 ``classification`` dataset's eval records are each one sample too (``trainer.records.labelled_sample``):
 its loss is the cross-entropy of the record's label, and the report adds accuracy, macro F1 and
 each label's figures (:func:`label_metrics`); ``tokens`` then counts records.
@@ -26,6 +31,7 @@ import contextlib
 import logging
 import math
 import os
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -114,6 +120,29 @@ def label_metrics(truth: np.ndarray, predicted: np.ndarray, labels: list[str]) -
         "f1_macro": float(np.mean(f1s)),
         "per_label": per_label,
     }
+
+
+def answer_scores(answer: list[int], reference: list[int]) -> tuple[float, float]:
+    """``(exact match, token F1)`` of one greedy answer against its reference (token ids); F1
+    over the two as bags of tokens, 1.0 for two empty ones."""
+    exact = float(answer == reference)
+    if not answer or not reference:
+        return exact, exact
+    common = sum((Counter(answer) & Counter(reference)).values())
+    if not common:
+        return exact, 0.0
+    precision, recall = common / len(answer), common / len(reference)
+    return exact, 2 * precision * recall / (precision + recall)
+
+
+def answer_lengths(rows: np.ndarray, seq_len: int, max_new_tokens: int) -> np.ndarray:
+    """How many tokens the model answers each record's prompt with (``rows``: an ``sft`` split's
+    ``(start, length, prompt)``): its response's, at most ``max_new_tokens`` and at most what the
+    trained context holds after the prompt (``seq_len + 1`` tokens a sample); 0 when the prompt
+    fills the context, and such a record gets no answer."""
+    prompts, responses = rows[:, 2], rows[:, 1] - rows[:, 2]
+    room = np.maximum(seq_len + 1 - prompts, 0)
+    return np.minimum(np.minimum(responses, max_new_tokens), room)
 
 
 def record_batches(count: int, batch_size: int, max_batches: int = 0) -> list[list[int]]:
@@ -252,6 +281,63 @@ def record_label_scores(
     return losses, predicted
 
 
+@torch.no_grad()
+def record_answers(
+    model,
+    stream: data.TokenStream,
+    rows: np.ndarray,
+    seq_len: int,
+    max_new_tokens: int,
+    batch_size: int,
+    max_batches: int = 0,
+    device: Device | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Greedy answers to an ``sft`` split's eval prompts, scored against the references:
+    ``(exact match, token F1)`` per record (:func:`answer_scores`), NaN for a record that gets
+    no answer or lies past ``max_batches``. Records are batched by prompt and answer length, so
+    a batch needs no padding and each answer is what the model gives the prompt alone."""
+    device = device or eval_device(False)
+    exact, f1 = np.full(len(rows), np.nan), np.full(len(rows), np.nan)
+    wanted = answer_lengths(rows, seq_len, max_new_tokens)
+    chosen = [i for batch in record_batches(len(rows), batch_size, max_batches) for i in batch]
+    groups: dict[tuple[int, int], list[int]] = {}
+    for index in chosen:
+        if wanted[index] > 0:
+            groups.setdefault((int(rows[index, 2]), int(wanted[index])), []).append(index)
+    for (prompt, length), indices in sorted(groups.items()):
+        for at in range(0, len(indices), batch_size):
+            batch = indices[at : at + batch_size]
+            starts = [int(rows[i, 0]) for i in batch]
+            tokens = torch.from_numpy(
+                np.stack([stream.read(s, s + prompt).astype(np.int64) for s in starts])
+            ).to(device.device)
+            for _ in range(length):
+                with device.autocast_context():
+                    logits = model(tokens)[:, -1].float()
+                tokens = torch.cat([tokens, logits.argmax(dim=-1, keepdim=True)], dim=1)
+            answers = tokens[:, prompt:].cpu().numpy()
+            for index, start, answer in zip(batch, starts, answers, strict=True):
+                reference = stream.read(start + prompt, start + prompt + length).astype(np.int64)
+                exact[index], f1[index] = answer_scores(answer.tolist(), reference.tolist())
+    return exact, f1
+
+
+def _answer_result(model, stream, rows: np.ndarray, config: Config, device: Device) -> dict:
+    """``evaluate_export``'s answer figures for an ``sft`` split (None when no record got one)."""
+    t, e = config.train, config.eval
+    exact, f1 = record_answers(
+        model, stream, rows, t.seq_len, e.max_new_tokens, e.batch_size, e.max_batches, device
+    )
+    answered = ~np.isnan(exact)
+    if not answered.any():
+        return {"exact_match": None, "token_f1": None, "answers": 0}
+    return {
+        "exact_match": float(exact[answered].mean()),
+        "token_f1": float(f1[answered].mean()),
+        "answers": int(answered.sum()),
+    }
+
+
 def _classification_result(
     model, stream, rows: np.ndarray, records, columns, config: Config, device: Device, labels: list[str]
 ) -> dict:
@@ -317,6 +403,7 @@ def evaluate_export(
     result = {
         "model_uri": model_uri,
         **summary(losses[~np.isnan(losses)]),
+        **(_answer_result(model, stream, rows, config, device) if rows is not None else {}),
         "slices": slice_summaries(losses, owners, records, columns),
     }
     log.info(
@@ -326,6 +413,14 @@ def evaluate_export(
         result["perplexity"],
         result["tokens"],
     )
+    if rows is not None and result["answers"]:
+        log.info(
+            "evaluate: %s exact match %.4f token F1 %.4f over %d greedy answers",
+            model_uri,
+            result["exact_match"],
+            result["token_f1"],
+            result["answers"],
+        )
     return result
 
 

@@ -13,9 +13,11 @@ from hashlib import sha256
 import pytest
 import torch
 
+from tests.trainops.reports.helpers import page_text
 from trainer.contract import MetricsReader, RunLayout, production_pointer
 from trainer.storage import open_storage
 from trainops.cli.main import DEMO_TASKS, DEMOS, load_dag, xcom_results
+from trainops.reports.card_page import render_card_page
 from trainops.staging.demo_sft import CHAT_TEMPLATE, TURN_END
 
 pytestmark = pytest.mark.slow
@@ -51,8 +53,15 @@ def test_the_sft_demo_tunes_a_qwen2_on_its_responses_and_promotes_a_folder_trans
     assert {r["step"] for r in MetricsReader(store, layout.run_uri).records()} == set(range(1, 101))
     evaluation = store.get_json(layout.eval_metrics)["candidate"]
     assert evaluation["eval_loss"] < 0.5 and results["gate"]["approved"] is True  # ln(512) = 6.2 untrained
+    # Its greedy answers to the eval prompts, scored against the references, headline its card.
+    assert evaluation["answers"] > 150 and evaluation["exact_match"] > 0.9 and evaluation["token_f1"] > 0.9
     pointer = store.get_json(production_pointer(root, model))
     assert pointer["version"] == results["promote"]["version"] == 1
+    card_uri = f"{pointer['uri']}/card.json"
+    headline = page_text(render_card_page(card_uri, store.get(card_uri)))
+    headline = headline[: headline.index("Gate checks")]
+    assert f"Exact match {evaluation['exact_match']:.4g} no production model" in headline
+    assert "Token F1 " in headline
 
     folder = pointer["uri"]
     path = folder.removeprefix("file://")

@@ -254,3 +254,58 @@ def test_a_classifiers_figures_are_accuracy_and_each_labels_precision_recall_and
         "f1_macro": None,
         "per_label": {},
     }
+
+
+# --- sft: greedy answers scored against the references ----------------------------------------
+def test_an_answer_scores_exact_match_and_token_f1_as_bags_of_tokens():
+    from trainer.evaluate import answer_scores
+
+    assert answer_scores([5, 6, 7], [5, 6, 7]) == (1.0, 1.0)
+    assert answer_scores([7, 6, 5], [5, 6, 7]) == (0.0, 1.0)  # the same tokens, another order
+    exact, f1 = answer_scores([5, 9], [5, 6, 7, 8])  # 1 in common: precision 1/2, recall 1/4
+    assert exact == 0.0 and f1 == pytest.approx(2 * 0.5 * 0.25 / 0.75)
+    assert answer_scores([1, 1], [1]) == (0.0, pytest.approx(2 / 3))  # a repeat counts once
+    assert answer_scores([3], [4]) == (0.0, 0.0) and answer_scores([], []) == (1.0, 1.0)
+
+
+class NextToken(torch.nn.Module):
+    """A model whose greedy answer is known: after token t it says t + 1 (mod the vocabulary)."""
+
+    def __init__(self, vocab: int = 64):
+        super().__init__()
+        self.vocab = vocab
+        self.inputs: list[tuple[int, ...]] = []
+
+    def forward(self, tokens):
+        self.inputs.append(tuple(tokens.shape))
+        return torch.nn.functional.one_hot((tokens + 1) % self.vocab, self.vocab).float()
+
+
+def test_each_eval_prompt_is_answered_greedily_as_long_as_its_reference_within_the_bounds(tmp_path):
+    from trainer.evaluate import answer_lengths, record_answers
+
+    records = [  # (prompt, response): NextToken answers a prompt ending in t with t+1, t+2, ...
+        ([1, 2, 3], [4, 5]),  # exact
+        ([10, 11], [12, 13, 14, 15]),  # exact, but longer than max_new_tokens 3: its first 3 tokens
+        ([20, 21, 22], [23, 30]),  # half right: exact 0, F1 1/2
+        ([40, 41, 42, 43, 44, 45, 46, 47], [48]),  # the prompt fills the context (seq_len 7): no answer
+        ([50, 51, 52], [53, 54]),  # the first's shape (as the third's): one batch, unpadded
+    ]
+    tokens, rows = [], []
+    for prompt, response in records:
+        rows.append((len(tokens), len(prompt) + len(response), len(prompt)))
+        tokens += prompt + response
+    path = tmp_path / "eval.bin"
+    np.asarray(tokens, dtype=np.uint16).tofile(path)
+    rows = np.asarray(rows, dtype=np.int64)
+    assert answer_lengths(rows, 7, 3).tolist() == [2, 3, 2, 0, 2]
+    model = NextToken()
+    exact, f1 = record_answers(model, TokenStream([path], "uint16"), rows, 7, 3, batch_size=8)
+    assert exact[[0, 1, 2, 4]].tolist() == [1.0, 1.0, 0.0, 1.0] and np.isnan(exact[3])
+    assert f1[2] == pytest.approx(0.5) and np.isnan(f1[3])
+    # Records of one prompt and answer length share a batch; no batch is padded.
+    assert sorted(model.inputs) == [(1, 2), (1, 3), (1, 4), (3, 3), (3, 4)]
+    one_at_a_time = record_answers(NextToken(), TokenStream([path], "uint16"), rows, 7, 3, batch_size=1)
+    np.testing.assert_array_equal(one_at_a_time[0], exact)
+    first_batch = record_answers(NextToken(), TokenStream([path], "uint16"), rows, 7, 3, 2, max_batches=1)
+    assert not np.isnan(first_batch[0][:2]).any() and np.isnan(first_batch[0][2:]).all()

@@ -105,6 +105,9 @@ class EvalConfig:
     output_uri: str = ""  # "": <run_uri>/eval/metrics.json
     batch_size: int = 8
     max_batches: int = 0  # 0: the whole eval split
+    # sft: the longest greedy answer to an eval prompt (exact match and token F1 are scored on
+    # the reference's first max_new_tokens tokens)
+    max_new_tokens: int = 32
 
 
 @dataclass
@@ -204,6 +207,7 @@ POSITIVE = (
     "checkpoint.keep",
     "metrics.flush_every",
     "eval.batch_size",
+    "eval.max_new_tokens",
     "export.max_shard_bytes",
 )
 NON_NEGATIVE = (

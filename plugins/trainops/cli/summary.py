@@ -62,6 +62,26 @@ def _cost_lines(cost: object) -> list[str]:
     ]
 
 
+def _evaluation_line(ev: dict) -> str:
+    """The candidate's evaluation in a line: its task's own figures, and production's loss."""
+    cand = ev["candidate"]
+    if cand.get("accuracy") is not None:  # a classifier: its records and labels
+        line = (
+            f"eval loss        {cand['eval_loss']:.4f} (accuracy {cand['accuracy']:.1%}, macro F1 "
+            f"{cand['f1_macro']:.3f}, {cand.get('records', cand['tokens']):,} records)"
+        )
+    elif cand.get("exact_match") is not None:  # sft: its greedy answers too
+        line = (
+            f"eval loss        {cand['eval_loss']:.4f} (exact match {cand['exact_match']:.1%}, token F1 "
+            f"{cand['token_f1']:.3f} over {cand['answers']:,} greedy answers)"
+        )
+    else:
+        line = f"eval loss        {cand['eval_loss']:.4f} (perplexity {cand['perplexity']:.2f}, {cand['tokens']:,} tokens)"
+    if ev.get("production"):
+        return line + f"; production v{ev['production_version']}: {ev['production']['eval_loss']:.4f}"
+    return line + "; no production model yet"
+
+
 def render(facts: dict) -> str:
     stage, train = facts.get("stage") or {}, facts.get("train") or {}
     ev, gate, promote = facts.get("evaluate") or {}, facts.get("gate") or {}, facts.get("promote")
@@ -87,19 +107,7 @@ def render(facts: dict) -> str:
             lines.append(f"final train loss {train['final_loss']:.4f}")
         lines += _cost_lines(train.get("cost"))
     if ev:
-        cand = ev["candidate"]
-        if cand.get("accuracy") is not None:  # a classifier: its records and labels
-            line = (
-                f"eval loss        {cand['eval_loss']:.4f} (accuracy {cand['accuracy']:.1%}, macro F1 "
-                f"{cand['f1_macro']:.3f}, {cand.get('records', cand['tokens']):,} records)"
-            )
-        else:
-            line = f"eval loss        {cand['eval_loss']:.4f} (perplexity {cand['perplexity']:.2f}, {cand['tokens']:,} tokens)"
-        if ev.get("production"):
-            line += f"; production v{ev['production_version']}: {ev['production']['eval_loss']:.4f}"
-        else:
-            line += "; no production model yet"
-        lines.append(line)
+        lines.append(_evaluation_line(ev))
     if gate:
         verdicts = ", ".join(
             f"{c['name']}: {'pass' if c['passed'] else 'FAIL'}" for c in gate.get("checks", [])

@@ -11,6 +11,8 @@ metric         better        tasks             what
 =============  ============  ================  ====================================================
 accuracy       higher        classification    share of records whose top label is the right one
 f1_macro       higher        classification    mean over the labels of each label's F1
+exact_match    higher        sft               share of greedy answers equal to their reference
+token_f1       higher        sft               mean F1 of each answer's tokens against the reference's
 eval_loss      lower         every task        mean loss over the scored tokens (sft: responses;
                                                classification: one cross-entropy per record)
 perplexity     lower         causal_lm, sft    ``exp(eval_loss)``
@@ -44,6 +46,8 @@ BUILTIN: dict[str, Metric] = {
         # A task's own metrics first: pages headline the first two an evaluation holds.
         Metric("accuracy", "Accuracy", HIGHER, (TASK_CLASSIFICATION,)),
         Metric("f1_macro", "Macro F1", HIGHER, (TASK_CLASSIFICATION,)),
+        Metric("exact_match", "Exact match", HIGHER, (TASK_SFT,)),
+        Metric("token_f1", "Token F1", HIGHER, (TASK_SFT,)),
         Metric("eval_loss", "Eval loss", LOWER, TASK_KINDS),
         Metric("perplexity", "Perplexity", LOWER, (TASK_CAUSAL_LM, TASK_SFT)),
     )

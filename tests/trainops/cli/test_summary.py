@@ -112,6 +112,15 @@ def test_a_classifier_is_summed_up_by_its_accuracy_and_f1_over_its_records():
     )
 
 
+def test_an_instruction_tuned_model_is_summed_up_by_its_greedy_answers():
+    tuned = {"eval_loss": 0.03, "perplexity": 1.03, "tokens": 603, "exact_match": 0.985, "token_f1": 0.99}
+    text = render(facts(evaluate={**EVALUATE, "candidate": {**tuned, "answers": 201}}))
+    assert (
+        "eval loss        0.0300 (exact match 98.5%, token F1 0.990 over 201 greedy answers); production v1"
+        in text
+    )
+
+
 def test_a_rejected_candidate_promotes_nothing():
     checks = [{"name": "loss cap", "passed": False}]
     text = render(facts(gate={"approved": False, "checks": checks}, promote=None, production=None))

@@ -9,6 +9,8 @@ def test_every_task_has_a_metric_and_each_metric_a_direction():
     assert {m.name: m.direction for m in BUILTIN.values()} == {
         "accuracy": HIGHER,
         "f1_macro": HIGHER,
+        "exact_match": HIGHER,
+        "token_f1": HIGHER,
         "eval_loss": LOWER,
         "perplexity": LOWER,
     }
@@ -20,6 +22,8 @@ def test_a_page_shows_the_tasks_own_metrics_first_and_only_those_held():
     assert [m.name for m in shown_metrics(classifier)] == ["accuracy", "f1_macro", "eval_loss"]
     language_model = {"eval_loss": 2.0, "perplexity": 7.4, "tokens": 900}
     assert [m.name for m in shown_metrics(language_model, None)] == ["eval_loss", "perplexity"]
+    tuned = {**language_model, "exact_match": 0.5, "token_f1": 0.7, "answers": 20}
+    assert [m.name for m in shown_metrics(tuned)][:2] == ["exact_match", "token_f1"]
     # production scored before the classifier metrics existed: the candidate's still show
     assert [m.name for m in shown_metrics({"eval_loss": 0.1}, classifier)][:2] == ["accuracy", "f1_macro"]
 
