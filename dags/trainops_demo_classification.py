@@ -72,6 +72,7 @@ with DAG(
         dataset_name="demo-labelled",
         task="classification",
         tokenizer=TOKENIZER,
+        slice_columns=("length",),  # the evaluation and the card report accuracy by post length
     )
 
     demo_chain(

@@ -99,13 +99,17 @@ def slice_summaries(losses: np.ndarray, owners: np.ndarray, records: list[dict],
 
 def label_metrics(truth: np.ndarray, predicted: np.ndarray, labels: list[str]) -> dict:
     """A classifier's figures: ``{"accuracy", "f1_macro", "per_label": {label: {precision,
-    recall, f1, support}}}`` of ``predicted`` against ``truth`` (label indices into ``labels``),
-    as scikit-learn's ``classification_report`` defines them (``zero_division=0``); None figures
-    for no records (JSON has no NaN). Macro F1 averages over every label of the set, present or
-    not."""
+    recall, f1, support}}, "confusion": {"labels", "counts"}}`` of ``predicted`` against
+    ``truth`` (label indices into ``labels``), as scikit-learn's ``classification_report`` and
+    ``confusion_matrix`` define them (``zero_division=0``; ``counts[i][j]``: records of label
+    ``i`` predicted ``j``); None figures for no records (JSON has no NaN). Macro F1 averages
+    over every label of the set, present or not."""
     truth, predicted = np.asarray(truth, dtype=np.int64), np.asarray(predicted, dtype=np.int64)
+    counts = np.zeros((len(labels), len(labels)), dtype=np.int64)
+    np.add.at(counts, (truth, predicted), 1)
+    confusion = {"labels": list(labels), "counts": counts.tolist()}
     if not truth.size:
-        return {"accuracy": None, "f1_macro": None, "per_label": {}}
+        return {"accuracy": None, "f1_macro": None, "per_label": {}, "confusion": confusion}
     per_label, f1s = {}, []
     for index, label in enumerate(labels):
         hits = int(np.sum((predicted == index) & (truth == index)))
@@ -119,6 +123,7 @@ def label_metrics(truth: np.ndarray, predicted: np.ndarray, labels: list[str]) -
         "accuracy": float(np.mean(truth == predicted)),
         "f1_macro": float(np.mean(f1s)),
         "per_label": per_label,
+        "confusion": confusion,
     }
 
 
@@ -348,13 +353,19 @@ def _classification_result(
         model, stream, rows, t.seq_len, e.batch_size, e.max_batches, device
     )
     scored = ~np.isnan(per_record)
-    losses = np.full(len(stream), np.nan)
+    losses, right = np.full(len(stream), np.nan), np.full(len(stream), np.nan)
     losses[rows[scored, 0]] = per_record[scored]
+    right[rows[scored, 0]] = predicted[scored] == rows[scored, 2]
+    owners = token_owners(records, len(stream))
+    slices = slice_summaries(losses, owners, records, columns)
+    for column, values in slice_summaries(right, owners, records, columns).items():
+        for value, hits in values.items():  # a record's "loss" 1 when right: the mean is accuracy
+            slices[column][value]["accuracy"] = hits["eval_loss"]
     return {
         **summary(per_record[scored]),
         "records": int(scored.sum()),
         **label_metrics(rows[scored, 2], predicted[scored], labels),
-        "slices": slice_summaries(losses, token_owners(records, len(stream)), records, columns),
+        "slices": slices,
     }
 
 

@@ -62,6 +62,11 @@ def test_the_classification_demo_trains_a_bert_on_its_labels_and_promotes_a_fold
     headline = headline[: headline.index("Gate checks")]
     assert f"Accuracy {evaluation['accuracy']:.4g} no production model" in headline
     assert "Macro F1 " in headline and "Eval loss" not in headline
+    page = render_card_page(card_uri, store.get(card_uri))
+    assert 'aria-label="Confusion matrix"' in page and "news predicted news: " in page
+    by_length = evaluation["slices"]["length"]  # the demo's slice: accuracy by post length
+    assert set(by_length) == {"short", "long"} and all(s["accuracy"] > 0.8 for s in by_length.values())
+    assert "By slice" in page and f"{by_length['short']['accuracy']:.4g}" in page
 
     folder = pointer["uri"]
     path = folder.removeprefix("file://")

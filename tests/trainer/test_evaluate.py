@@ -249,10 +249,16 @@ def test_a_classifiers_figures_are_accuracy_and_each_labels_precision_recall_and
     }
     assert figures["per_label"]["d"] == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 0}
     assert figures["f1_macro"] == pytest.approx((0.8 + 0.5 + 2 / 3 + 0.0) / 4)
+    # rows: the truth, columns: the prediction (scikit-learn's confusion_matrix)
+    assert figures["confusion"] == {
+        "labels": ["a", "b", "c", "d"],
+        "counts": [[2, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 0], [0, 0, 0, 0]],
+    }
     assert label_metrics(np.array([]), np.array([]), ["a", "b"]) == {
         "accuracy": None,
         "f1_macro": None,
         "per_label": {},
+        "confusion": {"labels": ["a", "b"], "counts": [[0, 0], [0, 0]]},
     }
 
 

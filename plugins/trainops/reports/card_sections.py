@@ -12,6 +12,7 @@ from typing import Any
 
 from trainops.gate.metrics import shown_metrics
 from trainops.reports.html import dicts, escape, list_of, report_link, table, verdict
+from trainops.reports.label_charts import svg_confusion_matrix, svg_label_bars
 from trainops.reports.pages import JSON_SUFFIXES, TEXT_SUFFIXES
 
 __all__ = [
@@ -87,23 +88,43 @@ def percent(value: object) -> str:
 
 
 def _slices(candidate: Mapping, production: Mapping | None) -> str:
-    """The eval loss per slice (``{column: {value: summary}}``), beside production's; a
-    slice production was not scored on shows a dash."""
+    """The eval loss (and a classifier's accuracy) per slice (``{column: {value: summary}}``),
+    beside production's; a slice production was not scored on shows a dash."""
     ours = as_map(candidate.get("slices"))
     theirs = as_map(production.get("slices")) if isinstance(production, Mapping) else {}
+    figures = [("eval_loss", "Eval loss")]
+    if any("accuracy" in as_map(s) for values in ours.values() for s in as_map(values).values()):
+        figures.insert(0, ("accuracy", "Accuracy"))
     rows = []
     for column, values in ours.items():
         for value, summary in as_map(values).items():
             other = as_map(as_map(theirs.get(column)).get(value))
-            row = [escape(column), escape(value), escape(figure(as_map(summary).get("eval_loss")))]
-            if isinstance(production, Mapping):
-                row.append(escape(figure(other.get("eval_loss"))))
+            row = [escape(column), escape(value)]
+            for key, _ in figures:
+                row.append(escape(figure(as_map(summary).get(key))))
+                if isinstance(production, Mapping):
+                    row.append(escape(figure(other.get(key))))
             rows.append([*row, escape(figure(as_map(summary).get("tokens")))])
     if not rows:
         return ""
-    header = ["Column", "Value", "Eval loss"]
-    header += ["Production eval loss"] if isinstance(production, Mapping) else []
-    return f"<h3>By slice</h3>{table([*header, 'Tokens'], rows)}"
+    header = ["Column", "Value"]
+    for _, label in figures:
+        header += [label, f"Production {label.lower()}"] if isinstance(production, Mapping) else [label]
+    counted = "Records" if figures[0][0] == "accuracy" else "Tokens"
+    return f"<h3>By slice</h3>{table([*header, counted], rows)}"
+
+
+def _labels(candidate: Mapping) -> str:
+    """A classifier's confusion matrix and each label's precision, recall and F1, as pictures."""
+    confusion = as_map(candidate.get("confusion"))
+    labels, counts = confusion.get("labels"), confusion.get("counts")
+    matrix = ""
+    if isinstance(labels, list) and isinstance(counts, list) and all(isinstance(r, list) for r in counts):
+        matrix = svg_confusion_matrix([str(label) for label in labels], counts)
+    bars = svg_label_bars({str(k): as_map(v) for k, v in as_map(candidate.get("per_label")).items()})
+    if not matrix and not bars:
+        return ""
+    return '<h3>By label</h3><div class="cols"><div>' + matrix + "</div><div>" + bars + "</div></div>"
 
 
 def evaluation_section(card: Mapping, linkable: Linkable) -> str:
@@ -126,7 +147,7 @@ def evaluation_section(card: Mapping, linkable: Linkable) -> str:
         else ""
     )
     slices = _slices(candidate, production if isinstance(production, Mapping) else None)
-    return f"<h2>Evaluation</h2>{note}{table(header, rows)}{slices}{where}"
+    return f"<h2>Evaluation</h2>{note}{table(header, rows)}{_labels(candidate)}{slices}{where}"
 
 
 def dataset_section(card: Mapping, linkable: Linkable) -> str:

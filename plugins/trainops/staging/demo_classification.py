@@ -19,16 +19,20 @@ from trainer.storage import open_storage
 from trainops.staging.demo_data import demo_rows
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]  # ids 0..3
+SHORT_WORDS = 9  # the length slice's bound: about half the demo posts are shorter
 TOKENIZER_VOCAB = 512
 
 
 def demo_labelled(rows: int = 2000, *, seed: int = 0) -> dict[str, list]:
-    """Column lists ``id``, ``text``, ``label`` (the post's source) (pure, deterministic)."""
+    """Column lists ``id``, ``text``, ``label`` (the post's source) and ``length`` (``short``
+    under 9 words, else ``long``: a slice teams watch, as a classifier often does worse on short
+    texts) (pure, deterministic)."""
     cols = demo_rows(rows, seed=seed)
     return {
         "id": [f"c-{i}" for i in cols["id"]],
         "text": list(cols["text"]),
         "label": list(cols["source"]),
+        "length": ["short" if len(text.split()) < SHORT_WORDS else "long" for text in cols["text"]],
     }
 
 

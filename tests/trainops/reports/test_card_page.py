@@ -152,6 +152,31 @@ def test_a_classifiers_card_headlines_accuracy_and_macro_f1_judged_in_their_dire
     ]
 
 
+def test_a_classifiers_card_pictures_its_confusion_matrix_and_labels_and_its_accuracy_by_slice():
+    card = copy.deepcopy(CARD)
+    card["metrics"]["production"] = None
+    card["metrics"]["candidate"] = {
+        "eval_loss": 0.31,
+        "accuracy": 0.9,
+        "f1_macro": 0.89,
+        "records": 20,
+        "tokens": 20,
+        "per_label": {
+            "docs": {"precision": 0.9, "recall": 0.9, "f1": 0.9, "support": 10},
+            "news": {"precision": 0.9, "recall": 0.9, "f1": 0.9, "support": 10},
+        },
+        "confusion": {"labels": ["docs", "news"], "counts": [[9, 1], [1, 9]]},
+        "slices": {"source": {"wiki": {"eval_loss": 0.2, "tokens": 12, "accuracy": 0.75}}},
+    }
+    html = render_card_page(CARD_URI, json.dumps(card).encode())
+    section = html[html.index("<h2>Evaluation</h2>") : html.index("<h2>Dataset</h2>")]
+    assert section.index("<h3>By label</h3>") < section.index("<h3>By slice</h3>")
+    assert 'aria-label="Confusion matrix"' in section and "docs predicted news: 1" in section
+    assert 'aria-label="Precision, recall and F1 by label"' in section
+    assert table_with(html, "Column")[0] == ["Column", "Value", "Accuracy", "Eval loss", "Records"]
+    assert table_with(html, "Column")[1] == ["source", "wiki", "0.75", "0.2", "12"]
+
+
 def test_every_uri_is_a_report_link_and_folders_link_to_their_report_file():
     html = card_report(CARD)
     for uri in (

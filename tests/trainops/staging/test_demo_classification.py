@@ -23,6 +23,9 @@ def test_each_text_is_a_post_and_its_label_the_source_that_wrote_it():
     posts = demo_rows(30, seed=1)
     assert rows["text"] == list(posts["text"]) and rows["label"] == list(posts["source"])
     assert set(rows["label"]) <= {"news", "forum", "docs"} and len(set(rows["id"])) == 30
+    for text, length in zip(rows["text"], rows["length"], strict=True):  # the slice column
+        assert length == ("short" if len(text.split()) < 9 else "long")
+    assert set(demo_labelled(2000)["length"]) == {"short", "long"}
 
 
 def test_the_tokenizer_frames_a_text_as_bert_does_and_pads_with_id_0(tmp_path):
