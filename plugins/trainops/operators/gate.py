@@ -57,7 +57,8 @@ class EvaluationGateOperator(ReportingOperator):
     :param evaluation: the result of EvaluateModelOperator (templated), with ``run_uri``,
         ``model_name``, ``candidate`` metrics and ``production`` metrics (or None) and
         ``production_version``.
-    :param checks: check definitions (templated), for example
+    :param checks: check definitions (templated: a list is validated when the DAG is parsed, an
+        XCom or a template string once rendered), for example
         ``[{"kind": "threshold", "metric": "eval_loss", "op": "<=", "value": 3.5},
         {"kind": "no_regression", "metric": "eval_loss", "tolerance": 0.01},
         {"kind": "slice_no_regression", "tolerance": 0.05}]``; every kind is in
@@ -81,7 +82,7 @@ class EvaluationGateOperator(ReportingOperator):
         self,
         *,
         evaluation: Any,
-        checks: list[dict] | None = None,
+        checks: list[dict] | Any | None = None,
         on_reject: Callable[[dict], Any] | None = None,
         storage_root: str | None = None,
         aws_conn_id: str | None = "aws_default",
@@ -95,7 +96,12 @@ class EvaluationGateOperator(ReportingOperator):
                 f"{type(on_reject).__name__} {on_reject!r}"
             )
         self.evaluation = evaluation
-        self.checks = validate_checks(DEFAULT_CHECKS if checks is None else checks, templates="allow")
+        # A list is checked now, when the DAG is parsed; an XCom or a template string once
+        # rendered, before anything is decided (execute).
+        if checks is None or isinstance(checks, (list, tuple)):
+            self.checks = validate_checks(DEFAULT_CHECKS if checks is None else checks, templates="allow")
+        else:
+            self.checks = checks
         self.on_reject = on_reject
         self.storage_root = storage_root
         self.aws_conn_id = aws_conn_id

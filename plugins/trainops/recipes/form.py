@@ -18,6 +18,7 @@ from airflow.sdk import Param, Variable
 from trainer.contract import join
 from trainer.presets import PRESETS
 from trainops.cluster.spec import CAPACITIES
+from trainops.recipes.pipeline import gate_checks
 from trainops.settings import (
     SettingsError,  # raised here; imported from here as before
     resolve_storage_root,
@@ -256,7 +257,8 @@ def trainer_config(
 
 def training_kwargs(settings: dict) -> dict:
     """The training operator's run-time arguments (templated fields, fed from the plan task's
-    XCom): ``nodes``, ``gpus_per_node``, ``capacity``, ``max_preemptions``, ``trainer_config``."""
+    XCom): ``nodes``, ``gpus_per_node``, ``capacity``, ``max_preemptions``, ``trainer_config``;
+    and the gate's ``gate_checks`` for the run's task (:func:`.pipeline.gate_checks`)."""
     return {
         "nodes": settings["nodes"],
         "gpus_per_node": settings["gpus_per_node"],
@@ -270,6 +272,7 @@ def training_kwargs(settings: dict) -> dict:
             settings.get("hf_model", ""),
             settings.get("task", "causal_lm"),
         ),
+        "gate_checks": gate_checks(settings.get("task", "causal_lm")),
         **staging_kwargs(settings),
     }
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from airflow.configuration import conf
 
+from trainer.contract import TASK_CLASSIFICATION
 from trainops.operators import (
     EvaluateModelOperator,
     EvaluationGateOperator,
@@ -15,8 +16,9 @@ from trainops.operators import (
     PromoteModelOperator,
 )
 
-# The gate every example DAG applies: an absolute bound well below an untrained model's loss
-# (ln 257 = 5.55 with the byte tokenizer), and no regression against production.
+# The gate the example DAGs apply to a language model (causal_lm, sft): an absolute bound well
+# below an untrained model's loss (ln 257 = 5.55 with the byte tokenizer), and no regression
+# against production.
 GATE_CHECKS = [
     {"name": "eval loss under 3.5", "kind": "threshold", "metric": "eval_loss", "op": "<=", "value": 3.5},
     {
@@ -26,6 +28,32 @@ GATE_CHECKS = [
         "tolerance": 0.02,
     },
 ]
+
+
+# A classifier's: what its team measures. Accuracy at least 0.5 (a sanity bound: a classifier
+# below it is wrong on most records), macro-F1 (every label weighs the same, so a label the
+# model stops finding shows) and accuracy no worse than production's by more than 2 %.
+CLASSIFIER_GATE_CHECKS = [
+    {"name": "accuracy at least 0.5", "kind": "threshold", "metric": "accuracy", "op": ">=", "value": 0.5},
+    {
+        "name": "macro F1 no regression vs production",
+        "kind": "no_regression",
+        "metric": "f1_macro",
+        "tolerance": 0.02,
+    },
+    {
+        "name": "accuracy no regression vs production",
+        "kind": "no_regression",
+        "metric": "accuracy",
+        "tolerance": 0.02,
+    },
+]
+
+
+def gate_checks(task: str) -> list[dict]:
+    """The example DAGs' gate for a run of ``task`` (``task.kind``): a classifier's on accuracy
+    and macro-F1, a language model's on its eval loss."""
+    return CLASSIFIER_GATE_CHECKS if task == TASK_CLASSIFICATION else GATE_CHECKS
 
 
 def deployment() -> dict:
@@ -46,8 +74,9 @@ def deployment() -> dict:
 def train_evaluate_gate_promote(stage, args, *, model: str, place: dict, **train_options) -> dict:
     """What every retraining DAG shares, created in the DAG being defined: train on
     ``stage``'s dataset with the run-time settings ``args`` (an XCom dict with ``nodes``,
-    ``gpus_per_node``, ``capacity``, ``max_preemptions``, ``trainer_config``), evaluate the
-    candidate against production, gate it (:data:`GATE_CHECKS`) and promote it. ``place`` is
+    ``gpus_per_node``, ``capacity``, ``max_preemptions``, ``trainer_config``, ``gate_checks``:
+    :func:`gate_checks` of the run's task), evaluate the candidate against production, gate it
+    and promote it. ``place`` is
     :func:`deployment`'s answer. Returns the four tasks by task id."""
     where = {key: place[key] for key in ("cluster", "image", "namespace", "poll_interval")}
     # No Airflow retries for training: preemptions and infrastructure failures have their own
@@ -66,7 +95,7 @@ def train_evaluate_gate_promote(stage, args, *, model: str, place: dict, **train
         **train_options,
     )
     evaluate = EvaluateModelOperator(task_id="evaluate", training=train.output, model_name=model, **where)
-    gate = EvaluationGateOperator(task_id="gate", evaluation=evaluate.output, checks=GATE_CHECKS)
+    gate = EvaluationGateOperator(task_id="gate", evaluation=evaluate.output, checks=args["gate_checks"])
     promote = PromoteModelOperator(
         task_id="promote",
         model_name=model,

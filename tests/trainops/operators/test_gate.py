@@ -208,6 +208,32 @@ def test_templated_threshold_is_rendered_from_a_param_and_checked_again(file_roo
     assert isinstance(err.value.__cause__, GateConfigError)
 
 
+def test_checks_from_an_upstream_task_are_checked_once_resolved(file_root):
+    """The retraining DAGs hand the gate their plan's checks (an XCom, for the run's task): not
+    known when the DAG is parsed, so checked when the task runs, before anything is decided."""
+    from airflow.sdk import DAG, task
+
+    with DAG("xcom_checks", schedule=None):
+
+        @task
+        def plan() -> list:
+            return CHECKS
+
+        op = EvaluationGateOperator(
+            task_id="gate",
+            evaluation=evaluation(join(file_root, "r"), 3.0),
+            checks=plan(),
+            storage_root=file_root,
+            aws_conn_id=None,
+        )
+    assert op.upstream_task_ids == {"plan"}
+    op.checks = CHECKS  # what Airflow resolves the XCom to
+    assert op.execute({})["approved"] is True
+    op.checks = [{"kind": "threshold", "metric": "acc", "op": ">=", "value": 0.9}]
+    with pytest.raises(AirflowFailException, match=r"unknown metric 'acc'; the known metrics are"):
+        op.execute({})
+
+
 SLICE_CHECKS = [
     {
         "name": "every slice under 3.2",

@@ -7,7 +7,13 @@ from airflow.sdk import DAG
 
 from trainops.gate.checks import validate_checks
 from trainops.operators import StageDatasetOperator
-from trainops.recipes.pipeline import GATE_CHECKS, deployment, train_evaluate_gate_promote
+from trainops.recipes.pipeline import (
+    CLASSIFIER_GATE_CHECKS,
+    GATE_CHECKS,
+    deployment,
+    gate_checks,
+    train_evaluate_gate_promote,
+)
 
 ARGS = {
     "nodes": 2,
@@ -15,12 +21,25 @@ ARGS = {
     "capacity": "spot-then-on-demand",
     "max_preemptions": 5,
     "trainer_config": {"train": {"max_steps": 10}},
+    "gate_checks": GATE_CHECKS,
 }
 
 
 def test_the_shared_gate_is_a_valid_one():
     checks = validate_checks(GATE_CHECKS)
     assert [c["kind"] for c in checks] == ["threshold", "no_regression"]
+
+
+def test_a_classifier_is_gated_on_accuracy_and_macro_f1_and_a_language_model_on_its_loss():
+    assert gate_checks("causal_lm") == gate_checks("sft") == GATE_CHECKS
+    classifier = validate_checks(gate_checks("classification"))
+    assert classifier == validate_checks(CLASSIFIER_GATE_CHECKS)
+    assert [(c["kind"], c["metric"]) for c in classifier] == [
+        ("threshold", "accuracy"),
+        ("no_regression", "f1_macro"),
+        ("no_regression", "accuracy"),
+    ]
+    assert all(c["direction"] == "higher_is_better" for c in classifier[1:])
 
 
 def test_jobs_run_where_the_trainops_config_says(monkeypatch):
@@ -62,4 +81,5 @@ def test_train_evaluate_gate_promote_wires_four_tasks_on_one_deployment():
     assert train.upstream_task_ids == {"stage"}
     assert evaluate.upstream_task_ids == {"train"}
     assert tasks["gate"].upstream_task_ids == {"evaluate"}
+    assert tasks["gate"].checks == validate_checks(GATE_CHECKS)  # in a DAG: the plan's XCom, for its task
     assert promote.upstream_task_ids == {"stage", "train", "evaluate", "gate"}
