@@ -279,6 +279,14 @@ def test_model_hf_whose_folder_changed_since_it_was_pinned_is_refused_naming_the
 
 
 # The encoder classifiers' folders: dropout off, so the first step's loss is the folder's own.
+# The tiny encoder the classifier warm starts build (each adds its family's own keys).
+TINY_ENCODER = {
+    "vocab_size": 300,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+}
 HF_CLASSIFIERS = {
     "bert": {"model_type": "bert", "pad_token_id": 0},
     "roberta": {"model_type": "roberta", "pad_token_id": 1, "max_position_embeddings": 66},
@@ -299,11 +307,7 @@ def test_model_hf_of_a_classifier_starts_from_its_weights_and_its_first_loss_is_
     from trainer.train import train_step
 
     values = {
-        "vocab_size": 300,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
+        **TINY_ENCODER,
         "max_position_embeddings": 64,
         "hidden_dropout_prob": 0.0,
         "attention_probs_dropout_prob": 0.0,
@@ -450,11 +454,7 @@ def test_model_hf_of_a_base_encoder_trains_a_classifier_whose_new_head_starts_fr
     from tests.trainer.helpers import write_classification_dataset
 
     values = {
-        "vocab_size": 300,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
+        **TINY_ENCODER,
         **HF_CLASSIFIERS[kind],
         "max_position_embeddings": 66,
     }
