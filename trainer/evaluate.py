@@ -16,8 +16,10 @@ the report adds ``exact_match`` (the share of answers equal to their reference) 
 ``token_f1`` (the mean F1 of each answer's tokens against its reference's, as a bag of token
 ids: SQuAD's F1 over the tokenizer's tokens instead of words). A
 ``classification`` dataset's eval records are each one sample too (``trainer.records.labelled_sample``):
-its loss is the cross-entropy of the record's label, and the report adds accuracy, macro F1 and
-each label's figures (:func:`label_metrics`); ``tokens`` then counts records.
+its loss is the cross-entropy of the record's label, and the report adds accuracy, macro F1,
+each label's figures and the confusion matrix (:func:`label_metrics`), the expected
+calibration error (:func:`calibration_error`) and, for two labels, the AUROC
+(:func:`binary_auroc`); ``tokens`` then counts records.
 
 It runs on CUDA with bf16 autocast when a GPU is present (the loss itself in fp32), else on
 the CPU in fp32; the windows go through the model ``eval.batch_size`` at a time. CPU figures
@@ -125,6 +127,43 @@ def label_metrics(truth: np.ndarray, predicted: np.ndarray, labels: list[str]) -
         "per_label": per_label,
         "confusion": confusion,
     }
+
+
+def calibration_error(probabilities: np.ndarray, truth: np.ndarray, bins: int = 10) -> float | None:
+    """Expected calibration error (Guo et al., 2017): the records binned by their top
+    probability into ``bins`` equal-width bins, the record-weighted mean gap between each bin's
+    accuracy and its mean top probability; 0 for a model exactly as sure as it is right, None
+    for no records."""
+    truth = np.asarray(truth, dtype=np.int64)
+    if not truth.size:
+        return None
+    confidence = probabilities.max(axis=1)
+    right = probabilities.argmax(axis=1) == truth
+    which = np.minimum((confidence * bins).astype(np.int64), bins - 1)
+    gap = 0.0
+    for b in np.unique(which):
+        inside = which == b
+        gap += abs(right[inside].mean() - confidence[inside].mean()) * inside.sum()
+    return float(gap / truth.size)
+
+
+def binary_auroc(probabilities: np.ndarray, truth: np.ndarray) -> float | None:
+    """The area under the ROC curve of a two-label classifier, the second label the positive
+    one, scored by its probability: the chance that a positive record outscores a negative one,
+    ties counting half (Mann-Whitney's U over average ranks, as scikit-learn's
+    ``roc_auc_score``). None for another number of labels, or when one label has no record."""
+    truth = np.asarray(truth, dtype=np.int64)
+    if probabilities.ndim != 2 or probabilities.shape[1] != 2:
+        return None
+    positive = truth == 1
+    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
+    if not n_pos or not n_neg:
+        return None
+    scores = probabilities[:, 1]
+    _, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
+    first = np.cumsum(counts) - counts  # rank (from 0) of the first record of each value
+    ranks = first[inverse] + (counts[inverse] - 1) / 2 + 1  # average ranks, from 1
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
 def answer_scores(answer: list[int], reference: list[int]) -> tuple[float, float]:
@@ -267,11 +306,11 @@ def record_label_scores(
     max_batches: int = 0,
     device: Device | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """A classifier's cross-entropy of each eval record's label and its predicted label index
-    (``rows``: a ``classification`` split's records), one record per sample as in training;
-    NaN and -1 for the records past ``max_batches``."""
+    """A classifier's cross-entropy of each eval record's label and its probability of each
+    label (``rows``: a ``classification`` split's records), one record per sample as in
+    training; NaN for the records past ``max_batches``."""
     device = device or eval_device(False)
-    losses, predicted = np.full(len(rows), np.nan), np.full(len(rows), -1, dtype=np.int64)
+    losses, probabilities = np.full(len(rows), np.nan), None
     for batch in record_batches(len(rows), batch_size, max_batches):
         samples = []
         for index in batch:
@@ -282,8 +321,10 @@ def record_label_scores(
         with device.autocast_context():
             logits = model(inputs).float()
         losses[batch] = F.cross_entropy(logits, targets, reduction="none").cpu().numpy()
-        predicted[batch] = logits.argmax(dim=-1).cpu().numpy()
-    return losses, predicted
+        if probabilities is None:
+            probabilities = np.full((len(rows), logits.shape[1]), np.nan)
+        probabilities[batch] = torch.softmax(logits, dim=-1).cpu().numpy()
+    return losses, probabilities if probabilities is not None else np.full((len(rows), 0), np.nan)
 
 
 @torch.no_grad()
@@ -349,10 +390,11 @@ def _classification_result(
     """``evaluate_export``'s figures for a classifier: the label loss per record, placed at the
     record's first token so that the slices group records as they group tokens."""
     t, e = config.train, config.eval
-    per_record, predicted = record_label_scores(
+    per_record, probabilities = record_label_scores(
         model, stream, rows, t.seq_len, e.batch_size, e.max_batches, device
     )
     scored = ~np.isnan(per_record)
+    predicted = np.where(scored, np.nan_to_num(probabilities, nan=-1.0).argmax(axis=1), -1)
     losses, right = np.full(len(stream), np.nan), np.full(len(stream), np.nan)
     losses[rows[scored, 0]] = per_record[scored]
     right[rows[scored, 0]] = predicted[scored] == rows[scored, 2]
@@ -365,6 +407,8 @@ def _classification_result(
         **summary(per_record[scored]),
         "records": int(scored.sum()),
         **label_metrics(rows[scored, 2], predicted[scored], labels),
+        "calibration_error": calibration_error(probabilities[scored], rows[scored, 2]),
+        "auroc": binary_auroc(probabilities[scored], rows[scored, 2]),
         "slices": slices,
     }
 

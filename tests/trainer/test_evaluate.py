@@ -315,3 +315,31 @@ def test_each_eval_prompt_is_answered_greedily_as_long_as_its_reference_within_t
     np.testing.assert_array_equal(one_at_a_time[0], exact)
     first_batch = record_answers(NextToken(), TokenStream([path], "uint16"), rows, 7, 3, 2, max_batches=1)
     assert not np.isnan(first_batch[0][:2]).any() and np.isnan(first_batch[0][2:]).all()
+
+
+def test_calibration_error_is_the_gap_between_how_sure_and_how_right_per_bin():
+    from trainer.evaluate import calibration_error
+
+    sure_and_right = np.array([[0.95, 0.05], [0.05, 0.95]])
+    assert calibration_error(sure_and_right, np.array([0, 1])) == pytest.approx(0.05)
+    # 0.9 sure on four records, right on two: a gap of 0.4; 0.6 sure and right on two: 0.4
+    probabilities = np.array([[0.9, 0.1]] * 4 + [[0.4, 0.6]] * 2)
+    truth = np.array([0, 0, 1, 1, 1, 1])
+    assert calibration_error(probabilities, truth) == pytest.approx((0.4 * 4 + 0.4 * 2) / 6)
+    assert calibration_error(np.zeros((0, 2)), np.array([])) is None
+
+
+def test_auroc_is_the_chance_a_positive_outscores_a_negative_as_mann_whitney_counts_it():
+    from trainer.evaluate import binary_auroc
+
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(3)
+    truth = rng.integers(0, 2, 200)
+    score = np.round(np.clip(0.5 + 0.2 * (truth - 0.5) + rng.normal(0, 0.2, 200), 0, 1), 1)  # ties
+    probabilities = np.stack([1 - score, score], axis=1)
+    u = stats.mannwhitneyu(score[truth == 1], score[truth == 0]).statistic
+    assert binary_auroc(probabilities, truth) == pytest.approx(u / ((truth == 1).sum() * (truth == 0).sum()))
+    assert binary_auroc(np.array([[0.8, 0.2], [0.3, 0.7]]), np.array([0, 1])) == 1.0
+    assert binary_auroc(np.array([[0.2, 0.8], [0.7, 0.3]]), np.array([0, 1])) == 0.0
+    assert binary_auroc(np.ones((3, 3)) / 3, np.array([0, 1, 2])) is None  # three labels
+    assert binary_auroc(np.array([[0.8, 0.2]]), np.array([0])) is None  # no positive record

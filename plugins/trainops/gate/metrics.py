@@ -11,6 +11,10 @@ metric         better        tasks             what
 =============  ============  ================  ====================================================
 accuracy       higher        classification    share of records whose top label is the right one
 f1_macro       higher        classification    mean over the labels of each label's F1
+auroc          higher        classification    two labels only: the chance a positive record
+                                               outscores a negative one
+calibration_   lower         classification    expected calibration error: how far the top
+error                                          probability is from the accuracy, over 10 bins
 exact_match    higher        sft               share of greedy answers equal to their reference
 token_f1       higher        sft               mean F1 of each answer's tokens against the reference's
 eval_loss      lower         every task        mean loss over the scored tokens (sft: responses;
@@ -46,6 +50,8 @@ BUILTIN: dict[str, Metric] = {
         # A task's own metrics first: pages headline the first two an evaluation holds.
         Metric("accuracy", "Accuracy", HIGHER, (TASK_CLASSIFICATION,)),
         Metric("f1_macro", "Macro F1", HIGHER, (TASK_CLASSIFICATION,)),
+        Metric("auroc", "AUROC", HIGHER, (TASK_CLASSIFICATION,)),
+        Metric("calibration_error", "Calibration error (ECE)", LOWER, (TASK_CLASSIFICATION,)),
         Metric("exact_match", "Exact match", HIGHER, (TASK_SFT,)),
         Metric("token_f1", "Token F1", HIGHER, (TASK_SFT,)),
         Metric("eval_loss", "Eval loss", LOWER, TASK_KINDS),

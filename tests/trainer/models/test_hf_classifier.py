@@ -130,6 +130,7 @@ def test_a_classifier_is_evaluated_by_accuracy_and_f1_over_its_labels(
     assert report["f1_macro"] == pytest.approx(np.mean([v["f1"] for v in report["per_label"].values()]))
     assert report["accuracy"] > 1 / 3  # better than a constant guess at this small a budget
     assert sorted(report["slices"]["source"]) == ["forum", "news", "wiki"]
+    assert 0 <= report["calibration_error"] <= 1 and report["auroc"] is None  # three labels: no AUROC
     # the confusion matrix counts every record once, its diagonal the right ones; each slice's
     # accuracy is its records' share of right ones, the slices together the whole
     counts = np.asarray(report["confusion"]["counts"])

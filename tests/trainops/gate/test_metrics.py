@@ -9,6 +9,8 @@ def test_every_task_has_a_metric_and_each_metric_a_direction():
     assert {m.name: m.direction for m in BUILTIN.values()} == {
         "accuracy": HIGHER,
         "f1_macro": HIGHER,
+        "auroc": HIGHER,
+        "calibration_error": LOWER,
         "exact_match": HIGHER,
         "token_f1": HIGHER,
         "eval_loss": LOWER,
