@@ -302,15 +302,16 @@ def record_label_scores(
     stream: data.TokenStream,
     rows: np.ndarray,
     seq_len: int,
+    classes: int,
     batch_size: int,
     max_batches: int = 0,
     device: Device | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """A classifier's cross-entropy of each eval record's label and its probability of each
-    label (``rows``: a ``classification`` split's records), one record per sample as in
-    training; NaN for the records past ``max_batches``."""
+    """A classifier's cross-entropy of each eval record's label and its probability of each of
+    the ``classes`` labels (``rows``: a ``classification`` split's records), one record per
+    sample as in training; NaN for the records past ``max_batches``."""
     device = device or eval_device(False)
-    losses, probabilities = np.full(len(rows), np.nan), None
+    losses, probabilities = np.full(len(rows), np.nan), np.full((len(rows), classes), np.nan)
     for batch in record_batches(len(rows), batch_size, max_batches):
         samples = []
         for index in batch:
@@ -321,10 +322,8 @@ def record_label_scores(
         with device.autocast_context():
             logits = model(inputs).float()
         losses[batch] = F.cross_entropy(logits, targets, reduction="none").cpu().numpy()
-        if probabilities is None:
-            probabilities = np.full((len(rows), logits.shape[1]), np.nan)
         probabilities[batch] = torch.softmax(logits, dim=-1).cpu().numpy()
-    return losses, probabilities if probabilities is not None else np.full((len(rows), 0), np.nan)
+    return losses, probabilities
 
 
 @torch.no_grad()
@@ -391,13 +390,13 @@ def _classification_result(
     record's first token so that the slices group records as they group tokens."""
     t, e = config.train, config.eval
     per_record, probabilities = record_label_scores(
-        model, stream, rows, t.seq_len, e.batch_size, e.max_batches, device
+        model, stream, rows, t.seq_len, len(labels), e.batch_size, e.max_batches, device
     )
     scored = ~np.isnan(per_record)
-    predicted = np.where(scored, np.nan_to_num(probabilities, nan=-1.0).argmax(axis=1), -1)
+    predicted = probabilities[scored].argmax(axis=1)  # of the scored records
     losses, right = np.full(len(stream), np.nan), np.full(len(stream), np.nan)
     losses[rows[scored, 0]] = per_record[scored]
-    right[rows[scored, 0]] = predicted[scored] == rows[scored, 2]
+    right[rows[scored, 0]] = predicted == rows[scored, 2]
     owners = token_owners(records, len(stream))
     slices = slice_summaries(losses, owners, records, columns)
     for column, values in slice_summaries(right, owners, records, columns).items():
@@ -406,7 +405,7 @@ def _classification_result(
     return {
         **summary(per_record[scored]),
         "records": int(scored.sum()),
-        **label_metrics(rows[scored, 2], predicted[scored], labels),
+        **label_metrics(rows[scored, 2], predicted, labels),
         "calibration_error": calibration_error(probabilities[scored], rows[scored, 2]),
         "auroc": binary_auroc(probabilities[scored], rows[scored, 2]),
         "slices": slices,

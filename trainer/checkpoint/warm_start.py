@@ -206,18 +206,12 @@ def hf_name_map(wanted: Iterable[str], present: Iterable[str], base_prefix: str,
             source[name] = name[len(prefix) :]
         if not prefix:
             continue
-        part = (
-            "head"
-            if not name.startswith(prefix)
-            else "pooler"
-            if name.startswith(f"{prefix}pooler.")
-            else None
-        )
-        if part:
-            parts.setdefault(part, []).append(name)
-    fresh = (
-        [] if not new_head else [n for names in parts.values() if not set(names) & set(source) for n in names]
-    )
+        if not name.startswith(prefix):
+            parts.setdefault("head", []).append(name)
+        elif name.startswith(f"{prefix}pooler."):
+            parts.setdefault("pooler", []).append(name)
+    filled = set(source)
+    fresh = [n for names in parts.values() if not filled & set(names) for n in names] if new_head else []
     return NameMap(source, sorted(fresh), sorted(have - set(source.values())))
 
 

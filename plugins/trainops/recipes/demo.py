@@ -18,6 +18,7 @@ from trainops.operators import (
     FSDPTrainingOperator,
     PromoteModelOperator,
 )
+from trainops.recipes.pipeline import no_regression_check
 
 
 def preempt_param() -> Param:
@@ -72,11 +73,6 @@ def min_accuracy_param(default: float) -> Param:
     )
 
 
-# Relative: a candidate may be up to 2% worse than production. Allows ties (the same data and
-# seed retrain the same model) and another seed's chance difference.
-NO_REGRESSION_TOLERANCE = 0.02
-
-
 def loss_checks(name: str) -> list[dict[str, Any]]:
     """A language model's gate: eval loss under the DAG's ``max_eval_loss`` param (the check
     called ``name``), and no regression of it beyond 2 %."""
@@ -88,12 +84,7 @@ def loss_checks(name: str) -> list[dict[str, Any]]:
             "op": "<=",
             "value": "{{ params.max_eval_loss }}",
         },
-        {
-            "name": "no regression vs production",
-            "kind": "no_regression",
-            "metric": "eval_loss",
-            "tolerance": NO_REGRESSION_TOLERANCE,
-        },
+        no_regression_check("eval_loss", "no regression vs production"),
     ]
 
 
@@ -109,12 +100,7 @@ def classifier_checks() -> list[dict[str, Any]]:
             "op": ">=",
             "value": "{{ params.min_accuracy }}",
         },
-        {
-            "name": "macro F1 no regression vs production",
-            "kind": "no_regression",
-            "metric": "f1_macro",
-            "tolerance": NO_REGRESSION_TOLERANCE,
-        },
+        no_regression_check("f1_macro", "macro F1 no regression vs production"),
     ]
 
 
