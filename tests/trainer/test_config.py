@@ -11,7 +11,6 @@ from trainer.config import (
     ConfigError,
     accumulation_steps,
     all_keys,
-    builder_parts,
     check_data_fit,
     check_init_model,
     config_from_mapping,
@@ -245,11 +244,6 @@ def test_a_builder_must_name_a_module_and_a_function(builder):
         f"model.builder: expected 'module:function', got {builder!r}; name an importable module and a "
         "function in it, e.g. 'custom_model:build'"
     )
-
-
-def test_builder_parts():
-    assert builder_parts("custom_model:build") == ("custom_model", "build")
-    assert builder_parts("team.models.gpt:make_model") == ("team.models.gpt", "make_model")
 
 
 def test_a_mapping_is_read_as_the_same_file_would_be(tmp_path):

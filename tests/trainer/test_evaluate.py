@@ -13,7 +13,7 @@ import torch
 from tests.trainer.helpers import run_config
 from trainer.cli import main
 from trainer.data import TokenStream
-from trainer.evaluate import eval_device, eval_windows, slice_summaries, token_losses, token_owners
+from trainer.evaluate import eval_device, token_losses
 from trainer.export.folder import write_export
 from trainer.models.llama import Transformer
 from trainer.presets import PRESETS
@@ -21,23 +21,6 @@ from trainer.storage import open_storage
 
 ARGS = PRESETS["tiny"].with_vocab(257)
 SEQ = 16
-
-
-def test_eval_windows_predict_every_token_once():
-    windows = eval_windows(10, 4)
-    assert windows == [(0, 5), (4, 9), (8, 10)]
-    predicted = [t for a, b in windows for t in range(a + 1, b)]
-    assert predicted == list(range(1, 10))
-
-
-def test_slices_follow_record_spans():
-    records = [{"source": "a", "start": 0, "end": 3}, {"source": "b", "start": 3, "end": 6}]
-    owners = token_owners(records, 7)
-    assert owners.tolist() == [0, 0, 0, 1, 1, 1, -1]
-    losses = np.array([np.nan, 1.0, 3.0, 2.0, 4.0, 6.0, 9.0])
-    slices = slice_summaries(losses, owners, records, ["source"])["source"]
-    assert slices["a"] == {"eval_loss": 2.0, "perplexity": pytest.approx(math.exp(2.0)), "tokens": 2}
-    assert (slices["b"]["eval_loss"], slices["b"]["tokens"]) == (4.0, 3)
 
 
 @pytest.fixture
@@ -228,52 +211,6 @@ def test_an_uncommitted_checkpoint_is_refused_by_name(reference_run, tmp_path, d
     assert fallback["candidate"]["eval_loss"] == pytest.approx(fallback["baseline"]["eval_loss"], abs=1e-6)
 
 
-def test_a_classifiers_figures_are_accuracy_and_each_labels_precision_recall_and_f1():
-    from trainer.evaluate import label_metrics
-
-    # truth:     a a a b b c ; predicted: a a b b c c  (label "d" is in the set, never seen nor said)
-    figures = label_metrics(np.array([0, 0, 0, 1, 1, 2]), np.array([0, 0, 1, 1, 2, 2]), ["a", "b", "c", "d"])
-    assert figures["accuracy"] == pytest.approx(4 / 6)
-    assert figures["per_label"]["a"] == {
-        "precision": 1.0,
-        "recall": pytest.approx(2 / 3),
-        "f1": 0.8,
-        "support": 3,
-    }
-    assert figures["per_label"]["b"] == {"precision": 0.5, "recall": 0.5, "f1": 0.5, "support": 2}
-    assert figures["per_label"]["c"] == {
-        "precision": 0.5,
-        "recall": 1.0,
-        "f1": pytest.approx(2 / 3),
-        "support": 1,
-    }
-    assert figures["per_label"]["d"] == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 0}
-    assert figures["f1_macro"] == pytest.approx((0.8 + 0.5 + 2 / 3 + 0.0) / 4)
-    # rows: the truth, columns: the prediction (scikit-learn's confusion_matrix)
-    assert figures["confusion"] == {
-        "labels": ["a", "b", "c", "d"],
-        "counts": [[2, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 0], [0, 0, 0, 0]],
-    }
-    assert label_metrics(np.array([]), np.array([]), ["a", "b"]) == {
-        "accuracy": None,
-        "f1_macro": None,
-        "per_label": {},
-        "confusion": {"labels": ["a", "b"], "counts": [[0, 0], [0, 0]]},
-    }
-
-
-# --- sft: greedy answers scored against the references ----------------------------------------
-def test_an_answer_scores_exact_match_and_token_f1_as_bags_of_tokens():
-    from trainer.evaluate import answer_scores
-
-    assert answer_scores([5, 6, 7], [5, 6, 7]) == (1.0, 1.0)
-    assert answer_scores([7, 6, 5], [5, 6, 7]) == (0.0, 1.0)  # the same tokens, another order
-    exact, f1 = answer_scores([5, 9], [5, 6, 7, 8])  # 1 in common: precision 1/2, recall 1/4
-    assert exact == 0.0 and f1 == pytest.approx(2 * 0.5 * 0.25 / 0.75)
-    assert answer_scores([1, 1], [1]) == (0.0, pytest.approx(2 / 3))  # a repeat counts once
-    assert answer_scores([3], [4]) == (0.0, 0.0) and answer_scores([], []) == (1.0, 1.0)
-
-
 class NextToken(torch.nn.Module):
     """A model whose greedy answer is known: after token t it says t + 1 (mod the vocabulary)."""
 
@@ -288,7 +225,8 @@ class NextToken(torch.nn.Module):
 
 
 def test_each_eval_prompt_is_answered_greedily_as_long_as_its_reference_within_the_bounds(tmp_path):
-    from trainer.evaluate import answer_lengths, record_answers
+    from trainer.evaluate import record_answers
+    from trainer.evaluate.scores import Answer, answer_figures, answer_lengths
 
     records = [  # (prompt, response): NextToken answers a prompt ending in t with t+1, t+2, ...
         ([1, 2, 3], [4, 5]),  # exact
@@ -306,40 +244,14 @@ def test_each_eval_prompt_is_answered_greedily_as_long_as_its_reference_within_t
     rows = np.asarray(rows, dtype=np.int64)
     assert answer_lengths(rows, 7, 3).tolist() == [2, 3, 2, 0, 2]
     model = NextToken()
-    exact, f1 = record_answers(model, TokenStream([path], "uint16"), rows, 7, 3, batch_size=8)
+    answered = record_answers(model, TokenStream([path], "uint16"), rows, 7, 3, batch_size=8)
+    assert answered[2] == Answer([23, 24], [23, 30]) and answered[3] is None  # what it said, and the truth
+    exact, f1 = answer_figures(answered)
     assert exact[[0, 1, 2, 4]].tolist() == [1.0, 1.0, 0.0, 1.0] and np.isnan(exact[3])
     assert f1[2] == pytest.approx(0.5) and np.isnan(f1[3])
     # Records of one prompt and answer length share a batch; no batch is padded.
     assert sorted(model.inputs) == [(1, 2), (1, 3), (1, 4), (3, 3), (3, 4)]
     one_at_a_time = record_answers(NextToken(), TokenStream([path], "uint16"), rows, 7, 3, batch_size=1)
-    np.testing.assert_array_equal(one_at_a_time[0], exact)
+    assert one_at_a_time == answered
     first_batch = record_answers(NextToken(), TokenStream([path], "uint16"), rows, 7, 3, 2, max_batches=1)
-    assert not np.isnan(first_batch[0][:2]).any() and np.isnan(first_batch[0][2:]).all()
-
-
-def test_calibration_error_is_the_gap_between_how_sure_and_how_right_per_bin():
-    from trainer.evaluate import calibration_error
-
-    sure_and_right = np.array([[0.95, 0.05], [0.05, 0.95]])
-    assert calibration_error(sure_and_right, np.array([0, 1])) == pytest.approx(0.05)
-    # 0.9 sure on four records, right on two: a gap of 0.4; 0.6 sure and right on two: 0.4
-    probabilities = np.array([[0.9, 0.1]] * 4 + [[0.4, 0.6]] * 2)
-    truth = np.array([0, 0, 1, 1, 1, 1])
-    assert calibration_error(probabilities, truth) == pytest.approx((0.4 * 4 + 0.4 * 2) / 6)
-    assert calibration_error(np.zeros((0, 2)), np.array([])) is None
-
-
-def test_auroc_is_the_chance_a_positive_outscores_a_negative_as_mann_whitney_counts_it():
-    from trainer.evaluate import binary_auroc
-
-    stats = pytest.importorskip("scipy.stats")
-    rng = np.random.default_rng(3)
-    truth = rng.integers(0, 2, 200)
-    score = np.round(np.clip(0.5 + 0.2 * (truth - 0.5) + rng.normal(0, 0.2, 200), 0, 1), 1)  # ties
-    probabilities = np.stack([1 - score, score], axis=1)
-    u = stats.mannwhitneyu(score[truth == 1], score[truth == 0]).statistic
-    assert binary_auroc(probabilities, truth) == pytest.approx(u / ((truth == 1).sum() * (truth == 0).sum()))
-    assert binary_auroc(np.array([[0.8, 0.2], [0.3, 0.7]]), np.array([0, 1])) == 1.0
-    assert binary_auroc(np.array([[0.2, 0.8], [0.7, 0.3]]), np.array([0, 1])) == 0.0
-    assert binary_auroc(np.ones((3, 3)) / 3, np.array([0, 1, 2])) is None  # three labels
-    assert binary_auroc(np.array([[0.8, 0.2]]), np.array([0])) is None  # no positive record
+    assert [a is not None for a in first_batch] == [True, True, False, False, False]

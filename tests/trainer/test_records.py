@@ -135,9 +135,11 @@ def test_an_sft_model_is_evaluated_on_its_eval_records_responses_only(tmp_path):
             "train.seq_len=96",
             f"eval.model_uri={export_uri}",
             "eval.batch_size=5",
+            "eval.metrics=examples.team_metrics:word_f1",  # a team's scorer, on the answers as text
         ],
     )
-    report = run_evaluate(config)["candidate"]
+    whole = run_evaluate(config)
+    report = whole["candidate"]
     model, _ = load_model(open_storage(export_uri), export_uri)
     storage = open_storage(uri)
     manifest = storage.get_json(f"{uri}/manifest.json")
@@ -151,3 +153,13 @@ def test_an_sft_model_is_evaluated_on_its_eval_records_responses_only(tmp_path):
             losses += ce[prompt - 1 :].tolist()  # the targets from the response's first token on
     assert report["tokens"] == len(losses)
     assert report["eval_loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-5)
+    # the team's scorer saw the decoded answers: a random model's answers are not the references
+    assert report["user_metrics"] == dict.fromkeys(
+        ("word_exact_match", "word_f1"), "examples.team_metrics:word_f1"
+    )
+    assert 0 <= report["word_exact_match"] <= report["word_f1"] <= 1
+    # each record's figures, kept for a paired comparison: their means are the report's
+    kept = storage.get_json(whole["records_uri"])["candidate"]
+    assert sum(kept["loss_sum"]) / sum(kept["loss_tokens"]) == pytest.approx(report["eval_loss"])
+    answered = [e for e in kept["exact"] if e is not None]
+    assert len(answered) == report["answers"] and np.mean(answered) == pytest.approx(report["exact_match"])

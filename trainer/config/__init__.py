@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from trainer.config.errors import ConfigError
+from trainer.config.functions import function_parts
 from trainer.config.hf import HF_CLASSIFIER_TYPES, hf_config_problem, hf_context, hf_shape, labelled_config
 from trainer.contract import (
     RECORD_TASKS,
@@ -108,6 +109,9 @@ class EvalConfig:
     # sft: the longest greedy answer to an eval prompt (exact match and token F1 are scored on
     # the reference's first max_new_tokens tokens)
     max_new_tokens: int = 32
+    # a team's own scorers, each ``module:function`` (trainer.evaluate.user): called with the
+    # predictions, the references and the eval records' columns, overall and per slice
+    metrics: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -284,6 +288,12 @@ def _as_type(key: str, value: Any, hint: Any) -> Any:
         if isinstance(value, str):
             return value
         raise ConfigError(f"{key}: expected a string, got {value!r}")
+    if typing.get_origin(hint) is list:
+        if isinstance(value, str):  # one item, as a command line gives it: eval.metrics=pkg:fn
+            value = [value] if value else []
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return list(value)
+        raise ConfigError(f"{key}: expected a list of strings, got {value!r}")
     if typing.get_origin(hint) is dict:
         if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
             return dict(value)
@@ -360,7 +370,17 @@ def validate(config: Config) -> Config:
     for key in AUTO_OR_COUNT:
         _auto_or_count(key, get_key(config, key))
     init_source(config.init.from_)
+    _check_user_metrics(config.eval.metrics)
     return config
+
+
+def _check_user_metrics(specs: list[str]) -> None:
+    """``eval.metrics``: each a ``module:function``, none twice."""
+    for spec in specs:
+        function_parts("eval.metrics", spec, USER_METRIC_EXAMPLE)
+    twice = sorted({s for s in specs if specs.count(s) > 1})
+    if twice:
+        raise ConfigError(f"eval.metrics: {twice[0]!r} is listed twice; list each scorer once")
 
 
 def _check_model(config: Config) -> None:
@@ -555,20 +575,15 @@ def float_keys() -> list[str]:
     return floats
 
 
+BUILDER_EXAMPLE = "custom_model:build"
+USER_METRIC_EXAMPLE = "team_metrics:score"
+
+
 def builder_parts(builder: object) -> tuple[str, str]:
     """``(module, function)`` of a ``model.builder`` value (``package.module:function``, every
     part a Python identifier); ConfigError naming the value otherwise. Pure: whether the module
     can be imported is for the trainer (and, where it can look, the operator) to find out."""
-    if isinstance(builder, str) and builder.count(":") == 1:
-        module, function = builder.split(":")
-        if all(
-            part.isidentifier() and not keyword.iskeyword(part) for part in [*module.split("."), function]
-        ):
-            return module, function
-    raise ConfigError(
-        f"model.builder: expected 'module:function', got {builder!r}; name an importable module "
-        "and a function in it, e.g. 'custom_model:build'"
-    )
+    return function_parts("model.builder", builder, BUILDER_EXAMPLE)
 
 
 def config_from_mapping(data: Mapping[str, Any], source: str = "trainer_config") -> Config:

@@ -84,7 +84,9 @@ from trainer.contract.records import (
     parse_attempt_record,
 )
 from trainer.contract.tasks import (
+    BUILTIN_METRICS,
     CHAT_TEMPLATE_FILE,
+    EVAL_REPORT_KEYS,
     IGNORE_INDEX,
     RECORD_FIELDS,
     RECORD_TASKS,
@@ -113,6 +115,7 @@ __all__ = [
     "ATTEMPT_DIR_PREFIX",
     "ATTEMPT_FORMAT",
     "ATTEMPT_LINE_MARK",
+    "BUILTIN_METRICS",
     "CAUSES",
     "CHAT_TEMPLATE_FILE",
     "CONTRACT_VERSION",
@@ -122,6 +125,7 @@ __all__ = [
     "ENV_GPUS_PER_NODE",
     "ENV_REGION",
     "ENV_S3_ENDPOINT",
+    "EVAL_REPORT_KEYS",
     "HASH_MARK",
     "IGNORE_INDEX",
     "MANIFEST_FORMAT",

@@ -33,6 +33,29 @@ TASK_KINDS = (TASK_CAUSAL_LM, TASK_SFT, TASK_CLASSIFICATION)
 RECORD_TASKS = (TASK_SFT, TASK_CLASSIFICATION)  # one record, one sample
 RECORD_FIELDS = ("start", "length", "aux")  # the columns of records.bin
 RECORDS_DTYPE = "<i8"
+# The metrics an evaluation reports of its own (``trainer evaluate``; the gate's table,
+# ``trainops.gate.metrics``, says which way each is better), and the report's other figures: a
+# team's own metric (``eval.metrics``) may take none of these names.
+BUILTIN_METRICS = (
+    "accuracy",
+    "f1_macro",
+    "auroc",
+    "calibration_error",
+    "exact_match",
+    "token_f1",
+    "eval_loss",
+    "perplexity",
+)
+EVAL_REPORT_KEYS = (
+    "model_uri",
+    "tokens",
+    "records",
+    "answers",
+    "per_label",
+    "confusion",
+    "slices",
+    "user_metrics",
+)
 IGNORE_INDEX = -100  # a target position that carries no loss (a prompt's token, padding)
 # Where a Hugging Face tokenizer folder keeps its chat template, as transformers reads it.
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"

@@ -11,7 +11,6 @@ same initial weights from torch's RNG. See docs/models.md.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +19,8 @@ import torch
 from torch import nn
 
 from trainer import flops
-from trainer.config import builder_parts
+from trainer.config import BUILDER_EXAMPLE
+from trainer.config.functions import import_function
 from trainer.models.llama import Transformer, count_parameters
 from trainer.presets import PRESETS, ModelArgs, non_embedding_params
 
@@ -144,20 +144,7 @@ def load_builder(builder: str) -> Callable[..., Any]:
 
     The string's form is ``trainer.config.builder_parts``' to judge, as the operator judges it
     before launch (a ``ConfigError`` naming the value)."""
-    module_name, function_name = builder_parts(builder)
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
-        raise ImportError(
-            f"model.builder {builder!r}: cannot import {module_name!r} ({type(exc).__name__}: "
-            f"{exc}); put its folder on PYTHONPATH or install it in the trainer image"
-        ) from exc
-    function = getattr(module, function_name, None)
-    if not callable(function):
-        raise AttributeError(
-            f"model.builder {builder!r}: module {module_name!r} has no function {function_name!r}"
-        )
-    return function
+    return import_function("model.builder", builder, BUILDER_EXAMPLE)
 
 
 def build_user_model(builder: str, vocab_size: int, seq_len: int) -> BuiltModel:

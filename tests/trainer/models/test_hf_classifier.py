@@ -117,11 +117,28 @@ def test_a_classifier_is_evaluated_by_accuracy_and_f1_over_its_labels(
             "task": {"kind": "classification"},
             "model": {"hf_config": TINY_BERT},
             "train": {"seq_len": 64},
-            "eval": {"output_uri": (tmp_path / "eval.json").as_uri()},
+            "eval": {
+                "output_uri": (tmp_path / "eval.json").as_uri(),
+                "metrics": ["examples.team_metrics:worst_label_recall"],  # a team's own scorer
+            },
         }
     )
-    report = run_evaluate(config)["candidate"]
+    whole = run_evaluate(config)
+    report = whole["candidate"]
     assert report["records"] == report["tokens"] == 60
+    # the team's metric is scored on the same predictions: the lowest of the labels' recalls,
+    # overall and on each slice, and named with the function that gave it
+    assert report["worst_label_recall"] == pytest.approx(
+        min(v["recall"] for v in report["per_label"].values())
+    )
+    assert report["user_metrics"] == {"worst_label_recall": "examples.team_metrics:worst_label_recall"}
+    assert all(0 <= s["worst_label_recall"] <= 1 for s in report["slices"]["source"].values())
+    # each record's prediction is kept beside the report, for a paired comparison of two models
+    kept = read_json(tmp_path / "eval.records.json")
+    assert (kept["unit"], kept["count"], kept["baseline"]) == ("eval record", 60, None)
+    right = np.equal(kept["candidate"]["predicted"], kept["candidate"]["truth"])
+    assert right.mean() == pytest.approx(report["accuracy"])
+    assert np.mean(kept["candidate"]["loss_sum"]) == pytest.approx(report["eval_loss"])
     assert sorted(report["per_label"]) == LABELS
     assert sum(v["support"] for v in report["per_label"].values()) == 60
     # the figures are the predictions' own: accuracy is the support-weighted recall
@@ -157,3 +174,28 @@ def test_a_classifier_preempted_then_killed_resumes_bitwise_identical(
     assert (tmp_path / "run" / "export" / "model.safetensors").read_bytes() == (
         classifier_run["run_dir"] / "export" / "model.safetensors"
     ).read_bytes()
+
+
+def test_a_user_metric_that_raises_fails_the_evaluation_naming_it_and_writes_no_report(
+    classifier_run, kinds_dataset, tmp_path
+):
+    from trainer.config import config_from_mapping
+    from trainer.evaluate import run_evaluate
+    from trainer.evaluate.user import UserMetricError
+
+    output = tmp_path / "eval.json"
+    config = config_from_mapping(
+        {
+            "run_uri": classifier_run["run_uri"],
+            "data_uri": kinds_dataset,
+            "task": {"kind": "classification"},
+            "model": {"hf_config": TINY_BERT},
+            "train": {"seq_len": 64},
+            "eval": {"output_uri": output.as_uri(), "metrics": ["tests.trainer.evaluate.test_user:raising"]},
+        }
+    )
+    with pytest.raises(
+        UserMetricError, match=r"user metric tests.trainer.evaluate.test_user:raising raised KeyError"
+    ):
+        run_evaluate(config)
+    assert list(tmp_path.iterdir()) == []  # no report, no per-record file: nothing half-written

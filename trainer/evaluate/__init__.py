@@ -21,6 +21,12 @@ each label's figures and the confusion matrix (:func:`label_metrics`), the expec
 calibration error (:func:`calibration_error`) and, for two labels, the AUROC
 (:func:`binary_auroc`); ``tokens`` then counts records.
 
+A team's own metrics (``eval.metrics``, :mod:`trainer.evaluate.user`) are scored on what the
+model said (a classifier's labels, an ``sft`` model's answers decoded to text), overall and
+per slice, and sit in the report beside the built-in ones. Each record's own figures go beside
+the report (``records_uri``; :mod:`trainer.evaluate.per_record`), so a gate can compare the
+two models on the same records.
+
 It runs on CUDA with bf16 autocast when a GPU is present (the loss itself in fp32), else on
 the CPU in fp32; the windows go through the model ``eval.batch_size`` at a time. CPU figures
 are exactly those of an unbatched fp32 run up to float summation order; bf16 autocast moves
@@ -31,10 +37,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
-from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer import data
-from trainer.config import Config, resolved_eval_uris
+from trainer.config import Config, ConfigError, resolved_eval_uris
 from trainer.contract import (
     ENV_GPUS_PER_NODE,
     IGNORE_INDEX,
@@ -51,149 +55,31 @@ from trainer.contract import (
     dataset_labels,
     dataset_task,
 )
+from trainer.evaluate import per_record
+from trainer.evaluate.per_record import owner_loss_sums, record_loss_sums
+from trainer.evaluate.scores import (
+    Answer,
+    answer_figures,
+    answer_lengths,
+    binary_auroc,
+    calibration_error,
+    eval_windows,
+    label_metrics,
+    record_batches,
+    slice_summaries,
+    summary,
+    token_owners,
+)
+from trainer.evaluate.user import Predictions, UserMetric, load_user_metrics
+from trainer.evaluate.user import figures as user_figures
 from trainer.export.folder import load_model
+from trainer.export.tokenizer_files import TOKENIZER_JSON, tokenizer_files
 from trainer.records import check_records, labelled_sample, read_records, sample, split_samples
-from trainer.storage import open_storage
+from trainer.storage import NotFound, open_storage
 
 log = logging.getLogger("trainer.evaluate")
 
 EVAL_FORMAT = "trainops.eval/v1"
-
-
-# --- plain arithmetic -----------------------------------------------------------------
-def eval_windows(total_tokens: int, seq_len: int) -> list[tuple[int, int]]:
-    """``[start, stop)`` token windows covering the split; the last one may be shorter."""
-    return [
-        (start, min(start + seq_len + 1, total_tokens))
-        for start in range(0, max(0, total_tokens - 1), seq_len)
-    ]
-
-
-def token_owners(records: list[dict], total_tokens: int) -> np.ndarray:
-    """For each token position, the index of the record whose span holds it (-1: none)."""
-    owners = np.full(total_tokens, -1, dtype=np.int64)
-    for index, record in enumerate(records):
-        owners[max(0, record["start"]) : min(total_tokens, record["end"])] = index
-    return owners
-
-
-def summary(losses: np.ndarray) -> dict:
-    """Mean loss and perplexity; None for no tokens (JSON has no NaN)."""
-    tokens = int(losses.size)
-    if not tokens:
-        return {"eval_loss": None, "perplexity": None, "tokens": 0}
-    mean = float(losses.mean())
-    return {"eval_loss": mean, "perplexity": math.exp(mean), "tokens": tokens}
-
-
-def slice_summaries(losses: np.ndarray, owners: np.ndarray, records: list[dict], columns: list[str]) -> dict:
-    """``{column: {value: summary}}`` over the positions where ``losses`` is not NaN."""
-    scored = ~np.isnan(losses)
-    out = {}
-    for column in columns:
-        values = np.array([str(r.get(column)) for r in records] + ["<none>"], dtype=object)
-        per_token = values[owners]  # owner -1 picks "<none>", the padding entry
-        out[column] = {
-            value: summary(losses[scored & (per_token == value)]) for value in sorted(set(values[:-1]))
-        }
-    return out
-
-
-def label_metrics(truth: np.ndarray, predicted: np.ndarray, labels: list[str]) -> dict:
-    """A classifier's figures: ``{"accuracy", "f1_macro", "per_label": {label: {precision,
-    recall, f1, support}}, "confusion": {"labels", "counts"}}`` of ``predicted`` against
-    ``truth`` (label indices into ``labels``), as scikit-learn's ``classification_report`` and
-    ``confusion_matrix`` define them (``zero_division=0``; ``counts[i][j]``: records of label
-    ``i`` predicted ``j``); None figures for no records (JSON has no NaN). Macro F1 averages
-    over every label of the set, present or not."""
-    truth, predicted = np.asarray(truth, dtype=np.int64), np.asarray(predicted, dtype=np.int64)
-    counts = np.zeros((len(labels), len(labels)), dtype=np.int64)
-    np.add.at(counts, (truth, predicted), 1)
-    confusion = {"labels": list(labels), "counts": counts.tolist()}
-    if not truth.size:
-        return {"accuracy": None, "f1_macro": None, "per_label": {}, "confusion": confusion}
-    per_label, f1s = {}, []
-    for index, label in enumerate(labels):
-        hits = int(np.sum((predicted == index) & (truth == index)))
-        said, support = int(np.sum(predicted == index)), int(np.sum(truth == index))
-        precision = hits / said if said else 0.0
-        recall = hits / support if support else 0.0
-        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-        per_label[label] = {"precision": precision, "recall": recall, "f1": f1, "support": support}
-        f1s.append(f1)
-    return {
-        "accuracy": float(np.mean(truth == predicted)),
-        "f1_macro": float(np.mean(f1s)),
-        "per_label": per_label,
-        "confusion": confusion,
-    }
-
-
-def calibration_error(probabilities: np.ndarray, truth: np.ndarray, bins: int = 10) -> float | None:
-    """Expected calibration error (Guo et al., 2017): the records binned by their top
-    probability into ``bins`` equal-width bins, the record-weighted mean gap between each bin's
-    accuracy and its mean top probability; 0 for a model exactly as sure as it is right, None
-    for no records."""
-    truth = np.asarray(truth, dtype=np.int64)
-    if not truth.size:
-        return None
-    confidence = probabilities.max(axis=1)
-    right = probabilities.argmax(axis=1) == truth
-    which = np.minimum((confidence * bins).astype(np.int64), bins - 1)
-    gap = 0.0
-    for b in np.unique(which):
-        inside = which == b
-        gap += abs(right[inside].mean() - confidence[inside].mean()) * inside.sum()
-    return float(gap / truth.size)
-
-
-def binary_auroc(probabilities: np.ndarray, truth: np.ndarray) -> float | None:
-    """The area under the ROC curve of a two-label classifier, the second label the positive
-    one, scored by its probability: the chance that a positive record outscores a negative one,
-    ties counting half (Mann-Whitney's U over average ranks, as scikit-learn's
-    ``roc_auc_score``). None for another number of labels, or when one label has no record."""
-    truth = np.asarray(truth, dtype=np.int64)
-    if probabilities.ndim != 2 or probabilities.shape[1] != 2:
-        return None
-    positive = truth == 1
-    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
-    if not n_pos or not n_neg:
-        return None
-    scores = probabilities[:, 1]
-    _, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
-    first = np.cumsum(counts) - counts  # rank (from 0) of the first record of each value
-    ranks = first[inverse] + (counts[inverse] - 1) / 2 + 1  # average ranks, from 1
-    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
-
-
-def answer_scores(answer: list[int], reference: list[int]) -> tuple[float, float]:
-    """``(exact match, token F1)`` of one greedy answer against its reference (token ids); F1
-    over the two as bags of tokens, 1.0 for two empty ones."""
-    exact = float(answer == reference)
-    if not answer or not reference:
-        return exact, exact
-    common = sum((Counter(answer) & Counter(reference)).values())
-    if not common:
-        return exact, 0.0
-    precision, recall = common / len(answer), common / len(reference)
-    return exact, 2 * precision * recall / (precision + recall)
-
-
-def answer_lengths(rows: np.ndarray, seq_len: int, max_new_tokens: int) -> np.ndarray:
-    """How many tokens the model answers each record's prompt with (``rows``: an ``sft`` split's
-    ``(start, length, prompt)``): its response's, at most ``max_new_tokens`` and at most what the
-    trained context holds after the prompt (``seq_len + 1`` tokens a sample); 0 when the prompt
-    fills the context, and such a record gets no answer."""
-    prompts, responses = rows[:, 2], rows[:, 1] - rows[:, 2]
-    room = np.maximum(seq_len + 1 - prompts, 0)
-    return np.minimum(np.minimum(responses, max_new_tokens), room)
-
-
-def record_batches(count: int, batch_size: int, max_batches: int = 0) -> list[list[int]]:
-    """A record task's eval records in order, ``batch_size`` at a time; the first
-    ``max_batches`` batches (0: all)."""
-    batches = [list(range(i, min(i + batch_size, count))) for i in range(0, count, batch_size)]
-    return batches[:max_batches] if max_batches else batches
 
 
 # --- model I/O --------------------------------------------------------------------------
@@ -336,13 +222,13 @@ def record_answers(
     batch_size: int,
     max_batches: int = 0,
     device: Device | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Greedy answers to an ``sft`` split's eval prompts, scored against the references:
-    ``(exact match, token F1)`` per record (:func:`answer_scores`), NaN for a record that gets
-    no answer or lies past ``max_batches``. Records are batched by prompt and answer length, so
-    a batch needs no padding and each answer is what the model gives the prompt alone."""
+) -> list[Answer | None]:
+    """Greedy answers to an ``sft`` split's eval prompts, each with its reference (token ids):
+    None for a record that gets no answer or lies past ``max_batches``. Records are batched by
+    prompt and answer length, so a batch needs no padding and each answer is what the model
+    gives the prompt alone."""
     device = device or eval_device(False)
-    exact, f1 = np.full(len(rows), np.nan), np.full(len(rows), np.nan)
+    answered: list[Answer | None] = [None] * len(rows)
     wanted = answer_lengths(rows, seq_len, max_new_tokens)
     chosen = [i for batch in record_batches(len(rows), batch_size, max_batches) for i in batch]
     groups: dict[tuple[int, int], list[int]] = {}
@@ -363,31 +249,68 @@ def record_answers(
             answers = tokens[:, prompt:].cpu().numpy()
             for index, start, answer in zip(batch, starts, answers, strict=True):
                 reference = stream.read(start + prompt, start + prompt + length).astype(np.int64)
-                exact[index], f1[index] = answer_scores(answer.tolist(), reference.tolist())
-    return exact, f1
+                answered[index] = Answer(answer.tolist(), reference.tolist())
+    return answered
 
 
-def _answer_result(model, stream, rows: np.ndarray, config: Config, device: Device) -> dict:
-    """``evaluate_export``'s answer figures for an ``sft`` split (None when no record got one)."""
+@dataclass
+class Scored:
+    """One model's evaluation: the report's figures, each scored unit's own figures
+    (``trainer.evaluate.per_record``) and what user metrics are given (None: no predictions)."""
+
+    result: dict
+    units: dict[str, np.ndarray]
+    given: Predictions | None = None
+
+
+def _unit_columns(records: list[dict], owners: np.ndarray, positions: np.ndarray) -> list[dict]:
+    """The eval index columns of the record holding each token position (its slice columns and
+    id, without its token span; an empty dict where no record does)."""
+    out = []
+    for position in positions.tolist():
+        owner = int(owners[position]) if 0 <= position < len(owners) else -1
+        record = records[owner] if owner >= 0 else {}
+        out.append({k: v for k, v in record.items() if k not in ("start", "end")})
+    return out
+
+
+def _answer_scored(
+    model, stream, rows: np.ndarray, records, columns, config: Config, device, decode
+) -> Scored:
+    """An ``sft`` model's figures: response loss per record and its greedy answers."""
     t, e = config.train, config.eval
-    exact, f1 = record_answers(
+    losses = record_token_losses(model, stream, rows, t.seq_len, e.batch_size, e.max_batches, device)
+    owners = token_owners(records, len(stream))
+    answered = record_answers(
         model, stream, rows, t.seq_len, e.max_new_tokens, e.batch_size, e.max_batches, device
     )
-    answered = ~np.isnan(exact)
-    if not answered.any():
-        return {"exact_match": None, "token_f1": None, "answers": 0}
-    return {
-        "exact_match": float(exact[answered].mean()),
-        "token_f1": float(f1[answered].mean()),
-        "answers": int(answered.sum()),
+    exact, f1 = answer_figures(answered)
+    hit = ~np.isnan(exact)
+    result = {
+        **summary(losses[~np.isnan(losses)]),
+        "exact_match": float(exact[hit].mean()) if hit.any() else None,
+        "token_f1": float(f1[hit].mean()) if hit.any() else None,
+        "answers": int(hit.sum()),
+        "slices": slice_summaries(losses, owners, records, columns),
     }
+    sums, counts = record_loss_sums(losses, rows)
+    units = {"loss_sum": sums, "loss_tokens": counts, "exact": exact, "token_f1": f1}
+    given = None
+    if decode is not None:
+        chosen = [(i, a) for i, a in enumerate(answered) if a is not None]
+        given = Predictions(
+            [decode(a.tokens) for _, a in chosen],
+            [decode(a.reference) for _, a in chosen],
+            _unit_columns(records, owners, rows[[i for i, _ in chosen], 0]),
+        )
+    return Scored(result, units, given)
 
 
-def _classification_result(
+def _classification_scored(
     model, stream, rows: np.ndarray, records, columns, config: Config, device: Device, labels: list[str]
-) -> dict:
-    """``evaluate_export``'s figures for a classifier: the label loss per record, placed at the
-    record's first token so that the slices group records as they group tokens."""
+) -> Scored:
+    """A classifier's figures: the label loss per record, placed at the record's first token so
+    that the slices group records as they group tokens."""
     t, e = config.train, config.eval
     per_record, probabilities = record_label_scores(
         model, stream, rows, t.seq_len, len(labels), e.batch_size, e.max_batches, device
@@ -402,7 +325,7 @@ def _classification_result(
     for column, values in slice_summaries(right, owners, records, columns).items():
         for value, hits in values.items():  # a record's "loss" 1 when right: the mean is accuracy
             slices[column][value]["accuracy"] = hits["eval_loss"]
-    return {
+    result = {
         **summary(per_record[scored]),
         "records": int(scored.sum()),
         **label_metrics(rows[scored, 2], predicted, labels),
@@ -410,6 +333,20 @@ def _classification_result(
         "auroc": binary_auroc(probabilities[scored], rows[scored, 2]),
         "slices": slices,
     }
+    chosen = np.full(len(rows), np.nan)
+    chosen[scored] = predicted
+    units = {
+        "loss_sum": per_record,
+        "loss_tokens": np.where(scored, 1.0, np.nan),
+        "predicted": chosen,
+        "truth": np.where(scored, rows[:, 2], np.nan).astype(np.float64),
+    }
+    given = Predictions(
+        [labels[int(p)] for p in predicted],
+        [labels[int(r)] for r in rows[scored, 2]],
+        _unit_columns(records, owners, rows[scored, 0]),
+    )
+    return Scored(result, units, given)
 
 
 def evaluate_export(
@@ -420,13 +357,16 @@ def evaluate_export(
     config: Config,
     rows: np.ndarray | None = None,
     labels: list[str] | None = None,
-) -> dict:
+    decode: Callable[[list[int]], str] | None = None,
+) -> Scored:
     """Evaluate the model at ``model_uri``: an export folder or a checkpoint (``.../checkpoints[/step_<N>]``).
 
     :param rows: a record task's eval records (``trainer.records.read_records``): each scored as
         one sample, its response only; None: token windows over the whole split.
     :param labels: a ``classification`` dataset's label set: ``rows`` are then scored by their
-        labels (:func:`record_label_scores`)."""
+        labels (:func:`record_label_scores`).
+    :param decode: token ids to text, for user metrics of an ``sft`` model's answers (None: the
+        answers are not decoded)."""
     device = eval_device(torch.cuda.is_available())
     model, _ = load_model(open_storage(model_uri), model_uri)
     model = model.to(device.device)
@@ -436,30 +376,35 @@ def evaluate_export(
     )
     t, e = config.train, config.eval
     if rows is not None and labels is not None:
-        result = {
-            "model_uri": model_uri,
-            **_classification_result(model, stream, rows, records, columns, config, device, labels),
-        }
+        scored = _classification_scored(model, stream, rows, records, columns, config, device, labels)
         log.info(
             "evaluate: %s eval_loss %.4f accuracy %.4f macro F1 %.4f over %d records",
             model_uri,
-            result["eval_loss"],
-            result["accuracy"],
-            result["f1_macro"],
-            result["records"],
+            scored.result["eval_loss"],
+            scored.result["accuracy"],
+            scored.result["f1_macro"],
+            scored.result["records"],
         )
-        return result
-    if rows is not None:
-        losses = record_token_losses(model, stream, rows, t.seq_len, e.batch_size, e.max_batches, device)
+    elif rows is not None:
+        scored = _answer_scored(model, stream, rows, records, columns, config, device, decode)
     else:
         losses = token_losses(model, stream, t.seq_len, e.batch_size, e.max_batches, device)
-    owners = token_owners(records, len(stream))
-    result = {
-        "model_uri": model_uri,
-        **summary(losses[~np.isnan(losses)]),
-        **(_answer_result(model, stream, rows, config, device) if rows is not None else {}),
-        "slices": slice_summaries(losses, owners, records, columns),
-    }
+        owners = token_owners(records, len(stream))
+        sums, counts = owner_loss_sums(losses, owners, len(records))
+        scored = Scored(
+            {
+                **summary(losses[~np.isnan(losses)]),
+                "slices": slice_summaries(losses, owners, records, columns),
+            },
+            {"loss_sum": sums, "loss_tokens": counts},
+        )
+    scored.result = {"model_uri": model_uri, **scored.result}
+    if labels is None:
+        _log_losses(model_uri, scored.result)
+    return scored
+
+
+def _log_losses(model_uri: str, result: dict) -> None:
     log.info(
         "evaluate: %s eval_loss %.4f perplexity %.3f over %d tokens",
         model_uri,
@@ -467,7 +412,7 @@ def evaluate_export(
         result["perplexity"],
         result["tokens"],
     )
-    if rows is not None and result["answers"]:
+    if result.get("answers"):
         log.info(
             "evaluate: %s exact match %.4f token F1 %.4f over %d greedy answers",
             model_uri,
@@ -475,35 +420,81 @@ def evaluate_export(
             result["token_f1"],
             result["answers"],
         )
-    return result
+
+
+def _with_user_figures(scored: Scored, metrics: list[UserMetric], columns: list[str]) -> dict:
+    """The report's figures with the user metrics' (overall and per slice) and their sources."""
+    result = scored.result
+    if not metrics or scored.given is None:
+        return result
+    overall, per_slice, sources = user_figures(metrics, scored.given, columns)
+    for column, values in per_slice.items():
+        for value, figures in values.items():
+            result["slices"].setdefault(column, {}).setdefault(value, {}).update(figures)
+    log.info(
+        "evaluate: %s user metrics %s",
+        result["model_uri"],
+        ", ".join(f"{name} {value:.4g}" for name, value in overall.items()),
+    )
+    return {**result, **overall, "user_metrics": sources}
+
+
+def _decoder(data_storage, manifest: dict, seq_len: int) -> Callable[[list[int]], str]:
+    """Token ids to text with the dataset's own tokenizer (special tokens left out)."""
+    from tokenizers import Tokenizer  # noqa: PLC0415 (only for user metrics of sft answers)
+
+    def read(uri: str) -> bytes | None:
+        try:
+            return open_storage(uri).get(uri)
+        except NotFound:
+            return None
+
+    files = tokenizer_files(manifest.get("tokenizer") or {}, seq_len, read)
+    tokenizer = Tokenizer.from_str(files.files[TOKENIZER_JSON].decode("utf-8"))
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
 
 
 def run_evaluate(config: Config) -> dict:
     model_uri, output_uri = resolved_eval_uris(config)
+    metrics = load_user_metrics(config.eval.metrics)  # first: a typo costs seconds, not a scoring
     data_storage = open_storage(config.data_uri)
     manifest = data.read_manifest(data_storage, config.data_uri)
     stream = data.open_split(data_storage, config.data_uri, manifest, "eval")
     rows, labels = None, None
     task = dataset_task(manifest)
+    if metrics and task not in RECORD_TASKS:
+        raise ConfigError(
+            f"eval.metrics {config.eval.metrics}: dataset {config.data_uri} is staged for {task}, "
+            "which predicts nothing per record to score; user metrics score sft answers or "
+            "classification labels (drop eval.metrics, or stage the data for one of those tasks)"
+        )
     if task == TASK_CLASSIFICATION:
         labels = dataset_labels(manifest)
     if task in RECORD_TASKS:  # scored as trained: each record, its response (or label) only
         rows = read_records(data_storage, config.data_uri, manifest, "eval")
         check_records(rows, len(stream), config.data_uri, len(labels) if labels else None)
     records, columns = data.read_eval_index(data_storage, config.data_uri, manifest)
-    candidate = evaluate_export(model_uri, stream, records, columns, config, rows, labels)
-    baseline = (
-        evaluate_export(config.eval.baseline_uri, stream, records, columns, config, rows, labels)
-        if config.eval.baseline_uri
+    decode = (
+        _decoder(data_storage, manifest, config.train.seq_len)
+        if metrics and task != TASK_CLASSIFICATION
         else None
+    )
+    models = [model_uri] + ([config.eval.baseline_uri] if config.eval.baseline_uri else [])
+    scored = [evaluate_export(uri, stream, records, columns, config, rows, labels, decode) for uri in models]
+    # Every figure before anything is written: a user metric that fails leaves no report.
+    candidate, *baseline = [_with_user_figures(s, metrics, columns) for s in scored]
+    records_uri = per_record.records_uri(output_uri)
+    open_storage(records_uri).put_json(
+        records_uri, per_record.document(rows is not None, [s.units for s in scored])
     )
     report = {
         "format": EVAL_FORMAT,
         "data_uri": config.data_uri,
         "split": "eval",
         "candidate": candidate,
-        "baseline": baseline,
+        "baseline": baseline[0] if baseline else None,
+        "records_uri": records_uri,
     }
     open_storage(output_uri).put_json(output_uri, report)
-    log.info("evaluate: wrote %s", output_uri)
+    log.info("evaluate: wrote %s (each record's figures: %s)", output_uri, records_uri)
     return report
