@@ -23,6 +23,7 @@ sides find that template (staging to render records, the export to ship it). Sta
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,6 +47,8 @@ BUILTIN_METRICS = (
     "eval_loss",
     "perplexity",
 )
+# A metric's name, a team's own included: what a gate check, a page and a YAML file all spell.
+METRIC_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
 EVAL_REPORT_KEYS = (
     "model_uri",
     "tokens",

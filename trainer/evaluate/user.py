@@ -27,17 +27,14 @@ refuses ``eval.metrics``.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from trainer.config import USER_METRIC_EXAMPLE
 from trainer.config.functions import import_function
-from trainer.contract import BUILTIN_METRICS, EVAL_REPORT_KEYS
+from trainer.contract import BUILTIN_METRICS, EVAL_REPORT_KEYS, METRIC_NAME
 
-# A figure's name: what a gate check, a page and a YAML file can all spell.
-NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
 TAKEN = frozenset(BUILTIN_METRICS) | frozenset(EVAL_REPORT_KEYS)
 
 
@@ -103,7 +100,7 @@ def score(metrics: Sequence[UserMetric], given: Predictions, where: str = "") ->
 
 
 def _check_figure(spec: str, name: object, value: object, on: str) -> None:
-    if not isinstance(name, str) or not NAME.match(name):
+    if not isinstance(name, str) or not METRIC_NAME.match(name):
         raise UserMetricError(
             f"user metric {spec} returned a figure named {name!r}{on}; a name is a letter, then "
             "letters, digits or underscores (at most 64)"

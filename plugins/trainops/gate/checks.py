@@ -7,7 +7,14 @@ DAG param. Kinds (every one with examples in docs/promotion.md):
 - ``no_regression``: ``{"kind": "no_regression", "metric": "f1_macro", "tolerance": 0.01}``;
   passes when the candidate is no worse than the production model by more than ``tolerance``
   (a fraction), and when there is no production model yet. "Worse" follows the metric's
-  direction (:mod:`trainops.gate.metrics`); a ``direction`` given must agree with it.
+  direction (:mod:`trainops.gate.metrics`); a ``direction`` given must agree with it. With
+  ``"confidence": 0.95`` it rejects only a regression whose paired bootstrap interval over
+  the same eval records lies wholly beyond the tolerance (:mod:`trainops.gate.paired`).
+- A team's own metric (``EvaluateModelOperator(metrics=...)``) works in ``threshold`` and
+  ``no_regression`` when the check says which way is better:
+  ``{"kind": "threshold", "metric": "worst_label_recall", "direction": "higher_is_better",
+  "op": ">=", "value": 0.8}``. A name that is neither built in nor so declared is refused,
+  listing the known ones.
 - ``slices`` and ``slice_no_regression``: great-expectations expectations over the
   per-slice metrics table (:mod:`trainops.gate.slices`).
 
@@ -28,7 +35,16 @@ from typing import Any
 
 from trainops.gate.errors import GateConfigError, GateInputError
 from trainops.gate.fields import TEMPLATE_MODES, fmt, is_number, number_rule, show
-from trainops.gate.metrics import BUILTIN, DIRECTIONS, LOWER, METRIC_NAMES, known_metrics, missing_metric_hint
+from trainops.gate.metrics import (
+    BUILTIN,
+    DIRECTIONS,
+    LOWER,
+    METRIC_NAMES,
+    known_metrics,
+    missing_metric_hint,
+    user_metric_problem,
+)
+from trainops.gate.paired import PAIRED_METRICS, PairedInputError, label_count, paired_interval, regressed
 from trainops.gate.records import Check, CheckResult, Decision, Outcome
 from trainops.gate.slices import SLICE_KINDS, default_name, run_slice_checks, validate_slice_check
 
@@ -58,8 +74,8 @@ OPS: dict[str, Callable[[float, float], bool]] = {
 }
 
 _FIELDS = {
-    "threshold": {"name", "kind", "metric", "op", "value"},
-    "no_regression": {"name", "kind", "metric", "tolerance", "direction"},
+    "threshold": {"name", "kind", "metric", "op", "value", "direction"},
+    "no_regression": {"name", "kind", "metric", "tolerance", "direction", "confidence"},
 }
 
 # A sanity bound rather than a quality bar: ln(50257) ~ 10.8 is a uniform guess over a
@@ -99,37 +115,65 @@ def _validate_one(index: int, check: object, templates: str | None = None) -> Ch
             f"allowed fields are {sorted(_FIELDS[kind])}"
         )
     metric = check.get("metric")
-    if metric not in METRICS:
-        raise GateConfigError(
-            f"{where} has unknown metric {metric!r}; the known metrics are {known_metrics()}"
-        )
+    direction = _direction(where, metric, check.get("direction"))
     out: Check = {"kind": kind, "metric": metric}
     if kind == "threshold":
         op = check.get("op")
         if op not in OPS:
             raise GateConfigError(f"{where} has unknown op {op!r}; use one of {list(OPS)}")
         out.update(op=op, value=number(where, "value", check.get("value")))
-    else:
-        tolerance = check.get("tolerance", 0.0)
-        tolerance = number(where, "tolerance", tolerance)
-        if isinstance(tolerance, float) and tolerance < 0:
-            raise GateConfigError(
-                f"{where} needs field 'tolerance' to be a number >= 0 (a fraction: 0.01 is 1%), "
-                f"got {tolerance!r}"
-            )
-        own = BUILTIN[metric].direction
-        direction = check.get("direction", own)
-        if direction not in DIRECTIONS:
-            raise GateConfigError(
-                f"{where} has unknown direction {direction!r}; use one of {list(DIRECTIONS)}"
-            )
-        if direction != own:
+        if metric not in BUILTIN:  # a team's own: the check is where its direction is known
+            out["direction"] = direction
+        return _named(where, check, out)
+    tolerance = number(where, "tolerance", check.get("tolerance", 0.0))
+    if isinstance(tolerance, float) and tolerance < 0:
+        raise GateConfigError(
+            f"{where} needs field 'tolerance' to be a number >= 0 (a fraction: 0.01 is 1%), got {tolerance!r}"
+        )
+    out.update(tolerance=tolerance, direction=direction)
+    if check.get("confidence") is not None:
+        out["confidence"] = _confidence(where, str(metric), check["confidence"], number)
+    return _named(where, check, out)
+
+
+def _direction(where: str, metric: object, direction: object) -> str:
+    """The check's metric's direction: a built-in metric's own (a ``direction`` given must
+    agree), or the one a check on a team's own metric declares."""
+    if direction is not None and direction not in DIRECTIONS:
+        raise GateConfigError(f"{where} has unknown direction {direction!r}; use one of {list(DIRECTIONS)}")
+    if metric in BUILTIN:
+        own = BUILTIN[str(metric)].direction
+        if direction is not None and direction != own:
             raise GateConfigError(
                 f"{where} says {metric} is {direction}, but {metric} is {own}: "
                 "drop 'direction' (the metric's own is used)"
             )
-        out.update(tolerance=tolerance, direction=direction)
-    return _named(where, check, out)
+        return own
+    problem = user_metric_problem(metric)
+    if problem is None and direction is not None:
+        return str(direction)
+    declare = (
+        f"; a team's own metric (EvaluateModelOperator's metrics) needs 'direction': one of {list(DIRECTIONS)}"
+        if problem is None
+        else f" ({problem})"
+    )
+    raise GateConfigError(
+        f"{where} has unknown metric {metric!r}; the known metrics are {known_metrics()}{declare}"
+    )
+
+
+def _confidence(where: str, metric: str, confidence: object, number: Callable[..., Any]) -> Any:
+    """A ``no_regression`` check's bootstrap confidence: a fraction in (0.5, 1), on a metric
+    with per-record figures."""
+    if metric not in PAIRED_METRICS:
+        raise GateConfigError(
+            f"{where} asks for confidence on {metric}, which has no per-record figures to resample; "
+            f"confidence works for {', '.join(PAIRED_METRICS)}"
+        )
+    value = number(where, "confidence", confidence)
+    if isinstance(value, float) and not 0.5 < value < 1:
+        raise GateConfigError(f"{where} needs field 'confidence' in (0.5, 1), e.g. 0.95, got {confidence!r}")
+    return value
 
 
 def _named(where: str, check: Check, out: Check) -> Check:
@@ -257,6 +301,7 @@ def _no_regression(
     candidate: Mapping[str, Any],
     production: Mapping[str, Any] | None,
     production_version: int | None,
+    paired: Mapping[str, Any] | None = None,
 ) -> Outcome:
     metric, tolerance = check["metric"], check["tolerance"]
     observed, why = _observed(candidate, metric)
@@ -280,7 +325,49 @@ def _no_regression(
     note = f"{label} {metric} {fmt(base)}, tolerance {tolerance:.4g}"
     if why:
         note = f"candidate {why}; {note}"
-    return {"observed": observed, "expected": f"{op} {fmt(bound)}", "passed": passed, "note": note}
+    outcome: Outcome = {
+        "observed": observed,
+        "expected": f"{op} {fmt(bound)}",
+        "passed": passed,
+        "note": note,
+    }
+    if check.get("confidence") is not None and observed is not None:
+        _with_interval(outcome, check, candidate, paired, abs(bound - base))
+    return outcome
+
+
+def _with_interval(
+    outcome: Outcome,
+    check: Check,
+    candidate: Mapping[str, Any],
+    paired: Mapping[str, Any] | None,
+    allowed: float,
+) -> None:
+    """Decide a ``no_regression`` check with ``confidence`` by the paired bootstrap interval of
+    candidate minus production: rejected only when all of it lies beyond ``allowed``."""
+    confidence = float(check["confidence"])
+    ours, theirs = (paired or {}).get("candidate"), (paired or {}).get("baseline")
+    try:
+        if not isinstance(ours, Mapping) or not isinstance(theirs, Mapping):
+            raise PairedInputError(
+                "the evaluation kept no per-record figures of both models (its records_uri); "
+                "re-run EvaluateModelOperator with this trainops"
+            )
+        interval = paired_interval(check["metric"], ours, theirs, confidence, label_count(candidate))
+    except PairedInputError as exc:
+        outcome["note"] += f"; compared the totals, without the {confidence:.0%} interval: {exc}"
+        return
+    passed = not regressed(interval, check["direction"] == LOWER, allowed)
+    raw = "beyond the tolerance" if not outcome["passed"] else "within the tolerance"
+    outcome["passed"] = passed
+    outcome["expected"] = f"{outcome['expected']} unless the {confidence:.0%} interval reaches it"
+    outcome["interval"] = [interval.low, interval.high]
+    outcome["confidence"] = confidence
+    outcome["note"] += (
+        f"; paired bootstrap over {interval.records} records: candidate - production "
+        f"{interval.difference:+.4g}, {confidence:.0%} interval [{interval.low:+.4g}, {interval.high:+.4g}]"
+        f", allowed {'+' if check['direction'] == LOWER else '-'}{allowed:.4g} ({raw} as totals)"
+    )
 
 
 def decide(
@@ -288,12 +375,15 @@ def decide(
     candidate: Mapping[str, Any],
     production: Mapping[str, Any] | None,
     production_version: int | None = None,
+    paired: Mapping[str, Any] | None = None,
 ) -> Decision:
     """Run every check (validated or raw) on the candidate's metrics; approve if all pass.
 
     ``observed`` is the candidate's value (None when it is missing or not finite, which
     fails the check); ``expected`` is the condition it had to meet, as text. Slice checks
-    also list their failing ``slices`` and need pandas and great-expectations.
+    also list their failing ``slices`` and need pandas and great-expectations. ``paired``:
+    the evaluation's per-record figures (its ``records_uri`` document), for ``no_regression``
+    checks with ``confidence``; without them such a check compares the totals and says so.
     """
     checks = validate_checks(checks)
     slice_checks = [c for c in checks if c["kind"] in SLICE_KINDS]
@@ -303,7 +393,7 @@ def decide(
         if check["kind"] == "threshold":
             outcome = _threshold(check, candidate)
         elif check["kind"] == "no_regression":
-            outcome = _no_regression(check, candidate, production, production_version)
+            outcome = _no_regression(check, candidate, production, production_version, paired)
         else:
             outcome = next(slice_outcomes)
         results.append(

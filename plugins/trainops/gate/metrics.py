@@ -21,6 +21,11 @@ eval_loss      lower         every task        mean loss over the scored tokens 
                                                classification: one cross-entropy per record)
 perplexity     lower         causal_lm, sft    ``exp(eval_loss)``
 =============  ============  ================  ====================================================
+
+A team's own metrics (``EvaluateModelOperator(metrics=...)``, the trainer's ``eval.metrics``)
+are not in the table: the evaluation reports them beside these (its ``user_metrics`` names the
+function that gave each), and a gate check on one says which way is better (``direction``).
+Pages show them after the built-in ones, by name.
 """
 
 from __future__ import annotations
@@ -28,7 +33,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from trainer.contract import TASK_CAUSAL_LM, TASK_CLASSIFICATION, TASK_KINDS, TASK_SFT
+from trainer.contract import (
+    EVAL_REPORT_KEYS,
+    METRIC_NAME,
+    TASK_CAUSAL_LM,
+    TASK_CLASSIFICATION,
+    TASK_KINDS,
+    TASK_SFT,
+)
 
 LOWER, HIGHER = "lower_is_better", "higher_is_better"
 DIRECTIONS = (LOWER, HIGHER)
@@ -40,7 +52,7 @@ class Metric:
 
     name: str
     label: str
-    direction: str
+    direction: str  # "" for a team's own metric on a page: its gate check says which way
     tasks: tuple[str, ...]
 
 
@@ -59,6 +71,22 @@ BUILTIN: dict[str, Metric] = {
     )
 }
 METRIC_NAMES = tuple(BUILTIN)
+USER = "a team's own (eval.metrics)"
+
+
+def user_metric_problem(metric: object) -> str | None:
+    """Why ``metric`` cannot name a team's own metric (None: it can)."""
+    if not isinstance(metric, str) or not METRIC_NAME.match(metric):
+        return "a metric name is a letter, then letters, digits or underscores (at most 64)"
+    if metric in BUILTIN or metric in EVAL_REPORT_KEYS:
+        return f"{metric!r} is the evaluation's own figure"
+    return None
+
+
+def user_metrics_of(scores: Mapping[str, object] | None) -> list[str]:
+    """The team's own metrics an evaluation's scores hold, in the report's order."""
+    named = scores.get("user_metrics") if isinstance(scores, Mapping) else None
+    return [n for n in named if user_metric_problem(n) is None] if isinstance(named, Mapping) else []
 
 
 def known_metrics() -> str:
@@ -70,13 +98,18 @@ def known_metrics() -> str:
 
 def shown_metrics(*scores: Mapping[str, object] | None) -> list[Metric]:
     """The metrics to show for these scores (a candidate's, production's): each that any of them
-    holds, in :data:`BUILTIN`'s order."""
+    holds, in :data:`BUILTIN`'s order, then the team's own (no direction: "")."""
     present = [s for s in scores if isinstance(s, Mapping)]
-    return [m for m in BUILTIN.values() if any(s.get(m.name) is not None for s in present)]
+    shown = [m for m in BUILTIN.values() if any(s.get(m.name) is not None for s in present)]
+    own = dict.fromkeys(name for s in present for name in user_metrics_of(s))
+    return shown + [Metric(name, name, "", (USER,)) for name in own]
 
 
-def better(metric: Metric, ours: float, theirs: float) -> bool:
-    """Whether ``ours`` is at least as good as ``theirs`` in the metric's direction."""
+def better(metric: Metric, ours: float, theirs: float) -> bool | None:
+    """Whether ``ours`` is at least as good as ``theirs`` in the metric's direction (None: a
+    metric without one)."""
+    if metric.direction not in DIRECTIONS:
+        return None
     return ours <= theirs if metric.direction == LOWER else ours >= theirs
 
 
@@ -84,5 +117,11 @@ def missing_metric_hint(metric: str, scores: Mapping[str, object]) -> str:
     """Why an evaluation lacks ``metric``: which tasks report it, and what this one holds."""
     known = BUILTIN.get(metric)
     held = ", ".join(m.name for m in shown_metrics(scores)) or "none"
-    which = f"{metric} is reported for {', '.join(known.tasks)} only" if known else f"{metric} is unknown"
+    if known:
+        which = f"{metric} is reported for {', '.join(known.tasks)} only"
+    else:
+        which = (
+            f"{metric} is not a built-in metric, and no scorer of this evaluation returned it "
+            "(EvaluateModelOperator's metrics, the trainer's eval.metrics)"
+        )
     return f"{which}; this evaluation holds {held}"

@@ -28,6 +28,9 @@ class Outcome(TypedDict):
     passed: bool
     note: str
     slices: NotRequired[list[FailingSlice]]  # slice checks: the failing slices
+    # no_regression with confidence: the bootstrap interval of candidate - production
+    interval: NotRequired[list[float]]
+    confidence: NotRequired[float]
 
 
 class CheckResult(Outcome):

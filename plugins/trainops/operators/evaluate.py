@@ -6,9 +6,11 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
+from trainer.config import ConfigError, config_from_mapping
 from trainer.contract import RunLayout, join, trainer_argv
 from trainops.cluster.base import JobAlreadyExists
 from trainops.cluster.spec import CAPACITIES
+from trainops.gate.metrics import shown_metrics
 from trainops.hooks.storage import get_json_object, job_env_for, root_and_storage
 from trainops.operators.base import DEFAULT_IMAGE, ClusterJobOperator, task_identity
 from trainops.operators.deadlines import waiting_failed
@@ -53,13 +55,22 @@ class EvaluateModelOperator(ClusterJobOperator):
     :param poll_interval: seconds between job state polls in the triggerer, a positive number.
     :param job_timeout: seconds the evaluation may run before the task fails and deletes it
         (None: no limit, or a positive number).
+    :param metrics: a team's own scorers, each ``module:function`` importable in the trainer
+        image (or from its ``PYTHONPATH``), called with each scored record's prediction,
+        reference and columns, overall and per slice (docs/promotion.md, "Your own metrics";
+        ``examples/team_metrics.py``). The form is checked when the DAG is parsed; a scorer that
+        cannot be imported, raises or returns anything but named numbers fails the evaluation,
+        naming it. None: the training config's ``eval.metrics``.
     :param storage_root: ``file://`` or ``s3://`` root (templated; default: the embedded root).
     :param aws_conn_id: Airflow connection for ``s3://`` storage.
     :param kubernetes_conn_id: Airflow connection for ``cluster='kubernetes'``.
 
-    Returns ``{"metrics_uri", "run_uri", "model_name", "candidate", "production",
-    "production_version"}``; ``candidate`` and ``production`` hold ``eval_loss``,
-    ``perplexity``, ``tokens`` and ``slices``; ``production`` is None on the first run.
+    Returns ``{"metrics_uri", "records_uri", "run_uri", "model_name", "candidate",
+    "production", "production_version"}``; ``candidate`` and ``production`` hold the task's
+    metrics (``eval_loss`` and ``perplexity``; a classifier's ``accuracy``, ``f1_macro``, ...;
+    an ``sft`` model's ``exact_match`` and ``token_f1``), the team's own (``user_metrics``
+    names their scorers), ``tokens`` and ``slices``; ``production`` is None on the first run.
+    ``records_uri`` holds each eval record's figures, for a gate's paired bootstrap.
     """
 
     template_fields = ("training", "model_name", "storage_root")
@@ -79,6 +90,7 @@ class EvaluateModelOperator(ClusterJobOperator):
         deferrable: bool | None = None,
         poll_interval: float = 5.0,
         job_timeout: float | None = None,
+        metrics: list[str] | None = None,
         storage_root: str | None = None,
         aws_conn_id: str | None = "aws_default",
         kubernetes_conn_id: str | None = "kubernetes_default",
@@ -107,6 +119,7 @@ class EvaluateModelOperator(ClusterJobOperator):
             name_param("model_name", model_name)  # else when the task runs, once rendered
         self.training, self.model_name = training, model_name
         self.job_timeout = optional_seconds("job_timeout", job_timeout, default=None)
+        self.metrics = None if metrics is None else user_metric_specs(metrics)
         check_renders(
             cluster,
             distributed=False,
@@ -135,7 +148,12 @@ class EvaluateModelOperator(ClusterJobOperator):
         except (RegistryNameConflict, MalformedPointer) as exc:
             # A person must move a registry or mend a pointer: every retry would fail the same way.
             raise AirflowFailException(str(exc)) from exc
-        overrides = {"eval.model_uri": self.training["export_uri"], "eval.output_uri": layout.eval_metrics}
+        overrides: dict[str, object] = {
+            "eval.model_uri": self.training["export_uri"],
+            "eval.output_uri": layout.eval_metrics,
+        }
+        if self.metrics is not None:
+            overrides["eval.metrics"] = self.metrics
         if production:
             overrides["eval.baseline_uri"] = production["uri"]
             self.log.info(
@@ -206,14 +224,37 @@ class EvaluateModelOperator(ClusterJobOperator):
         production_version = get_json_object(store, self._request_uri(layout))["production_version"]
         result = {
             "metrics_uri": layout.eval_metrics,
+            "records_uri": metrics.get("records_uri"),  # each record's figures, for a paired gate
             "run_uri": layout.run_uri,
             "model_name": self.model_name,
             "candidate": metrics["candidate"],
             "production": metrics.get("baseline"),
             "production_version": production_version,
         }
-        line = f"candidate eval_loss {metrics['candidate']['eval_loss']:.4f}"
-        if result["production"]:
-            line += f"; production v{production_version} eval_loss {result['production']['eval_loss']:.4f}"
-        self.log.info(line)
+        self.log.info(_scores_line(result["candidate"], result["production"], production_version))
         return result
+
+
+def user_metric_specs(metrics: object) -> list[str]:
+    """``metrics`` as the trainer's ``eval.metrics``, or a ValueError naming the value at fault."""
+    if isinstance(metrics, str) or not isinstance(metrics, (list, tuple)):
+        raise ValueError(
+            f"metrics must be a list of 'module:function' strings, e.g. ['team_metrics:score'], got {metrics!r}"
+        )
+    try:
+        return config_from_mapping(
+            {"run_uri": "file:///x", "data_uri": "file:///x", "eval": {"metrics": list(metrics)}}
+        ).eval.metrics
+    except ConfigError as exc:
+        raise ValueError(f"metrics: {exc}") from None
+
+
+def _scores_line(candidate: dict[str, Any], production: dict[str, Any] | None, version: int | None) -> str:
+    """The task's own metrics (and a team's) for the log: candidate, then production."""
+    names = [m.name for m in shown_metrics(candidate, production)]
+
+    def scores(metrics: dict[str, Any]) -> str:
+        return ", ".join(f"{n} {metrics[n]:.4g}" for n in names if isinstance(metrics.get(n), (int, float)))
+
+    line = f"candidate {scores(candidate)}"
+    return line + (f"; production v{version} {scores(production)}" if production else "")

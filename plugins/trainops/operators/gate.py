@@ -20,7 +20,7 @@ from trainops.gate.checks import (
 )
 from trainops.gate.slices import build_expectations, slice_rows
 from trainops.gate.verdict import rejection_note
-from trainops.hooks.storage import storage_for
+from trainops.hooks.storage import get_json_object, storage_for
 from trainops.links import GateDecisionLink, push_report
 from trainops.operators import notes  # write_notes looked up at each call: tests replace it
 from trainops.operators.base import ReportingOperator
@@ -121,11 +121,13 @@ class EvaluationGateOperator(ReportingOperator):
         if slice_checks:
             build_expectations(slice_checks)
         evaluation = check_evaluation(self.evaluation, checks)
+        root = resolve_storage_root(self.storage_root)
         decision = decide(
             checks,
             evaluation["candidate"],
             evaluation.get("production"),
             evaluation.get("production_version"),
+            self._paired(root, checks, evaluation),
         )
         self.log.info(
             "evaluation gate for %s, run %s\n%s",
@@ -134,7 +136,6 @@ class EvaluationGateOperator(ReportingOperator):
             format_table(decision),
         )
 
-        root = resolve_storage_root(self.storage_root)
         run_uri = evaluation["run_uri"]
         _same_scheme(root, run_uri)
         gate_uri = RunLayout(run_uri).eval_gate
@@ -170,6 +171,18 @@ class EvaluationGateOperator(ReportingOperator):
             self._leave_notes(context, result)
             self._notify(result)
         return result
+
+    def _paired(self, root: str, checks: list[dict], evaluation: Mapping[str, Any]) -> dict | None:
+        """Each record's figures of both models (the evaluation's ``records_uri``), read only for
+        a ``no_regression`` check with ``confidence`` against a production model."""
+        uri = evaluation.get("records_uri")
+        wanted = evaluation.get("production") is not None and any(c.get("confidence") for c in checks)
+        if not wanted or not isinstance(uri, str) or not uri:
+            return None
+        _same_scheme(root, uri)
+        document = get_json_object(storage_for(root, self.aws_conn_id), uri)
+        self.log.info("paired bootstrap over the records of %s", uri)
+        return document if isinstance(document, dict) else None
 
     def _leave_notes(self, context: Context, result: dict) -> None:
         """Say why on the DAG run's note and this task's note, where a person looks first."""

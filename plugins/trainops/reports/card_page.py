@@ -99,7 +99,7 @@ def _headline(card: Mapping) -> str:
             sub = (
                 f"production v{escape(version)}: {escape(figure(theirs))} ({escape(f'{ours - theirs:+.4g}')})"
             )
-            css = "good" if better(metric, ours, theirs) else "bad"
+            css = {True: "good", False: "bad", None: ""}[better(metric, ours, theirs)]
         else:
             sub, css = "no production model to compare", ""
         tiles.append(_tile(metric.label, escape(figure(ours)), sub, css))

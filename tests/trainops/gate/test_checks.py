@@ -372,3 +372,86 @@ def test_template_errors_name_the_field_and_value(checks, templates, words):
         validate_checks(checks, templates=templates)
     for word in words:
         assert word in str(err.value)
+
+
+def test_a_teams_own_metric_is_gated_in_the_direction_its_check_declares():
+    from trainops.gate.checks import check_evaluation
+
+    checks = validate_checks(
+        [
+            {
+                "kind": "threshold",
+                "metric": "worst_label_recall",
+                "direction": "higher_is_better",
+                "op": ">=",
+                "value": 0.6,
+            },
+            {"kind": "no_regression", "metric": "refusals", "direction": "lower_is_better", "tolerance": 0.1},
+        ]
+    )
+    assert checks[0]["direction"] == "higher_is_better" and checks[1]["direction"] == "lower_is_better"
+    candidate = {
+        "worst_label_recall": 0.7,
+        "refusals": 12.0,
+        "user_metrics": {"worst_label_recall": "t:w", "refusals": "t:r"},
+    }
+    production = {
+        "worst_label_recall": 0.9,
+        "refusals": 10.0,
+        "user_metrics": {"worst_label_recall": "t:w", "refusals": "t:r"},
+    }
+    decision = decide(checks, candidate, production, 4)
+    # refusals: lower is better, 12 > 10 * 1.1: a regression the declared direction catches
+    assert [(c["metric"], c["passed"], c["expected"]) for c in decision["checks"]] == [
+        ("worst_label_recall", True, ">= 0.6"),
+        ("refusals", False, "<= 11"),
+    ]
+    # a check on a team's metric the evaluation lacks says where such metrics come from
+    with pytest.raises(
+        Exception, match=r"no scorer of this evaluation returned it \(EvaluateModelOperator's metrics"
+    ):
+        check_evaluation(
+            {"run_uri": "file:///r", "model_name": "m", "candidate": {"accuracy": 0.9}, "production": None},
+            checks[:1],
+        )
+
+
+def test_a_metric_that_is_neither_built_in_nor_declared_is_refused_listing_the_known_ones():
+    with pytest.raises(GateConfigError) as raised:
+        validate_checks([{"kind": "threshold", "metric": "worst_label_recall", "op": ">=", "value": 0.6}])
+    message = str(raised.value)
+    assert message.startswith(
+        "check #0 has unknown metric 'worst_label_recall'; the known metrics are accuracy "
+    )
+    assert message.endswith(
+        "a team's own metric (EvaluateModelOperator's metrics) needs 'direction': "
+        "one of ['lower_is_better', 'higher_is_better']"
+    )
+    with pytest.raises(
+        GateConfigError, match=r"unknown metric 'tokens'.*\('tokens' is the evaluation's own figure\)"
+    ):
+        validate_checks(
+            [
+                {
+                    "kind": "threshold",
+                    "metric": "tokens",
+                    "direction": "higher_is_better",
+                    "op": ">=",
+                    "value": 1,
+                }
+            ]
+        )
+    with pytest.raises(
+        GateConfigError, match=r"says accuracy is lower_is_better, but accuracy is higher_is_better"
+    ):
+        validate_checks(
+            [
+                {
+                    "kind": "threshold",
+                    "metric": "accuracy",
+                    "direction": "lower_is_better",
+                    "op": ">=",
+                    "value": 1,
+                }
+            ]
+        )

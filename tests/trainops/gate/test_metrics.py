@@ -33,3 +33,31 @@ def test_a_page_shows_the_tasks_own_metrics_first_and_only_those_held():
 def test_better_reads_the_metrics_direction():
     assert better(BUILTIN["accuracy"], 0.9, 0.8) and not better(BUILTIN["accuracy"], 0.7, 0.8)
     assert better(BUILTIN["eval_loss"], 0.7, 0.8) and not better(BUILTIN["eval_loss"], 0.9, 0.8)
+
+
+def test_the_trainers_report_and_the_gates_table_list_one_set_of_metrics():
+    from trainer.contract import BUILTIN_METRICS
+
+    assert tuple(BUILTIN) == BUILTIN_METRICS
+
+
+def test_a_teams_own_metrics_show_after_the_built_in_ones_without_a_direction():
+    from trainops.gate.metrics import missing_metric_hint, user_metric_problem
+
+    scores = {
+        "accuracy": 0.9,
+        "worst_label_recall": 0.7,
+        "user_metrics": {"worst_label_recall": "team_metrics:worst_label_recall", "tokens": "x:y"},
+    }
+    shown = shown_metrics(scores, {"accuracy": 0.8})
+    assert [(m.name, m.direction) for m in shown] == [("accuracy", HIGHER), ("worst_label_recall", "")]
+    assert better(shown[1], 0.7, 0.8) is None  # a page cannot say better or worse without one
+    assert user_metric_problem("worst_label_recall") is None
+    assert user_metric_problem("accuracy") == "'accuracy' is the evaluation's own figure"
+    assert user_metric_problem("tokens") == "'tokens' is the evaluation's own figure"
+    assert "a metric name is a letter" in user_metric_problem("2nd")
+    assert missing_metric_hint("keyword_recall", scores) == (
+        "keyword_recall is not a built-in metric, and no scorer of this evaluation returned it "
+        "(EvaluateModelOperator's metrics, the trainer's eval.metrics); this evaluation holds "
+        "accuracy, worst_label_recall"
+    )

@@ -54,7 +54,9 @@ def promote_by_hand(root, version):
 def job_ran(root, baseline=None):
     """What the evaluation job writes when it succeeds."""
     layout = RunLayout(training(root)["run_uri"])
-    open_storage(root).put_json(layout.eval_metrics, {"candidate": CANDIDATE, "baseline": baseline})
+    records = layout.eval_metrics.replace(".json", ".records.json")
+    report = {"candidate": CANDIDATE, "baseline": baseline, "records_uri": records}
+    open_storage(root).put_json(layout.eval_metrics, report)
 
 
 def finished(handle, phase="succeeded", reason=None):
@@ -86,6 +88,7 @@ def test_the_first_evaluation_launches_one_job_for_the_candidate_and_defers(file
     result = operator(file_root).execute_complete(context, finished(trigger["handle"]))
     assert result == {
         "metrics_uri": RunLayout(train["run_uri"]).eval_metrics,
+        "records_uri": RunLayout(train["run_uri"]).eval_metrics.replace(".json", ".records.json"),
         "run_uri": train["run_uri"],
         "model_name": MODEL,
         "candidate": CANDIDATE,
@@ -244,3 +247,19 @@ def test_a_production_pointer_of_another_model_fails_the_evaluation_before_launc
     with pytest.raises(AirflowFailException, match=r"records model 'retrain lm', not 'retrain_lm'"):
         op.execute(context)
     assert cluster.launched == []
+
+
+def test_a_teams_own_scorers_go_to_the_job_and_a_malformed_one_is_refused_at_parse(
+    file_root, cluster, context
+):
+    with pytest.raises(TaskDeferred):
+        operator(file_root, metrics=["team_metrics:worst_label_recall"]).execute(context)
+    ((spec, _),) = cluster.launched
+    assert spec.args[-1] == "eval.metrics=['team_metrics:worst_label_recall']"
+    from trainer.config import parse_override
+
+    assert parse_override(spec.args[-1]) == {"eval": {"metrics": ["team_metrics:worst_label_recall"]}}
+    with pytest.raises(ValueError, match=r"^metrics: eval.metrics: expected 'module:function', got 'recall'"):
+        operator(file_root, metrics=["recall"])
+    with pytest.raises(ValueError, match=r"^metrics must be a list of 'module:function' strings"):
+        operator(file_root, metrics="team_metrics:score")
