@@ -3,7 +3,8 @@ through Airflow's own ``dag.test()``: labelled posts staged for ``classification
 own tokenizer (the label set taken from the data), a small random BERT trained on 2 local
 nodes through one injected preemption, evaluated by loss, accuracy and macro F1, gated and
 promoted; the promoted folder loads with ``transformers`` alone as a BERT classifier with the
-labels, gives the trainer's logits and labels new posts."""
+labels, gives the trainer's logits and labels new posts. Then a team's own evaluation of the same
+run: its scorer from ``examples/team_metrics.py`` and a paired gate against the promoted v1."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_the_classification_demo_trains_a_bert_on_its_labels_and_promotes_a_folder_transformers_serves(
-    tmp_path, airflow_db, monkeypatch
+    tmp_path, airflow_db, monkeypatch, capfd
 ):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -87,3 +88,70 @@ def test_the_classification_demo_trains_a_bert_on_its_labels_and_promotes_a_fold
         assert (ours(tokens) - logits).abs().max().item() <= 1e-5
     said = [theirs.config.id2label[int(i)] for i in logits.argmax(-1)]
     assert said == list(posts)
+
+    _the_teams_own_metric_gates_the_same_run(tmp_path, monkeypatch, root, train, model, capfd)
+
+
+# A team's evaluation of the demo's run, through dag.test(): its own scorer from examples/
+# (on the job's PYTHONPATH, as a team puts it in its trainer image) and a paired gate.
+TEAM_DAG = """
+import json, os
+import pendulum
+from airflow.sdk import DAG
+from trainops.operators import EvaluateModelOperator, EvaluationGateOperator
+
+spec = json.loads(os.environ.get("TEAM_METRICS", "{}"))
+with DAG("team_metrics", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")) as dag:
+    where = {"storage_root": spec.get("root"), "aws_conn_id": None}
+    evaluate = EvaluateModelOperator(
+        task_id="evaluate", training=spec.get("training"), model_name=spec.get("model", "m"),
+        metrics=spec.get("metrics", ["team_metrics:worst_label_recall"]),
+        job_options={"env": {"PYTHONPATH": spec.get("path", "")}}, deferrable=False, **where,
+    )
+    EvaluationGateOperator(
+        task_id="gate", evaluation=evaluate.output, **where,
+        checks=[
+            {"kind": "threshold", "metric": "worst_label_recall", "direction": "higher_is_better",
+             "op": ">=", "value": 0.8},
+            {"kind": "no_regression", "metric": "accuracy", "tolerance": 0.02, "confidence": 0.95},
+        ],
+    )
+"""
+
+
+def _the_teams_own_metric_gates_the_same_run(tmp_path, monkeypatch, root, train, model, capfd):
+    import json
+    from pathlib import Path
+
+    from airflow import settings
+
+    dags = tmp_path / "team_dags"
+    dags.mkdir()
+    (dags / "team_metrics.py").write_text(TEAM_DAG)
+    monkeypatch.setattr(settings, "DAGS_FOLDER", str(dags))
+    repo = Path(__file__).resolve().parents[2]
+    spec = {"root": root, "training": train, "model": model, "path": str(repo / "examples")}
+    monkeypatch.setenv("TEAM_METRICS", json.dumps(spec))
+    run = load_dag(str(dags), "team_metrics").test()
+    results = xcom_results("team_metrics", run.run_id, ("evaluate", "gate"))
+    assert str(run.state).rsplit(".", 1)[-1].lower() == "success", results
+    candidate, production = results["evaluate"]["candidate"], results["evaluate"]["production"]
+    # the team's scorer ran in the evaluation job, on both models: the lowest label recall
+    assert candidate["worst_label_recall"] == min(v["recall"] for v in candidate["per_label"].values())
+    assert candidate["user_metrics"] == {"worst_label_recall": "team_metrics:worst_label_recall"}
+    assert results["evaluate"]["production_version"] == 1 and "worst_label_recall" in production
+    checks = {c["metric"]: c for c in results["gate"]["checks"]}
+    assert results["gate"]["approved"] is True and checks["worst_label_recall"]["expected"] == ">= 0.8"
+    # production v1 is this very export: the paired interval of the difference is exactly 0
+    assert (
+        checks["accuracy"]["interval"] == [0.0, 0.0]
+        and "paired bootstrap over " in checks["accuracy"]["note"]
+    )
+
+    # a scorer that raises fails the evaluation, and the task's failure names it
+    capfd.readouterr()
+    raising = "tests.trainer.evaluate.test_user:raising"
+    monkeypatch.setenv("TEAM_METRICS", json.dumps({**spec, "path": str(repo), "metrics": [raising]}))
+    run = load_dag(str(dags), "team_metrics").test()
+    assert str(run.state).rsplit(".", 1)[-1].lower() == "failed"
+    assert f"user metric {raising} raised KeyError: 'label'" in "".join(capfd.readouterr())

@@ -88,13 +88,17 @@ def percent(value: object) -> str:
 
 
 def _slices(candidate: Mapping, production: Mapping | None) -> str:
-    """The eval loss (and a classifier's accuracy) per slice (``{column: {value: summary}}``),
-    beside production's; a slice production was not scored on shows a dash."""
+    """Each metric the slices hold (``{column: {value: summary}}``: a classifier's accuracy,
+    the eval loss, a team's own), the task's own first, beside production's; a slice production
+    was not scored on shows a dash. Perplexity is left out: it is the loss again."""
     ours = as_map(candidate.get("slices"))
     theirs = as_map(production.get("slices")) if isinstance(production, Mapping) else {}
-    figures = [("eval_loss", "Eval loss")]
-    if any("accuracy" in as_map(s) for values in ours.values() for s in as_map(values).values()):
-        figures.insert(0, ("accuracy", "Accuracy"))
+    held = {key for values in ours.values() for s in as_map(values).values() for key in as_map(s)}
+    figures = [
+        (m.name, m.label)
+        for m in shown_metrics(candidate, production)
+        if (m.name in held or m.name == "eval_loss") and m.name != "perplexity"  # the loss, always
+    ]
     rows = []
     for column, values in ours.items():
         for value, summary in as_map(values).items():
@@ -110,7 +114,7 @@ def _slices(candidate: Mapping, production: Mapping | None) -> str:
     header = ["Column", "Value"]
     for _, label in figures:
         header += [label, f"Production {label.lower()}"] if isinstance(production, Mapping) else [label]
-    counted = "Records" if figures[0][0] == "accuracy" else "Tokens"
+    counted = "Records" if candidate.get("records") is not None else "Tokens"
     return f"<h3>By slice</h3>{table([*header, counted], rows)}"
 
 

@@ -256,3 +256,52 @@ def test_user_strings_are_escaped_and_secrets_redacted():
     assert "<script>" not in html and "SECRET-1" not in html and "hunter2" not in html
     assert 'href="javascript' not in html and "<code>javascript:alert(1)//x.json</code>" in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_a_teams_own_metric_and_a_paired_interval_are_on_the_card():
+    card = copy.deepcopy(CARD)
+    own = {"worst_label_recall": "team_metrics:worst_label_recall"}
+    card["metrics"]["candidate"] = {
+        "accuracy": 0.9,
+        "worst_label_recall": 0.7,
+        "records": 200,
+        "user_metrics": own,
+        "slices": {
+            "length": {"short": {"accuracy": 0.8, "eval_loss": 0.4, "tokens": 90, "worst_label_recall": 0.6}}
+        },
+    }
+    card["metrics"]["production"] = {
+        "accuracy": 0.92,
+        "worst_label_recall": 0.75,
+        "records": 200,
+        "user_metrics": own,
+    }
+    note = (
+        "production v2 accuracy 0.92, tolerance 0.02; paired bootstrap over 200 records: candidate - "
+        "production -0.02, 95% interval [-0.05, +0.01], allowed -0.0184 (beyond the tolerance as totals)"
+    )
+    card["gate"]["checks"] = [
+        {
+            "name": "accuracy no regression",
+            "metric": "accuracy",
+            "observed": 0.9,
+            "expected": ">= 0.9016 unless the 95% interval reaches it",
+            "passed": True,
+            "note": note,
+            "interval": [-0.05, 0.01],
+            "confidence": 0.95,
+        }
+    ]
+    html = render_card_page(CARD_URI, json.dumps(card).encode())
+    assert table_with(html, "Metric")[1:] == [
+        ["Accuracy", "0.9", "0.92"],
+        ["worst_label_recall", "0.7", "0.75"],
+        ["Records evaluated", "200", "200"],
+    ]
+    assert table_with(html, "Column")[0][:4] == ["Column", "Value", "Accuracy", "Production accuracy"]
+    assert table_with(html, "Column")[0][-3:] == [
+        "worst_label_recall",
+        "Production worst_label_recall",
+        "Records",
+    ]
+    assert "95% interval [-0.05, +0.01]" in page_text(html)
