@@ -17,6 +17,10 @@ regression_ratio     ``eval_loss / production_eval_loss`` (1.02: 2% worse)
 perplexity_ratio     ``perplexity / production_perplexity``
 ==================== ==========================================================
 
+Any other metric the slices hold (a classifier's ``accuracy``, a team's own from
+``EvaluateModelOperator(metrics=...)``) adds three columns: ``<metric>``,
+``production_<metric>`` and ``<metric>_ratio`` (candidate over production).
+
 Two check kinds use it (checks are data, see docs/promotion.md):
 
 - ``slices``: any expectation of :data:`SLICE_EXPECTATIONS` over the table,
@@ -25,6 +29,9 @@ Two check kinds use it (checks are data, see docs/promotion.md):
 - ``slice_no_regression``: no slice worse than production by more than ``tolerance``,
   ``{"kind": "slice_no_regression", "tolerance": 0.05}``, which is the expectation
   ``regression_ratio <= 1 + tolerance`` (``perplexity_ratio`` with ``"metric": "perplexity"``).
+  "Worse" follows the metric's direction: ``{"kind": "slice_no_regression", "metric":
+  "accuracy", "tolerance": 0.05}`` is ``accuracy_ratio >= 1 - tolerance``; a team's own metric
+  says its ``direction``, as in ``no_regression``.
 
 Both take ``slice_column`` to look at the slices of one column only. Null cells (a slice
 the production model has no figure for, a slice with no scored token) are not checked, as
@@ -44,6 +51,7 @@ from typing import Any
 
 from trainops.gate.errors import GateConfigError
 from trainops.gate.fields import NumberRule, fmt, is_number, show
+from trainops.gate.metrics import BUILTIN, DIRECTIONS, LOWER, known_metrics, user_metric_problem
 from trainops.gate.records import Check, FailingSlice, Outcome
 from trainops.staging.gx_batch import ephemeral_context
 
@@ -81,6 +89,21 @@ PRODUCTION_COLUMNS = (
     "perplexity_ratio",
 )
 _RATIO_COLUMN = {"eval_loss": "regression_ratio", "perplexity": "perplexity_ratio"}
+_BASE_METRICS = ("eval_loss", "perplexity")  # always in the table (TABLE_COLUMNS)
+
+
+def ratio_column(metric: str) -> str:
+    """The table column of ``metric`` on the candidate over production."""
+    return _RATIO_COLUMN.get(metric, f"{metric}_ratio")
+
+
+def metric_columns(metric: str) -> tuple[str, str, str]:
+    """The three table columns of a metric beyond the base ones."""
+    return metric, f"production_{metric}", ratio_column(metric)
+
+
+# Columns a ``slices`` expectation may name: the base table, and each built-in metric's three.
+KNOWN_COLUMNS = TABLE_COLUMNS + tuple(c for m in BUILTIN if m not in _BASE_METRICS for c in metric_columns(m))
 
 _BETWEEN = ("column", "min_value", "max_value", "strict_min", "strict_max")
 # type -> (GX class name, allowed kwargs). Column expectations only: the table is small and
@@ -104,7 +127,7 @@ _NUMERIC_KWARGS = ("min_value", "max_value")
 _COLUMN_KWARGS = ("column", "column_A", "column_B")
 _FIELDS = {
     "slices": {"name", "kind", "expectation", "slice_column"},
-    "slice_no_regression": {"name", "kind", "metric", "tolerance", "slice_column"},
+    "slice_no_regression": {"name", "kind", "metric", "tolerance", "slice_column", "direction"},
 }
 _SHOWN_SLICES = 5
 
@@ -133,8 +156,7 @@ def validate_slice_check(where: str, check: Check, number: NumberRule) -> Check:
     out: Check = {"kind": kind, "slice_column": slice_column}
     if kind == "slice_no_regression":
         metric = check.get("metric", "eval_loss")
-        if metric not in _RATIO_COLUMN:
-            raise GateConfigError(f"{where} has unknown metric {metric!r}; use one of {list(_RATIO_COLUMN)}")
+        direction = _slice_direction(where, metric, check.get("direction"))
         tolerance = number(where, "tolerance", check.get("tolerance", 0.0))
         if isinstance(tolerance, float) and tolerance < 0:
             raise GateConfigError(
@@ -142,9 +164,31 @@ def validate_slice_check(where: str, check: Check, number: NumberRule) -> Check:
                 f"0.05 is 5%), got {tolerance!r}"
             )
         out.update(metric=metric, tolerance=tolerance)
+        if metric not in BUILTIN:
+            out["direction"] = direction
         return out
     out["expectation"] = _validate_expectation(where, check.get("expectation"), number)
     return out
+
+
+def _slice_direction(where: str, metric: object, direction: object) -> str:
+    """A ``slice_no_regression`` metric's direction: a built-in one's own (a ``direction`` given
+    must agree), or the one a check on a team's own metric declares."""
+    if direction is not None and direction not in DIRECTIONS:
+        raise GateConfigError(f"{where} has unknown direction {direction!r}; use one of {list(DIRECTIONS)}")
+    if metric in BUILTIN:
+        own = BUILTIN[str(metric)].direction
+        if direction is not None and direction != own:
+            raise GateConfigError(
+                f"{where} says {metric} is {direction}, but {metric} is {own}: drop 'direction'"
+            )
+        return own
+    if user_metric_problem(metric) is None and direction is not None:
+        return str(direction)
+    raise GateConfigError(
+        f"{where} has unknown metric {metric!r}; the known metrics are {known_metrics()}; a team's own "
+        f"metric needs 'direction': one of {list(DIRECTIONS)}"
+    )
 
 
 def _validate_expectation(where: str, expectation: object, number: NumberRule) -> dict[str, Any]:
@@ -175,10 +219,10 @@ def _validate_expectation(where: str, expectation: object, number: NumberRule) -
             f"allowed kwargs are {list(allowed)}"
         )
     for key in _COLUMN_KWARGS:
-        if key in allowed and kwargs.get(key) not in TABLE_COLUMNS:
+        if key in allowed and kwargs.get(key) not in KNOWN_COLUMNS:
             raise GateConfigError(
                 f"{where} expectation {etype} has {key} {kwargs.get(key)!r}, which is "
-                f"not a column of the per-slice table; use one of {list(TABLE_COLUMNS)}"
+                f"not a column of the per-slice table; use one of {list(KNOWN_COLUMNS)}"
             )
     out = copy.deepcopy(kwargs)
     for key in _NUMERIC_KWARGS:
@@ -207,10 +251,12 @@ def expectation_of(check: Check) -> dict[str, Any]:
     if check["kind"] == "slices":
         expectation: dict[str, Any] = check["expectation"]
         return expectation
-    return {
-        "type": "expect_column_values_to_be_between",
-        "kwargs": {"column": _RATIO_COLUMN[check["metric"]], "max_value": 1.0 + check["tolerance"]},
-    }
+    metric = check["metric"]
+    if BUILTIN[metric].direction == LOWER if metric in BUILTIN else check.get("direction") == LOWER:
+        bound = {"max_value": 1.0 + check["tolerance"]}
+    else:
+        bound = {"min_value": 1.0 - check["tolerance"]}
+    return {"type": "expect_column_values_to_be_between", "kwargs": {"column": ratio_column(metric), **bound}}
 
 
 def expected_text(expectation: Mapping[str, Any]) -> str:
@@ -235,12 +281,13 @@ def expected_text(expectation: Mapping[str, Any]) -> str:
 # ------------------------------------------------------------------------- the table
 
 
-def _summary(entry: object) -> dict[str, float | None]:
+def _figures(entry: object) -> dict[str, float | None]:
+    """A slice's finite numeric figures (JSON has no NaN), the base ones always (None: none)."""
     entry = entry if isinstance(entry, dict) else {}
-    out: dict[str, float | None] = {}
-    for key in ("eval_loss", "perplexity", "tokens"):
-        value = entry.get(key)
-        out[key] = float(value) if is_number(value) and math.isfinite(value) else None
+    out: dict[str, float | None] = dict.fromkeys((*_BASE_METRICS, "tokens"))
+    for key, value in entry.items():
+        if isinstance(key, str) and is_number(value) and math.isfinite(value):
+            out[key] = float(value)
     return out
 
 
@@ -254,28 +301,53 @@ def slice_rows(candidate: Mapping[str, Any], production: Mapping[str, Any] | Non
     """The per-slice metrics table as plain rows, in slice-column then slice order.
 
     ``candidate["slices"]`` is the evaluation's ``{column: {value: {eval_loss, perplexity,
-    tokens}}}``; ``production`` is the production model's metrics or None.
+    tokens, ...}}}``; ``production`` is the production model's metrics or None. Every row has
+    the base columns (:data:`TABLE_COLUMNS`) and the three of each other metric any candidate
+    slice holds.
     """
     ours = candidate.get("slices") or {}
     theirs = (production or {}).get("slices") or {}
+    extra: dict[str, None] = {}
+    for values in ours.values():
+        for entry in (values or {}).values() if isinstance(values, dict) else ():
+            for key in _figures(entry):
+                if key not in (*_BASE_METRICS, "tokens"):
+                    extra[key] = None
     rows = []
     for column in sorted(ours):
         base_slices = theirs[column] if isinstance(theirs.get(column), dict) else {}
         for value in sorted(ours[column]):
-            mine, base = _summary(ours[column][value]), _summary(base_slices.get(value))
-            rows.append(
-                {
-                    "slice_column": column,
-                    "slice": str(value),
-                    **mine,
-                    "production_eval_loss": base["eval_loss"],
-                    "production_perplexity": base["perplexity"],
-                    "production_tokens": base["tokens"],
-                    "regression_ratio": _ratio(mine["eval_loss"], base["eval_loss"]),
-                    "perplexity_ratio": _ratio(mine["perplexity"], base["perplexity"]),
-                }
-            )
+            mine, base = _figures(ours[column][value]), _figures(base_slices.get(value))
+            row = {
+                "slice_column": column,
+                "slice": str(value),
+                **{k: mine[k] for k in (*_BASE_METRICS, "tokens")},
+                "production_eval_loss": base["eval_loss"],
+                "production_perplexity": base["perplexity"],
+                "production_tokens": base["tokens"],
+                "regression_ratio": _ratio(mine["eval_loss"], base["eval_loss"]),
+                "perplexity_ratio": _ratio(mine["perplexity"], base["perplexity"]),
+            }
+            for metric in extra:
+                ours_value, theirs_value = mine.get(metric), base.get(metric)
+                row.update(
+                    zip(
+                        metric_columns(metric),
+                        (ours_value, theirs_value, _ratio(ours_value, theirs_value)),
+                        strict=True,
+                    )
+                )
+            rows.append(row)
     return rows
+
+
+def table_columns(rows: list[dict[str, Any]]) -> list[str]:
+    """The table's columns: the base ones, then each other metric's three."""
+    return list(TABLE_COLUMNS) + [c for c in (rows[0] if rows else {}) if c not in TABLE_COLUMNS]
+
+
+def _is_production_column(column: str) -> bool:
+    return column in PRODUCTION_COLUMNS or column.startswith("production_") or column.endswith("_ratio")
 
 
 # ------------------------------------------------------------------------- GX
@@ -318,8 +390,9 @@ def run_slice_checks(
 
     expectations = build_expectations(checks)
     rows = slice_rows(candidate, production)
-    frame = pd.DataFrame(rows, columns=list(TABLE_COLUMNS))
-    numeric = [c for c in TABLE_COLUMNS if c not in ("slice_column", "slice")]
+    columns_held = table_columns(rows)
+    frame = pd.DataFrame(rows, columns=columns_held)
+    numeric = [c for c in columns_held if c not in ("slice_column", "slice")]
     frame[numeric] = frame[numeric].astype("float64")
     definition = None
     label = "production" if production_version is None else f"production v{production_version}"
@@ -331,8 +404,23 @@ def run_slice_checks(
         if check.get("slice_column"):
             table = frame[frame["slice_column"] == check["slice_column"]].reset_index(drop=True)
         columns = {e["kwargs"][k] for k in _COLUMN_KWARGS if k in e["kwargs"]}
-        if production is None and columns & set(PRODUCTION_COLUMNS):
+        if production is None and any(_is_production_column(c) for c in columns):
             out.append(_outcome(None, expected, True, "no production model yet"))
+            continue
+        absent = sorted(columns - set(columns_held))
+        if absent:
+            held = sorted(
+                {
+                    c
+                    for c in columns_held
+                    if c not in ("slice_column", "slice") and not _is_production_column(c)
+                }
+            )
+            out.append(
+                _outcome(
+                    None, expected, False, f"the slices hold no {absent[0]} (they hold {', '.join(held)})"
+                )
+            )
             continue
         if table.empty:
             have = sorted({r["slice_column"] for r in rows})
@@ -419,6 +507,6 @@ def _read_result(e: dict[str, Any], result: Any, table: Any, label: str) -> Outc
         note = f"{checked}/{len(table)} slices checked"
     else:
         note = "the table as a whole fails"
-    if any(c in PRODUCTION_COLUMNS for c in e["kwargs"].values() if isinstance(c, str)):
+    if any(_is_production_column(c) for c in e["kwargs"].values() if isinstance(c, str)):
         note += f"; against {label}"
     return _outcome(observed, expected, passed, note, failing)

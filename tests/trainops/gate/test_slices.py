@@ -220,7 +220,10 @@ def test_malformed_slices_in_the_evaluation_are_named():
             ["unknown field 'metric'"],
         ),
         ({"kind": "slice_no_regression", "tolerance": -0.1}, ["'tolerance'", "-0.1"]),
-        ({"kind": "slice_no_regression", "metric": "accuracy"}, ["'accuracy'"]),
+        (
+            {"kind": "slice_no_regression", "metric": "acuracy"},
+            ["'acuracy'", "the known metrics are accuracy"],
+        ),
         ({"kind": "slice_no_regression", "slice_column": ""}, ["slice_column", "''"]),
     ],
 )
@@ -266,3 +269,59 @@ def test_validating_slice_checks_does_not_import_gx_or_pandas():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# ------------------------------------------------------------------------------ any metric
+
+
+def _classifier(accuracy: dict, recall: dict | None = None) -> dict:
+    """A classifier's metrics with per-slice accuracy (and a team's recall) by length."""
+    slices = {
+        value: {
+            "eval_loss": 0.3,
+            "tokens": 50,
+            "accuracy": a,
+            **({"worst_recall": recall[value]} if recall else {}),
+        }
+        for value, a in accuracy.items()
+    }
+    return {"eval_loss": 0.3, "accuracy": 0.9, "slices": {"length": slices}}
+
+
+def test_a_slice_check_works_on_any_metric_the_slices_hold_in_its_direction():
+    checks = [
+        {"name": "accuracy", "kind": "slice_no_regression", "metric": "accuracy", "tolerance": 0.05},
+        {
+            "name": "recall",
+            "kind": "slice_no_regression",
+            "metric": "worst_recall",
+            "direction": "lower_is_better",
+            "tolerance": 0.05,
+        },
+    ]
+    candidate = _classifier({"short": 0.80, "long": 0.95}, {"short": 0.5, "long": 0.5})
+    production = _classifier({"short": 0.90, "long": 0.90}, {"short": 0.5, "long": 0.4})
+    rows = slice_rows(candidate, production)
+    assert rows[1]["slice"] == "short" and rows[1]["accuracy_ratio"] == pytest.approx(0.8 / 0.9)
+    decision = decide(checks, candidate, production, 2)
+    accuracy, recall = decision["checks"]
+    # higher is better: short fell 11 %, beyond 5 %; long rose, which is no regression
+    assert accuracy["expected"] == ">= 0.95" and accuracy["passed"] is False
+    assert [(s["slice"], round(s["value"], 3)) for s in accuracy["slices"]] == [("short", 0.889)]
+    # the team's metric, lower is better as declared: long went from 0.4 to 0.5
+    assert recall["expected"] == "<= 1.05" and [s["slice"] for s in recall["slices"]] == ["long"]
+
+
+def test_a_slice_check_on_a_metric_the_slices_lack_fails_saying_what_they_hold():
+    check = {"name": "acc", "kind": "slice_no_regression", "metric": "accuracy", "tolerance": 0.05}
+    outcome = decide([check], metrics(2.9, {"wiki": 2.2}), metrics(2.9, {"wiki": 2.0}), 1)["checks"][0]
+    assert outcome["passed"] is False
+    assert outcome["note"] == "the slices hold no accuracy_ratio (they hold eval_loss, perplexity, tokens)"
+    slices = {
+        "kind": "slices",
+        "expectation": {
+            "type": "expect_column_min_to_be_between",
+            "kwargs": {"column": "accuracy", "min_value": 0.8},
+        },
+    }
+    assert validate_checks([slices])[0]["expectation"]["kwargs"]["column"] == "accuracy"  # known at parse
