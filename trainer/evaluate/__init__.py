@@ -61,11 +61,14 @@ from trainer.evaluate.scores import (
     Answer,
     answer_figures,
     answer_lengths,
+    answer_summary,
     binary_auroc,
     calibration_error,
+    classifier_figures,
     eval_windows,
     label_metrics,
     record_batches,
+    slice_groups,
     slice_summaries,
     summary,
     token_owners,
@@ -285,13 +288,17 @@ def _answer_scored(
         model, stream, rows, t.seq_len, e.max_new_tokens, e.batch_size, e.max_batches, device
     )
     exact, f1 = answer_figures(answered)
-    hit = ~np.isnan(exact)
+    slices = slice_summaries(losses, owners, records, columns)
+    for column, values in slice_groups(_unit_columns(records, owners, rows[:, 0]), columns).items():
+        for value, indices in values.items():  # exact match and token F1 per slice too
+            figures = answer_summary(exact[indices], f1[indices])
+            slices[column].setdefault(value, {}).update(
+                exact_match=figures["exact_match"], token_f1=figures["token_f1"]
+            )
     result = {
         **summary(losses[~np.isnan(losses)]),
-        "exact_match": float(exact[hit].mean()) if hit.any() else None,
-        "token_f1": float(f1[hit].mean()) if hit.any() else None,
-        "answers": int(hit.sum()),
-        "slices": slice_summaries(losses, owners, records, columns),
+        **answer_summary(exact, f1),
+        "slices": slices,
     }
     sums, counts = record_loss_sums(losses, rows)
     units = {"loss_sum": sums, "loss_tokens": counts, "exact": exact, "token_f1": f1}
@@ -317,20 +324,21 @@ def _classification_scored(
     )
     scored = ~np.isnan(per_record)
     predicted = probabilities[scored].argmax(axis=1)  # of the scored records
-    losses, right = np.full(len(stream), np.nan), np.full(len(stream), np.nan)
+    losses = np.full(len(stream), np.nan)
     losses[rows[scored, 0]] = per_record[scored]
-    right[rows[scored, 0]] = predicted == rows[scored, 2]
     owners = token_owners(records, len(stream))
     slices = slice_summaries(losses, owners, records, columns)
-    for column, values in slice_summaries(right, owners, records, columns).items():
-        for value, hits in values.items():  # a record's "loss" 1 when right: the mean is accuracy
-            slices[column][value]["accuracy"] = hits["eval_loss"]
+    unit_columns = _unit_columns(records, owners, rows[scored, 0])
+    truth, chances = rows[scored, 2], probabilities[scored]
+    for column, values in slice_groups(unit_columns, columns).items():
+        for value, indices in values.items():  # every figure per slice too
+            slices[column][value].update(classifier_figures(truth[indices], chances[indices], labels))
     result = {
         **summary(per_record[scored]),
         "records": int(scored.sum()),
-        **label_metrics(rows[scored, 2], predicted, labels),
-        "calibration_error": calibration_error(probabilities[scored], rows[scored, 2]),
-        "auroc": binary_auroc(probabilities[scored], rows[scored, 2]),
+        **label_metrics(truth, predicted, labels),
+        "calibration_error": calibration_error(chances, truth),
+        "auroc": binary_auroc(chances, truth),
         "slices": slices,
     }
     chosen = np.full(len(rows), np.nan)
@@ -343,8 +351,8 @@ def _classification_scored(
     }
     given = Predictions(
         [labels[int(p)] for p in predicted],
-        [labels[int(r)] for r in rows[scored, 2]],
-        _unit_columns(records, owners, rows[scored, 0]),
+        [labels[int(r)] for r in truth],
+        unit_columns,
     )
     return Scored(result, units, given)
 

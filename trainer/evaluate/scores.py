@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -161,3 +162,42 @@ def answer_figures(answered: list[Answer | None]) -> tuple[np.ndarray, np.ndarra
         if answer is not None:
             exact[index], f1[index] = answer_scores(answer.tokens, answer.reference)
     return exact, f1
+
+
+def slice_groups(unit_records: list[dict], columns: Sequence[str]) -> dict[str, dict[str, list[int]]]:
+    """``{column: {value: [unit index, ...]}}``: the units of each slice value, a value as text
+    (``str``, as :func:`slice_summaries` groups tokens), in value order. A unit the eval index
+    does not hold (``{}``) is in no slice."""
+    out: dict[str, dict[str, list[int]]] = {}
+    for column in columns:
+        groups: dict[str, list[int]] = {}
+        for index, record in enumerate(unit_records):
+            if record:
+                groups.setdefault(str(record.get(column)), []).append(index)
+        out[column] = dict(sorted(groups.items()))
+    return out
+
+
+def classifier_figures(truth: np.ndarray, probabilities: np.ndarray, labels: list[str]) -> dict:
+    """A classifier's headline figures over some records: accuracy, macro F1, calibration
+    error and (two labels) AUROC, from each record's label and label probabilities."""
+    predicted = probabilities.argmax(axis=1)
+    figures = label_metrics(truth, predicted, labels)
+    return {
+        "accuracy": figures["accuracy"],
+        "f1_macro": figures["f1_macro"],
+        "calibration_error": calibration_error(probabilities, truth),
+        "auroc": binary_auroc(probabilities, truth),
+    }
+
+
+def answer_summary(exact: np.ndarray, f1: np.ndarray) -> dict:
+    """Exact match and token F1 over the answered records (NaN: no answer); None for none."""
+    hit = ~np.isnan(exact)
+    if not hit.any():
+        return {"exact_match": None, "token_f1": None, "answers": 0}
+    return {
+        "exact_match": float(exact[hit].mean()),
+        "token_f1": float(f1[hit].mean()),
+        "answers": int(hit.sum()),
+    }

@@ -34,6 +34,7 @@ from typing import Any
 from trainer.config import USER_METRIC_EXAMPLE
 from trainer.config.functions import import_function
 from trainer.contract import BUILTIN_METRICS, EVAL_REPORT_KEYS, METRIC_NAME
+from trainer.evaluate.scores import slice_groups
 
 TAKEN = frozenset(BUILTIN_METRICS) | frozenset(EVAL_REPORT_KEYS)
 
@@ -130,22 +131,18 @@ def figures(
     column as text (``str``), as the built-in slices group them; a record the eval index does
     not hold (``{}``) counts overall only."""
     overall = score(metrics, given)
-    per_slice: dict[str, dict[str, dict[str, float]]] = {}
-    for column in columns:
-        groups: dict[str, list[int]] = {}
-        for index, record in enumerate(given.records):
-            if not record:  # not in the eval index: in no slice, as the built-in slices count it
-                continue
-            groups.setdefault(str(record.get(column)), []).append(index)
-        per_slice[column] = {
+    per_slice = {
+        column: {
             value: {
                 name: figure
                 for name, (figure, _) in score(
                     metrics, given.subset(indices), f"slice {column}={value}"
                 ).items()
             }
-            for value, indices in sorted(groups.items())
+            for value, indices in values.items()
         }
+        for column, values in slice_groups(given.records, columns).items()
+    }
     return (
         {name: value for name, (value, _) in overall.items()},
         per_slice,

@@ -93,7 +93,13 @@ def _slices(candidate: Mapping, production: Mapping | None) -> str:
     was not scored on shows a dash. Perplexity is left out: it is the loss again."""
     ours = as_map(candidate.get("slices"))
     theirs = as_map(production.get("slices")) if isinstance(production, Mapping) else {}
-    held = {key for values in ours.values() for s in as_map(values).values() for key in as_map(s)}
+    held = {
+        key
+        for values in ours.values()
+        for s in as_map(values).values()
+        for key, value in as_map(s).items()
+        if value is not None
+    }
     figures = [
         (m.name, m.label)
         for m in shown_metrics(candidate, production)

@@ -103,3 +103,20 @@ def test_auroc_is_the_chance_a_positive_outscores_a_negative_as_mann_whitney_cou
     assert binary_auroc(np.array([[0.2, 0.8], [0.7, 0.3]]), np.array([0, 1])) == 0.0
     assert binary_auroc(np.ones((3, 3)) / 3, np.array([0, 1, 2])) is None  # three labels
     assert binary_auroc(np.array([[0.8, 0.2]]), np.array([0])) is None  # no positive record
+
+
+def test_slices_group_the_scored_units_by_their_records_columns():
+    from trainer.evaluate.scores import answer_summary, classifier_figures, slice_groups
+
+    units = [{"id": 0, "length": "short"}, {"id": 1, "length": "long"}, {}, {"id": 3, "length": "short"}]
+    assert slice_groups(units, ["length", "source"]) == {
+        "length": {"long": [1], "short": [0, 3]},  # the unit outside the eval index: in no slice
+        "source": {"None": [0, 1, 3]},  # a column a record lacks groups as 'None', as tokens do
+    }
+    exact, f1 = np.array([1.0, 0.0, np.nan, 1.0]), np.array([1.0, 0.5, np.nan, 1.0])
+    assert answer_summary(exact[[0, 3]], f1[[0, 3]]) == {"exact_match": 1.0, "token_f1": 1.0, "answers": 2}
+    assert answer_summary(exact[[2]], f1[[2]]) == {"exact_match": None, "token_f1": None, "answers": 0}
+    probabilities = np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]])
+    figures = classifier_figures(np.array([0, 1, 1]), probabilities, ["no", "yes"])
+    assert figures["accuracy"] == pytest.approx(2 / 3) and figures["auroc"] == 1.0
+    assert figures["f1_macro"] == pytest.approx((2 / 3 + 2 / 3) / 2)

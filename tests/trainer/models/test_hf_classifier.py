@@ -155,6 +155,8 @@ def test_a_classifier_is_evaluated_by_accuracy_and_f1_over_its_labels(
     assert np.trace(counts) / 60 == pytest.approx(report["accuracy"])
     slices = report["slices"]["source"].values()
     assert sum(s["accuracy"] * s["tokens"] for s in slices) / 60 == pytest.approx(report["accuracy"])
+    # every figure per slice too: a slice's macro F1 and calibration are its own records'
+    assert all(0 <= s["f1_macro"] <= 1 and 0 <= s["calibration_error"] <= 1 for s in slices)
 
 
 def test_a_classifier_preempted_then_killed_resumes_bitwise_identical(
