@@ -87,9 +87,9 @@ def test_demo_twice_then_another_seed_then_a_rollback_then_a_rejected_model(demo
     assert second["evaluate"]["production_version"] == 1
     assert second["evaluate"]["production"]["eval_loss"] == pytest.approx(first_loss, rel=1e-6)
     assert task_states(dagrun.run_id)["promote"] == "skipped" and second["promote"] is None
-    assert run_note(dagrun.run_id).startswith(
-        "NOT PROMOTED: demo-lm is identical to production v1 (same weights sha256 "
-    )
+    approval, skipped = run_note(dagrun.run_id).split("\n\n")  # the gate's, then promote's
+    assert approval.startswith("APPROVED: demo-lm passed 2 of 2 gate checks (against production v1)")
+    assert skipped.startswith("NOT PROMOTED: demo-lm is identical to production v1 (same weights sha256 ")
     assert store.get_json(production_pointer(root, "demo-lm"))["version"] == 1
 
     # Another seed trains another model (other initial weights, other sample order): it passes
@@ -112,7 +112,12 @@ def test_demo_twice_then_another_seed_then_a_rollback_then_a_rejected_model(demo
     assert gate["checks"][1]["expected"] == f"<= {first_loss * 1.02:.6g}"  # 2% worse at most
     assert gate["checks"][1]["observed"] == pytest.approx(other_loss)
     assert other["promote"]["version"] == 2 and other["promote"]["previous_version"] == 1
-    assert run_note(dagrun.run_id) is None  # a promotion needs no explanation
+    assert run_note(dagrun.run_id) == (  # what decided, where a person looks first
+        "APPROVED: demo-lm passed 2 of 2 gate checks (against production v1), decided on eval_loss.\n"
+        f"- eval loss under max_eval_loss (observed {other_loss:.6g}, expected {gate['checks'][0]['expected']})\n"
+        f"- no regression vs production: eval_loss (observed {other_loss:.6g}, expected <= {first_loss * 1.02:.6g})\n"
+        f"Decision: {RunLayout(other['train']['run_uri']).eval_gate}"
+    )
     # The seed reached the trainer as an integer (config.yaml, kept on the card), nothing else moved.
     card = store.get_json(other["promote"]["card_uri"])
     first_card = store.get_json(first["promote"]["card_uri"])

@@ -181,10 +181,15 @@ def test_an_identical_candidate_is_reported_as_identical_and_the_promotion_recor
 
     assert str(again.state).endswith("success")
     note, tasks = run_record(again.run_id)
-    assert note.startswith("NOT PROMOTED: demo-lm is identical to production v1 (same weights sha256 ")
-    assert note.endswith("); nothing new to publish; production unchanged.")
-    assert tasks["gate"][:2] == ("success", None)  # approved: the gate leaves no note
-    assert tasks["promote"] == ("skipped", note, 1)
+    # the gate's approval first, naming the metric that decided; then why nothing was promoted
+    approval, skipped = note.split("\n\n")
+    assert approval.startswith(
+        "APPROVED: demo-lm passed 2 of 2 gate checks (against production v1), decided on eval_loss.\n"
+    )
+    assert skipped.startswith("NOT PROMOTED: demo-lm is identical to production v1 (same weights sha256 ")
+    assert skipped.endswith("); nothing new to publish; production unchanged.")
+    assert tasks["gate"][:2] == ("success", approval)
+    assert tasks["promote"] == ("skipped", skipped, 1)
     assert stored_link(again.run_id, "promote", "ModelCardLink") == ""  # disabled: nothing promoted
     assert storage.get(production_pointer(file_root, MODEL)) == pointer_before
     assert not storage.list(model_version_prefix(file_root, MODEL, 2))

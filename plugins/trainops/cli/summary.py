@@ -120,9 +120,10 @@ def render(facts: dict) -> str:
             + (f" (was v{prev})" if prev else " (first production version)")
         )
     elif gate:
-        # The run's note says why (rejected, or identical to production); its first line is enough.
+        # The run's note says why (rejected, or identical to production): the first line of its
+        # last part (the gate's approval may come before promote's "NOT PROMOTED").
         note = (facts.get("run_note") or "").strip()
-        why = note.splitlines()[0] if note else "the gate rejected the candidate"
+        why = note.split("\n\n")[-1].splitlines()[0] if note else "the gate rejected the candidate"
         lines.append(f"promoted         nothing: {why}")
     lines.append("artifacts")
     if stage:

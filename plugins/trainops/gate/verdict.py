@@ -1,4 +1,4 @@
-"""The gate's verdict in words: the promote task's skip message and the notes a rejection leaves.
+"""The gate's verdict in words: the promote task's skip message and the notes a decision leaves.
 
 Pure text over the gate's decision (the EvaluationGateOperator's XCom result), so the skip
 message, the DAG run's note and the gate task's note say the same thing from one source.
@@ -11,7 +11,7 @@ from typing import Any
 
 from trainops.gate.checks import failed_checks
 
-__all__ = ["NOTE_LIMIT", "fit_note", "rejection_note", "rejection_reason"]
+__all__ = ["NOTE_LIMIT", "approval_note", "fit_note", "rejection_note", "rejection_reason"]
 
 # Airflow's public API refuses a DAG run or task instance note longer than this.
 NOTE_LIMIT = 1000
@@ -24,11 +24,22 @@ def _observed(check: Mapping[str, Any]) -> str:
     return str(check.get("note") or "missing")
 
 
+def _line(check: Mapping[str, Any]) -> str:
+    """A check as a person reads it: its name, the metric that decided it, observed against
+    expected, and a paired interval when there was one."""
+    metric = check.get("metric")
+    named = check["name"] if not metric or metric in str(check["name"]) else f"{check['name']}: {metric}"
+    line = f"{named} (observed {_observed(check)}, expected {check.get('expected') or '-'}"
+    interval = check.get("interval")
+    if isinstance(interval, list) and len(interval) == 2 and check.get("confidence"):
+        line += (
+            f"; {check['confidence']:.0%} interval of the difference [{interval[0]:+.4g}, {interval[1]:+.4g}]"
+        )
+    return line + ")"
+
+
 def _failed_lines(gate: Mapping[str, Any]) -> list[str]:
-    return [
-        f"{check['name']} (observed {_observed(check)}, expected {check.get('expected') or '-'})"
-        for check in failed_checks(gate)
-    ]
+    return [_line(check) for check in failed_checks(gate)]
 
 
 def rejection_reason(gate: Mapping[str, Any]) -> str:
@@ -54,6 +65,24 @@ def rejection_note(gate: Mapping[str, Any]) -> str:
         f"gate checks ({against}); promote skipped, production unchanged."
     )
     lines = [head, *(f"- {line}" for line in failed)]
+    if gate.get("gate_uri"):
+        lines.append(f"Decision: {gate['gate_uri']}")
+    return fit_note("\n".join(lines))
+
+
+def approval_note(gate: Mapping[str, Any]) -> str:
+    """The note an approved run carries (DAG run and gate task): the model, what it was compared
+    with, the metrics that decided (each check, observed against expected) and the decision's
+    URI; at most :data:`NOTE_LIMIT` characters."""
+    checks = [c for c in gate.get("checks") or [] if isinstance(c, Mapping) and c.get("name")]
+    production = gate.get("production_version")
+    against = f"against production v{production}" if production is not None else "no production yet"
+    metrics = list(dict.fromkeys(str(c.get("metric")) for c in checks if c.get("metric")))
+    head = (
+        f"APPROVED: {gate.get('model_name') or 'the candidate'} passed {len(checks)} of {len(checks)} "
+        f"gate checks ({against}), decided on {', '.join(metrics) or 'no metric'}."
+    )
+    lines = [head, *(f"- {_line(check)}" for check in checks)]
     if gate.get("gate_uri"):
         lines.append(f"Decision: {gate['gate_uri']}")
     return fit_note("\n".join(lines))

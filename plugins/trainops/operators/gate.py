@@ -19,7 +19,7 @@ from trainops.gate.checks import (
     validate_checks,
 )
 from trainops.gate.slices import build_expectations, slice_rows
-from trainops.gate.verdict import rejection_note
+from trainops.gate.verdict import approval_note, rejection_note
 from trainops.hooks.storage import get_json_object, storage_for
 from trainops.links import GateDecisionLink, push_report
 from trainops.operators import notes  # write_notes looked up at each call: tests replace it
@@ -168,7 +168,8 @@ class EvaluationGateOperator(ReportingOperator):
                 evaluation["model_name"],
                 ", ".join(repr(c["name"]) for c in failed_checks(decision)),
             )
-            self._leave_notes(context, result)
+        self._leave_notes(context, result)
+        if not decision["approved"]:
             self._notify(result)
         return result
 
@@ -185,8 +186,9 @@ class EvaluationGateOperator(ReportingOperator):
         return document if isinstance(document, dict) else None
 
     def _leave_notes(self, context: Context, result: dict) -> None:
-        """Say why on the DAG run's note and this task's note, where a person looks first."""
-        note = rejection_note(result)
+        """Say what decided on the DAG run's note and this task's note, where a person looks
+        first: the failed checks of a rejection, every check's metric of an approval."""
+        note = approval_note(result) if result["approved"] else rejection_note(result)
         how = notes.write_notes(context, run_note=note, task_note=note, log=self.log)
         if how is not None:
             self.log.info("the DAG run's note says why (written through the %s)", how)

@@ -136,6 +136,12 @@ def test_nothing_promoted_says_why_from_the_runs_note():
     )
     text = render(facts(promote=None, run_note=identical))
     assert f"promoted         nothing: {identical}" in text
+    # after the gate's approval note, promote's part is the one that says why
+    approved = (
+        "APPROVED: demo-lm passed 2 of 2 gate checks (against production v1), decided on eval_loss.\n- x"
+    )
+    text = render(facts(promote=None, run_note=f"{approved}\n\n{identical}"))
+    assert f"promoted         nothing: {identical}" in text
     rejected = (
         "REJECTED: demo-lm failed 1 of 2 gate checks (against production v1); promote skipped\n- loss cap"
     )

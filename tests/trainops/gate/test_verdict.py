@@ -47,3 +47,43 @@ def test_a_note_with_many_failed_checks_fits_airflows_limit():
     assert len(note) == NOTE_LIMIT and note.endswith(" [...]")
     assert note.startswith("REJECTED: demo-lm failed 200 of 200 gate checks")
     assert fit_note("short") == "short"
+
+
+def test_an_approval_note_names_the_metrics_that_decided_and_a_paired_interval():
+    from trainops.gate.verdict import approval_note
+
+    approved = {
+        "approved": True,
+        "model_name": "support-intent",
+        "production_version": 4,
+        "gate_uri": "file:///r/runs/x/train/eval/gate.json",
+        "checks": [
+            {
+                "name": "accuracy >= 0.9",
+                "metric": "accuracy",
+                "observed": 0.93,
+                "expected": ">= 0.9",
+                "passed": True,
+            },
+            {
+                "name": "no regression vs production",
+                "metric": "f1_macro",
+                "observed": 0.9,
+                "expected": ">= 0.9016 unless the 95% interval reaches it",
+                "passed": True,
+                "interval": [-0.031, 0.004],
+                "confidence": 0.95,
+            },
+        ],
+    }
+    assert approval_note(approved) == (
+        "APPROVED: support-intent passed 2 of 2 gate checks (against production v4), decided on "
+        "accuracy, f1_macro.\n"
+        "- accuracy >= 0.9 (observed 0.93, expected >= 0.9)\n"
+        "- no regression vs production: f1_macro (observed 0.9, expected >= 0.9016 unless the 95% "
+        "interval reaches it; 95% interval of the difference [-0.031, +0.004])\n"
+        "Decision: file:///r/runs/x/train/eval/gate.json"
+    )
+    # a rejection names the metric of each failed check the same way
+    rejected = {**approved, "approved": False, "checks": [{**approved["checks"][1], "passed": False}]}
+    assert "- no regression vs production: f1_macro (observed 0.9" in rejection_note(rejected)

@@ -120,6 +120,8 @@ def test_evaluation_is_a_templated_field():
 
 
 class FakeTI:
+    dag_id, run_id, task_id, map_index = "d", "r", "gate", -1
+
     def __init__(self):
         self.pushed = {}
 
