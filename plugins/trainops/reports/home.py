@@ -20,6 +20,7 @@ from typing import Any, NotRequired, TypedDict
 
 from trainer.contract import MetricsRecord, join
 from trainops.cost.money import money
+from trainops.gate.metrics import shown_metrics
 from trainops.registry.promotion import card_uri
 from trainops.reports.cost_page import COST_FORMAT, percent
 from trainops.reports.fleet import FleetRun
@@ -60,6 +61,9 @@ class ModelEntry(TypedDict):
     root: str
     pointer: dict[str, Any] | None
     problem: str | None
+    # the production version's card ``metrics`` (its evaluation against the production before
+    # it); None or absent: no readable card
+    metrics: NotRequired[dict[str, Any] | None]
 
 
 class DatasetVersion(TypedDict):
@@ -214,6 +218,25 @@ def _who_and_why(entry: Mapping[str, Any], refs: Mapping[str, AirflowRef], base_
     return by, why
 
 
+def _promoted_on(metrics: Mapping[str, Any] | None) -> str:
+    """The production version's own metrics (the task's first two, a team's after them) against
+    the production before it, as its card recorded them; "" without a card."""
+    if not isinstance(metrics, Mapping) or not isinstance(metrics.get("candidate"), Mapping):
+        return ""
+    candidate, before = metrics["candidate"], metrics.get("production")
+    before = before if isinstance(before, Mapping) else {}
+    shown = [m for m in shown_metrics(candidate, before) if isinstance(candidate.get(m.name), (int, float))]
+    if not shown:
+        return ""
+    version = metrics.get("production_version")
+    parts = []
+    for metric in shown[:2] + [m for m in shown[2:] if not m.direction]:
+        theirs = before.get(metric.name)
+        was = f" (v{escape(version)}: {theirs:.4g})" if isinstance(theirs, (int, float)) else ""
+        parts.append(f"{escape(metric.label)} {candidate[metric.name]:.4g}{was}")
+    return f"<p>Promoted on {', '.join(parts)}.</p>"
+
+
 def _model_section(model: ModelEntry, refs: Mapping[str, AirflowRef], base_url: str) -> str:
     where = f' <span class="muted">under {escape(model["root"])}</span>'
     head = f"<h3>{escape(model['name'])}{where}</h3>"
@@ -228,7 +251,7 @@ def _model_section(model: ModelEntry, refs: Mapping[str, AirflowRef], base_url: 
         summary += ", trained by " + report_link(join(run_uri, "job.json"), "this run")
         if run_uri in refs:
             summary += " (" + _airflow_cell(refs[run_uri], base_url) + ")"
-    summary += "</p>"
+    summary += "</p>" + _promoted_on(model.get("metrics"))
     history = dicts(pointer.get("history"))[-HISTORY_SHOWN:][::-1]
     rows = []
     for entry in history:

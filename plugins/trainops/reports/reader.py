@@ -25,6 +25,7 @@ import yaml
 from trainer.contract import join
 from trainer.storage import StorageError
 from trainops.hooks.storage import storage_for
+from trainops.registry.promotion import card_uri
 from trainops.reports import access, fleet_reader
 from trainops.reports.home import DatasetVersion, HomeRun, ModelEntry, progress
 from trainops.shapes import ShapeError, check_manifest, check_pointer, load
@@ -174,7 +175,17 @@ def read_home(
     models: list[ModelEntry] = []
     for _, storage_root, (name,) in _found(listed, "models", 1, "production.json"):
         pointer, problem = reads.record(join(storage_root, "models", name, "production.json"), check_pointer)
-        models.append({"name": name, "root": storage_root, "pointer": pointer, "problem": problem})
+        metrics = None
+        if pointer is not None:  # what the production version was promoted on, from its card
+            card, _ = reads.json(card_uri(storage_root, name, int(pointer["version"])))
+            metrics = (
+                card.get("metrics")
+                if isinstance(card, dict) and isinstance(card.get("metrics"), dict)
+                else None
+            )
+        models.append(
+            {"name": name, "root": storage_root, "pointer": pointer, "problem": problem, "metrics": metrics}
+        )
 
     all_uris = {uri for _, _, uris in listed for uri in uris or []}
     by_name: dict[tuple[str, str], list[tuple[str, str, str]]] = {}

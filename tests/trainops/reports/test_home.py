@@ -256,3 +256,26 @@ def test_problems_and_hidden_dags_are_named():
     text = page_text(_home(hidden_dags=2, problems=[f"could not list {ATTACK}"]))
     assert f"could not list {ATTACK}" in text
     assert "2 DAG(s) with runs are not shown: you may not read their task instances." in text
+
+
+def test_a_models_production_version_shows_the_metrics_it_was_promoted_on():
+    from tests.trainops.reports.helpers import page_text
+
+    pointer = {"version": 3, "promoted_at": "2026-12-01", "history": []}
+    metrics = {
+        "candidate": {
+            "accuracy": 0.934,
+            "f1_macro": 0.91,
+            "eval_loss": 0.2,
+            "worst_label_recall": 0.8,
+            "user_metrics": {"worst_label_recall": "team_metrics:worst_label_recall"},
+        },
+        "production": {"accuracy": 0.92, "f1_macro": 0.9, "eval_loss": 0.21},
+        "production_version": 2,
+    }
+    model = {"name": "support-intent", "root": ROOT, "pointer": pointer, "problem": None, "metrics": metrics}
+    text = page_text(home_page([], [model], [], base_url="https://airflow.example.com"))
+    assert "Promoted on Accuracy 0.934 (v2: 0.92), Macro F1 0.91 (v2: 0.9), worst_label_recall 0.8." in text
+    first = {**model, "metrics": {"candidate": {"eval_loss": 1.5, "perplexity": 4.5}, "production": None}}
+    assert "Promoted on Eval loss 1.5, Perplexity 4.5." in page_text(home_page([], [first], [], base_url="x"))
+    assert "Promoted on" not in page_text(home_page([], [{**model, "metrics": None}], [], base_url="x"))

@@ -68,7 +68,10 @@ def tree(root, tmp_path):
             root,
             "demo-lm",
             export_uri=layout.export,
-            card={"run_uri": layout.run_uri},
+            card={
+                "run_uri": layout.run_uri,
+                "metrics": {"candidate": {"eval_loss": 2.5}, "production": None},
+            },
             expected_production_version=expected,
         )
     rollback(storage, root, "demo-lm", 1, reason="v2 regressed on forum text", by="ada")
@@ -113,6 +116,7 @@ def test_home_page_lists_runs_models_and_datasets_with_their_links(api, tree, ro
     ]
     text = main_text(page)
     assert "demo-lm under " + root + " Production: v1 since" in text
+    assert "Promoted on Eval loss 2.5." in text  # read from v1's card
     history = table_with(page, "Version")
     assert [row[:5] for row in history[1:]] == [
         ["v1", "rollback", history[1][2], "ada", "v2 regressed on forum text (replaced v2)"],
