@@ -18,7 +18,7 @@ from trainops.operators.fail_fast import fail_fast
 from trainops.operators.job_options import check_renders
 from trainops.operators.launch_plan import one_process_job
 from trainops.operators.params import as_int, known_at_run_time, name_param, optional_seconds
-from trainops.operators.preflight import check_gpus
+from trainops.operators.preflight import check_gpus, check_scorers
 from trainops.registry.errors import MalformedPointer, RegistryNameConflict
 from trainops.registry.promotion import read_production
 from trainops.triggers.events import check_event
@@ -58,9 +58,11 @@ class EvaluateModelOperator(ClusterJobOperator):
     :param metrics: a team's own scorers, each ``module:function`` importable in the trainer
         image (or from its ``PYTHONPATH``), called with each scored record's prediction,
         reference and columns, overall and per slice (docs/promotion.md, "Your own metrics";
-        ``examples/team_metrics.py``). The form is checked when the DAG is parsed; a scorer that
-        cannot be imported, raises or returns anything but named numbers fails the evaluation,
-        naming it. None: the training config's ``eval.metrics``.
+        ``examples/team_metrics.py``). The form is checked when the DAG is parsed; before launch,
+        a scorer the local cluster cannot find (or one found here without its function) is
+        refused, naming it; a scorer that cannot be imported, raises or returns anything but
+        named numbers fails the evaluation, naming it. None: the training config's
+        ``eval.metrics``.
     :param storage_root: ``file://`` or ``s3://`` root (templated; default: the embedded root).
     :param aws_conn_id: Airflow connection for ``s3://`` storage.
     :param kubernetes_conn_id: Airflow connection for ``cluster='kubernetes'``.
@@ -138,9 +140,9 @@ class EvaluateModelOperator(ClusterJobOperator):
                 raise ValueError(
                     f"training must be an FSDPTrainingOperator result with {key!r}, got {self.training!r}"
                 )
-        check_gpus(
-            self.cluster, nodes=1, gpus_per_node=self.gpus_per_node, env=self.job_options.get("env") or {}
-        )
+        env = self.job_options.get("env") or {}
+        check_gpus(self.cluster, nodes=1, gpus_per_node=self.gpus_per_node, env=env)
+        check_scorers(self.metrics or [], self.cluster, env=env)  # before anything is launched
         root, store = root_and_storage(self.storage_root, self.aws_conn_id)
         layout = RunLayout(self.training["run_uri"])
         try:

@@ -11,7 +11,8 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from trainer.config import builder_parts, check_data_fit
+from trainer.config import USER_METRIC_EXAMPLE, builder_parts, check_data_fit
+from trainer.config.functions import function_parts
 from trainer.contract import (
     MANIFEST_FORMAT,
     MANIFEST_NAME,
@@ -99,6 +100,20 @@ def check_builder(builder: str | None, cluster: str, *, env: Mapping[str, str]) 
     problem = local_problem(builder, env) if cluster == "local" else find_builder(module, function).problem
     if problem:
         raise ValueError(problem)
+
+
+def check_scorers(specs: list[str], cluster: str, *, env: Mapping[str, str]) -> None:
+    """A team's ``eval.metrics`` scorers the evaluation could not call, where this host can
+    tell, as :func:`check_builder` judges a builder: on the local cluster each must be on the
+    cluster's Python path and define its function; for Kubernetes one found here must define it."""
+    for spec in specs:
+        module, function = function_parts("eval.metrics", spec, USER_METRIC_EXAMPLE)
+        if cluster == "local":
+            problem = local_problem(spec, env, key="eval.metrics")
+        else:
+            problem = find_builder(module, function, key="eval.metrics").problem
+        if problem:
+            raise ValueError(problem)
 
 
 def check_gpus(cluster: str, *, nodes: int, gpus_per_node: int, env: Mapping[str, str]) -> None:

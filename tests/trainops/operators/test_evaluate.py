@@ -3,6 +3,7 @@
 The test plays the job: it writes ``eval/metrics.json`` as ``python -m trainer evaluate`` does.
 """
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -253,7 +254,8 @@ def test_a_teams_own_scorers_go_to_the_job_and_a_malformed_one_is_refused_at_par
     file_root, cluster, context
 ):
     with pytest.raises(TaskDeferred):
-        operator(file_root, metrics=["team_metrics:worst_label_recall"]).execute(context)
+        where = {"env": {"PYTHONPATH": str(Path(__file__).resolve().parents[3] / "examples")}}
+        operator(file_root, metrics=["team_metrics:worst_label_recall"], job_options=where).execute(context)
     ((spec, _),) = cluster.launched
     assert spec.args[-1] == "eval.metrics=['team_metrics:worst_label_recall']"
     from trainer.config import parse_override
@@ -263,3 +265,19 @@ def test_a_teams_own_scorers_go_to_the_job_and_a_malformed_one_is_refused_at_par
         operator(file_root, metrics=["recall"])
     with pytest.raises(ValueError, match=r"^metrics must be a list of 'module:function' strings"):
         operator(file_root, metrics="team_metrics:score")
+
+
+def test_a_scorer_the_local_cluster_cannot_find_is_refused_before_launch(file_root, cluster, context):
+    with pytest.raises(
+        Exception, match=r"eval.metrics 'no_team_here:score': no module 'no_team_here' on the local"
+    ):
+        operator(file_root, metrics=["no_team_here:score"]).execute(context)
+    examples = str(Path(__file__).resolve().parents[3] / "examples")
+    with pytest.raises(
+        Exception,
+        match=r"eval.metrics 'team_metrics:recall': module 'team_metrics' \(.*\) has no function 'recall'",
+    ):
+        operator(
+            file_root, metrics=["team_metrics:recall"], job_options={"env": {"PYTHONPATH": examples}}
+        ).execute(context)
+    assert cluster.launched == []

@@ -1,4 +1,5 @@
-"""Find a ``model.builder`` (``module:function``) on this host without importing it.
+"""Find a ``model.builder`` or an ``eval.metrics`` scorer (``module:function``) on this host
+without importing it.
 
 The Airflow side never imports torch, and a builder module usually does, so nothing is
 imported: the top-level name is located with ``importlib.util.find_spec`` (which imports
@@ -58,8 +59,9 @@ class Lookup:
     problem: str | None = None
 
 
-def find_builder(module: str, function: str) -> Lookup:
-    """Look ``module:function`` up on this interpreter's path (see the module docstring)."""
+def find_builder(module: str, function: str, key: str = "model.builder") -> Lookup:
+    """Look ``module:function`` up on this interpreter's path (see the module docstring);
+    ``key``: the config key that names it, for messages."""
     builder = f"{module}:{function}"
     parts = module.split(".")
     spec = _top_level_spec(parts[0])
@@ -77,7 +79,7 @@ def find_builder(module: str, function: str) -> Lookup:
             return Lookup(
                 True,
                 spec.origin,
-                f"model.builder {builder!r}: {parent!r} ({spec.origin}) is a module, not a package, so it "
+                f"{key} {builder!r}: {parent!r} ({spec.origin}) is a module, not a package, so it "
                 f"has no submodule {parts[depth]!r}; check the module path",
             )
         spec = importlib.machinery.PathFinder.find_spec(name, list(folders))
@@ -85,7 +87,7 @@ def find_builder(module: str, function: str) -> Lookup:
             return Lookup(
                 True,
                 None,
-                f"model.builder {builder!r}: package {parent!r} ({', '.join(folders)}) has no module "
+                f"{key} {builder!r}: package {parent!r} ({', '.join(folders)}) has no module "
                 f"{parts[depth]!r}; check the module path",
             )
     if spec is None:
@@ -93,7 +95,7 @@ def find_builder(module: str, function: str) -> Lookup:
     origin = spec.origin if spec.has_location else None
     if origin is None or not origin.endswith(".py"):
         return Lookup(True, origin)  # a namespace package, an extension, a built-in: not readable
-    return Lookup(True, origin, _source_problem(builder, module, function, origin))
+    return Lookup(True, origin, _source_problem(f"{key} {builder!r}", module, function, origin))
 
 
 def _top_level_spec(name: str) -> ModuleSpec | None:
@@ -103,21 +105,19 @@ def _top_level_spec(name: str) -> ModuleSpec | None:
         return None
 
 
-def _source_problem(builder: str, module: str, function: str, origin: str) -> str | None:
+def _source_problem(named: str, module: str, function: str, origin: str) -> str | None:
     try:
         with open(origin, "rb") as f:
             tree = ast.parse(f.read(), filename=origin)
     except SyntaxError as exc:
-        return (
-            f"model.builder {builder!r}: {origin} is not valid Python ({exc.msg}, line {exc.lineno}); fix it"
-        )
+        return f"{named}: {origin} is not valid Python ({exc.msg}, line {exc.lineno}); fix it"
     except OSError:
         return None
     names = top_level_names(tree)
     if names is None or function in names:
         return None
     return (
-        f"model.builder {builder!r}: module {module!r} ({origin}) has no function {function!r}; "
+        f"{named}: module {module!r} ({origin}) has no function {function!r}; "
         "name a function it defines at its top level"
     )
 
@@ -152,7 +152,9 @@ def top_level_names(tree: ast.Module) -> set[str] | None:
     return None if dynamic else names
 
 
-def local_problem(builder: str, job_env: Mapping[str, str] | None = None) -> str | None:
+def local_problem(
+    builder: str, job_env: Mapping[str, str] | None = None, key: str = "model.builder"
+) -> str | None:
     """Why the local cluster's trainer could not call ``builder`` (``module:function``), or
     None: looked up in a child interpreter with the environment the cluster gives its processes
     (this one's, the packages' paths, and the job's own ``job_env``) and an empty working
@@ -162,7 +164,7 @@ def local_problem(builder: str, job_env: Mapping[str, str] | None = None) -> str
     with tempfile.TemporaryDirectory(prefix="trainops-builder-") as cwd:
         try:
             done = subprocess.run(
-                [sys.executable, "-c", _BOOTSTRAP, __file__, builder],
+                [sys.executable, "-c", _BOOTSTRAP, __file__, builder, key],
                 env=env,
                 cwd=cwd,
                 capture_output=True,
@@ -172,22 +174,22 @@ def local_problem(builder: str, job_env: Mapping[str, str] | None = None) -> str
             )
             found = Lookup(**json.loads(done.stdout.strip().splitlines()[-1]))
         except (OSError, subprocess.TimeoutExpired, ValueError, IndexError, TypeError) as exc:
-            log.warning("could not look up model.builder %r for the local cluster: %s", builder, exc)
+            log.warning("could not look up %s %r for the local cluster: %s", key, builder, exc)
             return None
     if found.problem or found.found:
         return found.problem
     module = builder.partition(":")[0]
     return (
-        f"model.builder {builder!r}: no module {module!r} on the local cluster's Python path "
+        f"{key} {builder!r}: no module {module!r} on the local cluster's Python path "
         f"(PYTHONPATH={env.get('PYTHONPATH', '')!r} and the installed packages); put its folder on "
         "PYTHONPATH or install it where Airflow runs"
     )
 
 
 def main(argv: list[str]) -> int:
-    """``python builder_lookup.py MODULE:FUNCTION``: the :class:`Lookup`, as one JSON line."""
+    """``python builder_lookup.py MODULE:FUNCTION [KEY]``: the :class:`Lookup`, as one JSON line."""
     module, _, function = argv[0].partition(":")
-    print(json.dumps(asdict(find_builder(module, function))))
+    print(json.dumps(asdict(find_builder(module, function, *argv[1:2]))))
     return 0
 
 
