@@ -114,7 +114,7 @@ def test_demo_twice_then_another_seed_then_a_rollback_then_a_rejected_model(demo
     assert other["promote"]["version"] == 2 and other["promote"]["previous_version"] == 1
     assert run_note(dagrun.run_id) == (  # what decided, where a person looks first
         "APPROVED: demo-lm passed 2 of 2 gate checks (against production v1), decided on eval_loss.\n"
-        f"- eval loss under max_eval_loss (observed {other_loss:.6g}, expected {gate['checks'][0]['expected']})\n"
+        f"- eval loss under max_eval_loss: eval_loss (observed {other_loss:.6g}, expected {gate['checks'][0]['expected']})\n"
         f"- no regression vs production: eval_loss (observed {other_loss:.6g}, expected <= {first_loss * 1.02:.6g})\n"
         f"Decision: {RunLayout(other['train']['run_uri']).eval_gate}"
     )
@@ -173,6 +173,6 @@ def test_demo_twice_then_another_seed_then_a_rollback_then_a_rejected_model(demo
     note = run_note(dagrun.run_id)
     assert note.startswith(
         "REJECTED: demo-lm failed 1 of 2 gate checks (against production v1); promote skipped, "
-        "production unchanged.\n- eval loss under max_eval_loss (observed "
+        "production unchanged.\n- eval loss under max_eval_loss: eval_loss (observed "
     )
     assert "expected <= 0.5)" in note and "XCom not found" not in out.out + out.err

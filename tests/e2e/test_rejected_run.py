@@ -117,7 +117,7 @@ def test_a_rejection_is_in_the_run_note_and_promote_skips_with_the_reason(
     assert note == (
         "REJECTED: demo-lm failed 1 of 2 gate checks (no production yet); promote skipped, "
         "production unchanged.\n"
-        "- eval loss under max_eval_loss (observed 1.67995, expected <= 0.001)\n"
+        "- eval loss under max_eval_loss: eval_loss (observed 1.67995, expected <= 0.001)\n"
         f"Decision: {gate_uri}"
     )
     assert tasks["gate"] == ("success", note, 1)  # the gate task's own note says the same
@@ -127,7 +127,7 @@ def test_a_rejection_is_in_the_run_note_and_promote_skips_with_the_reason(
     # promote's message is the reason, on the line Airflow logs for the skip
     assert "Skipping task." in printed
     assert (
-        "reason='not promoting demo-lm: the gate rejected it: eval loss under max_eval_loss "
+        "reason='not promoting demo-lm: the gate rejected it: eval loss under max_eval_loss: eval_loss "
         "(observed 1.67995, expected <= 0.001)"
     ) in printed
     assert "XCom not found" not in printed

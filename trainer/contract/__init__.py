@@ -100,6 +100,7 @@ from trainer.contract.tasks import (
     chat_template_text,
     dataset_labels,
     dataset_task,
+    metric_name_problem,
     split_records,
     task_labels,
 )
@@ -172,6 +173,7 @@ __all__ = [
     "legacy_segment",
     "max_step_of_attempt",
     "merge_metrics",
+    "metric_name_problem",
     "metrics_by_step",
     "metrics_part_key",
     "metrics_part_name",

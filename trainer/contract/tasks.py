@@ -48,7 +48,7 @@ BUILTIN_METRICS = (
     "perplexity",
 )
 # A metric's name, a team's own included: what a gate check, a page and a YAML file all spell.
-METRIC_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
+METRIC_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
 EVAL_REPORT_KEYS = (
     "model_uri",
     "tokens",
@@ -59,6 +59,9 @@ EVAL_REPORT_KEYS = (
     "slices",
     "user_metrics",
 )
+# The gate's per-slice table's own columns (trainops.gate.slices): a slice row holds them beside
+# each metric, so a metric may not be named like one.
+SLICE_TABLE_KEYS = ("slice", "slice_column")
 IGNORE_INDEX = -100  # a target position that carries no loss (a prompt's token, padding)
 # Where a Hugging Face tokenizer folder keeps its chat template, as transformers reads it.
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -120,3 +123,20 @@ def chat_template_text(tokenizer_config: Mapping[str, Any], jinja: bytes | None)
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
         template = named.get("default")
     return template if isinstance(template, str) and template else None
+
+
+def metric_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot name a team's own metric (None: it can): the form every page, YAML
+    file and gate check can spell, and none of the names the evaluation or the gate's per-slice
+    table use themselves (a built-in metric, a report key, ``production_*``, ``*_ratio``)."""
+    if not isinstance(name, str) or not METRIC_NAME.fullmatch(name):
+        return "a metric name is a letter, then letters, digits or underscores (at most 64)"
+    if (
+        name in BUILTIN_METRICS
+        or name in EVAL_REPORT_KEYS
+        or name in SLICE_TABLE_KEYS
+        or name.startswith("production_")
+        or name.endswith("_ratio")
+    ):
+        return f"{name!r} is a name the evaluation or the gate uses itself"
+    return None

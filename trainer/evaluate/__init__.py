@@ -493,7 +493,7 @@ def run_evaluate(config: Config) -> dict:
     candidate, *baseline = [_with_user_figures(s, metrics, columns) for s in scored]
     records_uri = per_record.records_uri(output_uri)
     open_storage(records_uri).put_json(
-        records_uri, per_record.document(rows is not None, [s.units for s in scored])
+        records_uri, per_record.document(rows is not None, [s.units for s in scored], models)
     )
     report = {
         "format": EVAL_FORMAT,

@@ -62,13 +62,16 @@ def as_json(values: np.ndarray) -> list[float | None]:
     return [None if math.isnan(v) else v for v in np.asarray(values, dtype=np.float64).tolist()]
 
 
-def document(record_task: bool, tables: Sequence[Mapping[str, np.ndarray]]) -> dict:
-    """The ``metrics.records.json`` body for the candidate's table and the baseline's (if any)."""
+def document(record_task: bool, tables: Sequence[Mapping[str, np.ndarray]], models: Sequence[str]) -> dict:
+    """The ``metrics.records.json`` body for the candidate's table and the baseline's (if any),
+    naming the ``models`` they are of (a gate pairs only the models it compares)."""
     candidate, *baseline = [{name: as_json(values) for name, values in t.items()} for t in tables]
     return {
         "format": RECORDS_FORMAT,
         "unit": UNIT_RECORD if record_task else UNIT_INDEX_RECORD,
         "count": len(next(iter(candidate.values()), [])),
+        "candidate_uri": models[0],
+        "baseline_uri": models[1] if len(models) > 1 else None,
         "candidate": candidate,
         "baseline": baseline[0] if baseline else None,
     }

@@ -13,7 +13,8 @@ image or from its ``PYTHONPATH``), called as::
   columns; an empty dict where the dataset has no eval index).
 
 It is called once over every scored record, then once per slice value over that value's
-records, so its figures are per slice too and slice checks can use them. The figures sit in the
+records, so its figures are per slice too and slice checks can use them (on a slice it may
+return None or ``{}``: no figure there). The figures sit in the
 evaluation report beside the built-in ones (``user_metrics`` says which function gave each).
 
 Nothing is dropped quietly: a function that cannot be imported, raises, returns anything other
@@ -27,16 +28,15 @@ refuses ``eval.metrics``.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from trainer.config import USER_METRIC_EXAMPLE
 from trainer.config.functions import import_function
-from trainer.contract import BUILTIN_METRICS, EVAL_REPORT_KEYS, METRIC_NAME
+from trainer.contract import metric_name_problem
 from trainer.evaluate.scores import slice_groups
-
-TAKEN = frozenset(BUILTIN_METRICS) | frozenset(EVAL_REPORT_KEYS)
 
 
 class UserMetricError(ValueError):
@@ -73,7 +73,9 @@ def load_user_metrics(specs: Sequence[str]) -> list[UserMetric]:
 def score(metrics: Sequence[UserMetric], given: Predictions, where: str = "") -> dict[str, tuple[float, str]]:
     """``{name: (value, spec)}``: every figure the functions return over ``given``.
 
-    :param where: what ``given`` is, for messages (``"slice length=short"``; "" for every record)."""
+    :param where: what ``given`` is, for messages (``"slice length=short"``; "" for every
+        record). On a slice a function may return None or ``{}``: no figure there (a slice of
+        one class, say); over every record it must return figures."""
     out: dict[str, tuple[float, str]] = {}
     on = f" on {where}" if where else ""
     for metric in metrics:
@@ -84,38 +86,41 @@ def score(metrics: Sequence[UserMetric], given: Predictions, where: str = "") ->
                 f"user metric {metric.spec} raised {type(exc).__name__}: {exc}{on} "
                 f"({len(given.predictions)} records); fix it or drop it from eval.metrics"
             ) from exc
+        if where and (result is None or result == {}):
+            continue  # nothing to say about this slice
         if not isinstance(result, Mapping) or not result:
             raise UserMetricError(
                 f"user metric {metric.spec} returned {_shown(result)}{on}; it must return a "
                 "non-empty mapping of names to numbers, e.g. {'worst_label_recall': 0.8}"
             )
         for name, value in result.items():
-            _check_figure(metric.spec, name, value, on)
+            figure = _check_figure(metric.spec, name, value, on)
             if name in out:
                 raise UserMetricError(
                     f"user metrics {out[name][1]} and {metric.spec} both return {name!r}; "
                     "give each figure one name"
                 )
-            out[name] = (float(value), metric.spec)
+            out[name] = (figure, metric.spec)
     return out
 
 
-def _check_figure(spec: str, name: object, value: object, on: str) -> None:
-    if not isinstance(name, str) or not METRIC_NAME.match(name):
+def _check_figure(spec: str, name: object, value: object, on: str) -> float:
+    """``value`` as a float, or a UserMetricError naming the scorer, the figure and the fault."""
+    problem = metric_name_problem(name)
+    if problem:
         raise UserMetricError(
-            f"user metric {spec} returned a figure named {name!r}{on}; a name is a letter, then "
-            "letters, digits or underscores (at most 64)"
+            f"user metric {spec} returned a figure named {name!r}{on}; {problem}: rename it"
         )
-    if name in TAKEN:
-        raise UserMetricError(
-            f"user metric {spec} returned {name!r}{on}, a name the evaluation reports itself; "
-            f"rename it (taken: {', '.join(sorted(TAKEN))})"
-        )
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    try:
+        figure = float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else math.nan
+    except (OverflowError, ValueError):
+        figure = math.nan
+    if not math.isfinite(figure):
         raise UserMetricError(
             f"user metric {spec} returned {name!r} = {_shown(value)}{on}; a figure must be a "
             "finite number (int or float)"
         )
+    return figure
 
 
 def _shown(value: object) -> str:

@@ -122,8 +122,9 @@ def render(facts: dict) -> str:
     elif gate:
         # The run's note says why (rejected, or identical to production): the first line of its
         # last part (the gate's approval may come before promote's "NOT PROMOTED").
-        note = (facts.get("run_note") or "").strip()
-        why = note.split("\n\n")[-1].splitlines()[0] if note else "the gate rejected the candidate"
+        parts = [p.strip() for p in (facts.get("run_note") or "").split("\n\n") if p.strip()]
+        said = [p for p in parts if p.startswith(("NOT PROMOTED", "REJECTED"))] or parts[-1:]
+        why = said[-1].splitlines()[0] if said else "the gate rejected the candidate"
         lines.append(f"promoted         nothing: {why}")
     lines.append("artifacts")
     if stage:

@@ -317,10 +317,12 @@ def _no_regression(
             "passed": True,
             "note": f"{label} {base_why}; nothing to regress from",
         }
+    # The tolerance is a fraction of production's size: for a team's metric that can be zero or
+    # negative too (a log-likelihood), ``base * (1 - tolerance)`` would move the wrong way.
     if check["direction"] == LOWER:
-        op, bound = "<=", base * (1 + tolerance)
+        op, bound = "<=", base + abs(base) * tolerance
     else:
-        op, bound = ">=", base * (1 - tolerance)
+        op, bound = ">=", base - abs(base) * tolerance
     passed = observed is not None and OPS[op](observed, bound)
     note = f"{label} {metric} {fmt(base)}, tolerance {tolerance:.4g}"
     if why:
@@ -346,8 +348,11 @@ def _with_interval(
     """Decide a ``no_regression`` check with ``confidence`` by the paired bootstrap interval of
     candidate minus production: rejected only when all of it lies beyond ``allowed``."""
     confidence = float(check["confidence"])
-    ours, theirs = (paired or {}).get("candidate"), (paired or {}).get("baseline")
+    paired = paired or {}
+    ours, theirs, problem = paired.get("candidate"), paired.get("baseline"), paired.get("problem")
     try:
+        if isinstance(problem, str):
+            raise PairedInputError(problem)
         if not isinstance(ours, Mapping) or not isinstance(theirs, Mapping):
             raise PairedInputError(
                 "the evaluation kept no per-record figures of both models (its records_uri); "

@@ -34,12 +34,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from trainer.contract import (
-    EVAL_REPORT_KEYS,
-    METRIC_NAME,
     TASK_CAUSAL_LM,
     TASK_CLASSIFICATION,
     TASK_KINDS,
     TASK_SFT,
+    metric_name_problem,
 )
 
 LOWER, HIGHER = "lower_is_better", "higher_is_better"
@@ -75,12 +74,8 @@ USER = "a team's own (eval.metrics)"
 
 
 def user_metric_problem(metric: object) -> str | None:
-    """Why ``metric`` cannot name a team's own metric (None: it can)."""
-    if not isinstance(metric, str) or not METRIC_NAME.match(metric):
-        return "a metric name is a letter, then letters, digits or underscores (at most 64)"
-    if metric in BUILTIN or metric in EVAL_REPORT_KEYS:
-        return f"{metric!r} is the evaluation's own figure"
-    return None
+    """Why ``metric`` cannot name a team's own metric (None: it can); the trainer's rule."""
+    return metric_name_problem(metric)
 
 
 def user_metrics_of(scores: Mapping[str, object] | None) -> list[str]:

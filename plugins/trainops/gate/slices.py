@@ -292,7 +292,10 @@ def _figures(entry: object) -> dict[str, float | None]:
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
-    if a is None or b is None or b == 0:
+    """``a / b``; None (unchecked) when either is missing or ``b`` is not positive: a ratio
+    says how much worse only of a positive figure (every built-in one; a team's may not be,
+    and :func:`run_slice_checks` refuses a ratio check on such a slice rather than skip it)."""
+    if a is None or b is None or b <= 0:
         return None
     return a / b
 
@@ -404,11 +407,8 @@ def run_slice_checks(
         if check.get("slice_column"):
             table = frame[frame["slice_column"] == check["slice_column"]].reset_index(drop=True)
         columns = {e["kwargs"][k] for k in _COLUMN_KWARGS if k in e["kwargs"]}
-        if production is None and any(_is_production_column(c) for c in columns):
-            out.append(_outcome(None, expected, True, "no production model yet"))
-            continue
         absent = sorted(columns - set(columns_held))
-        if absent:
+        if absent and rows:
             held = sorted(
                 {
                     c
@@ -421,6 +421,13 @@ def run_slice_checks(
                     None, expected, False, f"the slices hold no {absent[0]} (they hold {', '.join(held)})"
                 )
             )
+            continue
+        if production is None and any(_is_production_column(c) for c in columns):
+            out.append(_outcome(None, expected, True, "no production model yet"))
+            continue
+        unsigned = _not_positive(check, table)
+        if unsigned:
+            out.append(_outcome(None, expected, False, unsigned))
             continue
         if table.empty:
             have = sorted({r["slice_column"] for r in rows})
@@ -442,6 +449,25 @@ def run_slice_checks(
         result = batch.validate(expectation, result_format="COMPLETE")
         out.append(_read_result(e, result, table, label))
     return out
+
+
+def _not_positive(check: Check, table: Any) -> str | None:
+    """Why a ``slice_no_regression`` cannot judge its metric by ratio on some slice: production's
+    figure there is zero or negative (None: it can)."""
+    if check["kind"] != "slice_no_regression":
+        return None
+    column = f"production_{check['metric']}"
+    if column not in table.columns:
+        return None
+    bad = table[table[column].notna() & (table[column] <= 0)]
+    if bad.empty:
+        return None
+    row = bad.iloc[0]
+    return (
+        f"production's {check['metric']} on slice {row['slice_column']}={row['slice']} is "
+        f"{fmt(float(row[column]))}: a ratio cannot say how much worse; check the slices with a "
+        "'slices' expectation on the metric's own column instead"
+    )
 
 
 def _outcome(

@@ -6,6 +6,7 @@ message, the DAG run's note and the gate task's note say the same thing from one
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,7 +29,10 @@ def _line(check: Mapping[str, Any]) -> str:
     """A check as a person reads it: its name, the metric that decided it, observed against
     expected, and a paired interval when there was one."""
     metric = check.get("metric")
-    named = check["name"] if not metric or metric in str(check["name"]) else f"{check['name']}: {metric}"
+    words = re.findall(r"[A-Za-z0-9_]+", str(check["name"]))
+    named = (
+        check["name"] if not metric or metric == "slices" or metric in words else f"{check['name']}: {metric}"
+    )
     line = f"{named} (observed {_observed(check)}, expected {check.get('expected') or '-'}"
     interval = check.get("interval")
     if isinstance(interval, list) and len(interval) == 2 and check.get("confidence"):
@@ -77,7 +81,11 @@ def approval_note(gate: Mapping[str, Any]) -> str:
     checks = [c for c in gate.get("checks") or [] if isinstance(c, Mapping) and c.get("name")]
     production = gate.get("production_version")
     against = f"against production v{production}" if production is not None else "no production yet"
-    metrics = list(dict.fromkeys(str(c.get("metric")) for c in checks if c.get("metric")))
+    metrics = list(
+        dict.fromkeys(str(c.get("metric")) for c in checks if c.get("metric") not in (None, "slices"))
+    )
+    if any(c.get("metric") == "slices" for c in checks):
+        metrics.append("per-slice expectations")
     head = (
         f"APPROVED: {gate.get('model_name') or 'the candidate'} passed {len(checks)} of {len(checks)} "
         f"gate checks ({against}), decided on {', '.join(metrics) or 'no metric'}."

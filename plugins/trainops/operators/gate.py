@@ -174,16 +174,25 @@ class EvaluationGateOperator(ReportingOperator):
         return result
 
     def _paired(self, root: str, checks: list[dict], evaluation: Mapping[str, Any]) -> dict | None:
-        """Each record's figures of both models (the evaluation's ``records_uri``), read only for
-        a ``no_regression`` check with ``confidence`` against a production model."""
-        uri = evaluation.get("records_uri")
+        """Each record's figures of both models, read only for a ``no_regression`` check with
+        ``confidence`` against a production model: the evaluation's ``records_uri`` document,
+        or ``{"problem": why}`` when it cannot be used (the check then compares the totals and
+        says why), never an error that fails the gate."""
         wanted = evaluation.get("production") is not None and any(c.get("confidence") for c in checks)
-        if not wanted or not isinstance(uri, str) or not uri:
+        if not wanted:
             return None
-        _same_scheme(root, uri)
-        document = get_json_object(storage_for(root, self.aws_conn_id), uri)
-        self.log.info("paired bootstrap over the records of %s", uri)
-        return document if isinstance(document, dict) else None
+        uri = evaluation.get("records_uri")
+        if not isinstance(uri, str) or not uri:
+            return {
+                "problem": "the evaluation names no per-record figures (records_uri); re-run it with this trainops"
+            }
+        if uri.split("://", 1)[0] != root.split("://", 1)[0]:
+            return {"problem": f"records_uri {uri!r} is not on the storage root {root!r}"}
+        try:
+            document = get_json_object(storage_for(root, self.aws_conn_id), uri)
+        except Exception as exc:  # a missing or damaged file: the totals decide, and say so
+            return {"problem": f"could not read {uri}: {exc}"}
+        return _same_models(document, evaluation, uri)
 
     def _leave_notes(self, context: Context, result: dict) -> None:
         """Say what decided on the DAG run's note and this task's note, where a person looks
@@ -203,6 +212,21 @@ class EvaluationGateOperator(ReportingOperator):
                 "on_reject callback %r failed; the rejection stands",
                 getattr(self.on_reject, "__qualname__", self.on_reject),
             )
+
+
+def _same_models(document: object, evaluation: Mapping[str, Any], uri: str) -> dict:
+    """``document`` when it holds the per-record figures of the very models the evaluation
+    compares (an evaluation run again writes the file again), else ``{"problem": why}``."""
+    if not isinstance(document, dict):
+        return {"problem": f"{uri} is not a JSON object"}
+    for side, key in (("candidate", "candidate"), ("production", "baseline")):
+        ours = (evaluation.get(side) or {}).get("model_uri")
+        theirs = document.get(f"{key}_uri")
+        if ours and theirs != ours:
+            return {
+                "problem": f"{uri} holds the figures of {theirs or 'an unnamed model'}, not of the {side} {ours}"
+            }
+    return document
 
 
 def _same_scheme(root: str, uri: str) -> None:

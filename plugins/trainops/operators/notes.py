@@ -50,7 +50,7 @@ from airflow.sdk.exceptions import AirflowNotFoundException
 from sqlalchemy import select
 
 from trainer.storage.retry import backoff_delay
-from trainops.gate.verdict import fit_note
+from trainops.gate.verdict import NOTE_LIMIT, fit_note
 from trainops.operators.base import task_identity
 
 __all__ = [
@@ -91,7 +91,10 @@ def combined_note(existing: str | None, ours: str) -> str:
         return fit_note(ours)
     if ours in existing:
         return existing
-    return fit_note(f"{existing.rstrip()}\n\n{ours}")
+    # Ours whole, the note before it cut to make room: the newest part is what the run ended on.
+    ours = fit_note(ours)
+    room = NOTE_LIMIT - len(ours) - 2
+    return f"{fit_note(existing.rstrip(), room)}\n\n{ours}" if room > len(" [...]") else ours
 
 
 def api_conn_id() -> str:

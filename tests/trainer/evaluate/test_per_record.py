@@ -33,13 +33,15 @@ def test_a_records_loss_is_the_sum_over_its_scored_tokens_and_none_without_one()
 def test_the_document_is_json_with_null_for_what_a_model_did_not_score():
     candidate = {"exact": np.array([1.0, 0.0, NAN])}
     baseline = {"exact": np.array([0.0, NAN, 1.0])}
-    body = document(True, [candidate, baseline])
+    body = document(True, [candidate, baseline], ["file:///c", "file:///b"])
     assert json.loads(json.dumps(body, allow_nan=False)) == {
         "format": "trainops.eval-records/v1",
         "unit": "eval record",
         "count": 3,
+        "candidate_uri": "file:///c",
+        "baseline_uri": "file:///b",
         "candidate": {"exact": [1.0, 0.0, None]},
         "baseline": {"exact": [0.0, None, 1.0]},
     }
-    assert document(False, [candidate])["unit"] == "eval index record"
-    assert document(False, [candidate])["baseline"] is None
+    assert document(False, [candidate], ["file:///c"])["unit"] == "eval index record"
+    assert document(False, [candidate], ["file:///c"])["baseline"] is None

@@ -3,8 +3,6 @@ dropped in silence (trainer.evaluate.user; the example scorers in examples/team_
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from examples.team_metrics import word_f1, worst_label_recall
@@ -60,8 +58,16 @@ def test_figures_are_scored_over_every_record_and_again_per_slice_value():
         ({"recall": float("nan")}, r"returned 'recall' = float nan; a figure must be a finite number"),
         ({"recall": "0.5"}, r"returned 'recall' = str '0.5'; a figure must be a finite number"),
         ({"recall": True}, r"returned 'recall' = bool True"),
-        ({"accuracy": 0.5}, r"returned 'accuracy', a name the evaluation reports itself; rename it"),
-        ({"2nd place": 0.5}, r"returned a figure named '2nd place'; a name is a letter, then"),
+        (
+            {"accuracy": 0.5},
+            r"returned a figure named 'accuracy'; 'accuracy' is a name the evaluation or the gate",
+        ),
+        ({"slice": 0.5}, r"returned a figure named 'slice'; 'slice' is a name the evaluation or the gate"),
+        ({"recall_ratio": 0.5}, r"returned a figure named 'recall_ratio'; 'recall_ratio' is a name"),
+        ({"production_recall": 0.5}, r"returned a figure named 'production_recall'; 'production_recall' is"),
+        ({"2nd place": 0.5}, r"returned a figure named '2nd place'; a metric name is a letter, then"),
+        ({"recall\n": 0.5}, r"returned a figure named 'recall\\n'; a metric name is a letter"),
+        ({"recall": 10**400}, r"returned 'recall' = int 1000"),
     ],
 )
 def test_a_figure_that_is_not_a_named_finite_number_fails_naming_the_function(returned, message):
@@ -112,6 +118,21 @@ def test_a_scorer_that_cannot_be_loaded_is_named_before_anything_is_scored():
         load_user_metrics(["examples.team_metrics:recall"])
 
 
-def test_an_integer_figure_is_kept_as_a_number():
-    overall, _, _ = figures([UserMetric("t:m", lambda p, r, c: {"count": len(p)})], GIVEN, [])
-    assert overall == {"count": 6.0} and not math.isnan(overall["count"])
+def test_an_integer_or_a_numpy_number_is_kept_as_a_float():
+    import numpy as np
+
+    returned = {"count": len(GIVEN.predictions), "share": np.float32(0.5), "hits": np.int64(3)}
+    overall, _, _ = figures([UserMetric("t:m", lambda p, r, c: returned)], GIVEN, [])
+    assert overall == {"count": 6.0, "share": 0.5, "hits": 3.0}
+    assert all(type(v) is float for v in overall.values())
+
+
+def test_a_scorer_may_say_nothing_about_a_slice_but_must_about_the_whole_set():
+    def only_when_both_lengths(predictions, references, records):
+        lengths = {r.get("length") for r in records}
+        return {"mixed": 1.0} if {"short", "long"} <= lengths else None
+
+    overall, per_slice, _ = figures([UserMetric("t:m", only_when_both_lengths)], GIVEN, ["length"])
+    assert overall == {"mixed": 1.0} and per_slice == {"length": {"long": {}, "short": {}}}
+    with pytest.raises(UserMetricError, match=r"returned NoneType None; it must return a non-empty mapping"):
+        figures([UserMetric("t:m", lambda p, r, c: None)], GIVEN, ["length"])

@@ -428,7 +428,8 @@ def test_a_metric_that_is_neither_built_in_nor_declared_is_refused_listing_the_k
         "one of ['lower_is_better', 'higher_is_better']"
     )
     with pytest.raises(
-        GateConfigError, match=r"unknown metric 'tokens'.*\('tokens' is the evaluation's own figure\)"
+        GateConfigError,
+        match=r"unknown metric 'tokens'.*\('tokens' is a name the evaluation or the gate uses itself\)",
     ):
         validate_checks(
             [
@@ -455,3 +456,13 @@ def test_a_metric_that_is_neither_built_in_nor_declared_is_refused_listing_the_k
                 }
             ]
         )
+
+
+def test_a_tolerance_is_a_share_of_productions_size_for_a_metric_below_zero_too():
+    check = {"kind": "no_regression", "metric": "loglik", "direction": "higher_is_better", "tolerance": 0.05}
+    same = decide([check], {"loglik": -2.3}, {"loglik": -2.3}, 1)["checks"][0]
+    assert same["passed"] is True and same["expected"] == ">= -2.415"
+    worse = decide([check], {"loglik": -2.5}, {"loglik": -2.3}, 1)["checks"][0]
+    assert worse["passed"] is False
+    lower = {"kind": "no_regression", "metric": "refusals", "direction": "lower_is_better", "tolerance": 0.1}
+    assert decide([lower], {"refusals": 0.0}, {"refusals": 0.0}, 1)["checks"][0]["passed"] is True

@@ -53,8 +53,9 @@ def test_a_teams_own_metrics_show_after_the_built_in_ones_without_a_direction():
     assert [(m.name, m.direction) for m in shown] == [("accuracy", HIGHER), ("worst_label_recall", "")]
     assert better(shown[1], 0.7, 0.8) is None  # a page cannot say better or worse without one
     assert user_metric_problem("worst_label_recall") is None
-    assert user_metric_problem("accuracy") == "'accuracy' is the evaluation's own figure"
-    assert user_metric_problem("tokens") == "'tokens' is the evaluation's own figure"
+    for taken in ("accuracy", "tokens", "slice", "production_recall", "recall_ratio"):
+        assert user_metric_problem(taken) == f"{taken!r} is a name the evaluation or the gate uses itself"
+    assert "a metric name is a letter" in user_metric_problem("recall\n")
     assert "a metric name is a letter" in user_metric_problem("2nd")
     assert missing_metric_hint("keyword_recall", scores) == (
         "keyword_recall is not a built-in metric, and no scorer of this evaluation returned it "

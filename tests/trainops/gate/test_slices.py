@@ -325,3 +325,23 @@ def test_a_slice_check_on_a_metric_the_slices_lack_fails_saying_what_they_hold()
         },
     }
     assert validate_checks([slices])[0]["expectation"]["kwargs"]["column"] == "accuracy"  # known at parse
+
+
+def test_a_ratio_check_on_a_slice_where_production_is_not_positive_fails_saying_why():
+    check = {
+        "name": "margin",
+        "kind": "slice_no_regression",
+        "metric": "margin",
+        "direction": "higher_is_better",
+        "tolerance": 0.05,
+    }
+    candidate = {"slices": {"length": {"short": {"eval_loss": 1.0, "margin": 0.1}}}}
+    production = {"slices": {"length": {"short": {"eval_loss": 1.0, "margin": -0.2}}}}
+    outcome = decide([check], candidate, production, 1)["checks"][0]
+    assert outcome["passed"] is False
+    assert outcome["note"].startswith("production's margin on slice length=short is -0.2: a ratio cannot say")
+    # a metric the slices do not hold fails even before there is a production model
+    typo = {**check, "metric": "margn"}
+    assert decide([typo], candidate, None, None)["checks"][0]["note"].startswith(
+        "the slices hold no margn_ratio"
+    )

@@ -87,3 +87,30 @@ def test_an_approval_note_names_the_metrics_that_decided_and_a_paired_interval()
     # a rejection names the metric of each failed check the same way
     rejected = {**approved, "approved": False, "checks": [{**approved["checks"][1], "passed": False}]}
     assert "- no regression vs production: f1_macro (observed 0.9" in rejection_note(rejected)
+
+
+def test_a_notes_lines_name_the_metric_a_check_name_does_not_spell_out():
+    from trainops.gate.verdict import approval_note
+
+    gate = {
+        "approved": True,
+        "model_name": "m",
+        "production_version": None,
+        "checks": [
+            {"name": "f1 floor", "metric": "f1_macro", "observed": 0.9, "expected": ">= 0.8", "passed": True},
+            {
+                "name": "f1_macro floor",
+                "metric": "f1_macro",
+                "observed": 0.9,
+                "expected": ">= 0.8",
+                "passed": True,
+            },
+            {"name": "every slice", "metric": "slices", "observed": 1.0, "expected": "<= 3", "passed": True},
+        ],
+    }
+    assert approval_note(gate).splitlines() == [
+        "APPROVED: m passed 3 of 3 gate checks (no production yet), decided on f1_macro, per-slice expectations.",
+        "- f1 floor: f1_macro (observed 0.9, expected >= 0.8)",
+        "- f1_macro floor (observed 0.9, expected >= 0.8)",
+        "- every slice (observed 1, expected <= 3)",
+    ]

@@ -300,3 +300,47 @@ def test_a_slice_expectation_gx_refuses_fails_before_anything_is_written(file_ro
         op.execute({})
     assert isinstance(err.value.__cause__, GateConfigError)
     assert not open_storage(file_root).exists(RunLayout(ev["run_uri"]).eval_gate)
+
+
+def _paired_gate(root: str, run_uri: str, records: dict | None) -> dict:
+    """A confidence gate on an evaluation whose per-record figures are ``records`` (None: absent)."""
+    evaluated = evaluation(run_uri, 3.1, production=3.0)
+    evaluated["candidate"]["model_uri"], evaluated["production"]["model_uri"] = "file:///c", "file:///p"
+    evaluated["records_uri"] = join(run_uri, "eval", "metrics.records.json")
+    if records is not None:
+        open_storage(root).put_json(evaluated["records_uri"], records)
+    check = {
+        "name": "paired",
+        "kind": "no_regression",
+        "metric": "eval_loss",
+        "tolerance": 0.01,
+        "confidence": 0.9,
+    }
+    op = EvaluationGateOperator(
+        task_id="gate", evaluation=evaluated, checks=[check], storage_root=root, aws_conn_id=None
+    )
+    return op.execute({})["checks"][0]
+
+
+def test_a_confidence_gate_pairs_the_records_of_the_models_it_compares_or_says_why_not(file_root):
+    run_uri = join(file_root, "runs", "r")
+    table = {"loss_sum": [3.0, 3.2, 3.1, 3.0], "loss_tokens": [1.0, 1.0, 1.0, 1.0]}
+    theirs = {"loss_sum": [3.0, 3.0, 3.0, 3.0], "loss_tokens": [1.0, 1.0, 1.0, 1.0]}
+    records = {
+        "candidate_uri": "file:///c",
+        "baseline_uri": "file:///p",
+        "candidate": table,
+        "baseline": theirs,
+    }
+    paired = _paired_gate(file_root, run_uri, records)
+    assert paired["confidence"] == 0.9 and "paired bootstrap over 4 records" in paired["note"]
+    # a missing file, or the figures of other models (an evaluation run again): the totals
+    # decide, and the note says why; the gate never fails on it
+    missing = _paired_gate(file_root, join(file_root, "runs", "gone"), None)
+    assert (
+        "interval" not in missing
+        and "compared the totals, without the 90% interval: could not read" in missing["note"]
+    )
+    other = _paired_gate(file_root, run_uri, {**records, "baseline_uri": "file:///older"})
+    assert "holds the figures of file:///older, not of the production file:///p" in other["note"]
+    assert (missing["passed"], other["passed"]) == (False, False)  # 3.1 > 3.0 * 1.01 as totals

@@ -27,6 +27,11 @@ def test_our_note_follows_the_persons_and_is_not_repeated_on_a_retry():
     assert combined_note(mine, "REJECTED: x") == "trying lr 3e-4\n\nREJECTED: x"
     assert combined_note("trying lr 3e-4\n\nREJECTED: x", "REJECTED: x") == "trying lr 3e-4\n\nREJECTED: x"
     assert len(combined_note("a" * 900, "b" * 900)) == NOTE_LIMIT
+    # the newest part stays whole, the note before it is cut to make room: a long approval
+    # does not push promote's reason out
+    approval, skipped = "APPROVED: " + "x" * 950, "NOT PROMOTED: identical to production v1."
+    combined = combined_note(approval, skipped)
+    assert len(combined) <= NOTE_LIMIT and combined.endswith(" [...]\n\n" + skipped)
 
 
 class Log:
