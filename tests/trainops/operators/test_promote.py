@@ -305,8 +305,11 @@ def test_production_moved_after_gating_to_a_better_model_skips_with_the_reason(
     op = gated_then_overtaken(file_root, 2.9, 2.5)
     with pytest.raises(AirflowSkipException) as err:
         op.execute({})
-    # the run's note says it too: the gate approved, so it wrote none
-    (note,) = written
+    # the run's note says it too; the notes before it are the three gates' approvals
+    *approvals, note = written
+    assert len(approvals) == 3 and all(
+        a.startswith("APPROVED: demo-lm passed 2 of 2 gate checks") for a in approvals
+    )
     assert note.startswith("REJECTED on re-gate: production of 'demo-lm' moved from v1 to v2")
     assert note.endswith("; promote skipped, production unchanged.")
     assert str(err.value).startswith(
