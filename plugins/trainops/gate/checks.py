@@ -40,9 +40,8 @@ from trainops.gate.metrics import (
     DIRECTIONS,
     LOWER,
     METRIC_NAMES,
-    known_metrics,
+    check_direction,
     missing_metric_hint,
-    user_metric_problem,
 )
 from trainops.gate.paired import PAIRED_METRICS, PairedInputError, label_count, paired_interval, regressed
 from trainops.gate.records import Check, CheckResult, Decision, Outcome
@@ -115,7 +114,7 @@ def _validate_one(index: int, check: object, templates: str | None = None) -> Ch
             f"allowed fields are {sorted(_FIELDS[kind])}"
         )
     metric = check.get("metric")
-    direction = _direction(where, metric, check.get("direction"))
+    direction = check_direction(where, metric, check.get("direction"))
     out: Check = {"kind": kind, "metric": metric}
     if kind == "threshold":
         op = check.get("op")
@@ -134,32 +133,6 @@ def _validate_one(index: int, check: object, templates: str | None = None) -> Ch
     if check.get("confidence") is not None:
         out["confidence"] = _confidence(where, str(metric), check["confidence"], number)
     return _named(where, check, out)
-
-
-def _direction(where: str, metric: object, direction: object) -> str:
-    """The check's metric's direction: a built-in metric's own (a ``direction`` given must
-    agree), or the one a check on a team's own metric declares."""
-    if direction is not None and direction not in DIRECTIONS:
-        raise GateConfigError(f"{where} has unknown direction {direction!r}; use one of {list(DIRECTIONS)}")
-    if metric in BUILTIN:
-        own = BUILTIN[str(metric)].direction
-        if direction is not None and direction != own:
-            raise GateConfigError(
-                f"{where} says {metric} is {direction}, but {metric} is {own}: "
-                "drop 'direction' (the metric's own is used)"
-            )
-        return own
-    problem = user_metric_problem(metric)
-    if problem is None and direction is not None:
-        return str(direction)
-    declare = (
-        f"; a team's own metric (EvaluateModelOperator's metrics) needs 'direction': one of {list(DIRECTIONS)}"
-        if problem is None
-        else f" ({problem})"
-    )
-    raise GateConfigError(
-        f"{where} has unknown metric {metric!r}; the known metrics are {known_metrics()}{declare}"
-    )
 
 
 def _confidence(where: str, metric: str, confidence: object, number: Callable[..., Any]) -> Any:

@@ -40,6 +40,7 @@ from trainer.contract import (
     TASK_SFT,
     metric_name_problem,
 )
+from trainops.gate.errors import GateConfigError
 
 LOWER, HIGHER = "lower_is_better", "higher_is_better"
 DIRECTIONS = (LOWER, HIGHER)
@@ -120,3 +121,30 @@ def missing_metric_hint(metric: str, scores: Mapping[str, object]) -> str:
             "(EvaluateModelOperator's metrics, the trainer's eval.metrics)"
         )
     return f"{which}; this evaluation holds {held}"
+
+
+def check_direction(where: str, metric: object, direction: object) -> str:
+    """A gate check's metric's direction: a built-in metric's own (a ``direction`` given must
+    agree), or the one a check on a team's own metric declares; a GateConfigError naming the
+    check (``where``), listing the known metrics, otherwise."""
+    if direction is not None and direction not in DIRECTIONS:
+        raise GateConfigError(f"{where} has unknown direction {direction!r}; use one of {list(DIRECTIONS)}")
+    if metric in BUILTIN:
+        own = BUILTIN[str(metric)].direction
+        if direction is not None and direction != own:
+            raise GateConfigError(
+                f"{where} says {metric} is {direction}, but {metric} is {own}: "
+                "drop 'direction' (the metric's own is used)"
+            )
+        return own
+    problem = user_metric_problem(metric)
+    if problem is None and direction is not None:
+        return str(direction)
+    declare = (
+        f"; a team's own metric (EvaluateModelOperator's metrics) needs 'direction': one of {list(DIRECTIONS)}"
+        if problem is None
+        else f" ({problem})"
+    )
+    raise GateConfigError(
+        f"{where} has unknown metric {metric!r}; the known metrics are {known_metrics()}{declare}"
+    )

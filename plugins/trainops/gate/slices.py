@@ -51,7 +51,7 @@ from typing import Any
 
 from trainops.gate.errors import GateConfigError
 from trainops.gate.fields import NumberRule, fmt, is_number, show
-from trainops.gate.metrics import BUILTIN, DIRECTIONS, LOWER, known_metrics, user_metric_problem
+from trainops.gate.metrics import BUILTIN, LOWER, check_direction
 from trainops.gate.records import Check, FailingSlice, Outcome
 from trainops.staging.gx_batch import ephemeral_context
 
@@ -156,7 +156,7 @@ def validate_slice_check(where: str, check: Check, number: NumberRule) -> Check:
     out: Check = {"kind": kind, "slice_column": slice_column}
     if kind == "slice_no_regression":
         metric = check.get("metric", "eval_loss")
-        direction = _slice_direction(where, metric, check.get("direction"))
+        direction = check_direction(where, metric, check.get("direction"))
         tolerance = number(where, "tolerance", check.get("tolerance", 0.0))
         if isinstance(tolerance, float) and tolerance < 0:
             raise GateConfigError(
@@ -169,26 +169,6 @@ def validate_slice_check(where: str, check: Check, number: NumberRule) -> Check:
         return out
     out["expectation"] = _validate_expectation(where, check.get("expectation"), number)
     return out
-
-
-def _slice_direction(where: str, metric: object, direction: object) -> str:
-    """A ``slice_no_regression`` metric's direction: a built-in one's own (a ``direction`` given
-    must agree), or the one a check on a team's own metric declares."""
-    if direction is not None and direction not in DIRECTIONS:
-        raise GateConfigError(f"{where} has unknown direction {direction!r}; use one of {list(DIRECTIONS)}")
-    if metric in BUILTIN:
-        own = BUILTIN[str(metric)].direction
-        if direction is not None and direction != own:
-            raise GateConfigError(
-                f"{where} says {metric} is {direction}, but {metric} is {own}: drop 'direction'"
-            )
-        return own
-    if user_metric_problem(metric) is None and direction is not None:
-        return str(direction)
-    raise GateConfigError(
-        f"{where} has unknown metric {metric!r}; the known metrics are {known_metrics()}; a team's own "
-        f"metric needs 'direction': one of {list(DIRECTIONS)}"
-    )
 
 
 def _validate_expectation(where: str, expectation: object, number: NumberRule) -> dict[str, Any]:

@@ -60,18 +60,13 @@ def rejection_note(gate: Mapping[str, Any]) -> str:
     """The note a rejected run carries (DAG run and gate task): the model, the production
     version it was compared with, each failed check, and the decision's URI; at most
     :data:`NOTE_LIMIT` characters."""
-    checks = gate.get("checks") or []
     failed = _failed_lines(gate)
-    production = gate.get("production_version")
-    against = f"against production v{production}" if production is not None else "no production yet"
+    checks = gate.get("checks") or []
     head = (
         f"REJECTED: {gate.get('model_name') or 'the candidate'} failed {len(failed)} of {len(checks)} "
-        f"gate checks ({against}); promote skipped, production unchanged."
+        f"gate checks ({_against(gate)}); promote skipped, production unchanged."
     )
-    lines = [head, *(f"- {line}" for line in failed)]
-    if gate.get("gate_uri"):
-        lines.append(f"Decision: {gate['gate_uri']}")
-    return fit_note("\n".join(lines))
+    return _note(gate, head, failed)
 
 
 def approval_note(gate: Mapping[str, Any]) -> str:
@@ -79,8 +74,6 @@ def approval_note(gate: Mapping[str, Any]) -> str:
     with, the metrics that decided (each check, observed against expected) and the decision's
     URI; at most :data:`NOTE_LIMIT` characters."""
     checks = [c for c in gate.get("checks") or [] if isinstance(c, Mapping) and c.get("name")]
-    production = gate.get("production_version")
-    against = f"against production v{production}" if production is not None else "no production yet"
     metrics = list(
         dict.fromkeys(str(c.get("metric")) for c in checks if c.get("metric") not in (None, "slices"))
     )
@@ -88,12 +81,22 @@ def approval_note(gate: Mapping[str, Any]) -> str:
         metrics.append("per-slice expectations")
     head = (
         f"APPROVED: {gate.get('model_name') or 'the candidate'} passed {len(checks)} of {len(checks)} "
-        f"gate checks ({against}), decided on {', '.join(metrics) or 'no metric'}."
+        f"gate checks ({_against(gate)}), decided on {', '.join(metrics) or 'no metric'}."
     )
-    lines = [head, *(f"- {_line(check)}" for check in checks)]
+    return _note(gate, head, [_line(check) for check in checks])
+
+
+def _against(gate: Mapping[str, Any]) -> str:
+    production = gate.get("production_version")
+    return f"against production v{production}" if production is not None else "no production yet"
+
+
+def _note(gate: Mapping[str, Any], head: str, lines: list[str]) -> str:
+    """A note: its head, a line per check, where the decision is; at most :data:`NOTE_LIMIT`."""
+    parts = [head, *(f"- {line}" for line in lines)]
     if gate.get("gate_uri"):
-        lines.append(f"Decision: {gate['gate_uri']}")
-    return fit_note("\n".join(lines))
+        parts.append(f"Decision: {gate['gate_uri']}")
+    return fit_note("\n".join(parts))
 
 
 def fit_note(text: str, limit: int = NOTE_LIMIT) -> str:

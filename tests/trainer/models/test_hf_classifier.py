@@ -104,25 +104,29 @@ def test_a_bert_classifier_trains_and_its_export_is_a_bert_classifier_with_the_l
     assert (mine[1:] - alone).abs().max().item() <= 1e-5  # the padding changes nothing
 
 
-def test_a_classifier_is_evaluated_by_accuracy_and_f1_over_its_labels(
-    classifier_run, kinds_dataset, tmp_path
-):
+def _eval_config(run: dict, dataset_uri: str, folder, scorer: str):
+    """The classifier run's evaluation config, its report at ``folder/eval.json``, with ``scorer``."""
     from trainer.config import config_from_mapping
-    from trainer.evaluate import run_evaluate
 
-    config = config_from_mapping(
+    return config_from_mapping(
         {
-            "run_uri": classifier_run["run_uri"],
-            "data_uri": kinds_dataset,
+            "run_uri": run["run_uri"],
+            "data_uri": dataset_uri,
             "task": {"kind": "classification"},
             "model": {"hf_config": TINY_BERT},
             "train": {"seq_len": 64},
-            "eval": {
-                "output_uri": (tmp_path / "eval.json").as_uri(),
-                "metrics": ["examples.team_metrics:worst_label_recall"],  # a team's own scorer
-            },
+            "eval": {"output_uri": (folder / "eval.json").as_uri(), "metrics": [scorer]},
         }
     )
+
+
+def test_a_classifier_is_evaluated_by_accuracy_and_f1_over_its_labels(
+    classifier_run, kinds_dataset, tmp_path
+):
+    from trainer.evaluate import run_evaluate
+
+    # a team's own scorer, beside the built-in figures
+    config = _eval_config(classifier_run, kinds_dataset, tmp_path, "examples.team_metrics:worst_label_recall")
     whole = run_evaluate(config)
     report = whole["candidate"]
     assert report["records"] == report["tokens"] == 60
@@ -181,21 +185,10 @@ def test_a_classifier_preempted_then_killed_resumes_bitwise_identical(
 def test_a_user_metric_that_raises_fails_the_evaluation_naming_it_and_writes_no_report(
     classifier_run, kinds_dataset, tmp_path
 ):
-    from trainer.config import config_from_mapping
     from trainer.evaluate import run_evaluate
     from trainer.evaluate.user import UserMetricError
 
-    output = tmp_path / "eval.json"
-    config = config_from_mapping(
-        {
-            "run_uri": classifier_run["run_uri"],
-            "data_uri": kinds_dataset,
-            "task": {"kind": "classification"},
-            "model": {"hf_config": TINY_BERT},
-            "train": {"seq_len": 64},
-            "eval": {"output_uri": output.as_uri(), "metrics": ["tests.trainer.evaluate.test_user:raising"]},
-        }
-    )
+    config = _eval_config(classifier_run, kinds_dataset, tmp_path, "tests.trainer.evaluate.test_user:raising")
     with pytest.raises(
         UserMetricError, match=r"user metric tests.trainer.evaluate.test_user:raising raised KeyError"
     ):
