@@ -488,9 +488,13 @@ def run_evaluate(config: Config) -> dict:
         else None
     )
     models = [model_uri] + ([config.eval.baseline_uri] if config.eval.baseline_uri else [])
-    scored = [evaluate_export(uri, stream, records, columns, config, rows, labels, decode) for uri in models]
-    # Every figure before anything is written: a user metric that fails leaves no report.
-    candidate, *baseline = [_with_user_figures(s, metrics, columns) for s in scored]
+    # Every figure before anything is written: a user metric that fails leaves no report. Each
+    # model's user figures right after its scoring: a failing scorer fails before the next model.
+    scored, results = [], []
+    for uri in models:
+        scored.append(evaluate_export(uri, stream, records, columns, config, rows, labels, decode))
+        results.append(_with_user_figures(scored[-1], metrics, columns))
+    candidate, *baseline = results
     records_uri = per_record.records_uri(output_uri)
     open_storage(records_uri).put_json(
         records_uri, per_record.document(rows is not None, [s.units for s in scored], models)
