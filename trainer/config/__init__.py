@@ -370,17 +370,22 @@ def validate(config: Config) -> Config:
     for key in AUTO_OR_COUNT:
         _auto_or_count(key, get_key(config, key))
     init_source(config.init.from_)
-    _check_user_metrics(config.eval.metrics)
+    check_user_metrics(config.eval.metrics)
     return config
 
 
-def _check_user_metrics(specs: list[str]) -> None:
-    """``eval.metrics``: each a ``module:function``, none twice."""
+def check_user_metrics(specs: object) -> list[str]:
+    """``eval.metrics`` as a list: strings, each a ``module:function``, none twice; a
+    ConfigError naming the value otherwise (the operator checks its ``metrics`` with it)."""
+    if not isinstance(specs, (list, tuple)) or not all(isinstance(s, str) for s in specs):
+        raise ConfigError(f"eval.metrics: expected a list of strings, got {specs!r}")
+    specs = list(specs)
     for spec in specs:
         function_parts("eval.metrics", spec, USER_METRIC_EXAMPLE)
     twice = sorted({s for s in specs if specs.count(s) > 1})
     if twice:
         raise ConfigError(f"eval.metrics: {twice[0]!r} is listed twice; list each scorer once")
+    return specs
 
 
 def _check_model(config: Config) -> None:

@@ -289,7 +289,8 @@ def _answer_scored(
     )
     exact, f1 = answer_figures(answered)
     slices = slice_summaries(losses, owners, records, columns)
-    for column, values in slice_groups(_unit_columns(records, owners, rows[:, 0]), columns).items():
+    unit_columns = _unit_columns(records, owners, rows[:, 0])
+    for column, values in slice_groups(unit_columns, columns).items():
         for value, indices in values.items():  # exact match and token F1 per slice too
             figures = answer_summary(exact[indices], f1[indices])
             slices[column].setdefault(value, {}).update(
@@ -308,7 +309,7 @@ def _answer_scored(
         given = Predictions(
             [decode(a.tokens) for _, a in chosen],
             [decode(a.reference) for _, a in chosen],
-            _unit_columns(records, owners, rows[[i for i, _ in chosen], 0]),
+            [unit_columns[i] for i, _ in chosen],
         )
     return Scored(result, units, given)
 

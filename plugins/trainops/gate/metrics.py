@@ -74,9 +74,8 @@ METRIC_NAMES = tuple(BUILTIN)
 USER = "a team's own (eval.metrics)"
 
 
-def user_metric_problem(metric: object) -> str | None:
-    """Why ``metric`` cannot name a team's own metric (None: it can); the trainer's rule."""
-    return metric_name_problem(metric)
+# Why a name cannot name a team's own metric (None: it can): the trainer's rule, one for both.
+user_metric_problem = metric_name_problem
 
 
 def user_metrics_of(scores: Mapping[str, object] | None) -> list[str]:

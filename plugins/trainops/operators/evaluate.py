@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
-from trainer.config import ConfigError, config_from_mapping
+from trainer.config import ConfigError, check_user_metrics
 from trainer.contract import RunLayout, join, trainer_argv
 from trainops.cluster.base import JobAlreadyExists
 from trainops.cluster.spec import CAPACITIES
@@ -244,9 +244,7 @@ def user_metric_specs(metrics: object) -> list[str]:
             f"metrics must be a list of 'module:function' strings, e.g. ['team_metrics:score'], got {metrics!r}"
         )
     try:
-        return config_from_mapping(
-            {"run_uri": "file:///x", "data_uri": "file:///x", "eval": {"metrics": list(metrics)}}
-        ).eval.metrics
+        return check_user_metrics(metrics)
     except ConfigError as exc:
         raise ValueError(f"metrics: {exc}") from None
 
