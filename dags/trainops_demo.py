@@ -20,7 +20,7 @@ from airflow.sdk import DAG, Param, task
 from trainer.config import MAX_SEED
 from trainer.contract import join
 from trainops.operators import StageDatasetOperator
-from trainops.recipes.demo import demo_chain, loss_checks, preempt_param
+from trainops.recipes.demo import demo_chain, demo_trainer_config, loss_checks, preempt_param
 from trainops.settings import resolve_storage_root
 from trainops.staging.demo_data import write_demo_dataset
 
@@ -82,21 +82,7 @@ with DAG(
     demo_chain(
         stage,
         model=MODEL,
-        trainer_config={
-            "seed": "{{ params.seed }}",  # an int: the DAG renders templates as native objects
-            "precision": "bf16",
-            "model": {"preset": "tiny"},
-            "train": {
-                "max_steps": 120,
-                "micro_batch_size": 8,
-                "grad_accum_steps": 1,
-                "seq_len": 64,
-                "lr": 3e-3,
-                "warmup_steps": 10,
-            },
-            "checkpoint": {"every_steps": 30, "keep": 2},
-            "metrics": {"flush_every": 1},
-        },
+        trainer_config=demo_trainer_config(),
         checks=loss_checks("eval loss under max_eval_loss"),
         preempt_at=50,
     )

@@ -224,6 +224,7 @@ def setup(config: Config, env: parallel.DistEnv, attempt: Attempt) -> Training:
         meta={"model": built.spec, "data_uri": config.data_uri, "precision": config.precision},
         on_commit=attempt.committed,
         attempt=attempt.number,
+        hold_for_eval=(config.checkpoint.every_steps, config.eval.every_checkpoints),
     )
     resumed = checkpointer.load_latest() if config.resume == "auto" else None
     if resumed is not None:

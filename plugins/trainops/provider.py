@@ -29,6 +29,7 @@ def get_provider_info() -> dict:
                     "trainops.operators.stage",
                     "trainops.operators.train",
                     "trainops.operators.evaluate",
+                    "trainops.operators.evaluate_checkpoints",
                     "trainops.operators.gate",
                     "trainops.operators.promote",
                     "trainops.operators.rollback",

@@ -12,6 +12,7 @@ import torch
 
 from tests.trainer.helpers import run_config
 from trainer.cli import main
+from trainer.config import ConfigError
 from trainer.data import TokenStream
 from trainer.evaluate import eval_device, token_losses
 from trainer.export.folder import write_export
@@ -181,6 +182,17 @@ def test_a_checkpoint_evaluates_like_the_export_of_the_same_weights(reference_ru
     assert rounded["eval_loss"] == pytest.approx(candidate["eval_loss"], rel=1e-3)
     assert rounded["eval_loss"] != candidate["eval_loss"]
     print("eval_loss fp32 weights", candidate["eval_loss"], "bf16 export", rounded["eval_loss"])
+    # Mid-run evaluation exports the checkpoint first and scores that export: what is promoted
+    # if it is picked, rounded like the run's own export of the same step.
+    exported = (tmp_path / "mid" / "export").as_uri()
+    mid = _evaluate(config, tmp_path, "mid", f"eval.model_uri={step_40}", f"eval.export_uri={exported}")
+    assert mid["candidate"]["model_uri"] == exported
+    assert mid["candidate"]["eval_loss"] == rounded["eval_loss"]
+    assert json.loads((tmp_path / "mid" / "export" / "export.json").read_text())["step"] == 40
+    with pytest.raises(
+        ConfigError, match=r"eval.model_uri .*/export' is not one: name .../checkpoints/step_<N>"
+    ):
+        _evaluate(config, tmp_path, "bad", f"eval.model_uri={run_uri}/export", f"eval.export_uri={exported}")
     # The checkpoints/ prefix means the newest valid one (step 40); step 30 holds other weights.
     newest = _evaluate(
         config,

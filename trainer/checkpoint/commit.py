@@ -121,17 +121,3 @@ def superseded(files: dict[str, str], attempt: int) -> tuple[list[int], list[str
 
 def newest_first(steps: Iterable[int]) -> list[int]:
     return sorted(steps, reverse=True)
-
-
-def prune_plan(steps: list[int], committed: set[int], keep: int, just_committed: int) -> list[int]:
-    """Steps whose folders to delete after ``just_committed`` was committed, oldest first.
-
-    Keeps the ``keep`` newest committed checkpoints up to ``just_committed`` (always that one).
-    Folders older than it and not kept go: superseded commits and leftovers of interrupted
-    saves. Folders newer than it are never touched, whatever wrote them.
-    """
-    if keep < 1:
-        raise ValueError(f"checkpoint.keep must be at least 1, got {keep}")
-    candidates = [s for s in newest_first(committed | {just_committed}) if s <= just_committed]
-    kept = set(candidates[:keep]) | {just_committed}
-    return sorted(s for s in steps if s < just_committed and s not in kept)

@@ -63,7 +63,7 @@ from trainer.checkpoint.files import (
     survey,
 )
 from trainer.checkpoint.reads import NodeFileSystem, Range, assign_reads, needed_ranges, read_ranges
-from trainer.contract import Cause, RunLayout, join
+from trainer.contract import Cause, RunLayout, join, prune_plan, scheduled_for_eval
 from trainer.runtime.attempts import CausedError, cause_of, classify_failure
 from trainer.state import TrainState
 from trainer.storage import Storage
@@ -205,6 +205,7 @@ class Checkpointer:
         meta: Mapping[str, Any] | None = None,
         on_commit: Callable[[int], None] | None = None,
         attempt: int = 1,
+        hold_for_eval: tuple[int, int] = (0, 0),
     ):
         missing = [name for name in SHARDED if name not in states]
         if missing:
@@ -214,6 +215,7 @@ class Checkpointer:
         self.sharded = {name: states[name] for name in SHARDED}
         self.per_rank = {name: state for name, state in states.items() if name not in SHARDED}
         self.meta, self.on_commit = dict(meta or {}), on_commit
+        self.hold_for_eval = hold_for_eval  # (checkpoint.every_steps, eval.every_checkpoints)
         self.local_root = local_root(run_uri, rank)
         self.last_committed: int | None = None
         self._group: dist.ProcessGroup | None = None  # made on first use (:attr:`group`)
@@ -465,11 +467,25 @@ class Checkpointer:
         newer = {
             s for s, files in by_step.items() if any(a > self.attempt for a in commit.attempts_in(files))
         }
-        for step in commit.prune_plan(
-            [s for s in by_step if s not in newer], committed, self.keep, just_committed
+        held = self._held(committed)
+        for step in prune_plan(
+            [s for s in by_step if s not in newer], committed, self.keep, just_committed, held
         ):
             self.storage.delete_prefix(self.layout.checkpoint(step))
             log.info("checkpoint: pruned step %d (keeping the newest %d)", step, self.keep)
+
+    def _held(self, committed: set[int]) -> frozenset[int]:
+        """The committed steps mid-run evaluation has yet to score (``eval.every_checkpoints``):
+        kept until their score is written, so that none is pruned before it is read."""
+        every_steps, every_checkpoints = self.hold_for_eval
+        due = {s for s in committed if scheduled_for_eval(s, every_steps, every_checkpoints)}
+        if not due:
+            return frozenset()
+        written = set(self.storage.list(self.layout.checkpoint_scores))
+        held = frozenset(s for s in due if self.layout.checkpoint_score(s) not in written)
+        if held:
+            log.info("checkpoint: keeping step(s) %s until their mid-run evaluation is written", sorted(held))
+        return held
 
     def load_latest(self) -> int | None:
         """Restore every state from the newest valid checkpoint; its step, or None (a fresh start:

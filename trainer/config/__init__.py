@@ -112,6 +112,13 @@ class EvalConfig:
     # a team's own scorers, each ``module:function`` (trainer.evaluate.user): called with the
     # predictions, the references and the eval records' columns, overall and per slice
     metrics: list[str] = field(default_factory=list)
+    # Mid-run evaluation (EvaluateCheckpointsOperator): score every Nth regular checkpoint
+    # (steps that are multiples of N * checkpoint.every_steps) in a job of its own, and keep
+    # such a checkpoint, whatever checkpoint.keep says, until its score is written. 0: off.
+    every_checkpoints: int = 0
+    # With a checkpoint as model_uri: export it here first (as `trainer export` would), then
+    # score the export, which is what is promoted if it is picked. "": score the checkpoint.
+    export_uri: str = ""
 
 
 @dataclass
@@ -222,6 +229,7 @@ NON_NEGATIVE = (
     "train.weight_decay",
     "train.grad_clip",
     "eval.max_batches",
+    "eval.every_checkpoints",
 )
 
 # The sample order seeds a generator with ``seed * 1_000_003 + epoch`` (``trainer.data``): a seed

@@ -54,8 +54,10 @@ from trainer.contract.layout import (
     model_prefix,
     model_version_prefix,
     production_pointer,
+    prune_plan,
     run_prefix,
     safe_segment,
+    scheduled_for_eval,
 )
 from trainer.contract.metrics import (
     MetricsReader,
@@ -186,8 +188,10 @@ __all__ = [
     "parse_attempt_record",
     "parse_heartbeat",
     "production_pointer",
+    "prune_plan",
     "run_prefix",
     "safe_segment",
+    "scheduled_for_eval",
     "split_records",
     "task_labels",
     "torchrun_argv",

@@ -223,6 +223,59 @@ class RunLayout:
     def eval_gate(self) -> str:
         return join(self.run_uri, "eval", "gate.json")
 
+    @property
+    def checkpoint_scores(self) -> str:
+        """The folder of mid-run evaluation: one score per scheduled checkpoint
+        (:func:`checkpoint_score`), each one's export, and the pick (:attr:`checkpoint_pick`)."""
+        return join(self.run_uri, "eval", "checkpoints")
+
+    def checkpoint_score(self, step: int) -> str:
+        """Checkpoint ``step``'s evaluation report (``trainer evaluate``'s document), or the
+        reason it was skipped (``{"skipped": ...}``)."""
+        return join(self.checkpoint_scores, f"step_{int(step):08d}.json")
+
+    def checkpoint_export(self, step: int) -> str:
+        """Checkpoint ``step`` exported: what its score was measured on, and what is promoted
+        when it is picked."""
+        return join(self.checkpoint_scores, f"step_{int(step):08d}", "export")
+
+    @property
+    def checkpoint_pick(self) -> str:
+        """Which scored checkpoint is the run's candidate, by which metric, and every score."""
+        return join(self.run_uri, "eval", "checkpoint_pick.json")
+
+
+def prune_plan(
+    steps: list[int], committed: set[int], keep: int, just_committed: int, held: frozenset[int] = frozenset()
+) -> list[int]:
+    """Steps whose folders to delete after ``just_committed`` was committed, oldest first.
+
+    Keeps the ``keep`` newest committed checkpoints up to ``just_committed`` (always that one).
+    Folders older than it and not kept go: superseded commits and leftovers of interrupted
+    saves. Folders newer than it are never touched, whatever wrote them.
+
+    :param held: committed steps kept whatever ``keep`` says (awaiting their mid-run
+        evaluation); they do not count towards ``keep``.
+    """
+    if keep < 1:
+        raise ValueError(f"checkpoint.keep must be at least 1, got {keep}")
+    candidates = [s for s in sorted(committed | {just_committed}, reverse=True) if s <= just_committed]
+    kept = set(candidates[:keep]) | {just_committed} | (held & committed)
+    return sorted(s for s in steps if s < just_committed and s not in kept)
+
+
+def scheduled_for_eval(step: int, every_steps: int, every_checkpoints: int) -> bool:
+    """Whether mid-run evaluation scores the checkpoint of ``step``: every
+    ``every_checkpoints``-th of the regular checkpoints (steps that are multiples of
+    ``every_steps`` times it). 0 turns it off. The trainer keeps such a checkpoint until its
+    score is written; the run's last checkpoint is scored too, by the evaluating task."""
+    return (
+        every_checkpoints > 0
+        and every_steps > 0
+        and step > 0
+        and step % (every_steps * every_checkpoints) == 0
+    )
+
 
 _STEP_DIR = re.compile(r"step_(\d+)$")
 ATTEMPT_DIR_PREFIX = "attempt_"

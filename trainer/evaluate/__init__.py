@@ -75,7 +75,7 @@ from trainer.evaluate.scores import (
 )
 from trainer.evaluate.user import Predictions, UserMetric, load_user_metrics
 from trainer.evaluate.user import figures as user_figures
-from trainer.export.folder import load_model
+from trainer.export.folder import export_from_checkpoint, is_checkpoint_uri, load_model
 from trainer.export.tokenizer_files import TOKENIZER_JSON, tokenizer_files
 from trainer.records import check_records, labelled_sample, read_records, sample, split_samples
 from trainer.storage import NotFound, open_storage
@@ -466,6 +466,14 @@ def _decoder(data_storage, manifest: dict, seq_len: int) -> Callable[[list[int]]
 def run_evaluate(config: Config) -> dict:
     model_uri, output_uri = resolved_eval_uris(config)
     metrics = load_user_metrics(config.eval.metrics)  # first: a typo costs seconds, not a scoring
+    if config.eval.export_uri:  # a checkpoint, scored as it would be promoted: exported
+        if not is_checkpoint_uri(model_uri):
+            raise ConfigError(
+                f"eval.export_uri {config.eval.export_uri!r} exports a checkpoint, but eval.model_uri "
+                f"{model_uri!r} is not one: name .../checkpoints/step_<N>, or drop eval.export_uri"
+            )
+        export_from_checkpoint(config, model_uri, config.eval.export_uri)
+        model_uri = config.eval.export_uri
     data_storage = open_storage(config.data_uri)
     manifest = data.read_manifest(data_storage, config.data_uri)
     stream = data.open_split(data_storage, config.data_uri, manifest, "eval")

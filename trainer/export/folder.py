@@ -413,14 +413,20 @@ def load_model(storage: Storage, model_uri: str) -> tuple[nn.Module, ModelArgs |
     return load_export(storage, model_uri)
 
 
-def export_from_checkpoint(config: Config) -> dict[str, Any]:
-    """The ``export`` command: newest valid checkpoint of ``config.run_uri`` -> ``<run_uri>/export``."""
+def export_from_checkpoint(
+    config: Config, checkpoint_uri: str | None = None, export_uri: str | None = None
+) -> dict[str, Any]:
+    """The ``export`` command: newest valid checkpoint of ``config.run_uri`` -> ``<run_uri>/export``.
+
+    :param checkpoint_uri: one ``.../checkpoints/step_<N>`` instead (mid-run evaluation's).
+    :param export_uri: where to write it instead of ``<run_uri>/export``."""
     storage = open_storage(config.run_uri)
     layout = RunLayout(config.run_uri)
-    built, step, marker = load_checkpoint_model(storage, layout.checkpoints)
+    built, step, marker = load_checkpoint_model(storage, checkpoint_uri or layout.checkpoints)
+    target = export_uri or layout.export
     return write_export(
-        storage,
-        layout.export,
+        open_storage(target),
+        target,
         built.model.state_dict(),
         built,
         step=step,

@@ -41,7 +41,7 @@ from trainops.cli import summary
 from trainops.cli.cost import run_cost
 from trainops.cli.devenv import apply_dev_env, storage_root_choice
 from trainops.cli.render_job import main as render_job
-from trainops.cli.watch import DEMO_DAG, DEMOS, run_quiet_demo, stop_jobs
+from trainops.cli.watch import BEST_CHECKPOINT, DEMO_DAG, DEMOS, TASK_DEMOS, run_quiet_demo, stop_jobs
 from trainops.hooks.storage import storage_for
 from trainops.registry.promotion import PromotionError
 from trainops.registry.rollback import rollback
@@ -97,10 +97,13 @@ def run_note(dag_id: str, run_id: str) -> str | None:
         return run.note if run is not None else None
 
 
+DEMO_TASK_DEFAULT = "causal_lm"
+
+
 def demo_conf(corrupt_data: bool, seed: int | None, task: str = "causal_lm") -> dict[str, object]:
     """The demo DAG run's conf: only what the command line set (the DAG's params hold the rest;
     the ``sft`` demo has no bad-data switch)."""
-    bad = {"corrupt_data": corrupt_data} if task == "causal_lm" else {}
+    bad = {"corrupt_data": corrupt_data} if task == DEMO_TASK_DEFAULT else {}
     return {**bad, **({"seed": seed} if seed is not None else {})}
 
 
@@ -139,7 +142,7 @@ def run_demo(
     except KeyboardInterrupt:
         return _stop_demo_run(result_file, dag_id)
     elapsed = time.monotonic() - started
-    results = xcom_results(dag_id, dagrun.run_id, DEMO_TASKS)
+    results = xcom_results(dag_id, dagrun.run_id, (*DEMO_TASKS, "evaluate_checkpoints"))
     facts = summary.collect(storage_for(root, None), root, results, model, run_note(dag_id, dagrun.run_id))
     text = summary.render(facts)
     state = str(dagrun.state).rsplit(".", 1)[-1].lower()
@@ -283,12 +286,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     demo.add_argument(
         "--task",
-        choices=tuple(DEMOS),
+        choices=TASK_DEMOS,
         default="causal_lm",
         help="causal_lm (the default: our tiny Llama on the demo text), sft (a small Hugging Face "
         "Qwen2 instruction-tuned on prompt/response pairs, its own tokenizer, the loss on the responses) "
         "or classification (a small Hugging Face BERT that labels each post with its source, accuracy "
         "and F1 in its evaluation)",
+    )
+    demo.add_argument(
+        "--best-checkpoint",
+        action="store_true",
+        help="the causal_lm demo with mid-run evaluation (trainops_demo_best_checkpoint): every "
+        "checkpoint is scored while the model trains, and the best one by eval loss is promoted",
     )
     demo.add_argument(
         "-v",
@@ -334,7 +343,11 @@ def main(argv: list[str] | None = None) -> int:
             args.model, args.version, reason=args.reason, by=args.by, storage_root=args.storage_root
         )
     if args.command == "demo":
-        if args.corrupt_data and args.task != "causal_lm":
+        if args.best_checkpoint and args.task != DEMO_TASK_DEFAULT:
+            parser.error(f"--best-checkpoint is the causal_lm demo's; drop --task {args.task} or it")
+        if args.best_checkpoint:
+            args.task = BEST_CHECKPOINT
+        if args.corrupt_data and args.task != DEMO_TASK_DEFAULT:
             parser.error(
                 f"--corrupt-data is the causal_lm demo's; the {args.task} demo has no bad-data switch"
             )

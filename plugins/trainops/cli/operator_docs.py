@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from trainops.operators import (
+    EvaluateCheckpointsOperator,
     EvaluateModelOperator,
     EvaluationGateOperator,
     FSDPTrainingOperator,
@@ -43,6 +44,7 @@ def operators() -> tuple[type, ...]:
     return (
         StageDatasetOperator,
         FSDPTrainingOperator,
+        EvaluateCheckpointsOperator,
         EvaluateModelOperator,
         EvaluationGateOperator,
         PromoteModelOperator,

@@ -23,6 +23,7 @@ def collect(store, root: str, results: dict, model_name: str, run_note: str | No
         "model_name": model_name,
         "root": root,
         **{k: results.get(k) for k in ("stage", "train", "evaluate", "gate", "promote")},
+        "evaluate_checkpoints": results.get("evaluate_checkpoints"),  # demo --best-checkpoint's
         "run_note": run_note,
         "production": None,
         "production_problem": None,
@@ -106,6 +107,9 @@ def render(facts: dict) -> str:
         if train.get("final_loss") is not None:
             lines.append(f"final train loss {train['final_loss']:.4f}")
         lines += _cost_lines(train.get("cost"))
+    pick = (facts.get("evaluate_checkpoints") or {}).get("checkpoint_pick")
+    if pick:
+        lines.append(f"checkpoint       picked {pick['why']}")
     if ev:
         lines.append(_evaluation_line(ev))
     if gate:

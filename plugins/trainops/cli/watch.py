@@ -37,9 +37,13 @@ DEMO_DAG = "trainops_demo"
 # demo --task: the DAG each task's demo runs, and the model it promotes
 DEMOS = {
     "causal_lm": (DEMO_DAG, "demo-lm"),
+    # not a task: demo --best-checkpoint, the causal_lm demo promoting its best checkpoint
+    "best_checkpoint": ("trainops_demo_best_checkpoint", "demo-lm-best"),
     "sft": ("trainops_demo_sft", "demo-sft"),
     "classification": ("trainops_demo_classification", "demo-classifier"),
 }
+BEST_CHECKPOINT = "best_checkpoint"
+TASK_DEMOS = tuple(d for d in DEMOS if d != BEST_CHECKPOINT)  # demo --task's choices
 POLL_S = 0.5
 # How long a stopped child gets to mark its run failed and delete its jobs before SIGKILL.
 STOP_GRACE_S = 60.0
@@ -273,8 +277,7 @@ def run_quiet_demo(
         "--verbose",
         "--project-dir",
         project_dir,
-        "--task",
-        task,
+        *(["--best-checkpoint"] if task == BEST_CHECKPOINT else ["--task", task]),
     ]
     argv += ["--result-file", str(result)] + (["--corrupt-data"] if corrupt_data else [])
     argv += ["--seed", str(seed)] if seed is not None else []

@@ -1,5 +1,5 @@
-"""The demos' shared chain (``trainops_demo``, ``trainops_demo_sft``,
-``trainops_demo_classification``): train on 2 local CPU "nodes" with one injected spot
+"""The demos' shared chain (``trainops_demo``, ``trainops_demo_best_checkpoint``,
+``trainops_demo_sft``, ``trainops_demo_classification``): train on 2 local CPU "nodes" with one injected spot
 preemption, evaluate, gate (on loss, or on a classifier's accuracy and macro-F1), promote.
 
 Imported when DAG files are parsed, like the operators it wires (no heavy import at module level).
@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow.sdk import Param
+from airflow.sdk import BaseOperator, Param
 
 from trainer.config import MAX_SEED
 from trainops.operators import (
+    EvaluateCheckpointsOperator,
     EvaluateModelOperator,
     EvaluationGateOperator,
     FSDPTrainingOperator,
@@ -73,6 +74,25 @@ def min_accuracy_param(default: float) -> Param:
     )
 
 
+def demo_trainer_config() -> dict[str, Any]:
+    """The causal_lm demo's trainer config: the tiny preset, 120 steps, a checkpoint every 30."""
+    return {
+        "seed": "{{ params.seed }}",  # an int: the DAGs render templates as native objects
+        "precision": "bf16",
+        "model": {"preset": "tiny"},
+        "train": {
+            "max_steps": 120,
+            "micro_batch_size": 8,
+            "grad_accum_steps": 1,
+            "seq_len": 64,
+            "lr": 3e-3,
+            "warmup_steps": 10,
+        },
+        "checkpoint": {"every_steps": 30, "keep": 2},
+        "metrics": {"flush_every": 1},
+    }
+
+
 def loss_checks(name: str) -> list[dict[str, Any]]:
     """A language model's gate: eval loss under the DAG's ``max_eval_loss`` param (the check
     called ``name``), and no regression of it beyond 2 %."""
@@ -105,13 +125,23 @@ def classifier_checks() -> list[dict[str, Any]]:
 
 
 def demo_chain(
-    stage, *, model: str, trainer_config: dict[str, Any], checks: list[dict[str, Any]], preempt_at: int
+    stage,
+    *,
+    model: str,
+    trainer_config: dict[str, Any],
+    checks: list[dict[str, Any]],
+    preempt_at: int,
+    best_by: str | None = None,
 ) -> dict:
     """The four tasks after ``stage``, created in the DAG being defined: train with
     ``trainer_config`` (2 nodes x 1 CPU process, gloo; node 1 preempted at step ``preempt_at``
     when the DAG's ``preempt`` param is on: the DAG renders templates as native objects),
     evaluate against ``model``'s production version, gate with ``checks`` (:func:`loss_checks`,
-    :func:`classifier_checks`), promote. Returns them by task id."""
+    :func:`classifier_checks`), promote. Returns them by task id.
+
+    :param best_by: score the run's checkpoints while it trains (``evaluate_checkpoints``, beside
+        ``train``; ``trainer_config`` sets ``eval.every_checkpoints``) and evaluate, gate and
+        promote the best one by this metric instead of the last one."""
     train = FSDPTrainingOperator(
         task_id="train",
         dataset=stage.output,
@@ -127,8 +157,15 @@ def demo_chain(
         poll_interval=1.0,
         progress_every=5.0,
     )
+    candidate, tasks = train.output, dict[str, BaseOperator](train=train)
+    if best_by is not None:
+        tasks["evaluate_checkpoints"] = EvaluateCheckpointsOperator(
+            task_id="evaluate_checkpoints", training_task_id="train", best_by=best_by, poll_interval=1.0
+        )
+        stage >> tasks["evaluate_checkpoints"]  # beside train: it scores checkpoints as they commit
+        candidate = tasks["evaluate_checkpoints"].output
     evaluate = EvaluateModelOperator(
-        task_id="evaluate", training=train.output, model_name=model, poll_interval=1.0
+        task_id="evaluate", training=candidate, model_name=model, poll_interval=1.0
     )
     gate = EvaluationGateOperator(
         task_id="gate",
@@ -139,8 +176,8 @@ def demo_chain(
         task_id="promote",
         model_name=model,
         gate=gate.output,
-        training=train.output,
+        training=candidate,
         dataset=stage.output,
         evaluation=evaluate.output,
     )
-    return {"train": train, "evaluate": evaluate, "gate": gate, "promote": promote}
+    return {**tasks, "evaluate": evaluate, "gate": gate, "promote": promote}

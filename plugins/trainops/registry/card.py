@@ -192,6 +192,9 @@ def build_card(
         },
         "preemptions_survived": training.get("preemptions"),
         "steps": training.get("steps"),
+        # The checkpoint mid-run evaluation picked (EvaluateCheckpointsOperator), and why; None:
+        # the run's last one, as the training exported it.
+        "checkpoint_pick": training.get("checkpoint_pick"),
         "training_cost": training_cost(storage, training),
         "lineage": {"parent": parent_of(config)},
     }

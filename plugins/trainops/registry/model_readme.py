@@ -147,6 +147,13 @@ def _gate(card: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _pick_lines(pick: object) -> list[str]:
+    """The checkpoint mid-run evaluation picked, when one was (else nothing)."""
+    if not isinstance(pick, Mapping):
+        return []
+    return [f"- Promoted checkpoint: step {_text(pick.get('step'))}: {_text(pick.get('why'))}"]
+
+
 def _training(card: Mapping[str, Any]) -> list[str]:
     training = card.get("training") or {}
     cost = card.get("training_cost")
@@ -158,6 +165,7 @@ def _training(card: Mapping[str, Any]) -> list[str]:
         f"- Steps: {_text(training.get('steps'))}; attempts {_text(training.get('attempts'))}; "
         f"preemptions survived {_text(training.get('preemptions'))}; steps lost "
         f"{_text(training.get('steps_lost'))}; final training loss {_text(training.get('final_loss'))}",
+        *_pick_lines(card.get("checkpoint_pick")),
         "",
         "### Training cost",
         "",

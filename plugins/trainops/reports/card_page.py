@@ -64,7 +64,7 @@ CARD_CSS = (
 _KNOWN = frozenset((
     "format", "model", "version", "uri", "export_uri", "files", "trainops_version", "promoted_at",
     "dataset", "run_uri", "config_uri", "config_sha256", "config", "eval_basis", "metrics", "gate",
-    "training", "preemptions_survived", "steps", "training_cost", "lineage",
+    "training", "preemptions_survived", "steps", "training_cost", "lineage", "checkpoint_pick",
 ))
 # fmt: on
 
@@ -124,6 +124,15 @@ def _headline(card: Mapping) -> str:
             ),
         )
     )
+    pick = card.get("checkpoint_pick")
+    if isinstance(pick, Mapping):
+        tiles.append(
+            _tile(
+                "Promoted checkpoint",
+                escape(f"step {figure(pick.get('step'))} of {figure(pick.get('last_step'))}"),
+                escape(str(pick.get("why") or "")),
+            )
+        )
     cost = card.get("training_cost")
     if isinstance(cost, Mapping):
         currency = cost.get("currency") or ""

@@ -7,7 +7,6 @@ from trainer.checkpoint.commit import (
     files_dir,
     group_by_step,
     marker_problem,
-    prune_plan,
     superseded,
 )
 
@@ -102,19 +101,3 @@ def test_a_new_commit_of_a_step_supersedes_older_attempts_and_legacy_files_only(
     assert attempts_in(files) == {1, 2, 3}
     assert superseded(files, 2) == ([1], [f"{folder}/__0_0.distcp"])
     assert superseded({"_COMMITTED": f"{folder}/_COMMITTED"}, 1) == ([], [])
-
-
-def test_prune_keeps_the_newest_k_committed():
-    assert prune_plan([10, 20, 30, 40], committed={10, 20, 30, 40}, keep=2, just_committed=40) == [10, 20]
-
-
-def test_prune_removes_interrupted_saves_older_than_the_new_commit_only():
-    # 25: an interrupted save before 30 was committed; 50: newer, not ours to judge.
-    assert prune_plan([10, 20, 25, 30, 50], committed={10, 20, 30}, keep=2, just_committed=30) == [10, 25]
-
-
-def test_prune_never_deletes_the_one_just_committed():
-    # Even when a newer commit exists (a run restarted with resume=never), the new one stays.
-    assert prune_plan([10, 20, 90], committed={10, 20, 90}, keep=1, just_committed=20) == [10]
-    with pytest.raises(ValueError, match=r"checkpoint.keep must be at least 1, got 0"):
-        prune_plan([10], committed={10}, keep=0, just_committed=10)

@@ -42,11 +42,21 @@ def fresh(seed):
     return model, build_optimizer(model, lr=1e-2, weight_decay=0.1)
 
 
-def checkpointer(storage, run_uri, model, optimizer, keep, meta=None):
+def checkpointer(storage, run_uri, model, optimizer, keep, meta=None, hold_for_eval=(0, 0)):
     """A Checkpointer owning the model, its optimizer and a train state; (checkpointer, state)."""
     state = TrainState(torch.device("cpu"))
     states = {"model": ModelState(model), "optim": OptimizerState(model, optimizer), "train_state": state}
-    return Checkpointer(storage, run_uri, rank=0, world_size=1, keep=keep, states=states, meta=meta), state
+    saver = Checkpointer(
+        storage,
+        run_uri,
+        rank=0,
+        world_size=1,
+        keep=keep,
+        states=states,
+        meta=meta,
+        hold_for_eval=hold_for_eval,
+    )
+    return saver, state
 
 
 def advance(state, step, cursor):
@@ -109,6 +119,30 @@ def test_save_commit_prune_and_load(world_of_one, tmp_path, caplog):
     assert "skipped step 20: no _COMMITTED marker (its save did not finish)" in caplog.text
     assert "skipped step 15: file __0_0.distcp has 5 bytes, _COMMITTED says" in caplog.text
     assert "picked step 10" in caplog.text
+
+
+@pytest.mark.slow
+def test_a_checkpoint_awaiting_its_mid_run_evaluation_is_kept_until_scored(world_of_one, tmp_path, caplog):
+    # every 5 steps, every 2nd checkpoint scored: 10 and 20 are due; keep=1 would prune both.
+    run_uri = (tmp_path / "run").as_uri()
+    layout, storage = RunLayout(run_uri), open_storage(run_uri)
+    model, optimizer = fresh(0)
+    ckpt, state = checkpointer(storage, run_uri, model, optimizer, keep=1, hold_for_eval=(5, 2))
+
+    def kept():
+        return sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir() if p.is_dir())
+
+    with caplog.at_level(logging.INFO, logger="trainer.checkpoint"):
+        for step in (5, 10, 15):
+            advance(state, step, step)
+            ckpt.save(step)
+    assert kept() == ["step_00000010", "step_00000015"]  # 5 pruned, 10 awaits its score
+    assert "keeping step(s) [10] until their mid-run evaluation is written" in caplog.text
+    storage.put_json(layout.checkpoint_score(10), {"skipped": "test"})  # scored (or given up)
+    for step in (20, 25):
+        advance(state, step, step)
+        ckpt.save(step)
+    assert kept() == ["step_00000020", "step_00000025"]
 
 
 def test_no_checkpoint_means_a_fresh_start(world_of_one, tmp_path):

@@ -14,8 +14,10 @@ from trainer.contract import (
     model_prefix,
     model_version_prefix,
     production_pointer,
+    prune_plan,
     run_prefix,
     safe_segment,
+    scheduled_for_eval,
 )
 
 
@@ -159,3 +161,37 @@ def test_run_layout_names_every_file_of_a_run():
 
 
 # --- 4. attempt records ---------------------------------------------------------------------
+
+
+def test_prune_keeps_the_newest_k_committed():
+    assert prune_plan([10, 20, 30, 40], committed={10, 20, 30, 40}, keep=2, just_committed=40) == [10, 20]
+
+
+def test_prune_removes_interrupted_saves_older_than_the_new_commit_only():
+    # 25: an interrupted save before 30 was committed; 50: newer, not ours to judge.
+    assert prune_plan([10, 20, 25, 30, 50], committed={10, 20, 30}, keep=2, just_committed=30) == [10, 25]
+
+
+def test_prune_keeps_held_checkpoints_beside_the_newest_k():
+    # 20 awaits its mid-run evaluation: kept, and not counted towards keep; 15 (held but never
+    # committed: an interrupted save) goes.
+    plan = prune_plan(
+        [10, 15, 20, 30, 40], committed={10, 20, 30, 40}, keep=2, just_committed=40, held=frozenset({15, 20})
+    )
+    assert plan == [10, 15]
+
+
+def test_prune_never_deletes_the_one_just_committed():
+    # Even when a newer commit exists (a run restarted with resume=never), the new one stays.
+    assert prune_plan([10, 20, 90], committed={10, 20, 90}, keep=1, just_committed=20) == [10]
+    with pytest.raises(ValueError, match=r"checkpoint.keep must be at least 1, got 0"):
+        prune_plan([10], committed={10}, keep=0, just_committed=10)
+
+
+def test_checkpoints_scheduled_for_mid_run_evaluation_are_every_nth_regular_one():
+    # every 25 steps, every 2nd checkpoint: 50, 100, ...; an emergency save (60) never is
+    assert [s for s in range(1, 201) if scheduled_for_eval(s, 25, 2)] == [50, 100, 150, 200]
+    assert not any(scheduled_for_eval(s, 25, 0) for s in range(1, 201))  # 0: off
+    layout = RunLayout("file:///r/run")
+    assert layout.checkpoint_score(50) == "file:///r/run/eval/checkpoints/step_00000050.json"
+    assert layout.checkpoint_export(50) == "file:///r/run/eval/checkpoints/step_00000050/export"

@@ -118,4 +118,4 @@ def test_runs_as_a_module_and_prints_the_tables():
         [sys.executable, "-m", "trainops.cli.operator_docs"], capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr
-    assert "| `api_outage_tolerance` |" in out.stdout and out.stdout.count("### ") == 6
+    assert "| `api_outage_tolerance` |" in out.stdout and out.stdout.count("### ") == len(operators()) == 7

@@ -121,6 +121,20 @@ def test_an_instruction_tuned_model_is_summed_up_by_its_greedy_answers():
     )
 
 
+def test_a_picked_checkpoint_is_named_before_its_evaluation():
+    pick = {
+        "step": 90,
+        "why": "step 90 has the best eval_loss (2.1; lower is better) of 4 scored checkpoints (...)",
+    }
+    text = render(facts(evaluate_checkpoints={"checkpoint_pick": pick}))
+    lines = text.splitlines()
+    at = lines.index(
+        "checkpoint       picked step 90 has the best eval_loss (2.1; lower is better) of 4 scored checkpoints (...)"
+    )
+    assert lines[at + 1].startswith("eval loss        2.6000")
+    assert "checkpoint " not in render(facts())
+
+
 def test_a_rejected_candidate_promotes_nothing():
     checks = [{"name": "loss cap", "passed": False}]
     text = render(facts(gate={"approved": False, "checks": checks}, promote=None, production=None))
