@@ -35,7 +35,7 @@ from trainer.contract import (
     scheduled_for_eval,
     trainer_argv,
 )
-from trainer.storage import NotFound, Storage
+from trainer.storage import NotFound, Storage, StorageUnavailable
 from trainops.cluster.base import FINAL_PHASES, JobAlreadyExists
 from trainops.gate.best import CheckpointScore, Pick, pick_best
 from trainops.gate.metrics import check_direction
@@ -75,7 +75,8 @@ class EvaluateCheckpointsOperator(ClusterJobOperator, BaseSensorOperator):
         0: the whole split). Fewer make each score cheaper and noisier.
     :param poll_interval: seconds between looks at the run (the sensor's ``poke_interval``).
     :param timeout: seconds the task may wait in all, training included (the sensor's; default
-        7 days), after which it fails.
+        7 days), after which it fails. A storage outage that outlasts the storage client's
+        tolerance (``[trainops] storage_outage_tolerance``) only makes it look again later.
     :param cluster: ``local`` or ``kubernetes``; where the evaluation jobs run.
     :param image: the trainer image of the evaluation jobs (Kubernetes).
     :param namespace: Kubernetes namespace of the evaluation jobs.
@@ -164,6 +165,18 @@ class EvaluateCheckpointsOperator(ClusterJobOperator, BaseSensorOperator):
 
     # -- one look ----------------------------------------------------------------------
     def poke(self, context: Any) -> PokeReturnValue | bool:
+        try:
+            return self._look(context)
+        except StorageUnavailable as exc:  # an outage outlasting the client's tolerance: not ours
+            self.log.warning(
+                "storage is unavailable (%s); nothing was launched or lost: looking again in %ss",
+                exc,
+                self.poke_interval,
+            )
+            return False
+
+    def _look(self, context: Any) -> PokeReturnValue | bool:
+        """One look at the run (see the module docstring)."""
         identity = task_identity(context)
         trained: TaskIdentity = {**identity, "task_id": self.training_task_id}
         root, store = root_and_storage(self.storage_root, self.aws_conn_id)

@@ -249,6 +249,24 @@ def test_a_lost_launch_note_reattaches_to_the_job_never_a_second(run, cluster, m
     assert run.store.get_json(f"{run.layout.checkpoint_scores}/in_flight.json")["step"] == 30
 
 
+def test_a_storage_outage_only_makes_it_look_again_later(
+    faulty_s3_root, s3_faults, cluster, monkeypatch, capfd
+):
+    monkeypatch.setenv("AIRFLOW__TRAINOPS__STORAGE_OUTAGE_TOLERANCE", "1")
+    run = Run(faulty_s3_root)
+    run.start()
+    run.commit(30)
+    op = operator(run.root)
+    s3_faults.blackout(mode="reset")  # every connection reset, for longer than the tolerance
+    try:
+        assert op.poke(context()) is False
+    finally:
+        s3_faults.end_blackout()
+    assert "storage is unavailable" in capfd.readouterr().out and cluster.launched == []
+    assert op.poke(context()) is False  # storage is back: step 30's job is launched
+    assert [cluster.step_of(s.name) for s, _ in cluster.launched] == [30]
+
+
 def test_a_run_folder_of_another_dag_run_is_refused(run, cluster):
     run.start(owner={**OWNER, "run_id": "manual__2"})
     with pytest.raises(RunFolderTaken, match="belongs to dag 'retrain', run 'manual__2'"):
