@@ -9,6 +9,7 @@ from typing import Any
 from airflow.sdk import Context
 
 from trainer.contract import RunLayout
+from trainer.storage import StorageUnavailable
 from trainops.gate.checks import (
     DEFAULT_CHECKS,
     SLICE_KINDS,
@@ -177,7 +178,7 @@ class EvaluationGateOperator(ReportingOperator):
         """Each record's figures of both models, read only for a ``no_regression`` check with
         ``confidence`` against a production model: the evaluation's ``records_uri`` document,
         or ``{"problem": why}`` when it cannot be used (the check then compares the totals and
-        says why), never an error that fails the gate."""
+        says why); only a storage outage fails the gate (its try: a retry decides)."""
         wanted = evaluation.get("production") is not None and any(c.get("confidence") for c in checks)
         if not wanted:
             return None
@@ -190,6 +191,10 @@ class EvaluationGateOperator(ReportingOperator):
             return {"problem": f"records_uri {uri!r} is not on the storage root {root!r}"}
         try:
             document = get_json_object(storage_for(root, self.aws_conn_id), uri)
+        except StorageUnavailable:
+            # An outage: deciding on the totals now would decide otherwise than with the
+            # records later. This try fails; a retry decides once storage answers.
+            raise
         except Exception as exc:  # a missing or damaged file: the totals decide, and say so
             return {"problem": f"could not read {uri}: {exc}"}
         return _same_models(document, evaluation, uri)

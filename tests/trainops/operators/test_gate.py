@@ -8,7 +8,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
 from trainer.contract import RunLayout, join
-from trainer.storage import open_storage
+from trainer.storage import StorageUnavailable, open_storage
 from trainops.gate.checks import GateConfigError, GateInputError
 from trainops.operators.gate import EvaluationGateOperator
 
@@ -344,3 +344,24 @@ def test_a_confidence_gate_pairs_the_records_of_the_models_it_compares_or_says_w
     other = _paired_gate(file_root, run_uri, {**records, "baseline_uri": "file:///older"})
     assert "holds the figures of file:///older, not of the production file:///p" in other["note"]
     assert (missing["passed"], other["passed"]) == (False, False)  # 3.1 > 3.0 * 1.01 as totals
+
+
+def test_a_storage_outage_fails_a_confidence_gate_rather_than_deciding_on_the_totals(
+    faulty_s3_root, s3_faults, monkeypatch
+):
+    monkeypatch.setenv("AIRFLOW__TRAINOPS__STORAGE_OUTAGE_TOLERANCE", "1")
+    run_uri = join(faulty_s3_root, "runs", "r")
+    table = {"loss_sum": [3.0, 3.2], "loss_tokens": [1.0, 1.0]}
+    records = {
+        "candidate_uri": "file:///c",
+        "baseline_uri": "file:///p",
+        "candidate": table,
+        "baseline": table,
+    }
+    s3_faults.inject(refuse=1.0, ops={"GET"})  # 503 SlowDown on every read, longer than the tolerance
+    try:
+        with pytest.raises(StorageUnavailable):
+            _paired_gate(faulty_s3_root, run_uri, records)
+    finally:
+        s3_faults.clear()
+    assert "paired bootstrap over 2 records" in _paired_gate(faulty_s3_root, run_uri, records)["note"]
