@@ -14,31 +14,21 @@ the same seed still trains the same model, bit for bit).
 
 from __future__ import annotations
 
-import pendulum
-from airflow.sdk import DAG, Param, task
+from airflow.sdk import Param, task
 
 from trainer.config import MAX_SEED
 from trainer.contract import join
 from trainops.operators import StageDatasetOperator
-from trainops.recipes.demo import demo_chain, demo_trainer_config, loss_checks, preempt_param
+from trainops.recipes.demo import demo_chain, demo_dag, demo_trainer_config, loss_checks, preempt_param
 from trainops.settings import resolve_storage_root
 from trainops.staging.demo_data import write_demo_dataset
 
 MODEL = "demo-lm"
 
-with DAG(
-    dag_id="trainops_demo",
-    schedule=None,
-    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
-    catchup=False,
-    max_active_runs=1,
-    tags=["trainops", "demo"],
-    default_args={"owner": "trainops", "retries": 0},
-    doc_md=__doc__,
-    # Templates render to Python objects, so "{{ params.seed }}" reaches the trainer config as
-    # the Param's int (the trainer's schema refuses the text "1234" for an integer key).
-    render_template_as_native_obj=True,
-    params={
+with demo_dag(
+    "trainops_demo",
+    __doc__,
+    {
         "seed": Param(
             1234,
             type="integer",

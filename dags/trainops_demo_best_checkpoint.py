@@ -12,46 +12,25 @@ Params: `seed`, `max_eval_loss` and `preempt`, as for `trainops_demo`.
 
 from __future__ import annotations
 
-import pendulum
-from airflow.sdk import DAG, Param, task
+from airflow.sdk import task
 
-from trainer.config import MAX_SEED
 from trainer.contract import join
 from trainops.operators import StageDatasetOperator
 from trainops.recipes.demo import (
     demo_chain,
+    demo_dag,
+    demo_params,
     demo_trainer_config,
     loss_checks,
     max_eval_loss_param,
-    preempt_param,
 )
 from trainops.settings import resolve_storage_root
 from trainops.staging.demo_data import write_demo_dataset
 
 MODEL = "demo-lm-best"
 
-with DAG(
-    dag_id="trainops_demo_best_checkpoint",
-    schedule=None,
-    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
-    catchup=False,
-    max_active_runs=1,
-    tags=["trainops", "demo"],
-    default_args={"owner": "trainops", "retries": 0},
-    doc_md=__doc__,
-    render_template_as_native_obj=True,  # "{{ params.seed }}" reaches the trainer as an int
-    params={
-        "seed": Param(
-            1234,
-            type="integer",
-            minimum=0,
-            maximum=MAX_SEED,
-            title="Training seed",
-            description="The trainer's seed: the model's initial weights and the order of the training samples.",
-        ),
-        "max_eval_loss": max_eval_loss_param(3.5, "eval loss"),
-        "preempt": preempt_param(),
-    },
+with demo_dag(
+    "trainops_demo_best_checkpoint", __doc__, demo_params(max_eval_loss=max_eval_loss_param(3.5, "eval loss"))
 ) as dag:
 
     @task

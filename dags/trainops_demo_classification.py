@@ -16,12 +16,11 @@ and `preempt`.
 
 from __future__ import annotations
 
-import pendulum
-from airflow.sdk import DAG, task
+from airflow.sdk import task
 
 from trainer.contract import join
 from trainops.operators import StageDatasetOperator
-from trainops.recipes.demo import classifier_checks, demo_chain, hf_demo_params, min_accuracy_param
+from trainops.recipes.demo import classifier_checks, demo_chain, demo_dag, demo_params, min_accuracy_param
 from trainops.settings import resolve_storage_root
 from trainops.staging.demo_classification import (
     TOKENIZER_VOCAB,
@@ -45,17 +44,8 @@ BERT = {
     "pad_token_id": 0,
 }
 
-with DAG(
-    dag_id="trainops_demo_classification",
-    schedule=None,
-    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
-    catchup=False,
-    max_active_runs=1,
-    tags=["trainops", "demo"],
-    default_args={"owner": "trainops", "retries": 0},
-    doc_md=__doc__,
-    render_template_as_native_obj=True,  # "{{ params.seed }}" reaches the trainer as an int
-    params=hf_demo_params(min_accuracy=min_accuracy_param(0.9)),
+with demo_dag(
+    "trainops_demo_classification", __doc__, demo_params(min_accuracy=min_accuracy_param(0.9))
 ) as dag:
 
     @task

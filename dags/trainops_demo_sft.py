@@ -14,12 +14,11 @@ that wrote it (news, forum or docs). Params: `seed` (the trainer's seed) and `ma
 
 from __future__ import annotations
 
-import pendulum
-from airflow.sdk import DAG, task
+from airflow.sdk import task
 
 from trainer.contract import join
 from trainops.operators import StageDatasetOperator
-from trainops.recipes.demo import demo_chain, hf_demo_params, loss_checks, max_eval_loss_param
+from trainops.recipes.demo import demo_chain, demo_dag, demo_params, loss_checks, max_eval_loss_param
 from trainops.settings import resolve_storage_root
 from trainops.staging.demo_sft import TOKENIZER_VOCAB, write_demo_sft_dataset, write_demo_tokenizer
 
@@ -39,17 +38,10 @@ QWEN2 = {
     "tie_word_embeddings": True,
 }
 
-with DAG(
-    dag_id="trainops_demo_sft",
-    schedule=None,
-    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
-    catchup=False,
-    max_active_runs=1,
-    tags=["trainops", "demo"],
-    default_args={"owner": "trainops", "retries": 0},
-    doc_md=__doc__,
-    render_template_as_native_obj=True,  # "{{ params.seed }}" reaches the trainer as an int
-    params=hf_demo_params(max_eval_loss=max_eval_loss_param(1.0, "loss on the eval responses")),
+with demo_dag(
+    "trainops_demo_sft",
+    __doc__,
+    demo_params(max_eval_loss=max_eval_loss_param(1.0, "loss on the eval responses")),
 ) as dag:
 
     @task

@@ -98,11 +98,6 @@ class EvaluateModelOperator(ClusterJobOperator):
         kubernetes_conn_id: str | None = "kubernetes_default",
         **kwargs: Any,
     ) -> None:
-        if capacity not in EVALUATION_CAPACITIES:
-            raise ValueError(
-                f"capacity {capacity!r}: an evaluation runs on "
-                f"{' or '.join(repr(c) for c in EVALUATION_CAPACITIES)}"
-            )
         super().__init__(
             cluster=cluster,
             image=image,
@@ -115,22 +110,12 @@ class EvaluateModelOperator(ClusterJobOperator):
             kubernetes_conn_id=kubernetes_conn_id,
             **kwargs,
         )
-        self.gpus_per_node = as_int("gpus_per_node", gpus_per_node, minimum=0)
-        self.capacity = capacity
+        self.gpus_per_node, self.capacity = evaluation_job(self, gpus_per_node, capacity)
         if not known_at_run_time(model_name):
             name_param("model_name", model_name)  # else when the task runs, once rendered
         self.training, self.model_name = training, model_name
         self.job_timeout = optional_seconds("job_timeout", job_timeout, default=None)
         self.metrics = None if metrics is None else user_metric_specs(metrics)
-        check_renders(
-            cluster,
-            distributed=False,
-            gpus_per_node=gpus_per_node,
-            image=image,
-            namespace=namespace,
-            capacity=capacity,
-            **self.job_options,
-        )
 
     @fail_fast
     def execute(self, context: Any) -> Any:
@@ -235,6 +220,26 @@ class EvaluateModelOperator(ClusterJobOperator):
         }
         self.log.info(_scores_line(result["candidate"], result["production"], production_version))
         return result
+
+
+def evaluation_job(op: ClusterJobOperator, gpus_per_node: object, capacity: str) -> tuple[int, str]:
+    """``(gpus_per_node, capacity)`` of an evaluation job of ``op`` (one process, never
+    relaunched), checked when the DAG is parsed: the job must render for the cluster."""
+    if capacity not in EVALUATION_CAPACITIES:
+        raise ValueError(
+            f"capacity {capacity!r}: an evaluation runs on {' or '.join(repr(c) for c in EVALUATION_CAPACITIES)}"
+        )
+    gpus = as_int("gpus_per_node", gpus_per_node, minimum=0)
+    check_renders(
+        op.cluster,
+        distributed=False,
+        gpus_per_node=gpus,
+        image=op.image,
+        namespace=op.namespace,
+        capacity=capacity,
+        **op.job_options,
+    )
+    return gpus, capacity
 
 
 def user_metric_specs(metrics: object) -> list[str]:

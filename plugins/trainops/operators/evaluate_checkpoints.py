@@ -42,9 +42,8 @@ from trainops.gate.metrics import check_direction
 from trainops.hooks.storage import get_json_object, job_env_for, root_and_storage
 from trainops.operators.base import DEFAULT_IMAGE, ClusterJobOperator, TaskIdentity, task_identity
 from trainops.operators.checkpoint_plan import SUCCEEDED, RunView, next_move
-from trainops.operators.evaluate import EVALUATION_CAPACITIES, user_metric_specs
+from trainops.operators.evaluate import evaluation_job, user_metric_specs
 from trainops.operators.fail_fast import fail_fast
-from trainops.operators.job_options import check_renders
 from trainops.operators.launch_plan import one_process_job
 from trainops.operators.params import as_int
 from trainops.operators.preflight import check_gpus, check_scorers
@@ -118,11 +117,6 @@ class EvaluateCheckpointsOperator(ClusterJobOperator, BaseSensorOperator):
         kubernetes_conn_id: str | None = "kubernetes_default",
         **kwargs: Any,
     ) -> None:
-        if capacity not in EVALUATION_CAPACITIES:
-            raise ValueError(
-                f"capacity {capacity!r}: an evaluation runs on "
-                f"{' or '.join(repr(c) for c in EVALUATION_CAPACITIES)}"
-            )
         super().__init__(
             cluster=cluster,
             image=image,
@@ -144,17 +138,7 @@ class EvaluateCheckpointsOperator(ClusterJobOperator, BaseSensorOperator):
         self.best_by, self.direction = best_by, check_direction("best_by", best_by, direction)
         self.metrics = None if metrics is None else user_metric_specs(metrics)
         self.max_batches = None if max_batches is None else as_int("max_batches", max_batches, minimum=0)
-        self.gpus_per_node = as_int("gpus_per_node", gpus_per_node, minimum=0)
-        self.capacity = capacity
-        check_renders(
-            cluster,
-            distributed=False,
-            gpus_per_node=gpus_per_node,
-            image=image,
-            namespace=namespace,
-            capacity=capacity,
-            **self.job_options,
-        )
+        self.gpus_per_node, self.capacity = evaluation_job(self, gpus_per_node, capacity)
 
     @fail_fast
     def execute(self, context: Any) -> Any:

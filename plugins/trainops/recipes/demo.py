@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow.sdk import BaseOperator, Param
+import pendulum
+from airflow.sdk import DAG, BaseOperator, Param
 
 from trainer.config import MAX_SEED
 from trainops.operators import (
@@ -34,8 +35,26 @@ def preempt_param() -> Param:
     )
 
 
-def hf_demo_params(**gate: Param) -> dict[str, Param]:
-    """The Hugging Face demos' form: the trainer's ``seed``, the gate's own params (``gate``:
+def demo_dag(dag_id: str, doc: str | None, params: dict[str, Param]) -> DAG:
+    """A demo DAG: triggered by hand, one run at a time, no retries, ``doc`` as its docs, and
+    templates rendered to Python objects, so ``"{{ params.seed }}"`` reaches the trainer config
+    as the Param's int (the trainer's schema refuses the text "1234" for an integer key)."""
+    return DAG(
+        dag_id=dag_id,
+        schedule=None,
+        start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+        catchup=False,
+        max_active_runs=1,
+        tags=["trainops", "demo"],
+        default_args={"owner": "trainops", "retries": 0},
+        doc_md=doc,
+        render_template_as_native_obj=True,
+        params=params,
+    )
+
+
+def demo_params(**gate: Param) -> dict[str, Param]:
+    """The demos' form: the trainer's ``seed``, the gate's own params (``gate``:
     :func:`max_eval_loss_param` or :func:`min_accuracy_param`) and ``preempt``."""
     return {
         "seed": Param(
