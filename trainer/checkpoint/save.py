@@ -63,7 +63,7 @@ from trainer.checkpoint.files import (
     survey,
 )
 from trainer.checkpoint.reads import NodeFileSystem, Range, assign_reads, needed_ranges, read_ranges
-from trainer.contract import Cause, RunLayout, join, prune_plan, scheduled_for_eval
+from trainer.contract import MAX_HELD_FOR_EVAL, Cause, RunLayout, join, prune_plan, scheduled_for_eval
 from trainer.runtime.attempts import CausedError, cause_of, classify_failure
 from trainer.state import TrainState
 from trainer.storage import Storage
@@ -476,15 +476,25 @@ class Checkpointer:
 
     def _held(self, committed: set[int]) -> frozenset[int]:
         """The committed steps mid-run evaluation has yet to score (``eval.every_checkpoints``):
-        kept until their score is written, so that none is pruned before it is read."""
+        kept until their score is written, so that none is pruned before it is read; at most
+        the newest ``MAX_HELD_FOR_EVAL``, so that a run nobody scores does not grow without end."""
         every_steps, every_checkpoints = self.hold_for_eval
         due = {s for s in committed if scheduled_for_eval(s, every_steps, every_checkpoints)}
         if not due:
             return frozenset()
-        written = set(self.storage.list(self.layout.checkpoint_scores))
-        held = frozenset(s for s in due if self.layout.checkpoint_score(s) not in written)
+        # by name: the listing's spelling of the root need not be the layout's
+        written = {uri.rsplit("/", 1)[-1] for uri in self.storage.list(self.layout.checkpoint_scores)}
+        waiting = sorted(s for s in due if self.layout.checkpoint_score(s).rsplit("/", 1)[-1] not in written)
+        held = frozenset(waiting[-MAX_HELD_FOR_EVAL:])
         if held:
             log.info("checkpoint: keeping step(s) %s until their mid-run evaluation is written", sorted(held))
+        if len(waiting) > MAX_HELD_FOR_EVAL:
+            log.warning(
+                "checkpoint: %d checkpoints await their mid-run evaluation; only the newest %d are kept "
+                "for it (is the evaluating task running?)",
+                len(waiting),
+                MAX_HELD_FOR_EVAL,
+            )
         return held
 
     def load_latest(self) -> int | None:

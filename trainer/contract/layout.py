@@ -264,6 +264,11 @@ def prune_plan(
     return sorted(s for s in steps if s < just_committed and s not in kept)
 
 
+# The most checkpoints the trainer keeps for their mid-run evaluation beyond checkpoint.keep:
+# the newest ones awaiting a score. Bounds what a run grows by when nothing scores it.
+MAX_HELD_FOR_EVAL = 8
+
+
 def scheduled_for_eval(step: int, every_steps: int, every_checkpoints: int) -> bool:
     """Whether mid-run evaluation scores the checkpoint of ``step``: every
     ``every_checkpoints``-th of the regular checkpoints (steps that are multiples of

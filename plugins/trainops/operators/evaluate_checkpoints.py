@@ -175,7 +175,7 @@ class EvaluateCheckpointsOperator(ClusterJobOperator, BaseSensorOperator):
                 if not self._watch(store, layout, flight):
                     return False
                 continue
-            move = next_move(self._view(store, layout, trained))
+            move = next_move(self._view(store, layout, trained, _task_state(context, trained)))
             if move.kind == "fail":
                 raise AirflowFailException(f"{layout.run_uri}: {move.why}")
             if move.kind == "wait":
@@ -188,11 +188,13 @@ class EvaluateCheckpointsOperator(ClusterJobOperator, BaseSensorOperator):
             return False
         return False
 
-    def _view(self, store: Storage, layout: RunLayout, trained: TaskIdentity) -> RunView:
+    def _view(
+        self, store: Storage, layout: RunLayout, trained: TaskIdentity, task_state: str | None
+    ) -> RunView:
         """The run as storage shows it now (:class:`RunView`)."""
         job = read_job(store, layout, trained)  # another run's folder: RunFolderTaken
         if job is None:
-            return RunView(0, 0, frozenset(), frozenset(), None)
+            return RunView(0, 0, frozenset(), frozenset(), None, task_state=task_state)
         config = self._config(store, layout)
         if config.eval.every_checkpoints < 1:
             raise AirflowFailException(
@@ -200,14 +202,19 @@ class EvaluateCheckpointsOperator(ClusterJobOperator, BaseSensorOperator):
                 f"trainer_config of {self.training_task_id!r} (e.g. 1: score every checkpoint), or drop this task"
             )
         status = job["status"]
-        final = int(get_json_object(store, layout.latest).get("step", 0)) if status == SUCCEEDED else None
+        try:
+            latest = int(get_json_object(store, layout.latest).get("step", 0))
+        except NotFound:  # nothing committed yet
+            latest = 0
         return RunView(
             every_steps=config.checkpoint.every_steps,
             every_checkpoints=config.eval.every_checkpoints,
             committed=committed_steps(store.list(layout.checkpoints)),
             scored=scored_steps(store.list(layout.checkpoint_scores), layout),
             status=status,
-            final_step=final,
+            final_step=latest if status == SUCCEEDED else None,
+            latest_step=latest,
+            task_state=task_state,
         )
 
     @staticmethod
@@ -230,7 +237,8 @@ class EvaluateCheckpointsOperator(ClusterJobOperator, BaseSensorOperator):
         spec = one_process_job(
             f"ckpt{step}",
             identity=task_identity(context),
-            attempt=1,
+            # this task's try: a retry's job is a new one, never the failed one still going away
+            attempt=max(1, int(getattr(context["ti"], "try_number", 1) or 1)),
             args=trainer_argv("evaluate", layout.config, overrides),
             labels={**self.task_labels(context), STEP_LABEL: str(step)},
             image=self.image,
@@ -259,12 +267,14 @@ class EvaluateCheckpointsOperator(ClusterJobOperator, BaseSensorOperator):
                 "checkpoint step %d: evaluation job %s is %s", step, handle["job_id"], state["phase"]
             )
             return False
-        succeeded = state["phase"] == "succeeded"
+        # Its score decides, not the phase: a look that died between deleting the job and its
+        # note finds the job gone ("lost") with the score written.
+        succeeded = store.head(layout.checkpoint_score(step)) is not None
         tail = "" if succeeded else self.backend.logs_tail(handle, lines=20)
         self.clean_up(handle, "finish" if succeeded else "fail")
         store.delete(_in_flight_uri(layout))  # from here on, a retry launches it afresh
         if succeeded:
-            scores = get_json_object(store, layout.checkpoint_score(step))  # NotFound: it wrote none
+            scores = get_json_object(store, layout.checkpoint_score(step))
             self.log.info(
                 "checkpoint step %d: %s", step, _figures(scores.get("candidate") or {}, self.best_by)
             )
@@ -307,7 +317,12 @@ class EvaluateCheckpointsOperator(ClusterJobOperator, BaseSensorOperator):
         self.log.info("picked: %s", pick.why)
         drop_other_exports(store, layout, pick, [s.step for s in scores])
         self._prune_scored(store, layout)
-        training = context["ti"].xcom_pull(task_ids=self.training_task_id, key="return_value")
+        index = task_identity(context)["map_index"]
+        training = context["ti"].xcom_pull(
+            task_ids=self.training_task_id,
+            key="return_value",
+            **({"map_indexes": index} if index >= 0 else {}),
+        )
         if not isinstance(training, Mapping) or training.get("run_uri") != layout.run_uri:
             self.log.info("waiting for %r's result to be published", self.training_task_id)
             return False
@@ -315,6 +330,28 @@ class EvaluateCheckpointsOperator(ClusterJobOperator, BaseSensorOperator):
             is_done=True,
             xcom_value={**training, "export_uri": pick.export_uri, "checkpoint_pick": pick.document()},
         )
+
+
+def _task_state(context: Any, trained: TaskIdentity) -> str | None:
+    """The training task instance's Airflow state (None: Airflow could not say)."""
+    ti = context["ti"]
+    getter = getattr(ti, "get_task_states", None)
+    if getter is None:
+        return None
+    index = trained["map_index"]
+    try:
+        states = getter(
+            dag_id=trained["dag_id"],
+            task_ids=[trained["task_id"]],
+            run_ids=[trained["run_id"]],
+            **({"map_index": index} if index >= 0 else {}),
+        )
+    except Exception:  # a question, never a reason to fail a look
+        return None
+    state = (
+        (states.get(trained["run_id"]) or {}).get(trained["task_id"]) if isinstance(states, Mapping) else None
+    )
+    return None if state is None else str(state)
 
 
 def _in_flight_uri(layout: RunLayout) -> str:
@@ -340,12 +377,13 @@ def committed_steps(listed: list[str]) -> frozenset[int]:
 
 
 def scored_steps(listed: list[str], layout: RunLayout) -> frozenset[int]:
-    """The steps with a score (or a skip) written, from a listing of ``<run>/eval/checkpoints``."""
+    """The steps with a score (or a skip) written, from a listing of ``<run>/eval/checkpoints``
+    (by the objects' names, so a root spelt another way lists the same steps)."""
     return frozenset(
         step
         for uri in listed
         if uri.endswith(".json") and (step := checkpoint_step_of(uri[: -len(".json")])) is not None
-        if uri == layout.checkpoint_score(step)
+        if uri.rsplit("/", 2)[-2:] == layout.checkpoint_score(step).rsplit("/", 2)[-2:]
     )
 
 
@@ -358,7 +396,11 @@ def read_scores(store: Storage, layout: RunLayout) -> list[CheckpointScore]:
             out.append(CheckpointScore(step, None, None, skipped=str(doc["skipped"])))
             continue
         candidate = doc.get("candidate") or {}
-        out.append(CheckpointScore(step, candidate, candidate.get("model_uri")))
+        export = layout.checkpoint_export(step)  # where this task's job wrote it, never a path read back
+        exported = (
+            candidate.get("model_uri") == export and store.head(join(export, "export.json")) is not None
+        )
+        out.append(CheckpointScore(step, candidate, export if exported else None))
     return out
 
 

@@ -145,6 +145,23 @@ def test_a_checkpoint_awaiting_its_mid_run_evaluation_is_kept_until_scored(world
     assert kept() == ["step_00000020", "step_00000025"]
 
 
+@pytest.mark.slow
+def test_a_run_nobody_scores_keeps_only_the_newest_checkpoints_awaiting_a_score(
+    world_of_one, tmp_path, caplog, monkeypatch
+):
+    monkeypatch.setattr("trainer.checkpoint.save.MAX_HELD_FOR_EVAL", 1)
+    run_uri = (tmp_path / "run").as_uri()
+    model, optimizer = fresh(0)
+    ckpt, state = checkpointer(open_storage(run_uri), run_uri, model, optimizer, keep=1, hold_for_eval=(5, 1))
+    with caplog.at_level(logging.INFO, logger="trainer.checkpoint"):
+        for step in (5, 10, 15):
+            advance(state, step, step)
+            ckpt.save(step)
+    kept = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir() if p.is_dir())
+    assert kept == ["step_00000010", "step_00000015"]  # 5 let go: only the newest 1 is held
+    assert "2 checkpoints await their mid-run evaluation; only the newest 1 are kept" in caplog.text
+
+
 def test_no_checkpoint_means_a_fresh_start(world_of_one, tmp_path):
     run_uri = (tmp_path / "run").as_uri()
     model, optimizer = fresh(0)

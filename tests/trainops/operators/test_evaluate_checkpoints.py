@@ -114,14 +114,16 @@ def run(file_root):
     return Run(file_root)
 
 
-def context(training=None):
+def context(training=None, train_state="running", try_number=1):
     ti = SimpleNamespace(
         dag_id="retrain",
         run_id="manual__1",
         task_id="evaluate_checkpoints",
         map_index=-1,
+        try_number=try_number,
         xcom_pull=lambda task_ids, key: training,
         get_first_reschedule_date=lambda context: None,
+        get_task_states=lambda dag_id, task_ids, run_ids: {run_ids[0]: {task_ids[0]: train_state}},
     )
     return {"ti": ti}
 
@@ -283,11 +285,31 @@ def test_a_run_without_mid_run_evaluation_says_which_key_to_set(file_root, clust
         operator(file_root).poke(context())
 
 
-def test_failed_training_fails_the_task(run, cluster):
+def test_failed_training_fails_the_task_once_the_training_task_gave_up(run, cluster):
     run.start()
     run.finish("failed")
-    with pytest.raises(AirflowFailException, match="training failed"):
-        operator(run.root).poke(context())
+    assert operator(run.root).poke(context(train_state="up_for_retry")) is False  # its retry resumes
+    with pytest.raises(AirflowFailException, match=r"training failed \(its task is failed\)"):
+        operator(run.root).poke(context(train_state="failed"))
+
+
+def test_a_look_that_died_after_deleting_a_finished_job_reads_its_score(run, cluster):
+    run.start()
+    run.commit(30)
+    op = operator(run.root)
+    op.poke(context())
+    name = cluster.launched[0][0].name
+    run.scored(30, 2.5)
+    cluster.phase[name] = "lost"  # deleted by the look that died before it deleted its note
+    assert op.poke(context()) is False
+    assert len(cluster.launched) == 1 and cluster.deleted == [name]  # read, never relaunched
+
+
+def test_a_retry_of_the_task_launches_a_job_of_its_own(run, cluster):
+    run.start()
+    run.commit(30)
+    operator(run.root).poke(context(try_number=2))
+    assert cluster.launched[0][0].name.endswith("-a2")
 
 
 def test_bad_settings_are_refused_when_the_dag_is_parsed():
