@@ -201,6 +201,14 @@ class EvaluateCheckpointsOperator(ClusterJobOperator, BaseSensorOperator):
                 f"{layout.config} has eval.every_checkpoints {config.eval.every_checkpoints}: set it in the "
                 f"trainer_config of {self.training_task_id!r} (e.g. 1: score every checkpoint), or drop this task"
             )
+        if config.resume != "auto":
+            # A try that starts over re-commits every step with other weights, under the names
+            # of scores already written: they would stand for weights that are gone.
+            raise AirflowFailException(
+                f"{layout.config} has resume {config.resume!r}: mid-run evaluation needs resume 'auto', "
+                "where a step committed again (by a resumed attempt) holds the same weights; drop resume "
+                f"from the trainer_config of {self.training_task_id!r}, or drop this task"
+            )
         status = job["status"]
         try:
             latest = int(get_json_object(store, layout.latest).get("step", 0))

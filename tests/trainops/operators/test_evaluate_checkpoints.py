@@ -285,6 +285,14 @@ def test_a_run_without_mid_run_evaluation_says_which_key_to_set(file_root, clust
         operator(file_root).poke(context())
 
 
+def test_a_run_that_starts_over_on_a_retry_is_refused(file_root, cluster):
+    run = Run(file_root)
+    run.config["resume"] = "never"
+    run.start()
+    with pytest.raises(AirflowFailException, match=r"resume 'never': mid-run evaluation needs resume 'auto'"):
+        operator(file_root).poke(context())
+
+
 def test_failed_training_fails_the_task_once_the_training_task_gave_up(run, cluster):
     run.start()
     run.finish("failed")
