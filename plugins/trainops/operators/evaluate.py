@@ -8,17 +8,21 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from trainer.config import ConfigError, check_user_metrics
 from trainer.contract import RunLayout, join, trainer_argv
+from trainer.storage import NotFound, Storage
 from trainops.cluster.base import JobAlreadyExists
 from trainops.cluster.spec import CAPACITIES
 from trainops.gate.metrics import shown_metrics
-from trainops.hooks.storage import get_json_object, job_env_for, root_and_storage
+from trainops.hooks.storage import get_json_object, job_env_for, root_and_storage, storage_for
 from trainops.operators.base import DEFAULT_IMAGE, ClusterJobOperator, task_identity
 from trainops.operators.deadlines import waiting_failed
+from trainops.operators.eval_sizing import eval_pod
 from trainops.operators.fail_fast import fail_fast
 from trainops.operators.job_options import check_renders
 from trainops.operators.launch_plan import one_process_job
 from trainops.operators.params import as_int, known_at_run_time, name_param, optional_seconds
-from trainops.operators.preflight import check_gpus, check_scorers
+from trainops.operators.preflight import check_gpus, check_scorers, dataset_manifest
+from trainops.operators.sizing import model_params
+from trainops.operators.train_launch import run_config
 from trainops.registry.errors import MalformedPointer, RegistryNameConflict
 from trainops.registry.promotion import read_production
 from trainops.triggers.events import check_event
@@ -150,6 +154,7 @@ class EvaluateModelOperator(ClusterJobOperator):
             )
         else:
             self.log.info("%s has no production version yet: evaluating the candidate only", self.model_name)
+        job_options = sized_job_options(self, store, layout, checkpoint=False)
         spec = one_process_job(
             "eval",
             identity=task_identity(context),
@@ -159,7 +164,7 @@ class EvaluateModelOperator(ClusterJobOperator):
             image=self.image,
             namespace=self.namespace,
             capacity=self.capacity,
-            job_options=self.job_options,
+            job_options=job_options,
             storage_env=job_env_for(root, self.aws_conn_id),
             gpus_per_node=self.gpus_per_node,
         )
@@ -240,6 +245,23 @@ def evaluation_job(op: ClusterJobOperator, gpus_per_node: object, capacity: str)
         **op.job_options,
     )
     return gpus, capacity
+
+
+def sized_job_options(op: Any, store: Storage, layout: RunLayout, *, checkpoint: bool) -> dict[str, Any]:
+    """``op``'s ``job_options`` over the evaluation pod's size for the run's model
+    (:mod:`trainops.operators.eval_sizing`; said in the log on Kubernetes, where it counts)."""
+    try:
+        config = run_config(store, layout)
+        manifest = dataset_manifest(storage_for(config.data_uri, op.aws_conn_id), config.data_uri)
+    except (NotFound, ValueError) as exc:  # the job will say so; the pod keeps job_options' size
+        op.log.warning("could not size the evaluation pod from the run's config and dataset: %s", exc)
+        return dict(op.job_options)
+    pod = eval_pod(model_params(config, manifest), gpus=op.gpus_per_node, checkpoint=checkpoint)
+    if pod is None:
+        return dict(op.job_options)
+    if op.cluster == "kubernetes":
+        op.log.info("%s (job_options memory, cache_size, ephemeral_storage override it)", pod.describe())
+    return {**pod.options(), **op.job_options}
 
 
 def user_metric_specs(metrics: object) -> list[str]:

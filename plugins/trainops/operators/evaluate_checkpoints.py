@@ -21,11 +21,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import yaml
 from airflow.sdk.bases.sensor import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowFailException
 
-from trainer.config import Config, config_from_mapping
 from trainer.contract import (
     RunLayout,
     checkpoint_step_of,
@@ -42,11 +40,12 @@ from trainops.gate.metrics import check_direction
 from trainops.hooks.storage import get_json_object, job_env_for, root_and_storage
 from trainops.operators.base import DEFAULT_IMAGE, ClusterJobOperator, TaskIdentity, task_identity
 from trainops.operators.checkpoint_plan import SUCCEEDED, RunView, next_move
-from trainops.operators.evaluate import evaluation_job, user_metric_specs
+from trainops.operators.evaluate import evaluation_job, sized_job_options, user_metric_specs
 from trainops.operators.fail_fast import fail_fast
 from trainops.operators.launch_plan import one_process_job
 from trainops.operators.params import as_int
 from trainops.operators.preflight import check_gpus, check_scorers
+from trainops.operators.train_launch import run_config
 from trainops.operators.train_record import read_job
 
 # Finished evaluation jobs read in one look before the slot is given back.
@@ -195,7 +194,7 @@ class EvaluateCheckpointsOperator(ClusterJobOperator, BaseSensorOperator):
         job = read_job(store, layout, trained)  # another run's folder: RunFolderTaken
         if job is None:
             return RunView(0, 0, frozenset(), frozenset(), None, task_state=task_state)
-        config = self._config(store, layout)
+        config = run_config(store, layout)
         if config.eval.every_checkpoints < 1:
             raise AirflowFailException(
                 f"{layout.config} has eval.every_checkpoints {config.eval.every_checkpoints}: set it in the "
@@ -225,11 +224,6 @@ class EvaluateCheckpointsOperator(ClusterJobOperator, BaseSensorOperator):
             task_state=task_state,
         )
 
-    @staticmethod
-    def _config(store: Storage, layout: RunLayout) -> Config:
-        """The run's trainer config, as the training task wrote it."""
-        return config_from_mapping(yaml.safe_load(store.get(layout.config)) or {}, layout.config)
-
     def _launch(self, context: Any, store: Storage, layout: RunLayout, step: int, root: str) -> None:
         """Launch checkpoint ``step``'s evaluation job and note it as the one in flight."""
         overrides: dict[str, object] = {
@@ -252,7 +246,7 @@ class EvaluateCheckpointsOperator(ClusterJobOperator, BaseSensorOperator):
             image=self.image,
             namespace=self.namespace,
             capacity=self.capacity,
-            job_options=self.job_options,
+            job_options=sized_job_options(self, store, layout, checkpoint=True),
             storage_env=job_env_for(root, self.aws_conn_id),
             gpus_per_node=self.gpus_per_node,
         )
@@ -300,7 +294,7 @@ class EvaluateCheckpointsOperator(ClusterJobOperator, BaseSensorOperator):
     def _prune_scored(self, store: Storage, layout: RunLayout) -> None:
         """Delete the checkpoints the trainer kept only for their scores, now written: those
         its own rule (``checkpoint.keep`` newest) would have pruned. Training is over."""
-        config = self._config(store, layout)
+        config = run_config(store, layout)
         committed = committed_steps(store.list(layout.checkpoints))
         newest = max(committed, default=0)
         due = {

@@ -281,3 +281,25 @@ def test_a_scorer_the_local_cluster_cannot_find_is_refused_before_launch(file_ro
             file_root, metrics=["team_metrics:recall"], job_options={"env": {"PYTHONPATH": examples}}
         ).execute(context)
     assert cluster.launched == []
+
+
+def test_the_evaluation_pod_is_sized_for_the_model_it_loads(file_root, cluster, context):
+    from trainer.config import config_from_mapping, dump_yaml
+    from trainer.contract import MANIFEST_FORMAT
+    from trainer.presets import PRESETS, param_count
+    from trainops.operators.eval_sizing import eval_pod
+
+    train, store = training(file_root), open_storage(file_root)
+    data_uri = f"{file_root}/datasets/d/v1"
+    config = config_from_mapping(
+        {"run_uri": train["run_uri"], "data_uri": data_uri, "model": {"preset": "7b"}}
+    )
+    store.put(train["config_uri"], dump_yaml(config).encode())
+    manifest = {"format": MANIFEST_FORMAT, "tokenizer": {"vocab_size": 32000}, "splits": {}}
+    store.put_json(f"{data_uri}/manifest.json", manifest)
+    with pytest.raises(TaskDeferred):
+        operator(file_root).execute(context)
+    ((spec, _),) = cluster.launched
+    params = param_count(PRESETS["7b"].with_vocab(32000))
+    assert spec.memory == eval_pod(params, gpus=0, checkpoint=False).options()["memory"]
+    assert int(spec.memory.removesuffix("Gi")) * 2**30 >= params * 6  # the fp32 model and the weights read

@@ -15,11 +15,13 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleExcept
 
 from tests.trainops.cluster.fake_backend import LOG_TAIL, FakeCluster
 from trainer.config import config_from_mapping, dump_yaml
-from trainer.contract import RunLayout, run_prefix
+from trainer.contract import MANIFEST_FORMAT, RunLayout, run_prefix
+from trainer.presets import PRESETS, param_count
 from trainer.storage import open_storage
 from trainops.cluster.base import JobAlreadyExists
 from trainops.gate.errors import GateConfigError
 from trainops.operators import EvaluateCheckpointsOperator
+from trainops.operators.eval_sizing import eval_pod
 from trainops.recovery.record import RunFolderTaken, start_record
 
 OWNER = {"dag_id": "retrain", "run_id": "manual__1", "task_id": "train", "map_index": -1}
@@ -188,6 +190,24 @@ def test_one_job_per_due_checkpoint_each_launched_once_and_the_best_one_picked(r
     ]
     assert [s for s in (30, 50, 60, 90) if run.store.head(run.layout.committed_marker(s))] == [50, 90]
     assert "checkpoint step 60: eval_loss 2.1" in capfd.readouterr().out
+
+
+def test_each_job_is_sized_for_the_checkpoint_it_loads(file_root, cluster):
+    run = Run(file_root)
+    run.config["model"] = {"preset": "1b"}
+    manifest = {"format": MANIFEST_FORMAT, "tokenizer": {"vocab_size": 32000}, "splits": {}}
+    run.store.put_json(f"{run.config['data_uri']}/manifest.json", manifest)
+    run.start()
+    run.commit(30)
+    operator(file_root, job_options={"cpu": "4"}).poke(context())
+    ((spec, _),) = cluster.launched
+    pod = eval_pod(param_count(PRESETS["1b"].with_vocab(32000)), gpus=0, checkpoint=True).options()
+    assert (spec.memory, spec.cache_size, spec.ephemeral_storage) == (
+        pod["memory"],
+        pod["cache_size"],
+        pod["ephemeral_storage"],
+    )
+    assert spec.cpu == "4"  # job_options win
 
 
 def test_a_failed_evaluation_fails_with_its_log_and_a_retry_launches_it_afresh(run, cluster):
