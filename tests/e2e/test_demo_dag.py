@@ -12,6 +12,8 @@ tests/trainops/registry/test_rollback.py; bad param values in tests/dags/test_tr
 The first run is made once for this test and the browser click-through (tests/e2e/demo_run.py).
 """
 
+from types import SimpleNamespace
+
 import pytest
 
 from tests.e2e.demo_run import run_demo, run_note, task_states
@@ -76,7 +78,9 @@ def test_demo_twice_then_another_seed_then_a_rollback_then_a_rejected_model(demo
     # The same data, config and seed train the same weights, uninterrupted this time (the
     # preempt param off): v1 resumed exactly, so the run is reported identical to it, not
     # published again.
+    run_ids = [demo_env.run_id]
     dagrun, second = run_demo({"preempt": False})
+    run_ids.append(dagrun.run_id)
     assert str(dagrun.state).endswith("success"), second
     assert (second["train"]["preemptions"], second["train"]["steps"]) == (0, 120)
     assert [
@@ -95,6 +99,7 @@ def test_demo_twice_then_another_seed_then_a_rollback_then_a_rejected_model(demo
     # Another seed trains another model (other initial weights, other sample order): it passes
     # the gate against v1 and becomes v2.
     dagrun, other = run_demo({"seed": 2, "preempt": False})
+    run_ids.append(dagrun.run_id)
     assert str(dagrun.state).endswith("success"), other
     states = task_states(dagrun.run_id)
     assert (states["gate"], states["promote"]) == ("success", "success")
@@ -154,6 +159,7 @@ def test_demo_twice_then_another_seed_then_a_rollback_then_a_rejected_model(demo
     pointer_before = store.get(production_pointer(root, "demo-lm"))
     capfd.readouterr()
     dagrun, rejected = run_demo({"max_eval_loss": 0.5, "preempt": False})
+    run_ids.append(dagrun.run_id)
     assert str(dagrun.state).endswith("success"), rejected  # a rejection is not a failure
     states = task_states(dagrun.run_id)
     assert (states["gate"], states["promote"]) == ("success", "skipped")
@@ -176,3 +182,48 @@ def test_demo_twice_then_another_seed_then_a_rollback_then_a_rejected_model(demo
         "production unchanged.\n- eval loss under max_eval_loss: eval_loss (observed "
     )
     assert "expected <= 0.5)" in note and "XCom not found" not in out.out + out.err
+    _each_promotion_announced_production_and_the_deploy_dag_follows_the_pointer(root, run_ids, first, other)
+
+
+def _each_promotion_announced_production_and_the_deploy_dag_follows_the_pointer(root, run_ids, first, other):
+    """The promotions (v1, v2) emitted an event on trainops://models/demo-lm; the identical and
+    the rejected runs emitted none, nor did the rollback from the command line. The example deploy
+    DAG, scheduled on that Asset, is queued by them, and its task deploys what production is now
+    (v1, rolled back), whichever event it is given."""
+    import os
+
+    from airflow.models.asset import AssetDagRunQueue, AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+
+    from trainops.cli.main import load_dag
+    from trainops.operators.production_asset import model_asset
+
+    asset = model_asset("demo-lm")
+    with create_session() as session:
+        events = (
+            session.query(AssetEvent)
+            .join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+            .filter(AssetModel.uri == asset.uri, AssetEvent.source_run_id.in_(run_ids))
+            .order_by(AssetEvent.timestamp)
+            .all()
+        )
+        announced = [(e.source_run_id, e.extra["action"], e.extra["version"], e.extra["uri"]) for e in events]
+        queued = (
+            session.query(AssetDagRunQueue)
+            .filter(AssetDagRunQueue.target_dag_id == "deploy_on_promotion")
+            .count()
+        )
+        extras = [dict(e.extra) for e in events]
+    assert announced == [
+        (run_ids[0], "promote", 1, first["promote"]["version_uri"]),
+        (run_ids[2], "promote", 2, other["promote"]["version_uri"]),
+    ]
+    assert queued >= 1  # the scheduler would start deploy_on_promotion
+    deploy = load_dag(os.environ["AIRFLOW__CORE__DAGS_FOLDER"], "deploy_on_promotion").get_task("deploy")
+    events_seen = {asset: [SimpleNamespace(extra=extra) for extra in extras]}
+    (record,) = deploy.python_callable(triggering_asset_events=events_seen)
+    assert (record["version"], record["uri"], record["event"]["version"]) == (
+        1,
+        first["promote"]["version_uri"],
+        2,
+    )

@@ -15,6 +15,7 @@ from trainops.operators import notes  # write_notes looked up at each call: test
 from trainops.operators.base import ReportingOperator
 from trainops.operators.fail_fast import fail_fast
 from trainops.operators.params import known_at_run_time, name_param
+from trainops.operators.production_asset import emit, production_alias, production_extra
 from trainops.registry.card import build_card, by_label, trigger_of
 from trainops.registry.errors import MalformedPointer, RegistryNameConflict
 from trainops.registry.identity import compare_with_production
@@ -62,6 +63,10 @@ class PromoteModelOperator(ReportingOperator):
     ``production_version`` is where production is now (another version, when a later
     promotion moved it on before this task finished).
 
+    A promotion emits an event on the Asset ``trainops://models/<name>``
+    (:mod:`trainops.operators.production_asset`), its extra the version and its URI, so a
+    deploy DAG can be scheduled on it; a skipped promotion emits none.
+
     :param model_name: name of the model in the registry, e.g. ``demo-lm`` (templated): 1 to 128
         characters, no control characters, no whitespace at either end (checked at DAG parse, or
         once rendered, before anything is written). Its registry folder must hold no other
@@ -106,6 +111,7 @@ class PromoteModelOperator(ReportingOperator):
         super().__init__(**kwargs)
         if not known_at_run_time(model_name):
             name_param("model_name", model_name)  # else when the task runs, once rendered
+        self.outlets = [*self.outlets, production_alias()]  # trainops://models/<name>, on a move
         self.model_name = model_name
         self.gate = gate
         self.training = training
@@ -199,6 +205,18 @@ class PromoteModelOperator(ReportingOperator):
                 self.model_name,
                 result["production_version"],
             )
+        emit(
+            context.get("outlet_events"),
+            self.model_name,
+            production_extra(
+                action="promote",
+                model=self.model_name,
+                version=result["version"],
+                uri=result["version_uri"],
+                previous_version=result["previous_version"],
+                by=who,
+            ),
+        )
         pruned = self._prune(storage, root, training)
         return {"model_name": self.model_name, **result, "pruned": pruned}
 

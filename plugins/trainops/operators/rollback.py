@@ -8,9 +8,11 @@ from typing import Any
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException
 
+from trainer.contract import model_version_prefix
 from trainops.hooks.storage import root_and_storage
 from trainops.operators.fail_fast import fail_fast
 from trainops.operators.params import known_at_run_time, name_param
+from trainops.operators.production_asset import emit, production_alias, production_extra
 from trainops.registry.promotion import PromotionError
 from trainops.registry.rollback import rollback
 
@@ -26,6 +28,9 @@ class RollbackModelOperator(BaseOperator):
     :mod:`trainops.registry.rollback`). ``python -m trainops rollback`` does the same from a shell.
     The result is what happened: a write whose reply was lost is reported as the change it
     made, and a retry of this task after its rollback took effect says so.
+
+    A rollback that moved production emits an event on the Asset ``trainops://models/<name>``,
+    as a promotion does (:mod:`trainops.operators.production_asset`).
 
     XCom result: ``{"model", "version", "previous_version", "changed", "by", "reason",
     "at", "production_uri", "production_version"}``, and ``since`` (the history entry that
@@ -60,6 +65,7 @@ class RollbackModelOperator(BaseOperator):
         super().__init__(**kwargs)
         if not known_at_run_time(model_name):
             name_param("model_name", model_name)  # else when the task runs, once rendered
+        self.outlets = [*self.outlets, production_alias()]  # trainops://models/<name>, on a move
         if not isinstance(reason, str) or not reason.strip():
             raise ValueError(
                 "RollbackModelOperator needs a non-empty reason; it is kept in the "
@@ -94,6 +100,18 @@ class RollbackModelOperator(BaseOperator):
                 version,
                 by,
                 self.reason,
+            )
+            emit(
+                context.get("outlet_events"),
+                self.model_name,
+                production_extra(
+                    action="rollback",
+                    model=self.model_name,
+                    version=version,
+                    uri=model_version_prefix(root, self.model_name, version),
+                    previous_version=result["previous_version"],
+                    by=by,
+                ),
             )
             if result["production_version"] != version:
                 self.log.info(

@@ -435,3 +435,18 @@ def test_promoting_into_another_models_registry_fails_without_retry_naming_both(
         gate_then_promote(file_root, "run-2", 2.0, production=3.0, production_version=1, model_name="demo-lm")
     assert storage.get(uri) == before
     assert storage.list(model_version_prefix(file_root, "demo-lm", 2)) == []
+
+
+def test_a_promotion_emits_the_models_asset_event_with_the_new_version(file_root):
+    from tests.trainops.operators.test_production_asset import Events
+
+    events = Events()
+    result, _ = gate_then_promote(file_root, "run-1", 3.0, context={"outlet_events": events})
+    ((_, uri, extra),) = events.added
+    assert uri == "trainops://models/demo-lm"
+    assert (extra["action"], extra["version"], extra["uri"], extra["previous_version"]) == (
+        "promote",
+        1,
+        result["version_uri"],
+        None,
+    )

@@ -122,3 +122,34 @@ def test_a_model_name_that_is_not_one_fails_at_parse_or_once_rendered_before_the
     op.model_name = "demo\u202elm"  # as rendered: a bidi override makes it show as another name
     with pytest.raises(AirflowFailException, match=r"U\+202E at position 4"):
         op.execute(context())
+
+
+def test_a_rollback_that_moves_production_emits_the_models_asset_event_and_a_no_op_none(file_root):
+    from tests.trainops.operators.test_production_asset import Events
+    from trainer.contract import model_version_prefix
+    from trainops.operators.production_asset import PRODUCTION_ALIAS
+
+    promote_runs(file_root, 2)
+    op = RollbackModelOperator(
+        task_id="rollback",
+        model_name="demo-lm",
+        version=1,
+        reason="v2 regressed",
+        storage_root=file_root,
+        aws_conn_id=None,
+    )
+    assert [o.name for o in op.outlets] == [PRODUCTION_ALIAS]
+    events = Events()
+    op.execute({**context(), "outlet_events": events})
+    ((alias, uri, extra),) = events.added
+    assert (alias, uri) == (PRODUCTION_ALIAS, "trainops://models/demo-lm")
+    assert extra == {
+        "action": "rollback",
+        "model": "demo-lm",
+        "version": 1,
+        "uri": model_version_prefix(file_root, "demo-lm", 1),
+        "previous_version": 2,
+        "by": "alice",
+    }
+    op.execute({**context(), "outlet_events": events})  # v1 already is production: no event
+    assert len(events.added) == 1
