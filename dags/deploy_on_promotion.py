@@ -47,8 +47,10 @@ with DAG(
         store = storage_for(root)
         done = [record_release(store, root, release) for release in releases(extras)]
         for record in done:
+            event = record["event"]
             print(
-                f"deployed {record['model']} v{record['version']} from {record['uri']} ({record['action']})"
+                f"deployed {record['model']} v{record['version']} from {record['uri']} "
+                f"(on the {event['action']} of v{event['version']})"
             )
         return done
 
