@@ -116,6 +116,12 @@ class EvaluateCheckpointsOperator(ClusterJobOperator, BaseSensorOperator):
         kubernetes_conn_id: str | None = "kubernetes_default",
         **kwargs: Any,
     ) -> None:
+        for own in ("poke_interval", "mode", "deferrable"):
+            if own in kwargs:
+                raise ValueError(
+                    f"{own}: this operator always waits in reschedule mode, a look every poll_interval "
+                    "seconds; set poll_interval (and timeout) instead"
+                )
         super().__init__(
             cluster=cluster,
             image=image,

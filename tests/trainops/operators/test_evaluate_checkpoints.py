@@ -349,5 +349,9 @@ def test_bad_settings_are_refused_when_the_dag_is_parsed():
         EvaluateCheckpointsOperator(task_id="c", best_by="recall", direction="higher_is_better").mode
         == "reschedule"
     )
+    with pytest.raises(
+        ValueError, match=r"mode: this operator always waits in reschedule mode.*set poll_interval"
+    ):
+        EvaluateCheckpointsOperator(task_id="c", mode="poke")
     with pytest.raises(ValueError, match="capacity 'spot-then-on-demand'"):
         EvaluateCheckpointsOperator(task_id="c", capacity="spot-then-on-demand")
