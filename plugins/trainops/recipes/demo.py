@@ -14,13 +14,12 @@ from airflow.sdk import DAG, BaseOperator, Param
 
 from trainer.config import MAX_SEED
 from trainops.operators import (
-    EvaluateCheckpointsOperator,
     EvaluateModelOperator,
     EvaluationGateOperator,
     FSDPTrainingOperator,
     PromoteModelOperator,
 )
-from trainops.recipes.pipeline import no_regression_check
+from trainops.recipes.pipeline import best_checkpoint, no_regression_check
 
 
 def preempt_param() -> Param:
@@ -176,13 +175,8 @@ def demo_chain(
         poll_interval=1.0,
         progress_every=5.0,
     )
-    candidate, tasks = train.output, dict[str, BaseOperator](train=train)
-    if best_by is not None:
-        tasks["evaluate_checkpoints"] = EvaluateCheckpointsOperator(
-            task_id="evaluate_checkpoints", training_task_id="train", best_by=best_by, poll_interval=1.0
-        )
-        stage >> tasks["evaluate_checkpoints"]  # beside train: it scores checkpoints as they commit
-        candidate = tasks["evaluate_checkpoints"].output
+    candidate, picked = best_checkpoint(stage, train, best_by, poll_interval=1.0)
+    tasks = dict[str, BaseOperator](train=train, **picked)
     evaluate = EvaluateModelOperator(
         task_id="evaluate", training=candidate, model_name=model, poll_interval=1.0
     )

@@ -6,10 +6,14 @@ library at module level (pyproject's banned-module-level-imports).
 
 from __future__ import annotations
 
+from typing import Any
+
 from airflow.configuration import conf
+from airflow.sdk import BaseOperator
 
 from trainer.contract import TASK_CLASSIFICATION
 from trainops.operators import (
+    EvaluateCheckpointsOperator,
     EvaluateModelOperator,
     EvaluationGateOperator,
     FSDPTrainingOperator,
@@ -66,13 +70,33 @@ def deployment() -> dict:
     }
 
 
-def train_evaluate_gate_promote(stage, args, *, model: str, place: dict, **train_options) -> dict:
+def best_checkpoint(stage, train, best_by: str | None, **where: Any) -> tuple[Any, dict[str, BaseOperator]]:
+    """``(candidate, tasks)``: the result evaluate and promote take, and the tasks made for it.
+
+    Without ``best_by``: the training's own result (its last checkpoint's export), no task. With
+    it: an ``EvaluateCheckpointsOperator`` (``evaluate_checkpoints``) beside ``train``, downstream
+    of ``stage`` so that it scores checkpoints while ``train`` runs, whose result names the best
+    checkpoint by ``best_by`` (the trainer config must set ``eval.every_checkpoints``)."""
+    if best_by is None:
+        return train.output, {}
+    picker = EvaluateCheckpointsOperator(
+        task_id="evaluate_checkpoints", training_task_id=train.task_id, best_by=best_by, **where
+    )
+    stage >> picker
+    return picker.output, {"evaluate_checkpoints": picker}
+
+
+def train_evaluate_gate_promote(
+    stage, args, *, model: str, place: dict, best_by: str | None = None, **train_options
+) -> dict:
     """What every retraining DAG shares, created in the DAG being defined: train on
     ``stage``'s dataset with the run-time settings ``args`` (an XCom dict with ``nodes``,
     ``gpus_per_node``, ``capacity``, ``max_preemptions``, ``trainer_config``, ``gate_checks``:
     :func:`gate_checks` of the run's task), evaluate the candidate against production, gate it
     and promote it. ``place`` is
-    :func:`deployment`'s answer. Returns the four tasks by task id."""
+    :func:`deployment`'s answer. ``best_by``: evaluate, gate and promote the run's best
+    checkpoint by that metric (:func:`best_checkpoint`; ``args["trainer_config"]`` must set
+    ``eval.every_checkpoints``). Returns the tasks by task id."""
     where = {key: place[key] for key in ("cluster", "image", "namespace", "poll_interval")}
     # No Airflow retries for training: preemptions and infrastructure failures have their own
     # budgets inside the task, and a program error would fail the same way again.
@@ -89,14 +113,15 @@ def train_evaluate_gate_promote(stage, args, *, model: str, place: dict, **train
         **where,
         **train_options,
     )
-    evaluate = EvaluateModelOperator(task_id="evaluate", training=train.output, model_name=model, **where)
+    candidate, tasks = best_checkpoint(stage, train, best_by, **where)
+    evaluate = EvaluateModelOperator(task_id="evaluate", training=candidate, model_name=model, **where)
     gate = EvaluationGateOperator(task_id="gate", evaluation=evaluate.output, checks=args["gate_checks"])
     promote = PromoteModelOperator(
         task_id="promote",
         model_name=model,
         gate=gate.output,
-        training=train.output,
+        training=candidate,
         dataset=stage.output,
         evaluation=evaluate.output,
     )
-    return {"train": train, "evaluate": evaluate, "gate": gate, "promote": promote}
+    return {"train": train, **tasks, "evaluate": evaluate, "gate": gate, "promote": promote}

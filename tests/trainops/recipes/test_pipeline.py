@@ -83,3 +83,15 @@ def test_train_evaluate_gate_promote_wires_four_tasks_on_one_deployment():
     assert tasks["gate"].upstream_task_ids == {"evaluate"}
     assert tasks["gate"].checks == validate_checks(GATE_CHECKS)  # in a DAG: the plan's XCom, for its task
     assert promote.upstream_task_ids == {"stage", "train", "evaluate", "gate"}
+
+
+def test_with_best_by_the_best_checkpoint_is_scored_beside_train_and_becomes_the_candidate():
+    place = {"cluster": "local", "image": "img:1", "namespace": "ml", "poll_interval": 2.0}
+    with DAG("pipeline_best", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")):
+        stage = StageDatasetOperator(task_id="stage", source_uri="file:///raw", dataset_name="demo")
+        tasks = train_evaluate_gate_promote(stage, ARGS, model="m", place=place, best_by="eval_loss")
+    picker = tasks["evaluate_checkpoints"]
+    assert picker.upstream_task_ids == {"stage"}  # beside train, not after it
+    assert (picker.training_task_id, picker.best_by, picker.poke_interval) == ("train", "eval_loss", 2.0)
+    assert tasks["evaluate"].upstream_task_ids == {"evaluate_checkpoints"}
+    assert tasks["promote"].upstream_task_ids == {"stage", "evaluate_checkpoints", "evaluate", "gate"}
