@@ -58,3 +58,19 @@ def emit(outlet_events: Any, model_name: str, extra: dict[str, Any]) -> None:
     if outlet_events is None:  # called outside a task run (a test of execute, the command line)
         return
     outlet_events[production_alias()].add(model_asset(model_name), extra=extra)
+
+
+def announce(
+    context: Any,
+    action: str,
+    model: str,
+    version: int,
+    uri: str,
+    previous_version: int | None,
+    by: str | None,
+) -> None:
+    """A task moved ``model``'s production to ``version`` (at ``uri``): its event (:func:`emit`)."""
+    extra = production_extra(
+        action=action, model=model, version=version, uri=uri, previous_version=previous_version, by=by
+    )
+    emit(context.get("outlet_events"), model, extra)

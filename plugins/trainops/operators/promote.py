@@ -15,7 +15,7 @@ from trainops.operators import notes  # write_notes looked up at each call: test
 from trainops.operators.base import ReportingOperator
 from trainops.operators.fail_fast import fail_fast
 from trainops.operators.params import known_at_run_time, name_param
-from trainops.operators.production_asset import emit, production_alias, production_extra
+from trainops.operators.production_asset import announce, production_alias
 from trainops.registry.card import build_card, by_label, trigger_of
 from trainops.registry.errors import MalformedPointer, RegistryNameConflict
 from trainops.registry.identity import compare_with_production
@@ -205,18 +205,8 @@ class PromoteModelOperator(ReportingOperator):
                 self.model_name,
                 result["production_version"],
             )
-        emit(
-            context.get("outlet_events"),
-            self.model_name,
-            production_extra(
-                action="promote",
-                model=self.model_name,
-                version=result["version"],
-                uri=result["version_uri"],
-                previous_version=result["previous_version"],
-                by=who,
-            ),
-        )
+        version, previous = result["version"], result["previous_version"]
+        announce(context, "promote", self.model_name, version, result["version_uri"], previous, who)
         pruned = self._prune(storage, root, training)
         return {"model_name": self.model_name, **result, "pruned": pruned}
 

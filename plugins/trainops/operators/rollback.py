@@ -12,7 +12,7 @@ from trainer.contract import model_version_prefix
 from trainops.hooks.storage import root_and_storage
 from trainops.operators.fail_fast import fail_fast
 from trainops.operators.params import known_at_run_time, name_param
-from trainops.operators.production_asset import emit, production_alias, production_extra
+from trainops.operators.production_asset import announce, production_alias
 from trainops.registry.promotion import PromotionError
 from trainops.registry.rollback import rollback
 
@@ -101,18 +101,8 @@ class RollbackModelOperator(BaseOperator):
                 by,
                 self.reason,
             )
-            emit(
-                context.get("outlet_events"),
-                self.model_name,
-                production_extra(
-                    action="rollback",
-                    model=self.model_name,
-                    version=version,
-                    uri=model_version_prefix(root, self.model_name, version),
-                    previous_version=result["previous_version"],
-                    by=by,
-                ),
-            )
+            uri = model_version_prefix(root, self.model_name, version)
+            announce(context, "rollback", self.model_name, version, uri, result["previous_version"], by)
             if result["production_version"] != version:
                 self.log.info(
                     "production of %s has since moved on to v%s",
