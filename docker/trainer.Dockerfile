@@ -36,8 +36,11 @@ COPY --chmod=0755 docker/trainer-entrypoint.sh /usr/local/bin/trainer-entrypoint
 USER 10001:10001
 WORKDIR /home/trainer
 
-# Pods pass the contract's argv as args, e.g.
+# The entrypoint serves `docker run` by hand (`docker run IMAGE train --config ...`). Kubernetes pods
+# never use it: trainops sets the container's `command` to the whole argument list, e.g.
 #   ["python", "-m", "torch.distributed.run", "--nnodes=2", ..., "-m", "trainer", "train", "--config", "s3://..."]
-# User model builders: bake them into an image FROM this one and put their folder on PYTHONPATH.
+# which replaces ENTRYPOINT and CMD, so the pods must not depend on anything it does (the trainer
+# creates $TRAINOPS_CACHE_DIR itself). User model builders: bake them into an image FROM this one
+# and put their folder on PYTHONPATH.
 ENTRYPOINT ["/usr/local/bin/trainer-entrypoint"]
 CMD ["python", "-m", "trainer", "--help"]

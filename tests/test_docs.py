@@ -11,7 +11,7 @@ from trainer.contract import SHARED_MODULES
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-RBAC = REPO / "docker" / "deploy" / "rbac.yaml"
+RBAC = REPO / "docker" / "deploy" / "base" / "rbac.yaml"
 VERBS = ("create", "get", "list", "watch", "delete", "patch", "update", "deletecollection")
 
 
@@ -69,7 +69,7 @@ def test_every_named_doc_and_section_exists(doc):
 
 
 def rbac_rules() -> dict[str, set[str]]:
-    """resource -> verbs granted by docker/deploy/rbac.yaml's Role and ClusterRole."""
+    """resource -> verbs granted by docker/deploy/base/rbac.yaml's Role and ClusterRole."""
     rules: dict[str, set[str]] = {}
     for obj in yaml.safe_load_all(RBAC.read_text()):
         if obj and obj["kind"] in ("Role", "ClusterRole"):

@@ -359,3 +359,67 @@ def test_trainer_dockerfile_copy_sources_exist():
         assert not blocked, f"the trainer dockerignore keeps {blocked[:3]} of {source} out of the build"
     for path in (".env", "docker/.env", ".venv/bin/python", ".git/config", "tests/conftest.py"):
         assert ignored(path), f"{path} would be sent to the trainer image build"
+
+
+# ----------------------------------------------------------------------------- the trainer's entrypoint
+
+ENTRYPOINT_SCRIPT = REPO / "docker" / "trainer-entrypoint.sh"
+
+
+def _containers(manifest) -> list[dict]:
+    """Every container dict anywhere in a manifest."""
+    if isinstance(manifest, dict):
+        found = [manifest] if "image" in manifest and "name" in manifest else []
+        return found + [c for v in manifest.values() for c in _containers(v)]
+    if isinstance(manifest, list):
+        return [c for v in manifest for c in _containers(v)]
+    return []
+
+
+@pytest.mark.parametrize("kind", ["indexed-job", "pytorchjob"])
+def test_pods_set_command_so_the_images_entrypoint_never_runs_in_them(kind):
+    """The decision the image's comments describe: a pod's ``command`` replaces ENTRYPOINT, so a
+    comment saying pods pass ``args`` to the entrypoint would be wrong."""
+    from trainops.cluster.kubernetes.render import render_manifests
+    from trainops.cluster.spec import JobSpec
+
+    spec = JobSpec(name="train-0123abcd-a1", args=["python", "-m", "trainer", "train"], kind=kind, nodes=2)
+    containers = [c for m in render_manifests(spec) for c in _containers(m)]
+    assert containers and all(c["command"][0] == "python" and "args" not in c for c in containers)
+    claims = ("keeps this ENTRYPOINT", "as the container's args", "Pods pass the")
+    for path in (ENTRYPOINT_SCRIPT, TRAINER_DOCKERFILE, REPO / "docker" / "README.md"):
+        text = " ".join(path.read_text().split())
+        assert not [c for c in claims if c in text], f"{path.name} says pods use the entrypoint"
+        assert "bypass" in text or "never use it" in text, path.name
+
+
+@pytest.mark.parametrize(
+    ("argv", "runs"),
+    [
+        (["train", "--config", "c.yaml"], ["-m", "trainer", "train", "--config", "c.yaml"]),
+        (
+            ["--nproc-per-node=2", "-m", "trainer"],
+            ["-m", "torch.distributed.run", "--nproc-per-node=2", "-m", "trainer"],
+        ),
+        ([], ["-m", "trainer", "--help"]),
+    ],
+)
+def test_the_entrypoint_runs_docker_run_shorthands(argv, runs, tmp_path):
+    """``docker run IMAGE train ...`` runs the trainer; the stand-in ``python`` records what ran."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path}/ran\n')
+    (bin_dir / "python").chmod(0o755)
+    cache = tmp_path / "cache" / "trainops"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "TRAINOPS_CACHE_DIR": str(cache)}
+    subprocess.run(["sh", str(ENTRYPOINT_SCRIPT), *argv], env=env, check=True, timeout=30)
+    assert (tmp_path / "ran").read_text().splitlines() == runs
+    assert cache.is_dir()
+
+
+def test_the_trainer_creates_its_cache_dir_without_the_entrypoint(tmp_path, monkeypatch):
+    """Pods skip the entrypoint's mkdir; the trainer makes the folder itself."""
+    from trainer.data import cache_dir
+
+    monkeypatch.setenv("TRAINOPS_CACHE_DIR", str(tmp_path / "not" / "there"))
+    assert cache_dir() == tmp_path / "not" / "there" and cache_dir().is_dir()

@@ -40,6 +40,7 @@ from trainer.storage import StorageError
 from trainops.cli import summary
 from trainops.cli.cost import run_cost
 from trainops.cli.devenv import apply_dev_env, storage_root_choice
+from trainops.cli.render_job import NEWEST_RELEASE, TRAINER_RELEASES
 from trainops.cli.render_job import main as render_job
 from trainops.cli.watch import BEST_CHECKPOINT, DEMO_DAG, DEMOS, TASK_DEMOS, run_quiet_demo, stop_jobs
 from trainops.hooks.storage import storage_for
@@ -319,6 +320,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     render = sub.add_parser("render-job", help="print the Kubernetes manifests of a JobSpec (dry run)")
     render.add_argument("spec", metavar="SPEC.json", help="a JobSpec in its JSON form")
+    render.add_argument(
+        "--trainer-release",
+        choices=sorted(TRAINER_RELEASES),
+        default=NEWEST_RELEASE,
+        help=f"the Kubeflow Trainer release a TrainJob is rendered for (default {NEWEST_RELEASE})",
+    )
     back = sub.add_parser("rollback", help="point a model's production back at an earlier version")
     back.add_argument("model", metavar="MODEL", type=_model_name, help="the model name, e.g. demo-lm")
     back.add_argument("version", metavar="VERSION", type=int, help="the version to return to")
@@ -366,5 +373,5 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "airflow":
         return run_airflow(args.project_dir)
     if args.command == "render-job":
-        return render_job(args.spec)
+        return render_job(args.spec, args.trainer_release)
     return 2

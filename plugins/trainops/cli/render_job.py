@@ -1,8 +1,10 @@
 """``python -m trainops render-job SPEC.json``: print the manifests a JobSpec would submit.
 
 A dry run: reads a JobSpec in its JSON form, renders the Kubernetes manifests and prints them
-as multi-document YAML. Nothing is sent to a cluster. A variable that looks like a literal
-credential is printed as ``***``, and named on stderr as what launching would refuse (exit 2).
+as multi-document YAML. Nothing is sent to a cluster, so a TrainJob is rendered for the
+newest Kubeflow Trainer release unless ``--trainer-release`` names an older one (the backend
+reads the release from the cluster's CRD). A variable that looks like a literal credential is
+printed as ``***``, and named on stderr as what launching would refuse (exit 2).
 """
 
 from __future__ import annotations
@@ -12,8 +14,17 @@ import sys
 from pathlib import Path
 
 from trainops.cluster.credentials import MASK
+from trainops.cluster.kubernetes import trainjob
 from trainops.cluster.kubernetes.render import review_manifests, to_yaml
 from trainops.cluster.spec import JobSpec, JobSpecError
+
+# --trainer-release -> the TrainJob API of that Kubeflow Trainer release
+TRAINER_RELEASES = {
+    "v2.0": trainjob.TRAINER_V2_0,
+    "v2.1": trainjob.TRAINER_V2_1,
+    "v2.3": trainjob.TRAINER_V2_3,
+}
+NEWEST_RELEASE = "v2.3"
 
 
 class RenderError(ValueError):
@@ -39,23 +50,24 @@ def load_spec(path: str | Path):
         raise RenderError(f"{path}: {e}; 'name' and 'args' are required") from None
 
 
-def render(path: str | Path) -> tuple[str, str | None]:
-    """The manifests for the JobSpec in ``path`` as multi-document YAML, every credential-like
-    literal value masked (``***``), and why launching it would be refused for those (None: it
-    would not; :func:`trainops.cluster.kubernetes.render.review_manifests`)."""
+def render(path: str | Path, trainer_release: str = NEWEST_RELEASE) -> tuple[str, str | None]:
+    """The manifests for the JobSpec in ``path`` as multi-document YAML (a TrainJob for
+    ``trainer_release``), every credential-like literal value masked (``***``), and why
+    launching it would be refused for those (None: it would not;
+    :func:`trainops.cluster.kubernetes.render.review_manifests`)."""
     spec = load_spec(path)
     try:
-        manifests, refusal = review_manifests(spec)
+        manifests, refusal = review_manifests(spec, TRAINER_RELEASES[trainer_release])
     except JobSpecError as e:
         raise RenderError(f"{path}: {e}") from None
     return to_yaml(manifests), refusal
 
 
-def main(path: str) -> int:
+def main(path: str, trainer_release: str = NEWEST_RELEASE) -> int:
     """Print the manifests; 2 when the spec cannot be rendered, or would be refused at launch
     for a literal credential (then the manifests are printed masked, the refusal on stderr)."""
     try:
-        text, refusal = render(path)
+        text, refusal = render(path, trainer_release)
     except RenderError as e:
         print(f"render-job: {e}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ from trainops.operators.deadlines import waiting_failed
 from trainops.operators.fail_fast import fail_fast
 from trainops.operators.job_options import check_renders
 from trainops.operators.launch_plan import one_process_job
+from trainops.operators.stage_sizing import stage_pod
 from trainops.operators.stage_spark import stage_on_spark
 from trainops.settings import resolve_storage_root
 from trainops.staging.assets import ASSET_ALIAS, asset_name, asset_uri, event_extra, is_runtime_name
@@ -301,7 +302,22 @@ class StageDatasetOperator(ClusterJobOperator):
         is refused here already, before a staging job is asked for."""
         objects = list_source_objects(storage_for(self.source_uri, self.aws_conn_id), self.source_uri)
         check_not_empty_parquet(objects)
-        return sum(int(o.size or 0) for o in objects)
+        self._listed = [(int(o.size or 0), o.format) for o in objects]  # sizes the staging pod
+        return sum(size for size, _ in self._listed)
+
+    def _sized_job_options(self) -> dict[str, Any]:
+        """``job_options`` over the staging pod's size for this source
+        (:mod:`trainops.operators.stage_sizing`; said in the log on Kubernetes, where it counts)."""
+        if getattr(self, "_listed", None) is None:
+            self._source_bytes()
+        pod = stage_pod(
+            self._listed,
+            downloads=not self.source_uri.startswith("file://"),
+            hf_tokenizer=self.tokenizer is not None,
+        )
+        if self.cluster == "kubernetes":
+            self.log.info("%s (job_options cpu, memory, ephemeral_storage override it)", pod.describe())
+        return {**pod.options(), **self.job_options}
 
     def _job_uris(self, context: Context, root: str) -> tuple[str, str]:
         i = task_identity(context)
@@ -347,7 +363,7 @@ class StageDatasetOperator(ClusterJobOperator):
                 image=self.image,
                 namespace=self.namespace,
                 capacity="on-demand",
-                job_options=self.job_options,
+                job_options=self._sized_job_options(),
                 storage_env=job_env_for(root, self.aws_conn_id),
             )
 

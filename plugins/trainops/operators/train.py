@@ -22,8 +22,8 @@ from trainops.operators.base import DEFAULT_IMAGE, ClusterJobOperator, TaskIdent
 from trainops.operators.deadlines import waiting_failed
 from trainops.operators.fail_fast import fail_fast
 from trainops.operators.launch_plan import LaunchSettings, checked_run_config, manifests_of
-from trainops.operators.notice import grace_warning
 from trainops.recovery import driver
+from trainops.recovery.notice import grace_warning
 from trainops.triggers.events import check_event
 from trainops.triggers.job import JobGoneTrigger
 

@@ -14,9 +14,9 @@ from trainops.cli.render_job import main as render_job_main
 SPECS = Path(__file__).resolve().parents[2] / "data" / "jobspecs"
 
 
-def render_job(path) -> subprocess.CompletedProcess:
+def render_job(path, *options) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "trainops", "render-job", str(path)],
+        [sys.executable, "-m", "trainops", "render-job", str(path), *options],
         capture_output=True,
         text=True,
         timeout=120,
@@ -107,9 +107,29 @@ def test_prints_the_trainjob():
     assert tj["spec"]["runtimeRef"]["name"] == "torch-distributed"
     assert tj["spec"]["trainer"]["numNodes"] == 2 and tj["spec"]["suspend"] is True
     assert tj["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    # the newest Trainer's shape: runtimePatches, placement as an affinity
+    assert "podSpecOverrides" not in tj["spec"]
+    (patch,) = tj["spec"]["runtimePatches"]
+    (job,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    pod = job["template"]["spec"]["template"]["spec"]
+    (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["spot"]} in term[
+        "matchExpressions"
+    ]
+    env = {e["name"]: e for e in tj["spec"]["trainer"]["env"]}
+    assert env["WANDB_API_KEY"]["valueFrom"] == {
+        "secretKeyRef": {"name": "wandb-credentials", "key": "api_key"}
+    }
+
+
+def test_an_older_trainer_release_gets_its_own_shape():
+    out = render_job(SPECS / "trainjob-spot-kueue.json", "--trainer-release", "v2.0")
+    assert out.returncode == 0, out.stderr
+    (tj,) = list(yaml.safe_load_all(out.stdout))
     (override,) = tj["spec"]["podSpecOverrides"]
     assert override["nodeSelector"]["karpenter.sh/capacity-type"] == "spot"
-    assert override["containers"][0]["envFrom"] == [{"secretRef": {"name": "wandb-credentials"}}]
 
 
 def test_what_a_trainjob_cannot_carry_fails_with_the_field_named(tmp_path):
@@ -117,6 +137,7 @@ def test_what_a_trainjob_cannot_carry_fails_with_the_field_named(tmp_path):
     spec["spot_flavour"] = "auto"
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(spec))
-    out = render_job(path)
+    assert render_job(path).returncode == 0  # an affinity can say "any provider's spot"
+    out = render_job(path, "--trainer-release", "v2.0")
     assert out.returncode == 2 and out.stdout == ""
     assert "spot_flavour 'auto'" in out.stderr and "nodeSelector" in out.stderr

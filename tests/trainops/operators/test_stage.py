@@ -1,11 +1,13 @@
 import json
 import re
 import uuid
+from types import SimpleNamespace
 
 import pytest
 from airflow.sdk import Asset, AssetAlias
 from airflow.sdk.exceptions import AirflowFailException
 
+import trainops.cluster
 from trainer.storage import open_storage
 from trainops.operators.stage import StageDatasetOperator, dataset_asset
 from trainops.staging.demo_data import write_demo_dataset
@@ -249,3 +251,41 @@ def test_a_zero_byte_parquet_object_is_refused_before_a_staging_job_is_asked_for
         op.execute(context={})
     assert not (tmp_path / "local" / "jobs").exists()  # no job launched
     assert open_storage(file_root).list(file_root) == []  # no request.json written
+
+
+class _Launched(Exception):
+    pass
+
+
+class _RecordingBackend:
+    """A cluster that records the JobSpec of a launch and stops the task there."""
+
+    def __init__(self):
+        self.specs = []
+
+    def find(self, labels):
+        return []
+
+    def launch(self, spec):
+        self.specs.append(spec)
+        raise _Launched
+
+
+def _staging_job_spec(tmp_path, monkeypatch, **kwargs):
+    backend = _RecordingBackend()
+    monkeypatch.setattr(trainops.cluster, "get_cluster", lambda name, **options: backend)
+    raw = write_demo_dataset(f"file://{tmp_path}/raw", rows=50, seed=1)
+    op = _op(source_uri=raw["uri"], storage_root=f"file://{tmp_path}/root", job_threshold_bytes=0, **kwargs)
+    ti = SimpleNamespace(dag_id="retrain", run_id="manual__1", task_id="stage", map_index=-1, try_number=1)
+    with pytest.raises(_Launched):
+        op.execute({"ti": ti})
+    return backend.specs[0]
+
+
+def test_a_staging_job_is_sized_from_its_source_and_job_options_win(tmp_path, monkeypatch):
+    spec = _staging_job_spec(tmp_path, monkeypatch)
+    assert (spec.cpu, spec.memory, spec.ephemeral_storage) == ("2", "4Gi", "5Gi")  # a small source: floors
+    spec = _staging_job_spec(
+        tmp_path, monkeypatch, job_options={"memory": "48Gi", "ephemeral_storage": "500Gi"}
+    )
+    assert (spec.cpu, spec.memory, spec.ephemeral_storage) == ("2", "48Gi", "500Gi")

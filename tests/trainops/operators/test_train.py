@@ -612,13 +612,13 @@ def test_what_only_rendering_refuses_also_fails_at_parse_time():
             cluster="kubernetes",
             job_options={"env": {"AWS_SECRET_ACCESS_KEY": "abc"}},
         )
-    with pytest.raises(ValueError, match="spot_flavour 'auto' cannot be placed by kind 'trainjob'"):
+    with pytest.raises(ValueError, match="priority_class 'batch-low' cannot be set for kind 'trainjob'"):
         FSDPTrainingOperator(
             task_id="t",
             dataset=DATA_URI,
             cluster="kubernetes",
             termination_grace_seconds=30,
-            job_options={"kind": "trainjob"},
+            job_options={"kind": "trainjob", "priority_class": "batch-low"},
         )
 
 

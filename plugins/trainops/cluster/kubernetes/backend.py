@@ -10,6 +10,7 @@ reads and writes API objects. The client has no types: what it returns is the AP
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -17,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from trainops.cluster.base import Chaos, JobAlreadyExists, JobHandle, JobState, LogCursor, ObjectRef
-from trainops.cluster.kubernetes import indexed_job, logs, pytorchjob, trainjob
+from trainops.cluster.kubernetes import crd_schema, indexed_job, logs, pools, pytorchjob, trainjob
 from trainops.cluster.kubernetes.api_retry import DEFAULT_API_RETRY_S, ApiRetry, ApiUnavailable
 from trainops.cluster.kubernetes.names import label_value
 from trainops.cluster.kubernetes.nodes import NodeType, node_type
@@ -31,7 +32,7 @@ from trainops.cluster.kubernetes.render import (
     render_manifests,
 )
 from trainops.cluster.kubernetes.state import job_outcome, job_state, node_index, trainer_container
-from trainops.cluster.spec import JobSpec
+from trainops.cluster.spec import JobSpec, JobSpecError
 from trainops.cluster.torchrun_log import MAX_BLOCK_LINES, fold
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,14 @@ CUSTOM_KINDS = {
     ),
 }
 FINISHED_POD_PHASES = ("Succeeded", "Failed")
+FIELD_VALIDATION = "Strict"  # the API server refuses unknown and duplicate fields
+CRD_API = ("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+# What installs each custom kind, for the message when its CRD is missing.
+CRD_OWNERS = {
+    pytorchjob.KIND: "the Kubeflow Training Operator v1",
+    trainjob.KIND: "Kubeflow Trainer v2",
+    indexed_job.POD_GROUP_KIND: "Volcano",
+}
 
 
 def label_selector(labels: Mapping[str, str]) -> str:
@@ -55,6 +64,16 @@ def label_selector(labels: Mapping[str, str]) -> str:
 
 def _status_code(exc: Exception) -> int | None:
     return getattr(exc, "status", None)
+
+
+def _api_message(exc: Exception) -> str:
+    """The API server's own message in an ApiException's body (a Status), else the error."""
+    body = getattr(exc, "body", None)
+    try:
+        message = json.loads(body).get("message") if body else None
+    except (ValueError, AttributeError):
+        message = None
+    return str(message or exc)
 
 
 def _ref(manifest: Json) -> ObjectRef:
@@ -103,9 +122,12 @@ class KubernetesCluster:
         # the retry budget is measured on the monotonic clock, unless a test brings its own
         self.api = ApiRetry(api_retry_s, clock=time.monotonic if clock is time.time else clock, sleep=sleep)
         self._read_nodes = True  # off after a 403: the node check needs a ClusterRole
+        self._list_nodes = True  # off after a 403: the node pool check needs a ClusterRole
         # node name -> its labels (None: gone before it was read)
         self._node_labels: dict[str, dict[str, str] | None] = {}
         self._serializer: Any = None
+        # API kind -> the schema of the CRD version the cluster serves (None: not readable)
+        self._served: dict[str, Json | None] = {}
 
     # -- plumbing --------------------------------------------------------------------
     @property
@@ -157,7 +179,8 @@ class KubernetesCluster:
                 f"JobSpec namespace {spec.namespace!r} differs from the backend's "
                 f"namespace {self._namespace!r}: set the same namespace on both"
             )
-        manifests = render_manifests(spec)
+        self._refuse_unschedulable(spec)
+        manifests = self._render(spec)
         job = manifests[-1]
         handle: JobHandle = {
             "cluster": self.name,
@@ -186,6 +209,102 @@ class KubernetesCluster:
             raise
         return handle
 
+    def served_schema(self, kind: str) -> Json | None:
+        """The schema the cluster serves for the custom kind ``kind`` (``TrainJob``), read from
+        its CRD once per backend. None when it cannot be read (no RBAC to read CRDs: the
+        manifests are then rendered for the newest release and checked by the API server's
+        strict field validation). Raises JobSpecError when the CRD is not installed, or does
+        not serve the version trainops creates."""
+        if kind in self._served:
+            return self._served[kind]
+        group, version, plural = CUSTOM_KINDS[kind]
+        name = f"{plural}.{group}"
+        try:
+            crd = self._plain(
+                self._call(
+                    f"get CRD {name}",
+                    self.hook.custom_object_client.get_cluster_custom_object,
+                    *CRD_API,
+                    name,
+                )
+            )
+        except Exception as exc:
+            if _status_code(exc) == 404:
+                raise JobSpecError(
+                    f"the cluster has no {kind} CRD ({name}): install {CRD_OWNERS[kind]}, or use "
+                    "kind 'indexed-job' (plain Kubernetes Jobs); 'python -m trainops doctor' lists "
+                    "what the cluster has"
+                ) from exc
+            if _status_code(exc) != 403:
+                raise
+            log.info(
+                "cannot read the %s CRD (%s: 403; the optional 'get customresourcedefinitions' rule "
+                "grants it): rendering for the newest release, and the API server checks the fields",
+                kind,
+                name,
+            )
+            crd = None
+        schema = None
+        if isinstance(crd, dict):
+            if version not in crd_schema.served_versions(crd):
+                raise JobSpecError(
+                    f"the cluster's {kind} CRD ({name}) serves {crd_schema.served_versions(crd)}, "
+                    f"not {version}, the version trainops creates: install a release of "
+                    f"{CRD_OWNERS[kind]} that serves {group}/{version}"
+                )
+            schema = crd_schema.served_schema(crd, version)
+        self._served[kind] = schema
+        return schema
+
+    def _render(self, spec: JobSpec) -> list[Json]:
+        """The manifests for ``spec``, rendered for the API the cluster serves: a TrainJob for
+        the Trainer release whose CRD is installed. Raises JobSpecError naming every field a
+        custom object has that its CRD does not define (the API server would drop it silently)."""
+        api = trainjob.CURRENT
+        if spec.kind == "trainjob":
+            served = self.served_schema(trainjob.KIND)
+            if served is not None:
+                api = trainjob.api_of(served)
+        manifests = render_manifests(spec, api)
+        for manifest in manifests:
+            if manifest["kind"] not in CUSTOM_KINDS:
+                continue
+            served = self.served_schema(manifest["kind"])
+            unknown = crd_schema.unknown_fields(manifest, served) if served else []
+            if unknown:
+                raise JobSpecError(
+                    f"{manifest['kind']} {manifest['metadata']['name']!r} has fields the cluster's "
+                    f"CRD does not define, which its API server would drop silently: "
+                    f"{', '.join(unknown)}; upgrade {CRD_OWNERS[manifest['kind']]} on the cluster, "
+                    "or leave out the JobSpec settings that need them"
+                )
+        return manifests
+
+    def _refuse_unschedulable(self, spec: JobSpec) -> None:
+        """Raise JobSpecError (no retry) when no node pool can hold one pod of ``spec``
+        (:func:`.pools.refusal`), before anything is created. The nodes are listed once per
+        launch; when they cannot be read (no RBAC to ``list nodes``: said once; an outage; any
+        other error) the check is skipped and the launch goes on."""
+        if not self._list_nodes:
+            return
+        try:
+            listed = self._plain(self._call("list Nodes", self.hook.core_v1_client.list_node))
+        except Exception as exc:
+            if _status_code(exc) == 403:
+                self._list_nodes = False  # no ClusterRole to list nodes: do not ask again
+                log.info(
+                    "not checking that a node pool can hold the job's pods: that needs RBAC to list "
+                    "nodes (the optional rules of the trainops ClusterRole, docker/deploy/base/rbac.yaml)"
+                )
+            else:  # the check only saves time: an outage or an odd answer must not fail the launch
+                log.warning(
+                    "not checking that a node pool can hold the job's pods: listing nodes failed: %s", exc
+                )
+            return
+        why = pools.refusal(spec, pools.pools(listed.get("items") or []))
+        if why is not None:
+            raise JobSpecError(why)
+
     def _create(self, manifest: Json, namespace: str, job_handle: JobHandle | None) -> None:
         """Create one object; 409 AlreadyExists is fine for a Service or PodGroup (derived from
         the JobSpec alone, an existing one fits) and :class:`JobAlreadyExists` for the job
@@ -196,19 +315,28 @@ class KubernetesCluster:
         def create() -> None:
             nonlocal tries
             tries += 1
+            # Strict: an unknown field is an error (400), not a warning and a pruned field
             if kind == "Service":
-                self.hook.core_v1_client.create_namespaced_service(namespace, manifest)
+                self.hook.core_v1_client.create_namespaced_service(
+                    namespace, manifest, field_validation=FIELD_VALIDATION
+                )
             elif kind == indexed_job.KIND:
-                self.hook.batch_v1_client.create_namespaced_job(namespace, manifest)
+                self.hook.batch_v1_client.create_namespaced_job(
+                    namespace, manifest, field_validation=FIELD_VALIDATION
+                )
             else:
                 group, version, plural = CUSTOM_KINDS[kind]
                 self.hook.custom_object_client.create_namespaced_custom_object(
-                    group, version, namespace, plural, manifest
+                    group, version, namespace, plural, manifest, field_validation=FIELD_VALIDATION
                 )
 
         try:
             self._call(f"create {kind} {namespace}/{name}", create)
         except Exception as exc:
+            if _status_code(exc) in (400, 422):
+                raise JobSpecError(
+                    f"the API server refused {kind} {namespace}/{name}: {_api_message(exc)}"
+                ) from exc
             if _status_code(exc) != 409:
                 raise
             if job_handle is None:

@@ -169,6 +169,30 @@ def volume_mounts() -> list[Json]:
     return [{"name": "dshm", "mountPath": SHM_PATH}, {"name": CACHE_VOLUME, "mountPath": CACHE_PATH}]
 
 
+def container_security() -> Json:
+    """The trainer container's security context: the image's non-root user, no privilege
+    escalation, no capabilities, the runtime's default seccomp profile."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": TRAINER_UID,
+        "runAsGroup": TRAINER_UID,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def pod_security() -> Json:
+    """The pod's security context: non-root, and the volumes writable by the trainer's group."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": TRAINER_UID,
+        "runAsGroup": TRAINER_UID,
+        "fsGroup": TRAINER_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
 def container(spec: JobSpec, name: str, argv: list[str], port_name: str = "rendezvous") -> Json:
     """The trainer container: image, ``argv``, env, resources, mounts, a non-root security
     context, and the rendezvous port (named ``port_name``) when distributed."""
@@ -179,14 +203,7 @@ def container(spec: JobSpec, name: str, argv: list[str], port_name: str = "rende
         "env": env_vars(spec),
         "resources": resources(spec),
         "volumeMounts": volume_mounts(),
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": TRAINER_UID,
-            "runAsGroup": TRAINER_UID,
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": container_security(),
     }
     secrets = env_from(spec)
     if secrets:
@@ -216,13 +233,7 @@ def pod_spec(spec: JobSpec, container_spec: Json, *, subdomain: str | None = Non
         "containers": [container_spec],
         "volumes": volumes(spec),
         "affinity": placement.affinity(spec),
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": TRAINER_UID,
-            "runAsGroup": TRAINER_UID,
-            "fsGroup": TRAINER_UID,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": pod_security(),
         "enableServiceLinks": False,
         # The trainer never calls the Kubernetes API. IRSA and workload identity inject their
         # own tokens, independent of this setting.

@@ -36,19 +36,29 @@ JOB_OBJECTS = {
 JOB_KINDS = {api_kind: kind for kind, (_, api_kind) in JOB_OBJECTS.items()}
 
 
-def render_manifests(spec: JobSpec) -> list[Json]:
-    """The manifests for ``spec`` (plain dicts), in the order to create them: Service and
-    PodGroup before the Job, so the pods find them. Raises JobSpecError naming a bad value,
-    and every variable that looks like a literal credential (its value never)."""
-    pod.refuse_literal_credentials(spec)
+def _build(spec: JobSpec, trainjob_api: trainjob.TrainJobApi) -> list[Json]:
+    if spec.kind == "trainjob":
+        return trainjob.manifests(spec, trainjob_api)
     return BUILDERS[spec.kind](spec)
 
 
-def review_manifests(spec: JobSpec) -> tuple[list[Json], str | None]:
+def render_manifests(spec: JobSpec, trainjob_api: trainjob.TrainJobApi = trainjob.CURRENT) -> list[Json]:
+    """The manifests for ``spec`` (plain dicts), in the order to create them: Service and
+    PodGroup before the Job, so the pods find them; a TrainJob for the Trainer release
+    ``trainjob_api`` describes (the backend reads it from the cluster). Raises JobSpecError
+    naming a bad value, and every variable that looks like a literal credential (its value
+    never)."""
+    pod.refuse_literal_credentials(spec)
+    return _build(spec, trainjob_api)
+
+
+def review_manifests(
+    spec: JobSpec, trainjob_api: trainjob.TrainJobApi = trainjob.CURRENT
+) -> tuple[list[Json], str | None]:
     """What a dry run shows of ``spec``: its manifests with every credential-like literal value
     masked (``***``), and why launching it would be refused for them (None: it would not).
     Raises JobSpecError naming any other bad value, as :func:`render_manifests` does."""
-    return BUILDERS[spec.kind](pod.masked(spec)), pod.credential_refusal(spec)
+    return _build(pod.masked(spec), trainjob_api), pod.credential_refusal(spec)
 
 
 def job_ref(kind: str, job: str) -> ObjectRef:

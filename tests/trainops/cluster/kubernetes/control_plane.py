@@ -33,8 +33,9 @@ Simulated:
 - **Faults** per call (:meth:`inject`): 5xx and 429 with ``Retry-After``, connection resets and
   read timeouts as urllib3 raises them, or a reply lost after the server acted; by count, by a
   seeded probability, or for a window of simulated time.
-- **Nodes**: Ready/NotReady, labels (recorded nodes keep theirs), removal (the pods on a gone
-  node are left until the pod garbage collector fails them, ``DeletionByPodGC``, after
+- **Nodes**: Ready/NotReady, labels (recorded nodes keep theirs), ``allocatable`` and taints
+  (listed by ``list_node``, for the backend's pool check before a launch), removal (the pods on
+  a gone node are left until the pod garbage collector fails them, ``DeletionByPodGC``, after
   ``podgc_s``).
 
 - **PyTorchJobs**, simply: one pod per replica from its template, named and labelled as the
@@ -71,6 +72,9 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
+from trainops.cluster.kubernetes.crd_schema import served_schema, unknown_fields
+
+from . import crds as crd_files
 from .fake_k8s import T0, RawResponse, api_error, rfc3339nano
 
 REASONS = {
@@ -89,6 +93,14 @@ PLURALS = {
     "TrainJob": "trainjobs",
 }
 KINDS = {plural: kind for kind, plural in PLURALS.items()}
+# A bare node's allocatable: an 8-GPU machine (p4d.24xlarge's), room for any pod the tests launch.
+BARE_ALLOCATABLE = {
+    "cpu": "95690m",
+    "memory": "1155916016Ki",
+    "ephemeral-storage": "3Ti",
+    "nvidia.com/gpu": "8",
+    "pods": "110",
+}
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 JOB_NAME_LABELS = ("job-name", "training.kubeflow.org/job-name")  # Job's, PyTorchJob's pods
 TRACKING = "batch.kubernetes.io/job-tracking"  # the Job controller's finalizer on its pods
@@ -180,7 +192,10 @@ class ControlPlane:
         self.logs = {}  # (pod, container) -> [(epoch ns, line)]
         self.calls: list[Call] = []
         self.faults: list[Fault] = []
-        self.crds = {"pytorchjobs", "podgroups", "trainjobs"}
+        self.crds = {"pytorchjobs", "podgroups", "trainjobs"}  # the custom kinds installed
+        self.crd_objects = {}  # plural -> the CRD it serves, when not the pinned newest one
+        self.denied = set()  # (verb, resource) the caller's RBAC does not allow: 403
+        self.namespaces = {"default", "ml"}
         self.image_error = None  # e.g. "ImagePullBackOff": containers never start
         self.program = None  # (plane, pod, seconds running) -> exit code or None
         self.sigterm_exit_s = None  # seconds a pod takes to exit on SIGTERM (None: the grace)
@@ -211,11 +226,18 @@ class ControlPlane:
     def get_namespace(self):  # the connection names no namespace
         return None
 
-    def add_node(self, name, *, ready=True, labels=None, recorded=None):
-        """A node: a recorded one (with its labels) or a bare one with ``labels``."""
+    def add_node(self, name, *, ready=True, labels=None, recorded=None, allocatable=None, taints=None):
+        """A node: a recorded one (with its labels, allocatable and taints) or a bare one with
+        ``labels``. ``allocatable`` (a bare node's default: ``BARE_ALLOCATABLE``, room for any
+        pod the tests launch) and ``taints`` replace what the node has when given."""
         node = copy.deepcopy(recorded) if recorded else {"apiVersion": "v1", "kind": "Node", "metadata": {}}
         node["metadata"]["name"] = name
         node["metadata"].setdefault("labels", {}).update(labels or {})
+        status = node.setdefault("status", {})
+        if allocatable is not None or "allocatable" not in status:
+            status["allocatable"] = dict(BARE_ALLOCATABLE if allocatable is None else allocatable)
+        if taints is not None:
+            node.setdefault("spec", {})["taints"] = copy.deepcopy(taints)
         self.nodes[name] = node
         self.set_ready(name, ready)
         return node
@@ -765,6 +787,11 @@ class ControlPlane:
                 self.tick(self.call_s)
             fault = next((f for f in self.faults if f.applies(verb, resource, name, self.now)), None)
             what = f"{verb} {resource}/{name or ''}"
+            if (verb, resource) in self.denied:
+                self.calls.append(Call(self.now, verb, resource, name, "403", False))
+                raise api_error(
+                    403, "Forbidden", f'{resource} "{name or ""}" is forbidden: User cannot {verb} {resource}'
+                )
             label = None
             if fault is not None:
                 fault.hits += 1
@@ -800,10 +827,21 @@ class ControlPlane:
             raise api_error(404, "Not Found", f'{PLURALS[kind]} "{name}" not found')
         return obj
 
-    def _create(self, kind, namespace, body):
+    def _create(self, kind, namespace, body, field_validation=None):
         name = body["metadata"]["name"]
 
         def act():
+            if field_validation == "Strict" and PLURALS[kind] in self.crds:
+                schema = served_schema(self.crd(PLURALS[kind]) or {}, body["apiVersion"].split("/")[-1])
+                unknown = unknown_fields(body, schema) if schema else []
+                if unknown:  # as the API server words it
+                    raise api_error(
+                        400,
+                        "Bad Request",
+                        f"{kind} in version {body['apiVersion'].split('/')[-1]!r} cannot be handled as a "
+                        f"{kind}: strict decoding error: "
+                        + ", ".join(f'unknown field "{u[1:]}"' for u in unknown),
+                    )
             if (kind, namespace, name) in self.objects:
                 exc = api_error(409, "Conflict", f'{PLURALS[kind]} "{name}" already exists')
                 exc.body = exc.body.replace('"Failure"', '"Failure", "reason": "AlreadyExists"')
@@ -855,8 +893,8 @@ class ControlPlane:
         return KINDS[plural]
 
     # core/v1
-    def create_namespaced_service(self, namespace, body):
-        self._create("Service", namespace, body)
+    def create_namespaced_service(self, namespace, body, field_validation=None):
+        self._create("Service", namespace, body, field_validation)
 
     def delete_namespaced_service(self, name, namespace):
         self._delete("Service", namespace, name, propagation_policy="Background")
@@ -880,6 +918,21 @@ class ControlPlane:
             return self._model(self.nodes[name], "V1Node")
 
         return self._serve("get", "nodes", name, act)
+
+    def list_node(self, _request_timeout=None):
+        """Every node :meth:`add_node` made (and not removed), as a ``V1NodeList``."""
+
+        def act():
+            items = [
+                {k: v for k, v in n.items() if k not in ("kind", "apiVersion")}
+                for _, n in sorted(self.nodes.items())
+            ]
+            return self._model(
+                {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": _public(items)},
+                "V1NodeList",
+            )
+
+        return self._serve("list", "nodes", None, act)
 
     def read_namespaced_pod_log(
         self,
@@ -914,8 +967,8 @@ class ControlPlane:
         return self._serve("get", "pods/log", name, act)
 
     # batch/v1
-    def create_namespaced_job(self, namespace, body):
-        self._create("Job", namespace, body)
+    def create_namespaced_job(self, namespace, body, field_validation=None):
+        self._create("Job", namespace, body, field_validation)
 
     def read_namespaced_job(self, name, namespace):
         return self._serve(
@@ -938,8 +991,56 @@ class ControlPlane:
         self._delete("Job", namespace, name, propagation_policy=propagation_policy)
 
     # custom objects
-    def create_namespaced_custom_object(self, group, version, namespace, plural, body):
-        self._create(self._plural(plural), namespace, body)
+    def create_namespaced_custom_object(self, group, version, namespace, plural, body, field_validation=None):
+        self._create(self._plural(plural), namespace, body, field_validation)
+
+    # cluster-scoped: CRDs (read through the custom objects API, as the backend does)
+    def crd(self, plural):
+        """The CRD installed for ``plural`` (None: not installed)."""
+        if plural not in self.crds:
+            return None
+        return self.crd_objects.get(plural) or crd_files.served(plural)
+
+    def get_cluster_custom_object(self, group, version, plural, name, _request_timeout=None):
+        if (group, plural) != ("apiextensions.k8s.io", "customresourcedefinitions"):
+            raise api_error(404, "Not Found", "the server could not find the requested resource")
+
+        def act():
+            kind_plural, _, kind_group = name.partition(".")
+            found = self.crd(kind_plural)
+            if found is None or found["spec"].get("group") != kind_group:
+                raise api_error(
+                    404, "Not Found", f'customresourcedefinitions.apiextensions.k8s.io "{name}" not found'
+                )
+            return copy.deepcopy(found)
+
+        return self._serve("get", plural, name, act)
+
+    def create_cluster_custom_object(self, group, version, plural, body, _request_timeout=None):
+        """A SelfSubjectAccessReview: allowed unless the (verb, resource) is :attr:`denied`."""
+        if (group, plural) != ("authorization.k8s.io", "selfsubjectaccessreviews"):
+            raise api_error(404, "Not Found", "the server could not find the requested resource")
+
+        def act():
+            attrs = body["spec"]["resourceAttributes"]
+            resource = attrs["resource"] + (f"/{attrs['subresource']}" if attrs.get("subresource") else "")
+            allowed = (attrs["verb"], resource) not in self.denied
+            return {
+                **body,
+                "status": {"allowed": allowed, **({} if allowed else {"reason": "RBAC: no rule"})},
+            }
+
+        return self._serve("create", plural, None, act)
+
+    def read_namespace(self, name, _request_timeout=None):
+        def act():
+            if name not in self.namespaces:
+                raise api_error(404, "Not Found", f'namespaces "{name}" not found')
+            return self._model(
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}, "V1Namespace"
+            )
+
+        return self._serve("get", "namespaces", name, act)
 
     def get_namespaced_custom_object(self, group, version, namespace, plural, name):
         kind = self._plural(plural)

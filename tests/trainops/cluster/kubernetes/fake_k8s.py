@@ -18,6 +18,8 @@ from types import SimpleNamespace
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
+from . import crds as crd_files
+
 DATA = Path(__file__).resolve().parents[3] / "data" / "k8s"
 RECORDED = "train-5f1c2a9e-a1"  # the job the recorded objects belong to, in namespace ml
 LONG_RUN = "scheduled__2026-01-01T00:00:00+00:00-" + "x" * 60
@@ -143,7 +145,7 @@ class FakeKubernetes:
             raise ApiException(status=404, reason="Not Found")
         return {"pytorchjobs": "PyTorchJob", "podgroups": "PodGroup", "trainjobs": "TrainJob"}[plural]
 
-    def create_namespaced_service(self, namespace, body):
+    def create_namespaced_service(self, namespace, body, field_validation=None):
         self._create("Service", namespace, body)
 
     def delete_namespaced_service(self, name, namespace):
@@ -212,7 +214,7 @@ class FakeKubernetes:
             return RawResponse(body)
         return str(body)  # what kubernetes client 36 returns (kubernetes-client/python#2596)
 
-    def create_namespaced_job(self, namespace, body):
+    def create_namespaced_job(self, namespace, body, field_validation=None):
         self._create("Job", namespace, body)
 
     def read_namespaced_job(self, name, namespace):
@@ -232,8 +234,16 @@ class FakeKubernetes:
     def delete_namespaced_job(self, name, namespace, propagation_policy=None):
         self._delete("Job", namespace, name, propagation_policy=propagation_policy)
 
-    def create_namespaced_custom_object(self, group, version, namespace, plural, body):
+    def create_namespaced_custom_object(self, group, version, namespace, plural, body, field_validation=None):
         self._create(self._plural(plural), namespace, body)
+
+    def list_node(self, _request_timeout=None):
+        """The recorded nodes (bare ones say nothing of their size: no pool check)."""
+        return {"items": list(self.node_objects.values())}
+
+    def get_cluster_custom_object(self, group, version, plural, name):
+        """A CRD: the pinned newest release's (a PodGroup's without a schema)."""
+        return crd_files.served(self._plural(name.split(".", 1)[0]) and name.split(".", 1)[0])
 
     def get_namespaced_custom_object(self, group, version, namespace, plural, name):
         return self._get(self._plural(plural), namespace, name)

@@ -8,7 +8,7 @@ import re
 from types import SimpleNamespace
 
 import pytest
-from airflow.sdk.exceptions import TaskDeferred
+from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import ProtocolError
 
@@ -20,9 +20,10 @@ from trainops.cluster.kubernetes.api_retry import ApiUnavailable
 from trainops.cluster.kubernetes.backend import KubernetesCluster
 from trainops.cluster.kubernetes.names import label_value
 from trainops.cluster.kubernetes.render import render_manifests
-from trainops.cluster.spec import JobSpec
+from trainops.cluster.spec import JobSpec, JobSpecError
 from trainops.cluster.torchrun_log import MAX_BLOCK_LINES
 from trainops.operators import EvaluateModelOperator, FSDPTrainingOperator
+from trainops.operators.fail_fast import fail_fast
 from trainops.recovery.classify import PREEMPTED, classify_attempt
 
 from .control_plane import COMPLETION_INDEX, ControlPlane
@@ -569,6 +570,7 @@ def test_answers_are_not_retried(plane):
         cluster.launch(spec())
     assert denied.value.status == 403 and cluster.api.retries == 0
     assert [(c.verb, c.resource) for c in plane.calls] == [
+        ("list", "nodes"),  # can a node pool hold a pod (they can)
         ("create", "services"),
         ("create", "jobs"),
         ("delete", "services"),  # what the failed launch created is deleted again
@@ -893,3 +895,67 @@ def test_a_preempted_pod_already_gone_when_the_job_fails_still_counts_as_a_preem
     state = cluster.status(handle)
     assert state["phase"] == "failed" and "DisruptionTarget" in state["reason"] and state["nodes"] == []
     assert classify_attempt(state, None)["classification"] == PREEMPTED
+
+
+# -- a request no node pool can hold is refused before launch ----------------------------------
+
+SMALL = {"cpu": "7910m", "memory": "30Gi", "ephemeral-storage": "100Gi", "pods": "110"}
+EKS_ON_DEMAND = {"eks.amazonaws.com/nodegroup": "cpu", "eks.amazonaws.com/capacityType": "ON_DEMAND"}
+
+
+def small_pool(plane):
+    for name in ("cpu-a", "cpu-b"):
+        plane.add_node(
+            name,
+            labels={**EKS_ON_DEMAND, "node.kubernetes.io/instance-type": "m5.2xlarge"},
+            allocatable=SMALL,
+        )
+    return plane
+
+
+def test_a_pod_no_pool_can_hold_is_refused_before_anything_is_created():
+    plane = small_pool(ControlPlane())
+    cluster = on(plane)
+    with pytest.raises(JobSpecError, match=r"One pod asks for 0 GPUs, 16 CPUs, 4Gi memory") as refused:
+        cluster.launch(spec(capacity="on-demand", spot_flavour="eks", cpu="16"))
+    assert "pool cpu (on-demand, m5.2xlarge; 2 nodes): 0 GPUs, 7.91 CPUs, 30Gi memory" in str(refused.value)
+    assert plane.objects == {} and [c.verb for c in plane.calls] == ["list"]  # nodes, once; nothing created
+    handle = cluster.launch(spec(capacity="on-demand", spot_flavour="eks", cpu="7"))  # fits: launched
+    assert plane.jobs() == [handle["job_id"]]
+
+
+def test_the_refusal_fails_the_task_at_once_without_a_retry():
+    plane = small_pool(ControlPlane())
+
+    @fail_fast  # as the operators' execute and execute_complete are
+    def launch():
+        return on(plane).launch(spec(capacity="on-demand", spot_flavour="eks", memory="64Gi"))
+
+    with pytest.raises(AirflowFailException, match=r"no node pool can hold one of its pods.*not retried"):
+        launch()
+    assert plane.objects == {}
+
+
+def test_without_rbac_to_list_nodes_the_launch_goes_on_and_says_so_once(caplog):
+    plane = small_pool(ControlPlane())
+    plane.inject("list", "nodes", status=403)
+    cluster = on(plane)
+    caplog.set_level("INFO", logger="trainops.cluster.kubernetes.backend")
+    cluster.launch(spec(capacity="on-demand", spot_flavour="eks", cpu="16"))
+    cluster.launch(spec(name="train-0a1b2c3d-a2", capacity="on-demand", spot_flavour="eks", cpu="16"))
+    assert len(plane.jobs()) == 2
+    said = [r.getMessage() for r in caplog.records if "list nodes" in r.getMessage()]
+    assert len(said) == 1 and "docker/deploy/base/rbac.yaml" in said[0]
+    assert sum(1 for c in plane.calls if c.resource == "nodes") == 1  # not asked again
+
+
+def test_a_cluster_with_no_nodes_yet_or_an_api_outage_launches_anyway(caplog):
+    empty = ControlPlane()  # autoscaled from zero: nothing to judge by
+    on(empty).launch(spec(capacity="on-demand", spot_flavour="eks", cpu="64"))
+    assert len(empty.jobs()) == 1
+    plane = small_pool(ControlPlane())
+    plane.inject("list", "nodes", status=503, times=1000)
+    caplog.set_level("WARNING")
+    on(plane, api_retry_s=5).launch(spec(capacity="on-demand", spot_flavour="eks", cpu="16"))
+    assert len(plane.jobs()) == 1
+    assert any("listing nodes failed" in r.getMessage() for r in caplog.records)

@@ -2,9 +2,10 @@
 
 Built-in kinds: kubernetes-validate in strict mode (unknown fields fail) for Kubernetes 1.31
 and the newest version it ships. PyTorchJob and TrainJob: the CRD schema in tests/data/crds,
-plus a walk that fails on fields the schema does not define (the CRDs do not forbid them),
-plus the controllers' rules; the pod-level parts of a TrainJob also go through strict
-kubernetes-validate inside a Pod. PodGroup (Volcano) has no schema here: its fields are
+plus a walk that fails on fields the schema does not define (the CRDs do not forbid them: an
+API server would prune them), plus the controllers' rules. Every TrainJob is rendered for each
+Kubeflow Trainer release we pin (v2.0, v2.1, v2.3) and checked against that release's own CRD;
+its pod-level parts also go through strict kubernetes-validate inside a Pod. PodGroup (Volcano) has no schema here: its fields are
 checked by hand.
 """
 
@@ -19,8 +20,13 @@ import pytest
 import yaml
 from kubernetes_validate.utils import latest_version
 
+from trainops.cluster.kubernetes import trainjob
+from trainops.cluster.kubernetes.crd_schema import unknown_fields
 from trainops.cluster.kubernetes.render import render_manifests
-from trainops.cluster.spec import JobSpec
+from trainops.cluster.spec import JobSpec, JobSpecError
+
+from .crds import TRAINJOB_RELEASES
+from .test_trainjob import pod_parts
 
 CRDS = Path(__file__).resolve().parents[3] / "data" / "crds"
 VERSIONS = ("1.31", latest_version())
@@ -75,11 +81,11 @@ EXTRAS = [
 ]
 
 
-# What a TrainJob can carry (no affinity, priority class or Volcano: see test_trainjob).
+# What a TrainJob can carry (no priority class, Volcano or whole-Secret envFrom: see test_trainjob).
 TRAINJOB_EXTRAS = [
     {"termination_grace_seconds": 30},
     {
-        "env_from_secrets": ["s3-credentials", {"env": "HF_TOKEN", "secret": "hf", "key": "token"}],
+        "env_from_secrets": [{"env": "HF_TOKEN", "secret": "hf", "key": "token"}],
         "service_account": "trainer",
         "runtime": "trainops-torch",
         "termination_grace_seconds": 120,
@@ -107,8 +113,6 @@ def trainjob_matrix():
         ("default", "kueue:team-a"),
         (1, 2, 4),
     ):
-        if capacity != "spot" and flavour in ("gke", "aks"):
-            continue  # on-demand there needs a NotIn affinity: a JobSpecError, tested apart
         extra = next(extras)
         yield pytest.param(
             dict(
@@ -165,27 +169,6 @@ def crd_schema(filename: str, version: str) -> dict:
     return next(v["schema"]["openAPIV3Schema"] for v in crd["spec"]["versions"] if v["name"] == version)
 
 
-def unknown_fields(obj, schema: dict, path: str = "") -> list[str]:
-    """Paths in ``obj`` that ``schema`` does not define (following items/additionalProperties)."""
-    if schema.get("x-kubernetes-preserve-unknown-fields") and "properties" not in schema:
-        return []
-    out = []
-    if isinstance(obj, dict):
-        props = schema.get("properties")
-        extra = schema.get("additionalProperties")
-        for key, value in obj.items():
-            if props is not None and key in props:
-                out += unknown_fields(value, props[key], f"{path}.{key}")
-            elif isinstance(extra, dict):
-                out += unknown_fields(value, extra, f"{path}.{key}")
-            elif props is not None or extra is False:
-                out.append(f"{path}.{key}")
-    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
-        for i, item in enumerate(obj):
-            out += unknown_fields(item, schema["items"], f"{path}[{i}]")
-    return out
-
-
 @functools.cache
 def crd_validator(filename: str, version: str):
     schema = crd_schema(filename, version)
@@ -209,7 +192,12 @@ def check_pod_group(manifest: dict, spec: JobSpec) -> None:
     assert manifest["spec"]["minMember"] == spec.nodes
 
 
-TRAINJOB_CRD = ("trainer.kubeflow.org_trainjobs.yaml", "v1alpha1")
+TRAINJOB_CRD = (TRAINJOB_RELEASES["v2.0.0"], "v1alpha1")  # the recorded objects' release
+RELEASE_APIS = {
+    "v2.0.0": trainjob.TRAINER_V2_0,
+    "v2.1.0": trainjob.TRAINER_V2_1,
+    "v2.3.0": trainjob.TRAINER_V2_3,
+}
 
 
 def trainjob_pod(manifest: dict) -> dict:
@@ -217,7 +205,7 @@ def trainjob_pod(manifest: dict) -> dict:
     trainer container (image, command, args, env, resources) merged with its override
     (envFrom, volumeMounts), and the override's volumes, placement and identity."""
     trainer = manifest["spec"]["trainer"]
-    (override,) = manifest["spec"]["podSpecOverrides"]
+    override, _ = pod_parts(manifest)
     (container,) = override["containers"]
     merged = {
         "image": trainer["image"],
@@ -228,7 +216,7 @@ def trainjob_pod(manifest: dict) -> dict:
         **container,
     }
     pod = {"containers": [merged], "volumes": override["volumes"], "restartPolicy": "Never"}
-    for key in ("nodeSelector", "tolerations", "serviceAccountName"):
+    for key in ("nodeSelector", "affinity", "tolerations", "serviceAccountName", "securityContext"):
         if key in override:
             pod[key] = override[key]
     return {
@@ -239,18 +227,17 @@ def trainjob_pod(manifest: dict) -> dict:
     }
 
 
-def check_trainjob(manifest: dict, spec: JobSpec) -> None:
-    schema = crd_schema(*TRAINJOB_CRD)
-    crd_validator(*TRAINJOB_CRD).validate(manifest)
-    assert unknown_fields(manifest, schema) == []
+def check_trainjob(manifest: dict, spec: JobSpec, release: str) -> None:
+    crd = (TRAINJOB_RELEASES[release], "v1alpha1")
+    crd_validator(*crd).validate(manifest)
+    assert unknown_fields(manifest, crd_schema(*crd)) == []
     body = manifest["spec"]
     assert body["runtimeRef"]["name"] == spec.runtime
     assert body["trainer"]["numNodes"] == spec.nodes
     # Trainer's webhook: overrides name the runtime's jobs and containers, never set env on
     # the node container, and the trainer's env leaves torchrun's PET_* to Trainer
-    for override in body["podSpecOverrides"]:
-        assert override["targetJobs"] == [{"name": "node"}]
-        assert all(c["name"] == "node" and "env" not in c for c in override["containers"])
+    pod, _ = pod_parts(manifest)
+    assert all(c["name"] == "node" and "env" not in c for c in pod["containers"])
     assert not any(e["name"].startswith("PET_") for e in body["trainer"]["env"])
     for version in VERSIONS:
         kubernetes_validate.validate(trainjob_pod(manifest), version, strict=True)
@@ -271,7 +258,13 @@ def test_every_manifest_is_valid(fields):
         if manifest["kind"] == "PyTorchJob":
             check_pytorchjob(manifest)
         elif manifest["kind"] == "TrainJob":
-            check_trainjob(manifest, spec)
+            for release, api in RELEASE_APIS.items():
+                try:
+                    (for_release,) = render_manifests(spec, api)
+                except JobSpecError as exc:  # placement or grace a release cannot carry
+                    assert api is not trainjob.CURRENT, exc
+                    continue
+                check_trainjob(for_release, spec, release)
         elif manifest["kind"] == "PodGroup":
             check_pod_group(manifest, spec)
         else:
@@ -293,8 +286,8 @@ def test_strict_validation_catches_a_misspelled_field():
     with pytest.raises(jsonschema.ValidationError, match="is not of type 'string'"):
         crd_validator("kubeflow.org_pytorchjobs.yaml", "v1").validate(bad)
     assert unknown_fields(pj, schema) == [".spec.pytorchReplicaSpecs.Master.template.spec.restartPolicyy"]
-    # the pinned TrainJob schema has no affinity or grace period in its pod overrides: were
-    # they rendered, the walk would say so
+    # Trainer v2.0's TrainJob schema has no affinity or grace period in its pod overrides:
+    # were they rendered, the walk would say so
     (tj,) = render_manifests(
         JobSpec(
             name="train-0123abcd-a1",
@@ -302,7 +295,8 @@ def test_strict_validation_catches_a_misspelled_field():
             kind="trainjob",
             spot_flavour="gke",
             termination_grace_seconds=30,
-        )
+        ),
+        trainjob.TRAINER_V2_0,
     )
     tj["spec"]["podSpecOverrides"][0]["affinity"] = {"nodeAffinity": {}}
     tj["spec"]["podSpecOverrides"][0]["terminationGracePeriodSeconds"] = 60
@@ -321,3 +315,25 @@ def test_recorded_trainjobs_fit_the_pinned_schema(name):
     obj = json.loads((Path(__file__).resolve().parents[3] / "data" / "k8s" / f"{name}.json").read_text())
     crd_validator(*TRAINJOB_CRD).validate(obj)
     assert unknown_fields(obj, crd_schema(*TRAINJOB_CRD)) == []
+
+
+def test_a_trainjob_for_an_old_release_is_pruned_by_a_new_one_and_the_walk_says_so():
+    """Why the release matters: a v2.0 TrainJob sent to a v2.3 cluster would lose its pod
+    settings (placement, volumes, service account) and its JobSet labels in silence."""
+    spec = JobSpec(
+        name="train-0123abcd-a1",
+        args=ARGS,
+        kind="trainjob",
+        service_account="trainer",
+        termination_grace_seconds=30,
+        spot_flavour="karpenter",
+    )
+    (old,) = render_manifests(spec, trainjob.TRAINER_V2_0)
+    assert unknown_fields(old, crd_schema(TRAINJOB_RELEASES["v2.3.0"], "v1alpha1")) == [
+        ".spec.labels",
+        ".spec.podSpecOverrides",
+    ]
+    (new,) = render_manifests(spec)
+    assert unknown_fields(new, crd_schema(TRAINJOB_RELEASES["v2.0.0"], "v1alpha1")) == [
+        ".spec.runtimePatches"
+    ]

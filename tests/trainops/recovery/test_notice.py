@@ -1,7 +1,7 @@
 """The notice budget: a grace period shorter than the last emergency save is said, with numbers."""
 
 from trainops.cluster.spec import shutdown_timeout
-from trainops.operators.notice import grace_for, grace_warning, last_emergency_save, needed_seconds
+from trainops.recovery.notice import grace_for, grace_warning, last_emergency_save, needed_seconds
 
 
 def entry(attempt, save_s=None, outcome="preempted"):
