@@ -160,6 +160,9 @@ class S3FaultProxy:
         self._blackout_until: float | None = None  # monotonic; inf: until switched off
         self._blackout_mode: Literal["refuse", "reset"] = "refuse"
         self.events: list[Event] = []
+        # request headers removed before forwarding (lower case): {"if-none-match", "if-match"}
+        # makes a store that ignores S3's conditional writes, as some S3-compatible servers do
+        self.drop_headers: frozenset[str] = frozenset()
         self._server: socketserver.ThreadingTCPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -239,6 +242,7 @@ class S3FaultProxy:
             self._injected = Counter()
             self._blackout_until = None
             self.events = []
+            self.drop_headers = frozenset()
 
     def counts(self, op: str | None = None) -> Counter[str]:
         """How many requests (of ``op``, or all) were forwarded, refused, reset before, reset after."""
@@ -325,7 +329,12 @@ class _Handler(BaseHTTPRequestHandler):
     ) -> tuple[int, str, list[tuple[str, str]], bytes]:
         conn.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
         for name, value in self.headers.items():
-            if name.lower() not in _HOP_BY_HOP and name.lower() != "content-length":
+            lower = name.lower()
+            if (
+                lower not in _HOP_BY_HOP
+                and lower != "content-length"
+                and lower not in self.owner.drop_headers
+            ):
                 conn.putheader(name, value)
         if body or self.command in ("PUT", "POST"):
             conn.putheader("Content-Length", str(len(body)))

@@ -240,3 +240,20 @@ def test_bad_fault_settings_are_named():
         S3FaultProxy("s3://nowhere")
     with pytest.raises(ValueError, match="blackout mode 'drop'"):
         S3FaultProxy("http://127.0.0.1:1").blackout(mode="drop")  # type: ignore[arg-type]
+
+
+def test_dropped_headers_make_a_store_that_ignores_conditional_writes(s3_faults, bucket):
+    """With If-None-Match and If-Match dropped, S3 never sees the conditions: both writes that
+    must fail succeed (what trainops doctor's storage check detects)."""
+    from botocore.exceptions import ClientError
+
+    s3 = _client(s3_faults.url)
+    s3.put_object(Bucket=bucket, Key="once", Body=b"1", IfNoneMatch="*")
+    with pytest.raises(ClientError, match="PreconditionFailed"):
+        s3.put_object(Bucket=bucket, Key="once", Body=b"2", IfNoneMatch="*")
+    s3_faults.drop_headers = frozenset({"if-none-match", "if-match"})
+    s3.put_object(Bucket=bucket, Key="once", Body=b"3", IfNoneMatch="*")
+    s3.put_object(Bucket=bucket, Key="once", Body=b"4", IfMatch='"not-its-etag"')
+    assert s3.get_object(Bucket=bucket, Key="once")["Body"].read() == b"4"
+    s3_faults.clear()
+    assert s3_faults.drop_headers == frozenset()

@@ -15,6 +15,10 @@
   pointer's history. ``--storage-root`` defaults to ``$TRAINOPS_STORAGE_ROOT``, else the
   checkout's embedded default (where ``make demo`` writes); the first line names the root.
   ``s3://`` roots use boto3's default credentials and ``AWS_ENDPOINT_URL_S3``.
+- ``doctor``: check a cluster (an Airflow Kubernetes connection, or a kubeconfig) and a storage
+  root before the first run: API, namespace, RBAC, CRDs, spot and GPU nodes, the notice window,
+  storage with conditional writes, the Airflow API connection; one line each, pass or fail with
+  the fix (docs/deploying.md, "Check the cluster").
 - ``cost RUN_URI [--prices FILE]``: what one training run cost, estimated: its attempts'
   phases (queued, startup, productive, replayed, checkpoint stall, shutdown) in seconds and
   GPU-hours, goodput, recovery time, cost, the on-demand equivalent and the spot savings
@@ -37,7 +41,7 @@ from pathlib import Path
 from trainer.config import MAX_SEED
 from trainer.contract import check_name
 from trainer.storage import StorageError
-from trainops.cli import summary
+from trainops.cli import doctor, summary
 from trainops.cli.cost import run_cost
 from trainops.cli.devenv import apply_dev_env, storage_root_choice
 from trainops.cli.render_job import NEWEST_RELEASE, TRAINER_RELEASES
@@ -318,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         default=os.getcwd(),
         help="the checkout (holds dags/, plugins/; .airflow and .trainops go here)",
     )
+    doctor.add_parser(sub)
     render = sub.add_parser("render-job", help="print the Kubernetes manifests of a JobSpec (dry run)")
     render.add_argument("spec", metavar="SPEC.json", help="a JobSpec in its JSON form")
     render.add_argument(
@@ -374,4 +379,6 @@ def main(argv: list[str] | None = None) -> int:
         return run_airflow(args.project_dir)
     if args.command == "render-job":
         return render_job(args.spec, args.trainer_release)
+    if args.command == "doctor":
+        return doctor.main(args)
     return 2

@@ -31,11 +31,14 @@ def python_m_trainops(*args: str, env: dict | None = None) -> subprocess.Complet
 def test_help_lists_every_command():
     out = python_m_trainops("--help")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("usage: python -m trainops [-h] {demo,airflow,render-job,rollback,cost} ...")
     text = " ".join(out.stdout.split())  # argparse wraps to the terminal's width
+    assert text.startswith(
+        "usage: python -m trainops [-h] {demo,airflow,doctor,render-job,rollback,cost} ..."
+    )
     for command, what in (
         ("demo", "run the demo DAG on the embedded default and print a summary"),
         ("airflow", "run Airflow (standalone) on the embedded default"),
+        ("doctor", "check a cluster and a storage root before the first run (read-only)"),
         ("render-job", "print the Kubernetes manifests of a JobSpec (dry run)"),
         ("rollback", "point a model's production back at an earlier version"),
         ("cost", "print the estimated cost, goodput and phases of one training run"),
