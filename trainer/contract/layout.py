@@ -224,6 +224,13 @@ class RunLayout:
         return join(self.run_uri, "eval", "gate.json")
 
     @property
+    def promotion(self) -> str:
+        """``{"outcome": "promoted" | "identical" | "regate_rejected", "model_name", "version",
+        "at"}``: what the promote task did with an approved candidate (the outcome that neither
+        the gate's decision nor the production pointer's history can show)."""
+        return join(self.run_uri, "eval", "promotion.json")
+
+    @property
     def checkpoint_scores(self) -> str:
         """The folder of mid-run evaluation: one score per scheduled checkpoint
         (:func:`checkpoint_score`), each one's export, and the pick (:attr:`checkpoint_pick`)."""

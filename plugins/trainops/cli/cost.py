@@ -1,7 +1,10 @@
-"""``python -m trainops cost RUN_URI [--prices FILE]``: what one training run cost, estimated.
+"""``python -m trainops cost RUN [--prices FILE]``: what one training run cost, estimated.
 
-Reads the run's ``job.json`` (``s3://`` through the Airflow connection ``aws_default`` when it
-is defined, else boto3's default credentials, as the operator reads it). A run that ended
+RUN is the run's URI, its folder (a relative path too), ``<dag_id>/<run_id>`` or ``latest``
+(:mod:`trainops.runs.refs`, under ``--storage-root``). Reads the run's ``job.json`` (``s3://``
+through the Airflow connection ``aws_default`` when it is defined, else boto3's default
+credentials, as the operator reads it); a missing credential is one line naming them, exit
+status 2. A run that ended
 since this version holds its bill (``"cost"``, priced when it ended); an older or still
 running run, or ``--prices``, prices it now from ``job.json`` and the run's metrics.
 :func:`render` is a pure function of the bill.
@@ -9,16 +12,19 @@ running run, or ``--prices``, prices it now from ``job.json`` and the run's metr
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from typing import TYPE_CHECKING
 
 from trainer.contract import MetricsReader, RunLayout
-from trainer.storage import NotFound, StorageError
+from trainer.storage import NotFound, StorageError, open_storage
+from trainops.cli.devenv import storage_root_choice
 from trainops.cost.accounting import PHASES, account, stored_cost
 from trainops.cost.money import money
 from trainops.cost.prices import PARAMETER_SOURCE, load_prices
 from trainops.hooks.storage import storage_for
+from trainops.runs.refs import LATEST, RunRefError, resolve
 from trainops.shapes import check_job, load
 
 if TYPE_CHECKING:
@@ -92,11 +98,42 @@ def render(cost: RunCost, run_uri: str, prices_from: str) -> str:
     return "\n".join(lines)
 
 
-def run_cost(run_uri: str, prices_file: str | None, aws_conn_id: str | None = "aws_default") -> int:
-    """``cost``: print the bill of the run at ``run_uri``; 1 (and why, in one line on stderr)
+def credential_line(exc: StorageError, what: str, aws_conn_id: str | None) -> str:
+    """One line for a storage error; for a missing credential, which connection or variables
+    to set."""
+    if "credential" not in str(exc).lower():
+        return f"could not read {what}: {exc}"
+    conn = f"the Airflow connection {aws_conn_id!r} (where Airflow runs), or " if aws_conn_id else ""
+    return (
+        f"no credentials to read {what}: set {conn}AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+        "(or AWS_PROFILE), then try again"
+    )
+
+
+def run_cost(
+    run_uri: str,
+    prices_file: str | None,
+    aws_conn_id: str | None = "aws_default",
+    *,
+    storage_root: str | None = None,
+) -> int:
+    """``cost``: print the bill of the run ``run_uri`` names; 1 (and why, in one line on stderr)
     when there is no run there, its ``job.json`` is damaged (:func:`trainops.shapes.check_job`
-    names the field) or the prices are wrong."""
-    layout = RunLayout(run_uri.rstrip("/"))
+    names the field) or the prices are wrong; 2 when ``run_uri`` names no run or storage
+    cannot be read for want of credentials."""
+    try:
+        root, _ = storage_root_choice(storage_root)
+        listing = open_storage(root, outage_tolerance_s=10) if run_uri.strip() == LATEST else None
+        ref = resolve(run_uri, root, listing)
+    except (RunRefError, ValueError) as exc:
+        print(f"cost: {exc}", file=sys.stderr)
+        return 2
+    except StorageError as exc:
+        print(f"cost: {credential_line(exc, root, aws_conn_id)}", file=sys.stderr)
+        return 2
+    layout = RunLayout(ref.run_uri)
+    # the fallback to boto3's chain is said here only when it fails (credential_line)
+    logging.getLogger("trainops.hooks.storage").setLevel(logging.WARNING)
     store = storage_for(layout.run_uri, aws_conn_id)
     try:
         # every field the accounting and the bill read, so a damaged record is named, not a traceback
@@ -126,6 +163,9 @@ def run_cost(run_uri: str, prices_file: str | None, aws_conn_id: str | None = "a
         print(f"cost: {exc}", file=sys.stderr)
         return 1
     except StorageError as exc:
+        if "credential" in str(exc).lower():
+            print(f"cost: {credential_line(exc, layout.job, aws_conn_id)}", file=sys.stderr)
+            return 2
         print(f"cost: could not read {layout.job}: {exc}", file=sys.stderr)
         return 1
     cost = account(job, MetricsReader(store, layout.run_uri).records(), table, now=time.time())

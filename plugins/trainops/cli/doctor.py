@@ -131,8 +131,14 @@ def table(found: list[Check]) -> str:
 
 
 def main(args: argparse.Namespace, *, hook: Any = None, server: str = "") -> int:
-    if args.spot_flavour not in SPOT_FLAVOURS or args.gpus_per_node < 0 or args.grace_seconds < 1:
+    if args.gpus_per_node < 0 or args.grace_seconds < 1:
         print("doctor: --gpus-per-node must be >= 0 and --grace-seconds >= 1", file=sys.stderr)
+        return 2
+    if args.scheduler != "default" and args.scheduler.partition(":")[0] not in ("kueue", "volcano"):
+        print(
+            f"doctor: --scheduler {args.scheduler!r}: expected default, kueue:<queue> or volcano[:<queue>]",
+            file=sys.stderr,
+        )
         return 2
     try:
         found = run(args, hook=hook, server=server)

@@ -19,7 +19,10 @@
   root before the first run: API, namespace, RBAC, CRDs, spot and GPU nodes, the notice window,
   storage with conditional writes, the Airflow API connection; one line each, pass or fail with
   the fix (docs/deploying.md, "Check the cluster").
-- ``cost RUN_URI [--prices FILE]``: what one training run cost, estimated: its attempts'
+- ``runs``, ``status RUN``, ``logs RUN [-f]``, ``models [NAME]``, ``report RUN|MODEL [--open]``:
+  runs and their outcomes, where one stands, its attempts' logs, production models and their
+  history, a report's URL; from storage alone, each with ``--json`` (:mod:`trainops.cli.runs`).
+- ``cost RUN [--prices FILE]``: what one training run cost, estimated: its attempts'
   phases (queued, startup, productive, replayed, checkpoint stall, shutdown) in seconds and
   GPU-hours, goodput, recovery time, cost, the on-demand equivalent and the spot savings
   (docs/cost.md). ``--prices`` prices it with a JSON price table laid over the shipped one.
@@ -41,7 +44,7 @@ from pathlib import Path
 from trainer.config import MAX_SEED
 from trainer.contract import check_name
 from trainer.storage import StorageError
-from trainops.cli import doctor, summary
+from trainops.cli import doctor, runs, summary
 from trainops.cli.cost import run_cost
 from trainops.cli.devenv import apply_dev_env, storage_root_choice
 from trainops.cli.render_job import NEWEST_RELEASE, TRAINER_RELEASES
@@ -323,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the checkout (holds dags/, plugins/; .airflow and .trainops go here)",
     )
     doctor.add_parser(sub)
+    runs.add_parsers(sub)
     render = sub.add_parser("render-job", help="print the Kubernetes manifests of a JobSpec (dry run)")
     render.add_argument("spec", metavar="SPEC.json", help="a JobSpec in its JSON form")
     render.add_argument(
@@ -343,13 +347,20 @@ def main(argv: list[str] | None = None) -> int:
         f"the checkout's embedded default; here: {_default_root_text()})",
     )
     cost = sub.add_parser("cost", help="print the estimated cost, goodput and phases of one training run")
-    cost.add_argument("run_uri", metavar="RUN_URI", help="the run prefix (the train task's run_uri)")
+    cost.add_argument(
+        "run_uri",
+        metavar="RUN",
+        help="the run: its URI (the train task's run_uri), its folder, <dag_id>/<run_id>, or latest",
+    )
+    cost.add_argument(
+        "--storage-root", default=None, help="default: $TRAINOPS_STORAGE_ROOT, else the checkout's"
+    )
     cost.add_argument(
         "--prices", default=None, metavar="FILE", help="a JSON price table laid over the shipped one"
     )
     args = parser.parse_args(argv)
     if args.command == "cost":
-        return run_cost(args.run_uri, args.prices)
+        return run_cost(args.run_uri, args.prices, storage_root=args.storage_root)
     if args.command == "rollback":
         return run_rollback(
             args.model, args.version, reason=args.reason, by=args.by, storage_root=args.storage_root
@@ -381,4 +392,6 @@ def main(argv: list[str] | None = None) -> int:
         return render_job(args.spec, args.trainer_release)
     if args.command == "doctor":
         return doctor.main(args)
+    if args.command in runs.COMMANDS:
+        return runs.main(args)
     return 2

@@ -55,7 +55,10 @@ def api_check(
         with httpx.Client(base_url=base, timeout=TIMEOUT_S, transport=transport) as client:
             if not token:
                 reply = client.post("/auth/token", json={"username": conn.login, "password": conn.password})
-                token = reply.json().get("access_token") if reply.status_code in (200, 201) else None
+                try:
+                    token = reply.json().get("access_token") if reply.status_code in (200, 201) else None
+                except (ValueError, AttributeError):  # an HTML page: a proxy, or the UI's host
+                    token = None
                 if not token:
                     return Check(
                         name,

@@ -160,7 +160,8 @@ def spot_check(pools: list[Pool] | None, capacity: str, flavour: str) -> Check:
     return Check(
         "spot nodes",
         FAIL,
-        f"no node carries a spot label ({len(pools)} pool(s), {sum(p.nodes for p in pools)} node(s))",
+        f"no node carries a spot label ({len(pools)} pool(s), {sum(p.nodes for p in pools)} node(s); "
+        "a pool scaled to zero has no node to see)",
         f"add {' or '.join(fixes)}, or set capacity 'on-demand'",
     )
 
@@ -189,7 +190,8 @@ def gpu_check(pools: list[Pool] | None, gpus_per_node: int) -> Check:
     return Check(
         "gpus",
         FAIL,
-        f"no node has {gpus_per_node} allocatable nvidia.com/gpu ({listed or 'no GPU node'})",
+        f"no node has {gpus_per_node} allocatable nvidia.com/gpu ({listed or 'no GPU node'}; "
+        "a pool scaled to zero has no node to see)",
         "add a GPU node pool with the NVIDIA device plugin, or ask for fewer GPUs per node",
     )
 
@@ -210,7 +212,7 @@ def notice_check(grace_s: int, flavour: str, capacity: str, save_s: float | None
             "notice window",
             WARN,
             f"{detail}; save time unknown",
-            "pass --save-seconds (an attempt's emergency_save_s) or --preset",
+            "pass --save-seconds: an attempt record's emergency_save_s, or the estimate of docs/deploying.md section 7",
         )
     needed = needed_seconds(save_s)
     if usable >= needed:
@@ -261,11 +263,17 @@ def storage_checks(root: str, result: Mapping[str, object]) -> list[Check]:
             )
         )
     else:
+        errors = [str(result[k]) for k in ("create_only_error", "compare_and_swap_error") if result.get(k)]
+        what = (
+            f"the store refused {' and '.join(ignored)} outright: {'; '.join(errors)}"
+            if errors
+            else f"the store ignored {' and '.join(ignored)}: a conditional write that must fail succeeded"
+        )
         out.append(
             Check(
                 "conditional writes",
                 FAIL,
-                f"the store ignored {' and '.join(ignored)}: a conditional write that must fail succeeded",
+                what,
                 "use AWS S3, or a store that honours S3 conditional writes (MinIO 2024-11 or later); "
                 "without them two runs can overwrite each other's markers and pointers",
             )

@@ -161,6 +161,16 @@ def crds(hook: Any, target: Target) -> list[Check]:
             ]
         versions = crd_schema.served_versions(crd) if crd else None
         extra = ""
+        if crd and label == "TrainJob" and trainjob.VERSION not in (versions or []):
+            out.append(
+                Check(
+                    f"crd {label}",
+                    checks.FAIL if _needed(target, use) else checks.WARN,
+                    f"{name}: serves {', '.join(versions or []) or 'no version'}, not {trainjob.VERSION}",
+                    f"install a Kubeflow Trainer release that serves {trainjob.GROUP}/{trainjob.VERSION} (v2.0 to v2.3)",
+                )
+            )
+            continue
         if crd and label == "TrainJob":
             schema = crd_schema.served_schema(crd, trainjob.VERSION)
             try:

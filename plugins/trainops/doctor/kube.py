@@ -59,6 +59,28 @@ def connect(
 ) -> tuple[Any, str, str | None]:
     """``(hook, server, namespace)`` for the cluster named by the options, in this order: the
     Airflow connection ``conn_id``, the kubeconfig, the pod's service account (in a cluster).
+    Raises NoCluster, one line, when none is configured or the one named cannot be loaded."""
+    try:
+        return _connect(conn_id=conn_id, kubeconfig=kubeconfig, context=context, environ=environ)
+    except NoCluster:
+        raise
+    except Exception as exc:  # a bad kubeconfig or context, an unknown connection: say which, in one line
+        source = (
+            f"connection {conn_id!r}" if conn_id else f"kubeconfig {kubeconfig_path(kubeconfig, environ)}"
+        )
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise NoCluster(f"cannot use {source}: {type(exc).__name__}: {first}") from None
+
+
+def _connect(
+    *,
+    conn_id: str | None,
+    kubeconfig: str | None,
+    context: str | None,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[Any, str, str | None]:
+    """``(hook, server, namespace)`` for the cluster named by the options, in this order: the
+    Airflow connection ``conn_id``, the kubeconfig, the pod's service account (in a cluster).
     Raises NoCluster when none is configured."""
     env = os.environ if environ is None else environ
     if conn_id:

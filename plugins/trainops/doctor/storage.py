@@ -55,19 +55,25 @@ def _probe(store: Storage, base: str, clock: Callable[[], float]) -> dict[str, A
     if not [u for u in store.list(base + "/") if u.startswith(f"{base}/round-trip-")]:
         return {"error": f"{base}/: objects just written are not listed", "fix": "check the list permission"}
 
-    once = f"{base}/create-only"
-    store.put(once, b"first", if_none_match=True)
-    create_only = _refused(lambda: store.put(once, b"second", if_none_match=True))
+    once, swapped = f"{base}/create-only", f"{base}/compare-and-swap"
 
-    swapped = f"{base}/compare-and-swap"
-    first = store.put(swapped, b"v1")
-    store.put(swapped, b"v2", if_match=first)
-    compare_and_swap = _refused(lambda: store.put(swapped, b"v3", if_match=first))
-    return {
-        "latency_ms": statistics.median(trips),
-        "create_only": create_only,
-        "compare_and_swap": compare_and_swap,
-    }
+    def create_only() -> bool:
+        store.put(once, b"first", if_none_match=True)
+        return _refused(lambda: store.put(once, b"second", if_none_match=True))
+
+    def compare_and_swap() -> bool:
+        first = store.put(swapped, b"v1")
+        store.put(swapped, b"v2", if_match=first)
+        return _refused(lambda: store.put(swapped, b"v3", if_match=first))
+
+    found: dict[str, Any] = {"latency_ms": statistics.median(trips)}
+    for key, attempt in (("create_only", create_only), ("compare_and_swap", compare_and_swap)):
+        try:
+            found[key] = attempt()
+        except StorageError as exc:  # a store that refuses the header outright (400, 501)
+            found[key] = False
+            found[f"{key}_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return found
 
 
 def _refused(write: Callable[[], object]) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 
 from trainops.gate.checks import failed_checks
 
-__all__ = ["NOTE_LIMIT", "approval_note", "fit_note", "rejection_note", "rejection_reason"]
+__all__ = ["NOTE_LIMIT", "approval_note", "check_line", "fit_note", "rejection_note", "rejection_reason"]
 
 # Airflow's public API refuses a DAG run or task instance note longer than this.
 NOTE_LIMIT = 1000
@@ -40,6 +40,11 @@ def _line(check: Mapping[str, Any]) -> str:
             f"; {check['confidence']:.0%} interval of the difference [{interval[0]:+.4g}, {interval[1]:+.4g}]"
         )
     return line + ")"
+
+
+def check_line(check: Mapping[str, Any]) -> str:
+    """One check as a person reads it: ``<name>: <metric> (observed <x>, expected <y>)``."""
+    return _line(check)
 
 
 def _failed_lines(gate: Mapping[str, Any]) -> list[str]:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from trainer.contract import RunLayout
 from trainops.gate.verdict import rejection_reason
 from trainops.hooks.storage import root_and_storage
 from trainops.links import ModelCardLink, push_report
@@ -29,6 +31,7 @@ from trainops.registry.retention import (
     runs_scope,
     scan_runs,
 )
+from trainops.runs.outcome import PROMOTION_FORMAT
 
 # The report app's XCom key for the promoted version's card (see trainops.links).
 MODEL_CARD_KEY = "trainops_model_card"
@@ -153,6 +156,7 @@ class PromoteModelOperator(ReportingOperator):
             storage, root, self.model_name, export_uri=training["export_uri"], run_uri=training["run_uri"]
         )
         if compared is not None and compared["identical"]:
+            self._record(storage, training, "identical", compared["version"])
             self._prune(storage, root, training)
             self._skip_identical(context, compared)
         card = build_card(storage, gate=gate, training=training, dataset=dataset, evaluation=evaluation)
@@ -180,6 +184,7 @@ class PromoteModelOperator(ReportingOperator):
                 by=by_label(card["promoted_by"]),
             )
         except RegateRejected as exc:
+            self._record(storage, training, "regate_rejected", None)
             self._prune(storage, root, training)
             note = f"REJECTED on re-gate: {exc}; promote skipped, production unchanged."
             self._skip(context, str(exc), note)
@@ -206,9 +211,26 @@ class PromoteModelOperator(ReportingOperator):
                 result["production_version"],
             )
         version, previous = result["version"], result["previous_version"]
+        self._record(storage, training, "promoted", version)
         announce(context, "promote", self.model_name, version, result["version_uri"], previous, who)
         pruned = self._prune(storage, root, training)
         return {"model_name": self.model_name, **result, "pruned": pruned}
+
+    def _record(self, storage, training: dict, outcome: str, version: int | None) -> None:
+        """Write what became of the candidate (``eval/promotion.json``), for ``python -m
+        trainops runs`` and the home page; a failure is logged, never fatal (the pointer and
+        the notes already say it)."""
+        record = {
+            "format": PROMOTION_FORMAT,
+            "outcome": outcome,
+            "model_name": self.model_name,
+            "version": version,
+            "at": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+        try:
+            storage.put_json(RunLayout(training["run_uri"]).promotion, record)
+        except Exception as exc:
+            self.log.warning("could not record the promotion outcome %r: %s", outcome, exc)
 
     def _skip_identical(self, context: Context, compared: dict) -> NoReturn:
         """Skip: the candidate is production already."""

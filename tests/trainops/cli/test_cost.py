@@ -1,6 +1,10 @@
-"""``python -m trainops cost RUN_URI``: one run's bill as a person reads it."""
+"""``python -m trainops cost RUN``: one run's bill as a person reads it; RUN as a URI, a
+folder, ``latest`` or ``<dag_id>/<run_id>``; a missing credential in one line."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -95,3 +99,40 @@ def test_an_unknown_instance_type_is_noted_plainly(run, capsys):
         "notes:\n- attempt 1: default per-GPU-hour (unknown instance type p9.fake): priced at $1.40/GPU-hour spot"
         in out
     )
+
+
+def test_a_run_is_named_by_its_folder_latest_or_dag_and_run_id(run, tmp_path, capsys, monkeypatch):
+    layout, _ = run
+    monkeypatch.setenv("TRAINOPS_STORAGE_ROOT", tmp_path.as_uri())
+    monkeypatch.chdir(tmp_path)
+    for given in ("runs/nightly/r1/train", "latest", "nightly/r1", "./runs/nightly/r1/train/job.json"):
+        assert main(["cost", given]) == 0, given
+        assert capsys.readouterr().out.startswith(f"Estimated cost of {layout.run_uri}\n")
+    assert main(["cost", "no such thing"]) == 2
+    assert "expected a run URI" in capsys.readouterr().err
+
+
+def test_an_s3_run_without_credentials_is_one_line_naming_the_connection(tmp_path):
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("AWS_") and not k.startswith("AIRFLOW_CONN_")
+    }
+    env.update(
+        AWS_EC2_METADATA_DISABLED="true",
+        AWS_SHARED_CREDENTIALS_FILE="/nonexistent",
+        AWS_CONFIG_FILE="/nonexistent",
+        TRAINOPS_STORAGE_OUTAGE_TOLERANCE_S="2",
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "trainops", "cost", "s3://no-credentials-bucket/root/runs/nightly/r1/train"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(
+        "cost: no credentials to read s3://no-credentials-bucket/root/runs/nightly/r1/train/job.json"
+    )
+    assert "'aws_default'" in line and "AWS_ACCESS_KEY_ID" in line

@@ -155,3 +155,18 @@ def test_the_cli_reads_a_kubeconfig_and_an_unreachable_server_fails_the_api_line
     lines = done.stdout.splitlines()
     assert lines[0].startswith("FAIL  api") and "https://127.0.0.1:9" in lines[0]
     assert checks.PASS.upper() + "  storage" in done.stdout
+
+
+def test_an_unknown_scheduler_is_refused_in_one_line(capsys, file_root):
+    assert (
+        doctor.main(
+            parse(*BASE, "--scheduler", "keueu:q", "--storage-root", file_root),
+            hook=healthy_plane(),
+            server=SERVER,
+        )
+        == 2
+    )
+    assert (
+        capsys.readouterr().err.strip()
+        == "doctor: --scheduler 'keueu:q': expected default, kueue:<queue> or volcano[:<queue>]"
+    )

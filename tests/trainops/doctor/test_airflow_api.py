@@ -68,3 +68,9 @@ def test_an_unreachable_server_fails_without_a_traceback():
 def test_a_connection_without_a_host_fails():
     line = api_check("x", get_connection=lambda _: conn(host=""))
     assert line.status == checks.FAIL and "no host" in line.detail
+
+
+def test_a_token_reply_that_is_not_json_fails_without_a_traceback():
+    page = httpx.MockTransport(lambda request: httpx.Response(200, text="<html>login</html>"))
+    line = api_check("x", get_connection=lambda _: conn(), transport=page)
+    assert line.status == checks.FAIL and "no token" in line.detail

@@ -116,3 +116,14 @@ def test_nothing_is_created_or_deleted():
         ("create", "selfsubjectaccessreviews")  # a question, not an object
     }
     assert not plane.objects
+
+
+def test_a_trainjob_crd_that_does_not_serve_v1alpha1_fails(monkeypatch):
+    from tests.trainops.cluster.kubernetes.crds import trainjob_crd
+
+    plane = healthy_plane()
+    crd = trainjob_crd()
+    crd["spec"]["versions"][0]["name"] = "v1beta1"
+    plane.crd_objects["trainjobs"] = crd
+    found = cluster_checks(plane, SERVER, TARGET)
+    assert failing(found) == ["crd TrainJob"] and "not v1alpha1" in by_name(found)["crd TrainJob"].detail

@@ -44,3 +44,13 @@ def test_no_cluster_is_one_message(monkeypatch, tmp_path):
         kube.connect(conn_id=None, kubeconfig=None, context=None, environ={})
     with pytest.raises(kube.NoCluster, match="does not exist"):
         kube.connect(conn_id=None, kubeconfig=str(tmp_path / "nope"), context=None, environ={})
+
+
+def test_a_context_or_kubeconfig_that_cannot_be_used_is_one_line(config, tmp_path):
+    with pytest.raises(kube.NoCluster, match=r"cannot use kubeconfig .*: ConfigException: .*nope") as err:
+        kube.connect(conn_id=None, kubeconfig=str(config), context="nope", environ={})
+    assert "\n" not in str(err.value)
+    empty = tmp_path / "empty"
+    empty.write_text("{}")
+    with pytest.raises(kube.NoCluster, match="cannot use kubeconfig"):
+        kube.connect(conn_id=None, kubeconfig=str(empty), context=None, environ={})

@@ -38,3 +38,36 @@ def test_an_outage_is_an_error_not_a_hang(faulty_s3_root, s3_faults):
     s3_faults.blackout(mode="refuse")
     found = probe(open_storage(faulty_s3_root, outage_tolerance_s=1), faulty_s3_root)
     assert found["error"].startswith("StorageUnavailable")
+
+
+class RefusesConditions:
+    """A store that answers a conditional write with an error (some S3-compatible servers
+    answer 501 Not Implemented) instead of ignoring it."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def put(self, uri, data, *, if_none_match=False, if_match=None):
+        from trainer.storage import StorageError
+
+        if if_none_match or if_match is not None:
+            raise StorageError(
+                f"write of {uri!r} failed: 501 NotImplemented: A header you provided implies functionality that is not implemented"
+            )
+        return self.inner.put(uri, data)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_store_that_refuses_the_headers_outright_is_named_as_such(file_root):
+    from trainops.doctor.checks import storage_checks
+
+    found = probe(RefusesConditions(open_storage(file_root)), file_root)
+    assert found["create_only"] is False and "501" in found["create_only_error"]
+    storage, conditional = storage_checks(file_root, found)
+    assert storage.status == "pass"  # plain writes and reads work
+    assert (
+        conditional.status == "fail"
+        and "refused If-None-Match (create-only) and If-Match" in conditional.detail
+    )

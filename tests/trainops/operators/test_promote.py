@@ -247,6 +247,10 @@ def test_a_candidate_with_productions_weights_is_skipped_as_identical_not_publis
     assert "weights_sha256" not in storage.get_json(first["card_uri"])  # v1 had nothing to compare with
     assert storage.get(production_pointer(file_root, "demo-lm")) == pointer_before
     assert not storage.list(model_version_prefix(file_root, "demo-lm", 2))  # no version claimed
+    # what became of the candidate is recorded for `python -m trainops runs` and the home page
+    record = storage.get_json(RunLayout(training["run_uri"]).promotion)
+    assert (record["outcome"], record["version"], record["model_name"]) == ("identical", 1, "demo-lm")
+    assert storage.get_json(RunLayout(run1["run_uri"]).promotion)["outcome"] == "promoted"
 
     # A different model of the same size is promoted, and its card keeps the digest computed.
     third, _ = gate_then_promote(file_root, "run-3", 2.9, production=3.0, production_version=1)

@@ -1,0 +1,31 @@
+"""What storage says about each kind of run, and so its outcome."""
+
+from trainer.storage import open_storage
+from trainops.runs.facts import read_facts
+from trainops.runs.outcome import outcome
+from trainops.runs.refs import resolve
+
+from .stored import every_outcome
+
+
+def test_every_outcome_from_storage(file_root):
+    runs = every_outcome(file_root)
+    store = open_storage(file_root)
+    found = {name: read_facts(store, resolve(uri, file_root), now=1100.0) for name, uri in runs.items()}
+    assert {name: outcome(f).kind for name, f in found.items()} == {
+        "promoted": "promoted",
+        "rejected": "rejected",
+        "identical": "identical",
+        "failed": "failed",
+        "running": "running",
+    }
+    assert found["promoted"].promoted_version == 2 and found["promoted"].cost == 0.25
+    assert found["failed"].failure == "program error: ValueError: bad batch"
+    running = found["running"]
+    assert (running.step, running.max_steps) == (40, 100) and running.eta_s is not None
+    assert running.run_id == "scheduled__2026-12-05T00:00:00+00:00"  # the Airflow id, not the folder
+
+
+def test_a_missing_run_is_a_problem_not_an_error(file_root):
+    f = read_facts(open_storage(file_root), resolve("retrain/nope", file_root))
+    assert f.problem.startswith("no readable job.json") and outcome(f).kind == "unknown"
