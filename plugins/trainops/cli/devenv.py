@@ -6,7 +6,9 @@ service. Every value is a default: a variable already set in the environment win
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 from pathlib import Path
 
 import trainops
@@ -78,3 +80,33 @@ def storage_root_choice(
             return resolve_storage_root(None), source
         return dev_env(where)["TRAINOPS_STORAGE_ROOT"], source
     return resolve_storage_root(None), "Airflow's default, $AIRFLOW_HOME/trainops-storage"
+
+
+PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"  # Airflow's default name
+API_CONN_ENV = "AIRFLOW_CONN_TRAINOPS_AIRFLOW_API"  # [trainops] airflow_api_conn_id's default
+
+
+def airflow_api_env(
+    home: str | os.PathLike, port: int = 8080, user: str = "admin"
+) -> tuple[dict[str, str], str]:
+    """What ``make airflow`` adds so that run notes are written (trainops.operators.notes): the
+    connection ``trainops_airflow_api`` to this API server, logged in as ``user`` with the
+    password ``airflow standalone`` uses. That password is the one in ``$AIRFLOW_HOME``'s
+    passwords file; when there is none yet, one is made and written there first, so the
+    server and the connection agree. Returns ``(environment additions, the password)``; a
+    connection already set in the environment is left alone."""
+    path = Path(home) / PASSWORDS_FILE
+    try:
+        passwords = json.loads(path.read_text()) if path.exists() else {}
+    except ValueError:
+        passwords = {}
+    if not isinstance(passwords, dict) or not isinstance(passwords.get(user), str):
+        passwords = {**(passwords if isinstance(passwords, dict) else {}), user: secrets.token_urlsafe(12)}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(passwords))
+        path.chmod(0o600)
+    password = passwords[user]
+    if os.environ.get(API_CONN_ENV):
+        return {}, password
+    conn = {"conn_type": "http", "host": f"http://localhost:{port}", "login": user, "password": password}
+    return {API_CONN_ENV: json.dumps(conn)}, password

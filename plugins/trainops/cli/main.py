@@ -46,7 +46,7 @@ from trainer.contract import check_name
 from trainer.storage import StorageError
 from trainops.cli import doctor, runs, summary
 from trainops.cli.cost import run_cost
-from trainops.cli.devenv import apply_dev_env, storage_root_choice
+from trainops.cli.devenv import PASSWORDS_FILE, airflow_api_env, apply_dev_env, storage_root_choice
 from trainops.cli.render_job import NEWEST_RELEASE, TRAINER_RELEASES
 from trainops.cli.render_job import main as render_job
 from trainops.cli.watch import BEST_CHECKPOINT, DEMO_DAG, DEMOS, TASK_DEMOS, run_quiet_demo, stop_jobs
@@ -225,9 +225,12 @@ def run_airflow(project_dir: str) -> int:
     bin_dir = os.path.dirname(sys.executable)
     os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
     airflow = os.path.join(bin_dir, "airflow")
+    added, password = airflow_api_env(os.environ["AIRFLOW_HOME"])
+    os.environ.update(added)  # run notes reach this API server (a rejection's reason, for one)
     print(
-        f"airflow standalone with AIRFLOW_HOME={os.environ['AIRFLOW_HOME']}; the admin password "
-        "is printed below and kept in $AIRFLOW_HOME/simple_auth_manager_passwords.json.generated",
+        f"airflow standalone with AIRFLOW_HOME={os.environ['AIRFLOW_HOME']}: log in as admin, "
+        f"password {password} (kept in $AIRFLOW_HOME/{PASSWORDS_FILE}); the connection "
+        "trainops_airflow_api points at it, so runs get their notes",
         flush=True,
     )
     os.execv(airflow, [airflow, "standalone"])

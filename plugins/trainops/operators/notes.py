@@ -130,9 +130,12 @@ def write_notes(context: Mapping[str, Any], *, run_note: str, task_note: str | N
         return None
     log.warning(
         "the run note was not set: this worker cannot write Airflow's metadata database, and there is "
-        "no Airflow connection %r to reach Airflow's REST API with; create one (host: the API "
-        "server's URL, login and password of a user who may edit DAG runs) or set "
-        "[trainops] airflow_api_conn_id. The note was:\n%s",
+        "no Airflow connection %r to reach Airflow's REST API with. Create it: airflow connections "
+        "add %s --conn-type http --conn-host http://<api-server>:8080 --conn-login <user> "
+        "--conn-password <password> (a user who may edit DAG runs; `make airflow` makes it for its "
+        "own server; `python -m trainops doctor` checks it), or set [trainops] airflow_api_conn_id. "
+        "The note was:\n%s",
+        conn_id,
         conn_id,
         run_note,
     )

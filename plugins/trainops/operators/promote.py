@@ -35,6 +35,7 @@ from trainops.runs.outcome import PROMOTION_FORMAT
 
 # The report app's XCom key for the promoted version's card (see trainops.links).
 MODEL_CARD_KEY = "trainops_model_card"
+ON_REJECTION = ("skip", "fail")
 
 
 class PromoteModelOperator(ReportingOperator):
@@ -90,6 +91,10 @@ class PromoteModelOperator(ReportingOperator):
     :param aws_conn_id: Airflow AWS connection used for ``s3://`` storage.
     :param cluster: accepted for uniformity with the other trainops operators; promotion
         runs in the worker.
+    :param on_rejection: ``"skip"`` (default): a rejected candidate skips this task, and the
+        DAG run succeeds with the rejection in its note; ``"fail"``: the task fails without
+        retrying, with the same message, for teams whose alerts watch failed tasks (the DAG
+        run is then failed, and shown red).
     """
 
     operator_extra_links = (ModelCardLink(),)
@@ -109,9 +114,13 @@ class PromoteModelOperator(ReportingOperator):
         storage_root: str | None = None,
         aws_conn_id: str | None = "aws_default",
         cluster: str = "local",
+        on_rejection: str = "skip",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if on_rejection not in ON_REJECTION:
+            raise ValueError(f"on_rejection must be one of {ON_REJECTION}, got {on_rejection!r}")
+        self.on_rejection = on_rejection
         if not known_at_run_time(model_name):
             name_param("model_name", model_name)  # else when the task runs, once rendered
         self.outlets = [*self.outlets, production_alias()]  # trainops://models/<name>, on a move
@@ -141,7 +150,10 @@ class PromoteModelOperator(ReportingOperator):
         if not gate["approved"]:
             if self.retention is not None:
                 self._prune(storage, root, _require(self.training, "training", ("run_uri",)))
-            raise AirflowSkipException(f"not promoting {self.model_name}: {rejection_reason(gate)}")
+            message = f"not promoting {self.model_name}: {rejection_reason(gate)}"
+            if self.on_rejection == "fail":
+                raise AirflowFailException(message)
+            raise AirflowSkipException(message)
         training = _require(self.training, "training", ("export_uri", "config_uri", "run_uri"))
         dataset = _require(self.dataset, "dataset", ("dataset_name", "version", "uri"))
         evaluation = _require(self.evaluation, "evaluation", ("candidate",))

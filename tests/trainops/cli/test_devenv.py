@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -74,3 +75,27 @@ def test_outside_a_checkout_the_root_is_airflows_default(tmp_path, monkeypatch):
         f"file://{tmp_path / 'airflow' / 'trainops-storage'}",
         "Airflow's default, $AIRFLOW_HOME/trainops-storage",
     )
+
+
+def test_make_airflow_gets_the_notes_connection_with_the_servers_own_password(tmp_path, monkeypatch):
+    """The API server (airflow standalone) reads its admin password from the passwords file;
+    the connection notes use carries the same one, made first when there is none."""
+    from trainops.cli.devenv import API_CONN_ENV, PASSWORDS_FILE, airflow_api_env
+
+    monkeypatch.delenv(API_CONN_ENV, raising=False)
+    added, password = airflow_api_env(tmp_path)
+    stored = json.loads((tmp_path / PASSWORDS_FILE).read_text())
+    assert stored == {"admin": password} and len(password) >= 12
+    assert oct((tmp_path / PASSWORDS_FILE).stat().st_mode & 0o777) == "0o600"
+    conn = json.loads(added[API_CONN_ENV])
+    assert conn == {
+        "conn_type": "http",
+        "host": "http://localhost:8080",
+        "login": "admin",
+        "password": password,
+    }
+    # the next start keeps the password the server already has
+    assert airflow_api_env(tmp_path) == (added, password)
+    # a connection the user set is theirs
+    monkeypatch.setenv(API_CONN_ENV, '{"conn_type": "http", "host": "http://airflow:8080"}')
+    assert airflow_api_env(tmp_path)[0] == {}

@@ -57,6 +57,7 @@ def test_without_the_database_or_a_connection_the_note_is_logged_with_how_to_ena
     (warning,) = log.warnings
     assert "no Airflow connection 'trainops_airflow_api'" in warning
     assert "[trainops] airflow_api_conn_id" in warning and warning.endswith("REJECTED: x")
+    assert "airflow connections add trainops_airflow_api --conn-type http" in warning  # the fix, as a command
 
 
 def test_an_api_that_refuses_is_a_warning_never_a_failure_and_shows_no_credentials(monkeypatch, no_waiting):

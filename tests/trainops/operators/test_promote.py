@@ -281,6 +281,20 @@ def test_rejected_gate_skips_and_names_the_failed_check(file_root):
     assert read_production(open_storage(file_root), file_root, "demo-lm")["version"] == 1
 
 
+def test_on_rejection_fail_fails_the_task_with_the_same_message(file_root):
+    """For teams whose alerts watch failed tasks: a rejection fails promote (no retry)."""
+    gate_then_promote(file_root, "run-1", 3.0)
+    training, dataset = finished_run(file_root, "run-2")
+    gate, evaluation = gate_of(file_root, training, 3.2, 3.0, 1)
+    op = promote_op(file_root, gate, training, dataset, evaluation, on_rejection="fail")
+    with pytest.raises(AirflowFailException) as err:
+        op.execute({})
+    assert str(err.value).startswith("not promoting demo-lm: the gate rejected it: ")
+    assert read_production(open_storage(file_root), file_root, "demo-lm")["version"] == 1
+    with pytest.raises(ValueError, match="on_rejection must be one of"):
+        promote_op(file_root, gate, training, dataset, evaluation, on_rejection="alert")
+
+
 def gated_then_overtaken(root: str, my_loss: float, rival_loss: float, rival_config: bytes = CONFIG):
     """v1 is production; this run is gated against it; then a rival run promotes v2."""
     gate_then_promote(root, "run-1", 3.0)
