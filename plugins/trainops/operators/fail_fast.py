@@ -12,16 +12,20 @@ keeps Airflow's retries.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, cast
 
+from airflow.sdk import get_current_context
 from airflow.sdk.exceptions import AirflowFailException, ParamValidationError
 
 from trainer.config import ConfigError
 from trainops.cluster.spec import JobSpecError
 from trainops.gate.errors import GateConfigError, GateInputError
+from trainops.operators import notes  # write_notes looked up at each call: tests replace it
 from trainops.operators.params import ParameterError
 from trainops.recovery.record import RunFolderTaken
+from trainops.runs.dag_runs import failure_note
 from trainops.settings import SettingsError
 from trainops.staging.errors import StagingError
 
@@ -57,6 +61,34 @@ def unretryable(exc: BaseException) -> bool:
     return False
 
 
+def _context(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The task's context: an operator's ``execute(self, context)`` gets it (Airflow passes it by
+    keyword); a ``@task`` function asks Airflow for the running task's."""
+    given = args[1] if len(args) > 1 else kwargs.get("context")
+    if isinstance(given, Mapping) and given.get("ti") is not None:
+        return given
+    try:
+        current = get_current_context()
+    except Exception:  # not inside a running task (a unit test calling the function)
+        return None
+    return current if current.get("ti") is not None else None
+
+
+def _leave_note(args: tuple[Any, ...], kwargs: Mapping[str, Any], exc: BaseException) -> None:
+    """Say on the DAG run (and the task) what failed, ``FAILED at <task>: <reason>``, so the
+    run's note, the home page and ``python -m trainops runs`` name it. Never raises (a note is
+    never worth a second failure)."""
+    context = _context(args, kwargs)
+    if context is None:
+        return
+    log = getattr(args[0], "log", None) if args else None
+    try:
+        note = failure_note(str(context["ti"].task_id), str(exc))
+        notes.write_notes(context, run_note=note, task_note=note, log=log or logging.getLogger(__name__))
+    except Exception:  # the task's own failure is the one to report
+        logging.getLogger(__name__).warning("could not leave the failure note", exc_info=True)
+
+
 def fail_fast(func: F) -> F:
     """Decorate an operator's ``execute`` (``execute_complete``) or a ``@task`` function: an
     error :func:`unretryable` classifies fails the task at once, whatever its ``retries``."""
@@ -70,6 +102,7 @@ def fail_fast(func: F) -> F:
         except Exception as exc:
             if not unretryable(exc):
                 raise
+            _leave_note(args, kwargs, exc)
             raise AirflowFailException(
                 f"{exc} [{type(exc).__name__}: not retried, every try would fail the same way; "
                 "fix the input and run again]"

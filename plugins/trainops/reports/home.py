@@ -22,9 +22,11 @@ from trainops.cost.money import money
 from trainops.gate.metrics import shown_metrics
 from trainops.registry.promotion import card_uri
 from trainops.reports.cost_page import COST_FORMAT, percent
+from trainops.reports.dag_runs_page import dag_runs_section
 from trainops.reports.fleet import FleetRun
 from trainops.reports.frame import AirflowRef, airflow_link, airflow_ref
 from trainops.reports.html import dicts, escape, page, report_link, scalar, table
+from trainops.runs.dag_runs import DagRunRow
 from trainops.runs.progress import Progress, progress
 
 __all__ = ["DatasetVersion", "HomeRun", "ModelEntry", "Progress", "home_page", "progress"]
@@ -283,16 +285,24 @@ def home_page(
     base_url: str,
     hidden_dags: int = 0,
     problems: Sequence[str] = (),
+    dag_runs: Sequence[DagRunRow] | None = None,
+    dag_runs_problem: str | None = None,
+    now: float = 0.0,
 ) -> str:
     """The whole home page. ``runs`` newest first; ``base_url``: Airflow's public URL ("" for
     host-relative links); ``hidden_dags``: DAGs left out because the user may not read them;
-    ``problems``: sentences about what could not be read (a root that could not be listed)."""
+    ``problems``: sentences about what could not be read (a root that could not be listed).
+    ``dag_runs``: one row per DAG run with its outcome, the page's first section (None: not
+    shown, as where no Airflow database is at hand); ``dag_runs_problem``: why they could not
+    be read."""
     body = [f'<p class="fail">{escape(p)}</p>' for p in problems]
     if hidden_dags:
         body.append(
             f'<p class="muted">{escape(hidden_dags)} DAG(s) with runs are not shown: you may not read '
             "their task instances.</p>"
         )
+    if dag_runs is not None or dag_runs_problem:
+        body.append(dag_runs_section(dag_runs or [], base_url, now, dag_runs_problem))
     body.append(_runs_section(runs, base_url))
     refs = {}
     for entry in runs:

@@ -84,3 +84,37 @@ def test_fail_fast_keeps_the_signature_airflow_reads_for_context_arguments():
         return {}
 
     assert list(inspect.signature(plan).parameters) == ["params", "dag_run"]
+
+
+def test_an_operators_input_failure_leaves_a_note_naming_the_task_and_the_reason(monkeypatch):
+    """The run's note (and so the home page and `python -m trainops runs`) says what failed."""
+    from types import SimpleNamespace
+
+    from trainops.operators import notes
+
+    written = []
+    monkeypatch.setattr(notes, "write_notes", lambda context, **kw: written.append(kw))
+
+    class Op:
+        log = SimpleNamespace(warning=lambda *a, **k: None)
+
+        @fail_fast
+        def execute(self, context):
+            check_settings({"max_step": 3}, source="conf")
+
+    with pytest.raises(AirflowFailException):
+        Op().execute({"ti": SimpleNamespace(task_id="train")})
+    (note,) = written
+    assert note["run_note"].startswith("FAILED at train: ") and "max_step" in note["run_note"]
+    assert note["task_note"] == note["run_note"]
+    # a retryable error leaves no note: the task is not done failing
+    written.clear()
+
+    class Flaky(Op):
+        @fail_fast
+        def execute(self, context):
+            raise ConnectionResetError("reset")
+
+    with pytest.raises(ConnectionResetError):
+        Flaky().execute({"ti": SimpleNamespace(task_id="train")})
+    assert written == []
