@@ -33,12 +33,17 @@ def test_help_lists_every_command():
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())  # argparse wraps to the terminal's width
     assert text.startswith(
-        "usage: python -m trainops [-h] {demo,airflow,doctor,render-job,rollback,cost} ..."
+        "usage: python -m trainops [-h] {demo,airflow,doctor,runs,status,logs,models,report,render-job,rollback,cost} ..."
     )
     for command, what in (
         ("demo", "run the demo DAG on the embedded default and print a summary"),
         ("airflow", "run Airflow (standalone) on the embedded default"),
         ("doctor", "check a cluster and a storage root before the first run (read-only)"),
+        ("runs", "recent runs and their outcomes"),
+        ("status", "where a run stands, and its outcome"),
+        ("logs", "a run's attempts' log tails (-f follows a live run)"),
+        ("models", "production models; with NAME, its history: who and why"),
+        ("report", "the URL of a run's report or a model's card (--open opens it)"),
         ("render-job", "print the Kubernetes manifests of a JobSpec (dry run)"),
         ("rollback", "point a model's production back at an earlier version"),
         ("cost", "print the estimated cost, goodput and phases of one training run"),
