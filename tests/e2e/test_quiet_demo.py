@@ -46,6 +46,16 @@ def test_the_demo_prints_a_few_lines_a_preemption_line_and_the_summary(demo_firs
     assert any(line.startswith("attempt 2: step 120/120  loss ") for line in lines), out
     assert "trainops demo summary" in out and "promoted         demo-lm v" in out
     assert lines[-1].startswith("DAG run manual__") and ": success in " in lines[-1]
+    # the summary ends pointing onward: the run's report under make airflow, then three commands
+    (report,) = [line for line in lines if line.startswith("  run report     ")]
+    assert report.split()[-1].startswith("http://localhost:8080/trainops/report?uri=file%3A%2F%2F")
+    assert report.endswith("%2Ftrain%2Fjob.json")
+    assert lines[-5] == "look further"
+    assert [line.split("  ")[1] for line in lines[-4:-1]] == [
+        "python -m trainops status latest",
+        "python -m trainops report latest",
+        "python -m trainops models demo-lm",
+    ]
     # torchrun's agent makes a torchelastic_* folder in its temp dir on every attempt of every
     # node: each node's temp dir is its attempt's, and goes when the attempt ends.
     left = [p.name for p in demo_first_run.tmp.iterdir() if p.name.startswith("torchelastic_")]

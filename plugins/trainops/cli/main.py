@@ -49,7 +49,15 @@ from trainops.cli.cost import run_cost
 from trainops.cli.devenv import PASSWORDS_FILE, airflow_api_env, apply_dev_env, storage_root_choice
 from trainops.cli.render_job import NEWEST_RELEASE, TRAINER_RELEASES
 from trainops.cli.render_job import main as render_job
-from trainops.cli.watch import BEST_CHECKPOINT, DEMO_DAG, DEMOS, TASK_DEMOS, run_quiet_demo, stop_jobs
+from trainops.cli.watch import (
+    BEST_CHECKPOINT,
+    DEMO_DAG,
+    DEMOS,
+    TASK_DEMOS,
+    VALIDATION_REPORT_KEY,
+    run_quiet_demo,
+    stop_jobs,
+)
 from trainops.hooks.storage import storage_for
 from trainops.registry.promotion import PromotionError
 from trainops.registry.rollback import rollback
@@ -78,8 +86,9 @@ def load_dag(dags_folder: str, dag_id: str):
     return module.dag
 
 
-def xcom_results(dag_id: str, run_id: str, task_ids) -> dict:
-    """The return values of a finished run's tasks, read from Airflow's metadata DB."""
+def xcom_results(dag_id: str, run_id: str, task_ids, key: str = "return_value") -> dict:
+    """The return values (or the XComs ``key``) of a finished run's tasks, read from Airflow's
+    metadata DB."""
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
@@ -88,7 +97,7 @@ def xcom_results(dag_id: str, run_id: str, task_ids) -> dict:
         for task_id in task_ids:
             row = (
                 session.query(XComModel)
-                .filter_by(dag_id=dag_id, run_id=run_id, task_id=task_id, key="return_value")
+                .filter_by(dag_id=dag_id, run_id=run_id, task_id=task_id, key=key)
                 .first()
             )
             out[task_id] = XComModel.deserialize_value(row) if row is not None else None
@@ -151,7 +160,16 @@ def run_demo(
         return _stop_demo_run(result_file, dag_id)
     elapsed = time.monotonic() - started
     results = xcom_results(dag_id, dagrun.run_id, (*DEMO_TASKS, "evaluate_checkpoints"))
-    facts = summary.collect(storage_for(root, None), root, results, model, run_note(dag_id, dagrun.run_id))
+    # a stage task that rejected the data returns nothing, but pushed its report's URI
+    validation_uri = xcom_results(dag_id, dagrun.run_id, ("stage",), key=VALIDATION_REPORT_KEY)["stage"]
+    facts = summary.collect(
+        storage_for(root, None),
+        root,
+        results,
+        model,
+        run_note(dag_id, dagrun.run_id),
+        validation_uri=validation_uri if isinstance(validation_uri, str) else None,
+    )
     text = summary.render(facts)
     state = str(dagrun.state).rsplit(".", 1)[-1].lower()
     print(text)

@@ -4,21 +4,50 @@
 lines come from the training task's result (``cost``, the run's bill as ``job.json`` records
 it, see :mod:`trainops.cost.accounting`), written with the one money rule
 (:func:`trainops.cost.money.money`) and labelled estimates.
+
+Data that staging rejected is named expectation by expectation, from the validation report
+(``validation.json``) whose URI the stage task pushed (``validation_uri``). The summary ends
+pointing onward: the run's report page in the Airflow that ``make airflow`` starts, and the
+commands that look further.
 """
 
 from __future__ import annotations
 
-from trainer.contract import production_pointer
+import json
+from urllib.parse import urlencode
+
+from trainer.contract import RunLayout, production_pointer
 from trainer.storage import NotFound, StorageError
 from trainops.cost.money import money
 from trainops.shapes import ShapeError, check_pointer, load
+from trainops.staging.validation import failure_lines
+
+# Where ``make airflow`` serves the report app: trainops.links.report_url and home_url with this
+# base URL (not imported: trainops.links imports Airflow, which this command line must not load).
+DEMO_AIRFLOW_URL = "http://localhost:8080"
+STAGING_REJECTED = (
+    "dataset          REJECTED by staging (the stage task's log lists the failed "
+    "expectations); nothing was trained or written"
+)
 
 
-def collect(store, root: str, results: dict, model_name: str, run_note: str | None = None) -> dict:
+def collect(
+    store,
+    root: str,
+    results: dict,
+    model_name: str,
+    run_note: str | None = None,
+    validation_uri: str | None = None,
+) -> dict:
     """Gather the facts from the task results (XCom dicts), storage and the DAG run's note
     (what the gate or promote wrote there when nothing was promoted). A production pointer
     that cannot be read, or is damaged (:func:`trainops.shapes.check_pointer`), is None, and
-    ``production_problem`` says why."""
+    ``production_problem`` says why.
+
+    :param validation_uri: the validation report the stage task pushed (its XCom
+        ``trainops_validation_report``); read when staging rejected the data (no ``stage``
+        result), so the summary names the failed expectations.
+    """
     facts = {
         "model_name": model_name,
         "root": root,
@@ -27,7 +56,11 @@ def collect(store, root: str, results: dict, model_name: str, run_note: str | No
         "run_note": run_note,
         "production": None,
         "production_problem": None,
+        "validation_uri": validation_uri,
+        "validation": None,
     }
+    if validation_uri and not results.get("stage"):
+        facts["validation"] = _report(store, validation_uri)
     uri = production_pointer(root, model_name)
     try:
         facts["production"] = load(store.get(uri), uri, check_pointer)
@@ -38,6 +71,15 @@ def collect(store, root: str, results: dict, model_name: str, run_note: str | No
             str(exc) if isinstance(exc, ShapeError) else f"could not read {uri}: {exc}"
         )
     return facts
+
+
+def _report(store, uri: str) -> dict | None:
+    """A validation report, or None when it cannot be read (the summary falls back to a line)."""
+    try:
+        report = json.loads(store.get(uri))
+    except (NotFound, StorageError, ValueError):
+        return None
+    return report if isinstance(report, dict) and isinstance(report.get("failed"), list) else None
 
 
 def _cost_lines(cost: object) -> list[str]:
@@ -87,11 +129,13 @@ def render(facts: dict) -> str:
     stage, train = facts.get("stage") or {}, facts.get("train") or {}
     ev, gate, promote = facts.get("evaluate") or {}, facts.get("gate") or {}, facts.get("promote")
     lines = ["", "trainops demo summary", "---------------------"]
+    rejected = failure_lines(facts.get("validation") or {}) if not stage else []
     if not stage:
-        lines.append(
-            "dataset          REJECTED by staging (the stage task's log lists the failed "
-            "expectations); nothing was trained or written"
-        )
+        if rejected:
+            lines.append("dataset          REJECTED by staging; nothing was trained or written")
+            lines += rejected
+        else:
+            lines.append(STAGING_REJECTED)
     if stage:
         how = "reused (unchanged input)" if stage.get("reused") else "staged and validated"
         lines.append(
@@ -130,13 +174,51 @@ def render(facts: dict) -> str:
         said = [p for p in parts if p.startswith(("NOT PROMOTED", "REJECTED"))] or parts[-1:]
         why = said[-1].splitlines()[0] if said else "the gate rejected the candidate"
         lines.append(f"promoted         nothing: {why}")
-    lines.append("artifacts")
+    artifacts = []
     if stage:
-        lines.append(f"  dataset        {stage['uri']}")
+        artifacts.append(f"  dataset        {stage['uri']}")
     if train:
-        lines.append(f"  run            {train['run_uri']}")
+        artifacts.append(f"  run            {train['run_uri']}")
     if facts.get("production"):
-        lines.append(f"  production     {facts['production'].get('uri') or '-'}")
+        artifacts.append(f"  production     {facts['production'].get('uri') or '-'}")
     elif facts.get("production_problem"):
-        lines.append(f"  production     unreadable: {facts['production_problem']}")
+        artifacts.append(f"  production     unreadable: {facts['production_problem']}")
+    lines += (["artifacts", *artifacts] if artifacts else []) + onward_lines(facts)
     return "\n".join(lines) + "\n"
+
+
+def report_url(uri: str) -> str:
+    """The report app's page of the stored report ``uri`` in the Airflow of ``make airflow``."""
+    return f"{DEMO_AIRFLOW_URL}/trainops/report?{urlencode({'uri': uri})}"
+
+
+def _report_of(facts: dict) -> tuple[str, str] | None:
+    """The page that says most about the run: the training run's report, else the validation
+    report of the data (staged, or rejected); None when there is neither."""
+    train, stage = facts.get("train") or {}, facts.get("stage") or {}
+    if train.get("run_uri"):
+        return "run report", RunLayout(train["run_uri"]).job
+    if stage.get("validation_uri"):
+        return "validation", stage["validation_uri"]
+    if facts.get("validation_uri"):
+        return "validation", facts["validation_uri"]
+    return None
+
+
+def onward_lines(facts: dict) -> list[str]:
+    """The summary's last lines: where the run's report is (once ``make airflow`` runs) and the
+    commands that look further."""
+    lines = ["reports          make airflow, then open in a browser (log in as admin)"]
+    found = _report_of(facts)
+    if found:
+        lines.append(f"  {found[0]:<15}{report_url(found[1])}")
+    lines.append(f"  {'home':<15}{DEMO_AIRFLOW_URL}/trainops/")
+    commands = [
+        ("python -m trainops status latest", "the newest run's state"),
+        ("python -m trainops report latest", "its report's URL (--open opens it)"),
+        (f"python -m trainops models {facts['model_name']}", "production and its history: who and why"),
+    ]
+    width = max(len(command) for command, _ in commands)
+    lines.append("look further")
+    lines += [f"  {command:<{width}}  {what}" for command, what in commands]
+    return lines

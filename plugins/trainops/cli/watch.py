@@ -6,7 +6,10 @@ training progress, and the summary.
 It reads only records, never log text: task instances from Airflow's SQLite metadata DB (read
 only), ``job.json`` (checked by :func:`trainops.shapes.check_job`: a damaged one is one line
 naming the field), ``config.yaml`` and the metrics under the run prefix (through
-``trainer.contract.MetricsReader``). Ctrl-C stops the child (which marks the DAG run failed
+``trainer.contract.MetricsReader``). When staging rejected the data, the child's summary cannot
+name the failed expectations (a failed task returns nothing); this process reads the stage
+task's validation report (its XCom ``trainops_validation_report``) and renders the summary with
+it (:func:`staging_summary`). Ctrl-C stops the child (which marks the DAG run failed
 and deletes its jobs, :func:`stop_jobs`), checks that no process of the jobs is left, says so
 in one line and exits 130.
 """
@@ -28,7 +31,7 @@ import yaml
 
 from trainer.contract import MetricsReader, RunLayout, run_prefix, safe_segment
 from trainer.storage import NotFound, open_storage
-from trainops.cli import quiet
+from trainops.cli import quiet, summary
 from trainops.cli.devenv import apply_dev_env, storage_root_choice
 from trainops.cluster.local.backend import LocalCluster
 from trainops.shapes import ShapeError, check_job, load
@@ -45,6 +48,9 @@ DEMOS = {
 BEST_CHECKPOINT = "best_checkpoint"
 TASK_DEMOS = tuple(d for d in DEMOS if d != BEST_CHECKPOINT)  # demo --task's choices
 POLL_S = 0.5
+# The stage task's XCom key for its validation report (trainops.links.VALIDATION_REPORT_KEY,
+# not imported: it imports Airflow, which this process must not load).
+VALIDATION_REPORT_KEY = "trainops_validation_report"
 # How long a stopped child gets to mark its run failed and delete its jobs before SIGKILL.
 STOP_GRACE_S = 60.0
 
@@ -94,6 +100,30 @@ def read_run(db: Path, dag_id: str, after_id: int) -> tuple[str, str, list[quiet
         {"task_id": r[0], "state": r[1], "try_number": int(r[2] or 0), "duration": r[3]} for r in rows
     ]
     return run[0], run[1], tasks
+
+
+def read_xcom(db: Path, dag_id: str, run_id: str, task_id: str, key: str) -> Any:
+    """A task's XCom value (stored as JSON); None when there is none, or it cannot be read."""
+    try:
+        with _connect(db) as conn:
+            row = conn.execute(
+                'SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND task_id = ? AND "key" = ? '
+                "AND map_index = -1",
+                (dag_id, run_id, task_id, key),
+            ).fetchone()
+    except sqlite3.Error:
+        return None
+    try:
+        return None if row is None or row[0] is None else json.loads(row[0])
+    except (TypeError, ValueError):
+        return None
+
+
+def staging_summary(root: str, model_name: str, validation_uri: str) -> str:
+    """The summary of a run whose data staging rejected, naming each failed expectation from
+    the validation report at ``validation_uri`` (nothing ran after staging: no other results)."""
+    facts = summary.collect(open_storage(root), root, {}, model_name, validation_uri=validation_uri)
+    return summary.render(facts)
 
 
 def stop_jobs(dag_id: str, run_id: str | None, *, wait_s: float = 60.0) -> tuple[list[str], list[str]]:
@@ -153,6 +183,7 @@ class DemoWatch:
         self.dag_id = dag_id
         self.run_id: str | None = None
         self.run_state: str | None = None
+        self.task_states: dict[str, str] = {}  # task id -> its state when last read
         self._printed_tasks: set[tuple[str, int]] = set()
         self._printed_attempts: set[int] = set()
         self._store: Any = None
@@ -179,6 +210,7 @@ class DemoWatch:
         for row in rows:
             key = (row["task_id"], row["try_number"])
             state = (row["state"] or "").lower()
+            self.task_states[row["task_id"]] = state
             ended = state in quiet.FINAL_TASK_STATES or state == "up_for_retry"
             if ended and key not in self._printed_tasks:
                 if row["task_id"] == "train":
@@ -307,11 +339,25 @@ def run_quiet_demo(
         return child.returncode or 1
     finally:
         result.unlink(missing_ok=True)
-    console.out.write(outcome["summary"])
+    console.out.write(summary_text(outcome["summary"], watch, root, DEMOS[task][1]))
     console.line(
         f"DAG run {outcome['run_id']}: {outcome['state']} in {outcome['elapsed']:.0f}s; full log: {log}"
     )
     return int(child.returncode)
+
+
+def summary_text(text: str, watch: DemoWatch, root: str, model_name: str) -> str:
+    """The child's summary; when staging rejected the data, the summary that names the failed
+    expectations, from the report the stage task pushed (when it can be read)."""
+    if watch.db is None or watch.run_id is None or watch.task_states.get("stage") != "failed":
+        return text
+    uri = read_xcom(watch.db, watch.dag_id, watch.run_id, "stage", VALIDATION_REPORT_KEY)
+    if not isinstance(uri, str):
+        return text
+    try:
+        return staging_summary(root, model_name, uri)
+    except Exception:  # storage gone: the child's summary still says staging rejected the data
+        return text
 
 
 def _interrupted(console: Console, child: subprocess.Popen[bytes], watch: DemoWatch, result: Path) -> int:

@@ -38,6 +38,7 @@ from trainops.staging.reader import DEFAULT_BATCH_ROWS, check_not_empty_parquet,
 from trainops.staging.stage import stage_dataset
 from trainops.staging.suite import check_suite_spec, resolve_suite
 from trainops.staging.tokenize import DEFAULT_EVAL_PERCENT, DEFAULT_SHARD_TOKENS
+from trainops.staging.validation import failure_lines
 from trainops.triggers.events import check_event
 
 __all__ = ["StageDatasetOperator", "dataset_asset"]
@@ -65,8 +66,10 @@ class StageDatasetOperator(ClusterJobOperator):
     existing version without reading the data. Every row is validated, in bounded-memory
     batches, in one pass that also tokenizes.
 
-    When validation fails, the task fails without retrying; the error lists every failed
-    expectation with its column, unexpected count and sample ids, and the full report is
+    When validation fails, the task fails without retrying; its log names each failed
+    expectation on a line of its own (the column, the expectation, the failing rows, a sample),
+    the error lists every failed expectation with its column, unexpected count and sample ids,
+    and the full report is
     kept at ``<version>/validation.json`` (no manifest, so nothing that looks staged). Its
     URI is pushed to XCom under ``trainops_validation_report``, on success too.
 
@@ -276,6 +279,7 @@ class StageDatasetOperator(ClusterJobOperator):
             )
         except DataValidationError as exc:
             _push_report(context, exc.report_uri)
+            self._log_failures(exc.summary)
             # The same data fails the same way on every try; retries only add delay.
             raise AirflowFailException(str(exc)) from exc
         return self._finish(context, result)
@@ -414,9 +418,24 @@ class StageDatasetOperator(ClusterJobOperator):
         if record["status"] == "staged":
             return self._finish(context, record["result"])
         _push_report(context, record.get("report_uri"))
+        if record["error"] in ("DataValidationError", "QuarantineExceeded") and record.get("report_uri"):
+            self._log_failures(self._read_report(root, record["report_uri"]))
         if record["error"] in ("DataValidationError", "QuarantineExceeded", "StagingError"):
             raise AirflowFailException(record["message"])  # the same data fails the same way
         raise RuntimeError(f"staging job {handle['job_id']} failed: {record['message']}")
+
+    def _log_failures(self, summary: dict | None) -> None:
+        """Each failed expectation on a line of its own, before the long error message."""
+        for line in failure_lines(summary or {}):
+            self.log.error("%s", line)
+
+    def _read_report(self, root: str, uri: str) -> dict | None:
+        """A staging job's validation report (None when it cannot be read: the error says the rest)."""
+        try:
+            return get_json_object(storage_for(root, self.aws_conn_id), uri)
+        except Exception as exc:  # the validation failure is the news, not a lost report
+            self.log.warning("could not read the validation report %s: %s", uri, exc)
+            return None
 
     def _emit_asset_event(self, context: Context, result: dict) -> None:
         events = context.get("outlet_events")

@@ -13,11 +13,27 @@ from typing import Any
 from trainops.staging.expectations import ROW_EXPECTATIONS
 
 _SAMPLES = 5
+# A sample value longer than this is cut in the report (a text over its length limit can be long).
+_SAMPLE_CHARS = 80
+# great_expectations logs at INFO while it is first imported: its public-API registry (over 200
+# "Skipping registering function ... because it is a closure" lines) and its metric registry
+# ("Multiple declarations of metric ..."). Nothing to act on, so these two loggers are set to
+# WARNING before the import; GX's own warnings and errors still reach the task log.
+IMPORT_NOISE_LOGGERS = ("great_expectations._docs_decorators", "great_expectations.expectations.registry")
+
+
+def quiet_import_noise() -> None:
+    """Silence GX's import-time INFO lines (:data:`IMPORT_NOISE_LOGGERS`); call before importing it."""
+    for name in IMPORT_NOISE_LOGGERS:
+        logger = logging.getLogger(name)
+        if logger.level < logging.WARNING:  # NOTSET included; a stricter level is kept
+            logger.setLevel(logging.WARNING)
 
 
 def ephemeral_context():
     """A quiet GX Core ephemeral context: in-memory stores, no docs, analytics or progress
     bars (staging's batch validation and the gate's slice checks both use it)."""
+    quiet_import_noise()
     import great_expectations as gx
     from great_expectations.data_context.types.base import (
         DataContextConfig,
@@ -37,6 +53,7 @@ def ephemeral_context():
 def add_suite(context, name: str, expectations: list[dict]):
     """A GX suite of the row ``expectations`` (normalized dicts), added to ``context``;
     ValueError naming the expectation whose kwargs GX refuses."""
+    quiet_import_noise()
     import great_expectations as gx
 
     suite = gx.ExpectationSuite(name=name)
@@ -72,7 +89,8 @@ class GXBatchValidator:
         """Per-expectation results for one batch, in suite order; rows numbered from offset.
 
         Each result has ``success`` and, where GX counts rows, ``unexpected_count``,
-        ``element_count``, ``missing_count``, a few ``rows`` and ``ids``, and with
+        ``element_count``, ``missing_count``, a few ``rows``, ``ids`` and ``values`` (the
+        offending values that are not null, long texts cut), and with
         ``complete`` the full ``index_list`` of offending rows.
         """
         import pandas as pd
@@ -108,9 +126,25 @@ def _batch_result(r, df, id_column: str, complete: bool) -> dict:
             out["index_list"] = index
             rows = index
     out["rows"] = rows[:_SAMPLES]
+    out["values"] = sample_values(result.get("partial_unexpected_list") or [])
     if id_column in df.columns:
         ids = (df.at[i, id_column] for i in rows[: _SAMPLES * 4])
         out["ids"] = [str(v) for v in ids if isinstance(v, str) or (v is not None and v == v)][:_SAMPLES]
+    return out
+
+
+def sample_values(values) -> list:
+    """The first few offending values worth showing: JSON-safe, not null nor NaN (a null is no
+    sample), a long text cut to its start and its length."""
+    out = []
+    for value in map(plain, values):
+        if value is None or value != value:
+            continue
+        if isinstance(value, str) and len(value) > _SAMPLE_CHARS:
+            value = value[:_SAMPLE_CHARS] + f"... ({len(value):,} characters)"
+        out.append(value)
+        if len(out) == _SAMPLES:
+            break
     return out
 
 

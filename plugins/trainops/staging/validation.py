@@ -187,6 +187,7 @@ class RowResult:
         self.all_indexed = True  # every offending row was named, so all can be quarantined
         self.sample_rows: list[int] = []
         self.sample_ids: list[str] = []
+        self.sample_values: list = []
         self.observed = None
         self.error = None
 
@@ -205,6 +206,7 @@ class RowResult:
             self.missing += r.get("missing_count") or 0
         self.sample_rows += r.get("rows", [])[: _SAMPLES - len(self.sample_rows)]
         self.sample_ids += r.get("ids", [])[: _SAMPLES - len(self.sample_ids)]
+        self.sample_values += r.get("values", [])[: _SAMPLES - len(self.sample_values)]
 
     def summary(self, expectation: dict, quarantine: bool = False) -> dict:
         success = self.all_ok
@@ -222,6 +224,7 @@ class RowResult:
             "unexpected_count": self.unexpected if self.counted else None,
             "sample_ids": self.sample_ids,
             "sample_rows": self.sample_rows or None,
+            "sample_values": self.sample_values or None,
             "observed_value": self.observed,
             "error": self.error,
         }
@@ -258,3 +261,36 @@ def describe_failures(source_uri: str, summary: dict) -> str:
         f"{summary['evaluated_expectations']} expectations over {summary['rows']} rows, so "
         f"nothing was staged: {'; '.join(parts)}; fix the data or the expectations"
     )
+
+
+def failure_lines(summary: dict) -> list[str]:
+    """One line per failed expectation, for a log and the demo's summary:
+    ``staging rejected the data: text: expect_column_value_lengths_to_be_between failed for 3
+    rows (e.g. '')``; the column, the expectation, what failed and one sample."""
+    return [f"staging rejected the data: {_failure(f)}" for f in summary.get("failed") or []]
+
+
+def _failure(f: dict) -> str:
+    column = f.get("column")
+    where = f"{', '.join(column) if isinstance(column, list) else column}: " if column else ""
+    text = f"{where}{f['expectation']} failed"
+    count = f.get("unexpected_count")
+    if f.get("error"):
+        return f"{text}: {f['error']}"
+    if count:
+        text += f" for {count:,} row{'s' if count != 1 else ''}"
+    if f.get("observed_value") is not None:
+        text += f" (observed {f['observed_value']!r})"
+    sample = _sample(f)
+    return f"{text} (e.g. {sample})" if sample else text
+
+
+def _sample(f: dict) -> str | None:
+    """One offending value (``''``), else its row's id or number; None when none was kept."""
+    if f.get("sample_values"):
+        return repr(f["sample_values"][0])
+    if f.get("sample_ids"):
+        return f"id {f['sample_ids'][0]!r}"
+    if f.get("sample_rows"):
+        return f"row {f['sample_rows'][0]}"
+    return None

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from urllib.parse import quote
 
 from tests.trainops.registry.helpers import promote_runs
 from trainer.contract import model_version_prefix, production_pointer
 from trainer.storage import open_storage
 from trainops.cli.summary import collect, render
+from trainops.links import home_url, report_url
 
 STAGE = {
     "dataset_name": "demo-text",
@@ -81,7 +83,22 @@ def test_a_promoted_run_is_summed_up_line_by_line():
         "  dataset        file:///s/datasets/demo-text/3f2a",
         "  run            file:///s/runs/trainops_demo/r1/train",
         "  production     file:///s/models/demo-lm/versions/2",
+        "reports          make airflow, then open in a browser (log in as admin)",
+        "  run report     http://localhost:8080/trainops/report?uri=file%3A%2F%2F%2Fs%2Fruns%2Ftrainops_demo"
+        "%2Fr1%2Ftrain%2Fjob.json",
+        "  home           http://localhost:8080/trainops/",
+        "look further",
+        "  python -m trainops status latest   the newest run's state",
+        "  python -m trainops report latest   its report's URL (--open opens it)",
+        "  python -m trainops models demo-lm  production and its history: who and why",
     ]
+
+
+def test_the_report_urls_are_the_report_apps_under_make_airflow():
+    lines = render(facts()).splitlines()
+    run_report = next(line for line in lines if line.startswith("  run report     "))
+    assert run_report.split()[-1] == report_url(f"{TRAIN['run_uri']}/job.json", "http://localhost:8080")
+    assert f"  home           {home_url('http://localhost:8080')}" in lines
 
 
 def test_the_first_promotion_and_a_reused_dataset_say_so():
@@ -177,13 +194,61 @@ def test_a_run_without_an_interruption_or_a_bill_says_so():
     assert "GPU-hours" not in unpriced
 
 
+NOTHING_RAN = {
+    "stage": None,
+    "train": None,
+    "evaluate": None,
+    "gate": None,
+    "promote": None,
+    "production": None,
+}
+
+
 def test_data_rejected_by_staging_trains_nothing():
-    text = render(facts(stage=None, train=None, evaluate=None, gate=None, promote=None, production=None))
-    assert text.splitlines()[3] == (
+    lines = render(facts(**NOTHING_RAN)).splitlines()
+    assert lines[3] == (
         "dataset          REJECTED by staging (the stage task's log lists the failed expectations); "
         "nothing was trained or written"
     )
-    assert text.endswith("artifacts\n")
+    assert (
+        "artifacts" not in lines
+        and lines[4] == "reports          make airflow, then open in a browser (log in as admin)"
+    )
+    assert lines[5] == "  home           http://localhost:8080/trainops/"
+
+
+def test_data_rejected_by_staging_is_named_expectation_by_expectation(file_root):
+    storage = open_storage(file_root)
+    report = f"{file_root}/datasets/demo-text/9c1e/validation.json"
+    failed = [
+        {
+            "expectation": "expect_column_values_to_not_be_null",
+            "column": "id",
+            "unexpected_count": 2,
+            "sample_rows": [3],
+        },
+        {
+            "expectation": "expect_column_value_lengths_to_be_between",
+            "column": "text",
+            "unexpected_count": 3,
+            "sample_values": [""],
+            "sample_ids": ["n000-0000005"],
+        },
+    ]
+    storage.put_json(report, {"success": False, "failed": failed, "rows": 4000})
+    facts = collect(storage, file_root, {}, "demo-lm", validation_uri=report)
+    lines = render(facts).splitlines()
+    assert lines[3:6] == [
+        "dataset          REJECTED by staging; nothing was trained or written",
+        "staging rejected the data: id: expect_column_values_to_not_be_null failed for 2 rows (e.g. row 3)",
+        "staging rejected the data: text: expect_column_value_lengths_to_be_between failed for 3 rows (e.g. '')",
+    ]
+    assert f"  validation     http://localhost:8080/trainops/report?uri={quote(report, safe='')}" in lines
+    # a report that cannot be read: the line that says where to look instead
+    gone = collect(storage, file_root, {}, "demo-lm", validation_uri=f"{file_root}/nowhere/validation.json")
+    assert (
+        render(gone).splitlines()[3].startswith("dataset          REJECTED by staging (the stage task's log")
+    )
 
 
 def test_collect_reads_the_production_pointer_beside_the_task_results(file_root):
@@ -210,6 +275,6 @@ def test_a_damaged_production_pointer_is_a_line_of_the_summary_not_a_crash(file_
         storage.put(uri, damage)
         facts = collect(storage, file_root, {"stage": STAGE, "train": TRAIN, "gate": GATE}, "demo-lm")
         assert facts["production"] is None
-        line = render(facts).splitlines()[-1]
+        (line,) = [line for line in render(facts).splitlines() if line.startswith("  production")]
         assert line.startswith(f"  production     unreadable: {said}"), line
         assert line.endswith("the production pointer is damaged: restore it from its history or delete it")

@@ -11,7 +11,18 @@ from pathlib import Path
 
 from tests.trainops.cli.test_quiet import PREEMPTED
 from trainer.contract import RunLayout, run_prefix, safe_segment
-from trainops.cli.watch import DEMO_DAG, Console, DemoWatch, newest_run_id, read_run, sqlite_path, stop_jobs
+from trainer.storage import open_storage
+from trainops.cli.watch import (
+    DEMO_DAG,
+    Console,
+    DemoWatch,
+    newest_run_id,
+    read_run,
+    read_xcom,
+    sqlite_path,
+    stop_jobs,
+    summary_text,
+)
 from trainops.cluster.local.backend import LocalCluster
 from trainops.cluster.local.pgroups import job_processes
 from trainops.cluster.spec import JobSpec
@@ -102,6 +113,39 @@ def test_a_damaged_job_json_is_one_line_naming_the_field_not_a_crash(tmp_path):
         "the run's bookkeeping afresh",
         "train        success            38.9s  (try 1)",
     ]
+
+
+def test_data_staging_rejected_is_summed_up_from_the_stage_tasks_report(tmp_path):
+    db = airflow_db(tmp_path / "airflow.db")
+    root = f"file://{tmp_path}/storage"
+    watch = DemoWatch(Console(io.StringIO()), db, newest_run_id(db), root)
+    report = f"{root}/datasets/demo-text/9c1e/validation.json"
+    failed = {"expectation": "expect_column_values_to_be_unique", "column": "id", "unexpected_count": 4}
+    open_storage(root).put_json(report, {"success": False, "failed": [{**failed, "sample_values": ["w-1"]}]})
+    with sqlite3.connect(db) as conn:
+        conn.execute("INSERT INTO dag_run VALUES (2, ?, ?, 'failed')", (DEMO_DAG, RUN_ID))
+        conn.execute(  # Airflow 3's xcom columns that the watcher reads; values are JSON
+            'CREATE TABLE xcom (dag_id TEXT, run_id TEXT, task_id TEXT, map_index INTEGER, "key" TEXT, value JSON)'
+        )
+        conn.execute(
+            "INSERT INTO xcom VALUES (?, ?, 'stage', -1, 'trainops_validation_report', ?)",
+            (DEMO_DAG, RUN_ID, json.dumps(report)),
+        )
+    child = "\ntrainops demo summary\n---------------------\ndataset          REJECTED by staging (...)\n"
+    set_task(db, "stage", "running", "1")
+    watch.poll()
+    assert summary_text(child, watch, root, "demo-lm") == child  # staging has not failed (yet)
+    set_task(db, "stage", "failed", "1", 2.0)
+    watch.poll()
+    assert read_xcom(db, DEMO_DAG, RUN_ID, "stage", "trainops_validation_report") == report
+    text = summary_text(child, watch, root, "demo-lm")
+    assert (
+        "staging rejected the data: id: expect_column_values_to_be_unique failed for 4 rows (e.g. 'w-1')"
+        in text
+    )
+    assert "/trainops/report?uri=" in text and "python -m trainops models demo-lm" in text
+    assert read_xcom(db, DEMO_DAG, RUN_ID, "stage", "another_key") is None
+    assert read_xcom(tmp_path / "missing.db", DEMO_DAG, RUN_ID, "stage", "trainops_validation_report") is None
 
 
 def test_read_run_of_a_busy_or_missing_db_is_no_answer(tmp_path):

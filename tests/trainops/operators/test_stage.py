@@ -69,7 +69,7 @@ def test_source_on_s3_stages_into_a_file_root(s3_root, file_root):
     assert result["rows"] == 150
 
 
-def test_failed_validation_fails_without_retry_and_points_at_the_report(file_root, tmp_path):
+def test_failed_validation_fails_without_retry_and_points_at_the_report(file_root, tmp_path, caplog, capsys):
     raw = write_demo_dataset(f"file://{tmp_path}/raw", rows=200, seed=9, corrupt=True)
     ti = _TI()
     with pytest.raises(AirflowFailException, match="expect_column_values_to_be_unique on 'id'"):
@@ -77,6 +77,13 @@ def test_failed_validation_fails_without_retry_and_points_at_the_report(file_roo
     stored = open_storage(file_root).list(file_root)
     assert len(stored) == 1 and stored[0].endswith("/validation.json")
     assert ti.pushed == {"trainops_validation_report": stored[0]}
+    # the task's log names each failed expectation on a line of its own
+    log = caplog.text + capsys.readouterr().out
+    for line in (
+        "staging rejected the data: id: expect_column_values_to_not_be_null failed for 2 rows (e.g. row 3)",
+        "staging rejected the data: text: expect_column_value_lengths_to_be_between failed for 3 rows (e.g. '')",
+    ):
+        assert line in log, log
 
 
 def test_missing_source_is_named_and_may_be_retried(file_root, tmp_path):

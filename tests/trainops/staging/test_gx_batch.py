@@ -1,5 +1,7 @@
 import logging
 import os
+import subprocess
+import sys
 
 import pyarrow as pa
 import pytest
@@ -35,10 +37,22 @@ def test_a_passing_and_a_failing_expectation_in_suite_order():
             "element_count": 3,
             "missing_count": 0,
             "rows": [1],
+            "values": ["docs"],
             "ids": ["b"],
         },
-        {"success": True, "unexpected_count": 0, "element_count": 3, "rows": [], "ids": []},
+        {"success": True, "unexpected_count": 0, "element_count": 3, "rows": [], "values": [], "ids": []},
     ]
+
+
+def test_sample_values_leave_out_nulls_and_cut_long_texts():
+    long_ok = {
+        "type": "expect_column_value_lengths_to_be_between",
+        "kwargs": {"column": "text", "max_value": 5},
+    }
+    batch = pa.RecordBatch.from_pydict({"id": [None, "b", "c"], "text": ["x" * 300, "fine", "y" * 6]})
+    nulls, lengths = GXBatchValidator([NOT_NULL_ID, long_ok]).validate(batch, 0, "id")
+    assert (nulls["unexpected_count"], nulls["values"]) == (1, [])  # a null is no sample to show
+    assert lengths["values"] == ["x" * 80 + "... (300 characters)", "yyyyyy"]
 
 
 def test_rows_are_numbered_from_the_offset_and_samples_are_capped():
@@ -84,7 +98,7 @@ def test_mostly_is_applied_to_the_batch_but_the_counts_are_kept():
 def test_a_table_expectation_reports_its_observed_value():
     columns = {"type": "expect_table_column_count_to_equal", "kwargs": {"value": 2}}
     (result,) = GXBatchValidator([columns]).validate(_batch(), 0, "id")
-    assert result == {"success": False, "observed_value": 3, "rows": [], "ids": []}
+    assert result == {"success": False, "observed_value": 3, "rows": [], "values": [], "ids": []}
 
 
 def test_a_missing_column_fails_with_gx_s_reason():
@@ -123,3 +137,21 @@ def test_the_ephemeral_context_writes_nothing_and_keeps_gx_quiet(tmp_path, monke
         False,
     )
     assert logging.getLogger("great_expectations").level == logging.ERROR
+
+
+def _import_log(code: str) -> str:
+    """What importing great_expectations logs at INFO in a fresh interpreter, after ``code``."""
+    script = f"import logging\nlogging.basicConfig(level=logging.INFO)\n{code}\nimport great_expectations\n"
+    script += "logging.getLogger('great_expectations._docs_decorators').warning('a real GX warning')\n"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stderr
+
+
+def test_importing_gx_through_trainops_logs_no_registration_noise_but_keeps_warnings():
+    plain = _import_log("")
+    assert plain.count("Skipping registering function") > 50  # what a stage task's log was full of
+    quiet = _import_log("from trainops.staging.gx_batch import quiet_import_noise\nquiet_import_noise()")
+    assert "Skipping registering function" not in quiet
+    assert "Multiple declarations of metric" not in quiet
+    assert "a real GX warning" in quiet

@@ -4,7 +4,7 @@ import pytest
 
 from tests.trainops.staging.helpers import record_batches
 from trainops.staging.expectations import normalize_expectations
-from trainops.staging.validation import describe_failures, validate_batches
+from trainops.staging.validation import describe_failures, failure_lines, validate_batches
 
 
 def _good(n=30):
@@ -67,6 +67,32 @@ def test_failures_are_listed_with_counts_and_ids_across_batches():
     assert "failed 4 of 6 expectations over 30 rows, so nothing was staged" in message
     assert "expect_column_values_to_be_unique on 'id': 4 unexpected (ids 'r2', 'r3')" in message
     assert "expect_column_values_to_not_be_null on 'id': 1 unexpected (rows 4)" in message
+    # one line each for the stage task's log and the demo's summary: column, expectation,
+    # count and one sample (the value, else the row's id, else its number)
+    assert failure_lines(summary) == [
+        "staging rejected the data: id: expect_column_values_to_not_be_null failed for 1 row (e.g. row 4)",
+        "staging rejected the data: id: expect_column_values_to_be_unique failed for 4 rows (e.g. 'r2')",
+        "staging rejected the data: text: expect_column_value_lengths_to_be_between failed for 2 rows (e.g. '')",
+        "staging rejected the data: source: expect_column_values_to_not_be_null failed for 1 row (e.g. id 'r9')",
+    ]
+
+
+def test_a_failure_without_rows_says_what_was_observed_or_what_went_wrong():
+    summary = {
+        "failed": [
+            {"expectation": "expect_table_row_count_to_be_between", "column": None, "observed_value": 3},
+            {
+                "expectation": "expect_column_values_to_be_unique",
+                "column": "lang",
+                "error": "column 'lang' does not exist",
+            },
+        ]
+    }
+    assert failure_lines(summary) == [
+        "staging rejected the data: expect_table_row_count_to_be_between failed (observed 3)",
+        "staging rejected the data: lang: expect_column_values_to_be_unique failed: column 'lang' does not exist",
+    ]
+    assert failure_lines({"failed": []}) == []
 
 
 def test_row_count_is_checked_over_the_whole_dataset():

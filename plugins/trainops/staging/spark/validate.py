@@ -15,7 +15,7 @@ import uuid
 
 from trainops.staging.aggregates import NullProportionCheck, RowCountCheck
 from trainops.staging.expectations import ROW_EXPECTATIONS
-from trainops.staging.gx_batch import add_suite, ephemeral_context, exception_message, plain
+from trainops.staging.gx_batch import add_suite, ephemeral_context, exception_message, plain, sample_values
 from trainops.staging.spark.frame import ROW
 from trainops.staging.validation import RowResult, label, summarize
 
@@ -117,6 +117,8 @@ def _result(r, id_column: str, complete: bool = False) -> dict:
             out["index_list"] = sorted(int(h[ROW]) for h in hits)
     hits.sort(key=lambda h: int(h[ROW]))
     out["rows"] = [int(h[ROW]) for h in hits[:_SAMPLES]]
+    column = (r.expectation_config.kwargs or {}).get("column")  # GX keeps its value beside the index
+    out["values"] = sample_values(h.get(column) for h in hits) if isinstance(column, str) else []
     ids = [h.get(id_column) for h in hits[: _SAMPLES * 4]]
     out["ids"] = [str(v) for v in ids if v is not None][:_SAMPLES]
     return out
