@@ -19,12 +19,21 @@ its training charts, its model card and the fleet page, as a real browser shows 
    each file stays well under 300 KB). ``--shots card charts`` takes only those.
 
 Not a test: it needs Chromium and takes about three minutes.
+
+    .venv/bin/python docs/img/screenshots.py --measure-run STORAGE_ROOT/runs/<dag>/<run>/train/job.json
+
+measures instead how tall a stored run's report is at a 1,400 px wide window (the issue's aim:
+under 3,000 px): the page exactly as the report app's ``GET /report`` renders it
+(:func:`trainops.reports.app.report_page`, without Airflow's login, with the run's storage
+root served), in headless Chromium, which prints the document's height (a measuring script is
+added to a copy of the page: the app's pages run none). Seconds, no demo and no API server.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import socket
 import struct
 import subprocess
@@ -236,6 +245,67 @@ def palette_png(data: bytes, crop: tuple[tuple[int, int, int], int, int] | None 
     )
 
 
+# ----------------------------------------------------------------------------- page height
+MEASURE_WIDTH = 1400  # px: the window a report page is measured at
+_HEIGHT_SCRIPT = (
+    "<script>document.body.setAttribute('data-page-height',"
+    "String(document.documentElement.scrollHeight))</script>"
+)
+
+
+def page_height(chromium: str, html: str, width: int = MEASURE_WIDTH) -> int:
+    """The height in CSS pixels of the page ``html`` laid out in a ``width`` px wide window
+    (folded ``<details>`` closed, as a reader first sees it)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        page = Path(scratch) / "page.html"
+        page.write_text(html.replace("</body>", _HEIGHT_SCRIPT + "</body>", 1), encoding="utf-8")
+        dom = subprocess.run(
+            [
+                chromium,
+                *CHROMIUM_FLAGS,
+                f"--user-data-dir={Path(scratch) / 'profile'}",
+                f"--window-size={width},900",
+                "--dump-dom",
+                page.as_uri(),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout
+    found = re.search(r'data-page-height="(\d+)"', dom)
+    if found is None:
+        raise SystemExit("Chromium printed no page height (did the page load?)")
+    return int(found.group(1))
+
+
+def rendered_report(job_json: Path) -> str:
+    """The report page of the stored ``job_json`` as the report app serves it, its run's
+    storage root (the folder above ``runs/``) being the served root."""
+    parts = job_json.resolve().parts
+    if "runs" not in parts:
+        raise SystemExit(f"{job_json} is not below a storage root's runs/ folder")
+    root = Path(*parts[: len(parts) - 1 - parts[::-1].index("runs")])
+    os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="trainops-measure-airflow-"))
+    os.environ["TRAINOPS_STORAGE_ROOT"] = root.as_uri()
+    os.environ.pop("TRAINOPS_REPORT_ROOTS", None)
+    # The report app loads FastAPI and Airflow's API modules: only this command needs them.
+    from trainops.reports.app import allowed_roots, check_report_uri, report_page
+
+    roots = allowed_roots()
+    return report_page(check_report_uri(job_json.resolve().as_uri(), roots), roots, None)
+
+
+def measure_run(chromium: str, job_json: Path, width: int = MEASURE_WIDTH) -> int:
+    """Print and return the height of ``job_json``'s report page at ``width`` px."""
+    html = rendered_report(job_json)
+    height = page_height(chromium, html, width)
+    print(
+        f"{job_json}: the report page is {height:,} px tall at {width:,} px wide ({len(html):,} bytes of HTML)"
+    )
+    return height
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--demo-dir", type=Path, help="a folder for the demo (reused when it holds a run)")
@@ -245,7 +315,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     names = [name.removesuffix(".png") for name, _, _ in SHOTS]
     parser.add_argument("--shots", nargs="+", choices=names, default=names, help="the screenshots to take")
+    parser.add_argument(
+        "--measure-run",
+        type=Path,
+        metavar="JOB_JSON",
+        help="only measure the height of this stored run's report page, at --width px",
+    )
+    parser.add_argument(
+        "--width", type=int, default=MEASURE_WIDTH, help="the window's width for --measure-run"
+    )
     args = parser.parse_args(argv)
+    if args.measure_run is not None:
+        measure_run(args.chromium, args.measure_run, args.width)
+        return 0
     demo_dir = (args.demo_dir or Path(tempfile.mkdtemp(prefix="trainops-screenshots-"))).resolve()
     env = demo_env(demo_dir)
     while len(demo_jobs(demo_dir)) < args.runs:

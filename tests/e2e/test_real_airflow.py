@@ -23,6 +23,7 @@ the tails of the components' logs and of the latest task logs are printed.
 from __future__ import annotations
 
 import contextlib
+import html
 import json
 import os
 import secrets
@@ -407,6 +408,32 @@ def test_retrain_manual_on_a_real_airflow(real_airflow):
     gate_ti = af.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns/{rejected_id}/taskInstances/gate").json()
     assert gate_ti["note"] == run["note"]
     assert store.get_json(production_pointer(af.storage_root, "retrain-lm")) == pointer
+
+    # A setting the form lets through but the plan does not know fails the run at once, and
+    # its note says where and why (fail_fast writes it through the REST API).
+    response = af.trigger({**PAYLOAD, "max_step": 3})
+    assert response.status_code == 200, response.text
+    failed_id = response.json()["dag_run_id"]
+    run, states = af.wait_run(DAG_ID, failed_id)
+    assert run["state"] == "failed" and states["plan"] == "failed", states
+    assert run["note"].startswith("FAILED at plan: ") and "max_step" in run["note"], run["note"]
+
+    # The trainops home page leads with one row per DAG run, its outcome in words and colour:
+    # the promoted run, the rejected one with its check, and the one that failed at a setting.
+    home = af.request("GET", "/trainops/")
+    assert home.status_code == 200, home.text
+    runs_table = home.text.split("<h2>Runs</h2>", 1)[1].split("</table>", 1)[0]
+    row_of = {
+        rid: next(r for r in runs_table.split("<tr>") if html.escape(rid) in r)
+        for rid in (run_id, rejected_id, failed_id)
+    }
+    assert 'class="outcome-promoted pass">promoted v1<' in row_of[run_id]
+    assert 'class="outcome-rejected fail">rejected: ' in row_of[rejected_id]
+    assert "eval_loss" in row_of[rejected_id]
+    assert (
+        'class="outcome-failed fail">failed at plan: ' in row_of[failed_id]
+        and "max_step" in row_of[failed_id]
+    )
 
     # A bad payload is refused when triggered, naming the field, and starts nothing.
     runs_before = af.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns").json()["total_entries"]

@@ -23,7 +23,8 @@ phases, so that they add up to it exactly:
 - ``shutdown``: the end of the loop to the attempt's end: the emergency checkpoint after
   SIGTERM, the final checkpoint and export of a finished run, or the time a failed or hung
   attempt spent before it was ended. A step trained after the signal is kept by the emergency
-  checkpoint, so it counts as productive.
+  checkpoint, so it counts as productive. An attempt still running has no shutdown yet: the time
+  since its last logged step (up to ``now``) is steps trained and not yet logged, productive.
 
 Goodput is productive over billed accelerator-seconds. Recovery time is, per interruption, the
 signal (the cluster's time of it where it has one, else the trainer's ``signal_time``; for a
@@ -300,7 +301,10 @@ def account_attempt(
                     f"record (they are written every train.log_every steps): billed as replayed at its "
                     f"median step time ({typical:.2f}s)"
                 )
-        timeline.add("shutdown", timeline.spans[-1]["end"] if timeline.spans else start, end)
+        # A running attempt is still training: the time since its last logged step is steps not
+        # logged yet (the trainer writes every train.log_every steps), not a shutdown.
+        tail = "shutdown" if outcome != "running" else "startup" if first is None else "productive"
+        timeline.add(tail, timeline.spans[-1]["end"] if timeline.spans else start, end)
     seconds = timeline.seconds()
     billed_gpu_s = sum(seconds[p] for p in BILLED_PHASES) * accelerators
     priced = price_of(prices, instance_type, capacity)

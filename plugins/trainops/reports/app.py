@@ -20,8 +20,12 @@ since the last request for the run) for the loss curve and throughput, and says 
 cannot.
 
 The report page of a run shows its cost and goodput (:mod:`trainops.reports.cost_page`):
-the ``cost`` in its ``job.json``, or, for a run older than the accounting, the accounting of
-it now.
+the ``cost`` in its ``job.json``, or, for a live run or one older than the accounting, the
+accounting of it now. Its first line is its outcome (:mod:`trainops.reports.run_outcome`), for
+which the app also reads the gate's decision and the promotion record beside it
+(``eval/gate.json``, ``eval/promotion.json``), the versions
+promoted from it (the production pointers, as for the bar of links) and its ``config.yaml``
+(``train.max_steps``, for a live run's progress), each with the checks of any report.
 
 ``GET <base_url>/trainops/fleet[?limit=N][&dag=DAG]`` is the fleet page
 (:mod:`trainops.reports.fleet`): the last ``N`` runs of each DAG (default
@@ -98,11 +102,19 @@ from trainops.reports.card_page import render_card_page
 from trainops.reports.fleet_reader import FLEET_DEFAULT_RUNS, find_runs, fleet_dag, fleet_limit
 from trainops.reports.frame import Around, frame_links
 from trainops.reports.home import home_page
+from trainops.reports.home_runs import dag_run_rows
 from trainops.reports.html import framed
-from trainops.reports.reader import Reads, read_home
+from trainops.reports.reader import Reads, max_steps_of, read_home
 
 # Re-exported: the checks as the app applies them (trainops.reports.access holds them).
-__all__ = ["ReportRequestError", "allowed_roots", "check_report_uri", "create_app", "required_access"]
+__all__ = [
+    "ReportRequestError",
+    "allowed_roots",
+    "check_report_uri",
+    "create_app",
+    "report_page",
+    "required_access",
+]
 
 _HEADERS = {
     # Report contents are escaped; the policy is a second line: no script, no fetches.
@@ -166,16 +178,26 @@ def _around(target: ReportTarget, data: bytes, roots: Sequence[str], conn_id: st
     return around_report((target.root, target.relative), report, reads.read, reads.listing, reads.locate)
 
 
-def _evaluation_beside(job: ReportTarget, roots: Sequence[str], conn_id: str | None) -> dict | None:
-    """The run's ``eval/metrics.json`` beside its ``job.json`` (the loss curve's eval
-    points), read with the checks of any report; None when it has none yet, or it cannot
-    be read or is not a JSON object (the page then says there is no evaluation)."""
-    uri = job.uri[: -len(JOB_NAME)] + "eval/metrics.json"  # trainer.contract.RunLayout.eval_metrics
+def _json_beside(job: ReportTarget, name: str, roots: Sequence[str], conn_id: str | None) -> dict | None:
+    """The JSON object ``name`` (``eval/metrics.json``: the loss curve's eval points;
+    ``eval/gate.json`` and ``eval/promotion.json``: the outcome) below the run folder of ``job``, read with the checks of
+    any report; None when there is none yet, or it cannot be read or is not a JSON object (the
+    page then says there is no evaluation, or no decision)."""
+    uri = job.uri[: -len(JOB_NAME)] + name  # trainer.contract.RunLayout: eval_metrics, eval_gate, promotion
     try:
-        evaluation = json.loads(read_report(check_report_uri(uri, roots), conn_id))
+        found = json.loads(read_report(check_report_uri(uri, roots), conn_id))
     except (ReportRequestError, ValueError, RecursionError):
         return None
-    return evaluation if isinstance(evaluation, dict) else None
+    return found if isinstance(found, dict) else None
+
+
+def _max_steps(job: ReportTarget, data: bytes, roots: Sequence[str], conn_id: str | None) -> int | None:
+    """The run's ``train.max_steps`` (its ``config.yaml``), for its progress; None if unknown."""
+    try:
+        record = json.loads(data.decode("utf-8", errors="replace"))
+    except (ValueError, RecursionError):
+        return None
+    return max_steps_of(Reads(roots, conn_id), record) if isinstance(record, dict) else None
 
 
 def _served_under(roots: Sequence[str]) -> Callable[[str], bool]:
@@ -189,6 +211,34 @@ def _served_under(roots: Sequence[str]) -> Callable[[str], bool]:
         return True
 
     return served
+
+
+def report_page(target: ReportTarget, roots: Sequence[str], conn_id: str | None) -> str:
+    """The page of the checked report ``target``, with its bar of links, as ``GET /report``
+    serves it once the user may read it (also what ``docs/img/screenshots.py`` measures)."""
+    data = read_report(target, conn_id)
+    around = _around(target, data, roots, conn_id)
+    if target.uri.endswith("/card.json"):
+        page = render_card_page(target.uri, data, linkable=_served_under(roots))
+    elif target.uri.endswith("/" + JOB_NAME):
+        metrics, problem, where = read_run_metrics(target, roots, conn_id)
+        page = run_page.render_run_report(
+            target.uri,
+            data,
+            metrics,
+            metrics_problem=problem,
+            metrics_uri=where,
+            now=time.time(),
+            evaluation=_json_beside(target, "eval/metrics.json", roots, conn_id),
+            gate=_json_beside(target, "eval/gate.json", roots, conn_id),
+            promotion=_json_beside(target, "eval/promotion.json", roots, conn_id),
+            promoted=around.cards,
+            max_steps=_max_steps(target, data, roots, conn_id),
+            linkable=_served_under(roots),
+        )
+    else:
+        page = pages.render_report(target.uri, data)
+    return _framed(page, around)
 
 
 def create_app() -> FastAPI:
@@ -219,24 +269,7 @@ def create_app() -> FastAPI:
         target = check_report_uri(uri, roots)
         _authorize(request, user, required_access(target))
         conn_id = os.environ.get(CONN_ID_ENV) or "aws_default"
-        data = read_report(target, conn_id)
-        if target.uri.endswith("/card.json"):
-            page = render_card_page(target.uri, data, linkable=_served_under(roots))
-        elif target.uri.endswith("/" + JOB_NAME):
-            metrics, problem, where = read_run_metrics(target, roots, conn_id)
-            evaluation = _evaluation_beside(target, roots, conn_id)
-            page = run_page.render_run_report(
-                target.uri,
-                data,
-                metrics,
-                metrics_problem=problem,
-                metrics_uri=where,
-                now=time.time(),
-                evaluation=evaluation,
-            )
-        else:
-            page = pages.render_report(target.uri, data)
-        return HTMLResponse(_framed(page, _around(target, data, roots, conn_id)), headers=_HEADERS)
+        return HTMLResponse(report_page(target, roots, conn_id), headers=_HEADERS)
 
     @app.get("/fleet", response_class=HTMLResponse)
     def fleet_page(
@@ -268,13 +301,24 @@ def create_app() -> FastAPI:
         except ValueError as exc:
             raise ReportRequestError(500, str(exc)) from None
         conn_id = os.environ.get(CONN_ID_ENV) or "aws_default"
-        runs, models, datasets, hidden, problems = read_home(
-            roots, conn_id, may_read=_may_read_dag(request, user), now=time.time()
-        )
+        now = time.time()
+        may_read = _may_read_dag(request, user)
+        runs, models, datasets, hidden, problems = read_home(roots, conn_id, may_read=may_read, now=now)
+        dag_runs, dag_runs_problem = dag_run_rows(roots, conn_id, may_read=may_read, known=runs, now=now)
         page = home_page(
-            runs, models, datasets, base_url=airflow_base_url(), hidden_dags=hidden, problems=problems
+            runs,
+            models,
+            datasets,
+            base_url=airflow_base_url(),
+            hidden_dags=hidden,
+            problems=problems,
+            dag_runs=dag_runs,
+            dag_runs_problem=dag_runs_problem,
+            now=now,
         )
-        live = any((entry["run"]["job"] or {}).get("status") == "running" for entry in runs)
+        live = any((entry["run"]["job"] or {}).get("status") == "running" for entry in runs) or any(
+            r.outcome.kind == "running" for r in dag_runs
+        )
         return HTMLResponse(_framed(page, live=live), headers=_HEADERS)
 
     return app

@@ -36,10 +36,12 @@ from trainops.reports.card_sections import (
 from trainops.reports.html import (
     dicts,
     escape,
+    folded,
     json_value,
     page,
     pretty_json,
     redact,
+    size_text,
     verdict,
 )
 from trainops.reports.pages import CHECK_COLUMNS, check_cells, damaged_page
@@ -212,7 +214,9 @@ def _folded(card: Mapping) -> str:
     rest = {k: v for k, v in card.items() if k not in _KNOWN}
     if rest:
         out.append(f"<details><summary>Other fields</summary>{json_value(rest)}</details>")
-    out.append(f"<details><summary>Raw card.json</summary><pre>{escape(pretty_json(card))}</pre></details>")
+    raw = pretty_json(card)
+    size = f"{size_text(len(raw.encode()))}, {raw.count(chr(10)) + 1:,} lines"
+    out.append(folded("Raw card.json", f"<pre>{escape(raw)}</pre>", note=size))
     return "".join(out)
 
 

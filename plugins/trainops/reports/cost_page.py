@@ -13,14 +13,14 @@ every value is checked before it is drawn and escaped before it is shown.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from trainer.contract import MetricsRecord
 from trainops.cost.accounting import account
 from trainops.cost.money import money
 from trainops.cost.prices import load_prices
-from trainops.reports.html import dicts, escape, list_of, table
+from trainops.reports.html import dicts, escape, folded, list_of, table
 
 if TYPE_CHECKING:
     from trainops.recovery.record import JobRecord
@@ -34,7 +34,9 @@ __all__ = [
     "cost_table",
     "duration",
     "gpu_hours",
+    "is_live",
     "percent",
+    "run_cost",
     "svg_timeline",
 ]
 
@@ -146,7 +148,8 @@ def svg_timeline(cost: dict[str, Any]) -> str:
     """An inline SVG: one bar per attempt over wall time, a rectangle per phase span.
 
     Every rectangle carries ``data-attempt``, ``data-phase`` and ``data-seconds`` and a tooltip
-    (``<title>``); a preempted attempt gets a black mark at its end (``class="preemption"``).
+    (``<title>``); a preempted attempt gets a black mark at its end (``class="preemption"``), and
+    an attempt still running the word "running" inside its bar's end (``class="running"``).
     The time axis is elapsed wall time from the first span's start, with ticks at a readable
     spacing (seconds, minutes or hours). No script, no external references.
     """
@@ -203,6 +206,13 @@ def svg_timeline(cost: dict[str, Any]) -> str:
                 f'width="{seconds * scale:.2f}" height="{_BAR_H}" fill="{PHASE_COLOURS[phase]}">'
                 f"<title>attempt {number}: {PHASE_LABELS[phase]}, {escape(duration(seconds))}</title></rect>"
             )
+        if attempt.get("outcome") == "running" and spans:  # said inside its bar's end, when it fits
+            begin, x = x_of(min(start for _, start, _ in spans)), x_of(max(end for _, _, end in spans))
+            if x - begin >= 60:
+                out.append(
+                    f'<text class="running" data-attempt="{number}" x="{x - 4:.2f}" '
+                    f'y="{y + _BAR_H - 6:.1f}" text-anchor="end">running</text>'
+                )
         if attempt.get("preempted") is True and spans:
             x = x_of(max(end for _, _, end in spans))
             out.append(
@@ -340,7 +350,12 @@ def cost_table(cost: dict[str, Any]) -> str:
         + "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in summary)
         + "</table>"
     )
-    return summary_html + table(time_header, time_rows) + table(money_header, money_rows)
+    per_attempt = table(time_header, time_rows) + table(money_header, money_rows)
+    return summary_html + folded(
+        "Time and money per attempt",
+        per_attempt,
+        note=f"{len(attempts)} attempt(s): wall time by phase, GPU-hours, prices, cost and savings",
+    )
 
 
 def _notes(cost: dict[str, Any]) -> str:
@@ -353,32 +368,59 @@ def _notes(cost: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------- the section
 
 
+def is_live(job: Mapping[str, Any]) -> bool:
+    """Whether the run is still going: the training operator writes ``status: running`` from
+    its first launch until the run ends (and again when a clear or re-run restarts it)."""
+    return job.get("status") == "running"
+
+
 def _accounted(
     job: dict[str, Any], records: Sequence[MetricsRecord] | None, now: float | None
 ) -> tuple[dict[str, Any] | None, str]:
     """``(RunCost, how)`` for a run whose job.json holds none, from the accounting now, or
-    ``(None, why not)`` in one sentence."""
-    if records is None:
-        return None, (
-            "No cost: this run's job.json predates cost accounting, and its metrics, which the "
-            "accounting needs, could not be read."
+    ``(None, why not)`` in one sentence. A live run has no cost yet because it has not ended
+    (the operator writes it then); an older finished run because it predates the accounting."""
+    if is_live(job):
+        lead, no = "This run is still running", "No cost yet: this run is still running"
+    else:
+        lead, no = (
+            "This run's job.json predates cost accounting",
+            "No cost: this run's job.json predates cost accounting",
         )
+    if records is None:
+        return None, f"{no}, and its metrics, which the accounting needs, could not be read."
     try:
         prices, source = load_prices(None, None)
         cost = account(cast("JobRecord", job), list(records), prices, now=now)
     except Exception as exc:  # any failure of an older record is a sentence, never a 500
         why = f"its job.json has no field {exc.args[0]!r}" if isinstance(exc, KeyError) and exc.args else exc
+        return None, f"{no}, and accounting for it failed: {why}."
+    if is_live(job):
         return (
-            None,
-            f"No cost: this run's job.json predates cost accounting, and accounting for it failed: {why}.",
+            dict(cost),
+            f"{lead}: the figures below are accounted up to now (prices: {source}); its final bill is written when it ends.",
         )
-    return dict(cost), (
-        f"This run's job.json predates cost accounting: the figures below were computed now (prices: {source})."
-    )
+    return dict(cost), f"{lead}: the figures below were computed now (prices: {source})."
+
+
+def run_cost(
+    job: dict[str, Any], records: Sequence[MetricsRecord] | None, *, now: float | None = None
+) -> tuple[object, str]:
+    """``(the run's cost record, how it was found)``: the ``cost`` its ``job.json`` holds (how:
+    ""), else its accounting now (how: the sentence that says so), else ``(None, why not)``.
+    The record is what ``job.json`` holds, unchecked: :func:`cost_section` checks it."""
+    cost = job.get("cost")
+    if cost is not None:
+        return cost, ""
+    return _accounted(job, records, now)
 
 
 def cost_section(
-    job: dict[str, Any], records: Sequence[MetricsRecord] | None, *, now: float | None = None
+    job: dict[str, Any],
+    records: Sequence[MetricsRecord] | None,
+    *,
+    now: float | None = None,
+    found: tuple[object, str] | None = None,
 ) -> str:
     """The "Cost and goodput" section of a run's report: the timeline and the cost table.
 
@@ -386,14 +428,12 @@ def cost_section(
     :param records: the run's metrics records, None when they could not be read; used only to
         account for a run whose ``job.json`` has no ``cost``.
     :param now: the time a running attempt is accounted up to (epoch seconds).
+    :param found: what :func:`run_cost` returned for this run, when the caller has it already.
     """
     head = "<h2>Cost and goodput (estimates)</h2>"
-    cost = job.get("cost")
-    how = ""
+    cost, how = found if found is not None else run_cost(job, records, now=now)
     if cost is None:
-        cost, how = _accounted(job, records, now)
-        if cost is None:
-            return f'{head}<p class="muted">{escape(how)}</p>'
+        return f'{head}<p class="muted">{escape(how)}</p>'
     if not isinstance(cost, dict):
         return (
             f'{head}<p class="fail">The cost in job.json is not a record ({escape(type(cost).__name__)}).</p>'

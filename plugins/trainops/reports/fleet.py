@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from typing import Any, TypedDict
 
 from trainops.cost.money import money
+from trainops.reports.charts import svg_line_chart
 from trainops.reports.cost_page import COST_FORMAT, gpu_hours, percent
 from trainops.reports.html import escape, page, report_link, table
-from trainops.reports.run_page import svg_line_chart
 
 __all__ = ["FleetRun", "fleet_page", "fleet_summary"]
 

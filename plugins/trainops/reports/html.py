@@ -28,6 +28,7 @@ __all__ = [
     "FrameLink",
     "dicts",
     "escape",
+    "folded",
     "framed",
     "json_value",
     "kv_table",
@@ -41,6 +42,7 @@ __all__ = [
     "redact",
     "report_link",
     "scalar",
+    "size_text",
     "table",
     "verdict",
 ]
@@ -60,9 +62,13 @@ th,td{border:1px solid #d0d7de;padding:.25rem .5rem;text-align:left;vertical-ali
 th{background:#f6f8fa}.muted{color:#6e7781}.uri{color:#57606a;word-break:break-all}
 .pass{color:#1a7f37;font-weight:600}.fail{color:#cf222e;font-weight:600}
 svg.chart{display:block;max-width:100%;height:auto;margin:.3rem 0}
-svg.chart text{font:11px system-ui,sans-serif;fill:#57606a}
+svg.chart text{font:11px system-ui,sans-serif;fill:#57606a}svg.chart text.running{fill:#fff;font-weight:600}
 nav.frame{margin:0 0 1rem;padding:.4rem .6rem;background:#f6f8fa;border:1px solid #d0d7de}
 nav.frame a{margin:0 .3rem}nav.frame .live{color:#bc4c00;margin-left:.3rem}
+details.fold{margin:.6rem 0}details.fold>summary{cursor:pointer;font-weight:600}
+details.fold>summary .muted{font-weight:400}
+.outcome{font-size:1.15rem;margin:.2rem 0 .6rem}.live{color:#bc4c00}.outcome.live{font-weight:600}
+table.figures td{font-size:1.1rem;font-weight:600;padding:.3rem .9rem}
 """
 
 
@@ -174,14 +180,42 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def other_fields(report: dict[Any, Any], shown: set[str]) -> str:
-    """The report's fields a page did not show otherwise, under "Other fields"."""
+    """The report's fields a page did not show otherwise, folded under "Other fields"."""
     rest = {k: v for k, v in report.items() if k not in shown}
-    return f"<h2>Other fields</h2>{kv_table(rest)}" if rest else ""
+    note = ", ".join(str(k) for k in rest)
+    return (
+        folded("Other fields", kv_table(rest), note=note if len(note) <= 120 else note[:117] + "...")
+        if rest
+        else ""
+    )
 
 
-def raw_json(report: object) -> str:
-    """The "Raw JSON" section that ends every JSON page."""
-    return f"<h2>Raw JSON</h2><pre>{escape(pretty_json(report))}</pre>"
+def size_text(n_bytes: int) -> str:
+    """A size as a person reads it: ``812 bytes``, ``11.3 KB``, ``2.4 MB`` (1 KB = 1,000 bytes)."""
+    if n_bytes < 1000:
+        return f"{n_bytes} bytes"
+    if n_bytes < 1_000_000:
+        return f"{n_bytes / 1000:.1f} KB"
+    return f"{n_bytes / 1_000_000:.1f} MB"
+
+
+def folded(summary: str, body: str, *, note: str = "", opened: bool = False) -> str:
+    """``body`` (HTML) folded in a ``<details>``, closed unless ``opened``, whose summary line
+    is ``summary`` (plain text) and, muted after it, ``note`` (plain text: what is inside, how
+    large)."""
+    extra = f' <span class="muted">({escape(note)})</span>' if note else ""
+    state = " open" if opened else ""
+    return f'<details class="fold"{state}><summary>{escape(summary)}{extra}</summary>{body}</details>'
+
+
+def raw_json(report: object, name: str = "", *, opened: bool = False) -> str:
+    """The "Raw JSON" that ends every JSON page, folded (``opened``: shown, for a page whose
+    record is damaged, where the JSON is what there is to read): its summary says what it is
+    (``name``, the object's file name) and how large."""
+    text = pretty_json(report)
+    lines = text.count("\n") + 1
+    note = f"{name + ': ' if name else ''}{size_text(len(text.encode()))}, {lines:,} lines"
+    return folded("Raw JSON", f"<pre>{escape(text)}</pre>", note=note, opened=opened)
 
 
 def report_link(uri: str, label: str | None = None) -> str:

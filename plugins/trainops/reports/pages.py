@@ -142,6 +142,32 @@ def _quarantine(uri: str, quarantine: object) -> str:
     return out + (kv_table(rest) if rest else "")
 
 
+def _failure_words(entry: dict) -> str:
+    """A failed expectation in words: ``<expectation> on <column>: <n> unexpected, e.g. <value>``."""
+    column = entry.get("column")
+    column = ", ".join(map(str, column)) if isinstance(column, list) else column
+    words = escape(entry.get("expectation", "?")) + (f" on {escape(column)}" if column else "")
+    count = entry.get("unexpected_count")
+    if isinstance(count, int) and not isinstance(count, bool):
+        words += f": {escape(count)} unexpected"
+    values, ids = list_of(entry.get("sample_values")), list_of(entry.get("sample_ids"))
+    if values:  # as JSON, so that an empty text or a null reads as one
+        words += f", e.g. <code>{escape(json.dumps(values[0], ensure_ascii=False, default=str))}</code>"
+    elif ids:
+        words += f", e.g. id <code>{escape(ids[0])}</code>"
+    return words
+
+
+def _validation_line(report: dict, failed: list[dict]) -> str:
+    """PASSED, or FAILED and the failed expectations (the first three, then how many more)."""
+    ok = report.get("success")
+    if ok is False or failed:
+        named = "; ".join(_failure_words(e) for e in failed[:3])
+        more = f"; and {len(failed) - 3} more" if len(failed) > 3 else ""
+        return f'<p class="outcome">Validation <span class="fail">FAILED</span>{": " + named + more if named else ""}</p>'
+    return f'<p class="outcome">Validation {verdict(ok, "PASSED", "FAILED")}</p>'
+
+
 def _validation(uri: str, report: dict) -> str:
     failed = dicts(report.get("failed"))
     listed = dicts(report.get("results")) or failed
@@ -157,10 +183,7 @@ def _validation(uri: str, report: dict) -> str:
     rows = "".join(
         f"<tr><th>{escape(k)}</th><td>{scalar(v)}</td></tr>" for k, v in summary.items() if v is not None
     )
-    body = [
-        f"<p>Validation {verdict(report.get('success'), 'PASSED', 'FAILED')}</p>",
-        f"<table>{rows}</table>",
-    ]
+    body = [_validation_line(report, failed), f"<table>{rows}</table>"]
     header = ["Expectation", "Column", "Status", "Unexpected", "Sample offending rows", "Details"]
     for title, scope in (("Row expectations", False), ("Dataset-level expectations", True)):
         entries = [e for e in listed if _is_dataset_level(e) == scope]
@@ -205,6 +228,27 @@ def check_cells(check: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def _gate_line(report: dict) -> str:
+    """The verdict, and for a rejection each failed check, observed against expected."""
+    checks = dicts(report.get("checks"))
+    failed = [c for c in checks if c.get("passed") is False]
+    approved = report.get("approved")
+    if approved is False or failed:
+        words = "; ".join(
+            f"{escape(c.get('name', '?'))} (observed {scalar(c.get('observed'))}, "
+            f"expected {scalar(c.get('expected'))})"
+            for c in failed
+        )
+        return (
+            f'<p class="outcome">Gate <span class="fail">REJECTED</span>{": " + words if words else ""}</p>'
+        )
+    if approved is True:
+        return (
+            f'<p class="outcome">Gate <span class="pass">APPROVED</span>: all {len(checks)} checks passed</p>'
+        )
+    return f'<p class="outcome">Gate {verdict(None)}</p>'
+
+
 def _gate(report: dict) -> str:
     version = report.get("production_version")
     summary = {
@@ -221,8 +265,8 @@ def _gate(report: dict) -> str:
     checks_table = table(list(CHECK_COLUMNS), [check_cells(c) for c in checks])
     known = {"approved", "checks", "production_version", "model_name", "run_uri", "decided_at", "metrics_uri"}
     return (
-        f"<p>Gate {verdict(report.get('approved'), 'APPROVED', 'REJECTED')}</p>"
-        f"<table>{rows}</table><h2>Checks</h2>{checks_table}{other_fields(report, known)}"
+        f"{_gate_line(report)}<h2>Checks</h2>{checks_table}"
+        f"<h2>Decision</h2><table>{rows}</table>{other_fields(report, known)}"
     )
 
 
@@ -246,7 +290,7 @@ def damaged_page(title: str, uri: str, error: ShapeError, text: str) -> str:
     """The page of a record that is not its kind's shape (``error`` says how), with what it
     holds below: its JSON, or its text when it is not JSON."""
     try:
-        shown = raw_json(redact(json.loads(text)))
+        shown = raw_json(redact(json.loads(text)), object_name(uri), opened=True)
     except (ValueError, RecursionError):
         shown = f"<h2>Its text</h2><pre>{escape(redact(text))}</pre>"
     return page(title, uri, shape_problem(error) + shown)
@@ -277,7 +321,7 @@ def render_report(uri: str, data: bytes) -> str:
     else:
         body = json_value(report)
     warning = shape_problem(problem) if problem is not None else ""
-    return page(_title(kind, uri, report), uri, warning + body + raw_json(report))
+    return page(_title(kind, uri, report), uri, warning + body + raw_json(report, object_name(uri)))
 
 
 def error_page(status: int, message: str) -> str:

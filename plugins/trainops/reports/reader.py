@@ -33,7 +33,7 @@ from trainops.shapes import ShapeError, check_manifest, check_pointer, load
 if TYPE_CHECKING:
     from trainer.storage import Storage
 
-__all__ = ["DATASETS_SCANNED", "DATASET_VERSIONS", "HOME_RUNS", "Reads", "read_home"]
+__all__ = ["DATASETS_SCANNED", "DATASET_VERSIONS", "HOME_RUNS", "Reads", "max_steps_of", "read_home"]
 
 HOME_RUNS = 20  # the newest runs on the home page, of all DAGs together
 DATASET_VERSIONS = 5  # the newest versions of each dataset
@@ -118,7 +118,9 @@ class Reads:
         return float(value) if isinstance(value, (int, float)) else None
 
 
-def _max_steps(reads: Reads, job: dict[str, Any]) -> int | None:
+def max_steps_of(reads: Reads, job: Mapping[str, Any]) -> int | None:
+    """The run's ``train.max_steps``, from the ``config.yaml`` its ``job.json`` names; None
+    when it cannot be read or holds none."""
     config_uri = job.get("config_uri")
     data = reads.data(config_uri)[0] if isinstance(config_uri, str) else None
     try:
@@ -138,7 +140,7 @@ def _home_run(reads: Reads, run: Any, now: float) -> HomeRun:
     records, problem, _ = access.read_run_metrics(target, reads.roots, reads.aws_conn_id)
     if records is None:
         return {"run": run, "progress": None, "progress_problem": problem}
-    found = progress(records, _max_steps(reads, job), now)
+    found = progress(records, max_steps_of(reads, job), now)
     return {"run": run, "progress": found, "progress_problem": None if found else "no step logged yet"}
 
 

@@ -1,10 +1,14 @@
-"""The training run page: a run's ``job.json`` and its metrics as one HTML page.
+"""The training run page: a run's ``job.json`` and its metrics as one HTML page, read top down.
 
-Status, cost and goodput (the timeline of attempts by phase and the cost table, from
+First the outcome in one line and the few numbers that matter (:mod:`trainops.reports.run_outcome`:
+promoted, rejected with the check, failed with the reason, or, while it trains, its step of
+``train.max_steps`` and about how long is left; steps, duration, cost, goodput). Then the status,
+cost and goodput (the timeline of attempts by phase and the cost table, from
 :mod:`trainops.reports.cost_page`), the training charts (loss with the evaluation points,
 learning rate, tokens/s and memory, one line per attempt so a resume after a preemption shows:
-:mod:`trainops.reports.training_charts`), throughput per attempt and the attempts table; pure
-functions, no I/O. It is built from the page primitives of :mod:`trainops.reports.html`, so
+:mod:`trainops.reports.training_charts`), throughput per attempt and the attempts table, then each attempt's
+log tail (folded, its last lines: :mod:`trainops.reports.log_tails`) and the raw ``job.json``
+(folded); pure functions, no I/O. It is built from the page primitives of :mod:`trainops.reports.html`, so
 every report page looks and is escaped the same way.
 """
 
@@ -12,11 +16,11 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from trainer.contract import METRICS_DIR, MetricsRecord, metrics_records
 from trainops.reports.charts import CHART_COLOURS, MAX_CHART_POINTS, svg_line_chart
-from trainops.reports.cost_page import cost_section
+from trainops.reports.cost_page import cost_section, is_live, run_cost
 from trainops.reports.html import (
     dicts,
     escape,
@@ -29,8 +33,11 @@ from trainops.reports.html import (
     scalar,
     table,
 )
+from trainops.reports.log_tails import attempt_logs
 from trainops.reports.pages import TEXT_SUFFIXES, damaged_page
+from trainops.reports.run_outcome import figures_table, outcome_line, run_outcome
 from trainops.reports.training_charts import training_charts
+from trainops.runs.progress import progress
 from trainops.shapes import ShapeError, check_job, load
 
 __all__ = ["CHART_COLOURS", "MAX_CHART_POINTS", "render_run_report", "run_report", "svg_line_chart"]
@@ -212,6 +219,11 @@ def run_report(
     metrics_uri: str | None = None,
     now: float | None = None,
     evaluation: dict | None = None,
+    gate: Mapping | None = None,
+    promotion: Mapping | None = None,
+    promoted: Sequence[tuple[str, int, str]] = (),
+    max_steps: int | None = None,
+    linkable: Callable[[str], bool] = lambda _uri: False,
 ) -> str:
     """A training run's report (HTML, no page around it) from its ``job.json`` and metrics.
 
@@ -227,6 +239,13 @@ def run_report(
         ``cost`` (see :func:`trainops.reports.cost_page.cost_section`).
     :param evaluation: the run's ``eval/metrics.json``, parsed, when it has one: its loss is
         drawn on the loss curve.
+    :param gate: the gate's decision beside the run (``eval/gate.json``), parsed, when there is
+        one: a finished run's outcome is its verdict.
+    :param promotion: what became of an approved candidate (``eval/promotion.json``: promoted,
+        identical to production, rejected on re-gate), parsed, when the promote task wrote it.
+    :param promoted: ``(model, version, card URI)`` of each version promoted from the run.
+    :param max_steps: the run's ``train.max_steps`` when known: a live run's progress and ETA.
+    :param linkable: whether the report app serves a URI (a node's whole log), to link to it.
     """
     redacted = redact(job)
     job = redacted if isinstance(redacted, dict) else {}  # redact keeps a dict a dict
@@ -241,9 +260,30 @@ def run_report(
     if metrics_uri is None and metrics is not None and uri.endswith("/job.json"):
         folder = uri[: -len("job.json")]
         metrics_uri = folder + ("metrics.jsonl" if isinstance(metrics, str) else f"{METRICS_DIR}/")
+    found = run_cost(job, records if metrics is not None else None, now=now)
+    where = None
+    if is_live(job) and records:
+        at = (
+            now
+            if now is not None
+            else max((r["time"] for r in records if _finite(r.get("time"))), default=0.0)
+        )
+        where = progress(records, max_steps, at)
+    decision = redact(dict(gate)) if gate is not None else None  # its checks' notes are shown
+    outcome = run_outcome(
+        job,
+        task=_task_of(uri),
+        gate=decision if isinstance(decision, dict) else None,
+        promotion=promotion,
+        promoted=promoted,
+        found=where,
+        max_steps=max_steps,
+    )
     return (
-        _run_summary(uri, job, final, metrics_uri if metrics is not None else None)
-        + cost_section(job, records if metrics is not None else None, now=now)
+        outcome_line(outcome)
+        + figures_table(job, found[0], last_step=final["step"] if final else None, max_steps=max_steps)
+        + _run_summary(uri, job, final, metrics_uri if metrics is not None else None)
+        + cost_section(job, records if metrics is not None else None, now=now, found=found)
         + training_charts(
             groups,
             outcomes=outcomes,
@@ -253,7 +293,14 @@ def run_report(
         )
         + _throughput(groups)
         + _attempts_table(job)
+        + attempt_logs(job, linkable)
     )
+
+
+def _task_of(uri: str) -> str:
+    """The Airflow task of the run whose ``job.json`` is at ``uri`` (its folder's name)."""
+    parts = uri.split("/")
+    return parts[-2] if len(parts) >= 2 and parts[-1] == "job.json" and parts[-2] else "train"
 
 
 def _run_title(uri: str) -> str:
@@ -272,10 +319,16 @@ def render_run_report(
     metrics_uri: str | None = None,
     now: float | None = None,
     evaluation: dict | None = None,
+    gate: Mapping | None = None,
+    promotion: Mapping | None = None,
+    promoted: Sequence[tuple[str, int, str]] = (),
+    max_steps: int | None = None,
+    linkable: Callable[[str], bool] = lambda _uri: False,
 ) -> str:
     """The page for a run's ``job.json`` (bytes ``data``) with its metrics (see :func:`run_report`).
 
-    The report (status, cost, training charts, throughput, attempts) comes first and the raw JSON last;
+    The report (outcome, status, cost, training charts, throughput, attempts, log tails) comes
+    first and the raw JSON last, folded;
     a ``job.json`` that is not JSON, or not a run's record (:func:`trainops.shapes.check_job`),
     gets a page that says which field is wrong, and what it holds.
     """
@@ -292,5 +345,10 @@ def render_run_report(
         metrics_uri=metrics_uri,
         now=now,
         evaluation=evaluation,
+        gate=gate,
+        promotion=promotion,
+        promoted=promoted,
+        max_steps=max_steps,
+        linkable=linkable,
     )
-    return page(_run_title(uri), uri, body + raw_json(redact(job)))
+    return page(_run_title(uri), uri, body + raw_json(redact(job), "job.json"))

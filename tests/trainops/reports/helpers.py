@@ -6,6 +6,9 @@ import json
 import re
 from html.parser import HTMLParser
 
+from trainops.cluster.spec import JobSpec
+from trainops.recovery.record import append_attempt, start_record
+
 JOB_URI = "s3://bucket/root/runs/retrain/manual_1/train/job.json"
 
 
@@ -218,3 +221,34 @@ RUN_METRICS = metrics_jsonl(
     (2, 9, 2.6, 3900.0),
     (2, 10, 2.5, 4200.0),
 )
+
+
+def live_job(*, steps: int, every_s: float = 2.0) -> tuple[dict, list[dict], float]:
+    """``(job.json, metrics records, the last step's time)`` of a run mid-training, as the
+    training operator writes its record (:mod:`trainops.recovery.record`: started, one attempt
+    launched and running, no ``state``, trainer ``record``, ``cost`` or end yet) and the trainer
+    its records: ``steps`` steps of ``train.max_steps`` (the test's), one every ``every_s`` s,
+    after a minute of startup."""
+    launched = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+    job = start_record(
+        run_uri=JOB_URI.rsplit("/", 1)[0],
+        config_uri=JOB_URI.replace("job.json", "config.yaml"),
+        cluster="local",
+        capacity="spot",
+        owner={"dag_id": "retrain", "run_id": "manual_1", "task_id": "train", "map_index": -1},
+    )
+    spec = JobSpec(name="train-0a1b2c3d-a1", args=["python", "-m", "trainer", "train"], nodes=2)
+    handle = {"cluster": "local", "job_id": "train-0a1b2c3d-a1", "labels": {"trainops/attempt": "1"}}
+    job = append_attempt(job, spec=spec, handle=handle, manifests=[], at="2026-01-01T00:00:00+00:00")
+    records = [
+        {
+            "step": step,
+            "attempt": 1,
+            "loss": 5.0 - step / 100,
+            "lr": 3e-4,
+            "tokens_per_s": 1000.0,
+            "time": launched + 60 + step * every_s,
+        }
+        for step in range(1, steps + 1)
+    ]
+    return dict(job), records, records[-1]["time"]

@@ -284,7 +284,7 @@ def test_gate_decision_needs_access_to_its_dag(api, root):
     assert response.status_code == 200, response.text
     text = page_text(response.text)
     assert "Evaluation gate decision" in text and "Gate REJECTED" in text
-    assert [ATTACK, "eval_loss", "3.5", "<= 3", "FAIL", ""] in page_tables(response.text)[1]
+    assert [ATTACK, "eval_loss", "3.5", "<= 3", "FAIL", ""] in table_with(response.text, "Check")
     assert "<script>" not in response.text
 
     refused = get(api, gate["gate_uri"], headers=bearer(api, role=None, name="nobody"))
@@ -304,9 +304,11 @@ def test_run_report_draws_the_loss_curve_from_the_metrics_beside_job_json(api, r
     assert "default-src 'none'" in response.headers["content-security-policy"]
     page = response.text
     text = main_text(page)
-    assert text.startswith(f"Training run: retrain / manual_1 / train {job_uri} Status succeeded")
-    assert ["Preemptions", "1"] in page_tables(page)[0]
-    assert dict(page_tables(page)[0])["Metrics"] == join(run_uri, "metrics.jsonl")  # an older run's file
+    assert text.startswith(f"Training run: retrain / manual_1 / train {job_uri} TRAINED, not evaluated Steps")
+    assert ["Preemptions", "1"] in table_with(page, "Status")
+    assert dict(table_with(page, "Status"))["Metrics"] == join(
+        run_uri, "metrics.jsonl"
+    )  # an older run's file
     assert svgs(page)["Training loss by step"].count("<polyline") == 2
     assert "No evaluation yet" in text
     assert "attempt 1 (preempted)" in text and "attempt 2 (succeeded)" in text
@@ -360,14 +362,14 @@ def test_run_report_reads_the_metrics_parts_and_on_a_reload_only_the_new_ones(ap
         log.add(step=step, loss=10.0 / step, lr=0.1, tokens_per_s=100.0, time=float(step))
     page = get(api, layout.job).text
     assert svgs(page)["Training loss by step"].count("<polyline") == 1
-    assert ["Last logged step", "10"] in page_tables(page)[0]
-    assert dict(page_tables(page)[0])["Metrics"] == layout.metrics_parts + "/"
+    assert ["Last logged step", "10"] in table_with(page, "Status")
+    assert dict(table_with(page, "Status"))["Metrics"] == layout.metrics_parts + "/"
     [(reader, _lock)] = access._readers._kept.values()
     before = reader.bytes_read
     for step in range(11, 16):
         log.add(step=step, loss=10.0 / step, lr=0.1, tokens_per_s=100.0, time=float(step))
     page = get(api, layout.job).text
-    assert ["Last logged step", "15"] in page_tables(page)[0]
+    assert ["Last logged step", "15"] in table_with(page, "Status")
     assert reader.bytes_read - before == len(storage.get(layout.metrics_part(1, 3)))  # the new part only
 
     # the cap holds for the parts together: past it the page says so and draws no curve
@@ -376,6 +378,47 @@ def test_run_report_reads_the_metrics_parts_and_on_a_reload_only_the_new_ones(ap
     capped = get(api, layout.job)
     assert capped.status_code == 200 and "<svg" not in capped.text
     assert "bytes this reader may read" in page_text(capped.text)
+
+
+def test_run_report_leads_with_the_outcome_read_beside_job_json(api, root):
+    """The page's first line: a live run's step of its config's max_steps, a finished one's gate
+    verdict, or what the promote task recorded; none of them "predates" cost accounting."""
+    import time
+
+    from trainer.contract import RunLayout
+    from trainer.runtime.metrics import MetricsLog
+
+    access._readers.clear()
+    live = RunLayout(join(root, "runs", "retrain", "live_1", "train"))
+    storage = open_storage(root)
+    storage.put(live.config, b"train:\n  max_steps: 100\n")
+    storage.put_json(
+        live.job,
+        run_job(run_uri=live.run_uri, config_uri=live.config, status="running", attempts=[]),
+    )
+    log = MetricsLog(storage, live.metrics, attempt=1, flush_every=10)
+    now = time.time()
+    for step in range(1, 21):
+        log.add(step=step, loss=3.0, lr=0.1, tokens_per_s=100.0, time=now - 60 + 2 * step)
+    text = main_text(get(api, live.job).text)
+    assert text.startswith(f"Training run: retrain / live_1 / train {live.job} RUNNING: step 20/100, about ")
+    assert "predates" not in text
+
+    done = RunLayout(join(root, "runs", "retrain", "done_1", "train"))
+    storage.put_json(done.job, run_job(run_uri=done.run_uri))
+    check = {
+        "name": "loss under 3",
+        "metric": "eval_loss",
+        "observed": 3.4,
+        "expected": "<= 3",
+        "passed": False,
+    }
+    storage.put_json(done.eval_gate, {"approved": False, "checks": [check]})
+    text = main_text(get(api, done.job).text)
+    assert f"{done.job} REJECTED: loss under 3: eval_loss (observed 3.4, expected <= 3) Steps" in text
+    storage.put_json(done.eval_gate, {"approved": True, "checks": [{**check, "passed": True}]})
+    storage.put_json(done.promotion, {"outcome": "identical", "version": 4})
+    assert f"{done.job} IDENTICAL to production v4 Steps" in main_text(get(api, done.job).text)
 
 
 def _split_path(file_uri: str) -> str:
@@ -477,7 +520,7 @@ def test_run_report_draws_the_timeline_and_the_cost_table(api, root):
     page = response.text
     assert page.count('class="chart timeline"') == 1 and page.count('class="preemption"') == 1
     assert page.count('class="phase"') == 16
-    cost = dict(page_tables(page)[1])
+    cost = dict(table_with(page, "Goodput (productive / billed GPU time)"))
     assert cost["Goodput (productive / billed GPU time)"] == "47.2%"
     assert cost["Spot savings (estimate)"] == money(one_preemption_cost()["savings"])
     assert "<script" not in page and "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")

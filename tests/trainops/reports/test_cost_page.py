@@ -17,7 +17,7 @@ from tests.trainops.cost.fixtures import (
     one_preemption_cost,
     one_preemption_job,
 )
-from tests.trainops.reports.helpers import JOB_URI, page_tables, page_text, svgs, table_with
+from tests.trainops.reports.helpers import JOB_URI, live_job, page_tables, page_text, svgs, table_with
 from trainops.cost.money import money
 from trainops.reports import cost_page
 from trainops.reports.cost_page import (
@@ -313,6 +313,26 @@ def test_the_run_report_shows_the_cost_between_the_summary_and_the_loss():
     assert html.index("<h2>Cost and goodput (estimates)</h2>") < html.index('<h2 id="loss">Loss</h2>')
     assert html.count('class="chart timeline"') == 1  # and the loss curve:
     assert svgs(html)["Training loss by step"].count("<polyline") == 2
-    assert dict(page_tables(html)[1])["Goodput (productive / billed GPU time)"] == "47.2%"
+    assert (
+        dict(table_with(html, "Goodput (productive / billed GPU time)"))[
+            "Goodput (productive / billed GPU time)"
+        ]
+        == "47.2%"
+    )
     assert table_with(html, "Attempt")[1][0] == "attempt 1"  # the throughput table is still found
     assert "<script" not in html and "javascript:" not in html
+
+
+def test_a_running_run_is_accounted_up_to_now_and_never_said_to_predate_the_accounting():
+    job, metrics, last = live_job(steps=30)
+    text = page_text(cost_section(job, metrics, now=last + 5))
+    assert "predates" not in text
+    assert "This run is still running: the figures below are accounted up to now (prices: " in text
+    assert "its final bill is written when it ends" in text
+    phases = [r["data-phase"] for r in Timeline(cost_section(job, metrics, now=last + 5)).rects]
+    assert phases == ["startup", "productive"]  # up to now: no shutdown while it trains
+    unread = page_text(cost_section(job, None))
+    assert unread == (
+        "Cost and goodput (estimates) No cost yet: this run is still running, and its metrics, "
+        "which the accounting needs, could not be read."
+    )

@@ -137,14 +137,17 @@ def test_tables_take_cell_html_and_key_value_tables_escape_keys():
 
 def test_other_fields_lists_what_a_page_did_not_show():
     html = other_fields({"shown": 1, "extra": 2}, {"shown"})
-    assert page_text(html) == "Other fields extra 2"
+    assert page_text(html) == "Other fields (extra) extra 2"
+    assert html.startswith('<details class="fold"><summary>')  # folded, closed
     assert other_fields({"shown": 1}, {"shown"}) == ""
 
 
 def test_raw_json_is_sorted_indented_and_escaped():
-    html = raw_json({"b": ATTACK, "a": 1})
-    assert page_text(html).startswith('Raw JSON { "a": 1, "b": "<script>')
+    html = raw_json({"b": ATTACK, "a": 1}, "x.json")
+    assert page_text(html).startswith('Raw JSON (x.json: 58 bytes, 4 lines) { "a": 1, "b": "<script>')
     assert "<script>" not in html
+    assert html.startswith('<details class="fold"><summary>')  # folded, closed
+    assert raw_json([], opened=True).startswith('<details class="fold" open><summary>Raw JSON')
 
 
 def test_report_links_are_relative_and_carry_the_uri_encoded():

@@ -26,8 +26,13 @@ def test_failed_validation_lists_each_expectation_with_status_counts_and_ids():
     html = render_report(VALIDATION_URI, json.dumps(summary).encode())
 
     text = page_text(html)
-    assert text.startswith("Dataset validation report " + VALIDATION_URI)
-    assert "Validation FAILED" in text
+    # the verdict first, naming the failed expectations, their column, count and a sample
+    assert text.startswith(
+        f"Dataset validation report {VALIDATION_URI} Validation FAILED: "
+        "expect_column_values_to_not_be_null on id: 1 unexpected; "
+        'expect_column_values_to_be_unique on id: 2 unexpected, e.g. "r2"; '
+        'expect_column_value_lengths_to_be_between on text: 1 unexpected, e.g. "" Dataset web-text'
+    )
     assert dict(page_tables(html)[0]) == {
         "Dataset": "web-text version 3f9a",
         "Rows checked": "30",
@@ -58,6 +63,9 @@ def test_failed_validation_lists_each_expectation_with_status_counts_and_ids():
     assert "observed_value 30" in dataset_level[2][5]
     assert text.index("Row expectations") < text.index("Dataset-level expectations")
     assert "Raw JSON" in text and "&quot;unexpected_count&quot;: 2" in html
+    assert html.index('<details class="fold"><summary>Raw JSON') < html.index(
+        "&quot;unexpected_count&quot;: 2"
+    )
 
 
 def test_report_listing_failures_only_says_the_rest_passed():
@@ -228,7 +236,11 @@ def test_gate_decision_shows_verdict_and_checks():
     }
     html = render_report("file:///r/runs/d/r1/train/eval/gate.json", json.dumps(gate).encode())
     text = page_text(html)
-    assert "Evaluation gate decision" in text and "Gate REJECTED" in text
+    # the verdict first, each failed check observed against expected, then every check
+    assert text.startswith(
+        "Evaluation gate decision file:///r/runs/d/r1/train/eval/gate.json "
+        "Gate REJECTED: loss under 4 (observed 4.5, expected <= 4) Checks Check"
+    )
     assert "Compared against production v2" in text
     assert table_with(html, "Check")[1] == ["loss under 4", "eval_loss", "4.5", "<= 4", "FAIL", ""]
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 
 from tests.trainops.reports.helpers import (
     JOB_URI,
     RUN_METRICS,
     Svg,
+    live_job,
     metrics_jsonl,
-    page_tables,
     page_text,
     run_job,
     svgs,
@@ -23,9 +24,14 @@ ATTACK = "<script>alert(1)</script>"
 def test_run_report_shows_status_counts_curve_throughput_and_attempts():
     html = render_run_report(JOB_URI, json.dumps(run_job()).encode(), RUN_METRICS)
     text = page_text(html)
-    assert text.startswith(f"Training run: retrain / manual_1 / train {JOB_URI} Status succeeded")
+    # the outcome first (no gate decision was passed: trained, not yet decided), then the figures
+    assert text.startswith(
+        f"Training run: retrain / manual_1 / train {JOB_URI} TRAINED, not evaluated "
+        "Steps Duration Cost (estimate) Goodput Attempts 10 "
+    )
+    assert text.index(" 2 (1 preempted) ") < text.index("Status succeeded")
 
-    summary = dict(page_tables(html)[0])
+    summary = dict(table_with(html, "Status"))
     assert {
         k: summary[k]
         for k in (
@@ -125,7 +131,7 @@ def test_run_report_escapes_hostile_values_in_the_table_and_the_chart():
     attempts = table_with(html, "Attempt", skip=1)
     assert attempts[1][4:6] == [ATTACK, ATTACK]
     assert attempts[1][7] == f"node 0: {ATTACK}"
-    assert dict(page_tables(html)[0])["Status"] == ATTACK
+    assert dict(table_with(html, "Status"))["Status"] == ATTACK
     assert f"attempt {ATTACK}" in Svg(html).legend
 
 
@@ -154,9 +160,11 @@ def test_run_report_from_merged_records_names_the_parts_folder():
     html = render_run_report(JOB_URI, json.dumps(run_job()).encode(), metrics_records(RUN_METRICS))
     assert (
         svgs(html)["Training loss by step"].count("<polyline") == 2
-        and dict(page_tables(html)[0])["Last logged step"] == "10"
+        and dict(table_with(html, "Status"))["Last logged step"] == "10"
     )
-    assert dict(page_tables(html)[0])["Metrics"] == "s3://bucket/root/runs/retrain/manual_1/train/metrics/"
+    assert (
+        dict(table_with(html, "Status"))["Metrics"] == "s3://bucket/root/runs/retrain/manual_1/train/metrics/"
+    )
 
 
 def test_non_finite_losses_are_reported_and_left_out_of_the_curve():
@@ -229,3 +237,96 @@ def test_job_json_that_is_not_a_run_record_is_a_page_naming_what_is_wrong():
         "run's record is damaged: restore it, or move it aside to start the run's bookkeeping afresh"
     ) in page_text(wrong)
     assert "Raw JSON" in page_text(wrong) and "SECRET-1" not in wrong  # what it holds, redacted
+
+
+def _phases(html: str) -> list[tuple[str, str]]:
+    """``(attempt, phase)`` of each segment the timeline draws."""
+    return re.findall(r'<rect class="phase" data-attempt="([^"]*)" data-phase="([^"]*)"', html)
+
+
+def test_a_live_run_mid_training_shows_its_progress_and_no_predates_or_shutdown():
+    job, records, last = live_job(steps=40, every_s=2.0)  # 40 of 120 steps, 0.5 steps/s
+    html = render_run_report(JOB_URI, json.dumps(job).encode(), records, now=last + 4, max_steps=120)
+    text = page_text(html)
+    # the first line says where it stands: 80 steps left at 0.5 steps/s, from a step 4 s old
+    assert text.startswith(
+        f"Training run: retrain / manual_1 / train {JOB_URI} RUNNING: step 40/120, about 3 min left Steps"
+    )
+    figures = table_with(html, "Steps")
+    assert dict(zip(figures[0], figures[1], strict=True))["Steps"] == "40 / 120"
+    assert "predates" not in text
+    assert "This run is still running: the figures below are accounted up to now" in text
+    phases = _phases(html)
+    assert phases and {attempt for attempt, _ in phases} == {"1"}
+    assert "shutdown" not in {phase for _, phase in phases}
+    assert phases[-1][1] == "productive"  # up to now: steps trained, not logged yet
+    assert re.search(r'<text class="running" data-attempt="1"[^>]*>running</text>', html)
+    assert table_with(html, "Attempt", skip=1)[1][3] == "running"
+
+
+def test_a_live_run_before_its_first_step_says_it_is_starting():
+    job, _, _ = live_job(steps=1)
+    html = render_run_report(JOB_URI, json.dumps(job).encode(), [], now=1_767_225_700.0, max_steps=120)
+    text = page_text(html)
+    assert f"{JOB_URI} RUNNING: no step logged yet Steps" in text
+    assert "predates" not in text and "shutdown" not in {p for _, p in _phases(html)}
+
+
+def test_the_raw_json_and_the_log_tails_are_folded_and_long_logs_cut_to_their_end():
+    job = run_job()
+    log = "\n".join(f"[node-0] line {i}" for i in range(1, 201))
+    job["attempts"][1].update(
+        logs_tail=log,
+        state={"nodes": [{"index": 0, "log": "/var/trainops/local/jobs/train-a2/node-0.log"}]},
+    )
+    html = render_run_report(JOB_URI, json.dumps(job).encode(), RUN_METRICS)
+    raw = re.search(r"<details[^>]*>(?:(?!</details>).)*Raw JSON.*?</details>", html, flags=re.S)
+    assert raw is not None and " open" not in raw.group(0)[:40]  # closed until opened
+    assert "&quot;run_uri&quot;" in raw.group(0)
+    assert re.search(
+        r"<summary>Raw JSON <span[^>]*>\(job\.json: [\d.]+ KB, \d+ lines\)</span></summary>", html
+    )
+    text = page_text(html)
+    assert "Log tail of attempt 2 (succeeded) (last 60 of 200 lines, 3.5 KB kept in job.json)" in text
+    tail = re.search(r"Log tail of attempt 2.*?</details>", html, flags=re.S).group(0)
+    assert "line 141\n" in tail and "line 200" in tail and "line 140\n" not in tail
+    assert "/var/trainops/local/jobs/train-a2/node-0.log" in tail  # where the whole log is
+    assert text.index("Attempts Attempt") < text.index("Log tail of attempt 2") < text.index("Raw JSON")
+
+    served = render_run_report(JOB_URI, json.dumps(job).encode(), RUN_METRICS, linkable=lambda uri: True)
+    assert 'href="report?uri=file%3A%2F%2F%2Fvar%2Ftrainops%2Flocal%2Fjobs%2Ftrain-a2%2Fnode-0.log"' in served
+
+
+def test_a_finished_runs_outcome_is_the_gates_verdict_or_what_became_of_it():
+    job = json.dumps(run_job()).encode()
+    check = {
+        "name": "eval loss under max_eval_loss",
+        "metric": "eval_loss",
+        "observed": 4.2,
+        "expected": "<= 3.5",
+        "passed": False,
+        "interval": ["not", "numbers"],  # a foreign decision: its words still cannot fail
+        "confidence": 0.95,
+    }
+    gate = {"approved": False, "model_name": "lm", "checks": [check, {**check, "name": "no regression"}]}
+    rejected = page_text(render_run_report(JOB_URI, job, RUN_METRICS, gate=gate))
+    assert (
+        f"{JOB_URI} REJECTED: eval loss under max_eval_loss: eval_loss (observed 4.2, expected <= 3.5) "
+        "(+1 more) Steps"
+    ) in rejected
+    card = "s3://bucket/root/models/lm/versions/2/card.json"
+    approved = {"approved": True, "model_name": "lm", "checks": [{**check, "observed": 3.0, "passed": True}]}
+    promoted = render_run_report(JOB_URI, job, RUN_METRICS, gate=approved, promoted=[("lm", 2, card)])
+    assert f"{JOB_URI} PROMOTED v2 Steps" in page_text(promoted) and 'class="outcome pass"' in promoted
+    identical = {"format": "trainops.promotion-outcome/v1", "outcome": "identical", "version": 1}
+    assert f"{JOB_URI} IDENTICAL to production v1 Steps" in page_text(
+        render_run_report(JOB_URI, job, RUN_METRICS, gate=approved, promotion=identical)
+    )
+    assert f"{JOB_URI} APPROVED, not promoted Steps" in page_text(
+        render_run_report(JOB_URI, job, RUN_METRICS, gate=approved)
+    )
+    failed = run_job(status="failed")
+    failed["attempts"][1].update(classification="error", reason="CUDA out of memory in rank 3", decision=None)
+    html = render_run_report(JOB_URI, json.dumps(failed).encode(), RUN_METRICS)
+    assert f"{JOB_URI} FAILED at train: CUDA out of memory in rank 3 Steps" in page_text(html)
+    assert 'class="outcome fail"' in html
