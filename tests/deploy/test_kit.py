@@ -21,6 +21,7 @@ import yaml
 from kubernetes_validate.utils import latest_version
 
 from tests.deploy.kustomize import render
+from trainops.cluster.kubernetes.crd_schema import unknown_fields
 
 REPO = Path(__file__).resolve().parents[2]
 KIT = REPO / "docker" / "deploy"
@@ -70,29 +71,6 @@ def crd_validator(filename: str, version: str):
     crd = yaml.safe_load((DATA / "crds" / filename).read_text())
     schema = next(v["schema"]["openAPIV3Schema"] for v in crd["spec"]["versions"] if v["name"] == version)
     return jsonschema.validators.validator_for(schema)(schema), schema
-
-
-def unknown_fields(obj, schema: dict, path: str = "") -> list[str]:
-    """Paths in ``obj`` that ``schema`` does not define (neither schema forbids unknown keys
-    everywhere, and a misspelt key would otherwise pass)."""
-    if schema.get("x-kubernetes-preserve-unknown-fields") and "properties" not in schema:
-        return []
-    if "$ref" in schema:  # the chart's schema points into its Kubernetes definitions
-        return []
-    out = []
-    if isinstance(obj, dict):
-        props, extra = schema.get("properties"), schema.get("additionalProperties")
-        for key, value in obj.items():
-            if props is not None and key in props:
-                out += unknown_fields(value, props[key], f"{path}.{key}")
-            elif isinstance(extra, dict):
-                out += unknown_fields(value, extra, f"{path}.{key}")
-            elif props is not None or extra is False:
-                out.append(f"{path}.{key}")
-    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
-        for i, item in enumerate(obj):
-            out += unknown_fields(item, schema["items"], f"{path}[{i}]")
-    return out
 
 
 def validate(doc: dict) -> None:

@@ -79,9 +79,7 @@ def _connect(
     context: str | None,
     environ: Mapping[str, str] | None = None,
 ) -> tuple[Any, str, str | None]:
-    """``(hook, server, namespace)`` for the cluster named by the options, in this order: the
-    Airflow connection ``conn_id``, the kubeconfig, the pod's service account (in a cluster).
-    Raises NoCluster when none is configured."""
+    """:func:`connect`, letting the client's own errors through."""
     env = os.environ if environ is None else environ
     if conn_id:
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook

@@ -27,6 +27,7 @@ from trainops.reports.fleet import FleetRun
 from trainops.reports.frame import AirflowRef, airflow_link, airflow_ref
 from trainops.reports.html import dicts, escape, page, report_link, scalar, table
 from trainops.runs.dag_runs import DagRunRow
+from trainops.runs.outcome import about
 from trainops.runs.progress import Progress, progress
 
 __all__ = ["DatasetVersion", "HomeRun", "ModelEntry", "Progress", "home_page", "progress"]
@@ -72,16 +73,6 @@ class DatasetVersion(TypedDict):
     manifest_problem: NotRequired[str | None]
 
 
-def _about(seconds: float) -> str:
-    """A rough span for a person: ``45 s``, ``12 min``, ``3 h 5 min``."""
-    if seconds < 59.5:
-        return f"{seconds:.0f} s"
-    if seconds < 3570:
-        return f"{seconds / 60:.0f} min"
-    hours, rest = divmod(round(seconds / 60), 60)
-    return f"{hours} h {rest} min"
-
-
 def _progress_cell(entry: HomeRun) -> str:
     p = entry["progress"]
     if p is None:
@@ -91,9 +82,9 @@ def _progress_cell(entry: HomeRun) -> str:
     if p["steps_per_s"] is not None:
         text += f", {p['steps_per_s']:.3g} steps/s"
     if p["eta_s"] is not None:
-        text += f", about {_about(p['eta_s'])} left"
+        text += f", about {about(p['eta_s'])} left"
     if p["age_s"] is not None:
-        text += f" (last step {_about(p['age_s'])} ago)"
+        text += f" (last step {about(p['age_s'])} ago)"
     return escape(text)
 
 

@@ -8,6 +8,7 @@ from airflow.sdk import Asset, AssetAlias
 from airflow.sdk.exceptions import AirflowFailException
 
 import trainops.cluster
+from tests.bundles import use_dag_folder
 from trainer.storage import open_storage
 from trainops.operators.stage import StageDatasetOperator, dataset_asset
 from trainops.staging.demo_data import write_demo_dataset
@@ -220,19 +221,8 @@ def test_dag_run_emits_an_asset_event_with_the_version(airflow_db, file_root, tm
     (folder / f"{dag_id}.py").write_text(
         _DAG_FILE.format(dag_id=dag_id, runtime=runtime, static=static, raw=raw["uri"], root=file_root)
     )
-    # dag.test() runs only DAGs it finds in a configured bundle.
-    monkeypatch.setenv(
-        "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST",
-        json.dumps(
-            [
-                {
-                    "name": "stage-assets-test",
-                    "kwargs": {"path": str(folder), "refresh_interval": 0},
-                    "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-                }
-            ]
-        ),
-    )
+
+    use_dag_folder(monkeypatch, folder, "stage-assets-test")
     dagrun = load_dag(str(folder), dag_id).test()
     assert str(dagrun.state).endswith("success")
     for name in (static, runtime):

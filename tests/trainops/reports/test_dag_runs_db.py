@@ -2,11 +2,11 @@
 a run that failed on its input, with the task that failed and the note it left (written by
 fail_fast through the database, as under ``dag.test()``)."""
 
-import json
 import uuid
 
 import pytest
 
+from tests.bundles import use_dag_folder
 from trainops.reports.dag_runs_db import recent_dag_runs
 from trainops.runs.dag_runs import dag_run_outcome
 
@@ -33,18 +33,7 @@ def test_a_run_that_failed_on_a_setting_is_read_with_its_task_and_reason(
     folder = tmp_path / "dags"
     folder.mkdir()
     (folder / f"{dag_id}.py").write_text(_DAG_FILE.format(dag_id=dag_id, root=file_root))
-    monkeypatch.setenv(
-        "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST",
-        json.dumps(
-            [
-                {
-                    "name": "dag-runs-test",
-                    "kwargs": {"path": str(folder), "refresh_interval": 0},
-                    "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
-                }
-            ]
-        ),
-    )
+    use_dag_folder(monkeypatch, folder, "dag-runs-test")
     dagrun = load_dag(str(folder), dag_id).test()
     assert str(dagrun.state).endswith("failed")
     (mine,) = [r for r in recent_dag_runs(limit=200) if r.dag_id == dag_id]

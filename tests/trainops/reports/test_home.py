@@ -236,16 +236,6 @@ def test_datasets_show_versions_newest_first_with_rows_and_verdicts():
 
 
 @pytest.mark.parametrize(
-    ("eta_s", "shown"),
-    [(3.0, "3 s"), (59.0, "59 s"), (61.0, "1 min"), (3000.0, "50 min"), (11_100.0, "3 h 5 min")],
-)
-def test_the_eta_reads_as_a_person_says_it(eta_s, shown):
-    from trainops.reports.home import _about
-
-    assert _about(eta_s) == shown
-
-
-@pytest.mark.parametrize(
     "section", ["No training runs were found", "No model has been promoted", "No staged datasets"]
 )
 def test_an_empty_root_says_what_is_missing(section):

@@ -58,5 +58,16 @@ def test_each_outcome_reads_as_the_vocabulary_says(kw, kind, text):
     assert (found.kind, found.text) == (kind, text)
 
 
-def test_about():
-    assert [about(s) for s in (5, 125, 7500)] == ["5 s", "2 min", "2 h 5 min"]
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [
+        (3.0, "3 s"),
+        (59.0, "59 s"),
+        (61.0, "1 min"),
+        (125, "2 min"),
+        (3000.0, "50 min"),
+        (11_100.0, "3 h 5 min"),
+    ],
+)
+def test_a_span_reads_as_a_person_says_it(seconds, shown):
+    assert about(seconds) == shown

@@ -38,6 +38,8 @@ def unknown_fields(obj: Any, schema: Json, path: str = "") -> list[str]:
     ``metadata`` of the object itself is the API server's (ObjectMeta), never pruned."""
     if schema.get("x-kubernetes-preserve-unknown-fields") and "properties" not in schema:
         return []
+    if "$ref" in schema:  # a reference (a Helm chart's schema) is not followed: taken as known
+        return []
     out: list[str] = []
     if isinstance(obj, dict):
         props = schema.get("properties")
