@@ -19,15 +19,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from html.parser import HTMLParser
-from pathlib import Path
 from urllib.parse import quote, urljoin
 
 import pytest
 
+from tests.e2e.browser import CHROMIUM, browse, click
 from tests.e2e.demo_run import FirstRun
 
-CHROMIUM = "/usr/bin/chromium"
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
@@ -35,69 +33,6 @@ pytestmark = [
         reason=f"{CHROMIUM} is not installed: the browser test needs Debian's chromium package",
     ),
 ]
-
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
-
-class _Anchors(HTMLParser):
-    """The document's title (not an SVG's), the page's links as (text, href) and its iframes'
-    sources."""
-
-    def __init__(self, dom: str):
-        super().__init__()
-        self.links: list[tuple[str, str]] = []
-        self.frames: list[str] = []
-        self.title = ""
-        self._href: str | None = None
-        self._text: list[str] = []
-        self._in_title = False
-        self.feed(dom)
-
-    def handle_starttag(self, tag, attrs):
-        if tag == "a":
-            self._href, self._text = dict(attrs).get("href"), []
-        elif tag == "iframe":
-            self.frames.append(dict(attrs).get("src") or "")
-        elif tag == "title" and not self.title:
-            self._in_title = True
-
-    def handle_endtag(self, tag):
-        if tag == "a" and self._href is not None:
-            self.links.append((" ".join("".join(self._text).split()), self._href))
-            self._href = None
-        elif tag == "title":
-            self._in_title = False
-
-    def handle_data(self, data):
-        if self._href is not None:
-            self._text.append(data)
-        if self._in_title:
-            self.title += data
-
-
-def browse(url: str, profile: Path, *, virtual_time_ms: int | None = None) -> _Anchors:
-    """The page at ``url`` as headless Chromium has rendered it."""
-    args = [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--dump-dom", url]
-    if virtual_time_ms:
-        args.insert(-2, f"--virtual-time-budget={virtual_time_ms}")
-    out = subprocess.run(args, capture_output=True, timeout=180, check=True)
-    return _Anchors(out.stdout.decode("utf-8", errors="replace"))
-
-
-def click(page: _Anchors, url: str, text: str) -> str:
-    """The absolute URL of the one link on ``page`` (loaded from ``url``) whose text is ``text``."""
-    hrefs = [href for label, href in page.links if label == text]
-    assert len(hrefs) == 1, f"no single link {text!r} on {url}: {page.links}"
-    return urljoin(url, hrefs[0])
 
 
 def _free_port() -> int:
@@ -180,11 +115,17 @@ def test_home_to_run_to_model_card_and_back_to_the_airflow_run(demo_env, api_ser
     home_url = f"{base}/trainops/"
     home = browse(home_url, profile)
     assert home.title == "trainops - trainops"
+    # the page leads with the DAG run, its outcome in words (and a colour class): promoted
+    version = results["promote"]["version"]
+    assert ("promoted", f"promoted v{version}") in home.outcomes, home.outcomes
+    assert (
+        click(home, home_url, f"trainops_demo / {run_id}")
+        == f"{base}/dags/trainops_demo/runs/{quote(run_id, safe='')}"
+    )
     run_url = click(home, home_url, f"trainops_demo / {safe_segment(run_id)} / train")
 
     run_page = browse(run_url, profile)
     assert run_page.title == f"Training run: trainops_demo / {safe_segment(run_id)} / train - trainops"
-    version = results["promote"]["version"]
     card_url = click(run_page, run_url, f"Model card demo-lm v{version}")
 
     card = browse(card_url, profile)

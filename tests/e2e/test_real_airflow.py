@@ -36,6 +36,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.browser import CHROMIUM, SigningProxy, browse
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -434,6 +436,23 @@ def test_retrain_manual_on_a_real_airflow(real_airflow):
         'class="outcome-failed fail">failed at plan: ' in row_of[failed_id]
         and "max_step" in row_of[failed_id]
     )
+    # ... and as a browser shows them: headless Chromium, through a proxy that adds the token a
+    # logged-in browser's cookie stands for; and the rejected run's page in Airflow's UI, with
+    # its note naming the failed check.
+    if os.path.exists(CHROMIUM):
+        with SigningProxy(af.base, af.token) as proxy:
+            shown = browse(f"{proxy.url}/trainops/", af.tmp / "chromium").outcomes
+            ui = browse(
+                f"{proxy.url}/dags/{DAG_ID}/runs/{rejected_id}", af.tmp / "chromium", virtual_time_ms=20_000
+            )
+        assert ("promoted", "promoted v1") in shown, shown
+        assert any(k == "rejected" and t.startswith("rejected: ") and "eval_loss" in t for k, t in shown), (
+            shown
+        )
+        assert any(
+            k == "failed" and t.startswith("failed at plan: ") and "max_step" in t for k, t in shown
+        ), shown
+        assert "REJECTED: retrain-lm failed 2 of 2 gate checks" in ui.text, ui.text[-2000:]
 
     # A bad payload is refused when triggered, naming the field, and starts nothing.
     runs_before = af.request("GET", f"/api/v2/dags/{DAG_ID}/dagRuns").json()["total_entries"]
