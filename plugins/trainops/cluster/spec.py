@@ -87,6 +87,10 @@ class JobSpec:
     :param tolerations: extra pod tolerations (Kubernetes form), added to the spot ones.
     :param affinity: extra pod affinity (Kubernetes form). Its required node selector terms are
         ANDed with the placement terms; everything else is kept as given.
+    :param avoid_nodes: Node names no pod may run on (``metadata.name NotIn``, ANDed into each
+        node affinity term): the nodes earlier attempts failed on for the node's sake
+        (:mod:`trainops.recovery.bad_nodes`). Kinds placed by a nodeSelector alone (a TrainJob
+        on Kubeflow Trainer v2.0) cannot exclude a node and ignore it.
     :param capacity: ``spot``, ``on-demand`` or ``spot-then-on-demand`` (starts as spot; the
         operator switches the JobSpec to on-demand after repeated preemptions).
     :param spot_flavour: which provider's spot labels to target: ``karpenter``, ``eks``,
@@ -139,6 +143,7 @@ class JobSpec:
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: list[dict[str, Any]] = field(default_factory=list)
     affinity: dict[str, Any] | None = None
+    avoid_nodes: list[str] = field(default_factory=list)
     capacity: str = "spot"
     spot_flavour: str = "auto"
     scheduler: str = "default"
@@ -260,6 +265,12 @@ def _check_pod(spec: JobSpec) -> None:
                 f"JobSpec {source} {value!r} is not a DNS-1123 name: use None or a name such as 'trainer'"
             )
     _check_tolerations(spec.tolerations)
+    if not isinstance(spec.avoid_nodes, list) or not all(
+        isinstance(n, str) and _SUBDOMAIN.match(n) for n in spec.avoid_nodes
+    ):
+        raise JobSpecError(
+            f"JobSpec avoid_nodes {spec.avoid_nodes!r}: use a list of Node names such as ['ip-10-0-1-2.ec2.internal']"
+        )
     if spec.affinity is not None and (
         not isinstance(spec.affinity, dict) or not set(spec.affinity) <= set(AFFINITY_KEYS)
     ):

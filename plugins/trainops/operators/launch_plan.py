@@ -10,7 +10,7 @@ Airflow connection) is passed in.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -171,11 +171,14 @@ def training_attempt(
     attempt: int,
     capacity: str,
     storage_env: Mapping[str, str],
+    avoid_nodes: Sequence[str] = (),
 ) -> AttemptLaunch:
     """Attempt ``attempt`` of the training run under ``run_uri``.
 
     :param capacity: the run's capacity now (``spot-then-on-demand`` moves to ``on-demand``).
     :param storage_env: the storage endpoint and region (``trainops.hooks.storage.job_env_for``).
+    :param avoid_nodes: Node names earlier attempts failed on twice for the node's sake
+        (:func:`trainops.recovery.bad_nodes.avoided`), kept out of this attempt's placement.
     """
     layout = RunLayout(run_uri)
     options = {
@@ -196,8 +199,9 @@ def training_attempt(
         namespace=settings.namespace,
         capacity=capacity,
         termination_grace_seconds=settings.termination_grace_seconds,
+        avoid_nodes=sorted({*avoid_nodes, *(options.get("avoid_nodes") or [])}),
         **merge_job_options(
-            options,
+            {k: v for k, v in options.items() if k != "avoid_nodes"},
             # The GPUs too: a trainer that cannot see them fails as its node's fault, where it
             # would otherwise train on the CPU without a word.
             env={

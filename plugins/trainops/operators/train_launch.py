@@ -3,7 +3,7 @@ and each attempt's JobSpec, sized from the config as written and the dataset it 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -95,9 +95,10 @@ def attempt_launch(
     capacity: str,
     aws_conn_id: str | None,
     log: TaskLog,
+    avoid_nodes: Sequence[str] = (),
 ) -> AttemptLaunch:
     """Attempt ``attempt``'s launch on ``capacity``, sized from the run's config as written
-    (and, on Kubernetes, the pods' disk from its dataset).
+    (and, on Kubernetes, the pods' disk from its dataset), kept off ``avoid_nodes``.
 
     :param settings: the operator's launch settings (the pods' disk not sized yet)."""
     config = run_config(store, layout)
@@ -117,4 +118,5 @@ def attempt_launch(
         attempt=attempt,
         capacity=capacity,
         storage_env=job_env_for(layout.run_uri, aws_conn_id),
+        avoid_nodes=avoid_nodes,
     )

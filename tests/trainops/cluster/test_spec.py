@@ -137,3 +137,13 @@ def test_a_job_json_spec_from_before_the_disk_fields_still_reads():
         if k not in ("cache_size", "ephemeral_storage", "ttl_seconds_after_finished")
     }
     assert JobSpec.from_dict(old).cache_size is None
+
+
+def test_avoid_nodes_must_be_node_names():
+    import pytest as _pytest
+
+    from trainops.cluster.spec import JobSpec, JobSpecError
+
+    assert JobSpec(name="x", args=["python"], avoid_nodes=["ip-10-0-1-2.ec2.internal"]).avoid_nodes
+    with _pytest.raises(JobSpecError, match="avoid_nodes"):
+        JobSpec(name="x", args=["python"], avoid_nodes=["bad name!"])

@@ -244,3 +244,16 @@ def test_a_preset_that_cannot_fit_is_a_warning_in_the_log(caplog):
     assert warnings[1].startswith(
         "sizing: model.preset '7b' (6.74B parameters) does not fit 1 x 1 GPU(s) of g6.xlarge's L4"
     )
+
+
+def test_the_nodes_to_avoid_reach_the_attempts_spec_with_the_users_own():
+    spec = training_attempt(
+        settings(job_options={"avoid_nodes": ["node-z"]}),
+        identity=IDENTITY,
+        run_uri=RUN_URI,
+        attempt=3,
+        capacity="spot",
+        storage_env={},
+        avoid_nodes=["node-b", "node-a"],
+    ).spec
+    assert spec.avoid_nodes == ["node-a", "node-b", "node-z"]  # recorded in job.json with the spec

@@ -107,12 +107,25 @@ def and_terms(ours: list[Json], theirs: list[Json]) -> list[Json]:
 
 
 def affinity(spec: JobSpec) -> Json:
-    """The pod's ``affinity``: placement ANDed with the user's; the user's other parts kept."""
+    """The pod's ``affinity``: placement ANDed with the user's and with the nodes to avoid
+    (``avoid_nodes``: ``metadata.name NotIn``, a field selector no label can fake); the user's
+    other parts kept."""
     out = copy.deepcopy(spec.affinity or {})
     node = out.setdefault("nodeAffinity", {})
     terms = and_terms(
         placement_terms(spec.capacity, spec.spot_flavour), _user_terms(spec.node_selector, spec.affinity)
     )
+    if spec.avoid_nodes:
+        terms = and_terms(
+            terms,
+            [
+                {
+                    "matchFields": [
+                        {"key": "metadata.name", "operator": "NotIn", "values": sorted(spec.avoid_nodes)}
+                    ]
+                }
+            ],
+        )
     node["requiredDuringSchedulingIgnoredDuringExecution"] = {"nodeSelectorTerms": terms}
     return out
 

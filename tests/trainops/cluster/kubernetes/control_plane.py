@@ -43,8 +43,8 @@ Simulated:
   fails; pods kept (``cleanPodPolicy: None``).
 
 Not simulated: the TrainJob (JobSet) controller (TrainJobs are stored and deleted; a test adds
-their pods with :meth:`pods_from_template`), affinity and resources in scheduling (any Ready
-node fits, one pod per node per job), Kueue admission, watches, the PyTorchJob's Services.
+their pods with :meth:`pods_from_template`), affinity by labels and resources in scheduling
+(any Ready node fits, one pod per node per job; only a node name ``matchFields`` is honoured), Kueue admission, watches, the PyTorchJob's Services.
 
 Time is simulated: :meth:`clock` and :meth:`sleep` are the backend's, every API call takes
 ``call_s`` simulated seconds, and :meth:`tick` advances the clock and runs the controllers.
@@ -645,7 +645,7 @@ class ControlPlane:
             for p in self.pods()
             if p["metadata"]["ownerReferences"][0]["uid"] == owner
         }
-        free = [n for n in sorted(self.nodes) if self.ready(n) and n not in used]
+        free = [n for n in sorted(self.nodes) if self.ready(n) and n not in used and _fields_fit(pod, n)]
         if free:
             self.bind(pod, free[0])
         elif not pod["status"]["conditions"]:
@@ -1056,6 +1056,28 @@ class ControlPlane:
         self, group, version, namespace, plural, name, propagation_policy=None
     ):
         self._delete(self._plural(plural), namespace, name, propagation_policy=propagation_policy)
+
+
+def _fields_fit(pod, node_name):
+    """Whether ``node_name`` meets the pod's required node affinity's ``matchFields`` in some
+    term (``metadata.name In/NotIn``; labels are not checked: any Ready node fits them)."""
+    required = (
+        ((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        )
+        or {}
+    ).get("nodeSelectorTerms")
+    if not required:
+        return True
+    for term in required:
+        ok = True
+        for match in term.get("matchFields") or []:
+            if match["key"] == "metadata.name":
+                inside = node_name in match.get("values", [])
+                ok = ok and (inside if match["operator"] == "In" else not inside)
+        if ok:
+            return True
+    return False
 
 
 def _true(obj, ctype):
