@@ -22,7 +22,7 @@ from trainops.operators.base import DEFAULT_IMAGE, ClusterJobOperator, TaskIdent
 from trainops.operators.deadlines import waiting_failed
 from trainops.operators.fail_fast import fail_fast
 from trainops.operators.launch_plan import LaunchSettings, checked_run_config, manifests_of
-from trainops.recovery import bad_nodes, driver
+from trainops.recovery import driver
 from trainops.recovery.notice import grace_warning
 from trainops.triggers.events import check_event
 from trainops.triggers.job import JobGoneTrigger
@@ -367,14 +367,6 @@ class FSDPTrainingOperator(ClusterJobOperator):
 
     def _record_intent(self, run: _Call, job: JobRecord, attempt: int) -> tuple[JobRecord, AttemptLaunch]:
         """Attempt ``attempt``'s launch, and ``job`` with it recorded (intent before action)."""
-        avoid = bad_nodes.avoided(job["attempts"], now=time.time())
-        if avoid:
-            self.log.warning(
-                "attempt %d keeps off %d node(s) earlier attempts failed on twice: %s",
-                attempt,
-                len(avoid),
-                bad_nodes.describe(avoid),
-            )
         launch = train_launch.attempt_launch(
             run.store,
             run.layout,
@@ -382,10 +374,9 @@ class FSDPTrainingOperator(ClusterJobOperator):
             cluster=self.cluster,
             identity=run.identity,
             attempt=attempt,
-            capacity=job["capacity"],
+            job=job,
             aws_conn_id=self.aws_conn_id,
             log=self.log,
-            avoid_nodes=sorted(avoid),
         )
         self.task_labels(run.context)  # on_kill finds every attempt's job by them
         job = train_record.record_intent(

@@ -3,7 +3,8 @@ and each attempt's JobSpec, sized from the config as written and the dataset it 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -24,6 +25,7 @@ from trainops.operators.launch_plan import (
 )
 from trainops.operators.preflight import check_builder, check_fit, check_gpus, dataset_manifest
 from trainops.operators.sizing import disk_options, estimate
+from trainops.recovery import bad_nodes
 
 
 def checked_config(
@@ -92,15 +94,24 @@ def attempt_launch(
     cluster: str,
     identity: TaskIdentity,
     attempt: int,
-    capacity: str,
+    job: Mapping[str, Any],
     aws_conn_id: str | None,
     log: TaskLog,
-    avoid_nodes: Sequence[str] = (),
 ) -> AttemptLaunch:
-    """Attempt ``attempt``'s launch on ``capacity``, sized from the run's config as written
-    (and, on Kubernetes, the pods' disk from its dataset), kept off ``avoid_nodes``.
+    """Attempt ``attempt``'s launch on the run's capacity now (``job``: its job.json), sized
+    from the run's config as written (and, on Kubernetes, the pods' disk from its dataset),
+    kept off the nodes its earlier attempts failed on twice (:mod:`trainops.recovery.bad_nodes`).
 
     :param settings: the operator's launch settings (the pods' disk not sized yet)."""
+    capacity = job["capacity"]
+    avoid = bad_nodes.avoided(job.get("attempts") or [], now=time.time())
+    if avoid:
+        log.warning(
+            "attempt %d keeps off %d node(s) earlier attempts failed on twice: %s",
+            attempt,
+            len(avoid),
+            bad_nodes.describe(avoid),
+        )
     config = run_config(store, layout)
     if cluster == "kubernetes":
         disk = pod_disk(
@@ -118,5 +129,5 @@ def attempt_launch(
         attempt=attempt,
         capacity=capacity,
         storage_env=job_env_for(layout.run_uri, aws_conn_id),
-        avoid_nodes=avoid_nodes,
+        avoid_nodes=sorted(avoid),
     )

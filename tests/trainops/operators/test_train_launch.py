@@ -57,12 +57,38 @@ def test_an_attempt_is_launched_from_the_config_as_written_on_the_runs_capacity(
     store.put(layout.config, dump_yaml(config).encode())
     assert train_launch.run_config(store, layout) == config
     launch = train_launch.attempt_launch(
-        store, layout, settings(), cluster="local", identity=IDENTITY, attempt=2, capacity="on-demand",
-        aws_conn_id=None, log=RecordingLog(),
+        store, layout, settings(), cluster="local", identity=IDENTITY, attempt=2,
+        job={"capacity": "on-demand", "attempts": []}, aws_conn_id=None, log=RecordingLog(),
     )  # fmt: skip
     assert launch.spec.name.endswith("-a2") and launch.spec.capacity == "on-demand"
     assert launch.spec.nodes == 2 and launch.spec.labels["trainops/attempt"] == "2"
     assert launch.spec.cache_size is None  # the pods' disk is sized on Kubernetes only
+
+
+def test_a_relaunch_keeps_off_a_node_earlier_attempts_hung_on_twice_and_says_so(tmp_path):
+    from datetime import UTC, datetime
+
+    data = staged_dataset((tmp_path / "data" / "v1").as_uri())
+    config, store, layout = checked(tmp_path, data)
+    store.put(layout.config, dump_yaml(config).encode())
+    ended = datetime.now(UTC).isoformat()
+    hung = [
+        {
+            "attempt": n,
+            "classification": "hung",
+            "ended_at": ended,
+            "state": {"nodes": [{"index": 0, "node_name": "node-x"}]},
+        }
+        for n in (1, 2)
+    ]
+    log = RecordingLog()
+    launch = train_launch.attempt_launch(
+        store, layout, settings(), cluster="local", identity=IDENTITY, attempt=3,
+        job={"capacity": "spot", "attempts": hung}, aws_conn_id=None, log=log,
+    )  # fmt: skip
+    assert launch.spec.avoid_nodes == ["node-x"]
+    assert ("warning", "attempt 3 keeps off 1 node(s) earlier attempts failed on twice: "
+            "node-x (attempt 1: hung, attempt 2: hung)") in log.lines  # fmt: skip
 
 
 def test_the_pods_disk_comes_from_the_config_and_the_dataset(tmp_path):
