@@ -213,11 +213,19 @@ def onward_lines(facts: dict) -> list[str]:
     if found:
         lines.append(f"  {found[0]:<15}{report_url(found[1])}")
     lines.append(f"  {'home':<15}{DEMO_AIRFLOW_URL}/trainops/")
-    commands = [
-        ("python -m trainops status latest", "the newest run's state"),
-        ("python -m trainops report latest", "its report's URL (--open opens it)"),
-        (f"python -m trainops models {facts['model_name']}", "production and its history: who and why"),
-    ]
+    trained = bool((facts.get("train") or {}).get("run_uri"))
+    # `latest` is the newest training run: after staging rejected the data, an earlier run's
+    commands = (
+        [
+            ("python -m trainops status latest", "the newest run's state"),
+            ("python -m trainops report latest", "its report's URL (--open opens it)"),
+        ]
+        if trained
+        else [("python -m trainops runs", "the training runs so far and their outcomes")]
+    )
+    commands.append(
+        (f"python -m trainops models {facts['model_name']}", "production and its history: who and why")
+    )
     width = max(len(command) for command, _ in commands)
     lines.append("look further")
     lines += [f"  {command:<{width}}  {what}" for command, what in commands]

@@ -244,6 +244,9 @@ def test_data_rejected_by_staging_is_named_expectation_by_expectation(file_root)
         "staging rejected the data: text: expect_column_value_lengths_to_be_between failed for 3 rows (e.g. '')",
     ]
     assert f"  validation     http://localhost:8080/trainops/report?uri={quote(report, safe='')}" in lines
+    # nothing trained: `latest` would be an earlier run's, so the summary points at the runs
+    assert "  python -m trainops runs            the training runs so far and their outcomes" in lines
+    assert not [line for line in lines if "latest" in line]
     # a report that cannot be read: the line that says where to look instead
     gone = collect(storage, file_root, {}, "demo-lm", validation_uri=f"{file_root}/nowhere/validation.json")
     assert (
