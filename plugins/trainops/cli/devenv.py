@@ -103,8 +103,9 @@ def airflow_api_env(
     if not isinstance(passwords, dict) or not isinstance(passwords.get(user), str):
         passwords = {**(passwords if isinstance(passwords, dict) else {}), user: secrets.token_urlsafe(12)}
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(passwords))
-        path.chmod(0o600)
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as file:
+            file.write(json.dumps(passwords))  # never readable by others, not even for a moment
+        path.chmod(0o600)  # a file that was there keeps its old mode through os.open
     password = passwords[user]
     if os.environ.get(API_CONN_ENV):
         return {}, password

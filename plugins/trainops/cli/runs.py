@@ -76,8 +76,8 @@ def report_url(uri: str, base: str) -> str:
     return f"{base.rstrip('/')}/trainops/report?uri={quote(uri, safe='')}"
 
 
-def _when(text: str | None) -> str:
-    return (text or "-").replace("T", " ").replace("+00:00", "")[:19] or "-"
+def _when(text: object) -> str:
+    return str(text or "-").replace("T", " ").replace("+00:00", "")[:19] or "-"
 
 
 def _duration(f: RunFacts) -> str:
@@ -261,14 +261,12 @@ def cmd_models(args: argparse.Namespace) -> int:
             )
         print(f"model card: {report_url(join(str(pointer.get('uri')), 'card.json'), args.airflow_url)}")
         return 0
-    names = sorted(
-        {
-            u[len(root.rstrip("/")) + 1 :].split("/")[1]
-            for u in store.list(join(root, "models") + "/")
-            if u.endswith("/production.json")
-        }
-    )
-    found = {n: run_facts.pointer(store, root, n) for n in names}
+    found: dict[str, dict[str, Any] | None] = {}
+    depth = join(root, "models").count("/") + 2  # models/<folder>/production.json
+    for uri in sorted(store.list(join(root, "models") + "/")):
+        if uri.endswith("/production.json") and uri.count("/") == depth:
+            pointer = run_facts.json_at(store, uri)
+            found[str((pointer or {}).get("model") or uri.rsplit("/", 2)[-2])] = pointer
     if args.json:
         print(json.dumps(found, indent=2))
         return 0
@@ -372,6 +370,9 @@ def main(args: argparse.Namespace) -> int:
     except CliError as exc:
         print(f"{args.command}: {exc}", file=sys.stderr)
         return exc.status
+    except ValueError as exc:  # a name that cannot be a folder (".", ".."): what was given, and why
+        print(f"{args.command}: {exc}", file=sys.stderr)
+        return 2
     except StorageError as exc:
         print(
             f"{args.command}: {storage_hint(exc, getattr(args, 'storage_root', None) or 'the storage root')}",

@@ -28,11 +28,9 @@ def _observed(check: Mapping[str, Any]) -> str:
 def _line(check: Mapping[str, Any]) -> str:
     """A check as a person reads it: its name, the metric that decided it, observed against
     expected, and a paired interval when there was one."""
-    metric = check.get("metric")
-    words = re.findall(r"[A-Za-z0-9_]+", str(check["name"]))
-    named = (
-        check["name"] if not metric or metric == "slices" or metric in words else f"{check['name']}: {metric}"
-    )
+    metric, name = check.get("metric"), check.get("name") or "a check"
+    words = re.findall(r"[A-Za-z0-9_]+", str(name))
+    named = name if not metric or metric == "slices" or metric in words else f"{name}: {metric}"
     line = f"{named} (observed {_observed(check)}, expected {check.get('expected') or '-'}"
     interval = check.get("interval")
     if isinstance(interval, list) and len(interval) == 2 and check.get("confidence"):

@@ -97,7 +97,9 @@ def fail_fast(func: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except AirflowFailException:
+        except AirflowFailException as exc:
+            if exc.__cause__ is not None and unretryable(exc.__cause__):
+                _leave_note(args, kwargs, exc)  # the operator chose the message: the input's fault
             raise
         except Exception as exc:
             if not unretryable(exc):

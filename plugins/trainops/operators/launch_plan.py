@@ -19,7 +19,7 @@ from trainer.contract import ENV_ATTEMPT, ENV_GPUS_PER_NODE, RunLayout, trainer_
 from trainer.presets import param_count
 from trainops.cluster.kubernetes.nodes import instance_type
 from trainops.cluster.kubernetes.render import render_manifests
-from trainops.cluster.spec import JobSpec
+from trainops.cluster.spec import JobSpec, JobSpecError
 from trainops.operators.base import TaskIdentity, job_labels, job_name
 from trainops.operators.cleanup import ttl_options
 from trainops.operators.job_options import merge_job_options
@@ -199,7 +199,7 @@ def training_attempt(
         namespace=settings.namespace,
         capacity=capacity,
         termination_grace_seconds=settings.termination_grace_seconds,
-        avoid_nodes=sorted({*avoid_nodes, *(options.get("avoid_nodes") or [])}),
+        avoid_nodes=sorted({*avoid_nodes, *_listed_nodes(options.get("avoid_nodes"))}),
         **merge_job_options(
             {k: v for k, v in options.items() if k != "avoid_nodes"},
             # The GPUs too: a trainer that cannot see them fails as its node's fault, where it
@@ -231,6 +231,17 @@ def training_attempt(
             "metrics_uri": layout.metrics,
         }
     return AttemptLaunch(spec=spec, chaos=chaos)
+
+
+def _listed_nodes(value: Any) -> list[str]:
+    """``job_options`` ``avoid_nodes``: a list of Node names (a string would be its letters)."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise JobSpecError(
+            f"job_options avoid_nodes {value!r}: use a list of Node names such as ['gpu-node-1']"
+        )
+    return value
 
 
 def watchdog_env(job_options: Mapping[str, Any]) -> dict[str, str]:

@@ -22,7 +22,7 @@ from trainops.operators.stage_sizing import stage_pod
 from trainops.operators.stage_spark import stage_on_spark
 from trainops.settings import resolve_storage_root
 from trainops.staging.assets import ASSET_ALIAS, asset_name, asset_uri, event_extra, is_runtime_name
-from trainops.staging.errors import DataValidationError
+from trainops.staging.errors import DataValidationError, StagingError
 from trainops.staging.job import build_request
 from trainops.staging.options import (
     DEFAULT_SLICE_COLUMNS,
@@ -421,7 +421,8 @@ class StageDatasetOperator(ClusterJobOperator):
         if record["error"] in ("DataValidationError", "QuarantineExceeded") and record.get("report_uri"):
             self._log_failures(self._read_report(root, record["report_uri"]))
         if record["error"] in ("DataValidationError", "QuarantineExceeded", "StagingError"):
-            raise AirflowFailException(record["message"])  # the same data fails the same way
+            # the same data fails the same way (and fail_fast leaves the note: the input's fault)
+            raise AirflowFailException(record["message"]) from StagingError(record["message"])
         raise RuntimeError(f"staging job {handle['job_id']} failed: {record['message']}")
 
     def _log_failures(self, summary: dict | None) -> None:

@@ -9,8 +9,11 @@ when an attempt ended on it for a reason that is the node's, not the program's n
   A gang of several nodes that hangs says nothing about which one stalled (rank 0's heartbeat
   is all there is), so no node of it is struck: blaming them all would exclude the whole pool.
 - **infra** (the infrastructure stopped it): a strike for each node the backend names as lost or
-  evicted for a node reason (NotReady, gone, out of memory or disk, a failed kubelet), not
-  for a spot reclaim (``preempted``), which is the cloud's call, not the node's fault.
+  evicted for a node reason (NotReady, gone, the node low on memory or disk), not for a spot
+  reclaim (``preempted``), which is the cloud's call, nor for a pod over its own limits.
+
+When an attempt that kept off nodes found no node at all (unschedulable: a fixed pool that
+small), the next one keeps off none: waiting hours for strikes to expire is worse.
 
 A node with :data:`STRIKES` strikes within ``ttl_s`` (a node may be repaired or replaced: the
 strikes expire) is excluded from the next launch's placement: a node affinity that no pod may
@@ -28,18 +31,16 @@ from typing import Any
 STRIKES = 2
 DEFAULT_TTL_S = 6 * 3600.0
 MAX_AVOIDED = 8
-# A pod or disruption reason that is the node's doing (Kubernetes' words, lower case).
+# A pod or disruption reason that is the node's doing (Kubernetes' words, lower case). An
+# eviction counts only for node pressure ("The node was low on resource"): a pod evicted for
+# its own ephemeral-storage limit, or a container killed for its own memory limit, is the job's.
 NODE_REASONS = (
     "nodelost",
     "notready",
     "node not ready",
     "nodeshutdown",
-    "terminated",
     "deletionbypodgc",
-    "evicted",
-    "oomkilled",
-    "diskpressure",
-    "memorypressure",
+    "the node was low on resource",
     "node vanished",
     "node is gone",
 )
@@ -104,6 +105,9 @@ def avoided(
         if now - strike.at <= ttl_s:
             by_node.setdefault(strike.node, []).append(strike)
     bad = {n: s for n, s in by_node.items() if len(s) >= STRIKES}
+    last = attempts[-1] if attempts else {}
+    if bad and (last.get("state") or {}).get("unschedulable") and (last.get("spec") or {}).get("avoid_nodes"):
+        return {}  # the exclusion left the last attempt no node: the pool is that small, so drop it
     newest = sorted(bad, key=lambda n: -bad[n][-1].at)[:MAX_AVOIDED]
     return {n: bad[n] for n in newest}
 

@@ -104,7 +104,7 @@ from trainops.reports.frame import Around, frame_links
 from trainops.reports.home import home_page
 from trainops.reports.home_runs import dag_run_rows
 from trainops.reports.html import framed
-from trainops.reports.notes_check import notes_problem
+from trainops.reports.notes_check import notes_conn_id, notes_problem
 from trainops.reports.reader import Reads, max_steps_of, read_home
 
 # Re-exported: the checks as the app applies them (trainops.reports.access holds them).
@@ -306,8 +306,7 @@ def create_app() -> FastAPI:
         may_read = _may_read_dag(request, user)
         runs, models, datasets, hidden, problems = read_home(roots, conn_id, may_read=may_read, now=now)
         dag_runs, dag_runs_problem = dag_run_rows(roots, conn_id, may_read=may_read, known=runs, now=now)
-        api_conn = os.environ.get("AIRFLOW__TRAINOPS__AIRFLOW_API_CONN_ID") or "trainops_airflow_api"
-        problems = [*problems, *filter(None, [notes_problem(api_conn)])]
+        problems = [*problems, *filter(None, [notes_problem(notes_conn_id())])]
         page = home_page(
             runs,
             models,

@@ -9,7 +9,6 @@ import logging
 from collections.abc import Callable, Sequence
 
 from trainer.contract import run_prefix
-from trainer.storage import StorageError
 from trainops.hooks.storage import storage_for
 from trainops.reports.dag_runs_db import DEFAULT_LIMIT, recent_dag_runs
 from trainops.reports.home import HomeRun
@@ -21,8 +20,9 @@ from trainops.runs.refs import RunRef
 log = logging.getLogger(__name__)
 
 
-def _known_runs(runs: Sequence[HomeRun]) -> dict[tuple[str, str], tuple[str, str]]:
-    """(dag_id, Airflow run id) -> (the training's run URI, the root it was found under)."""
+def _known_runs(runs: Sequence[HomeRun]) -> dict[tuple[str, str], tuple[str, str, str]]:
+    """(dag_id, Airflow run id) -> (the training's run URI, the root it was found under, its
+    task id)."""
     out = {}
     for entry in runs:
         job = entry["run"]["job"] or {}
@@ -30,8 +30,8 @@ def _known_runs(runs: Sequence[HomeRun]) -> dict[tuple[str, str], tuple[str, str
         run_id = airflow.get("run_id") if isinstance(airflow, dict) else None
         run_uri = job.get("run_uri")
         if isinstance(run_id, str) and isinstance(run_uri, str):
-            root = entry["run"]["uri"].split("/runs/")[0]
-            out[(entry["run"]["dag_id"], run_id)] = (run_uri, root)
+            root = entry["run"]["uri"].rsplit("/", 5)[0]  # <root>/runs/<dag>/<run>/<task>/job.json
+            out[(entry["run"]["dag_id"], run_id)] = (run_uri, root, entry["run"]["task_id"])
     return out
 
 
@@ -59,16 +59,17 @@ def dag_run_rows(
         places = (
             [found[key]]
             if key in found
-            else [(run_prefix(r, info.dag_id, info.run_id, "train"), r) for r in roots]
+            else [(run_prefix(r, info.dag_id, info.run_id, "train"), r, "train") for r in roots]
         )
-        for run_uri, root in places:
+        for run_uri, root, task in places:
             try:
                 f = read_facts(
                     storage_for(root, conn_id),
-                    RunRef(run_uri, info.dag_id, info.run_id, "train", root),
+                    RunRef(run_uri, info.dag_id, info.run_id, task, root),
                     now=now,
                 )
-            except (StorageError, ValueError):
+            except Exception:  # a damaged or unreadable record: the row says what Airflow knows
+                log.warning("could not read the training of %s %s", info.dag_id, info.run_id, exc_info=True)
                 continue
             if not f.problem:
                 facts[key] = f

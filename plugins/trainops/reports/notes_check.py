@@ -23,6 +23,14 @@ def _lookup(conn_id: str) -> object:
     return Connection.get_connection_from_secrets(conn_id)
 
 
+def notes_conn_id() -> str:
+    """The connection notes are written through: ``[trainops] airflow_api_conn_id``, as the
+    tasks read it (:func:`trainops.operators.notes.api_conn_id`)."""
+    from trainops.operators.notes import api_conn_id  # noqa: PLC0415 - the REST client, only here
+
+    return api_conn_id()
+
+
 def notes_problem(conn_id: str, lookup: Callable[[str], object] = _lookup) -> str | None:
     """One sentence when connection ``conn_id`` cannot be found here; None when it can."""
     try:

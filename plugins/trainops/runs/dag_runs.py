@@ -68,6 +68,12 @@ def _note_reason(note: str | None, task: str | None) -> str | None:
 def dag_run_outcome(info: DagRunInfo, facts: RunFacts | None) -> Outcome:
     """The DAG run's outcome: its training's (:func:`outcome`) unless the run failed at a task
     other than training, or has no training yet."""
+    trained = outcome(facts) if facts is not None and not facts.problem else None
+    if trained is not None and trained.kind == "rejected":  # promote(on_rejection="fail") fails the run
+        return trained
+    if trained is not None and trained.kind == "running" and info.state in ("failed", "success"):
+        where = info.failed_task or facts.task  # type: ignore[union-attr]
+        return Outcome("failed", f"failed at {where}: the task ended while its training was still running")
     failed_elsewhere = info.state == "failed" and (
         facts is None or info.failed_task not in (None, facts.task)
     )
@@ -76,8 +82,8 @@ def dag_run_outcome(info: DagRunInfo, facts: RunFacts | None) -> Outcome:
         return Outcome(
             "failed", f"failed at {where}: {_note_reason(info.note, info.failed_task) or 'see its log'}"
         )
-    if facts is not None and not facts.problem:
-        return outcome(facts)
+    if trained is not None:
+        return trained
     if info.state in ("queued", "running"):
         return Outcome("running", "running: not training yet")
     if info.state == "success":

@@ -18,13 +18,20 @@ from trainops.runs.progress import progress
 from trainops.runs.refs import RunRef
 
 
-def _json(store: Storage, uri: str) -> dict[str, Any] | None:
+def json_at(store: Storage, uri: str) -> dict[str, Any] | None:
     """The JSON object at ``uri``; None when it is not there or is not an object."""
     try:
         data = json.loads(store.get(uri))
-    except (NotFound, ValueError):
+    except (NotFound, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
+
+
+_json = json_at
+
+
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def _dict(value: object) -> dict[str, Any]:
@@ -71,17 +78,19 @@ def read_facts(
         )
     airflow = _dict(job.get("airflow"))
     run_id = str(airflow.get("run_id") or ref.run_id)
-    attempts = [a for a in job.get("attempts") or [] if isinstance(a, dict)]
+    attempts = [a for a in _list(job.get("attempts")) if isinstance(a, dict)]
     last = attempts[-1] if attempts else {}
     decision = _dict(last.get("decision"))
     status = job.get("status") if isinstance(job.get("status"), str) else None
     cost = _dict(job.get("cost"))
     gate = _json(store, layout.eval_gate)
+    if gate is not None:  # a damaged decision: its verdict, with the checks that can be read
+        gate = {**gate, "checks": [c for c in _list(gate.get("checks")) if isinstance(c, dict)]}
     model = (gate or {}).get("model_name")
     promoted = None
     if isinstance(model, str) and ref.root:
         found = pointer(store, ref.root, model)
-        promoted = _promoted_version((found or {}).get("history") or [], ref.run_uri)
+        promoted = _promoted_version(_list((found or {}).get("history")), ref.run_uri)
     step = eta = limit = None
     if with_progress and status == "running":
         limit = max_steps(store, layout)
@@ -104,8 +113,8 @@ def read_facts(
         promotion=_json(store, layout.promotion),
         promoted_version=promoted,
         model_name=model if isinstance(model, str) else None,
-        started_at=(attempts[0].get("launched_at") if attempts else None),
-        ended_at=(last.get("ended_at") if status in ("succeeded", "failed") else None),
+        started_at=(str(attempts[0].get("launched_at") or "") or None) if attempts else None,
+        ended_at=(str(last.get("ended_at") or "") or None) if status in ("succeeded", "failed") else None,
         cost=cost.get("cost") if isinstance(cost.get("cost"), int | float) else None,
         attempts=len(attempts),
     )

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from trainer.contract import run_prefix
 from trainer.storage import Storage
-from trainops.cost.runs import JOB_NAME, run_of
+from trainops.cost.runs import JOB_NAME, RunPath, run_of
 
 LATEST = "latest"
-SCANNED = 200  # runs whose time is asked for ``latest`` (the highest run ids of each DAG)
+SCANNED = 200  # runs of each DAG whose time is asked for ``latest`` (the newest by their run id)
 
 
 class RunRefError(ValueError):
@@ -98,7 +98,16 @@ def latest(store: Storage, root: str) -> RunRef:
         raise RunRefError(
             f"no run under {root} yet (no runs/<dag>/<run>/<task>/job.json): run `make demo` first"
         )
-    candidates = sorted(found, key=lambda item: (item[1].run_id, item[1].dag_id), reverse=True)[:SCANNED]
+    by_dag: dict[str, list[tuple[str, RunPath]]] = {}
+    for item in found:
+        by_dag.setdefault(item[1].dag_id, []).append(item)
+    # the newest of each DAG by the date in its run id (manual__<date>, scheduled__<date>): a
+    # manual run is not outranked by the prefix "scheduled"; then the job.json times decide
+    candidates = [
+        item
+        for runs in by_dag.values()
+        for item in sorted(runs, key=lambda i: i[1].run_id.split("__", 1)[-1], reverse=True)[:SCANNED]
+    ]
     dated = [(float((store.head(uri) or {}).get("mtime") or 0.0), uri) for uri, _ in candidates]
     _, uri = max(dated)
     return _from_uri(uri)

@@ -174,3 +174,23 @@ def test_the_verbs_import_no_airflow(root):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "[]"
+
+
+def test_models_whose_names_needed_a_hashed_folder_are_listed_by_their_name(root, capsys):
+    from tests.trainops.runs.stored import promote
+
+    file_root, runs = root
+    store = open_storage(file_root)
+    promote(file_root, "demo-lm", 2, runs["promoted"])
+    folder = f"{file_root}/models/org~hash/production.json"
+    store.put(folder, json.dumps({"model": "org/model", "version": 3, "history": []}).encode())
+    assert run_verb(["models", "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["org/model"]["version"] == 3 and found["demo-lm"]["version"] == 2
+
+
+@pytest.mark.parametrize("argv", [["report", "."], ["report", ".."], ["models", ".."]])
+def test_a_name_that_cannot_be_a_folder_is_one_line(root, capsys, argv):
+    assert run_verb(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err

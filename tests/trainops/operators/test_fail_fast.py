@@ -118,3 +118,27 @@ def test_an_operators_input_failure_leaves_a_note_naming_the_task_and_the_reason
     with pytest.raises(ConnectionResetError):
         Flaky().execute({"ti": SimpleNamespace(task_id="train")})
     assert written == []
+
+
+def test_a_failure_the_operator_worded_itself_leaves_the_note_when_the_input_caused_it(monkeypatch):
+    """stage.py raises AirflowFailException from the DataValidationError: the run's note says so."""
+    from types import SimpleNamespace
+
+    from trainops.operators import notes
+
+    written = []
+    monkeypatch.setattr(notes, "write_notes", lambda context, **kw: written.append(kw))
+
+    class Stage:
+        log = SimpleNamespace(warning=lambda *a, **k: None)
+
+        @fail_fast
+        def execute(self, context):
+            try:
+                raise DataValidationError("2 expectations failed", summary={})
+            except DataValidationError as exc:
+                raise AirflowFailException(str(exc)) from exc
+
+    with pytest.raises(AirflowFailException):
+        Stage().execute(context={"ti": SimpleNamespace(task_id="stage")})
+    assert [w["run_note"] for w in written] == ["FAILED at stage: 2 expectations failed"]

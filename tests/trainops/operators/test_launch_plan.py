@@ -257,3 +257,17 @@ def test_the_nodes_to_avoid_reach_the_attempts_spec_with_the_users_own():
         avoid_nodes=["node-b", "node-a"],
     ).spec
     assert spec.avoid_nodes == ["node-a", "node-b", "node-z"]  # recorded in job.json with the spec
+
+
+def test_avoid_nodes_in_job_options_must_be_a_list():
+    from trainops.cluster.spec import JobSpecError
+
+    with pytest.raises(JobSpecError, match="avoid_nodes 'gpu1': use a list"):
+        training_attempt(
+            settings(job_options={"avoid_nodes": "gpu1"}),
+            identity=IDENTITY,
+            run_uri=RUN_URI,
+            attempt=1,
+            capacity="spot",
+            storage_env={},
+        )

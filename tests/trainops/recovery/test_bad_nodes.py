@@ -44,10 +44,34 @@ def test_node_reasons_strike_and_spot_reclaims_do_not():
     attempts = [
         entry(1, "infra", ["node-a", "node-b"], disruptions=[lost]),
         entry(2, "preempted", ["node-a", "node-b"], minutes=5, disruptions=[reclaimed]),
-        entry(3, "infra", ["node-c", "node-b"], minutes=10, reasons={"node-b": "Evicted"}),
+        entry(
+            3,
+            "infra",
+            ["node-c", "node-b"],
+            minutes=10,
+            reasons={"node-b": "The node was low on resource: memory"},
+        ),
+        # a pod over its own limits is the job's fault, not the node's
+        entry(
+            4,
+            "infra",
+            ["node-c"],
+            minutes=12,
+            reasons={"node-c": "Pod ephemeral local storage usage exceeds the total limit"},
+        ),
+        entry(5, "infra", ["node-c"], minutes=14, reasons={"node-c": "OOMKilled"}),
     ]
     assert [(s.node, s.attempt) for s in strikes(attempts)] == [("node-b", 1), ("node-b", 3)]
     assert list(avoided(attempts, now=T0 + 600)) == ["node-b"]
+
+
+def test_an_exclusion_that_left_no_node_is_dropped():
+    """A fixed pool that small: the attempt that kept off node-a found no node; the next keeps off none."""
+    attempts = [entry(1, "hung", ["node-a"]), entry(2, "hung", ["node-a"], minutes=20)]
+    stuck = {**entry(3, "infra", [], minutes=40), "spec": {"avoid_nodes": ["node-a"]}}
+    stuck["state"]["unschedulable"] = True
+    assert list(avoided(attempts, now=T0 + 3600)) == ["node-a"]
+    assert avoided([*attempts, stuck], now=T0 + 3600) == {}
 
 
 def test_strikes_expire_and_the_list_is_bounded():

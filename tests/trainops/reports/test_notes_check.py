@@ -20,3 +20,10 @@ def test_the_api_servers_own_lookup_finds_an_environment_connection(monkeypatch)
     monkeypatch.setenv("AIRFLOW_CONN_TRAINOPS_AIRFLOW_API", '{"conn_type": "http", "host": "http://a:8080"}')
     assert notes_problem("trainops_airflow_api") is None
     assert notes_problem("trainops_no_such_connection") is not None
+
+
+def test_the_connection_is_the_one_airflows_config_names(monkeypatch):
+    from trainops.reports.notes_check import notes_conn_id
+
+    monkeypatch.setenv("AIRFLOW__TRAINOPS__AIRFLOW_API_CONN_ID", "my_api")
+    assert notes_conn_id() == "my_api"

@@ -55,3 +55,21 @@ def test_rows_newest_first_joined_by_run_id():
         ("r2", "failed at stage: see its log"),
         ("r1", "promoted v3"),
     ]
+
+
+def test_a_rejection_that_failed_promote_on_purpose_is_still_a_rejection():
+    """PromoteModelOperator(on_rejection="fail") fails the DAG run at promote."""
+    found = dag_run_outcome(
+        info(state="failed", failed_task="promote"), facts(status="succeeded", gate=GATE_REJECTED)
+    )
+    assert found.kind == "rejected"
+
+
+def test_training_left_running_by_a_run_that_ended_is_a_failure_not_live():
+    found = dag_run_outcome(
+        info(state="failed", failed_task=None), facts(status="running", step=40, max_steps=100)
+    )
+    assert (found.kind, found.text) == (
+        "failed",
+        "failed at train: the task ended while its training was still running",
+    )

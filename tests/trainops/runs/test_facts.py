@@ -29,3 +29,22 @@ def test_every_outcome_from_storage(file_root):
 def test_a_missing_run_is_a_problem_not_an_error(file_root):
     f = read_facts(open_storage(file_root), resolve("retrain/nope", file_root))
     assert f.problem.startswith("no readable job.json") and outcome(f).kind == "unknown"
+
+
+def test_damaged_records_give_a_row_not_a_crash(file_root):
+    """A job.json or gate.json of the wrong shape: the outcome still reads, nothing raises."""
+    import json
+
+    from tests.trainops.runs.stored import write_run
+    from trainer.contract import RunLayout
+
+    store = open_storage(file_root)
+    run = write_run(file_root, "d", "r1", status="failed", attempts=[])
+    layout = RunLayout(run)
+    store.put(layout.job, json.dumps({"status": "failed", "attempts": 5, "airflow": 3}).encode())
+    store.put(layout.eval_gate, json.dumps({"approved": False, "checks": [{"passed": False}, 5]}).encode())
+    found = read_facts(store, resolve(run, file_root))
+    assert outcome(found).text == "failed at train: see its log"
+    store.put(layout.job, json.dumps({"status": "succeeded", "attempts": [{"launched_at": 123}]}).encode())
+    found = read_facts(store, resolve(run, file_root))
+    assert found.started_at == "123" and outcome(found).text.startswith("rejected: a check")

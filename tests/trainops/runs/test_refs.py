@@ -67,3 +67,27 @@ def test_a_uri_laid_out_otherwise_is_taken_as_the_run_prefix(file_root):
 def test_latest_with_no_runs_says_how_to_make_one(file_root):
     with pytest.raises(RunRefError, match="make demo"):
         latest(open_storage(file_root), file_root)
+
+
+def test_latest_is_not_outranked_by_many_scheduled_run_ids(file_root, monkeypatch):
+    """Run ids sort 'scheduled__' above 'manual__': the newest by date and job.json time wins."""
+    import trainops.runs.refs as refs
+    from tests.trainops.runs.stored import attempt, write_run
+
+    monkeypatch.setattr(refs, "SCANNED", 3)
+    for day in range(1, 6):
+        write_run(
+            file_root,
+            "nightly",
+            f"scheduled__2026-11-0{day}T00:00:00+00:00",
+            status="succeeded",
+            attempts=[attempt(1, "succeeded", "")],
+        )
+    manual = write_run(
+        file_root,
+        "nightly",
+        "manual__2026-12-01T10:00:00+00:00",
+        status="succeeded",
+        attempts=[attempt(1, "succeeded", "")],
+    )
+    assert latest(open_storage(file_root), file_root).run_uri == manual
