@@ -58,6 +58,9 @@ from airflow.sdk import BaseOperatorLink
 from airflow.sdk.configuration import conf
 from airflow.sdk.execution_time.xcom import XCom
 
+from trainops.reports.urls import REPORT_PATH
+from trainops.reports.urls import report_url as page_url
+
 __all__ = [
     "FLEET_PATH",
     "GATE_REPORT_KEY",
@@ -83,7 +86,6 @@ VALIDATION_REPORT_KEY = "trainops_validation_report"
 GATE_REPORT_KEY = "trainops_gate_report"
 MODEL_CARD_KEY = "trainops_model_card"
 RUN_REPORT_KEY = "trainops_run_report"
-REPORT_PATH = "/trainops/report"
 FLEET_PATH = "/trainops/fleet"
 HOME_PATH = "/trainops/"
 
@@ -116,7 +118,7 @@ def report_url(uri: str, base_url: str | None = None) -> str:
     :param base_url: Airflow's public URL, e.g. ``https://airflow.example.com/airflow``;
         defaults to ``[api] base_url``.
     """
-    return f"{_base_url(base_url)}{REPORT_PATH}?{urlencode({'uri': uri})}"
+    return page_url(uri, _base_url(base_url))
 
 
 def fleet_url(base_url: str | None = None, *, dag_id: str | None = None, limit: int | None = None) -> str:

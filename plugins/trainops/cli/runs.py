@@ -18,14 +18,14 @@ from collections.abc import Callable
 from dataclasses import asdict
 from datetime import datetime
 from typing import Any
-from urllib.parse import quote
 
 from trainer.contract import MetricsReader, RunLayout, join, safe_segment
 from trainer.storage import NotFound, Storage, StorageError, open_storage
 from trainops.cli.devenv import storage_root_choice
+from trainops.reports.urls import report_url
 from trainops.runs import facts as run_facts
 from trainops.runs.outcome import RunFacts, about, outcome
-from trainops.runs.refs import RunRef, RunRefError, resolve
+from trainops.runs.refs import RunRef, RunRefError, newest, resolve
 
 DEFAULT_AIRFLOW_URL = "http://localhost:8080"  # what `make airflow` serves
 FOLLOW_EVERY_S = 2.0
@@ -71,11 +71,6 @@ def _storage_for(ref: RunRef, root: str, store: Storage) -> Storage:
     return open_storage(ref.run_uri, outage_tolerance_s=10)
 
 
-def report_url(uri: str, base: str) -> str:
-    """The report app's page for the record at ``uri`` (a run's job.json, a model card)."""
-    return f"{base.rstrip('/')}/trainops/report?uri={quote(uri, safe='')}"
-
-
 def _when(text: object) -> str:
     return str(text or "-").replace("T", " ").replace("+00:00", "")[:19] or "-"
 
@@ -104,21 +99,9 @@ def _record(f: RunFacts) -> dict[str, Any]:
 
 def cmd_runs(args: argparse.Namespace) -> int:
     root, source, store = _root(args)
-    base = root.rstrip("/") + "/"
-    listed = {}
-    for uri in store.list(base + "runs/"):
-        if uri.endswith("/job.json"):
-            try:
-                ref = resolve(uri, root)
-            except RunRefError:
-                continue
-            if not args.dag or ref.dag_id == args.dag:
-                listed[uri] = ref
-    dated = sorted(
-        ((float((store.head(u) or {}).get("mtime") or 0.0), r) for u, r in listed.items()),
-        key=lambda d: -d[0],
-    )
-    found = [run_facts.read_facts(store, ref) for _, ref in dated[: args.limit]]
+    found = [
+        run_facts.read_facts(store, ref) for ref in newest(store, root, dag_id=args.dag, limit=args.limit)
+    ]
     if args.json:
         print(json.dumps([_record(f) for f in found], indent=2, default=str))
         return 0

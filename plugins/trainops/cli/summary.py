@@ -14,11 +14,11 @@ commands that look further.
 from __future__ import annotations
 
 import json
-from urllib.parse import urlencode
 
 from trainer.contract import RunLayout, production_pointer
 from trainer.storage import NotFound, StorageError
 from trainops.cost.money import money
+from trainops.reports.urls import report_url as page_url
 from trainops.shapes import ShapeError, check_pointer, load
 from trainops.staging.validation import failure_lines
 
@@ -189,7 +189,7 @@ def render(facts: dict) -> str:
 
 def report_url(uri: str) -> str:
     """The report app's page of the stored report ``uri`` in the Airflow of ``make airflow``."""
-    return f"{DEMO_AIRFLOW_URL}/trainops/report?{urlencode({'uri': uri})}"
+    return page_url(uri, DEMO_AIRFLOW_URL)
 
 
 def _report_of(facts: dict) -> tuple[str, str] | None:

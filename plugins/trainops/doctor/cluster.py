@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainops.cluster.kubernetes import crd_schema, pools, rbac, trainjob
+from trainops.cluster.kubernetes.api_retry import status_of
 from trainops.cluster.spec import JobSpecError
 from trainops.doctor import checks
 from trainops.doctor.checks import Check
@@ -51,11 +52,6 @@ CRDS = (
     ("Kueue", "localqueues.kueue.x-k8s.io", "kueue"),
     ("Volcano", "podgroups.scheduling.volcano.sh", "volcano"),
 )
-
-
-def status_of(exc: BaseException) -> int | None:
-    status = getattr(exc, "status", None)
-    return status if isinstance(status, int) else None
 
 
 def describe_error(exc: BaseException) -> str:

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from trainer.contract import run_prefix
+from trainer.storage import Storage
 from trainops.hooks.storage import storage_for
 from trainops.reports.dag_runs_db import DEFAULT_LIMIT, recent_dag_runs
 from trainops.reports.home import HomeRun
@@ -54,6 +55,14 @@ def dag_run_rows(
         return [], f"The DAG runs could not be read from Airflow's database: {type(exc).__name__}."
     found = _known_runs(known)
     facts: dict[tuple[str, str], RunFacts] = {}
+    clients: dict[str, Storage] = {}
+
+    def client(root: str) -> Storage:
+        """The root's storage client, made once (each making looks the connection up)."""
+        if root not in clients:
+            clients[root] = storage_for(root, conn_id)
+        return clients[root]
+
     for info in infos:
         key = (info.dag_id, info.run_id)
         places = (
@@ -64,7 +73,7 @@ def dag_run_rows(
         for run_uri, root, task in places:
             try:
                 f = read_facts(
-                    storage_for(root, conn_id),
+                    client(root),
                     RunRef(run_uri, info.dag_id, info.run_id, task, root),
                     now=now,
                 )

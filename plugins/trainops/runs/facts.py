@@ -27,9 +27,6 @@ def json_at(store: Storage, uri: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-_json = json_at
-
-
 def _list(value: object) -> list[Any]:
     return value if isinstance(value, list) else []
 
@@ -50,7 +47,7 @@ def max_steps(store: Storage, layout: RunLayout) -> int | None:
 
 def pointer(store: Storage, root: str, model: str) -> dict[str, Any] | None:
     """``models/<model>/production.json``, or None."""
-    return _json(store, join(root, "models", safe_segment(model), "production.json"))
+    return json_at(store, join(root, "models", safe_segment(model), "production.json"))
 
 
 def _promoted_version(history: list[Any], run_uri: str) -> int | None:
@@ -71,7 +68,7 @@ def read_facts(
     """Everything :func:`trainops.runs.outcome.outcome` and ``status`` need about ``ref``.
     Raises StorageError when storage cannot be read (not for a missing file)."""
     layout = RunLayout(ref.run_uri)
-    job = _json(store, layout.job)
+    job = json_at(store, layout.job)
     if job is None:
         return RunFacts(
             ref.run_uri, ref.dag_id, ref.run_id, ref.task, problem=f"no readable job.json at {layout.job}"
@@ -83,7 +80,7 @@ def read_facts(
     decision = _dict(last.get("decision"))
     status = job.get("status") if isinstance(job.get("status"), str) else None
     cost = _dict(job.get("cost"))
-    gate = _json(store, layout.eval_gate)
+    gate = json_at(store, layout.eval_gate)
     if gate is not None:  # a damaged decision: its verdict, with the checks that can be read
         gate = {**gate, "checks": [c for c in _list(gate.get("checks")) if isinstance(c, dict)]}
     model = (gate or {}).get("model_name")
@@ -110,7 +107,7 @@ def read_facts(
         max_steps=limit,
         eta_s=eta,
         gate=gate,
-        promotion=_json(store, layout.promotion),
+        promotion=json_at(store, layout.promotion),
         promoted_version=promoted,
         model_name=model if isinstance(model, str) else None,
         started_at=(str(attempts[0].get("launched_at") or "") or None) if attempts else None,
@@ -122,7 +119,7 @@ def read_facts(
 
 def read_job(store: Storage, ref: RunRef) -> dict[str, Any]:
     """The run's job.json; StorageError (NotFound) when missing."""
-    data = _json(store, RunLayout(ref.run_uri).job)
+    data = json_at(store, RunLayout(ref.run_uri).job)
     if data is None:
         raise NotFound(f"no readable job.json at {RunLayout(ref.run_uri).job}")
     return data

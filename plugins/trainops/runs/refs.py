@@ -85,29 +85,33 @@ def resolve(ref: str, root: str, store: Storage | None = None) -> RunRef:
     raise RunRefError(f"{ref!r}: {EXPECTED}")
 
 
-def latest(store: Storage, root: str) -> RunRef:
-    """The run under ``root`` whose ``job.json`` was written last (one listing of
-    ``<root>/runs/``, one HEAD for each of the :data:`SCANNED` highest run ids)."""
+def newest(store: Storage, root: str, *, dag_id: str | None = None, limit: int = 1) -> list[RunRef]:
+    """The ``limit`` runs under ``root`` (of ``dag_id`` only, when given) whose ``job.json`` was
+    written last, newest first: one listing of ``<root>/runs/``, then one HEAD for each of the
+    :data:`SCANNED` newest run ids of each DAG (by the date in the id, ``manual__<date>``,
+    ``scheduled__<date>``: a manual run is not outranked by the prefix ``scheduled``)."""
     base = root.rstrip("/") + "/"
-    found = []
+    by_dag: dict[str, list[tuple[str, RunPath]]] = {}
     for uri in store.list(base + "runs/"):
         run = run_of(uri[len(base) :])
-        if run is not None and not run.prefix:
-            found.append((uri, run))
+        if run is not None and not run.prefix and dag_id in (None, run.dag_id):
+            by_dag.setdefault(run.dag_id, []).append((uri, run))
+    candidates = [
+        uri
+        for runs in by_dag.values()
+        for uri, _ in sorted(runs, key=lambda i: i[1].run_id.split("__", 1)[-1], reverse=True)[:SCANNED]
+    ]
+    dated = sorted(
+        ((float((store.head(uri) or {}).get("mtime") or 0.0), uri) for uri in candidates), reverse=True
+    )
+    return [_from_uri(uri) for _, uri in dated[:limit]]
+
+
+def latest(store: Storage, root: str) -> RunRef:
+    """The run under ``root`` whose ``job.json`` was written last (:func:`newest`)."""
+    found = newest(store, root)
     if not found:
         raise RunRefError(
             f"no run under {root} yet (no runs/<dag>/<run>/<task>/job.json): run `make demo` first"
         )
-    by_dag: dict[str, list[tuple[str, RunPath]]] = {}
-    for item in found:
-        by_dag.setdefault(item[1].dag_id, []).append(item)
-    # the newest of each DAG by the date in its run id (manual__<date>, scheduled__<date>): a
-    # manual run is not outranked by the prefix "scheduled"; then the job.json times decide
-    candidates = [
-        item
-        for runs in by_dag.values()
-        for item in sorted(runs, key=lambda i: i[1].run_id.split("__", 1)[-1], reverse=True)[:SCANNED]
-    ]
-    dated = [(float((store.head(uri) or {}).get("mtime") or 0.0), uri) for uri, _ in candidates]
-    _, uri = max(dated)
-    return _from_uri(uri)
+    return found[0]

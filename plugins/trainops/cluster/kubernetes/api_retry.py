@@ -49,6 +49,12 @@ class ApiUnavailable(RuntimeError):
         self.status = status
 
 
+def status_of(exc: BaseException) -> int | None:
+    """The HTTP status of a client error (``ApiException``, :class:`ApiUnavailable`), else None."""
+    status = getattr(exc, "status", None)
+    return status if isinstance(status, int) else None
+
+
 def _retry_after(exc: BaseException) -> float | None:
     """The Retry-After header of an API error, in seconds (None: absent or an HTTP date)."""
     headers = getattr(exc, "headers", None) or {}

@@ -19,7 +19,7 @@ from typing import Any
 
 from trainops.cluster.base import Chaos, JobAlreadyExists, JobHandle, JobState, LogCursor, ObjectRef
 from trainops.cluster.kubernetes import crd_schema, indexed_job, logs, pools, pytorchjob, trainjob
-from trainops.cluster.kubernetes.api_retry import DEFAULT_API_RETRY_S, ApiRetry, ApiUnavailable
+from trainops.cluster.kubernetes.api_retry import DEFAULT_API_RETRY_S, ApiRetry, ApiUnavailable, status_of
 from trainops.cluster.kubernetes.names import label_value
 from trainops.cluster.kubernetes.nodes import NodeType, node_type
 from trainops.cluster.kubernetes.objects import Json
@@ -60,10 +60,6 @@ CRD_OWNERS = {
 def label_selector(labels: Mapping[str, str]) -> str:
     """``k=v,...`` with values fitted as they were on the objects (``names.label_value``)."""
     return ",".join(f"{k}={label_value(v)}" for k, v in sorted(labels.items()))
-
-
-def _status_code(exc: Exception) -> int | None:
-    return getattr(exc, "status", None)
 
 
 def _api_message(exc: Exception) -> str:
@@ -163,7 +159,7 @@ class KubernetesCluster:
         try:
             return self._call(what, call, *args, **kwargs)
         except Exception as exc:
-            if _status_code(exc) == 404:
+            if status_of(exc) == 404:
                 return None
             raise
 
@@ -229,13 +225,13 @@ class KubernetesCluster:
                 )
             )
         except Exception as exc:
-            if _status_code(exc) == 404:
+            if status_of(exc) == 404:
                 raise JobSpecError(
                     f"the cluster has no {kind} CRD ({name}): install {CRD_OWNERS[kind]}, or use "
                     "kind 'indexed-job' (plain Kubernetes Jobs); 'python -m trainops doctor' lists "
                     "what the cluster has"
                 ) from exc
-            if _status_code(exc) != 403:
+            if status_of(exc) != 403:
                 raise
             log.info(
                 "cannot read the %s CRD (%s: 403; the optional 'get customresourcedefinitions' rule "
@@ -290,7 +286,7 @@ class KubernetesCluster:
         try:
             listed = self._plain(self._call("list Nodes", self.hook.core_v1_client.list_node))
         except Exception as exc:
-            if _status_code(exc) == 403:
+            if status_of(exc) == 403:
                 self._list_nodes = False  # no ClusterRole to list nodes: do not ask again
                 log.info(
                     "not checking that a node pool can hold the job's pods: that needs RBAC to list "
@@ -333,11 +329,11 @@ class KubernetesCluster:
         try:
             self._call(f"create {kind} {namespace}/{name}", create)
         except Exception as exc:
-            if _status_code(exc) in (400, 422):
+            if status_of(exc) in (400, 422):
                 raise JobSpecError(
                     f"the API server refused {kind} {namespace}/{name}: {_api_message(exc)}"
                 ) from exc
-            if _status_code(exc) != 409:
+            if status_of(exc) != 409:
                 raise
             if job_handle is None:
                 return
@@ -400,7 +396,7 @@ class KubernetesCluster:
         try:
             return [self._read_node(name) for name in names]
         except Exception as exc:
-            if _status_code(exc) != 403:
+            if status_of(exc) != 403:
                 raise
             self._read_nodes = False  # no ClusterRole for nodes: rely on pod conditions
             return None
@@ -597,7 +593,7 @@ class KubernetesCluster:
             if stuck:  # a byte-capped read held only lines seen already: skip to the newest
                 lines, next_cursor, _ = self._read_new_lines(handle, pod, cursor, max_lines, True)
         except Exception as exc:
-            status = _status_code(exc)
+            status = status_of(exc)
             if status == 404 or logs.not_started(
                 status, f"{getattr(exc, 'reason', '')} {getattr(exc, 'body', '')}"
             ):

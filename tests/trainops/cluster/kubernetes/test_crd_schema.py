@@ -154,3 +154,21 @@ def test_a_crd_that_does_not_serve_our_version_is_refused(plane):
     plane.crd_objects["trainjobs"] = crd
     with pytest.raises(JobSpecError, match=r"serves \['v1beta1'\], not v1alpha1"):
         on(plane).launch(trainjob_spec())
+
+
+def test_a_blip_on_the_crd_read_is_retried_and_an_outage_creates_nothing(plane):
+    """A 503 on reading the CRD is ridden out; an outage past the retry budget fails the
+    launch before anything is created (the next launch reads the CRD again)."""
+    from trainops.cluster.kubernetes.api_retry import ApiUnavailable
+
+    plane.inject("get", "customresourcedefinitions", status=503, times=1)
+    on(plane).launch(trainjob_spec())
+    reads = [c for c in plane.calls if c.resource == "customresourcedefinitions"]
+    assert [c.fault for c in reads] == ["503", None] and "runtimePatches" in created_trainjob(plane)["spec"]
+
+    down = ControlPlane()
+    down.inject("get", "customresourcedefinitions", status=503)
+    cluster = KubernetesCluster(hook=down, clock=down.clock, sleep=down.sleep, api_retry_s=30)
+    with pytest.raises(ApiUnavailable):
+        cluster.launch(trainjob_spec())
+    assert not [c for c in down.calls if c.verb == "create"] and not down.objects
