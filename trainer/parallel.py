@@ -18,7 +18,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -436,6 +436,13 @@ def broadcast_object(obj: T, src: int = 0) -> T:
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+def gather_objects(obj: T, group: dist.ProcessGroup | None = None) -> list[T]:
+    """Every rank's ``obj``, in rank order, on every rank (pickled: small objects only)."""
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
 
 
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:

@@ -8,7 +8,6 @@ host issues the work and goes on.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -106,8 +105,3 @@ def read_losses(
     # float64 before the sum, as the loss always was summed: the mean's rounding stays the same
     summed = sum_over_ranks(torch.stack(losses).double())
     return (summed / world_size).tolist()
-
-
-def first_non_finite(steps: list[int], losses: list[float]) -> tuple[int, float] | None:
-    """The first ``(step, loss)`` whose loss is NaN or infinite; None when all are finite."""
-    return next(((s, v) for s, v in zip(steps, losses, strict=True) if not math.isfinite(v)), None)

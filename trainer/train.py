@@ -49,6 +49,7 @@ from trainer.optim import build_optimizer, build_scheduler
 from trainer.records import RecordBatches, check_records, read_records
 from trainer.runtime import heartbeat
 from trainer.runtime.attempts import (
+    NON_FINITE_HINT,
     Attempt,
     NonFiniteLoss,
     attempt_number,
@@ -56,12 +57,15 @@ from trainer.runtime.attempts import (
     classify_failure,
     now_iso,
 )
+from trainer.runtime.bad_loss import BadLoss, BudgetSpent, LossWatch, Rollback, plan_rollback
 from trainer.runtime.metrics import OUTAGE_TOLERANCE_S as METRICS_OUTAGE_TOLERANCE_S
 from trainer.runtime.metrics import MetricsLog
-from trainer.runtime.preemption import StopFlag, stop_decision
+from trainer.runtime.notice import notice_record
+from trainer.runtime.notice import watch as watch_notices
+from trainer.runtime.preemption import NOTICE, StopFlag, stop_cause, stop_decision
 from trainer.runtime.progress import progress_line
 from trainer.state import TrainState, checkpoint_states
-from trainer.step import apply_gradients, first_non_finite, forward_backward, read_losses
+from trainer.step import apply_gradients, forward_backward, read_losses
 from trainer.storage import Storage, open_storage, outage_tolerance
 
 if TYPE_CHECKING:
@@ -106,6 +110,8 @@ class Training:
     metrics: MetricsLog | None  # rank 0's; the other ranks neither log nor write the record
     flops_per_token: float
     device_peak: float | None  # peak FLOP/s of one device; None where unknown (no MFU)
+    loss_watch: LossWatch = field(default_factory=LossWatch)  # which loss is bad (bad-loss recovery)
+    rollbacks: list[Rollback] = field(default_factory=list)  # this attempt's, oldest first
 
 
 @dataclass(frozen=True)
@@ -114,6 +120,7 @@ class StepResult:
     loss: torch.Tensor  # this rank's mean loss of the step: 0-d, on the device, not read yet
     lr: float  # the learning rate the step used
     stop_votes: float  # how many ranks were signalled before the step began (the same on every rank)
+    save_votes: float  # how many ranks had an advisory notice ask for a checkpoint (ditto)
     started: float  # monotonic seconds when the step began
     time: float  # wall-clock seconds when the host had issued the whole step
     extra: dict[str, float] = field(default_factory=dict)  # more figures for the step's metrics record
@@ -129,6 +136,8 @@ def run_train(config: Config) -> int:
     training: Training | None = None
     try:
         env = parallel.init_distributed(config.train.collective_timeout_s)
+        # this node's spot notice watcher (local rank 0's); a bad setting fails here, on every rank
+        watch_notices(os.environ, env.local_rank, flag.on_notice)
         logging.getLogger("trainer").setLevel(logging.INFO if env.is_main else logging.WARNING)
         number = on_rank0(env.rank, lambda: attempt_number(storage, layout))
         attempt = Attempt(storage, layout, number, env.world_size, started_at=started_at)
@@ -226,9 +235,11 @@ def setup(config: Config, env: parallel.DistEnv, attempt: Attempt) -> Training:
         attempt=attempt.number,
         hold_for_eval=(config.checkpoint.every_steps, config.eval.every_checkpoints),
     )
+    loading = time.monotonic()
     resumed = checkpointer.load_latest() if config.resume == "auto" else None
     if resumed is not None:
         attempt.resumed_from_step = attempt.checkpoint_step = resumed
+        attempt.restore_s = round(time.monotonic() - loading, 3)  # the cost accounting's restore
         log.info("resume: step %d, data cursor %d", state.step, state.cursor)
     else:  # a committed checkpoint wins over init.from: a warm-started run resumes exactly
         warm_start(config, model, built.args)
@@ -267,6 +278,7 @@ def setup(config: Config, env: parallel.DistEnv, attempt: Attempt) -> Training:
         metrics,
         flops_per_token=built.flops_per_token(t.seq_len),
         device_peak=peak_flops(device_name, config.precision),
+        loss_watch=LossWatch(t.loss_spike_factor),
     )
 
 
@@ -405,7 +417,8 @@ def train_step(tr: Training, flag: StopFlag) -> StepResult:
     t, state = tr.config.train, tr.state
     lr = float(tr.scheduler.get_last_lr()[0])
     started = time.monotonic()
-    pending_votes = parallel.all_reduce_sum_async([1.0 if flag.is_set else 0.0], tr.host_group)
+    wants_save = 1.0 if flag.take_save_request() else 0.0
+    pending_votes = parallel.all_reduce_sum_async([1.0 if flag.is_set else 0.0, wants_save], tr.host_group)
     votes: list[float] = []
 
     def micro_batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -413,7 +426,7 @@ def train_step(tr: Training, flag: StopFlag) -> StepResult:
             # read (or prefetched) while the previous micro-batch computes
             yield tr.feed.get(state.cursor, micro)
         # Resumed once the last micro-batch's forward and backward are issued: the votes now.
-        votes.append(pending_votes.wait()[0])
+        votes.extend(pending_votes.wait())
         last = stop_decision(votes[0], None)[0] or state.step + 1 >= t.max_steps
         if not last:
             tr.feed.prefetch(state.cursor + tr.global_batch, 0)
@@ -424,7 +437,7 @@ def train_step(tr: Training, flag: StopFlag) -> StepResult:
     apply_gradients(tr.model, tr.optimizer, tr.scheduler, tr.scaler, t.grad_clip)
     state.step, state.cursor = state.step + 1, state.cursor + tr.global_batch
     tr.attempt.last_step = state.step
-    return StepResult(state.step, loss, lr, votes[0], started, time.time())
+    return StepResult(state.step, loss, lr, votes[0], votes[1], started, time.time())
 
 
 # --- the loop ------------------------------------------------------------------------------
@@ -434,24 +447,33 @@ def train_loop(tr: Training, flag: StopFlag) -> str:
 
     The host waits for the device only when it reads the losses: every ``train.log_every``
     steps, before a checkpoint (whose weights must be finite), on the last step and when
-    stopping. A NaN or infinite loss is caught there (:class:`NonFiniteLoss` names its step).
+    stopping. A NaN or infinite loss (or a spike, when ``train.loss_spike_factor`` is set) is
+    caught there: the ranks roll back to the newest checkpoint and skip the steps since
+    (:func:`_roll_back`), or, past ``train.rollback_budget``, fail with :class:`NonFiniteLoss`.
     """
     t, state = tr.config.train, tr.state
     started, first_step = time.monotonic(), state.step
     tr.attempt.first_step_time = time.time()  # startup ends here (the cost accounting's split)
-    beat = heartbeat.beats(tr.config.run_uri, tr.attempt.number, tr.env.is_main, state.step)
+    pulse = heartbeat.beats(tr.config.run_uri, tr.attempt.number, tr.env.is_main, state.step)
     unread: list[StepResult] = []  # steps whose loss is still on the device
     while state.step < t.max_steps:
         result = train_step(tr, flag)
-        beat(state.step, time.monotonic() - result.started)  # the operator's hang watch (host time)
+        pulse.beat(state.step, time.monotonic() - result.started)  # the operator's hang watch (host time)
         unread.append(result)
-        stop, signal_name = stop_decision(result.stop_votes, flag.signal_name)
+        stop = stop_decision(result.stop_votes, flag.signal_name)[0]
         stop = stop and state.step < t.max_steps  # on the last step, finishing is the quickest way out
-        save = state.step % tr.config.checkpoint.every_steps == 0 and state.step < t.max_steps
+        due = state.step % tr.config.checkpoint.every_steps == 0 or result.save_votes > 0  # advisory notice
+        save = due and state.step < t.max_steps
         logged = state.step % t.log_every == 0 or state.step == t.max_steps or stop
         losses = _read_losses(tr, unread) if logged or save else None
+        if isinstance(losses, BadLoss):  # the steps since the newest checkpoint are skipped
+            with pulse.busy("bad-loss rollback"):  # a checkpoint load: no hang
+                _roll_back(tr, losses)
+            unread = []
+            continue  # a stop agreed on this step is agreed again on the next one
         if save:  # the loop waits while the state is copied, and for a previous save in flight
-            saved = tr.checkpointer.save_async(state.step)
+            with pulse.busy("checkpoint save"):  # a long wait here is no hang
+                saved = tr.checkpointer.save_async(state.step)
             result.extra["checkpoint_blocked_s"] = round(saved.total_s, 4)
             result.extra["checkpoint_waited_s"] = round(saved.waited_s, 4)
         if losses is not None:
@@ -459,26 +481,64 @@ def train_loop(tr: Training, flag: StopFlag) -> str:
                 _log_steps(tr, tr.metrics, unread, losses, started, first_step, print_line=logged)
             unread = []
         if stop:
-            _stop_preempted(tr, signal_name, flag.at)
+            with pulse.busy("emergency checkpoint"):
+                _stop_preempted(tr, flag)
             return "preempted"
-    _finish(tr)
+    with pulse.busy("final checkpoint and export"):
+        _finish(tr)
     return "completed"
 
 
-def _read_losses(tr: Training, steps: list[StepResult]) -> list[float]:
-    """Every rank: the mean loss over the ranks of each of ``steps`` (one collective).
-
-    Raises :class:`NonFiniteLoss` (on every rank alike) for the first step whose loss is NaN
-    or infinite, after rank 0 logged the steps before it.
-    """
+def _read_losses(tr: Training, steps: list[StepResult]) -> list[float] | BadLoss:
+    """Every rank: the mean loss over the ranks of each of ``steps`` (one collective), or the
+    first bad one (non-finite, or a spike: ``tr.loss_watch``), on every rank alike, after rank
+    0 logged the steps before it."""
     losses = read_losses([r.loss for r in steps], parallel.sum_over_ranks, tr.env.world_size)
-    bad = first_non_finite([r.step for r in steps], losses)
-    if bad is not None:
-        good = [r.step for r in steps].index(bad[0])
-        if tr.metrics is not None and good:
-            _log_steps(tr, tr.metrics, steps[:good], losses[:good], time.monotonic(), tr.state.step, False)
-        raise NonFiniteLoss(*bad)
-    return losses
+    bad = tr.loss_watch.check([r.step for r in steps], losses)
+    if bad is None:
+        return losses
+    good = [r.step for r in steps].index(bad.step)
+    if tr.metrics is not None and good:
+        _log_steps(tr, tr.metrics, steps[:good], losses[:good], time.monotonic(), tr.state.step, False)
+    return bad
+
+
+def _roll_back(tr: Training, bad: BadLoss) -> None:
+    """Every rank: restore the newest committed checkpoint (its steps' losses were read finite
+    before it was saved) and go on from the current step, skipping the steps trained since
+    (``trainer.runtime.bad_loss``): the step counter, the schedule and the data cursor stay
+    where they are, the weights and optimizer state go back. Recorded in the attempt record's
+    ``rollbacks``. Raises :class:`NonFiniteLoss` naming every rollback when the budget
+    (``train.rollback_budget``) is spent or nothing was committed yet."""
+    state, budget = tr.state, tr.config.train.rollback_budget
+    tr.checkpointer.wait()  # a save in flight is of steps read good: let it commit first
+    try:
+        plan_rollback(
+            bad,
+            committed=tr.checkpointer.last_committed,
+            current=state.step,
+            done=tr.rollbacks,
+            budget=budget,
+            hint=NON_FINITE_HINT,
+        )
+    except BudgetSpent as exc:
+        raise NonFiniteLoss(bad.step, bad.loss, str(exc)) from None
+    step, cursor = state.step, state.cursor
+    restored = tr.checkpointer.load_latest()
+    if restored is None:  # committed, yet nothing to load: the load would have raised
+        raise NonFiniteLoss(
+            bad.step, bad.loss, f"{bad.why} at step {bad.step}: no checkpoint could be loaded"
+        )
+    for _ in range(step - state.step):  # the schedule as it was at the current step
+        tr.scheduler.step()
+    state.step, state.cursor = step, cursor
+    rollback = Rollback(bad, restored, restored + 1, step)
+    tr.rollbacks.append(rollback)
+    tr.attempt.rollbacks = [r.record() for r in tr.rollbacks]
+    if tr.env.is_main:
+        log.warning(
+            "bad loss: %s (rollback %d of at most %d)", rollback.describe(), len(tr.rollbacks), budget
+        )
 
 
 def _log_steps(
@@ -531,23 +591,33 @@ def _log_steps(
         print(line, flush=True)
 
 
-def _stop_preempted(tr: Training, signal_name: str | None, signalled_at: float | None = None) -> None:
+def _stop_preempted(tr: Training, flag: StopFlag) -> None:
     """Commit this step (the emergency checkpoint, unless a regular save already holds it),
     then rank 0 writes the preempted record, with ``emergency_save_s``: the seconds from its
-    own signal (``signalled_at``; else from the agreed stop) to the commit. No rank exits
-    before the record exists."""
-    step, started = tr.state.step, min(signalled_at or math.inf, time.monotonic())
-    # epoch, for the cost accounting: this rank's own signal, else the agreed stop (now)
+    own signal or notice (``flag.at``; else from the agreed stop) to the commit. No rank exits
+    before the record exists.
+
+    What stopped the gang is gathered from every rank first (``stop_cause``): the node whose
+    watcher read the cloud's notice may not be rank 0's. The notice, its lead and when the save
+    committed go into the record (``notice``)."""
+    step, started = tr.state.step, min(flag.at or math.inf, time.monotonic())
+    signal_name, notice = stop_cause(parallel.gather_objects((flag.signal_name, flag.notice), tr.host_group))
+    # epoch, for the cost accounting: the first notice, else this rank's own signal, else now
     tr.attempt.signal_time = time.time() - (time.monotonic() - started)
+    if notice is not None:
+        tr.attempt.signal_time = min(tr.attempt.signal_time, notice.noticed_at)
     tr.checkpointer.wait()  # a regular save of this very step may still be in flight
     if tr.checkpointer.last_committed != step:
         tr.checkpointer.save(step)  # synchronous, so nothing is lost
     # what the notice window must hold: the operator warns when the grace period is shorter
     tr.attempt.emergency_save_s = round(time.monotonic() - started, 3)
+    if notice is not None:
+        tr.attempt.notice = notice_record(notice, saved_at=time.time())
     if tr.metrics is not None:
         unwritten = tr.metrics.flush(final=True)
         tr.attempt.write("preempted", signal=signal_name, metrics_unwritten=unwritten)
-        log.info("preempted by %s: committed step %d, exiting", signal_name, step)
+        why = f"the {notice.describe()}" if notice is not None and signal_name == NOTICE else signal_name
+        log.info("preempted by %s: committed step %d, exiting", why, step)
     parallel.barrier()
 
 

@@ -277,6 +277,21 @@ def _attempt(complete: bool) -> _Obj:
             "ended_at": _Null(STR),
             "first_step_time": _Null(NUM),
             "signal_time": _Null(NUM),
+            "restore_s": _Null(NUM),
+            "rollbacks": _Null(_List(ANY_OBJ)),
+            "notice": _Null(
+                _obj(
+                    {
+                        "provider": STR,
+                        "event": STR,
+                        "noticed_at": NUM,
+                        "deadline": _Null(NUM),
+                        "lead_s": _Null(NUM),
+                        "saved_at": NUM,
+                        "saved_after_s": NUM,
+                    }
+                )
+            ),
         }
     )
     disruption = _obj(
@@ -530,6 +545,7 @@ _CARD = _obj(
                     "attempts": _Null(INT),
                     "preemptions": _Null(INT),
                     "steps_lost": _Null(INT),
+                    "steps_skipped": _Null(_List(_List(INT))),
                     "final_loss": _Null(NUM),
                     "job_uri": _Null(STR),
                 }

@@ -14,9 +14,12 @@ with ``-m``).
   every storage call of the process fails as the client would after its retries, as in an
   outage that outlasts them.
 
-All wrap ``TrainBatches.micro_batch`` and ``RecordBatches.micro_batch`` (and, for the
-blackout, the storage the trainer opens);
-the trainer runs unchanged otherwise.
+- ``TRAINOPS_TEST_NAN_AT_STEP=<step>``: that step's loss and gradients become NaN on every rank,
+  once per process (the weights its update leaves are NaN too), as a bad batch would make them.
+
+All but the last wrap ``TrainBatches.micro_batch`` and ``RecordBatches.micro_batch`` (and, for
+the blackout, the storage the trainer opens); the last wraps ``train.train_step`` and
+``train.forward_backward``. The trainer runs unchanged otherwise.
 """
 
 from __future__ import annotations
@@ -84,6 +87,31 @@ def install() -> None:
         train.open_storage = open_storage
     for batches in (data.TrainBatches, records.RecordBatches):  # token windows, a record task's samples
         instrument(batches, blackout)
+    nan_at = os.environ.get("TRAINOPS_TEST_NAN_AT_STEP")
+    if nan_at:
+        poison_step(int(nan_at))
+
+
+def poison_step(step: int) -> None:
+    """Step ``step``'s loss and gradients are NaN (once: a rollback never trains it again)."""
+    armed = {"now": False, "done": False}
+    train_step, forward_backward = train.train_step, train.forward_backward
+
+    def poisoned_train_step(tr, flag):
+        armed["now"] = not armed["done"] and tr.state.step + 1 == step
+        return train_step(tr, flag)
+
+    def poisoned_forward_backward(model, *args, **kwargs):
+        loss = forward_backward(model, *args, **kwargs)
+        if armed["now"]:
+            armed["now"], armed["done"] = False, True
+            for param in model.parameters():
+                if param.grad is not None:
+                    param.grad.mul_(float("nan"))
+            loss = loss * float("nan")
+        return loss
+
+    train.train_step, train.forward_backward = poisoned_train_step, poisoned_forward_backward
 
 
 def instrument(batches: type, blackout: tuple[int, ...] | None) -> None:

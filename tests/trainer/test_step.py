@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from trainer.models.llama import Transformer
 from trainer.presets import PRESETS
-from trainer.step import apply_gradients, first_non_finite, forward_backward, read_losses
+from trainer.step import apply_gradients, forward_backward, read_losses
 
 ARGS = PRESETS["tiny"].with_vocab(97)
 
@@ -71,10 +71,3 @@ def test_losses_stay_tensors_until_read_together_as_means_over_the_ranks():
     assert len(sums) == 1 and sums[0].dtype == torch.float64  # one collective for every step, in float64
     assert means == pytest.approx([losses[0].item() + 0.5, 3.0])
     assert read_losses([], two_ranks, world_size=2) == [] and len(sums) == 1
-
-
-def test_the_first_non_finite_loss_is_named_with_its_step():
-    assert first_non_finite([4, 5, 6], [2.0, 1.5, 1.0]) is None
-    step, loss = first_non_finite([4, 5, 6, 7], [2.0, float("nan"), float("inf"), 1.0])
-    assert step == 5 and loss != loss
-    assert first_non_finite([8], [float("-inf")]) == (8, float("-inf"))

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from tests.trainer.checkpoint.test_save import HeldSaves
 from tests.trainer.helpers import (
@@ -239,7 +240,8 @@ def test_a_non_finite_loss_is_caught_at_the_next_read_naming_its_first_step(
         "train.grad_clip=1e30",
     )
     # step 2's update blows the weights up: step 3's loss is the first NaN, read at step 4
-    with pytest.raises(NonFiniteLoss, match=r"^loss is nan at step 3$") as caught:
+    nothing = "non-finite loss nan at step 3, before any checkpoint was committed: nothing to roll back to"
+    with pytest.raises(NonFiniteLoss, match=f"^{nothing}") as caught:
         train_loop(training, StopFlag())
     assert (caught.value.step, training.state.step, attempt.last_step) == (3, 4, 4)
     training.metrics.flush(final=True)
@@ -479,7 +481,9 @@ def test_sigkill_relaunch_resumes_from_last_commit_and_ends_identical(tmp_path, 
 
 
 @pytest.mark.slow
-def test_non_finite_loss_fails_with_a_hint_and_keeps_the_last_checkpoint(tmp_path, dataset_uri):
+def test_a_non_finite_loss_no_rollback_cures_fails_with_a_hint_and_keeps_the_last_checkpoint(
+    tmp_path, dataset_uri
+):
     config, _ = run_config(tmp_path, dataset_uri, "run")
     run = tmp_path / "run"
     # A single process (no torchrun); an absurd LR blows the weights up after the first step.
@@ -509,7 +513,14 @@ def test_non_finite_loss_fails_with_a_hint_and_keeps_the_last_checkpoint(tmp_pat
     assert re.fullmatch(
         rf"loss became (nan|inf|-inf) at step {step}: {re.escape(NON_FINITE_HINT)}", record["hint"]
     )
-    assert record["checkpoint_step"] == step - 1 == committed_steps(run)[-1]
+    # The weights diverged at once: each rollback to the newest checkpoint met a NaN again at
+    # the next step, and past the budget the attempt failed, naming every rollback.
+    committed = committed_steps(run)[-1]
+    assert record["checkpoint_step"] == committed
+    assert [
+        (r["at_step"], r["to_step"], r["skipped_from"], r["skipped_to"]) for r in record["rollbacks"]
+    ] == [(committed + n, committed, committed + 1, committed + n) for n in (1, 2, 3)]
+    assert "train.rollback_budget=3 is spent" in record["error"] and "after 3 rollback(s)" in record["error"]
     assert proc.stderr.strip().splitlines()[-1] == f"trainer: failed at step {step}: {record['hint']}"
 
 
@@ -759,3 +770,42 @@ def test_a_run_resumes_from_flat_fsdp_into_hsdp_and_back(tmp_path, dataset_uri, 
     reexport, _ = resumed_run(tmp_path, dataset_uri, "reexport", flat_run, MAX_STEPS, 2)
     exported = (reexport / "export" / "model.safetensors").read_bytes()
     assert exported == (flat_run / "export" / "model.safetensors").read_bytes()
+
+
+@pytest.mark.slow
+def test_an_injected_nan_rolls_back_to_the_last_checkpoint_skips_the_window_and_completes(
+    tmp_path, dataset_uri
+):
+    """Step 14's loss and gradients are NaN on both ranks (the weights after it too). Read at step
+    15, it rolls the gang back to the step-10 checkpoint, skipping steps 11-15; the run completes
+    its 40 steps from there with finite losses, and the record says what was skipped."""
+    config, _ = run_config(tmp_path, dataset_uri, "run")
+    run = tmp_path / "run"
+    proc = subprocess.run(
+        torchrun_argv(config, "train.log_every=5", module=INSTRUMENTED),
+        env=trainer_env(tmp_path / "cache", 1, nan_at_step="14"),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = read_json(run / "attempts" / "1.json")
+    assert (record["outcome"], record["last_step"]) == ("completed", MAX_STEPS)
+    assert record["rollbacks"] == [
+        {
+            "at_step": 14,
+            "loss": "nan",
+            "why": "non-finite loss nan",
+            "to_step": 10,
+            "skipped_from": 11,
+            "skipped_to": 15,
+        }
+    ]
+    assert (
+        "bad loss: non-finite loss nan at step 14: rolled back to step 10, skipping steps 11-15 (rollback 1 of at most 3)"
+        in proc.stdout + proc.stderr
+    )
+    logged = metrics_of(run)
+    assert 14 not in logged and all(math.isfinite(logged[s]["loss"]) for s in range(16, MAX_STEPS + 1))
+    weights = load_file(run / "export" / "model.safetensors")
+    assert weights and all(torch.isfinite(t.float()).all() for t in weights.values())  # the NaN is gone

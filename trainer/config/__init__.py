@@ -86,6 +86,13 @@ class TrainConfig:
     # default 30 min. It must exceed the longest wait between ranks: a checkpoint download on
     # resume, rank 0's export at the end.
     collective_timeout_s: float = 600.0
+    # Bad-loss recovery (trainer.runtime.bad_loss): a non-finite loss, or a spike, restores the
+    # newest committed checkpoint and skips the steps trained since, at most this many times per
+    # attempt (0: off; a bad loss then fails the attempt).
+    rollback_budget: int = 3
+    # A loss above this factor times the median of the last 100 is a spike (0: off, the default:
+    # a spike is a judgement call; NaN and inf are always bad).
+    loss_spike_factor: float = 0.0
 
 
 @dataclass
@@ -228,6 +235,8 @@ NON_NEGATIVE = (
     "train.warmup_steps",
     "train.weight_decay",
     "train.grad_clip",
+    "train.rollback_budget",
+    "train.loss_spike_factor",
     "eval.max_batches",
     "eval.every_checkpoints",
 )

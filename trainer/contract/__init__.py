@@ -19,6 +19,7 @@ attempt records; the trainer to honour them. Its parts, in order:
 """
 
 from trainer.contract.heartbeat import (
+    HEARTBEAT_WARMUP_STEPS,
     Heartbeat,
     parse_heartbeat,
 )
@@ -26,8 +27,10 @@ from trainer.contract.launch import (
     ENV_ATTEMPT,
     ENV_CACHE_DIR,
     ENV_GPUS_PER_NODE,
+    ENV_METADATA_URL,
     ENV_REGION,
     ENV_S3_ENDPOINT,
+    ENV_SPOT_NOTICE,
     TRAINER_COMMANDS,
     torchrun_argv,
     trainer_argv,
@@ -81,10 +84,12 @@ from trainer.contract.records import (
     AttemptRecord,
     Cause,
     Outcome,
+    SpotNotice,
     attempt_record,
     attempt_record_in_log,
     attempt_record_line,
     parse_attempt_record,
+    skipped_steps,
 )
 from trainer.contract.tasks import (
     BUILTIN_METRICS,
@@ -129,10 +134,13 @@ __all__ = [
     "ENV_ATTEMPT",
     "ENV_CACHE_DIR",
     "ENV_GPUS_PER_NODE",
+    "ENV_METADATA_URL",
     "ENV_REGION",
     "ENV_S3_ENDPOINT",
+    "ENV_SPOT_NOTICE",
     "EVAL_REPORT_KEYS",
     "HASH_MARK",
+    "HEARTBEAT_WARMUP_STEPS",
     "IGNORE_INDEX",
     "MANIFEST_FORMAT",
     "MANIFEST_NAME",
@@ -163,6 +171,7 @@ __all__ = [
     "MetricsTooLarge",
     "Outcome",
     "RunLayout",
+    "SpotNotice",
     "attempt_of_files_dir",
     "attempt_record",
     "attempt_record_in_log",
@@ -194,6 +203,7 @@ __all__ = [
     "run_prefix",
     "safe_segment",
     "scheduled_for_eval",
+    "skipped_steps",
     "split_records",
     "task_labels",
     "torchrun_argv",

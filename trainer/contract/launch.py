@@ -74,3 +74,7 @@ ENV_CACHE_DIR = "TRAINOPS_CACHE_DIR"  # node-local scratch: downloaded shards, c
 # GPUs each node of the job was given (``gpus_per_node``; 0 or unset: none asked for). A trainer
 # that sees fewer than its node's ranks need fails before training, as the node's fault.
 ENV_GPUS_PER_NODE = "TRAINOPS_GPUS_PER_NODE"
+# The spot notice watcher (``trainer.runtime.notice``): off, auto, aws, gce or azure (unset: off),
+# and the metadata endpoint's base URL (unset: the provider's own; tests run a fake one).
+ENV_SPOT_NOTICE = "TRAINOPS_SPOT_NOTICE"
+ENV_METADATA_URL = "TRAINOPS_METADATA_URL"

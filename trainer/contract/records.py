@@ -5,7 +5,8 @@ attempt n, and their copy in the log when storage refused it."""
 # ``AttemptRecord.__required_keys__`` leaves the optional fields out.
 
 import json
-from typing import Literal, NotRequired, TypedDict, cast
+from collections.abc import Mapping
+from typing import Any, Literal, NotRequired, TypedDict, cast
 
 # --- 4. attempt records ---------------------------------------------------------
 ATTEMPT_FORMAT = "trainops.attempt/v1"
@@ -17,6 +18,22 @@ OUTCOMES: tuple[Outcome, ...] = ("completed", "preempted", "failed")
 # infrastructure's, and a relaunch may succeed; ``program`` is everything else.
 Cause = Literal["storage", "network", "node", "program"]
 CAUSES: tuple[Cause, ...] = ("storage", "network", "node", "program")
+
+
+class SpotNotice(TypedDict):
+    """The cloud's interruption notice that stopped an attempt (``trainer.runtime.notice``):
+    which ``provider`` said what (``event``), when a node's watcher read it (``noticed_at``,
+    epoch seconds), the deadline it announced (None: none announced) and so the ``lead_s`` it
+    gave, and when the gang's emergency checkpoint committed (``saved_at``; ``saved_after_s``
+    after the notice). A save committed before the deadline lost no step."""
+
+    provider: str
+    event: str
+    noticed_at: float
+    deadline: float | None
+    lead_s: float | None
+    saved_at: float
+    saved_after_s: float
 
 
 class AttemptRecord(TypedDict):
@@ -48,6 +65,9 @@ class AttemptRecord(TypedDict):
     emergency_save_s: NotRequired[float]  # a preempted attempt: its emergency save's seconds
     first_step_time: NotRequired[float]
     signal_time: NotRequired[float]
+    restore_s: NotRequired[float]  # a resumed attempt: seconds its checkpoint load took
+    notice: NotRequired[SpotNotice]  # a preempted attempt that the cloud's notice stopped
+    rollbacks: NotRequired[list[dict[str, object]]]  # bad-loss rollbacks, each with the steps skipped
 
 
 def attempt_record(
@@ -68,6 +88,9 @@ def attempt_record(
     emergency_save_s: float | None = None,
     first_step_time: float | None = None,
     signal_time: float | None = None,
+    restore_s: float | None = None,
+    notice: SpotNotice | None = None,
+    rollbacks: list[dict[str, object]] | None = None,
 ) -> AttemptRecord:
     """The trainer's account of one attempt.
 
@@ -82,6 +105,11 @@ def attempt_record(
     :param first_step_time: epoch seconds when the attempt's first step began (None: it
         trained none).
     :param signal_time: epoch seconds when the stop signal came (a preempted attempt).
+    :param restore_s: seconds the resume's checkpoint load took (a resumed attempt; the cost
+        accounting's restore).
+    :param notice: the cloud's interruption notice, when one stopped the attempt.
+    :param rollbacks: the attempt's bad-loss rollbacks (``at_step``, ``loss``, ``why``,
+        ``to_step``, ``skipped_from``, ``skipped_to``), when it made any.
     """
     if outcome not in OUTCOMES:
         raise ValueError(f"unknown attempt outcome {outcome!r}; expected one of {OUTCOMES}")
@@ -113,6 +141,12 @@ def attempt_record(
         record["first_step_time"] = float(first_step_time)
     if signal_time is not None:
         record["signal_time"] = float(signal_time)
+    if restore_s is not None:
+        record["restore_s"] = float(restore_s)
+    if notice is not None:
+        record["notice"] = notice
+    if rollbacks:
+        record["rollbacks"] = list(rollbacks)
     return record
 
 
@@ -132,18 +166,42 @@ def parse_attempt_record(data: object) -> AttemptRecord:
         raise ValueError(
             f"attempt record field 'metrics_unwritten' must be an integer >= 0, got {unwritten!r}"
         )
-    save_s = data.get("emergency_save_s", 0.0)
-    if isinstance(save_s, bool) or not isinstance(save_s, int | float) or save_s < 0:
-        raise ValueError(
-            f"attempt record field 'emergency_save_s' must be a number of seconds >= 0, got {save_s!r}"
-        )
+    for key in ("emergency_save_s", "restore_s"):
+        save_s = data.get(key, 0.0)
+        if isinstance(save_s, bool) or not isinstance(save_s, int | float) or save_s < 0:
+            raise ValueError(f"attempt record field {key!r} must be a number of seconds >= 0, got {save_s!r}")
     for key in ("first_step_time", "signal_time"):
         value = data.get(key, 0.0)
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
             raise ValueError(
                 f"attempt record field {key!r} must be epoch seconds (a number >= 0), got {value!r}"
             )
+    notice = data.get("notice")
+    if notice is not None and (
+        not isinstance(notice, dict) or not all(isinstance(notice.get(k), int | float) for k in _NOTICE_TIMES)
+    ):
+        raise ValueError(
+            f"attempt record field 'notice' must hold {', '.join(_NOTICE_TIMES)} as numbers, got {notice!r}"
+        )
     return cast(AttemptRecord, data)
+
+
+_NOTICE_TIMES = ("noticed_at", "saved_at", "saved_after_s")
+
+
+def skipped_steps(records: list[Mapping[str, Any]]) -> list[list[int]]:
+    """``[[first, last], ...]``: the step windows that bad-loss rollbacks skipped, over attempt
+    records in attempt order (entries that are not well-formed are left out: a damaged record
+    says nothing of them)."""
+    out = []
+    for record in records:
+        rollbacks = record.get("rollbacks") if isinstance(record, Mapping) else None
+        for entry in rollbacks if isinstance(rollbacks, list) else []:
+            first = entry.get("skipped_from") if isinstance(entry, Mapping) else None
+            last = entry.get("skipped_to") if isinstance(entry, Mapping) else None
+            if isinstance(first, int) and isinstance(last, int) and first <= last:
+                out.append([first, last])
+    return out
 
 
 # When even the attempt record cannot be written (storage is down), the trainer prints it as

@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from trainer.contract import ENV_ATTEMPT, AttemptRecord, Cause, RunLayout, attempt_record
+from trainer.contract import ENV_ATTEMPT, AttemptRecord, Cause, RunLayout, SpotNotice, attempt_record
 from trainer.storage import PreconditionFailed, Storage, StorageError, StorageUnavailable
 from trainer.storage.retry import Abandoned
 
@@ -54,10 +54,14 @@ class CausedError(RuntimeError):
 
 
 class NonFiniteLoss(RuntimeError):
-    """The mean loss of a step is NaN or infinite: training cannot go on from these weights."""
+    """The mean loss of a step is NaN or infinite (or a spike), and no rollback may cure it
+    (``trainer.runtime.bad_loss``): training cannot go on from these weights.
 
-    def __init__(self, step: int, loss: float):
-        super().__init__(f"loss is {loss} at step {step}")
+    :param detail: the message, when there is more to say (the rollbacks made before).
+    """
+
+    def __init__(self, step: int, loss: float, detail: str | None = None):
+        super().__init__(detail or f"loss is {loss} at step {step}")
         self.step, self.loss = step, loss
 
 
@@ -214,6 +218,9 @@ class Attempt:
     emergency_save_s: float | None = None  # seconds from the stop to the committed emergency save
     first_step_time: float | None = None  # epoch seconds: the attempt's first step began
     signal_time: float | None = None  # epoch seconds: the stop signal came
+    restore_s: float | None = None  # seconds the resume's checkpoint load took
+    notice: SpotNotice | None = None  # the cloud's notice that stopped the attempt
+    rollbacks: list[dict[str, object]] | None = None  # bad-loss rollbacks (trainer.runtime.bad_loss)
 
     def committed(self, step: int) -> None:
         """A checkpoint of ``step`` was committed (the checkpointer's ``on_commit``)."""
@@ -247,6 +254,9 @@ class Attempt:
             emergency_save_s=self.emergency_save_s,
             first_step_time=self.first_step_time,
             signal_time=self.signal_time,
+            restore_s=self.restore_s,
+            notice=self.notice,
+            rollbacks=self.rollbacks,
         )
 
     def store(self, record: AttemptRecord, *, exclusive: bool = False) -> None:

@@ -5,21 +5,29 @@ storage. The thread writes the newest step at most every ``every_s`` seconds; a 
 fails is skipped (the next one carries a newer step anyway), logged once until one works, like
 the metrics. The object carries the time the step *finished*, not the time of the write, so a
 reader never sees a hang earlier than it began, only up to ``every_s`` later.
+
+It also carries the attempt's pace after warm-up (the p99 step time and the longest gap between
+two steps), from which the watch derives its timeout, and ``busy`` while the training thread is
+in a long operation that stops stepping on purpose (a checkpoint save, the export), so that
+the watch does not take the pause for a hang. Those marks, and the ends of the first step and of
+warm-up, are written at once: each changes the watch's limit.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from trainer.contract import Heartbeat, RunLayout
+from trainer.contract import HEARTBEAT_WARMUP_STEPS, Heartbeat, RunLayout
 from trainer.storage import open_storage
 
 if TYPE_CHECKING:
@@ -38,9 +46,14 @@ WRITE_OUTAGE_TOLERANCE_S = 2.0  # a write rides out this much of an outage; the 
 class HeartbeatWriter:
     """Writes attempt ``attempt``'s heartbeat to ``layout.heartbeat(attempt)`` in the background.
 
+    Writes are rate-limited to one per ``every_s``, except those that change how the watch
+    reads the attempt, which go at once: the first step (the startup allowance ends), the end
+    of warm-up (a derived pace exists), and entering or leaving a :meth:`busy` operation.
+
     :param storage: a storage client that gives up quickly (a heartbeat is never worth a wait).
     :param every_s: the least time between two writes.
     :param clock: wall-clock seconds (the reader compares them with its own).
+    :param monotonic: seconds for the gaps between steps (immune to clock steps).
     """
 
     def __init__(
@@ -51,14 +64,22 @@ class HeartbeatWriter:
         *,
         every_s: float = EVERY_S,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ):
         self.storage, self.uri, self.attempt = storage, layout.heartbeat(attempt), attempt
-        self.every_s, self._clock = every_s, clock
-        self._step_times: deque[float] = deque(maxlen=STEP_TIMES_KEPT)
+        self.every_s, self._clock, self._monotonic = every_s, clock, monotonic
+        self._step_times: deque[float] = deque(maxlen=STEP_TIMES_KEPT)  # for the median
+        self._paced_times: deque[float] = deque(maxlen=STEP_TIMES_KEPT)  # after warm-up: the p99
+        self._max_gap: float | None = None
+        self._gap_from: float | None = None  # monotonic: the last beat, or the end of a busy spell
         self._steps = 0
-        self._pending: tuple[int, float, int] | None = None  # step, its time, steps
+        self._step, self._at = 0, 0.0
+        self._busy: tuple[str, float] | None = None  # what, since (epoch)
+        self._busy_ended: float | None = None
+        self._dirty = False  # something not written yet
         self._lock = threading.Lock()
         self._wake = threading.Event()
+        self._urgent = threading.Event()  # write now, not at the end of the interval
         self._closed = False
         self._failing = False
         self.writes = 0  # heartbeats written (for tests and the log)
@@ -68,53 +89,97 @@ class HeartbeatWriter:
     def start(self, step: int) -> None:
         """The loop starts at ``step`` (the resumed one): before the first step, which may
         compile or warm up for long, the watcher allows extra time."""
-        self._put(step)
+        with self._lock:
+            self._step, self._at, self._gap_from = step, self._clock(), self._monotonic()
+            self._dirty = True
+        self._wake.set()
 
     def beat(self, step: int, step_s: float) -> None:
-        """Step ``step`` finished, having taken ``step_s`` seconds (never blocks)."""
+        """Step ``step`` finished, having taken ``step_s`` seconds (never blocks; constant time:
+        the median and the p99 are taken by the writer, when it writes)."""
+        now = self._monotonic()
         with self._lock:
             if self._steps > 0:  # the attempt's first step compiles and warms up: not typical
                 self._step_times.append(step_s)
             self._steps += 1
-        self._put(step)
-
-    def _put(self, step: int) -> None:
-        # Constant time on the training thread: the median is taken by the writer, when it writes.
-        with self._lock:
-            self._pending = (step, self._clock(), self._steps)
+            if self._steps > HEARTBEAT_WARMUP_STEPS:
+                self._paced_times.append(step_s)
+                if self._gap_from is not None:
+                    gap = now - self._gap_from
+                    self._max_gap = gap if self._max_gap is None else max(self._max_gap, gap)
+            self._gap_from = now
+            self._step, self._at, self._dirty = step, self._clock(), True
+            urgent = self._steps in (1, HEARTBEAT_WARMUP_STEPS + 1)
         self._wake.set()
+        if urgent:
+            self._urgent.set()
+
+    @contextmanager
+    def busy(self, what: str) -> Iterator[None]:
+        """Mark a long operation of the training thread that legitimately stops stepping (a
+        checkpoint save, the export) for its duration: the heartbeat says ``busy: what`` at
+        once, so the watch allows it the startup allowance instead of the derived timeout (a
+        hang inside it is still caught, later). Its time is left out of ``max_gap_s``.
+
+        :param what: the operation, in a few words, for the hang verdict.
+        """
+        with self._lock:
+            self._busy, self._dirty = (what, self._clock()), True
+        self._wake.set()
+        self._urgent.set()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._busy, self._busy_ended, self._dirty = None, self._clock(), True
+                self._gap_from = self._monotonic()
+            self._wake.set()
+            self._urgent.set()
 
     def close(self) -> None:
         """Stop the writer thread (what it has not written by now is not needed)."""
         self._closed = True
         self._wake.set()
+        self._urgent.set()
         self._thread.join(timeout=5)
+
+    def _snapshot(self) -> Heartbeat | None:
+        """The heartbeat to write now (None: nothing new); the percentiles are taken here, on the
+        writer's thread."""
+        with self._lock:
+            if not self._dirty:
+                return None
+            self._dirty = False
+            times, paced = list(self._step_times), list(self._paced_times)
+            busy, busy_ended, max_gap = self._busy, self._busy_ended, self._max_gap
+            step, at, steps = self._step, self._at, self._steps
+        return {
+            "attempt": self.attempt,
+            "step": step,
+            "time": at,
+            "steps": steps,
+            "median_step_s": statistics.median(times) if times else None,
+            "p99_step_s": p99(paced),
+            "max_gap_s": max_gap,
+            "every_s": self.every_s,
+            "busy": busy[0] if busy else None,
+            "busy_since": busy[1] if busy else None,
+            "busy_ended": busy_ended,
+        }
 
     def _run(self) -> None:
         while True:
             self._wake.wait()
             if self._closed:
                 return
-            with self._lock:
-                pending, self._pending = self._pending, None
-                times = list(self._step_times) if pending is not None else []
-                self._wake.clear()
-            if pending is not None:
-                step, at, steps = pending
-                median = statistics.median(times) if times else None
-                self._write(
-                    {
-                        "attempt": self.attempt,
-                        "step": step,
-                        "time": at,
-                        "steps": steps,
-                        "median_step_s": median,
-                    }
-                )
-            # rate limit: sleep out the interval; beats meanwhile only replace the pending one
-            deadline = time.monotonic() + self.every_s
-            while not self._closed and (remaining := deadline - time.monotonic()) > 0:
-                time.sleep(min(remaining, 0.5))
+            self._wake.clear()
+            self._urgent.clear()
+            beat = self._snapshot()
+            if beat is not None:
+                self._write(beat)
+            # rate limit: sleep out the interval (beats meanwhile only update what is pending),
+            # unless a write that changes the watch's reading comes
+            self._urgent.wait(self.every_s)
 
     def _write(self, beat: Heartbeat) -> None:
         try:
@@ -128,6 +193,30 @@ class HeartbeatWriter:
         if self._failing:
             self._failing = False
             log.info("heartbeat written again (step %d)", beat["step"])
+
+
+class NoHeartbeat:
+    """What the ranks other than 0 get from :func:`beats`: the same calls, doing nothing."""
+
+    def beat(self, step: int, step_s: float) -> None:
+        """Nothing: only rank 0 writes the heartbeat."""
+
+    @contextmanager
+    def busy(self, what: str) -> Iterator[None]:
+        """Nothing: only rank 0 writes the heartbeat."""
+        yield
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+
+def p99(times: list[float]) -> float | None:
+    """The 99th percentile of ``times`` by nearest rank (the largest below 100 of them: with few
+    steps known, the slowest is the safe guess); None when empty."""
+    if not times:
+        return None
+    ranked = sorted(times)
+    return ranked[math.ceil(0.99 * len(ranked)) - 1]
 
 
 def every_s_from(environ: Mapping[str, str]) -> float:
@@ -153,10 +242,11 @@ def every_s_from(environ: Mapping[str, str]) -> float:
 
 def beats(
     run_uri: str, attempt: int, is_main: bool, step: int, environ: Mapping[str, str] = os.environ
-) -> Callable[[int, float], None]:
-    """What the loop calls after each step, ``beat(step, step_s)``: on rank 0 a started
-    :class:`HeartbeatWriter` of attempt ``attempt`` (the loop starts at ``step``), elsewhere
-    nothing. The writer's thread is a daemon: it ends with the process.
+) -> HeartbeatWriter | NoHeartbeat:
+    """What the loop calls, ``beat(step, step_s)`` after each step and ``with busy(what):``
+    around a long operation: on rank 0 a started :class:`HeartbeatWriter` of attempt
+    ``attempt`` (the loop starts at ``step``), elsewhere a :class:`NoHeartbeat`. The writer's
+    thread is a daemon: it ends with the process.
 
     :param run_uri: the run's folder.
     :param attempt: the attempt number.
@@ -166,8 +256,8 @@ def beats(
     """
     every_s = every_s_from(environ)  # a bad value fails on every rank, before training
     if not is_main:
-        return lambda step, step_s: None
+        return NoHeartbeat()
     store = open_storage(run_uri, outage_tolerance_s=WRITE_OUTAGE_TOLERANCE_S)
     writer = HeartbeatWriter(store, RunLayout(run_uri), attempt, every_s=every_s)
     writer.start(step)
-    return writer.beat
+    return writer

@@ -1,4 +1,4 @@
-"""``python -m trainops cost RUN [--prices FILE]``: what one training run cost, estimated.
+"""``python -m trainops cost RUN [--prices FILE] [--json]``: what one training run cost, estimated.
 
 RUN is the run's URI, its folder (a relative path too), ``<dag_id>/<run_id>`` or ``latest``
 (:mod:`trainops.runs.refs`, under ``--storage-root``). Reads the run's ``job.json`` (``s3://``
@@ -6,12 +6,14 @@ through the Airflow connection ``aws_default`` when it is defined, else boto3's 
 credentials, as the operator reads it); a missing credential is one line naming them, exit
 status 2. A run that ended
 since this version holds its bill (``"cost"``, priced when it ended); an older or still
-running run, or ``--prices``, prices it now from ``job.json`` and the run's metrics.
-:func:`render` is a pure function of the bill.
+running run, or ``--prices``, prices it now from ``job.json`` and the run's metrics. Its lost
+time by cause (:mod:`trainops.cost.causes`) comes from the bill and ``job.json``'s attempt
+records. :func:`render` and :func:`render_json` are pure functions of the bill and that view.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
@@ -21,6 +23,7 @@ from trainer.contract import MetricsReader, RunLayout
 from trainer.storage import NotFound, StorageError, open_storage
 from trainops.cli.devenv import storage_root_choice
 from trainops.cost.accounting import PHASES, account, stored_cost
+from trainops.cost.causes import CAUSE_LABELS, lost_by_cause
 from trainops.cost.money import money
 from trainops.cost.prices import PARAMETER_SOURCE, load_prices
 from trainops.hooks.storage import storage_for
@@ -29,6 +32,8 @@ from trainops.shapes import check_job, load
 
 if TYPE_CHECKING:
     from trainops.cost.accounting import RunCost
+    from trainops.cost.causes import LostTime
+    from trainops.recovery.record import JobRecord
 
 PHASE_LABELS = {
     "queued": "queued (not billed)",
@@ -40,9 +45,53 @@ PHASE_LABELS = {
 }
 
 
-def render(cost: RunCost, run_uri: str, prices_from: str) -> str:
+def _table(rows: list[list[str]]) -> list[str]:
+    """Rows as aligned lines: the first column to the left, the others to the right."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in rows
+    ]
+
+
+def cause_lines(lost: LostTime) -> list[str]:
+    """The run's lost time by cause: wall seconds, billed GPU-seconds and cost of each, the
+    GPU-seconds waited for without paying, and the sum that gives the billed total."""
+    rows = [["lost time by cause", "wall s", "GPU-s billed", "cost", "GPU-s not billed"]]
+    for c in lost["causes"]:
+        rows.append(
+            [
+                CAUSE_LABELS[c["cause"]],
+                f"{c['seconds'] + c['unbilled_seconds']:.1f}",
+                f"{c['gpu_s']:.1f}",
+                money(c["cost"]),
+                f"{c['unbilled_gpu_s']:.1f}",
+            ]
+        )
+    rows.append(
+        [
+            "productive steps (not lost)",
+            "",
+            f"{lost['productive_gpu_s']:.1f}",
+            money(lost["productive_cost"]),
+            "",
+        ]
+    )
+    lines = _table(rows)
+    lines.append(
+        f"productive + causes = billed: {lost['productive_gpu_s']:.1f} + {lost['unproductive_gpu_s']:.1f} = "
+        f"{lost['billed_gpu_s']:.1f} GPU-s, {money(lost['productive_cost'])} + "
+        f"{money(lost['unproductive_cost'])} = {money(lost['cost'])}"
+    )
+    return lines
+
+
+def render(cost: RunCost, run_uri: str, prices_from: str, lost: LostTime | None = None) -> str:
     """The bill as a person reads it: phases per attempt (seconds) and in total (seconds and
-    GPU-hours), goodput, recovery times, money, notes; every figure marked an estimate."""
+    GPU-hours), lost time by cause (when ``lost`` is given), goodput, recovery times, money,
+    notes; every figure marked an estimate."""
     attempts = cost["attempts"]
     lines = [
         f"Estimated cost of {run_uri}",
@@ -61,14 +110,10 @@ def render(cost: RunCost, run_uri: str, prices_from: str) -> str:
                 "-" if phase == "queued" else f"{gpu_h:.4f}",
             ]
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    for row in rows:
-        lines.append(
-            "  ".join(
-                c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
-            )
-        )
+    lines += _table(rows)
     lines.append("")
+    if lost is not None:
+        lines += [*cause_lines(lost), ""]
     sources = list(dict.fromkeys(a["price"]["source"] for a in attempts))
     for a in attempts:
         machine = a["instance_type"] or "unknown instance type"
@@ -93,9 +138,25 @@ def render(cost: RunCost, run_uri: str, prices_from: str) -> str:
         f"estimated spot savings                    {money(cost['savings'])}{share}",
     ]
     lines += ["", "price sources:", *(f"[{i}] {source}" for i, source in enumerate(sources, 1))]
-    if cost["notes"]:
-        lines += ["", "notes:", *(f"- {note}" for note in cost["notes"])]
+    notes = [*cost["notes"], *(lost["notes"] if lost is not None else [])]
+    if notes:
+        lines += ["", "notes:", *(f"- {note}" for note in notes)]
     return "\n".join(lines)
+
+
+def render_json(cost: RunCost, run_uri: str, prices_from: str, lost: LostTime) -> str:
+    """The bill as JSON (``--json``): the ``RunCost`` (``trainops.cost/v1``) with ``run_uri``,
+    ``prices_from`` and ``lost_by_cause`` (a ``LostTime``) beside its fields."""
+    return json.dumps(
+        {**cost, "run_uri": run_uri, "prices_from": prices_from, "lost_by_cause": lost}, indent=2
+    )
+
+
+def _print_bill(cost: RunCost, job: JobRecord, run_uri: str, prices_from: str, as_json: bool) -> None:
+    lost = lost_by_cause(cost, job["attempts"])
+    print(
+        render_json(cost, run_uri, prices_from, lost) if as_json else render(cost, run_uri, prices_from, lost)
+    )
 
 
 def credential_line(exc: StorageError, what: str, aws_conn_id: str | None) -> str:
@@ -116,8 +177,10 @@ def run_cost(
     aws_conn_id: str | None = "aws_default",
     *,
     storage_root: str | None = None,
+    as_json: bool = False,
 ) -> int:
-    """``cost``: print the bill of the run ``run_uri`` names; 1 (and why, in one line on stderr)
+    """``cost``: print the bill of the run ``run_uri`` names (``as_json``: as JSON, with its
+    lost time by cause); 1 (and why, in one line on stderr)
     when there is no run there, its ``job.json`` is damaged (:func:`trainops.shapes.check_job`
     names the field) or the prices are wrong; 2 when ``run_uri`` names no run or storage
     cannot be read for want of credentials."""
@@ -140,7 +203,7 @@ def run_cost(
         job = load(store.get(layout.job), layout.job, lambda data, uri: check_job(data, uri, complete=True))
         stored = None if prices_file else stored_cost(job)
         if stored is not None:
-            print(render(stored, layout.run_uri, "as priced when the run ended"))
+            _print_bill(stored, job, layout.run_uri, "as priced when the run ended", as_json)
             return 0
         text = None
         if prices_file:
@@ -169,5 +232,7 @@ def run_cost(
         print(f"cost: could not read {layout.job}: {exc}", file=sys.stderr)
         return 1
     cost = account(job, MetricsReader(store, layout.run_uri).records(), table, now=time.time())
-    print(render(cost, layout.run_uri, sources.replace(PARAMETER_SOURCE, f"--prices {prices_file}")))
+    _print_bill(
+        cost, job, layout.run_uri, sources.replace(PARAMETER_SOURCE, f"--prices {prices_file}"), as_json
+    )
     return 0

@@ -379,9 +379,10 @@ def main(argv: list[str] | None = None) -> int:
     cost.add_argument(
         "--prices", default=None, metavar="FILE", help="a JSON price table laid over the shipped one"
     )
+    cost.add_argument("--json", action="store_true", help="print the bill and its lost time by cause as JSON")
     args = parser.parse_args(argv)
     if args.command == "cost":
-        return run_cost(args.run_uri, args.prices, storage_root=args.storage_root)
+        return run_cost(args.run_uri, args.prices, storage_root=args.storage_root, as_json=args.json)
     if args.command == "rollback":
         return run_rollback(
             args.model, args.version, reason=args.reason, by=args.by, storage_root=args.storage_root

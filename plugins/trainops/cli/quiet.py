@@ -43,6 +43,9 @@ def _how(entry: Mapping[str, Any]) -> str:
     signal = record.get("signal")
     if any(str(d.get("message", "")).startswith("injected") for d in disruptions):
         return f"injected {signal or 'SIGTERM'}"
+    notice = record.get("notice")
+    if notice:
+        return f"spot notice: {notice.get('provider')} {notice.get('event')}"
     if disruptions:
         return str(disruptions[0].get("reason") or "disruption")
     return f"{signal}" if signal else str(entry.get("classification") or "ended")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from trainer.config import accumulation_steps, config_from_mapping, dump_yaml, model_shape, replicate_degree
-from trainer.contract import ENV_ATTEMPT, ENV_GPUS_PER_NODE, RunLayout, trainer_argv
+from trainer.contract import ENV_ATTEMPT, ENV_GPUS_PER_NODE, ENV_SPOT_NOTICE, RunLayout, trainer_argv
 from trainer.presets import param_count
 from trainops.cluster.kubernetes.nodes import instance_type
 from trainops.cluster.kubernetes.render import render_manifests
@@ -172,11 +172,13 @@ def training_attempt(
     capacity: str,
     storage_env: Mapping[str, str],
     avoid_nodes: Sequence[str] = (),
+    cluster: str = "local",
 ) -> AttemptLaunch:
     """Attempt ``attempt`` of the training run under ``run_uri``.
 
     :param capacity: the run's capacity now (``spot-then-on-demand`` moves to ``on-demand``).
     :param storage_env: the storage endpoint and region (``trainops.hooks.storage.job_env_for``).
+    :param cluster: the backend (``kubernetes`` spot capacity watches for the cloud's notice).
     :param avoid_nodes: Node names earlier attempts failed on twice for the node's sake
         (:func:`trainops.recovery.bad_nodes.avoided`), kept out of this attempt's placement.
     """
@@ -209,6 +211,7 @@ def training_attempt(
                 ENV_ATTEMPT: str(attempt),
                 ENV_GPUS_PER_NODE: str(settings.gpus_per_node),
                 **watchdog_env(settings.job_options),
+                **spot_notice_env(cluster, capacity, settings.job_options),
             },
             labels={**job_labels(identity), "trainops/attempt": str(attempt)},
         ),
@@ -250,6 +253,16 @@ def watchdog_env(job_options: Mapping[str, Any]) -> dict[str, str]:
     (``train.collective_timeout_s``) and the rank crashes, instead of the gang hanging."""
     user = {**(job_options.get("env") or {}), **(job_options.get("nccl_env") or {})}
     return {} if NCCL_ASYNC_ERROR_HANDLING in user else {NCCL_ASYNC_ERROR_HANDLING: "1"}
+
+
+def spot_notice_env(cluster: str, capacity: str, job_options: Mapping[str, Any]) -> dict[str, str]:
+    """``TRAINOPS_SPOT_NOTICE=auto`` for training on Kubernetes spot capacity, unless the user
+    set it (``env``): each node then watches its cloud's metadata for the interruption notice
+    (``trainer.runtime.notice``), which comes before any SIGTERM, or instead of one. The local
+    backend watches nothing unless told: its "node" is the machine the tests run on."""
+    if ENV_SPOT_NOTICE in (job_options.get("env") or {}) or cluster != "kubernetes" or capacity != "spot":
+        return {}
+    return {ENV_SPOT_NOTICE: "auto"}
 
 
 def one_process_job(

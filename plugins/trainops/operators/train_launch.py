@@ -130,4 +130,5 @@ def attempt_launch(
         capacity=capacity,
         storage_env=job_env_for(layout.run_uri, aws_conn_id),
         avoid_nodes=sorted(avoid),
+        cluster=cluster,
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.contract import MetricsReader, RunLayout, last_record, parse_attempt_record
+from trainer.contract import MetricsReader, RunLayout, last_record, parse_attempt_record, skipped_steps
 from trainer.storage import NotFound, Storage
 from trainops.cluster.base import ClusterBackend, JobHandle
 from trainops.hooks.storage import get_json_object
@@ -100,6 +100,8 @@ def result(store: Storage, layout: RunLayout, job: JobRecord, record: AttemptRec
         "attempts": len(job["attempts"]),
         "preemptions": job["preemptions"],
         "steps_lost": total_steps_lost(job),
+        # bad-loss rollbacks' skipped windows, [[first, last], ...] (trainer.runtime.bad_loss)
+        "steps_skipped": skipped_steps([a.get("record") or {} for a in job["attempts"]]),
         "final_loss": final_loss,
         "cost": job.get("cost"),  # an estimate (trainops.cost.accounting.RunCost)
         "goodput": (job.get("cost") or {}).get("goodput"),

@@ -10,7 +10,8 @@ line, which :func:`attempt_record_of` finds in the log tail.
 """
 
 # No ``from __future__ import annotations``: TypedDict reads its annotations at run time.
-from typing import Final, Literal, TypedDict
+from collections.abc import Mapping
+from typing import Any, Final, Literal, TypedDict
 
 from trainer.contract import AttemptRecord, Cause, attempt_record_in_log
 
@@ -72,6 +73,16 @@ def collective_abort_in(logs_tail: str | None) -> str | None:
     return None
 
 
+def notice_reason(notice: Mapping[str, Any]) -> str:
+    """An interruption notice in words: ``the cloud's notice (aws spot/instance-action:
+    terminate, 120 s ahead), saved 3.2 s after it``."""
+    lead = notice.get("lead_s")
+    ahead = f", {lead:.0f} s ahead" if isinstance(lead, int | float) else ""
+    saved = notice.get("saved_after_s")
+    after = f", saved {saved:.1f} s after it" if isinstance(saved, int | float) else ""
+    return f"the cloud's notice ({notice.get('provider')} {notice.get('event')}{ahead}){after}"
+
+
 def classify_attempt(state: JobState, record: AttemptRecord | None, logs_tail: str | None = None) -> Verdict:
     """Classify one finished attempt.
 
@@ -92,11 +103,13 @@ def classify_attempt(state: JobState, record: AttemptRecord | None, logs_tail: s
             "reason": state.get("infra_reason") or f"{EVICTED}: {evicted[0].get('message')}",
         }
     if record is not None and outcome == "preempted":
-        why = (
-            disruptions[0]["message"]
-            if disruptions
-            else f"the trainer received {record.get('signal') or 'a termination signal'}"
-        )
+        notice = record.get("notice")
+        if notice:
+            why = notice_reason(notice)
+        elif disruptions:
+            why = str(disruptions[0]["message"])
+        else:
+            why = f"the trainer received {record.get('signal') or 'a termination signal'}"
         return {
             "classification": PREEMPTED,
             "reason": f"{why}; emergency checkpoint at step {record.get('checkpoint_step')}",

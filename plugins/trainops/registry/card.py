@@ -11,7 +11,8 @@ trainops version and the time. Keys (docs/promotion.md lists them with an exampl
 - ``eval_basis``: what the evaluation scored (:func:`trainops.registry.regate.eval_basis`);
 - ``metrics``: the candidate's and the production model's evaluation, per slice too;
 - ``gate``: the decision, its checks and their definitions, and any re-gates;
-- ``training``: steps, attempts, ``preemptions`` (also ``preemptions_survived``), steps lost;
+- ``training``: steps, attempts, ``preemptions`` (also ``preemptions_survived``), steps lost,
+  ``steps_skipped`` (the step windows bad-loss rollbacks skipped, ``[[first, last], ...]``);
 - ``training_cost``: what training the version cost (:func:`training_cost`, from the run's
   ``job.json`` ``cost``), every figure an estimate; None for a run that recorded no cost;
 - ``lineage``: ``{"parent": {"name", "version", "uri"}}``, the weights the run started from
@@ -188,7 +189,15 @@ def build_card(
         },
         "training": {
             key: training.get(key)
-            for key in ("steps", "attempts", "preemptions", "steps_lost", "final_loss", "job_uri")
+            for key in (
+                "steps",
+                "attempts",
+                "preemptions",
+                "steps_lost",
+                "steps_skipped",
+                "final_loss",
+                "job_uri",
+            )
         },
         "preemptions_survived": training.get("preemptions"),
         "steps": training.get("steps"),

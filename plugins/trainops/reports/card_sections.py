@@ -221,6 +221,15 @@ def lineage_section(card: Mapping, linkable: Linkable) -> str:
     return f"<div><h2>Lineage</h2>{rows_table(rows)}</div>"
 
 
+def skipped_text(windows: object) -> str:
+    """The steps bad-loss rollbacks skipped, ``11-15, 31-32``: ``none`` for none, ``-`` for a
+    card from before the key (or a damaged one)."""
+    if not isinstance(windows, list):
+        return "-"
+    spans = [w for w in windows if isinstance(w, list) and len(w) == 2 and all(isinstance(x, int) for x in w)]
+    return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in spans) or "none"
+
+
 def training_section(card: Mapping, linkable: Linkable) -> str:
     training = as_map(card.get("training"))
     labels = (
@@ -231,6 +240,7 @@ def training_section(card: Mapping, linkable: Linkable) -> str:
         ("final_loss", "Final training loss"),
     )
     rows = [(label, escape(figure(training.get(key)))) for key, label in labels]
+    rows.insert(4, ("Steps skipped (bad loss)", escape(skipped_text(training.get("steps_skipped")))))
     cost = card.get("training_cost")
     if isinstance(cost, Mapping):
         currency = escape(cost.get("currency") or "")

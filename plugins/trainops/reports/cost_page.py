@@ -3,7 +3,7 @@
 Drawn from the run's ``RunCost`` (``trainops.cost/v1``, the ``cost`` of its ``job.json``; see
 :mod:`trainops.cost.accounting`): one bar per attempt over wall time, coloured by phase, a mark
 where a preemption ended an attempt, and beside it what each attempt cost at spot and at
-on-demand prices. A run older than the accounting has no ``cost``: :func:`cost_section` then
+on-demand prices, and the lost time by cause (:mod:`trainops.cost.causes`). A run older than the accounting has no ``cost``: :func:`cost_section` then
 accounts for it from its ``job.json`` and metrics, or says in one sentence why it cannot.
 
 Pure functions, no I/O. ``job.json`` is data and may be hostile or from another version, so
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from trainer.contract import MetricsRecord
 from trainops.cost.accounting import account
+from trainops.cost.causes import CAUSE_LABELS, lost_by_cause
 from trainops.cost.money import money
 from trainops.cost.prices import load_prices
 from trainops.reports.html import dicts, escape, folded, list_of, table
@@ -30,6 +31,7 @@ __all__ = [
     "PHASE_COLOURS",
     "PHASE_LABELS",
     "TIMELINE_BOX",
+    "cause_table",
     "cost_section",
     "cost_table",
     "duration",
@@ -358,6 +360,56 @@ def cost_table(cost: dict[str, Any]) -> str:
     )
 
 
+def cause_table(cost: dict[str, Any], attempts: object) -> str:
+    """The run's lost time by cause (HTML): wall time, billed GPU-seconds and cost of each cause,
+    the GPU-seconds it waited for without paying, and the line that adds them up to the bill.
+
+    :param attempts: ``job.json``'s attempts (their records hold the restore and emergency save
+        times); anything else counts as none.
+    """
+    lost = lost_by_cause(cost, dicts(attempts))
+    header = [
+        "Lost time by cause",
+        "Wall time",
+        "GPU-seconds billed",
+        "Cost (estimate)",
+        "GPU-seconds not billed",
+    ]
+    rows = [
+        [
+            escape(CAUSE_LABELS[c["cause"]][0].upper() + CAUSE_LABELS[c["cause"]][1:]),
+            escape(duration(c["seconds"] + c["unbilled_seconds"])),
+            escape(f"{c['gpu_s']:,.0f}"),
+            escape(money(c["cost"])),
+            escape(f"{c['unbilled_gpu_s']:,.0f}"),
+        ]
+        for c in lost["causes"]
+    ]
+    rows.append(
+        [
+            "<strong>Productive</strong>",
+            "",
+            escape(f"{lost['productive_gpu_s']:,.0f}"),
+            escape(money(lost["productive_cost"])),
+            "",
+        ]
+    )
+    adds_up = (
+        f"Productive + causes = billed: {lost['productive_gpu_s']:,.0f} + {lost['unproductive_gpu_s']:,.0f} = "
+        f"{lost['billed_gpu_s']:,.0f} GPU-seconds; {money(lost['productive_cost'])} + "
+        f"{money(lost['unproductive_cost'])} = {money(lost['cost'])}. Waiting for capacity and the wait "
+        "before a relaunch hold no GPU and are not billed."
+    )
+    notes = "".join(f"<li>{escape(n)}</li>" for n in lost["notes"])
+    return (
+        '<div class="causes">'
+        + table(header, rows)
+        + f'<p class="muted">{escape(adds_up)}</p>'
+        + (f'<ul class="notes">{notes}</ul>' if notes else "")
+        + "</div>"
+    )
+
+
 def _notes(cost: dict[str, Any]) -> str:
     notes = [n for n in list_of(cost.get("notes")) if isinstance(n, str) and n]
     if not notes:
@@ -450,4 +502,11 @@ def cost_section(
         + (f" {escape(how)}" if how else "")
         + "</p>"
     )
-    return head + caption + svg_timeline(cost) + cost_table(cost) + _notes(cost)
+    return (
+        head
+        + caption
+        + svg_timeline(cost)
+        + cost_table(cost)
+        + cause_table(cost, job.get("attempts"))
+        + _notes(cost)
+    )

@@ -19,6 +19,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 
 from trainer.contract import METRICS_DIR, MetricsRecord, metrics_records
+from trainops.recovery.hang import limit_in_verdict
 from trainops.reports.charts import CHART_COLOURS, MAX_CHART_POINTS, svg_line_chart
 from trainops.reports.cost_page import cost_section, is_live, run_cost
 from trainops.reports.html import (
@@ -92,6 +93,7 @@ def _run_summary(uri: str, job: dict, final: dict | None, metrics_uri: str | Non
         ("Preemptions", scalar(job.get("preemptions"))),
         ("Infrastructure failures", scalar(job.get("infra_failures"))),
         ("Steps lost to interruptions", scalar(sum(lost)) if lost else None),
+        ("Hang timeout", _hang_limit(attempts)),
         ("Last logged step", scalar(final["step"]) if final else None),
         ("Loss at that step", scalar(final.get("loss")) if final else None),
         ("Cluster", scalar(job.get("cluster")) if "cluster" in job else None),
@@ -120,6 +122,21 @@ def _run_summary(uri: str, job: dict, final: dict | None, metrics_uri: str | Non
         + "".join(f"<tr><th>{escape(k)}</th><td>{v}</td></tr>" for k, v in rows if v is not None)
         + "</table>"
     )
+
+
+def _hang_limit(attempts: list[dict]) -> str | None:
+    """The limit the hang watch applied to the newest hung attempt, from its verdict (which
+    rule gave it, with the numbers); None when no attempt hung."""
+    for a in reversed(attempts):
+        reason = a.get("reason")
+        found = (
+            limit_in_verdict(reason)
+            if a.get("classification") == "hung" and isinstance(reason, str)
+            else None
+        )
+        if found is not None:
+            return escape(f"{found[0]:.0f} s ({found[1]}), attempt {a.get('attempt', '?')}")
+    return None
 
 
 def _throughput(groups: dict) -> str:

@@ -40,7 +40,7 @@ from trainer.contract import MetricsReader, parse_heartbeat
 from trainer.storage import NotFound
 from trainops.cluster.base import FINAL_PHASES, ClusterBackend, JobHandle, JobState, LogCursor
 from trainops.hooks.storage import storage_for
-from trainops.recovery.hang import STARTUP_ALLOWANCE_S, hang_verdict
+from trainops.recovery.hang import STARTUP_ALLOWANCE_S, HangLimit, hang_limit, hang_verdict
 from trainops.triggers.events import JobEvent, Status
 from trainops.triggers.outage import DEFAULT_API_OUTAGE_TOLERANCE_S, RETRY_CAP_S, Outage
 
@@ -56,6 +56,8 @@ PROGRESS_OUTAGE_TOLERANCE_S = 5.0
 # own timeout passed within [scheduler] trigger_timeout_check_interval (15 s), and the event must
 # reach the operator, which still deletes the job, before that.
 DEADLINE_MARGIN_S = 30.0
+# The hang timeout is logged again when it moves by more than this factor either way.
+HANG_LOG_CHANGE = 2.0
 
 
 def settle_seconds() -> float:
@@ -121,8 +123,11 @@ class JobTrigger(BaseTrigger):
         (:func:`trainops.recovery.hang.hang_verdict`). A heartbeat that cannot be read is no
         verdict: the watch waits for a read that works.
     :param hang_timeout: seconds without a new step that mean hung (None: derived from the
-        median step time, see :mod:`trainops.recovery.hang`).
-    :param startup_allowance: extra seconds allowed before the attempt's first step.
+        attempt's pace, see :mod:`trainops.recovery.hang`). The effective limit is logged when
+        the watch first reads a heartbeat, and again when another rule gives it or it changes
+        more than twofold.
+    :param startup_allowance: extra seconds allowed for the attempt's first steps, and while
+        rank 0 is busy in a checkpoint save or the export.
     :param deadline: epoch seconds when the task's ``execution_timeout`` ends (None: never);
         the trigger reports ``deadline`` :data:`DEADLINE_MARGIN_S` before it.
     """
@@ -171,6 +176,7 @@ class JobTrigger(BaseTrigger):
         self._heartbeat_reads = self._outage("heartbeat read")
         self._running_since: float | None = None  # when this trigger first saw the job running
         self._readable_since: float | None = None  # since when heartbeat reads work unbroken
+        self._logged_limit: HangLimit | None = None  # the hang limit as last logged
 
     def _outage(self, what: str) -> Outage:
         """A fresh count of failing reads of ``what`` (built again when the run starts: the
@@ -263,6 +269,7 @@ class JobTrigger(BaseTrigger):
         self._heartbeat_reads.worked()
         if self._readable_since is None:
             self._readable_since = time.time()
+        self._log_hang_limit(hang_limit(beat, self.hang_timeout, self.startup_allowance))
         return hang_verdict(
             heartbeat=beat,
             watched_since=max(self._running_since, self._readable_since),
@@ -270,6 +277,20 @@ class JobTrigger(BaseTrigger):
             setting=self.hang_timeout,
             startup_allowance_s=self.startup_allowance,
         )
+
+    def _log_hang_limit(self, limit: HangLimit) -> None:
+        """Log the hang limit when first known, when another rule gives it (the pace, once
+        warm-up is over) and when the timeout changes more than twofold (the pace moves a little
+        with every write; the log says only what a reader would notice)."""
+        last = self._logged_limit
+        if (
+            last is not None
+            and last.source == limit.source
+            and last.timeout_s / HANG_LOG_CHANGE <= limit.timeout_s <= last.timeout_s * HANG_LOG_CHANGE
+        ):
+            return
+        self._logged_limit = limit
+        self.log.info("hang watch: %s", limit.describe())
 
     async def _copy_log_lines(self, cluster: ClusterBackend) -> None:
         """Node 0's new log lines into this task's log (best effort: a log hiccup is no failure)."""

@@ -51,6 +51,8 @@ def test_a_failed_record_says_its_cause_and_older_records_without_one_still_pars
         "emergency_save_s",
         "first_step_time",
         "signal_time",
+        "restore_s",
+        "notice",
     }
     node = attempt_record(
         attempt=1, outcome="failed", last_step=0, checkpoint_step=None, world_size=2, cause="node"
@@ -138,6 +140,20 @@ def test_an_emergency_save_duration_travels_in_the_record_and_is_checked():
     )
     with pytest.raises(ValueError, match="'emergency_save_s' must be a number of seconds >= 0, got 'x'"):
         parse_attempt_record({**rec, "emergency_save_s": "x"})
+
+
+def test_a_restore_duration_travels_in_the_record_and_is_checked():
+    from trainer.contract import attempt_record, parse_attempt_record
+
+    rec = attempt_record(
+        attempt=2, outcome="completed", last_step=9, checkpoint_step=9, world_size=2, restore_s=3.25
+    )
+    assert parse_attempt_record(rec)["restore_s"] == 3.25
+    assert "restore_s" not in attempt_record(
+        attempt=1, outcome="completed", last_step=5, checkpoint_step=5, world_size=2
+    )
+    with pytest.raises(ValueError, match="'restore_s' must be a number of seconds >= 0, got -1"):
+        parse_attempt_record({**rec, "restore_s": -1})
 
 
 def test_the_first_step_and_signal_times_travel_in_the_record_and_are_checked():

@@ -6,8 +6,16 @@ import time
 
 import pytest
 
-from trainer.contract import RunLayout, parse_heartbeat
-from trainer.runtime.heartbeat import ENV_EVERY_S, EVERY_S, HeartbeatWriter, beats, every_s_from
+from trainer.contract import HEARTBEAT_WARMUP_STEPS, RunLayout, parse_heartbeat
+from trainer.runtime.heartbeat import (
+    ENV_EVERY_S,
+    EVERY_S,
+    HeartbeatWriter,
+    NoHeartbeat,
+    beats,
+    every_s_from,
+    p99,
+)
 from trainer.storage import open_storage
 
 
@@ -39,6 +47,7 @@ def test_the_newest_step_is_written_with_its_time_and_median_at_most_every_inter
     wait_for(lambda: (read(store, layout, 3) or {}).get("step") == 60)
     beat = read(store, layout, 3)
     assert beat["steps"] == 20 and beat["median_step_s"] == 0.3 and beat["attempt"] == 3
+    assert beat["every_s"] == 0.3 and beat["busy"] is None
     assert beat["time"] <= finished_at  # when the step finished, not when it was written
     assert writer.writes <= 3  # 21 beats, one write per 0.3 s
     writer.close()
@@ -78,19 +87,24 @@ def test_a_write_that_hangs_or_fails_never_blocks_training_and_is_logged_once(tm
 
 def test_only_rank_0_beats(tmp_path):
     root = tmp_path.as_uri()
-    beats(root, 1, False, 0)(1, 0.1)
+    quiet = beats(root, 1, False, 0)
+    assert isinstance(quiet, NoHeartbeat)
+    quiet.beat(1, 0.1)
+    with quiet.busy("checkpoint save"):
+        quiet.beat(2, 0.1)
     assert not (tmp_path / "heartbeat").exists()
     beat = beats(root, 2, True, 5)
-    beat(6, 0.1)
+    beat.beat(6, 0.1)
     wait_for(lambda: (read(open_storage(root), RunLayout(root), 2) or {}).get("step") in (5, 6))
+    beat.close()
 
 
 def test_the_interval_is_ten_seconds_unless_the_environment_says_otherwise(tmp_path):
     assert every_s_from({}) == every_s_from({ENV_EVERY_S: " "}) == EVERY_S == 10.0
     assert every_s_from({ENV_EVERY_S: "0.5"}) == 0.5
     beat = beats(tmp_path.as_uri(), 1, True, 0, environ={ENV_EVERY_S: "0.5"})
-    assert beat.__self__.every_s == 0.5  # type: ignore[attr-defined]
-    beat.__self__.close()  # type: ignore[attr-defined]
+    assert isinstance(beat, HeartbeatWriter) and beat.every_s == 0.5
+    beat.close()
 
 
 @pytest.mark.parametrize("raw", ["0", "-1", "ten", "nan", "inf"])
@@ -102,3 +116,73 @@ def test_a_bad_interval_fails_on_every_rank_naming_the_value(tmp_path, raw):
             f"TRAINOPS_HEARTBEAT_EVERY_S={raw!r} is not a number of seconds > 0; "
             "unset it for the default (10 s)"
         )
+
+
+class Clock:
+    """A hand-moved clock, wall and monotonic alike."""
+
+    def __init__(self, now=1000.0):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+def test_the_pace_leaves_out_warm_up_and_the_gaps_hold_what_the_loop_does_between_steps(tmp_path):
+    root = tmp_path.as_uri()
+    store, layout, clock = open_storage(root), RunLayout(root), Clock()
+    writer = HeartbeatWriter(store, layout, 1, every_s=3600, clock=clock, monotonic=clock)
+    writer.start(0)
+    wait_for(lambda: read(store, layout) is not None)
+    for step in range(1, HEARTBEAT_WARMUP_STEPS + 1):  # compile and warm-up: 20 s each
+        clock.now += 20.0
+        writer.beat(step, 20.0)
+        if step == 1:  # the first step is written at once (the interval is an hour)
+            wait_for(lambda: (read(store, layout) or {}).get("steps") == 1)
+    assert read(store, layout)["p99_step_s"] is None  # no pace from warm-up
+    steps = [0.2] * 98 + [0.5, 0.9]  # the 100 steps after warm-up
+    clock.now += steps[0]
+    writer.beat(HEARTBEAT_WARMUP_STEPS + 1, steps[0])
+    # the first step after warm-up is written at once: a pace exists, from one step
+    wait_for(lambda: (read(store, layout) or {}).get("steps") == HEARTBEAT_WARMUP_STEPS + 1)
+    beat = read(store, layout)
+    assert beat["p99_step_s"] == 0.2 and beat["max_gap_s"] == pytest.approx(0.2)
+    for i, took in enumerate(steps[1:], start=HEARTBEAT_WARMUP_STEPS + 2):
+        clock.now += 1.5 if i == 50 else took  # a metrics flush of 1.3 s after one step
+        writer.beat(i, took)
+    assert read(store, layout)["steps"] == HEARTBEAT_WARMUP_STEPS + 1  # the rest waits out the hour
+    with writer.busy("checkpoint save"):  # written at once, with the newest step
+        wait_for(lambda: (read(store, layout) or {}).get("busy") == "checkpoint save")
+        clock.now += 300.0  # a save of 5 minutes is not a gap between steps
+    wait_for(lambda: (read(store, layout) or {}).get("busy_ended") == clock.now)
+    beat = read(store, layout)
+    assert beat["busy"] is None and beat["busy_since"] is None
+    assert beat["step"] == HEARTBEAT_WARMUP_STEPS + 100 and beat["steps"] == HEARTBEAT_WARMUP_STEPS + 100
+    assert beat["p99_step_s"] == 0.5  # nearest rank: the 99th of 100; warm-up's 20 s left out
+    assert beat["max_gap_s"] == pytest.approx(1.5)  # the flush: not warm-up's 20 s, nor the save's 300 s
+    clock.now += 0.2
+    writer.beat(HEARTBEAT_WARMUP_STEPS + 101, 0.2)
+    writer.close()
+    assert writer.writes == 5  # start, first step, end of warm-up, busy, its end; then the hour
+
+
+def test_a_busy_mark_is_written_at_once_though_the_interval_is_long(tmp_path):
+    root = tmp_path.as_uri()
+    store, layout = open_storage(root), RunLayout(root)
+    writer = HeartbeatWriter(store, layout, 1, every_s=3600)
+    writer.start(10)
+    wait_for(lambda: read(store, layout) is not None)
+    before = time.time()
+    with writer.busy("final checkpoint and export"):
+        wait_for(lambda: (read(store, layout) or {}).get("busy") is not None, timeout=2.0)
+        beat = read(store, layout)
+        assert beat["busy"] == "final checkpoint and export" and beat["busy_since"] >= before
+    wait_for(lambda: (read(store, layout) or {}).get("busy") is None, timeout=2.0)
+    assert read(store, layout)["busy_ended"] >= before
+    writer.close()
+
+
+def test_p99_is_the_nearest_rank_and_the_slowest_of_few():
+    assert p99([]) is None
+    assert p99([0.3, 0.1, 0.2]) == 0.3
+    assert p99([float(i) for i in range(1, 201)]) == 198.0

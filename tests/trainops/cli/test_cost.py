@@ -11,8 +11,10 @@ import pytest
 from tests.trainops.cost.fixtures import FIXTURE_PRICES, one_preemption_job
 from trainer.contract import RunLayout, metrics_part_name
 from trainer.storage import open_storage
+from trainops.cli.cost import run_cost
 from trainops.cli.main import main
 from trainops.cost.accounting import account
+from trainops.cost.causes import CAUSES
 
 
 @pytest.fixture
@@ -136,3 +138,37 @@ def test_an_s3_run_without_credentials_is_one_line_naming_the_connection(tmp_pat
         "cost: no credentials to read s3://no-credentials-bucket/root/runs/nightly/r1/train/job.json"
     )
     assert "'aws_default'" in line and "AWS_ACCESS_KEY_ID" in line
+
+
+def test_lost_time_by_cause_is_printed_and_adds_up_to_the_billed_time(run, capsys):
+    layout, store = run
+    job = store.get_json(layout.job)
+    job["attempts"][1]["record"]["restore_s"] = 5.0
+    store.put_json(layout.job, job)
+    assert main(["cost", layout.run_uri]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split("  ")[0]: line.split() for line in out.splitlines()}
+    # wall s, GPU-s billed, cost, GPU-s not billed (8 GPUs at $11.4704 / 8 per GPU-hour)
+    assert rows["startup"][-4:] == ["95.0", "760.0", "$0.30", "0.0"]
+    assert rows["restore (checkpoint load)"][-4:] == ["5.0", "40.0", "$0.02", "0.0"]
+    assert rows["checkpoint save"][-4:] == ["18.0", "144.0", "$0.06", "0.0"]
+    assert rows["lost progress (replayed steps)"][-4:] == ["10.0", "80.0", "$0.03", "0.0"]
+    # the preempted attempt's shutdown (6 s billed) and the 10 s before the relaunch (not billed)
+    assert rows["recovery"][-4:] == ["16.0", "48.0", "$0.02", "80.0"]
+    assert rows["waiting for capacity (not billed)"][-4:] == ["50.0", "0.0", "$0.00", "400.0"]
+    assert "productive + causes = billed: 960.0 + 1072.0 = 2032.0 GPU-s, $0.38 + $0.43 = $0.81" in out
+
+
+def test_json_gives_the_bill_and_its_lost_time_by_cause(run, capsys):
+    layout, _ = run
+    assert run_cost(layout.run_uri, None, as_json=True) == 0
+    bill = json.loads(capsys.readouterr().out)
+    assert bill["format"] == "trainops.cost/v1" and bill["run_uri"] == layout.run_uri
+    lost = bill["lost_by_cause"]
+    assert [c["cause"] for c in lost["causes"]] == list(CAUSES)
+    assert lost["productive_gpu_s"] + sum(c["gpu_s"] for c in lost["causes"]) == pytest.approx(
+        bill["billed_gpu_hours"] * 3600
+    )
+    assert sum(c["cost"] for c in lost["causes"]) + lost["productive_cost"] == pytest.approx(bill["cost"])
+    # no restore_s in this run's records: the load stays in startup, and the notes say so
+    assert any("no restore_s" in note for note in lost["notes"])

@@ -99,3 +99,18 @@ def test_a_failed_attempt_shows_the_trainers_traceback_not_torchruns_notes_or_ot
         '    [node-0]   File "/app/trainer/train.py", line 88, in main',
         "    [node-0] ValueError: train.lr must be positive",
     ]
+
+
+def test_a_preemption_by_the_clouds_notice_says_which_notice():
+    noticed = {
+        **PREEMPTED,
+        "state": {"phase": "failed", "disruptions": []},
+        "record": {
+            **PREEMPTED["record"],
+            "signal": "notice",
+            "notice": {"provider": "gce", "event": "instance/preempted: TRUE"},
+        },
+    }
+    assert attempt_line(noticed) == (
+        "attempt 1 preempted at step 55 (spot notice: gce instance/preempted: TRUE); resuming from checkpoint step 55"
+    )

@@ -271,3 +271,12 @@ def test_avoid_nodes_in_job_options_must_be_a_list():
             capacity="spot",
             storage_env={},
         )
+
+
+def test_training_on_kubernetes_spot_watches_for_the_clouds_notice_unless_the_user_set_it():
+    from trainops.operators.launch_plan import spot_notice_env
+
+    assert spot_notice_env("kubernetes", "spot", {}) == {"TRAINOPS_SPOT_NOTICE": "auto"}
+    assert spot_notice_env("kubernetes", "on-demand", {}) == {}  # no notice to watch for
+    assert spot_notice_env("local", "spot", {}) == {}  # the "node" is this machine
+    assert spot_notice_env("kubernetes", "spot", {"env": {"TRAINOPS_SPOT_NOTICE": "off"}}) == {}

@@ -1022,3 +1022,25 @@ def test_the_result_and_a_silent_attempts_progress_come_from_the_newest_metrics_
     job = {"attempts": [{"steps_lost": 2}, {"steps_lost": 0}], "preemptions": 0}
     result = train_reads.result(store, layout, job, record)
     assert (result["final_loss"], result["metrics_uri"]) == (0.125, layout.metrics_parts)
+
+
+def test_the_steps_bad_loss_rollbacks_skipped_are_in_job_json_and_the_result(file_root, cluster, context):
+    op = operator(file_root)
+    with pytest.raises(TaskDeferred):
+        op.execute(context)
+    rollback = {"at_step": 14, "loss": "nan", "why": "non-finite loss nan", "to_step": 10}
+    write_record(
+        file_root,
+        1,
+        "completed",
+        last_step=100,
+        checkpoint_step=100,
+        rollbacks=[
+            {**rollback, "skipped_from": 11, "skipped_to": 15},
+            {**rollback, "skipped_from": 61, "skipped_to": 62},
+        ],
+    )
+    result = op.execute_complete(context, finished(state_phase="succeeded"))
+    assert result["steps_skipped"] == [[11, 15], [61, 62]]  # what the model card records
+    job = open_storage(file_root).get_json(layout_of(file_root).job)
+    assert [r["skipped_from"] for r in job["attempts"][0]["record"]["rollbacks"]] == [11, 61]

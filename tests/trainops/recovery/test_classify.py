@@ -117,3 +117,22 @@ def test_an_nccl_watchdog_abort_without_a_record_is_infrastructure():
     # without those words it stays the program's error; a record, when there is one, decides
     assert classify_attempt(state, None, "[node-1] Segmentation fault")["classification"] == "error"
     assert classify_attempt(state, record("failed", error="ValueError: x"), tail)["classification"] == "error"
+
+
+def test_a_preemption_by_the_clouds_notice_names_the_notice_its_lead_and_the_save():
+    notice = {
+        "provider": "aws",
+        "event": "spot/instance-action: terminate",
+        "noticed_at": 1000.0,
+        "deadline": 1120.0,
+        "lead_s": 120.0,
+        "saved_at": 1003.4,
+        "saved_after_s": 3.4,
+    }
+    state = {"phase": "failed", "nodes": RUNNING_NODES, "disruptions": [SPOT]}
+    verdict = classify_attempt(state, record("preempted", signal="notice", notice=notice))
+    assert verdict == {
+        "classification": "preempted",
+        "reason": "the cloud's notice (aws spot/instance-action: terminate, 120 s ahead), saved 3.4 s after it; "
+        "emergency checkpoint at step 50",
+    }

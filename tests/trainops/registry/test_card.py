@@ -51,6 +51,7 @@ def upstream(root: str, storage, *, config: bytes = CONFIG) -> dict:
             "attempts": 2,
             "preemptions": 1,
             "steps_lost": 3,
+            "steps_skipped": [[11, 15]],
             "final_loss": 2.5,
             "job_uri": join(run_uri, "job.json"),
         },
@@ -110,8 +111,17 @@ def test_the_card_records_dataset_run_config_basis_metrics_gate_and_training(fil
     }
     assert card["training"] == {
         key: training[key]
-        for key in ("steps", "attempts", "preemptions", "steps_lost", "final_loss", "job_uri")
+        for key in (
+            "steps",
+            "attempts",
+            "preemptions",
+            "steps_lost",
+            "steps_skipped",
+            "final_loss",
+            "job_uri",
+        )
     }
+    assert card["training"]["steps_skipped"] == [[11, 15]]  # what bad-loss rollbacks skipped
     assert (card["preemptions_survived"], card["steps"]) == (1, 40)
 
 

@@ -6,7 +6,7 @@ import copy
 
 from tests.trainops.reports.helpers import page_text, table_with
 from tests.trainops.reports.test_card_page import CARD
-from trainops.reports.card_sections import evaluation_section, figure, folder_link, uri_link
+from trainops.reports.card_sections import evaluation_section, figure, folder_link, training_section, uri_link
 
 SLICES = {
     "source": {
@@ -67,3 +67,13 @@ def test_figures_and_links():
         '(<a href="report?uri=s3%3A%2F%2Fb%2Fr%2Frun%2Fjob.json">job.json</a>)'
     )
     assert folder_link("s3://b/r/run", "job.json", lambda u: False) == "<code>s3://b/r/run</code>"
+
+
+def test_the_training_section_says_which_steps_bad_loss_rollbacks_skipped():
+    skipped = copy.deepcopy(CARD)
+    skipped["training"]["steps_skipped"] = [[11, 15], [31, 31]]
+    text = page_text(training_section(skipped, lambda u: True))
+    assert "Steps skipped (bad loss) 11-15, 31" in text
+    skipped["training"]["steps_skipped"] = []
+    assert "Steps skipped (bad loss) none" in page_text(training_section(skipped, lambda u: True))
+    assert "Steps skipped (bad loss) -" in page_text(training_section(CARD, lambda u: True))  # an older card

@@ -336,3 +336,28 @@ def test_a_running_run_is_accounted_up_to_now_and_never_said_to_predate_the_acco
         "Cost and goodput (estimates) No cost yet: this run is still running, and its metrics, "
         "which the accounting needs, could not be read."
     )
+
+
+def test_the_lost_time_by_cause_adds_up_to_the_billed_gpu_time():
+    job, metrics = _run_with_cost()
+    job = copy.deepcopy(job)
+    job["attempts"][1]["record"]["restore_s"] = 5.0
+    job["attempts"][0]["record"]["emergency_save_s"] = ATTACK  # a damaged record counts as none
+    html = cost_section(job, metrics)
+    rows = {row[0]: row[1:] for row in table_with(html, "Lost time by cause")[1:]}
+    gpu_s = P4D_SPOT / 8 / 3600  # USD per GPU-second
+    assert rows == {
+        "Startup": ["95.0 s", "760", money(760 * gpu_s), "0"],
+        "Restore (checkpoint load)": ["5.0 s", "40", money(40 * gpu_s), "0"],
+        "Checkpoint save": ["18.0 s", "144", money(144 * gpu_s), "0"],  # stalls 8 s, final save 10 s
+        "Lost progress (replayed steps)": ["10.0 s", "80", money(80 * gpu_s), "0"],
+        # attempt 1's shutdown (billed) and the 10 s before attempt 2's launch (not billed)
+        "Recovery": ["16.0 s", "48", money(48 * gpu_s), "80"],
+        "Waiting for capacity (not billed)": ["50.0 s", "0", "$0.00", "400"],
+        "Productive": ["", "960", money(960 * gpu_s), ""],
+    }
+    assert (
+        f"Productive + causes = billed: 960 + 1,072 = 2,032 GPU-seconds; {money(960 * gpu_s)} + "
+        f"{money(1072 * gpu_s)} = {money(SPOT_COST)}." in page_text(html)
+    )
+    assert "<script>" not in html

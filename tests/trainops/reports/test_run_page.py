@@ -16,6 +16,7 @@ from tests.trainops.reports.helpers import (
     svgs,
     table_with,
 )
+from trainops.recovery.hang import hang_verdict
 from trainops.reports.run_page import MAX_CHART_POINTS, render_run_report, svg_line_chart
 
 ATTACK = "<script>alert(1)</script>"
@@ -330,3 +331,31 @@ def test_a_finished_runs_outcome_is_the_gates_verdict_or_what_became_of_it():
     html = render_run_report(JOB_URI, json.dumps(failed).encode(), RUN_METRICS)
     assert f"{JOB_URI} FAILED at train: CUDA out of memory in rank 3 Steps" in page_text(html)
     assert 'class="outcome fail"' in html
+
+
+def test_a_hung_attempt_shows_the_hang_timeout_and_the_rule_that_gave_it():
+    beat = {
+        "attempt": 1,
+        "step": 12,
+        "time": 1000.0,
+        "steps": 12,
+        "median_step_s": 0.2,
+        "p99_step_s": 0.31,
+        "max_gap_s": 0.25,
+        "every_s": 10.0,
+        "busy": None,
+        "busy_since": None,
+        "busy_ended": None,
+    }
+    why = hang_verdict(heartbeat=beat, watched_since=900.0, now=1036.0, setting=None)
+    job = run_job()
+    job["attempts"][0] |= {"classification": "hung", "reason": f"job retrain-train-1: {why}"}
+    summary = dict(table_with(render_run_report(JOB_URI, json.dumps(job).encode(), RUN_METRICS), "Status"))
+    assert summary["Hang timeout"] == (
+        "30 s (hang_timeout 30s, derived: max(30s, 3 x heartbeat interval 10s, 10 x p99 step time 0.31s)), "
+        "attempt 1"
+    )
+    no_hang = dict(
+        table_with(render_run_report(JOB_URI, json.dumps(run_job()).encode(), RUN_METRICS), "Status")
+    )
+    assert "Hang timeout" not in no_hang

@@ -7,6 +7,7 @@ import time
 from trainer.storage import open_storage
 from trainops.cluster.local.backend import LocalCluster
 from trainops.cluster.spec import JobSpec
+from trainops.recovery import hang
 from trainops.triggers import job as job_trigger
 from trainops.triggers.job import JobGoneTrigger, JobTrigger
 
@@ -511,6 +512,47 @@ def test_a_heartbeat_that_stops_moving_is_reported_hung(monkeypatch, tmp_path):
     assert event["status"] == "hung" and event["state"]["phase"] == "running"
     # the heartbeat is 2 s old when the watch starts: the clock runs from the first read
     assert "no new step for 1s: step 41 never finished (limit 1s: hang_timeout 1s)" in event["message"]
+
+
+def test_a_derived_hang_timeout_is_logged_when_first_known_and_when_the_pace_gives_it(
+    monkeypatch, tmp_path, caplog, capsys
+):
+    import json
+
+    weather(monkeypatch, Weather(phase_after="running"))
+    monkeypatch.setattr(hang, "HANG_FLOOR_S", 2.0)  # the floor of 30 s, shortened for the test
+    beat = tmp_path / "heartbeat" / "1.json"
+    beat.parent.mkdir(parents=True)
+    pace = dict.fromkeys(["p99_step_s", "max_gap_s", "busy", "busy_since", "busy_ended"])
+    started = {"attempt": 1, "step": 0, "time": time.time(), "steps": 0, "median_step_s": None}
+    beat.write_text(json.dumps({**started, **pace, "every_s": 0.1}))
+    trigger = JobTrigger(handle=HANDLE, poll_interval=0.05, heartbeat_uri=beat.as_uri(), aws_conn_id=None)
+    reads = []
+
+    def warm_then_hung(uri):  # warm-up ends at the third read, then the trainer never steps again
+        reads.append(uri)
+        if len(reads) == 3:
+            warm = {**started, "step": 10, "steps": 10, "time": time.time(), "median_step_s": 0.02}
+            beat.write_text(
+                json.dumps({**warm, **pace, "p99_step_s": 0.02, "max_gap_s": 0.03, "every_s": 0.1})
+            )
+        return job_trigger.JobTrigger._heartbeat(trigger, uri)
+
+    trigger._heartbeat = warm_then_hung
+    caplog.set_level("INFO")
+    event = first_event(trigger)
+    derived = "hang_timeout 2s, derived: max(2s, 3 x heartbeat interval 0.1s"
+    assert event["status"] == "hung"
+    message = event["message"]
+    assert f"step 11 never finished (limit 2s: {derived}, 10 x longest gap between steps 0.03s))" in message
+    logged = [line for line in (caplog.text + capsys.readouterr().out).splitlines() if "hang watch:" in line]
+    expected = [
+        f"hang watch: limit 1802s: {derived}), no pace yet + 1800s startup allowance (the first steps)",
+        f"hang watch: limit 2s: {derived}, 10 x longest gap between steps 0.03s)",
+    ]
+    assert len(logged) == 2, logged  # the same limit at every later poll is not logged again
+    assert all(want in line for want, line in zip(expected, logged, strict=True)), logged
+    assert len(reads) > 10
 
 
 def test_a_moving_heartbeat_is_not_hung_and_an_unreadable_one_is_no_verdict(monkeypatch, tmp_path):

@@ -1,0 +1,116 @@
+"""Lost time by cause against the hand-computed run of ``fixtures.py`` (seconds after T0):
+attempt 1 preempted (startup 60, productive 50, stall 4, replayed 10, shutdown 6, queued 30),
+the operator relaunching 10 s after its end, attempt 2 completed (startup 40 of which the
+restore takes what its record says, productive 70, stall 4, shutdown 10, queued 20); 8 GPUs."""
+
+import copy
+
+import pytest
+
+from tests.trainops.cost.fixtures import FIXTURE_PRICES, GPUS, P4D_SPOT, one_preemption_job
+from trainops.cost.accounting import account
+from trainops.cost.causes import CAUSES, lost_by_cause
+
+SPOT_GPU_S = P4D_SPOT / GPUS / 3600  # USD per GPU-second
+
+
+def by_cause(lost):
+    return {c["cause"]: c for c in lost["causes"]}
+
+
+def run(restore_s=None, emergency_save_s=None):
+    job, metrics = one_preemption_job()
+    job = copy.deepcopy(job)
+    if restore_s is not None:
+        job["attempts"][1]["record"]["restore_s"] = restore_s
+    if emergency_save_s is not None:
+        job["attempts"][0]["record"]["emergency_save_s"] = emergency_save_s
+    return job, account(job, metrics, FIXTURE_PRICES)
+
+
+def test_each_cause_in_gpu_seconds_and_money_as_computed_by_hand():
+    job, cost = run(restore_s=5.0)
+    lost = lost_by_cause(cost, job["attempts"])
+    causes = by_cause(lost)
+    assert [c["cause"] for c in lost["causes"]] == list(CAUSES)
+    want_s = {
+        "startup": 60 + (40 - 5),
+        "restore": 5,
+        # the stalls (4 + 4), and the completed attempt's final save and export (10)
+        "checkpoint_save": 8 + 10,
+        "lost_progress": 10,
+        # the preempted attempt's shutdown: its emergency save failed, so none of it is a save
+        "recovery": 6,
+        "waiting_for_capacity": 0,
+    }
+    for cause, seconds in want_s.items():
+        assert causes[cause]["seconds"] == pytest.approx(seconds), cause
+        assert causes[cause]["gpu_s"] == pytest.approx(seconds * GPUS), cause
+        assert causes[cause]["cost"] == pytest.approx(seconds * GPUS * SPOT_GPU_S), cause
+    # not billed: queued 30 + 20 s, and 160 -> 170 s between attempt 1's end and attempt 2's launch
+    assert causes["waiting_for_capacity"]["unbilled_gpu_s"] == pytest.approx(50 * GPUS)
+    assert causes["recovery"]["unbilled_seconds"] == pytest.approx(10)
+    assert causes["recovery"]["unbilled_gpu_s"] == pytest.approx(10 * GPUS)
+    assert causes["waiting_for_capacity"]["cost"] == 0
+    assert lost["notes"] == []
+
+
+def test_the_causes_and_productive_time_add_up_to_the_bill():
+    job, cost = run(restore_s=5.0, emergency_save_s=4.0)
+    lost = lost_by_cause(cost, job["attempts"])
+    assert lost["billed_gpu_s"] == pytest.approx(cost["billed_gpu_hours"] * 3600) == pytest.approx(254 * GPUS)
+    assert lost["productive_gpu_s"] + sum(c["gpu_s"] for c in lost["causes"]) == pytest.approx(
+        lost["billed_gpu_s"]
+    )
+    assert lost["productive_gpu_s"] == pytest.approx(cost["productive_gpu_hours"] * 3600)
+    assert lost["unproductive_gpu_s"] == pytest.approx(lost["billed_gpu_s"] - lost["productive_gpu_s"])
+    assert lost["productive_cost"] + lost["unproductive_cost"] == pytest.approx(cost["cost"])
+    # the recorded emergency save moves 4 s of the preempted attempt's shutdown to saving
+    causes = by_cause(lost)
+    assert causes["checkpoint_save"]["seconds"] == pytest.approx(8 + 10 + 4)
+    assert causes["recovery"]["seconds"] == pytest.approx(6 - 4)
+
+
+def test_the_recovery_time_of_the_interruption_is_made_of_the_causes():
+    job, cost = run(restore_s=5.0)
+    causes = by_cause(lost_by_cause(cost, job["attempts"]))
+    # signal at 152.5, next first step at 230: 1.5 s of replayed steps after the signal, the
+    # shutdown (6), the relaunch gap (10), attempt 2's queue (20), startup (35) and restore (5)
+    parts = 1.5 + causes["recovery"]["seconds"] + causes["recovery"]["unbilled_seconds"] + 20 + 35 + 5
+    assert cost["recovery_s"] == [pytest.approx(parts)]
+
+
+def test_a_resume_without_restore_s_leaves_its_load_in_startup_and_says_so():
+    job, cost = run()
+    lost = lost_by_cause(cost, job["attempts"])
+    assert by_cause(lost)["restore"]["seconds"] == 0
+    assert by_cause(lost)["startup"]["seconds"] == pytest.approx(100)
+    assert lost["notes"] == [
+        "attempt 2: resumed from step 50 but its record has no restore_s (a trainer from before it): "
+        "its checkpoint load counts as startup"
+    ]
+
+
+def test_a_restore_longer_than_its_startup_is_clipped_so_nothing_counts_twice():
+    job, cost = run(restore_s=500.0, emergency_save_s=600.0)
+    causes = by_cause(lost_by_cause(cost, job["attempts"]))
+    assert causes["restore"]["seconds"] == pytest.approx(40)
+    assert causes["startup"]["seconds"] == pytest.approx(60)
+    assert causes["recovery"]["seconds"] == 0
+    assert causes["checkpoint_save"]["seconds"] == pytest.approx(8 + 10 + 6)
+
+
+def test_a_failed_attempts_shutdown_is_recovery():
+    job, cost = run(restore_s=5.0)
+    cost["attempts"][0]["outcome"] = "failed"  # a hang: its shutdown is the wait to end it
+    causes = by_cause(lost_by_cause(cost, job["attempts"]))
+    assert causes["recovery"]["seconds"] == pytest.approx(6)
+    assert causes["checkpoint_save"]["seconds"] == pytest.approx(8 + 10)
+
+
+def test_a_damaged_stored_bill_counts_bad_values_as_zero():
+    lost = lost_by_cause(
+        {"attempts": [{"seconds": "x", "accelerators": True, "price": None}, "junk", {"spans": 3}]},
+        [{"attempt": 1, "record": "x"}],
+    )
+    assert lost["billed_gpu_s"] == 0 and all(c["gpu_s"] == 0 for c in lost["causes"])
