@@ -29,10 +29,11 @@ import torch
 from torch import nn
 
 from trainer import data, parallel
+from trainer.checkpoint.cadence import Cadence, mtbf_s, observed_rate
 from trainer.checkpoint.fence import Fenced, raise_fence
 from trainer.checkpoint.save import Checkpointer, on_rank0
 from trainer.checkpoint.warm_start import pinned_hf_config, warm_start
-from trainer.config import Config, accumulation_steps, check_data_fit, pin_labels
+from trainer.config import CHECKPOINT_AUTO, Config, accumulation_steps, check_data_fit, pin_labels
 from trainer.contract import (
     RECORD_TASKS,
     AttemptRecord,
@@ -111,6 +112,9 @@ class Training:
     flops_per_token: float
     device_peak: float | None  # peak FLOP/s of one device; None where unknown (no MFU)
     loss_watch: LossWatch = field(default_factory=LossWatch)  # which loss is bad (bad-loss recovery)
+    cadence: Cadence = field(default_factory=lambda: Cadence(25, 0, 3600.0))  # which steps save
+    # rank 0's heartbeat writer (the loop's; the other ranks' does nothing): marks long operations
+    pulse: heartbeat.HeartbeatWriter | heartbeat.NoHeartbeat = field(default_factory=heartbeat.NoHeartbeat)
     rollbacks: list[Rollback] = field(default_factory=list)  # this attempt's, oldest first
 
 
@@ -279,7 +283,40 @@ def setup(config: Config, env: parallel.DistEnv, attempt: Attempt) -> Training:
         flops_per_token=built.flops_per_token(t.seq_len),
         device_peak=peak_flops(device_name, config.precision),
         loss_watch=LossWatch(t.loss_spike_factor),
+        cadence=Cadence(config.checkpoint.every_steps, state.step, _mtbf_s(config, env, attempt)),
     )
+
+
+def _mtbf_s(config: Config, env: parallel.DistEnv, attempt: Attempt) -> float:
+    """Seconds between preemptions that ``checkpoint.every_steps: auto`` plans for: from the
+    configured rate, or the rate the run's earlier attempts show when higher (rank 0 reads
+    their records; every rank gets the figure)."""
+    configured = config.checkpoint.preemptions_per_hour
+    if config.checkpoint.every_steps != CHECKPOINT_AUTO:
+        return mtbf_s(configured, None)
+
+    def earlier() -> float | None:
+        store, layout = attempt.storage, attempt.layout
+        records: list[dict[str, Any]] = []
+        for n in range(1, attempt.number):
+            try:
+                record = store.get_json(layout.attempt(n))
+            except Exception:  # a missing or damaged record says nothing of the rate
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+        return observed_rate(records)
+
+    observed = on_rank0(env.rank, earlier)
+    if env.is_main:
+        seen = f", {observed:.2g}/h observed" if observed is not None else ""
+        log.info(
+            "checkpoint: every_steps auto, planning for %.2g preemption(s) per hour (%.2g/h configured%s)",
+            3600.0 / mtbf_s(configured, observed),
+            configured,
+            seen,
+        )
+    return mtbf_s(configured, observed)
 
 
 def build_sharded_model(
@@ -454,7 +491,8 @@ def train_loop(tr: Training, flag: StopFlag) -> str:
     t, state = tr.config.train, tr.state
     started, first_step = time.monotonic(), state.step
     tr.attempt.first_step_time = time.time()  # startup ends here (the cost accounting's split)
-    pulse = heartbeat.beats(tr.config.run_uri, tr.attempt.number, tr.env.is_main, state.step)
+    tr.cadence.mark = (started, state.step)  # auto checkpoints: the pace is timed from here
+    pulse = tr.pulse = heartbeat.beats(tr.config.run_uri, tr.attempt.number, tr.env.is_main, state.step)
     unread: list[StepResult] = []  # steps whose loss is still on the device
     while state.step < t.max_steps:
         result = train_step(tr, flag)
@@ -462,20 +500,35 @@ def train_loop(tr: Training, flag: StopFlag) -> str:
         unread.append(result)
         stop = stop_decision(result.stop_votes, flag.signal_name)[0]
         stop = stop and state.step < t.max_steps  # on the last step, finishing is the quickest way out
-        due = state.step % tr.config.checkpoint.every_steps == 0 or result.save_votes > 0  # advisory notice
+        due = tr.cadence.due(state.step) or result.save_votes > 0  # an advisory notice asks for one
         save = due and state.step < t.max_steps
         logged = state.step % t.log_every == 0 or state.step == t.max_steps or stop
         losses = _read_losses(tr, unread) if logged or save else None
+        if isinstance(losses, BadLoss) and stop:  # no rollback in a notice window: stop at once
+            if tr.env.is_main:
+                log.warning(
+                    "bad loss: %s at step %d while stopping: these weights are not saved; the next "
+                    "attempt resumes from the newest checkpoint",
+                    losses.why,
+                    losses.step,
+                )
+            with pulse.busy("stopping"):
+                _stop_preempted(tr, flag, save=False)
+            return "preempted"
         if isinstance(losses, BadLoss):  # the steps since the newest checkpoint are skipped
             with pulse.busy("bad-loss rollback"):  # a checkpoint load: no hang
                 _roll_back(tr, losses)
             unread = []
             continue  # a stop agreed on this step is agreed again on the next one
+        if save and result.save_votes > 0 and tr.env.is_main:
+            log.info("checkpoint: step %d saved now, as the cloud's notice advised", state.step)
         if save:  # the loop waits while the state is copied, and for a previous save in flight
             with pulse.busy("checkpoint save"):  # a long wait here is no hang
                 saved = tr.checkpointer.save_async(state.step)
             result.extra["checkpoint_blocked_s"] = round(saved.total_s, 4)
             result.extra["checkpoint_waited_s"] = round(saved.waited_s, 4)
+            if tr.cadence.auto:
+                _next_save(tr, result, saved.total_s)
         if losses is not None:
             if tr.metrics is not None:
                 _log_steps(tr, tr.metrics, unread, losses, started, first_step, print_line=logged)
@@ -487,6 +540,41 @@ def train_loop(tr: Training, flag: StopFlag) -> str:
     with pulse.busy("final checkpoint and export"):
         _finish(tr)
     return "completed"
+
+
+def _next_save(tr: Training, result: StepResult, blocked_s: float) -> None:
+    """``checkpoint.every_steps: auto``: the next save's step, from figures every rank agrees on
+    (their means: each rank's own would differ, and the ranks must save at the same step): this
+    save's blocking of the loop, the previous save's time to commit, and the loop's pace since
+    the previous save, the blocking left out. Logged when it first comes, or moves by a fifth."""
+    cadence, now = tr.cadence, time.monotonic()
+    since, steps = cadence.mark
+    commit = tr.checkpointer.last_commit_s
+    sums = parallel.all_reduce_sum_async(
+        [blocked_s, -1.0 if commit is None else commit, now - since - blocked_s, float(result.step - steps)],
+        tr.host_group,
+    ).wait()
+    world = tr.env.world_size
+    blocked, committed, loop_s, count = (v / world for v in sums)
+    cadence.mark = (now, result.step)
+    before = cadence.interval
+    interval = cadence.saved(
+        result.step,
+        step_s=loop_s / max(count, 1.0),
+        blocked_s=blocked,
+        commit_s=None if committed < 0 else committed,
+    )
+    if interval is None:
+        return
+    result.extra["checkpoint_every_steps"] = interval.steps
+    moved = before is None or abs(interval.steps - before.steps) > before.steps / 5
+    if tr.env.is_main and moved:
+        log.info(
+            "checkpoint: every %d steps (%.0fs) from now on; %s",
+            interval.steps,
+            interval.seconds,
+            interval.why,
+        )
 
 
 def _read_losses(tr: Training, steps: list[StepResult]) -> list[float] | BadLoss:
@@ -575,7 +663,8 @@ def _log_steps(
             flush=False,
             **result.extra,
         )
-    metrics.flush_if_due()  # the steps read together make one part
+    with tr.pulse.busy("metrics flush"):  # a flush riding out a storage blip is no hang
+        metrics.flush_if_due()  # the steps read together make one part
     if print_line:
         line = progress_line(
             last.step,
@@ -591,7 +680,7 @@ def _log_steps(
         print(line, flush=True)
 
 
-def _stop_preempted(tr: Training, flag: StopFlag) -> None:
+def _stop_preempted(tr: Training, flag: StopFlag, *, save: bool = True) -> None:
     """Commit this step (the emergency checkpoint, unless a regular save already holds it),
     then rank 0 writes the preempted record, with ``emergency_save_s``: the seconds from its
     own signal or notice (``flag.at``; else from the agreed stop) to the commit. No rank exits
@@ -599,20 +688,24 @@ def _stop_preempted(tr: Training, flag: StopFlag) -> None:
 
     What stopped the gang is gathered from every rank first (``stop_cause``): the node whose
     watcher read the cloud's notice may not be rank 0's. The notice, its lead and when the save
-    committed go into the record (``notice``)."""
+    committed go into the record (``notice``). ``save=False``: the current weights are bad
+    (a bad loss was read as the ranks agreed to stop): nothing is saved, and the record's
+    checkpoint is the newest one committed."""
     step, started = tr.state.step, min(flag.at or math.inf, time.monotonic())
-    signal_name, notice = stop_cause(parallel.gather_objects((flag.signal_name, flag.notice), tr.host_group))
+    seen = parallel.gather_objects((flag.signal_name, flag.notice), tr.host_group)
+    signal_name, notice = stop_cause(seen)
     # epoch, for the cost accounting: the first notice, else this rank's own signal, else now
     tr.attempt.signal_time = time.time() - (time.monotonic() - started)
     if notice is not None:
         tr.attempt.signal_time = min(tr.attempt.signal_time, notice.noticed_at)
     tr.checkpointer.wait()  # a regular save of this very step may still be in flight
-    if tr.checkpointer.last_committed != step:
+    if save and tr.checkpointer.last_committed != step:
         tr.checkpointer.save(step)  # synchronous, so nothing is lost
     # what the notice window must hold: the operator warns when the grace period is shorter
     tr.attempt.emergency_save_s = round(time.monotonic() - started, 3)
     if notice is not None:
-        tr.attempt.notice = notice_record(notice, saved_at=time.time())
+        nodes = sorted({n.node for _, n in seen if n is not None and n.node})  # each node that read one
+        tr.attempt.notice = notice_record(notice, saved_at=time.time(), nodes=nodes)
     if tr.metrics is not None:
         unwritten = tr.metrics.flush(final=True)
         tr.attempt.write("preempted", signal=signal_name, metrics_unwritten=unwritten)

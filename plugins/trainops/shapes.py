@@ -289,6 +289,8 @@ def _attempt(complete: bool) -> _Obj:
                         "lead_s": _Null(NUM),
                         "saved_at": NUM,
                         "saved_after_s": NUM,
+                        "node": _Null(STR),
+                        "nodes": _Null(_List(STR)),
                     }
                 )
             ),

@@ -515,3 +515,18 @@ def test_a_model_hf_folders_config_is_pinned_once_and_a_changed_one_refused():
         ConfigError, match=re.escape("model.hf='s3://b/m/': config.json: model_type 't5' is not supported")
     ):
         pin_hf_config(config, {**QWEN2, "model_type": "t5"})
+
+
+@pytest.mark.parametrize("value", ["auto", "AUTO", "0"])
+def test_checkpoint_every_steps_auto_is_held_as_0(value):
+    config = base(f"checkpoint.every_steps={value}")
+    assert config.checkpoint.every_steps == 0 and config.checkpoint.preemptions_per_hour == 1.0
+
+
+def test_checkpoint_every_steps_names_auto_when_the_value_is_neither_and_refuses_it_with_mid_run_eval():
+    with pytest.raises(
+        ConfigError, match=r"^checkpoint.every_steps: expected a whole number or auto, got 'often'$"
+    ):
+        base("checkpoint.every_steps=often")
+    with pytest.raises(ConfigError, match=r"eval\.every_checkpoints needs a fixed checkpoint\.every_steps"):
+        base("checkpoint.every_steps=auto", "eval.every_checkpoints=2")

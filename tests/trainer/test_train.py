@@ -248,6 +248,49 @@ def test_a_non_finite_loss_is_caught_at_the_next_read_naming_its_first_step(
     assert sorted(metrics_of(tmp_path / "run")) == [1, 2]  # the steps before it are logged
 
 
+class StopAtStep(StopFlag):
+    """Signalled as step ``step`` begins (the flag is read once per step, as it begins)."""
+
+    def __init__(self, step: int):
+        super().__init__()
+        self.reads, self.step = 0, step
+
+    @property
+    def is_set(self) -> bool:
+        self.reads += 1
+        if self.reads >= self.step and self.signal_name is None:
+            self.signal_name, self.at = "SIGTERM", time.monotonic()
+        return self.signal_name is not None
+
+
+@pytest.mark.slow
+def test_a_bad_loss_read_as_the_ranks_stop_is_not_saved_nor_rolled_back(world_of_one, tmp_path, dataset_uri):
+    """SIGTERM as step 4 begins, and the read of the stop finds step 3's loss NaN: there is no
+    time for a rollback in a notice window, and the weights are bad, so the attempt ends
+    preempted with nothing saved; its record points at the newest checkpoint (step 2) for the
+    relaunch, which replays from there."""
+    training, _ = start(
+        tmp_path,
+        dataset_uri,
+        world_of_one,
+        1,
+        "train.max_steps=8",
+        "train.log_every=100",
+        "train.lr=1e30",
+        "train.warmup_steps=0",
+        "train.grad_clip=1e30",
+    )
+    assert train_loop(training, StopAtStep(4)) == "preempted"
+    record = read_json(tmp_path / "run" / "attempts" / "1.json")
+    assert (record["outcome"], record["last_step"], record["checkpoint_step"], record["steps_lost"]) == (
+        "preempted",
+        4,
+        2,
+        2,
+    )
+    assert "rollbacks" not in record and committed_steps(tmp_path / "run") == [2]
+
+
 @pytest.mark.slow
 def test_the_loop_completes_with_a_final_checkpoint_export_and_record_and_a_relaunch_only_re_exports(
     world_of_one, tmp_path, dataset_uri
@@ -513,14 +556,18 @@ def test_a_non_finite_loss_no_rollback_cures_fails_with_a_hint_and_keeps_the_las
     assert re.fullmatch(
         rf"loss became (nan|inf|-inf) at step {step}: {re.escape(NON_FINITE_HINT)}", record["hint"]
     )
-    # The weights diverged at once: each rollback to the newest checkpoint met a NaN again at
-    # the next step, and past the budget the attempt failed, naming every rollback.
+    # The weights diverged at once, before the newest checkpoint was saved: the rollback to it
+    # met a NaN again at the very next step, so the attempt failed then, naming the rollback,
+    # rather than spending its budget on the same checkpoint.
     committed = committed_steps(run)[-1]
     assert record["checkpoint_step"] == committed
     assert [
         (r["at_step"], r["to_step"], r["skipped_from"], r["skipped_to"]) for r in record["rollbacks"]
-    ] == [(committed + n, committed, committed + 1, committed + n) for n in (1, 2, 3)]
-    assert "train.rollback_budget=3 is spent" in record["error"] and "after 3 rollback(s)" in record["error"]
+    ] == [(committed + 1, committed, committed + 1, committed + 1)]
+    assert (
+        "that checkpoint's weights are already bad" in record["error"]
+        and "after 1 rollback(s)" in record["error"]
+    )
     assert proc.stderr.strip().splitlines()[-1] == f"trainer: failed at step {step}: {record['hint']}"
 
 

@@ -230,6 +230,7 @@ class Checkpointer:
         self._warned_back_pressure = False
         self.worst_blocked: Blocked | None = None  # the longest any async save held the loop
         self.waits = 0  # async saves that had to wait for the previous one
+        self.last_commit_s: float | None = None  # the last async save's start to its commit
 
     @property
     def group(self) -> dist.ProcessGroup:
@@ -339,6 +340,7 @@ class Checkpointer:
         try:
             upload.result()
             self._upload_and_commit(step, staging, written, meta)
+            self.last_commit_s = time.monotonic() - started  # checkpoint.every_steps: auto reads it
             # The loop blocked for the staging, plus any wait for the previous save: a wait
             # means checkpoints come faster than storage takes them (raise checkpoint.every_steps).
             log.info(

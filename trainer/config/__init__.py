@@ -32,6 +32,8 @@ from trainer.contract import (
 from trainer.presets import PRESETS, ModelArgs
 from trainer.storage import NotFound, open_storage
 
+CHECKPOINT_AUTO = 0  # checkpoint.every_steps: auto, as the config holds it
+
 
 @dataclass
 class ModelConfig:
@@ -97,8 +99,12 @@ class TrainConfig:
 
 @dataclass
 class CheckpointConfig:
+    # Steps between async checkpoints, or auto (written 0 once read): the trainer picks the
+    # interval from the measured save cost and the preemption rate (trainer.checkpoint.cadence).
     every_steps: int = 25
     keep: int = 2
+    # The preemption rate auto plans for, when the run's own attempts show none higher.
+    preemptions_per_hour: float = 1.0
 
 
 @dataclass
@@ -210,6 +216,8 @@ CHOICES = {
 }
 # Values older configs used, read as their new spelling without a warning.
 ALIASES = {"train.activation_checkpointing": {True: "full", False: "none"}}
+# Words a number key also takes, and the number each stands for.
+WORDS = {"checkpoint.every_steps": {"auto": CHECKPOINT_AUTO}}
 # Keys that hold "auto" or a whole number: YAML gives the number as an int, kept as its string.
 AUTO_OR_COUNT = ("parallel.replicate",)
 REQUIRED = ("run_uri", "data_uri")
@@ -221,8 +229,8 @@ POSITIVE = (
     "train.seq_len",
     "train.log_every",
     "train.collective_timeout_s",
-    "checkpoint.every_steps",
     "checkpoint.keep",
+    "checkpoint.preemptions_per_hour",
     "metrics.flush_every",
     "eval.batch_size",
     "eval.max_new_tokens",
@@ -236,6 +244,7 @@ NON_NEGATIVE = (
     "train.weight_decay",
     "train.grad_clip",
     "train.rollback_budget",
+    "checkpoint.every_steps",
     "train.loss_spike_factor",
     "eval.max_batches",
     "eval.every_checkpoints",
@@ -276,6 +285,11 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     """``value`` as the type ``hint`` wants, or a ConfigError naming key, value and type."""
     if isinstance(value, bool) and key in ALIASES:
         value = ALIASES[key][value]
+    if isinstance(value, str) and key in WORDS:
+        words = WORDS[key]
+        if value.strip().lower() not in words:
+            raise ConfigError(f"{key}: expected a whole number or {' or '.join(words)}, got {value!r}")
+        value = words[value.strip().lower()]
     if key in AUTO_OR_COUNT and isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
     if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint):
@@ -377,6 +391,7 @@ def validate(config: Config) -> Config:
         raise ConfigError(
             f"train.min_lr_ratio: expected a number between 0 and 1, got {config.train.min_lr_ratio!r}"
         )
+    _check_checkpoints(config)
     _check_model(config)
     if config.task.kind == TASK_CLASSIFICATION and config.model.hf_config is None and not config.model.hf:
         raise ConfigError(
@@ -403,6 +418,16 @@ def check_user_metrics(specs: object) -> list[str]:
     if twice:
         raise ConfigError(f"eval.metrics: {twice[0]!r} is listed twice; list each scorer once")
     return specs
+
+
+def _check_checkpoints(config: Config) -> None:
+    """Mid-run evaluation picks checkpoints by step multiples, which an auto interval has not."""
+    if config.checkpoint.every_steps == CHECKPOINT_AUTO and config.eval.every_checkpoints:
+        raise ConfigError(
+            "eval.every_checkpoints needs a fixed checkpoint.every_steps (it scores the checkpoints of "
+            "steps that are multiples of both), not auto; set checkpoint.every_steps to a number of steps, "
+            "or eval.every_checkpoints to 0"
+        )
 
 
 def _check_model(config: Config) -> None:

@@ -77,4 +77,7 @@ ENV_GPUS_PER_NODE = "TRAINOPS_GPUS_PER_NODE"
 # The spot notice watcher (``trainer.runtime.notice``): off, auto, aws, gce or azure (unset: off),
 # and the metadata endpoint's base URL (unset: the provider's own; tests run a fake one).
 ENV_SPOT_NOTICE = "TRAINOPS_SPOT_NOTICE"
+# The Kubernetes Node a pod runs on (the downward API's spec.nodeName): a notice names it, so the
+# next attempt keeps off the node that is going away.
+ENV_NODE_NAME = "TRAINOPS_NODE_NAME"
 ENV_METADATA_URL = "TRAINOPS_METADATA_URL"

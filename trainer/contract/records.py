@@ -34,6 +34,8 @@ class SpotNotice(TypedDict):
     lead_s: float | None
     saved_at: float
     saved_after_s: float
+    node: NotRequired[str | None]  # the Kubernetes Node of the earliest notice (older records: absent)
+    nodes: NotRequired[list[str]]  # every Node whose watcher read a notice
 
 
 class AttemptRecord(TypedDict):

@@ -113,13 +113,23 @@ def plan_rollback(
     :param done: this attempt's rollbacks so far.
     :param budget: the most rollbacks an attempt may make (``train.rollback_budget``).
     :param hint: what the user should change, for the failure's message.
-    :raises BudgetSpent: the budget is spent (or 0), or no checkpoint was committed yet.
+    :raises BudgetSpent: the budget is spent (or 0), no checkpoint was committed yet, or the
+        checkpoint the last rollback restored gave a bad loss at once (its weights diverged
+        before it was saved: the loss of a step is read before the save, the update after it).
     """
     earlier = "; ".join(r.describe() for r in done)
     before = f" (after {len(done)} rollback(s): {earlier})" if done else ""
     if len(done) >= budget:
         raise BudgetSpent(
             f"{bad.why} at step {bad.step}{before}: train.rollback_budget={budget} is spent; {hint}", bad
+        )
+    last = done[-1] if done else None
+    if last is not None and last.to_step == committed and bad.step == last.skipped_to + 1:
+        raise BudgetSpent(
+            f"{bad.why} at step {bad.step}, the first step after rolling back to step {committed}"
+            f"{before}: that checkpoint's weights are already bad, and rolling back to it again would "
+            f"meet the same; {hint}",
+            bad,
         )
     if committed is None:
         raise BudgetSpent(

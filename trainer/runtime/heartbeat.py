@@ -2,15 +2,18 @@
 
 ``beat`` only records the step in memory and wakes a writer thread, so training never waits on
 storage. The thread writes the newest step at most every ``every_s`` seconds; a write that
-fails is skipped (the next one carries a newer step anyway), logged once until one works, like
-the metrics. The object carries the time the step *finished*, not the time of the write, so a
+fails is tried again after 1 s, then 2, 4, ... up to the interval (what it carried may be all
+there is to say: a busy mark, while no step comes), logged once until one works. The object carries the time the step *finished*, not the time of the write, so a
 reader never sees a hang earlier than it began, only up to ``every_s`` later.
 
 It also carries the attempt's pace after warm-up (the p99 step time and the longest gap between
 two steps), from which the watch derives its timeout, and ``busy`` while the training thread is
 in a long operation that stops stepping on purpose (a checkpoint save, the export), so that
-the watch does not take the pause for a hang. Those marks, and the ends of the first step and of
-warm-up, are written at once: each changes the watch's limit.
+the watch does not take the pause for a hang. A busy mark is written with the next regular write,
+or after :data:`BUSY_WRITE_AFTER_S` if the operation lasts that long (a short one, a metrics
+flush that goes through at once, costs no write), and the end of one that was written, at once.
+The ends of the first step and of warm-up are written at once too: each changes the watch's
+limit.
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ EVERY_S = 10.0  # at most one write per 10 s: a heartbeat is a liveness signal, 
 # heartbeat is up to one interval old when read, so the interval must stay well under the timeout.
 ENV_EVERY_S = "TRAINOPS_HEARTBEAT_EVERY_S"
 STEP_TIMES_KEPT = 1000  # the median is over this attempt's last 1000 step times
-WRITE_OUTAGE_TOLERANCE_S = 2.0  # a write rides out this much of an outage; the next step retries
+WRITE_OUTAGE_TOLERANCE_S = 2.0  # a write rides out this much of an outage; then retried
+RETRY_S = 1.0  # the first retry of a failed write, doubling up to the interval
+BUSY_WRITE_AFTER_S = 1.0  # a busy operation this long is written without waiting for the interval
 
 
 class HeartbeatWriter:
@@ -80,6 +85,8 @@ class HeartbeatWriter:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._urgent = threading.Event()  # write now, not at the end of the interval
+        self._busy_serial = 0  # which busy operation is current (its delayed mark checks it)
+        self._busy_written = False  # the current busy mark reached storage
         self._closed = False
         self._failing = False
         self.writes = 0  # heartbeats written (for tests and the log)
@@ -124,15 +131,30 @@ class HeartbeatWriter:
         :param what: the operation, in a few words, for the hang verdict.
         """
         with self._lock:
-            self._busy, self._dirty = (what, self._clock()), True
-        self._wake.set()
-        self._urgent.set()
+            self._busy, self._dirty, self._busy_written = (what, self._clock()), True, False
+            self._busy_serial += 1
+            serial = self._busy_serial
+        self._wake.set()  # with the next regular write, or, if it lasts, after BUSY_WRITE_AFTER_S
+        mark = threading.Timer(BUSY_WRITE_AFTER_S, self._mark_busy, (serial,))
+        mark.daemon = True
+        mark.start()
         try:
             yield
         finally:
+            mark.cancel()
             with self._lock:
+                written = self._busy_written
                 self._busy, self._busy_ended, self._dirty = None, self._clock(), True
                 self._gap_from = self._monotonic()
+            self._wake.set()
+            if written:  # the watch knows of it: say at once that it is over
+                self._urgent.set()
+
+    def _mark_busy(self, serial: int) -> None:
+        """The busy operation ``serial`` lasted :data:`BUSY_WRITE_AFTER_S`: write it now."""
+        with self._lock:
+            still = self._busy is not None and self._busy_serial == serial
+        if still:
             self._wake.set()
             self._urgent.set()
 
@@ -152,6 +174,7 @@ class HeartbeatWriter:
             self._dirty = False
             times, paced = list(self._step_times), list(self._paced_times)
             busy, busy_ended, max_gap = self._busy, self._busy_ended, self._max_gap
+            self._busy_written = self._busy_written or busy is not None
             step, at, steps = self._step, self._at, self._steps
         return {
             "attempt": self.attempt,
@@ -168,6 +191,7 @@ class HeartbeatWriter:
         }
 
     def _run(self) -> None:
+        retry = 0.0
         while True:
             self._wake.wait()
             if self._closed:
@@ -175,24 +199,34 @@ class HeartbeatWriter:
             self._wake.clear()
             self._urgent.clear()
             beat = self._snapshot()
-            if beat is not None:
-                self._write(beat)
+            if beat is not None and not self._write(beat):
+                with self._lock:  # not written: what it carried is still to say
+                    self._dirty = True
+                    if beat["busy"] is not None and self._busy is not None:
+                        self._busy_written = False
+                self._wake.set()
+                retry = min(max(2 * retry, RETRY_S), self.every_s)
+                self._urgent.wait(retry)
+                continue
+            retry = 0.0
             # rate limit: sleep out the interval (beats meanwhile only update what is pending),
             # unless a write that changes the watch's reading comes
             self._urgent.wait(self.every_s)
 
-    def _write(self, beat: Heartbeat) -> None:
+    def _write(self, beat: Heartbeat) -> bool:
+        """Whether ``beat`` reached storage (a failure is logged once until a write works)."""
         try:
             self.storage.put(self.uri, json.dumps(beat).encode())
-        except Exception as exc:  # skipped, like a metrics flush: training goes on
+        except Exception as exc:  # training goes on; the writer tries again
             if not self._failing:
                 self._failing = True
-                log.warning("heartbeat not written (%s); training goes on, retrying with the next step", exc)
-            return
+                log.warning("heartbeat not written (%s); training goes on, retrying", exc)
+            return False
         self.writes += 1
         if self._failing:
             self._failing = False
             log.info("heartbeat written again (step %d)", beat["step"])
+        return True
 
 
 class NoHeartbeat:

@@ -24,8 +24,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
-from trainer.contract import ENV_METADATA_URL, ENV_SPOT_NOTICE, SpotNotice
+from trainer.contract import ENV_METADATA_URL, ENV_NODE_NAME, ENV_SPOT_NOTICE, SpotNotice
 from trainer.runtime.notice_sources import (
     PROVIDERS,
     Fetch,
@@ -93,8 +94,9 @@ class NoticeWatcher:
         *,
         fetch: Fetch = http_fetch,
         clock: Callable[[], float] = time.time,
+        node: str | None = None,
     ):
-        self.mode, self.base_url, self.every_s = mode, base_url, every_s
+        self.mode, self.base_url, self.every_s, self.node = mode, base_url, every_s, node
         self.on_notice, self.fetch, self.clock = on_notice, fetch, clock
         self.source: Source | None = None
         self.seen: set[tuple[str, str]] = set()
@@ -151,7 +153,7 @@ class NoticeWatcher:
         if self._failing:
             self._failing = False
             log.info("spot notice: %s's metadata answers again", self.source.provider)
-        new = [n for n in notices if (n.provider, n.event) not in self.seen]
+        new = [replace(n, node=self.node) for n in notices if (n.provider, n.event) not in self.seen]
         for notice in new:
             self.seen.add((notice.provider, notice.event))
             log.warning("spot notice: %s (%s)", notice.describe(), notice.kind)
@@ -173,12 +175,13 @@ def watch(
     mode, base, every = settings_from(environ)
     if mode == "off" or local_rank != 0:
         return None
-    return NoticeWatcher(mode, base, every, on_notice).start()
+    return NoticeWatcher(mode, base, every, on_notice, node=environ.get(ENV_NODE_NAME) or None).start()
 
 
-def notice_record(notice: Notice, *, saved_at: float) -> SpotNotice:
-    """The attempt record's ``notice``: ``notice``, and the emergency save that committed at
-    ``saved_at`` (epoch seconds)."""
+def notice_record(notice: Notice, *, saved_at: float, nodes: list[str] | None = None) -> SpotNotice:
+    """The attempt record's ``notice``: ``notice`` (the earliest any node read), the emergency
+    save that committed at ``saved_at`` (epoch seconds), and ``nodes``, every Node whose
+    watcher read one (``notice.node`` alone when not given)."""
     return {
         "provider": notice.provider,
         "event": notice.event,
@@ -187,4 +190,6 @@ def notice_record(notice: Notice, *, saved_at: float) -> SpotNotice:
         "lead_s": notice.lead_s,
         "saved_at": round(saved_at, 3),
         "saved_after_s": round(saved_at - notice.noticed_at, 3),
+        "node": notice.node,
+        "nodes": nodes if nodes is not None else [n for n in (notice.node,) if n],
     }

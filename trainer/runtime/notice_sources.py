@@ -59,6 +59,7 @@ class Notice:
         terminate``).
     :param noticed_at: epoch seconds when the watcher first read it.
     :param deadline: epoch seconds when the VM goes away, as announced (None: not announced).
+    :param node: the Kubernetes Node it is about (``$TRAINOPS_NODE_NAME``; None elsewhere).
     """
 
     provider: str
@@ -66,6 +67,7 @@ class Notice:
     event: str
     noticed_at: float
     deadline: float | None = None
+    node: str | None = None
 
     @property
     def lead_s(self) -> float | None:
@@ -159,10 +161,20 @@ def parse_azure_events(body: bytes, now: float, vm_name: str | None) -> list[Not
 Fetch = Callable[[urllib.request.Request], tuple[int, bytes]]
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None  # a metadata endpoint never redirects; whatever does is not one
+
+
+# Straight to the link-local endpoint: never through $HTTP_PROXY (a proxy would see the IMDSv2
+# token, and could answer with a notice of its own), and never redirected.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
+
+
 def http_fetch(request: urllib.request.Request) -> tuple[int, bytes]:
     """``(status, body)`` of ``request``; a 404 is an answer, any other failure a MetadataError."""
     try:
-        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as reply:
+        with _OPENER.open(request, timeout=REQUEST_TIMEOUT_S) as reply:
             return reply.status, reply.read()
     except urllib.error.HTTPError as exc:
         if exc.code == 404:

@@ -15,6 +15,7 @@ notice kept in ``notice``), an advisory only asks for a checkpoint at the next s
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from types import FrameType
 
@@ -32,6 +33,7 @@ class StopFlag:
         self.at: float | None = None
         self.notice: Notice | None = None  # the interruption notice that set the flag
         self._save_requested = False
+        self._lock = threading.Lock()  # the watcher's thread and the training thread
 
     @property
     def is_set(self) -> bool:
@@ -45,15 +47,17 @@ class StopFlag:
     def on_notice(self, notice: Notice) -> None:
         """The notice watcher's callback (another thread): an interruption sets the flag unless
         a signal came first; an advisory asks for a checkpoint."""
-        if notice.kind == "advisory":
-            self._save_requested = True
-        elif self.signal_name is None:
-            self.notice, self.at = notice, time.monotonic()
-            self.signal_name = NOTICE
+        with self._lock:
+            if notice.kind == "advisory":
+                self._save_requested = True
+            elif self.signal_name is None:
+                self.notice, self.at = notice, time.monotonic()
+                self.signal_name = NOTICE
 
     def take_save_request(self) -> bool:
         """Whether an advisory asked for a checkpoint since the last call (then cleared)."""
-        requested, self._save_requested = self._save_requested, False
+        with self._lock:
+            requested, self._save_requested = self._save_requested, False
         return requested
 
     def install(self) -> StopFlag:

@@ -12,6 +12,12 @@ when an attempt ended on it for a reason that is the node's, not the program's n
   evicted for a node reason (NotReady, gone, the node low on memory or disk), not for a spot
   reclaim (``preempted``), which is the cloud's call, nor for a pod over its own limits.
 
+A node the cloud announced it is taking back (the attempt record's ``notice``, whose ``node``
+the downward API named) is kept off the next launch at once, one notice being enough, for
+:data:`NOTICED_TTL_S`: a gang relaunched onto it before it goes would read the same notice and
+stop again, spending a preemption each time (nothing cordons a node without Karpenter's
+interruption handling or the Node Termination Handler).
+
 When an attempt that kept off nodes found no node at all (unschedulable: a fixed pool that
 small), the next one keeps off none: waiting hours for strikes to expire is worse.
 
@@ -31,6 +37,7 @@ from typing import Any
 STRIKES = 2
 DEFAULT_TTL_S = 6 * 3600.0
 MAX_AVOIDED = 8
+NOTICED_TTL_S = 1800.0  # a noticed node is gone well before this (AWS: 2 min; GCE, Azure: 30 s)
 # A pod or disruption reason that is the node's doing (Kubernetes' words, lower case). An
 # eviction counts only for node pressure ("The node was low on resource"): a pod evicted for
 # its own ephemeral-storage limit, or a container killed for its own memory limit, is the job's.
@@ -93,6 +100,23 @@ def strikes(attempts: Iterable[Mapping[str, Any]]) -> list[Strike]:
     return sorted(unique.values(), key=lambda s: (s.at, s.attempt))
 
 
+def noticed(attempts: Iterable[Mapping[str, Any]]) -> list[Strike]:
+    """The nodes the cloud's interruption notices named (each attempt record's ``notice``)."""
+    out = []
+    for entry in attempts:
+        notice = (entry.get("record") or {}).get("notice") or {}
+        at, nodes = notice.get("noticed_at"), notice.get("nodes")
+        if not isinstance(nodes, list):  # a record from before ``nodes``
+            nodes = [notice.get("node")]
+        if not isinstance(at, int | float):
+            continue
+        event = f"spot notice: {notice.get('provider')} {notice.get('event')}"
+        for node in nodes:
+            if isinstance(node, str) and node:
+                out.append(Strike(node, int(entry.get("attempt") or 0), event, float(at)))
+    return out
+
+
 def avoided(
     attempts: Sequence[Mapping[str, Any]], *, now: float, ttl_s: float = DEFAULT_TTL_S
 ) -> dict[str, list[Strike]]:
@@ -105,6 +129,9 @@ def avoided(
         if now - strike.at <= ttl_s:
             by_node.setdefault(strike.node, []).append(strike)
     bad = {n: s for n, s in by_node.items() if len(s) >= STRIKES}
+    for strike in noticed(attempts):
+        if now - strike.at <= NOTICED_TTL_S:
+            bad.setdefault(strike.node, []).append(strike)
     last = attempts[-1] if attempts else {}
     if bad and (last.get("state") or {}).get("unschedulable") and (last.get("spec") or {}).get("avoid_nodes"):
         return {}  # the exclusion left the last attempt no node: the pool is that small, so drop it

@@ -70,3 +70,30 @@ def test_with_no_checkpoint_there_is_nothing_to_roll_back_to():
             budget=3,
             hint=HINT,
         )
+
+
+def test_a_checkpoint_that_is_bad_at_once_after_a_rollback_is_not_rolled_back_to_again():
+    first = Rollback(BadLoss(12, math.nan, "non-finite loss nan"), 10, 11, 15)
+    with pytest.raises(BudgetSpent, match="step 16, the first step after rolling back to step 10") as spent:
+        plan_rollback(
+            BadLoss(16, math.nan, "non-finite loss nan"),
+            committed=10,
+            current=20,
+            done=[first],
+            budget=3,
+            hint=HINT,
+        )
+    assert "that checkpoint's weights are already bad" in str(spent.value)
+    # a bad loss later on, or after a newer checkpoint, is another window: rolled back again
+    assert (
+        plan_rollback(
+            BadLoss(19, math.nan, "x"), committed=10, current=20, done=[first], budget=3, hint=HINT
+        ).to_step
+        == 10
+    )
+    assert (
+        plan_rollback(
+            BadLoss(16, math.nan, "x"), committed=15, current=20, done=[first], budget=3, hint=HINT
+        ).to_step
+        == 15
+    )

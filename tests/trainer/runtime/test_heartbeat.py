@@ -8,6 +8,7 @@ import pytest
 
 from trainer.contract import HEARTBEAT_WARMUP_STEPS, RunLayout, parse_heartbeat
 from trainer.runtime.heartbeat import (
+    BUSY_WRITE_AFTER_S,
     ENV_EVERY_S,
     EVERY_S,
     HeartbeatWriter,
@@ -16,7 +17,7 @@ from trainer.runtime.heartbeat import (
     every_s_from,
     p99,
 )
-from trainer.storage import open_storage
+from trainer.storage import StorageUnavailable, open_storage
 
 
 def wait_for(condition, timeout=10.0):
@@ -166,19 +167,55 @@ def test_the_pace_leaves_out_warm_up_and_the_gaps_hold_what_the_loop_does_betwee
     assert writer.writes == 5  # start, first step, end of warm-up, busy, its end; then the hour
 
 
-def test_a_busy_mark_is_written_at_once_though_the_interval_is_long(tmp_path):
+def test_a_lasting_busy_mark_is_written_within_a_second_though_the_interval_is_long(tmp_path):
     root = tmp_path.as_uri()
     store, layout = open_storage(root), RunLayout(root)
     writer = HeartbeatWriter(store, layout, 1, every_s=3600)
     writer.start(10)
     wait_for(lambda: read(store, layout) is not None)
+    writes = writer.writes
+    with writer.busy("metrics flush"):
+        pass  # over at once: nothing to tell the watch, no write
+    time.sleep(BUSY_WRITE_AFTER_S + 0.5)
+    assert writer.writes == writes and read(store, layout)["busy"] is None
     before = time.time()
     with writer.busy("final checkpoint and export"):
-        wait_for(lambda: (read(store, layout) or {}).get("busy") is not None, timeout=2.0)
+        wait_for(
+            lambda: (read(store, layout) or {}).get("busy") is not None, timeout=BUSY_WRITE_AFTER_S + 2.0
+        )
         beat = read(store, layout)
         assert beat["busy"] == "final checkpoint and export" and beat["busy_since"] >= before
-    wait_for(lambda: (read(store, layout) or {}).get("busy") is None, timeout=2.0)
+    wait_for(lambda: (read(store, layout) or {}).get("busy") is None, timeout=2.0)  # its end, at once
     assert read(store, layout)["busy_ended"] >= before
+    writer.close()
+
+
+class FlakyStore:
+    """Refuses the first ``failures`` puts, then writes to ``inner``."""
+
+    def __init__(self, inner, failures: int):
+        self.inner, self.failures, self.refused = inner, failures, 0
+
+    def put(self, uri, data):
+        if self.refused < self.failures:
+            self.refused += 1
+            raise StorageUnavailable(f"put {uri}: 503 SlowDown (test)")
+        return self.inner.put(uri, data)
+
+
+def test_a_refused_busy_mark_is_written_again_though_no_step_comes(tmp_path):
+    root = tmp_path.as_uri()
+    inner, layout = open_storage(root), RunLayout(root)
+    store = FlakyStore(inner, failures=0)
+    writer = HeartbeatWriter(store, layout, 1, every_s=3600)
+    writer.start(10)
+    wait_for(lambda: read(inner, layout) is not None)
+    store.failures = store.refused + 2  # throttled while the save runs
+    with writer.busy("checkpoint save"):
+        wait_for(
+            lambda: (read(inner, layout) or {}).get("busy") is not None, timeout=BUSY_WRITE_AFTER_S + 6.0
+        )
+    assert store.refused == store.failures  # refused twice, then written: no step came meanwhile
     writer.close()
 
 

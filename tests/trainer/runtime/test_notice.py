@@ -73,7 +73,7 @@ def test_a_notice_reaches_the_stop_flag_once_through_errors_and_hangs(caplog):
     try:
         fake.fail_next(3, status=503)
         fake.hang_next(1)
-        watcher = NoticeWatcher("aws", fake.url, 0.05, on_notice).start()
+        watcher = NoticeWatcher("aws", fake.url, 0.05, on_notice, node="ip-10-0-1-7.ec2.internal").start()
         deadline = time.monotonic() + 20
         while watcher.polls < 2:
             assert time.monotonic() < deadline, "the watcher never read the endpoint after its errors"
@@ -86,6 +86,7 @@ def test_a_notice_reaches_the_stop_flag_once_through_errors_and_hangs(caplog):
     finally:
         fake.close()
     assert len(seen) == 1  # once, though every later poll still read it
+    assert seen[0].node == "ip-10-0-1-7.ec2.internal"  # the Node the downward API named
     assert (flag.signal_name, flag.notice) == (NOTICE, seen[0]) and flag.at is not None
     # the errors were said once, and the recovery once
     assert caplog.text.count("metadata could not be read") == 1
@@ -113,7 +114,9 @@ def test_a_failing_callback_never_stops_the_watcher(caplog):
 
 
 def test_the_record_says_the_lead_and_when_the_save_committed():
-    notice = Notice("azure", "interruption", "scheduledevents: Preempt F1A3", 1000.0, 1030.0)
+    notice = Notice(
+        "azure", "interruption", "scheduledevents: Preempt F1A3", 1000.0, 1030.0, "aks-gpu-vmss000001"
+    )
     assert notice_record(notice, saved_at=1004.25) == {
         "provider": "azure",
         "event": "scheduledevents: Preempt F1A3",
@@ -122,4 +125,8 @@ def test_the_record_says_the_lead_and_when_the_save_committed():
         "lead_s": 30.0,
         "saved_at": 1004.25,
         "saved_after_s": 4.25,
+        "node": "aks-gpu-vmss000001",  # the next attempt keeps off it (trainops.recovery.bad_nodes)
+        "nodes": ["aks-gpu-vmss000001"],
     }
+    both = notice_record(notice, saved_at=1004.25, nodes=["aks-gpu-vmss000001", "aks-gpu-vmss000002"])
+    assert both["nodes"] == ["aks-gpu-vmss000001", "aks-gpu-vmss000002"]  # every node that read one

@@ -116,3 +116,26 @@ def test_on_the_simulated_control_plane_the_next_attempt_lands_on_another_node(p
         {"key": "metadata.name", "operator": "NotIn", "values": ["node-a"]} in t["matchFields"]
         for t in terms["nodeSelectorTerms"]
     )
+
+
+def test_a_node_the_cloud_announced_is_kept_off_the_next_launch_at_once_for_a_while():
+    stopped = entry(1, "preempted", ["ip-10-0-1-7", "ip-10-0-1-8"])
+    stopped["record"] = {
+        "notice": {
+            "provider": "aws",
+            "event": "spot/instance-action: terminate",
+            "noticed_at": T0,
+            "node": "ip-10-0-1-8",
+        }
+    }
+    found = avoided([stopped], now=T0 + 60)
+    assert list(found) == ["ip-10-0-1-8"]  # one notice is enough; the other node stays usable
+    assert describe(found) == "ip-10-0-1-8 (attempt 1: spot notice: aws spot/instance-action: terminate)"
+    assert avoided([stopped], now=T0 + 3600) == {}  # long gone by then: no need to keep off its name
+    older = {**stopped, "record": {"notice": {**stopped["record"]["notice"], "node": None}}}
+    assert avoided([older], now=T0 + 60) == {}  # a notice without a node (no downward API) names none
+    two = {
+        **stopped,
+        "record": {"notice": {**stopped["record"]["notice"], "nodes": ["ip-10-0-1-7", "ip-10-0-1-8"]}},
+    }
+    assert sorted(avoided([two], now=T0 + 60)) == ["ip-10-0-1-7", "ip-10-0-1-8"]  # both nodes read one

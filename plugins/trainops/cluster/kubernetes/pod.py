@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from trainer.contract import torchrun_argv
+from trainer.contract import ENV_NODE_NAME, torchrun_argv
 from trainops.cluster import credentials
 from trainops.cluster.kubernetes import names, objects, placement
 from trainops.cluster.kubernetes.objects import Json
@@ -111,10 +111,12 @@ def static_command(spec: JobSpec) -> list[str]:
 
 
 def env_vars(spec: JobSpec) -> list[Json]:
-    """The container's ``env``: cache dir, unbuffered output, ``env``, ``nccl_env``, then the
+    """The container's ``env``: cache dir, unbuffered output, ``env``, ``nccl_env``, the Node's
+    name (the downward API: a spot notice names the node that is going away), then the
     single-key Secret references (``valueFrom.secretKeyRef``)."""
     plain = {"TRAINOPS_CACHE_DIR": CACHE_PATH, "PYTHONUNBUFFERED": "1", **spec.env, **spec.nccl_env}
     out: list[Json] = [{"name": k, "value": v} for k, v in plain.items()]
+    out.append({"name": ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
     for ref in spec.env_from_secrets:
         if not isinstance(ref, str):
             out.append(
