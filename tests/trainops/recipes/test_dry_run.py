@@ -125,10 +125,11 @@ def test_the_dry_run_masks_literal_credentials_and_says_launch_would_refuse_them
     }
     (job,) = report["manifests"]
     pod_env = {
-        e["name"]: e["value"]
+        e["name"]: e.get("value", e.get("valueFrom"))
         for e in job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["env"]
     }
     assert pod_env["DB_PASS"] == "***" and pod_env["HF_HOME"] == "/cache"
+    assert pod_env["TRAINOPS_NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}  # the downward API
     refused = report["refused_at_launch"]
     assert refused.startswith("on cluster 'kubernetes'") and "env_from_secrets" in refused
     assert all(f"env {name!r}" in refused for name in env) and "HF_HOME" not in refused

@@ -66,6 +66,11 @@ def test_s3_endpoint_nccl_and_secrets_by_reference():
     }
     assert c["envFrom"] == [{"secretRef": {"name": "wandb"}}]
     assert pod["serviceAccountName"] == "trainer"
+    # the Node's name, for a spot notice to say which node is going away (trainer.runtime.notice)
+    assert env["TRAINOPS_NODE_NAME"] == {
+        "name": "TRAINOPS_NODE_NAME",
+        "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}},
+    }
 
 
 @pytest.mark.parametrize(
