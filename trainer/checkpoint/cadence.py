@@ -7,7 +7,9 @@
   ``sqrt(2 x delta x M)`` (Young 1974; Daly 2006). Saves are asynchronous here, so ``delta`` is
   what the loop is blocked per save (the copy to CPU memory, and any wait for the previous save).
 - **Keep up.** A save runs in the background until its commit; the next one must not be due
-  before (:data:`KEEP_UP`), or the loop would wait for it. This also bounds the work a
+  before (:data:`KEEP_UP` times the slowest of the last :data:`COMMITS_KEPT` saves' times to
+  commit: one upload slower than the one before must not make the next save wait), or the
+  loop would wait for it. This also bounds the work a
   preemption without notice loses: the steps since the newest commit, at most one interval plus
   one upload, so under two intervals.
 - ``M`` is 3600 / the preemption rate: ``checkpoint.preemptions_per_hour``, or the rate this
@@ -21,13 +23,15 @@ the rule decides, from figures every rank agreed on (the trainer sums them over 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 FIRST_SAVE_STEPS = 10  # an attempt's first saves, before any cost is measured
-KEEP_UP = 1.25  # the interval is at least this many times the last save's time to commit
+KEEP_UP = 1.25  # the interval is at least this many times a recent save's time to commit
+COMMITS_KEPT = 3  # ... the slowest of the last three
 MAX_INTERVAL_S = 3600.0  # never more than an hour of work between checkpoints
 MIN_OBSERVED_S = 1800.0  # a rate observed over less time than this says little
 
@@ -103,6 +107,7 @@ class Cadence:
         # (monotonic seconds, step) of the last save's start, or of the loop's: the caller's
         # clock, from which the pace until the next save is timed
         self.mark: tuple[float, int] = (0.0, start)
+        self.commits: deque[float] = deque(maxlen=COMMITS_KEPT)  # recent saves' times to commit
 
     @property
     def auto(self) -> bool:
@@ -117,15 +122,17 @@ class Cadence:
     def saved(self, step: int, *, step_s: float, blocked_s: float, commit_s: float | None) -> Interval | None:
         """``auto``: a save of ``step`` started; the next is set from the agreed figures (the
         new interval, None while still measuring or when fixed). ``commit_s`` is the previous
-        save's time to commit (None: no previous save committed in this attempt)."""
+        save's time to commit (None: no previous save committed in this attempt); the slowest of
+        the last :data:`COMMITS_KEPT` is what the interval keeps up with."""
         if self.fixed is not None:
             return None
         self.saves += 1
         if commit_s is None:  # the first save: its upload is measured at the next one
             self.next_step = step + FIRST_SAVE_STEPS
             return None
+        self.commits.append(commit_s)
         self.interval = auto_interval(
-            step_s=step_s, blocked_s=blocked_s, commit_s=commit_s, mtbf_s=self.mtbf_s
+            step_s=step_s, blocked_s=blocked_s, commit_s=max(self.commits), mtbf_s=self.mtbf_s
         )
         self.next_step = step + self.interval.steps
         return self.interval

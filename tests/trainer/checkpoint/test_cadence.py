@@ -114,3 +114,17 @@ def test_an_auto_run_saves_where_its_agreed_intervals_say_and_logs_them(tmp_path
     assert committed_steps(run)[:-1] == saves  # every one committed, then the final save
     assert "planning for 3.6e+03 preemption(s) per hour" in output
     assert re.search(r"checkpoint: every \d+ steps \(\d+s\) from now on; (Young/Daly|keep-up): max\(", output)
+
+
+def test_the_interval_keeps_up_with_the_slowest_of_the_recent_commits():
+    """One upload slower than the last must not make the next save wait: the rule keeps up with
+    the slowest of the last three times to commit, not the newest alone."""
+    cadence = Cadence(0, start=0, mtbf=3600.0)
+    cadence.saved(10, step_s=1.0, blocked_s=0.0, commit_s=None)
+    slow = cadence.saved(20, step_s=1.0, blocked_s=0.0, commit_s=40.0)
+    assert slow is not None and slow.steps == 50  # 1.25 x 40 s
+    after = cadence.saved(70, step_s=1.0, blocked_s=0.0, commit_s=8.0)
+    assert after is not None and after.steps == 50  # still 40 s among the last three
+    for step in (120, 170):
+        cadence.saved(step, step_s=1.0, blocked_s=0.0, commit_s=8.0)
+    assert cadence.interval is not None and cadence.interval.steps == 10  # 40 s is no longer recent
