@@ -87,7 +87,18 @@ def dd_write_mb_s(folder: Path) -> float:
     return 1024 / float(m.group(1))
 
 
-def config(folder: Path, run_uri: str, data_uri: str, steps: int, every: int) -> Path:
+def config(
+    folder: Path,
+    run_uri: str,
+    data_uri: str,
+    steps: int,
+    every: int,
+    *,
+    preset: str = "small",
+    resume: str = "never",
+) -> Path:
+    """A bench run's config: ``preset`` one sample a step, fp32, every step logged and flushed,
+    checkpointed every ``every`` steps."""
     path = folder / f"config-{abs(hash(run_uri))}.yaml"
     path.write_text(
         json.dumps(
@@ -96,8 +107,8 @@ def config(folder: Path, run_uri: str, data_uri: str, steps: int, every: int) ->
                 "data_uri": data_uri,
                 "seed": 1,
                 "precision": "fp32",
-                "resume": "never",
-                "model": {"preset": "small"},
+                "resume": resume,
+                "model": {"preset": preset},
                 "train": {
                     "max_steps": steps,
                     "micro_batch_size": 1,

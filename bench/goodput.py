@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import signal
 import statistics
@@ -67,6 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins"))
 from _common import REPO, env, median_interval, write_random_dataset
+from checkpoint import config as checkpoint_config
 
 from trainer import flops
 from trainer.presets import PRESETS, non_embedding_params, param_count
@@ -122,30 +122,7 @@ class Assumptions:
 def config(folder: Path, run_uri: str, data_uri: str, preset: str) -> Path:
     """One config for both attempts: ``resume: auto`` (attempt 1 finds nothing and starts
     fresh), far more steps than either attempt trains before it is stopped."""
-    path = folder / "goodput.yaml"
-    path.write_text(
-        json.dumps(
-            {
-                "run_uri": run_uri,
-                "data_uri": data_uri,
-                "seed": 1,
-                "precision": "fp32",
-                "resume": "auto",
-                "model": {"preset": preset},
-                "train": {
-                    "max_steps": 100_000,
-                    "micro_batch_size": 1,
-                    "grad_accum_steps": 1,
-                    "seq_len": 64,
-                    "lr": 1e-4,
-                    "log_every": 1,
-                },
-                "checkpoint": {"every_steps": SAVE_EVERY, "keep": 2},
-                "metrics": {"flush_every": 1},
-            }
-        )
-    )
-    return path
+    return checkpoint_config(folder, run_uri, data_uri, 100_000, SAVE_EVERY, preset=preset, resume="auto")
 
 
 def _records(store, run_uri: str, attempt: int) -> list[dict]:

@@ -81,23 +81,16 @@ def test_one_injected_preemption_goodput_and_recovery_agree_with_an_independent_
 ):
     local_state = tmp_path / "local"
     monkeypatch.setenv("TRAINOPS_LOCAL_STATE", str(local_state))
-    dataset = write_dataset(tmp_path / "data" / "datasets" / "demo" / "v1")
-    op = FSDPTrainingOperator(
-        task_id="train",
-        dataset={"uri": dataset},
-        storage_root=file_root,
-        trainer_config={**TRAIN_KEYS, "train": {**TRAIN_KEYS["train"], "max_steps": MAX_STEPS}},
-        nodes=2,
-        cluster="local",
-        deferrable=True,
+    op, ctx, layout = driving.two_local_nodes(
+        file_root,
+        tmp_path,
+        max_steps=MAX_STEPS,
+        run_id=RUN_ID,
         poll_interval=0.5,
-        progress_every=3600,
         termination_grace_seconds=30,
         inject_preemption={"node": 1, "at_step": PREEMPT_AT},
         job_options={"env": {"OMP_NUM_THREADS": "1"}},
     )
-    ctx = {"ti": SimpleNamespace(dag_id="retrain", run_id=RUN_ID, task_id="train", map_index=-1)}
-    layout = RunLayout(run_prefix(file_root, "retrain", RUN_ID, "train"))
     store = open_storage(file_root)
 
     first = deferred(lambda: op.execute(ctx))

@@ -23,18 +23,15 @@ import os
 import signal
 import time
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import psutil
 import pytest
 
 from tests.e2e import driving
 from tests.e2e.driving import deferred
-from tests.trainer.helpers import TRAIN_KEYS, write_dataset
-from trainer.contract import MetricsReader, RunLayout, run_prefix
+from trainer.contract import MetricsReader, RunLayout
 from trainer.runtime.heartbeat import ENV_EVERY_S, EVERY_S
 from trainer.storage import open_storage
-from trainops.operators import FSDPTrainingOperator
 from trainops.recovery.hang import HANG_FLOOR_S, limit_in_verdict
 
 pytestmark = pytest.mark.slow
@@ -104,21 +101,9 @@ def stop_a_rank_and_relaunch(file_root, tmp_path, **options) -> Hang:
 
     :param options: the operator's options beyond the common ones (hang_timeout, poll, env).
     """
-    dataset = write_dataset(tmp_path / "data" / "datasets" / "demo" / "v1")
-    op = FSDPTrainingOperator(
-        task_id="train",
-        dataset={"uri": dataset},
-        storage_root=file_root,
-        trainer_config={**TRAIN_KEYS, "train": {**TRAIN_KEYS["train"], "max_steps": MAX_STEPS}},
-        nodes=2,
-        cluster="local",
-        deferrable=True,
-        progress_every=3600,
-        termination_grace_seconds=3,
-        **options,
+    op, ctx, layout = driving.two_local_nodes(
+        file_root, tmp_path, max_steps=MAX_STEPS, run_id=RUN_ID, termination_grace_seconds=3, **options
     )
-    ctx = {"ti": SimpleNamespace(dag_id="retrain", run_id=RUN_ID, task_id="train", map_index=-1)}
-    layout = RunLayout(run_prefix(file_root, "retrain", RUN_ID, "train"))
     store = open_storage(file_root)
 
     first = deferred(lambda: op.execute(ctx))

@@ -19,7 +19,6 @@ import re
 import signal
 import subprocess
 import time
-from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -36,9 +35,8 @@ from tests.trainer.helpers import (
     write_dataset,
 )
 from tests.trainer.runtime.metadata_server import MetadataServer
-from trainer.contract import MetricsReader, RunLayout, run_prefix
+from trainer.contract import MetricsReader
 from trainer.storage import open_storage
-from trainops.operators import FSDPTrainingOperator
 
 pytestmark = pytest.mark.slow
 
@@ -88,22 +86,15 @@ def test_an_aws_notice_saves_and_stops_the_gang_before_the_sigterm_and_the_run_r
     file_root, local_state, tmp_path
 ):
     server = MetadataServer("aws")
-    dataset = write_dataset(tmp_path / "data" / "datasets" / "demo" / "v1")
-    op = FSDPTrainingOperator(
-        task_id="train",
-        dataset={"uri": dataset},
-        storage_root=file_root,
-        trainer_config={**TRAIN_KEYS, "train": {**TRAIN_KEYS["train"], "max_steps": MAX_STEPS}},
-        nodes=2,
-        cluster="local",
-        deferrable=True,
+    op, ctx, layout = driving.two_local_nodes(
+        file_root,
+        tmp_path,
+        max_steps=MAX_STEPS,
+        run_id=RUN_ID,
         poll_interval=0.5,
-        progress_every=3600,
         termination_grace_seconds=3,
         job_options={"env": {"OMP_NUM_THREADS": "1", **notice_env(server)}},
     )
-    ctx = {"ti": SimpleNamespace(dag_id="retrain", run_id=RUN_ID, task_id="train", map_index=-1)}
-    layout = RunLayout(run_prefix(file_root, "retrain", RUN_ID, "train"))
     store = open_storage(file_root)
 
     def last_step() -> int:
