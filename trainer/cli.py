@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from trainer.config import ConfigError, all_keys, load_config
+from trainer.contract import RunLayout
 from trainer.presets import preset_table
+from trainer.runtime.restarts import read_earlier
+from trainer.storage import open_storage
 
 EPILOG = (
     """\
@@ -71,10 +75,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="[trainer] %(message)s", stream=sys.stdout)
     if args.command == "train":
+        # An in-place restart after a stop, a completion or a program error ends here, before
+        # torch loads: torchrun restarts workers whatever their exit code was.
+        earlier = read_earlier(open_storage(config.run_uri), RunLayout(config.run_uri), os.environ)
+        if earlier is not None and earlier.exit_code is not None:
+            if os.environ.get("RANK", "0") == "0":
+                print(f"trainer: restarted in place, exiting at once: {earlier.why}", file=sys.stderr)
+            return earlier.exit_code
         # Deferred (PLC0415): torch loads only for the command that needs it, not for `presets`.
         from trainer.train import run_train  # noqa: PLC0415
 
-        return run_train(config)
+        return run_train(config, earlier)
     if args.command == "evaluate":
         from trainer.evaluate import run_evaluate  # noqa: PLC0415 (deferred, as above)
 

@@ -63,8 +63,9 @@ from trainer.runtime.metrics import OUTAGE_TOLERANCE_S as METRICS_OUTAGE_TOLERAN
 from trainer.runtime.metrics import MetricsLog
 from trainer.runtime.notice import notice_record
 from trainer.runtime.notice import watch as watch_notices
-from trainer.runtime.preemption import NOTICE, StopFlag, stop_cause, stop_decision
+from trainer.runtime.preemption import NOTICE, PREEMPTED_EXIT_CODE, StopFlag, stop_cause, stop_decision
 from trainer.runtime.progress import progress_line
+from trainer.runtime.restarts import Earlier
 from trainer.state import TrainState, checkpoint_states
 from trainer.step import apply_gradients, forward_backward, read_losses
 from trainer.storage import Storage, open_storage, outage_tolerance
@@ -82,11 +83,6 @@ log = logging.getLogger("trainer.train")
 # How long a failing attempt waits for a checkpoint still being written in the background before
 # it gives up on it (a peer that died leaves it hanging); the previous committed one stays valid.
 FAILED_SAVE_WAIT_S = 120.0
-
-# A preempted worker exits non-zero on purpose: a torchrun agent whose workers all exit 0 waits
-# in its exit barrier (up to 300 s) for the agents of the other nodes, and a preempted node's
-# agent never arrives. Non-zero makes every agent exit at once; the attempt record says why.
-PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM, the shell's convention
 
 
 @dataclass
@@ -130,8 +126,13 @@ class StepResult:
     extra: dict[str, float] = field(default_factory=dict)  # more figures for the step's metrics record
 
 
-def run_train(config: Config) -> int:
-    """Train per ``config``; the exit code for the CLI (``PREEMPTED_EXIT_CODE`` when preempted)."""
+def run_train(config: Config, earlier: Earlier | None = None) -> int:
+    """Train per ``config``; the exit code for the CLI (``PREEMPTED_EXIT_CODE`` when preempted).
+
+    :param earlier: what an in-place restart learnt from the incarnations before it
+        (``trainer.runtime.restarts``); they go into the attempt record's ``restarts``.
+    """
+    restarts = earlier.restarts if earlier is not None else None
     flag = StopFlag().install()  # first: a SIGTERM during setup must not kill us unsaved
     started_at = now_iso()
     storage, layout = open_storage(config.run_uri), RunLayout(config.run_uri)
@@ -144,7 +145,20 @@ def run_train(config: Config) -> int:
         watch_notices(os.environ, env.local_rank, flag.on_notice)
         logging.getLogger("trainer").setLevel(logging.INFO if env.is_main else logging.WARNING)
         number = on_rank0(env.rank, lambda: attempt_number(storage, layout))
-        attempt = Attempt(storage, layout, number, env.world_size, started_at=started_at)
+        attempt = Attempt(storage, layout, number, env.world_size, started_at=started_at, restarts=restarts)
+        if restarts and env.is_main:
+            before = restarts[-1]
+            checkpoint = before.get("checkpoint_step")
+            heartbeat.restarting(config.run_uri, number, checkpoint if isinstance(checkpoint, int) else 0)
+            log.warning(
+                "restart in place %d of attempt %d: the incarnation before ended %s%s at step %s; "
+                "resuming from the newest checkpoint",
+                len(restarts),
+                number,
+                before.get("outcome"),
+                f" ({before['cause']})" if before.get("cause") else "",
+                before.get("last_step", "?"),
+            )
         training = setup(config, env, attempt)
         outcome = train_loop(training, flag)
         return PREEMPTED_EXIT_CODE if outcome == "preempted" else 0
@@ -158,7 +172,10 @@ def run_train(config: Config) -> int:
         traceback.print_exc()
         if env is None:  # before the process group (GPUs missing, no rendezvous): each rank alone
             is_main = os.environ.get("RANK", "0") == "0"
-            _record_failure(exc, is_main, _attempt_without_group(storage, layout, started_at), None)
+            alone = _attempt_without_group(storage, layout, started_at)
+            if alone is not None:
+                alone.restarts = restarts
+            _record_failure(exc, is_main, alone, None)
         else:
             _record_failure(exc, env.is_main, attempt, training)
         return 1
@@ -244,6 +261,7 @@ def setup(config: Config, env: parallel.DistEnv, attempt: Attempt) -> Training:
     if resumed is not None:
         attempt.resumed_from_step = attempt.checkpoint_step = resumed
         attempt.restore_s = round(time.monotonic() - loading, 3)  # the cost accounting's restore
+        attempt.restore_files = checkpointer.restore_files
         log.info("resume: step %d, data cursor %d", state.step, state.cursor)
     else:  # a committed checkpoint wins over init.from: a warm-started run resumes exactly
         warm_start(config, model, built.args)

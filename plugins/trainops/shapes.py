@@ -378,7 +378,8 @@ def _job(complete: bool) -> _Obj:
 
 def _cost(complete: bool) -> _Obj:
     """``job.json``'s ``cost`` (``trainops.cost.accounting.RunCost``)."""
-    seconds = _Map(NUM, PHASES if complete else ())
+    # a bill from before in-place restarts has no "restart" phase: its readers count it 0
+    seconds = _Map(NUM, tuple(p for p in PHASES if p != "restart") if complete else ())
     attempt = _obj(
         {
             "attempt": INT,

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from trainer.contract import TORCHRUN_ENV
 from trainer.storage import Storage
 
 EOS = 256
@@ -273,6 +274,7 @@ def trainer_env(cache: Path, attempt: int | None = None, **test_env: str) -> dic
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["TRAINOPS_CACHE_DIR"] = str(cache)
     env["OMP_NUM_THREADS"] = "1"
+    env.update(TORCHRUN_ENV)  # as every launcher sets it for torchrun
     if attempt is not None:
         env["TRAINOPS_ATTEMPT"] = str(attempt)
     env.update(
@@ -285,13 +287,16 @@ def trainer_env(cache: Path, attempt: int | None = None, **test_env: str) -> dic
 INSTRUMENTED = "tests.trainer.instrumented"
 
 
-def torchrun_argv(config: Path, *overrides: str, nproc: int = 2, module: str = "trainer") -> list[str]:
+def torchrun_argv(
+    config: Path, *overrides: str, nproc: int = 2, module: str = "trainer", max_restarts: int = 0
+) -> list[str]:
     return [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
         f"--nproc-per-node={nproc}",
+        f"--max-restarts={max_restarts}",
         "-m",
         module,
         "train",

@@ -14,6 +14,11 @@ with ``-m``).
   every storage call of the process fails as the client would after its retries, as in an
   outage that outlasts them.
 
+- ``TRAINOPS_TEST_KILL_AT=<cursor>:<rank>:<folder>``: as it reads that cursor's first
+  micro-batch, rank ``rank`` of the first incarnation (``TORCHELASTIC_RESTART_COUNT`` 0) writes
+  the epoch time into ``<folder>/killed_r<rank>`` and sends itself SIGKILL: one worker process
+  dies, its node and agent live on (an in-place restart, ``trainer.runtime.restarts``).
+
 - ``TRAINOPS_TEST_NAN_AT_STEP=<step>``: that step's loss and gradients become NaN on every rank,
   once per process (the weights its update leaves are NaN too), as a bad batch would make them.
 
@@ -122,12 +127,21 @@ def instrument(batches: type, blackout: tuple[int, ...] | None) -> None:
     signalled_rank = target[2] if target is not None and len(target) > 2 else None
     pause_at = os.environ.get("TRAINOPS_TEST_PAUSE_AT")
     pause = (int(pause_at.split(":", 1)[0]), Path(pause_at.split(":", 1)[1])) if pause_at else None
+    kill_at = os.environ.get("TRAINOPS_TEST_KILL_AT")
+    kill = (
+        kill_at.split(":", 2)
+        if kill_at and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        else None
+    )
 
     def micro_batch(self, cursor: int, micro_step: int):
         if target is not None and target[:2] == (cursor, micro_step) and signalled_rank in (None, self.rank):
             os.kill(os.getpid(), signal.SIGTERM)
         if pause is not None and pause[0] == cursor and micro_step == 0:
             wait_for_go(pause[1], self.rank)
+        if kill is not None and (int(kill[0]), 0, int(kill[1])) == (cursor, micro_step, self.rank):
+            (Path(kill[2]) / f"killed_r{self.rank}").write_text(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
         if blackout is not None and blackout[0] == cursor and micro_step == 0:
             go_dark_after(blackout[1])
         if samples_dir:

@@ -215,3 +215,54 @@ def test_an_sft_run_preempted_then_killed_resumes_bitwise_identical(tmp_path, sf
     assert (tmp_path / "run" / "export" / "model.safetensors").read_bytes() == (
         tmp_path / "reference" / "run" / "export" / "model.safetensors"
     ).read_bytes()
+
+
+def test_a_killed_worker_restarts_in_place_from_the_node_local_tier_and_ends_bitwise(
+    tmp_path, dataset_uri, reference_run
+):
+    """One worker process is SIGKILLed inside step 25 (its node and torchrun live on): torchrun
+    restarts the gang in place, under the same attempt, which resumes from step 20 read from the
+    node-local tier alone; the attempt record shows both incarnations, and the run ends with the
+    very weights of an uninterrupted one."""
+    config, _ = run_config(tmp_path, dataset_uri, "run")
+    run, kills, samples = tmp_path / "run", tmp_path / "kills", tmp_path / "samples"
+    kills.mkdir()
+    samples.mkdir()
+    proc = subprocess.run(
+        torchrun_argv(config, module=INSTRUMENTED, max_restarts=2),
+        env=trainer_env(
+            tmp_path / "cache", 1, kill_at=f"{cursor_before(25)}:1:{kills}", samples_dir=str(samples)
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    killed_at = float((kills / "killed_r1").read_text())
+    record = read_json(run / "attempts" / "1.json")
+    assert (record["outcome"], record["resumed_from_step"], record["last_step"]) == (
+        "completed",
+        20,
+        MAX_STEPS,
+    )
+    [before] = record["restarts"]
+    assert (before["restart"], before["outcome"], before["cause"]) == (0, "failed", "network")
+    assert before["last_step"] in (23, 24)  # where rank 0 had got to when its peer died
+    assert (before["checkpoint_step"], before["steps_lost"]) == (20, before["last_step"] - 20)
+    assert record["restore_files"] == {"local": 5, "storage": 0}  # .metadata, 2 shards, 2 per-rank files
+    assert (
+        f"restart in place 1 of attempt 1: the incarnation before ended failed (network) at step "
+        f"{before['last_step']}; resuming from the newest checkpoint" in proc.stdout
+    )
+    assert "step 20 restored with 5 of 5 file(s) from the node-local tier, 0 from storage" in proc.stdout
+    print(f"\nkill -> first step of the restarted gang: {record['first_step_time'] - killed_at:.1f}s")
+    assert record["first_step_time"] > killed_at
+    assert (run / "export" / "model.safetensors").read_bytes() == (
+        reference_run["run_dir"] / "export" / "model.safetensors"
+    ).read_bytes()
+    # the restarted gang read steps 21 to 40, as the uninterrupted run did (21 to 24 a second time)
+    again = positions(r for r in samples_read(samples, 1) if r["cursor"] >= cursor_before(21))
+    reference = positions(
+        r for r in samples_read(reference_run["samples"], 1) if r["cursor"] >= cursor_before(21)
+    )
+    assert set(again) == set(reference) and set(again.values()) <= {1, 2}

@@ -62,24 +62,32 @@ def _temp_prefix(path: Path) -> str:
 
 def is_verified(path: Path, sha256: str | None, size: int | None = None) -> bool:
     """Whether ``path`` holds content verified to have ``sha256`` (and ``size``), by its sidecar;
-    ``sha256`` None: whatever content a completed fetch left (and ``size``)."""
+    ``sha256`` None: whatever content a completed fetch left (and ``size``). A file modified
+    since it was verified (its mtime moved: written in place) is not."""
     try:
         record = json.loads(sidecar(path).read_text())
-        on_disk = path.stat().st_size
+        stat = path.stat()
     except (OSError, ValueError):
         return False
     return (
         isinstance(record, dict)
         and (sha256 is None or record.get("sha256") == sha256)
-        and record.get("size") == on_disk
-        and (size is None or size == on_disk)
+        and record.get("size") == stat.st_size
+        and record.get("mtime_ns", stat.st_mtime_ns) == stat.st_mtime_ns  # older sidecars have none
+        and (size is None or size == stat.st_size)
     )
+
+
+def record_verified(path: Path, size: int, sha256: str) -> None:
+    """Record that ``path`` holds ``size`` bytes with ``sha256``, as learnt while it was written
+    (a checkpoint file this node saved: the node-local tier), so that :func:`fetch` uses it."""
+    _record(path, size, sha256)
 
 
 def _record(path: Path, size: int, sha256: str) -> None:
     side = sidecar(path)
     tmp = side.with_name(f"{side.name}.tmp-{uuid.uuid4().hex}")
-    tmp.write_text(json.dumps({"size": size, "sha256": sha256}))
+    tmp.write_text(json.dumps({"size": size, "sha256": sha256, "mtime_ns": path.stat().st_mtime_ns}))
     os.replace(tmp, side)
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import bisect
 import io
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,12 +99,17 @@ class ReadAssignment:
 
 
 def assign_reads(
-    needs: Sequence[Mapping[str, Sequence[Range]]], relay_max_bytes: int = RELAY_MAX_BYTES
+    needs: Sequence[Mapping[str, Sequence[Range]]],
+    relay_max_bytes: int = RELAY_MAX_BYTES,
+    held: Sequence[Collection[str]] | None = None,
 ) -> ReadAssignment:
     """Who fetches which file (see the module's docstring). Pure.
 
     :param needs: for every rank, in rank order, the ranges its plan reads by file
         (:func:`needed_ranges`).
+    :param held: for every rank, the files its node holds already (the node-local tier,
+        ``trainer.checkpoint.local_tier``): a file only small reads need is read by the first
+        rank whose node holds it, rather than fetched from storage by the first reader.
     """
     readers: dict[str, list[int]] = {}
     for rank, wanted in enumerate(needs):
@@ -114,7 +119,8 @@ def assign_reads(
     fetchers: dict[str, tuple[int, ...]] = {}
     for name, ranks in sorted(readers.items()):
         big = tuple(r for r in ranks if sum(length for _, length in needs[r][name]) > relay_max_bytes)
-        fetchers[name] = big or (min(ranks),)
+        local = [r for r in ranks if held is not None and name in held[r]]
+        fetchers[name] = big or (min(local or ranks),)
     return ReadAssignment(fetchers, {name: ranks[0] for name, ranks in fetchers.items()})
 
 

@@ -45,7 +45,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.stateful import Stateful
 
 from trainer import parallel
-from trainer.checkpoint import commit, fence, staging
+from trainer.checkpoint import commit, fence, local_tier, staging
 from trainer.checkpoint.fence import Fenced
 from trainer.checkpoint.files import (
     CorruptCheckpoint,
@@ -64,6 +64,7 @@ from trainer.checkpoint.files import (
 )
 from trainer.checkpoint.reads import NodeFileSystem, Range, assign_reads, needed_ranges, read_ranges
 from trainer.contract import MAX_HELD_FOR_EVAL, Cause, RunLayout, join, prune_plan, scheduled_for_eval
+from trainer.data import cache_dir
 from trainer.runtime.attempts import CausedError, cause_of, classify_failure
 from trainer.state import TrainState
 from trainer.storage import Storage
@@ -231,6 +232,8 @@ class Checkpointer:
         self.worst_blocked: Blocked | None = None  # the longest any async save held the loop
         self.waits = 0  # async saves that had to wait for the previous one
         self.last_commit_s: float | None = None  # the last async save's start to its commit
+        # where the last load found its files: {"local": n, "storage": m} (local_tier.restore_files)
+        self.restore_files: dict[str, int] | None = None
 
     @property
     def group(self) -> dist.ProcessGroup:
@@ -395,7 +398,10 @@ class Checkpointer:
                 problem = self._problem(exc)
         dist.barrier(group=self.group)
         files: list[dict[str, Any]] = []
+        kept = local_tier.Kept(local_tier.folder(self.layout.run_uri, step, self.attempt))
         try:
+            if problem is None:  # the node keeps its files of this checkpoint (local_tier)
+                kept = local_tier.keep(sorted(staging.iterdir()), kept.folder)
             for path in sorted(staging.iterdir()) if problem is None else []:
                 files.append(written_entry(path, written))
                 # Handed over: on file:// (same filesystem) renamed into place, not copied.
@@ -418,10 +424,13 @@ class Checkpointer:
         dist.broadcast_object_list(box, src=0, group=self.group)  # every rank learns the outcome
         shutil.rmtree(staging, ignore_errors=True)
         if box[0] is not None:
+            local_tier.dropped(kept)
             what, kind = box[0]
             if kind == "fenced":
                 raise Fenced(what)
             raise CheckpointError(f"checkpoint step {step} was not committed: {what}", cast(Cause, kind))
+        local_tier.committed(kept, written)
+        local_tier.prune(self.layout.run_uri, step)
         self.last_committed = step
         if self.on_commit is not None:
             self.on_commit(step)
@@ -534,7 +543,7 @@ class Checkpointer:
                 )
         self.last_committed = step
         dist.barrier(group=self.group)  # the node's folder is shared: every rank has read it now
-        shutil.rmtree(folder, ignore_errors=True)
+        local_tier.prune(self.layout.run_uri, step)  # the folder stays: the node's tier holds it now
         return step
 
     def _per_rank_source(self, marker: dict[str, Any]) -> str:
@@ -588,23 +597,27 @@ class Checkpointer:
             sharded: dict[str, Any] = {}
             needs: dict[str, tuple[Range, ...]] = {}
             problem: tuple[str, str] | None = None  # (what, "corrupt" or the failure's cause)
+            fetched: list[str] = []
             try:
-                fetch_listed(self.storage, self.layout, step, marker, ".metadata", folder)
+                if fetch_listed(self.storage, self.layout, step, marker, ".metadata", folder):
+                    fetched.append(".metadata")
                 metadata = dcp.FileSystemReader(folder).read_metadata()
                 sharded = {name: state.state_dict() for name, state in self.sharded.items()}
                 needs = needed_ranges(sharded, metadata, self.rank == 0)
             except Exception as exc:  # every rank must still reach the gather
                 problem = self._fetch_problem(exc)
-            reason, all_needs = self._agree(step, problem, needs)
+            held = local_tier.held(folder, marker)  # this node's verified files: fetched by its ranks
+            reason, agreed = self._agree(step, problem, (needs, held))
+            all_needs = [n for n, _ in agreed]
             if reason is not None:
                 corrupt[step] = reason  # the next pick logs it and passes over it
                 shutil.rmtree(folder, ignore_errors=True)  # every rank is done with it (agreed)
                 continue
-            assignment = assign_reads(all_needs)
+            assignment = assign_reads(all_needs, held=[h for _, h in agreed])
             offer: dict[str, dict[Range, bytes]] = {}
-            fetched: list[str] = []
+            read = [".metadata", *assignment.fetched_by(self.rank), self._per_rank_source(marker)]
             try:
-                for name in [*assignment.fetched_by(self.rank), self._per_rank_source(marker)]:
+                for name in read[1:]:
                     if fetch_listed(self.storage, self.layout, step, marker, name, folder):
                         fetched.append(name)
                 for name, ranges in assignment.to_send(self.rank, all_needs).items():
@@ -629,4 +642,21 @@ class Checkpointer:
                 len(assignment.fetched_by(self.rank)),
                 sum(len(b) for ranges in relayed.values() for b in ranges.values()),
             )
+            self._count_restored(step, read, fetched)
             return step, marker, folder, sharded, relayed
+
+    def _count_restored(self, step: int, read: list[str], fetched: list[str]) -> None:
+        """Every rank: where the load of ``step`` found its files, all nodes together
+        (:attr:`restore_files`; a collective); rank 0 logs it."""
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, (str(cache_dir()), read, fetched), group=self.group)
+        self.restore_files = local_tier.restore_files(gathered)
+        if self.rank == 0:
+            local, total = self.restore_files["local"], sum(self.restore_files.values())
+            log.info(
+                "checkpoint: step %d restored with %d of %d file(s) from the node-local tier, %d from storage",
+                step,
+                local,
+                total,
+                total - local,
+            )

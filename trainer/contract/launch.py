@@ -37,13 +37,22 @@ def torchrun_argv(
     node_rank: int | None = None,
     shutdown_timeout_s: int = 30,
     is_host: bool | None = None,
+    restarts_in_place: int = 0,
 ) -> list[str]:
     """Wrap ``python -m trainer ...`` (as from :func:`trainer_argv`) in torchrun.
 
     Rendezvous is c10d at ``rdzv_endpoint``. ``shutdown_timeout_s`` is how long torchrun
     waits for its workers after SIGTERM before SIGKILL: it must fit inside the pod's
     grace period, and it is the emergency checkpoint's budget.
+
+    ``restarts_in_place`` is torchrun's ``--max-restarts``: how often a node's agent restarts
+    its workers, in the same pod, after one of them failed (a killed worker, an exception, a
+    peer gone); the gang re-forms and resumes from the newest checkpoint, from the node-local
+    tier where it holds it (``trainer.runtime.restarts``). Once they are spent, torchrun exits
+    and the operator relaunches the whole gang.
     """
+    if restarts_in_place < 0:
+        raise ValueError(f"restarts_in_place must be >= 0, got {restarts_in_place}")
     if trainer_args[1:3] != ["-m", "trainer"]:
         raise ValueError(f"expected 'python -m trainer ...', got {trainer_args[:3]}")
     argv = [
@@ -56,7 +65,7 @@ def torchrun_argv(
         f"--rdzv-endpoint={rdzv_endpoint}",
         f"--rdzv-id={rdzv_id}",
         f"--shutdown-timeout={shutdown_timeout_s}",
-        "--max-restarts=0",  # recovery is a whole-gang relaunch owned by the operator
+        f"--max-restarts={restarts_in_place}",  # then a whole-gang relaunch, owned by the operator
     ]
     if node_rank is not None:
         argv.append(f"--node-rank={node_rank}")
@@ -67,6 +76,13 @@ def torchrun_argv(
 
 
 # --- 2. environment -------------------------------------------------------------
+# For torchrun itself, beside its arguments. Since torch 2.4 its agents share the rendezvous's
+# TCPStore with the workers and keep it for the life of the job; the workers' process group
+# keys are not prefixed by the restart, so a restarted incarnation can read the addresses its
+# predecessor published and fail to connect ("Gloo connectFullMesh failed ... Connection
+# refused"), a race lost two times in three on a 2-core host. Unshared, every rendezvous round
+# gets a fresh store, the same on every node.
+TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 ENV_S3_ENDPOINT = "AWS_ENDPOINT_URL_S3"
 ENV_REGION = "AWS_REGION"
 ENV_ATTEMPT = "TRAINOPS_ATTEMPT"  # attempt number (1-based) set by the launcher
@@ -81,3 +97,10 @@ ENV_SPOT_NOTICE = "TRAINOPS_SPOT_NOTICE"
 # next attempt keeps off the node that is going away.
 ENV_NODE_NAME = "TRAINOPS_NODE_NAME"
 ENV_METADATA_URL = "TRAINOPS_METADATA_URL"
+# torchrun's own: how many times the node's agent restarted its workers in place (0: the first
+# incarnation of the attempt). A restarted worker reads what the one before it recorded.
+ENV_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+# torchrun's too: its ``--max-restarts`` (0 or unset: no restart in place can happen). A node's
+# agent restarted for another node's sake (a membership change) does not count the restart, so
+# the count alone cannot tell a restarted worker: the attempt's record and heartbeat can.
+ENV_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"

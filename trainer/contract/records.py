@@ -70,6 +70,14 @@ class AttemptRecord(TypedDict):
     restore_s: NotRequired[float]  # a resumed attempt: seconds its checkpoint load took
     notice: NotRequired[SpotNotice]  # a preempted attempt that the cloud's notice stopped
     rollbacks: NotRequired[list[dict[str, object]]]  # bad-loss rollbacks, each with the steps skipped
+    # In-place restarts (torchrun's, ``trainer.runtime.restarts``): one entry per earlier
+    # incarnation of this attempt, oldest first (``restart``, ``outcome``, ``cause``, ``error``,
+    # ``last_step``, ``checkpoint_step``, ``steps_lost``, ``started_at``, ``ended_at``,
+    # ``first_step_time``, ``restore_s``); the record's own fields are the newest incarnation's.
+    restarts: NotRequired[list[dict[str, object]]]
+    # Where the resume's checkpoint files came from: how many the node-local tier held
+    # (``local``) and how many were fetched from storage (``storage``), all ranks together.
+    restore_files: NotRequired[dict[str, int]]
 
 
 def attempt_record(
@@ -93,6 +101,8 @@ def attempt_record(
     restore_s: float | None = None,
     notice: SpotNotice | None = None,
     rollbacks: list[dict[str, object]] | None = None,
+    restarts: list[dict[str, object]] | None = None,
+    restore_files: dict[str, int] | None = None,
 ) -> AttemptRecord:
     """The trainer's account of one attempt.
 
@@ -112,6 +122,8 @@ def attempt_record(
     :param notice: the cloud's interruption notice, when one stopped the attempt.
     :param rollbacks: the attempt's bad-loss rollbacks (``at_step``, ``loss``, ``why``,
         ``to_step``, ``skipped_from``, ``skipped_to``), when it made any.
+    :param restarts: the attempt's earlier incarnations, when torchrun restarted it in place.
+    :param restore_files: ``{"local": n, "storage": m}``: where the resume's files came from.
     """
     if outcome not in OUTCOMES:
         raise ValueError(f"unknown attempt outcome {outcome!r}; expected one of {OUTCOMES}")
@@ -149,6 +161,10 @@ def attempt_record(
         record["notice"] = notice
     if rollbacks:
         record["rollbacks"] = list(rollbacks)
+    if restarts:
+        record["restarts"] = list(restarts)
+    if restore_files is not None:
+        record["restore_files"] = dict(restore_files)
     return record
 
 
@@ -184,6 +200,13 @@ def parse_attempt_record(data: object) -> AttemptRecord:
     ):
         raise ValueError(
             f"attempt record field 'notice' must hold {', '.join(_NOTICE_TIMES)} as numbers, got {notice!r}"
+        )
+    restarts = data.get("restarts", [])
+    if not isinstance(restarts, list) or not all(
+        isinstance(e, dict) and isinstance(e.get("restart"), int) for e in restarts
+    ):
+        raise ValueError(
+            f"attempt record field 'restarts' must be a list of objects with a 'restart' number, got {restarts!r}"
         )
     return cast(AttemptRecord, data)
 

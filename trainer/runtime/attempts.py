@@ -221,6 +221,8 @@ class Attempt:
     restore_s: float | None = None  # seconds the resume's checkpoint load took
     notice: SpotNotice | None = None  # the cloud's notice that stopped the attempt
     rollbacks: list[dict[str, object]] | None = None  # bad-loss rollbacks (trainer.runtime.bad_loss)
+    restarts: list[dict[str, object]] | None = None  # earlier incarnations (trainer.runtime.restarts)
+    restore_files: dict[str, int] | None = None  # where the resume's files came from (local, storage)
 
     def committed(self, step: int) -> None:
         """A checkpoint of ``step`` was committed (the checkpointer's ``on_commit``)."""
@@ -257,6 +259,8 @@ class Attempt:
             restore_s=self.restore_s,
             notice=self.notice,
             rollbacks=self.rollbacks,
+            restarts=self.restarts,
+            restore_files=self.restore_files,
         )
 
     def store(self, record: AttemptRecord, *, exclusive: bool = False) -> None:

@@ -274,6 +274,35 @@ def every_s_from(environ: Mapping[str, str]) -> float:
     return value
 
 
+def restarting(run_uri: str, attempt: int, step: int, clock: Callable[[], float] = time.time) -> bool:
+    """Rank 0 of an in-place restart (``trainer.runtime.restarts``), before its setup: one
+    heartbeat at once, with no step trained yet and busy ``restart in place``, so that the
+    watch gives the restarted gang the startup allowance instead of timing the silence since the
+    incarnation before it died against that one's pace. Whether it was written (a failure is
+    logged: the restart goes on)."""
+    now = clock()
+    beat: Heartbeat = {
+        "attempt": attempt,
+        "step": step,
+        "time": now,
+        "steps": 0,
+        "median_step_s": None,
+        "p99_step_s": None,
+        "max_gap_s": None,
+        "every_s": every_s_from(os.environ),
+        "busy": "restart in place",
+        "busy_since": now,
+        "busy_ended": None,
+    }
+    try:
+        store = open_storage(run_uri, outage_tolerance_s=WRITE_OUTAGE_TOLERANCE_S)
+        store.put(RunLayout(run_uri).heartbeat(attempt), json.dumps(beat).encode())
+    except Exception as exc:
+        log.warning("heartbeat of the restart not written (%s); restarting anyway", exc)
+        return False
+    return True
+
+
 def beats(
     run_uri: str, attempt: int, is_main: bool, step: int, environ: Mapping[str, str] = os.environ
 ) -> HeartbeatWriter | NoHeartbeat:

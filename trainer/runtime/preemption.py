@@ -21,6 +21,11 @@ from types import FrameType
 
 from trainer.runtime.notice_sources import Notice
 
+# A preempted worker exits non-zero on purpose: a torchrun agent whose workers all exit 0 waits
+# in its exit barrier (up to 300 s) for the agents of the other nodes, and a preempted node's
+# agent never arrives. Non-zero makes every agent exit at once; the attempt record says why.
+PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM, the shell's convention
+
 NOTICE = "notice"  # the stop's ``signal`` when the cloud's notice, not a signal, stopped the gang
 
 

@@ -40,6 +40,7 @@ PHASE_LABELS = {
     "startup": "startup",
     "productive": "productive",
     "replayed": "replayed (steps lost)",
+    "restart": "restart in place",
     "checkpoint_stall": "checkpoint stall",
     "shutdown": "shutdown",
 }
@@ -101,6 +102,8 @@ def render(cost: RunCost, run_uri: str, prices_from: str, lost: LostTime | None 
     header = ["phase (seconds)", *(f"attempt {a['attempt']}" for a in attempts), "total s", "GPU-hours"]
     rows = [header]
     for phase in PHASES:
+        if phase == "restart" and not cost["seconds"].get(phase):
+            continue  # no restart in place (a bill from before them has no such phase)
         gpu_h = sum(a["seconds"][phase] * a["accelerators"] for a in attempts) / 3600
         rows.append(
             [

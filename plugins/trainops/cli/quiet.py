@@ -12,6 +12,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, TypedDict
 
+from trainops.recovery.classify import restart_note
+
 TRACEBACK = "Traceback (most recent call last):"
 # torchrun's lines in a node's log: its folded error, its glog lines (E1201 12:00:00.000 42 ...)
 _TORCHRUN_NOTE = re.compile(r"^(\[node-\d+\] )?(torchrun: |[EWI]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ )")
@@ -66,11 +68,13 @@ def attempt_line(entry: Mapping[str, Any], total_steps: int | None = None) -> st
     decision = entry.get("decision") or {}
     relaunch = decision.get("action") == "relaunch"
     classification = entry["classification"]
+    note = restart_note(record)  # a failure's reason says it already
+    restarted = f"; {note}" if note else ""
     if classification == "succeeded" or record.get("outcome") == "completed":
         of = f"/{total_steps}" if total_steps else ""
-        return f"attempt {n} completed{at}{of}"
+        return f"attempt {n} completed{at}{of}{restarted}"
     if classification == "preempted":
-        line = f"attempt {n} preempted{at} ({_how(entry)})"
+        line = f"attempt {n} preempted{at} ({_how(entry)}){restarted}"
         checkpoint = record.get("checkpoint_step")
         if relaunch:
             resume = f"checkpoint step {checkpoint}" if checkpoint else "the newest checkpoint"

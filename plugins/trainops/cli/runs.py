@@ -22,6 +22,7 @@ from typing import Any
 from trainer.contract import MetricsReader, RunLayout, join, safe_segment
 from trainer.storage import NotFound, Storage, StorageError, open_storage
 from trainops.cli.devenv import storage_root_choice
+from trainops.recovery.classify import restart_note
 from trainops.reports.urls import report_url
 from trainops.runs import facts as run_facts
 from trainops.runs.outcome import RunFacts, about, outcome
@@ -157,6 +158,9 @@ def _attempt_lines(attempt: dict[str, Any], lines: int) -> list[str]:
         f"== attempt {attempt.get('attempt')}: {attempt.get('classification') or 'running'}"
         f" ({attempt.get('job_name') or '-'}, {_when(attempt.get('launched_at'))} to {_when(attempt.get('ended_at'))})"
     )
+    restarted = restart_note(attempt.get("record") if isinstance(attempt.get("record"), dict) else None)
+    if restarted:  # the log tail is the newest incarnation's
+        head += f"; {restarted}"
     tail = str(attempt.get("logs_tail") or "").splitlines()
     if not tail:
         return [head, "   (no log kept yet: it is saved when the attempt ends)"]

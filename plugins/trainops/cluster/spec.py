@@ -1,7 +1,8 @@
 """JobSpec: what to run, on how many nodes, with what resources. Plain data with a JSON form.
 
 Every backend takes the same JobSpec. The local backend uses the fields that mean something on
-one host (args, nodes, gpus_per_node, env, termination_grace_seconds, distributed); the
+one host (args, nodes, gpus_per_node, env, termination_grace_seconds, distributed,
+restarts_in_place); the
 Kubernetes backend (:mod:`trainops.cluster.kubernetes`) turns the rest into manifests.
 """
 
@@ -37,6 +38,9 @@ TOLERATION_KEYS = ("key", "operator", "value", "effect", "tolerationSeconds")
 TOLERATION_OPERATORS = ("Exists", "Equal")
 TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 AFFINITY_KEYS = ("nodeAffinity", "podAffinity", "podAntiAffinity")
+# torchrun's restarts of a node's workers in place: past a few, the failure is not passing and a
+# whole-gang relaunch (on other nodes, against the operator's budgets) is the better next step.
+MAX_RESTARTS_IN_PLACE = 10
 
 
 class JobSpecError(ValueError):
@@ -124,6 +128,12 @@ class JobSpec:
         job object (``ttlSecondsAfterFinished`` of a Job, a PyTorchJob's run policy; a
         TrainJob has none: its runtime's JobSet template may set one). None: never; the
         training operator deletes finished attempts itself unless ``keep_finished_jobs``.
+    :param restarts_in_place: torchrun's ``--max-restarts`` (``distributed`` jobs), 0 to
+        :data:`MAX_RESTARTS_IN_PLACE`: how often a node's agent restarts its worker processes in
+        the same pod after one of them died or raised; the gang re-forms and resumes from the
+        newest checkpoint (from the node-local tier where the node holds it). Once they are
+        spent torchrun exits and the operator relaunches the whole gang. 0: every failure is a
+        whole-gang relaunch.
     """
 
     name: str
@@ -157,6 +167,7 @@ class JobSpec:
     cache_size: str | None = None
     ephemeral_storage: str | None = None
     ttl_seconds_after_finished: int | None = None
+    restarts_in_place: int = 0
 
     def __post_init__(self) -> None:
         validate(self)
@@ -213,6 +224,12 @@ def _check_workload(spec: JobSpec) -> None:
         raise JobSpecError(f"JobSpec gpus_per_node must be an integer >= 0, got {spec.gpus_per_node!r}")
     if not isinstance(spec.distributed, bool):
         raise JobSpecError(f"JobSpec distributed must be true or false, got {spec.distributed!r}")
+    if not _is_int(spec.restarts_in_place) or not 0 <= spec.restarts_in_place <= MAX_RESTARTS_IN_PLACE:
+        raise JobSpecError(
+            f"JobSpec restarts_in_place must be an integer from 0 to {MAX_RESTARTS_IN_PLACE}, got "
+            f"{spec.restarts_in_place!r}: use 0 (every failure relaunches the whole gang) or a few, "
+            "such as 2"
+        )
     if not isinstance(spec.image, str) or not spec.image or any(c.isspace() for c in spec.image):
         raise JobSpecError(
             f"JobSpec image {spec.image!r} is not an image reference: use one such as 'trainops-trainer:latest'"

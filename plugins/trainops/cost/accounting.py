@@ -19,6 +19,11 @@ phases, so that they add up to it exactly:
   trainer writes them every ``train.log_every`` steps, so an attempt killed between two reads
   leaves its last steps unrecorded; its attempt record's ``last_step`` counts them) last the
   attempt's median step time each, from its last recorded step on;
+- ``restart``: an in-place restart (torchrun's, ``restarts_in_place``; the attempt record's
+  ``restarts`` list the earlier incarnations): from the failed incarnation's last progress
+  (after its lost steps, which are ``replayed``) to the next incarnation's first step: the
+  failure's detection, the workers' restart, the gang's re-forming and the restore. The
+  attempt's startup ends at its first incarnation's first step;
 - ``checkpoint_stall``: the loop blocked by a save (the records' ``checkpoint_blocked_s``);
 - ``shutdown``: the end of the loop to the attempt's end: the emergency checkpoint after
   SIGTERM, the final checkpoint and export of a finished run, or the time a failed or hung
@@ -28,7 +33,8 @@ phases, so that they add up to it exactly:
 
 Goodput is productive over billed accelerator-seconds. Recovery time is, per interruption, the
 signal (the cluster's time of it where it has one, else the trainer's ``signal_time``; for a
-failure or hang, the attempt's last step) to the first step of the next attempt that stepped.
+failure or hang, the attempt's last step) to the first step of the next attempt that stepped;
+per in-place restart, the failed incarnation's end to the next incarnation's first step.
 A field that an older ``job.json`` or attempt record lacks is estimated from what is there, and
 the estimate says so in ``notes``; a trainer clock that disagrees with the cluster's is in
 ``warnings`` (and ``notes``).
@@ -36,21 +42,26 @@ the estimate says so in ``notes``; a trainer clock that disagrees with the clust
 
 # No ``from __future__ import annotations``: TypedDict reads its annotations at run time.
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from statistics import median
 from typing import Any, TypedDict
 
 from trainer.contract import MetricsRecord
+from trainops.cost import restarts
 from trainops.cost.clocks import attempt_clocks, epoch, reconcile
 from trainops.cost.money import money
 from trainops.cost.prices import CAPACITY_KINDS, Priced, PriceTable, price_of
+from trainops.cost.restarts import Incarnation, incarnation_of
 from trainops.recovery.record import AttemptEntry, JobRecord
 
 COST_FORMAT = "trainops.cost/v1"
-PHASES = ("queued", "startup", "productive", "replayed", "checkpoint_stall", "shutdown")
+PHASES = ("queued", "startup", "productive", "replayed", "restart", "checkpoint_stall", "shutdown")
 BILLED_PHASES = PHASES[1:]
-# The phases of an interrupted attempt (not completed) that the interruption cost, with replayed.
+# The phases of an interrupted attempt (not completed) that the interruption cost, with replayed
+# and restart (lost whatever became of the attempt).
 LOST_PHASES = ("startup", "shutdown")
+ALWAYS_LOST_PHASES = ("replayed", "restart")
 
 
 class Span(TypedDict):
@@ -103,13 +114,18 @@ class RunCost(TypedDict):
     warnings: list[str]
 
 
-def _steps_of(metrics: Iterable[MetricsRecord], attempt: int) -> list[MetricsRecord]:
-    """The attempt's step records with a time, one per step (the later one), by step."""
-    by_step: dict[int, MetricsRecord] = {}
+def _steps_of(
+    metrics: Iterable[MetricsRecord], attempt: int, limits: Sequence[float] = ()
+) -> list[MetricsRecord]:
+    """The attempt's step records with a time, one per step of each incarnation (the later
+    one), by incarnation and step: ``limits`` (:func:`trainops.cost.restarts.bounds`) split them
+    by time when it restarted in place, since the next incarnation replays the lost steps."""
+    by_step: dict[tuple[int, int], MetricsRecord] = {}
     for record in metrics:
-        if record.get("attempt") == attempt and epoch(record.get("time")) is not None:
-            by_step[int(record["step"])] = record
-    return [by_step[s] for s in sorted(by_step)]
+        t = epoch(record.get("time"))
+        if record.get("attempt") == attempt and t is not None:
+            by_step[(incarnation_of(limits, t), int(record["step"]))] = record
+    return [by_step[key] for key in sorted(by_step)]
 
 
 def _blocked(record: MetricsRecord) -> float:
@@ -167,19 +183,19 @@ class _Timeline:
 
 
 def _first_step_begins(
-    entry: AttemptEntry, steps: list[MetricsRecord], start: float, notes: list[str]
+    entry: AttemptEntry, steps: list[MetricsRecord], start: float, notes: list[str], recorded: float | None
 ) -> float | None:
     """Where the attempt's productive time begins (None: it trained no step): its first
     step's end less that step's productive share, which is no more than the attempt's median
     step time. The rest of a slow first step is warm-up (the first collective, compile,
     allocator growth) and belongs to startup, as the hang watch leaves it out of the median.
-    The trainer's ``first_step_time`` bounds the step from below; a record from before that
-    field is taken to have stepped at its median."""
+    The trainer's first-step time (``recorded``: that of the incarnation that stepped first)
+    bounds the step from below; a record from before that field is taken to have stepped at
+    its median."""
     if not steps:
         return None
     first_end = epoch(steps[0]["time"]) or start
     typical = _median_step(steps)
-    recorded = epoch((entry.get("record") or {}).get("first_step_time"))
     if recorded is not None:
         took = max(0.0, first_end - recorded)
         counted = took if typical is None else min(took, typical)
@@ -192,11 +208,16 @@ def _first_step_begins(
     return min(max(start, first_end - counted), first_end)
 
 
-def _median_step(steps: list[MetricsRecord]) -> float | None:
+def _median_step(steps: list[MetricsRecord], limits: Sequence[float] = ()) -> float | None:
     """The attempt's median step time, from one step's end (after its save's stall) to the
-    next one's; None with fewer than two steps."""
+    next one's within one incarnation (``limits``: a restart in place is no step); None with
+    fewer than two steps."""
     times = [epoch(r["time"]) or 0.0 for r in steps]
-    gaps = [b - a - _blocked(r) for a, b, r in zip(times, times[1:], steps, strict=False)]
+    gaps = [
+        b - a - _blocked(r)
+        for a, b, r in zip(times, times[1:], steps, strict=False)
+        if incarnation_of(limits, a) == incarnation_of(limits, b)
+    ]
     return median(gaps) if gaps else None
 
 
@@ -233,6 +254,99 @@ def _placed(
     return placed, [{**r, "time": (epoch(r["time"]) or 0.0) + offset} for r in steps]
 
 
+@dataclass
+class _Trained:
+    """What the walk over an attempt's steps needs: its placed steps and incarnations (the
+    earlier ones; the newest is the record's own), where one's steps end and the next one's
+    begin, and its median step time."""
+
+    n: int
+    steps: list[MetricsRecord]
+    incarnations: list[Incarnation]
+    firsts: list[float | None]  # each incarnation's first step, the newest's last
+    limits: list[float]
+    typical: float | None
+    notes: list[str]
+
+    def incarnation(self, step: MetricsRecord) -> int:
+        return incarnation_of(self.limits, epoch(step["time"]) or 0.0)
+
+    def resume(self, k: int, first_end: float, begin: float) -> float:
+        """Where incarnation ``k``'s productive time begins, its first step ending at
+        ``first_end``: its first-step time, but no earlier than that end less the median step
+        (the rest of a slow first step is warm-up, part of the restart)."""
+        at = self.firsts[k]
+        floor = first_end - self.typical if self.typical is not None else None
+        at = at if at is not None else floor if floor is not None else begin
+        if floor is not None:
+            at = max(at, floor)
+        return min(max(at, begin), first_end)
+
+    def restart(self, timeline: _Timeline, begin: float, k: int, logged: int, resume: float) -> float:
+        """Incarnation ``k`` failed after logging step ``logged``: its lost steps that have no
+        record (replayed at the median step time), then the restart up to ``resume``."""
+        inc = self.incarnations[k]
+        unlogged = max(0, min(inc.last_step - logged, inc.last_step - inc.kept_up_to))
+        if unlogged and self.typical is not None:
+            stop = min(
+                begin + unlogged * self.typical, resume, inc.ended if inc.ended is not None else resume
+            )
+            timeline.add("replayed", begin, stop)
+            begin = max(begin, stop)
+            self.notes.append(
+                f"attempt {self.n}: the last {unlogged} lost step(s) before its restart in place {k + 1}, "
+                f"after step {logged}, have no metrics record: billed as replayed at its median step "
+                f"time ({self.typical:.2f}s)"
+            )
+        timeline.add("restart", begin, resume)
+        return max(begin, resume)
+
+
+def _trained(
+    timeline: _Timeline,
+    walk: _Trained,
+    *,
+    start: float,
+    first: float,
+    kept_up_to: int,
+    newest_from: int,
+    until: float,
+) -> tuple[float, int]:
+    """The spans from the attempt's start through its last logged step: startup, then each
+    step productive (kept) or replayed (lost), its save's stall, and at each in-place restart
+    the lost steps without a record and the restart (``walk``), which lasts ``until`` the
+    attempt stopped when its newest incarnation never stepped. Returns where the walk ended
+    and the newest incarnation's last logged step (``newest_from``, where it resumed, when it
+    logged none)."""
+    k = walk.incarnation(walk.steps[0])
+    earlier = walk.incarnations
+    lead = (
+        None if k == 0 else earlier[0].first_step if earlier[0].first_step is not None else earlier[0].ended
+    )
+    if lead is not None:  # the first incarnation logged no step: its start, its lost steps, its restart
+        timeline.add("startup", start, lead)
+        walk.restart(timeline, lead, 0, 0, first)
+    else:
+        timeline.add("startup", start, first)
+    begin, logged = first, 0
+    for step in walk.steps:
+        t = epoch(step["time"]) or begin
+        j = walk.incarnation(step)
+        if j > k:
+            begin = walk.restart(timeline, begin, k, logged, walk.resume(j, t, begin))
+            k = j
+        kept = earlier[k].kept_up_to if k < len(earlier) else kept_up_to
+        timeline.add("productive" if step["step"] <= kept else "replayed", begin, t)
+        begin = t + _blocked(step)
+        timeline.add("checkpoint_stall", t, begin)
+        logged = int(step["step"])
+    if k < len(earlier):  # the incarnations after the last that logged a step logged none
+        newest = walk.firsts[-1]
+        begin = walk.restart(timeline, begin, k, logged, newest if newest is not None else max(begin, until))
+        logged = newest_from
+    return begin, logged
+
+
 def account_attempt(
     entry: AttemptEntry,
     metrics: list[MetricsRecord],
@@ -240,21 +354,29 @@ def account_attempt(
     notes: list[str],
     now: float | None = None,
     warnings: list[str] | None = None,
-) -> tuple[AttemptCost, float | None, float]:
-    """One attempt's bill, when its first step began (None: it trained no step) and when it
-    stopped making progress (:func:`_interrupted_at`), all on the cluster's clock.
+) -> tuple[AttemptCost, float | None, float, list[float]]:
+    """One attempt's bill, when its first step began (None: it trained no step), when it
+    stopped making progress (:func:`_interrupted_at`) and each of its in-place restarts'
+    recovery time, all on the cluster's clock.
 
     :param notes: where to say what was estimated (appended to).
     :param warnings: where to say which clocks disagree (appended to; also said in ``notes``).
     """
     n = entry["attempt"]
-    steps = _steps_of(metrics, n)
+    incarnations = restarts.earlier(entry.get("record"))
+    steps = _steps_of(
+        metrics, n, restarts.bounds(incarnations, epoch((entry.get("record") or {}).get("first_step_time")))
+    )
     clocks = attempt_clocks(entry, [epoch(r["time"]) or 0.0 for r in steps])
     window = reconcile(clocks, now=now)
     notes.extend(window.warnings + window.notes)
     if warnings is not None:
         warnings.extend(window.warnings)
     entry, steps = _placed(entry, steps, window.trainer_offset)
+    incarnations = restarts.placed(incarnations, window.trainer_offset)
+    record = entry.get("record") or {}
+    newest_first = epoch(record.get("first_step_time"))
+    limits = restarts.bounds(incarnations, newest_first)
     launched, start = window.launched, window.start
     anchor = next((t for t in (start, window.end, launched, clocks.operator.launched) if t is not None), 0.0)
     end = window.end if window.end is not None else anchor
@@ -272,34 +394,48 @@ def account_attempt(
     else:
         if launched is not None:
             timeline.add("queued", launched, start)
-        first = _first_step_begins(entry, steps, start, notes)
-        record = entry.get("record") or {}
-        lost = int(entry.get("steps_lost") or record.get("steps_lost") or 0)
-        logged = int(steps[-1]["step"]) if steps else 0
-        # The trainer writes its step records every train.log_every steps: the steps an
-        # interrupted attempt trained after its last read have its record's word, not a record.
+        firsts = restarts.first_steps(incarnations, newest_first)
+        recorded = firsts[incarnation_of(limits, epoch(steps[0]["time"]) or 0.0)] if steps else None
+        first = _first_step_begins(entry, steps, start, notes, recorded)
+        # the newest incarnation's own steps lost (the entry's count its restarts' too)
+        own = record.get("steps_lost")
+        lost = (
+            own if isinstance(own, int) and not isinstance(own, bool) else int(entry.get("steps_lost") or 0)
+        )
         said = record.get("last_step")
-        last = said if isinstance(said, int) and not isinstance(said, bool) and said > logged else logged
-        kept_up_to = last - lost
+        signal = epoch(record.get("signal_time"))
         if first is None:  # no step: a signal during setup starts the shutdown
-            signal = epoch(record.get("signal_time"))
-            timeline.add("startup", start, signal if signal is not None else end)
+            stop = signal if signal is not None else end
+            if incarnations and incarnations[0].ended is not None:
+                timeline.add("startup", start, incarnations[0].ended)
+                timeline.add("restart", incarnations[0].ended, stop)
+            else:
+                timeline.add("startup", start, stop)
         else:
-            timeline.add("startup", start, first)
-            begin = first
-            for step in steps:
-                t = epoch(step["time"]) or begin
-                timeline.add("productive" if step["step"] <= kept_up_to else "replayed", begin, t)
-                begin = t + _blocked(step)
-                timeline.add("checkpoint_stall", t, begin)
+            walk = _Trained(n, steps, incarnations, firsts, limits, _median_step(steps, limits), notes)
+            newest = [int(r["step"]) for r in steps if walk.incarnation(r) == len(incarnations)]
+            resumed = record.get("resumed_from_step")
+            newest_from = resumed if isinstance(resumed, int) and incarnations else 0
+            logged = newest[-1] if newest else newest_from
+            # The trainer writes its step records every train.log_every steps: the steps an
+            # interrupted attempt trained after its last read have its record's word, not a record.
+            last = said if isinstance(said, int) and not isinstance(said, bool) and said > logged else logged
+            begin, logged = _trained(
+                timeline,
+                walk,
+                start=start,
+                first=first,
+                kept_up_to=last - lost,
+                newest_from=newest_from,
+                until=signal if signal is not None and outcome != "running" else end,
+            )
             unlogged = min(last - logged, lost)
-            typical = _median_step(steps)
-            if unlogged and typical is not None:
-                timeline.add("replayed", begin, begin + unlogged * typical)
+            if unlogged and walk.typical is not None:
+                timeline.add("replayed", begin, begin + unlogged * walk.typical)
                 notes.append(
                     f"attempt {n}: its last {unlogged} lost step(s), after step {logged}, have no metrics "
                     f"record (they are written every train.log_every steps): billed as replayed at its "
-                    f"median step time ({typical:.2f}s)"
+                    f"median step time ({walk.typical:.2f}s)"
                 )
         # A running attempt is still training: the time since its last logged step is steps not
         # logged yet (the trainer writes every train.log_every steps), not a shutdown.
@@ -329,7 +465,12 @@ def account_attempt(
         "on_demand_cost": billed_gpu_s / 3600 * on_demand["per_gpu_hour"],
         "price": priced,
     }
-    return cost, first, _interrupted_at(entry, steps, end)
+    recovered = (
+        restarts.recoveries(incarnations, newest_first)
+        if window.end is not None and start is not None
+        else []
+    )
+    return cost, first, _interrupted_at(entry, steps, end), recovered
 
 
 def account(
@@ -346,13 +487,16 @@ def account(
     attempts: list[AttemptCost] = []
     firsts: list[float | None] = []
     stops: list[float] = []
+    in_place: list[list[float]] = []
     for entry in job["attempts"]:
-        cost, first, stopped = account_attempt(entry, metrics, prices, notes, now, warnings)
+        cost, first, stopped, restarted = account_attempt(entry, metrics, prices, notes, now, warnings)
         attempts.append(cost)
         firsts.append(first)
         stops.append(stopped)
+        in_place.append(restarted)
     recovery: list[float] = []
     for i, cost in enumerate(attempts):
+        recovery += in_place[i]  # its restarts in place came before its own end
         if cost["outcome"] in ("completed", "running") or i + 1 == len(attempts):
             continue
         if i > 0 and firsts[i] is None and attempts[i - 1]["outcome"] not in ("completed", "running"):
@@ -365,7 +509,7 @@ def account(
     productive = sum(a["seconds"]["productive"] * a["accelerators"] for a in attempts)
     lost = sum(
         (
-            a["seconds"]["replayed"]
+            _sum(a, ALWAYS_LOST_PHASES)
             + (0.0 if a["outcome"] in ("completed", "running") else _sum(a, LOST_PHASES))
         )
         * a["accelerators"]

@@ -8,16 +8,20 @@ re-labels those phases; it measures nothing again. Per attempt, in wall seconds:
 - ``startup``: its ``startup`` phase (pod start to its first step, the first step's warm-up
   included) less its restore;
 - ``restore``: the resume's checkpoint load, the attempt record's ``restore_s`` (the trainer
-  times ``Checkpointer.load_latest``), no more than its startup, which holds it. An attempt that
-  resumed with no ``restore_s`` (a record from before it) leaves its load in startup, and
-  ``notes`` says so;
+  times ``Checkpointer.load_latest``), no more than its startup, which holds it; and after each
+  in-place restart the next incarnation's load (the ``restore_s`` of ``restarts`` after the
+  first, and the record's own, the newest's), no more than the ``restart`` phase, which holds
+  them. An attempt that resumed with no ``restore_s`` (a record from before it) leaves its load
+  in startup, and ``notes`` says so;
 - ``checkpoint_save``: its ``checkpoint_stall`` (the loop blocked by saves), plus the save part
   of its shutdown where it is known: a completed attempt's whole shutdown (its final checkpoint
   and export), an interrupted attempt's ``emergency_save_s`` (no more than its shutdown);
 - ``lost_progress``: its ``replayed`` phase, the steps after its last committed checkpoint,
   trained again by the next attempt;
 - ``recovery``: the rest of an interrupted (preempted or failed) attempt's shutdown: the drain
-  after the signal, the wait for a hung or failed gang to be ended. Beside it, not billed, the
+  after the signal, the wait for a hung or failed gang to be ended; and the rest of its
+  ``restart`` phase, its restarts in place (the failure's detection, the workers' restart, the
+  gang's re-forming), whatever became of the attempt. Beside it, not billed, the
   wall time from that attempt's end to the launch of the next one (the operator seeing the end
   and relaunching, its back-off) in ``unbilled_gpu_s``, counted on the next attempt's
   accelerators;
@@ -30,12 +34,13 @@ accelerators, the run's billed accelerator-seconds; priced at each attempt's own
 GPU-hour (``AttemptCost.price``), its cost. So the causes' ``gpu_s`` sum to the bill's lost
 GPU-seconds (billed less productive) and their ``cost`` to the bill's cost less the productive
 part. Nothing is counted twice: each billed second lies in one phase, and each phase goes to one
-cause, except startup and shutdown, which are split at a recorded duration. The unbilled
+cause, except startup, restart and shutdown, which are split at a recorded duration. The unbilled
 accelerator-seconds (waiting and the relaunch gap) are outside the bill and outside that sum.
 
 Each interruption's recovery time (``RunCost.recovery_s``, from the signal to the next first
 step) spans several causes: its lost progress after the signal, its recovery, the gap, the
-next attempt's waiting for capacity, startup and restore.
+next attempt's waiting for capacity, startup and restore; an in-place restart's, its recovery
+and restore.
 
 The bill may be one stored in ``job.json`` by another version, so every value is read with a
 check and a bad one counts as 0.
@@ -47,6 +52,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, TypedDict
 
 from trainops.cost.accounting import PHASES
+from trainops.cost.restarts import restores
 
 CAUSES = ("startup", "restore", "checkpoint_save", "lost_progress", "recovery", "waiting_for_capacity")
 CAUSE_LABELS = {
@@ -133,8 +139,14 @@ def attempt_causes(
     """
     phase = _phases(attempt)
     outcome = attempt.get("outcome")
-    restore = min(_num(record.get("restore_s")), phase["startup"])
-    if record.get("resumed_from_step") is not None and "restore_s" not in record:
+    at_startup, in_restarts = restores(record)
+    restore = min(at_startup, phase["startup"])
+    restarted = min(in_restarts, phase["restart"])  # each restart in place's own load
+    if (
+        not record.get("restarts")
+        and record.get("resumed_from_step") is not None
+        and "restore_s" not in record
+    ):
         notes.append(
             f"attempt {attempt.get('attempt')}: resumed from step {record.get('resumed_from_step')} but "
             "its record has no restore_s (a trainer from before it): its checkpoint load counts as startup"
@@ -145,10 +157,10 @@ def attempt_causes(
         save_in_shutdown = min(_num(record.get("emergency_save_s")), phase["shutdown"])
     return {
         "startup": phase["startup"] - restore,
-        "restore": restore,
+        "restore": restore + restarted,
         "checkpoint_save": phase["checkpoint_stall"] + save_in_shutdown,
         "lost_progress": phase["replayed"],
-        "recovery": phase["shutdown"] - save_in_shutdown,
+        "recovery": phase["shutdown"] - save_in_shutdown + phase["restart"] - restarted,
         "waiting_for_capacity": phase["queued"],
     }
 

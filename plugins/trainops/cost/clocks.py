@@ -150,7 +150,14 @@ def attempt_clocks(entry: AttemptEntry, step_times: list[float]) -> AttemptClock
     """
     state: dict[str, Any] = dict(entry.get("state") or {})
     record: dict[str, Any] = dict(entry.get("record") or {})
+    # An attempt restarted in place: its record's own times are its newest incarnation's; the
+    # trainer started with its first (``restarts``, oldest first), and stamped each one's times.
+    earlier = [e for e in record.get("restarts") or [] if isinstance(e, dict)]
+    started = next(
+        (t for t in (epoch(e.get("started_at")) for e in [*earlier, record]) if t is not None), None
+    )
     stamps = [epoch(record.get("first_step_time")), epoch(record.get("signal_time")), *step_times]
+    stamps += [epoch(e.get(key)) for e in earlier for key in ("first_step_time", "ended_at")]
     return AttemptClocks(
         attempt=entry["attempt"],
         cluster=ClusterTimes(
@@ -162,7 +169,7 @@ def attempt_clocks(entry: AttemptEntry, step_times: list[float]) -> AttemptClock
             final=state.get("phase") in FINAL_PHASES,
         ),
         trainer=TrainerTimes(
-            start=epoch(record.get("started_at")),
+            start=started,
             end=epoch(record.get("ended_at")),
             stamps=tuple(t for t in stamps if t is not None),
             stepped=bool(step_times),

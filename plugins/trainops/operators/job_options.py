@@ -19,6 +19,9 @@ OPERATOR_OWNED = {
         f: f"use the operator's {f!r} parameter"
         for f in ("nodes", "gpus_per_node", "image", "namespace", "capacity", "termination_grace_seconds")
     },
+    "restarts_in_place": (
+        "use the training operator's 'restarts_in_place' parameter (a one-process job has no torchrun to restart it)"
+    ),
 }
 
 

@@ -48,6 +48,8 @@ class LaunchSettings:
         instead of deleted.
     :param resources: the pods' ``cpu``, ``memory`` and ``shm_size`` derived from the GPUs and
         the model (:func:`sized`); ``job_options`` override them.
+    :param restarts_in_place: torchrun's restarts of a node's workers in the same pods before
+        the whole gang is relaunched (the JobSpec's ``restarts_in_place``).
     """
 
     nodes: int
@@ -60,6 +62,7 @@ class LaunchSettings:
     disk: Mapping[str, str] = field(default_factory=dict)
     keep_finished_jobs: bool = False
     resources: Mapping[str, str] = field(default_factory=dict)
+    restarts_in_place: int = 0
 
     @property
     def world_size(self) -> int:
@@ -201,6 +204,7 @@ def training_attempt(
         namespace=settings.namespace,
         capacity=capacity,
         termination_grace_seconds=settings.termination_grace_seconds,
+        restarts_in_place=settings.restarts_in_place,
         avoid_nodes=sorted({*avoid_nodes, *_listed_nodes(options.get("avoid_nodes"))}),
         **merge_job_options(
             {k: v for k, v in options.items() if k != "avoid_nodes"},

@@ -18,6 +18,10 @@ its ranks share the cache, ``trainer.checkpoint.node_cache``):
   the whole checkpoint when the number of nodes is not known;
 - the checkpoint being saved: each rank stages its own files before they are uploaded, so the
   node's share of one checkpoint;
+- the node-local tier (``trainer.checkpoint.local_tier``): the node's share of the newest
+  committed checkpoint, kept so that an in-place restart (``restarts_in_place``) or a rollback
+  resumes from local disk; while the next save is staged, it is a second share beside it (the
+  save in flight is linked into the tier, not copied, so no third);
 - the export's consolidated fp32 weights (rank 0, at the end).
 
 A checkpoint holds the fp32 weights and AdamW's two fp32 moments: 12 bytes per parameter.
@@ -60,12 +64,19 @@ class DiskEstimate:
     checkpoint_bytes: int
     resume_bytes: int
     save_bytes: int
+    local_tier_bytes: int  # the newest committed checkpoint's share, kept for in-place restarts
     export_bytes: int
 
     @property
     def cache_bytes(self) -> int:
         """The cache's ``sizeLimit``: the parts with the margin."""
-        parts = self.dataset_bytes + self.resume_bytes + self.save_bytes + self.export_bytes
+        parts = (
+            self.dataset_bytes
+            + self.resume_bytes
+            + self.save_bytes
+            + self.local_tier_bytes
+            + self.export_bytes
+        )
         return parts + max(MIN_MARGIN_BYTES, math.ceil(parts * MARGIN))
 
     @property
@@ -77,8 +88,9 @@ class DiskEstimate:
         """One line for the task log: what was counted."""
         return (
             f"cache {gib(self.cache_bytes)} = dataset {gib(self.dataset_bytes)} + this node's share of "
-            f"the {gib(self.checkpoint_bytes)} checkpoint on resume ({gib(self.resume_bytes)}) and while "
-            f"saving ({gib(self.save_bytes)}) + export {gib(self.export_bytes)} + margin; "
+            f"the {gib(self.checkpoint_bytes)} checkpoint on resume ({gib(self.resume_bytes)}), while "
+            f"saving ({gib(self.save_bytes)}) and kept on the node-local tier ({gib(self.local_tier_bytes)}) "
+            f"+ export {gib(self.export_bytes)} + margin; "
             f"ephemeral-storage request {gib(self.request_bytes)}"
         )
 
@@ -127,6 +139,7 @@ def estimate(
         checkpoint_bytes=checkpoint,
         resume_bytes=resume,
         save_bytes=share,
+        local_tier_bytes=share,  # the newest committed checkpoint, beside the save in flight
         export_bytes=params * EXPORT_BYTES_PER_PARAM,
     )
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trainer.config import dump_yaml
@@ -22,6 +21,7 @@ from trainops.operators.base import DEFAULT_IMAGE, ClusterJobOperator, TaskIdent
 from trainops.operators.deadlines import waiting_failed
 from trainops.operators.fail_fast import fail_fast
 from trainops.operators.launch_plan import LaunchSettings, checked_run_config, manifests_of
+from trainops.operators.train_record import OperatorCall as _Call
 from trainops.recovery import driver
 from trainops.recovery.notice import grace_warning
 from trainops.triggers.events import check_event
@@ -31,16 +31,6 @@ if TYPE_CHECKING:
     from trainops.cluster.base import JobHandle
     from trainops.operators.launch_plan import AttemptLaunch
     from trainops.recovery.record import Budgets, JobRecord
-
-
-@dataclass(frozen=True)
-class _Call:
-    """One call of the operator: Airflow's context, storage, the run's layout, the task."""
-
-    context: Any
-    store: Storage
-    layout: RunLayout
-    identity: TaskIdentity
 
 
 class FSDPTrainingOperator(ClusterJobOperator):
@@ -79,6 +69,11 @@ class FSDPTrainingOperator(ClusterJobOperator):
         the DAG is parsed)
     :param max_infra_retries: relaunches allowed after infrastructure failures (image pull,
         no node found), each after a back-off of 30 s doubling up to 10 min; an integer >= 0.
+    :param restarts_in_place: how often torchrun restarts a node's worker processes in the same
+        pod after one of them died or raised (its ``--max-restarts``), an integer from 0 to 10:
+        the gang re-forms and resumes from the newest checkpoint, read from the node-local tier
+        where the node holds it, without new pods. Once they are spent, torchrun exits and the
+        whole gang is relaunched, as every failure is with 0, which turns them off.
     :param fallback_after: with ``spot-then-on-demand``, preemptions before moving to on-demand
         (None, or an integer >= 1).
         The move also happens when spot pods stay unschedulable past ``unschedulable_timeout``.
@@ -151,6 +146,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
         capacity: str = "spot",
         max_preemptions: int = 3,
         max_infra_retries: int = 2,
+        restarts_in_place: int = 2,
         fallback_after: int | None = None,
         unschedulable_timeout: float = 900,
         image: str = DEFAULT_IMAGE,
@@ -191,6 +187,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
         self.nodes, self.gpus_per_node = nodes, gpus_per_node
         self.capacity, self.max_preemptions = capacity, max_preemptions
         self.max_infra_retries = params.as_int("max_infra_retries", max_infra_retries, minimum=0)
+        self.restarts_in_place = train_settings.checked_restarts(restarts_in_place)
         self.fallback_after = params.optional_int("fallback_after", fallback_after, minimum=1)
         self.termination_grace_seconds = params.as_int(
             "termination_grace_seconds", termination_grace_seconds, minimum=1
@@ -256,6 +253,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
             termination_grace_seconds=self.termination_grace_seconds,
             job_options=self.job_options,
             inject_preemption=self.inject_preemption,
+            restarts_in_place=self.restarts_in_place,
         )
 
     def _run(self, context: Mapping[str, Any]) -> tuple[Storage, RunLayout, TaskIdentity]:

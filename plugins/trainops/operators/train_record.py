@@ -6,6 +6,7 @@ storage edge."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from trainer.contract import RunLayout
@@ -25,6 +26,16 @@ from trainops.recovery.record import (
     record_launched,
     start_record,
 )
+
+
+@dataclass(frozen=True)
+class OperatorCall:
+    """One call of the training operator: Airflow's context, storage, the run's layout, the task."""
+
+    context: Any
+    store: Storage
+    layout: RunLayout
+    identity: TaskIdentity
 
 
 def read_job(store: Storage, layout: RunLayout, identity: TaskIdentity) -> JobRecord | None:

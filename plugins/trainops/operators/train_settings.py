@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from trainops.cluster.spec import CAPACITIES
+from trainops.cluster.spec import CAPACITIES, MAX_RESTARTS_IN_PLACE
 from trainops.operators.job_options import check_renders
-from trainops.operators.params import as_int
+from trainops.operators.params import ParameterError, as_int
 
 
 def checked_sizing(
@@ -33,3 +33,17 @@ def checked_sizing(
         cluster, nodes=nodes, gpus_per_node=gpus_per_node, capacity=capacity, **job_fields, **job_options
     )
     return nodes, gpus_per_node, max_preemptions
+
+
+def checked_restarts(restarts_in_place: Any) -> int:
+    """``restarts_in_place`` (torchrun's restarts of a node's workers in place) as an integer
+    from 0 to :data:`~trainops.cluster.spec.MAX_RESTARTS_IN_PLACE`; ParameterError naming the
+    value and what to pass otherwise."""
+    count = as_int("restarts_in_place", restarts_in_place, minimum=0)
+    if count > MAX_RESTARTS_IN_PLACE:
+        raise ParameterError(
+            f"restarts_in_place must be an integer from 0 to {MAX_RESTARTS_IN_PLACE}, got {count}: a failure "
+            "that outlasts a few restarts in the same pods is better met by relaunching the whole gang "
+            "elsewhere; pass a few, such as 2 (the default), or 0 to relaunch the gang on every failure"
+        )
+    return count

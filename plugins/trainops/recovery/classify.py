@@ -83,14 +83,67 @@ def notice_reason(notice: Mapping[str, Any]) -> str:
     return f"the cloud's notice ({notice.get('provider')} {notice.get('event')}{ahead}){after}"
 
 
+# An in-place restart's error as the reason quotes it: its first line, this long at most.
+RESTART_ERROR_CHARS: Final = 120
+
+
+def _restart_cause(entry: Mapping[str, Any]) -> str:
+    """One earlier incarnation's failure in a few words: ``network: <error>``, or ``no record``
+    when it left none."""
+    if entry.get("outcome") == "unknown":
+        return "no record"
+    cause = str(entry.get("cause") or "failed")
+    error = entry.get("error")
+    if not isinstance(error, str) or not error.strip():
+        return cause
+    line = error.strip().splitlines()[0]
+    short = line if len(line) <= RESTART_ERROR_CHARS else line[: RESTART_ERROR_CHARS - 3] + "..."
+    return f"{cause}: {short}"
+
+
+def restart_note(record: Mapping[str, Any] | None) -> str | None:
+    """An attempt's in-place restarts (torchrun's, ``restarts_in_place``) and where its resume
+    read its checkpoint, in words for its reason: ``restarted in place 2× (network: NCCL
+    timeout, then no record); resumed from the node-local tier: 3 of 3 files``. None when it
+    restarted nothing and read nothing from the node-local tier (a record from before these
+    fields, or a plain resume from storage after a relaunch)."""
+    if not isinstance(record, Mapping):
+        return None
+    restarts = [e for e in record.get("restarts") or [] if isinstance(e, Mapping)]
+    parts = []
+    if restarts:
+        causes = ", then ".join(_restart_cause(e) for e in restarts)
+        parts.append(f"restarted in place {len(restarts)}× ({causes})")
+    files = record.get("restore_files")
+    files = files if isinstance(files, Mapping) else {}
+    local, fetched = (files.get(k) for k in ("local", "storage"))
+    local = local if isinstance(local, int) and not isinstance(local, bool) and local > 0 else 0
+    fetched = fetched if isinstance(fetched, int) and not isinstance(fetched, bool) and fetched > 0 else 0
+    total = local + fetched
+    if local:
+        rest = f" ({fetched} from storage)" if fetched else ""
+        parts.append(f"resumed from the node-local tier: {local} of {total} files{rest}")
+    elif restarts and total:
+        parts.append(f"resumed from storage: {total} of {total} files (none on the node-local tier)")
+    return "; ".join(parts) or None
+
+
 def classify_attempt(state: JobState, record: AttemptRecord | None, logs_tail: str | None = None) -> Verdict:
-    """Classify one finished attempt.
+    """Classify one finished attempt; the reason ends with its in-place restarts and where its
+    resume read from, when there is something to say (:func:`restart_note`).
 
     :param state: the backend's final job state (``phase``, ``reason``, ``nodes``, ``disruptions``).
     :param record: the attempt record the trainer wrote, or None if it could not write one.
     :param logs_tail: the attempt's last log lines (None: not read); without a record, they
         may show the NCCL watchdog's abort (:data:`COLLECTIVE_ABORT_MARKS`).
     """
+    verdict = _classified(state, record, logs_tail)
+    note = restart_note(record)
+    return {**verdict, "reason": f"{verdict['reason']}; {note}"} if note else verdict
+
+
+def _classified(state: JobState, record: AttemptRecord | None, logs_tail: str | None) -> Verdict:
+    """:func:`classify_attempt` without the restart note."""
     outcome = record.get("outcome") if record is not None else None
     disruptions = state.get("disruptions") or []
     if outcome == "completed":

@@ -31,6 +31,13 @@ such a pause is not a hang, and a hang inside it is still caught, later. A heart
 rule, ``max(10 min, 20 x the median step time)``, so a triggerer upgraded during a run never
 finds a hang earlier than before.
 
+An in-place restart (torchrun's ``restarts_in_place``) is the same attempt and the same
+heartbeat object: the failed incarnation's last beat stands while the gang re-forms, then the new
+incarnation's loop beats from its checkpoint step, lower than the step last beaten, with no step
+of its own yet. Only times count here, never step numbers, so that beat is a new start and gets
+the startup allowance; the silence before it must fit in the limit in force (30 s at least), or
+be marked ``busy``, as a save is.
+
 The idle time is counted from the heartbeat's step (or the start or end of a busy operation,
 whichever is later), but never from before the watch could see: after an outage of the
 heartbeat's storage (which the trainer's writes met too), or a triggerer restart, the clock

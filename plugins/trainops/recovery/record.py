@@ -8,6 +8,7 @@ accounting read the same fields back.
 """
 
 # No ``from __future__ import annotations``: TypedDict reads its annotations at run time.
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict, cast
 
 from trainops.cluster.base import JobHandle, JobState
@@ -330,11 +331,22 @@ def node_types(state: JobState) -> list[NodeType]:
     ]
 
 
+def restarts_steps_lost(record: Mapping[str, Any] | None) -> int:
+    """Steps the attempt's earlier incarnations lost to its in-place restarts (its record's
+    ``restarts``: each restart resumed from the newest checkpoint and replayed the steps after
+    it); 0 without any."""
+    restarts = record.get("restarts") if isinstance(record, Mapping) else None
+    entries = [e for e in restarts if isinstance(e, Mapping)] if isinstance(restarts, list) else []
+    lost = [e.get("steps_lost") for e in entries]
+    return sum(n for n in lost if isinstance(n, int) and not isinstance(n, bool) and n > 0)
+
+
 def steps_lost(record: AttemptRecord | None, progress: Progress | None) -> int:
-    """Steps the attempt trained after its last committed checkpoint: the next attempt replays
-    them. From the trainer's record; without one (SIGKILL), from what storage shows."""
+    """Steps the attempt trained after a committed checkpoint and threw away: those after its
+    last one (the next attempt replays them) and those its in-place restarts replayed. From the
+    trainer's record; without one (SIGKILL), from what storage shows."""
     if record is not None:
-        return int(record["steps_lost"])
+        return int(record["steps_lost"]) + restarts_steps_lost(record)
     if progress is None:
         return 0
     return max(0, progress["last_step"] - progress["committed_step"])

@@ -50,6 +50,7 @@ PHASE_COLOURS = {
     "startup": "#e69f00",
     "productive": "#009e73",
     "replayed": "#d55e00",
+    "restart": "#0072b2",
     "checkpoint_stall": "#56b4e9",
     "shutdown": "#cc79a7",
 }
@@ -58,6 +59,7 @@ PHASE_LABELS = {
     "startup": "startup",
     "productive": "productive",
     "replayed": "replayed",
+    "restart": "restart in place",
     "checkpoint_stall": "checkpoint stall",
     "shutdown": "shutdown",
 }
@@ -222,14 +224,18 @@ def svg_timeline(cost: dict[str, Any]) -> str:
                 f'd="M{x:.2f} {y - 1:.1f}l-5 -7h10zM{x - 0.75:.2f} {y - 1:.1f}h1.5v{_BAR_H + 2}h-1.5z" '
                 f'fill="#000"><title>attempt {number} preempted</title></path>'
             )
-    out.append(_legend(bottom + 48))
+    restarted = any(phase == "restart" for _, spans in rows for phase, _, _ in spans)
+    out.append(_legend(bottom + 48, restarted))
     return "".join(out) + "</svg>"
 
 
-def _legend(y: float) -> str:
-    """The phases' colours, then the preemption mark, on one row below the axis."""
+def _legend(y: float, restarted: bool = False) -> str:
+    """The phases' colours (a restart in place's only where there was one), then the
+    preemption mark, on one row below the axis."""
     out, x = [], 8.0
     for phase, colour in PHASE_COLOURS.items():
+        if phase == "restart" and not restarted:
+            continue
         label = PHASE_LABELS[phase]
         out.append(
             f'<rect x="{x:.1f}" y="{y - 9:.1f}" width="12" height="10" fill="{colour}"/>'
@@ -255,7 +261,7 @@ def _price_cells(attempt: dict[str, Any]) -> list[str]:
     return cells if price.get("known") is not False else [f'<span class="fail">{c}</span>' for c in cells]
 
 
-_PHASE_COLUMNS = ("productive", "replayed", "startup", "checkpoint_stall", "shutdown", "queued")
+_PHASE_COLUMNS = ("productive", "replayed", "restart", "startup", "checkpoint_stall", "shutdown", "queued")
 
 
 def _outcome(attempt: dict[str, Any]) -> str:
@@ -269,13 +275,16 @@ def cost_table(cost: dict[str, Any]) -> str:
     wall time of each phase, and the money (HTML). Two narrow tables rather than one wide one,
     so that both fit a laptop's window."""
     attempts = dicts(cost.get("attempts"))
+    totals = _dict(cost.get("seconds"))
+    restarted = (_num(totals.get("restart")) or 0) > 0  # its column only where a restart in place was
+    columns = tuple(p for p in _PHASE_COLUMNS if p != "restart" or restarted)
     time_header = [
         "Attempt (time by phase)",
         "Capacity",
         "Instance type",
         "GPUs",
         "Outcome",
-        *(escape(PHASE_LABELS[p][0].upper() + PHASE_LABELS[p][1:]) for p in _PHASE_COLUMNS),
+        *(escape(PHASE_LABELS[p][0].upper() + PHASE_LABELS[p][1:]) for p in columns),
     ]
     money_header = [
         "Attempt (money)",
@@ -299,7 +308,7 @@ def cost_table(cost: dict[str, Any]) -> str:
                 escape(a.get("instance_type") or "unknown"),
                 escape(a.get("accelerators", "-")),
                 _outcome(a),
-                *(escape(duration(seconds.get(p))) for p in _PHASE_COLUMNS),
+                *(escape(duration(seconds.get(p))) for p in columns),
             ]
         )
         money_rows.append(
@@ -312,7 +321,6 @@ def cost_table(cost: dict[str, Any]) -> str:
                 escape(money(on_demand - cost_ if cost_ is not None and on_demand is not None else None)),
             ]
         )
-    totals = _dict(cost.get("seconds"))
     total = "<strong>Total</strong>"
     time_rows.append(
         [
@@ -321,7 +329,7 @@ def cost_table(cost: dict[str, Any]) -> str:
             "",
             "",
             escape(f"{len(attempts)} attempt(s)"),
-            *(escape(duration(totals.get(p))) for p in _PHASE_COLUMNS),
+            *(escape(duration(totals.get(p))) for p in columns),
         ]
     )
     money_rows.append(

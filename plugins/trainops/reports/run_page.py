@@ -87,11 +87,15 @@ def _outcome(value: object) -> str:
 def _run_summary(uri: str, job: dict, final: dict | None, metrics_uri: str | None) -> str:
     attempts = dicts(job.get("attempts"))
     lost = [a["steps_lost"] for a in attempts if _finite(a.get("steps_lost"))]
+    records = [a["record"] for a in attempts if isinstance(a.get("record"), dict)]
+    restarts = sum(len(dicts(r.get("restarts"))) for r in records)
     rows = [
         ("Status", _outcome(job.get("status", "unknown"))),
         ("Attempts", scalar(len(attempts))),
         ("Preemptions", scalar(job.get("preemptions"))),
         ("Infrastructure failures", scalar(job.get("infra_failures"))),
+        # torchrun's restarts of failed workers inside an attempt's pods (each attempt's reason says why)
+        ("Restarts in place", scalar(restarts) if restarts else None),
         ("Steps lost to interruptions", scalar(sum(lost)) if lost else None),
         ("Hang timeout", _hang_limit(attempts)),
         ("Last logged step", scalar(final["step"]) if final else None),

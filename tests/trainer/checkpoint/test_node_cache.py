@@ -129,3 +129,23 @@ def test_a_crash_mid_download_leaves_only_a_temporary_file_which_the_next_fetch_
     assert node_cache.fetch(open_storage(uri), uri, path, sha256=sha) is True
     assert sorted(p.name for p in path.parent.iterdir()) == [".a.bin.lock", ".a.bin.verified", "a.bin"]
     assert path.read_bytes() == b"half and the rest"
+
+
+def test_a_file_written_in_place_after_it_was_verified_is_fetched_again(tmp_path):
+    # A checkpoint file in the node-local tier can share its inode with the one in file://
+    # storage (a hard link): a write into either, keeping the size, must not pass as verified.
+    uri, sha = stored(tmp_path, b"shard bytes")
+    path = tmp_path / "cache" / "a.bin"
+    path.parent.mkdir()
+    path.write_bytes(b"shard bytes")
+    node_cache.record_verified(path, 11, sha)
+    assert node_cache.is_verified(path, sha, 11)
+    storage = Counting(open_storage(uri))
+    assert node_cache.fetch(storage, uri, path, sha256=sha, size=11) is False and storage.downloads == []
+    stat = path.stat()
+    with open(path, "r+b") as f:  # in place: same inode, same size, other bytes
+        f.write(b"SHARD")
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))  # coarse clocks: make it move
+    assert not node_cache.is_verified(path, sha, 11)
+    assert node_cache.fetch(storage, uri, path, sha256=sha, size=11) is True
+    assert path.read_bytes() == b"shard bytes" and storage.downloads == [uri]

@@ -54,6 +54,8 @@ def test_a_failed_record_says_its_cause_and_older_records_without_one_still_pars
         "restore_s",
         "notice",
         "rollbacks",
+        "restarts",
+        "restore_files",
     }
     node = attempt_record(
         attempt=1, outcome="failed", last_step=0, checkpoint_step=None, world_size=2, cause="node"

@@ -16,6 +16,7 @@ from trainer.runtime.heartbeat import (
     beats,
     every_s_from,
     p99,
+    restarting,
 )
 from trainer.storage import StorageUnavailable, open_storage
 
@@ -223,3 +224,19 @@ def test_p99_is_the_nearest_rank_and_the_slowest_of_few():
     assert p99([]) is None
     assert p99([0.3, 0.1, 0.2]) == 0.3
     assert p99([float(i) for i in range(1, 201)]) == 198.0
+
+
+def test_a_restarted_incarnation_marks_itself_busy_before_its_setup(tmp_path, monkeypatch, caplog):
+    # the watch then gives it the startup allowance, not the pace of the incarnation that died
+    run = (tmp_path / "run").as_uri()
+    assert restarting(run, 3, 20, clock=lambda: 1000.0) is True
+    beat = parse_heartbeat(json.loads(open_storage(run).get(RunLayout(run).heartbeat(3))))
+    assert (beat["step"], beat["steps"], beat["time"]) == (20, 0, 1000.0)
+    assert (beat["busy"], beat["busy_since"], beat["busy_ended"]) == ("restart in place", 1000.0, None)
+
+    def refused(*args, **kwargs):
+        raise StorageUnavailable("storage: write kept failing (503 SlowDown)")
+
+    monkeypatch.setattr("trainer.runtime.heartbeat.open_storage", refused)
+    assert restarting(run, 3, 20) is False  # logged; the restart goes on
+    assert "heartbeat of the restart not written" in caplog.text

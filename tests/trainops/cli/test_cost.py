@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.trainops.cost.fixtures import FIXTURE_PRICES, one_preemption_job
+from tests.trainops.cost.fixtures import FIXTURE_PRICES, one_preemption_job, one_restart_job
 from trainer.contract import RunLayout, metrics_part_name
 from trainer.storage import open_storage
 from trainops.cli.cost import run_cost
@@ -64,6 +64,34 @@ def test_a_run_that_ended_since_this_version_prints_its_stored_bill(run, capsys)
     out = capsys.readouterr().out
     assert "prices: as priced when the run ended" in out
     assert f"estimated cost                            ${cost['cost']:.2f}" in out
+
+
+def test_a_run_restarted_in_place_shows_the_restart_and_its_recovery(tmp_path, capsys):
+    job, metrics = one_restart_job()
+    layout = RunLayout((tmp_path / "runs" / "nightly" / "r2" / "train").as_uri())
+    store = open_storage(layout.run_uri)
+    store.put_json(layout.job, {**job, "run_uri": layout.run_uri})
+    body = "".join(json.dumps(r) + "\n" for r in metrics)
+    store.put(f"{layout.metrics_parts}/{metrics_part_name(1, 1)}", body.encode())
+    assert main(["cost", layout.run_uri]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split("  ")[0]: line.split() for line in out.splitlines()}
+    assert lines["restart in place"][-3:] == ["13.0", "13.0", "0.0289"]  # s, total, GPU-h (13 x 8)
+    assert lines["replayed (steps lost)"][-3:] == ["5.0", "5.0", "0.0111"]
+    assert "recovery time (signal -> next first step) 10.0s" in out
+    assert lines["recovery"][1:3] == ["9.0", "72.0"]  # the restart less its 4 s restore, x 8 GPUs
+
+
+def test_a_run_without_a_restart_in_place_has_no_such_row(run, capsys):
+    layout, store = run
+    job = store.get_json(layout.job)
+    cost = account(job, [], FIXTURE_PRICES)
+    cost["seconds"].pop("restart")  # a bill stored before in-place restarts
+    for attempt in cost["attempts"]:
+        attempt["seconds"].pop("restart")
+    store.put_json(layout.job, {**job, "cost": dict(cost)})
+    assert main(["cost", layout.run_uri]) == 0
+    assert "restart in place" not in capsys.readouterr().out
 
 
 def test_prices_from_a_file_are_laid_over_the_shipped_table(run, tmp_path, capsys):

@@ -114,3 +114,22 @@ def test_a_preemption_by_the_clouds_notice_says_which_notice():
     assert attempt_line(noticed) == (
         "attempt 1 preempted at step 55 (spot notice: gce instance/preempted: TRUE); resuming from checkpoint step 55"
     )
+
+
+def test_an_attempt_restarted_in_place_says_so_on_its_line():
+    restarts = [{"restart": 0, "outcome": "failed", "cause": "network", "error": "NCCL timeout"}]
+    done = {
+        "attempt": 1,
+        "status": "ended",
+        "classification": "succeeded",
+        "record": {"last_step": 120, "restarts": restarts, "restore_files": {"local": 2, "storage": 0}},
+    }
+    assert attempt_line(done, 120) == (
+        "attempt 1 completed at step 120/120; restarted in place 1× (network: NCCL timeout); "
+        "resumed from the node-local tier: 2 of 2 files"
+    )
+    preempted = {**PREEMPTED, "record": {**PREEMPTED["record"], "restarts": restarts}}
+    assert attempt_line(preempted) == (
+        "attempt 1 preempted at step 55 (injected SIGTERM); restarted in place 1× (network: NCCL timeout); "
+        "resuming from checkpoint step 55"
+    )

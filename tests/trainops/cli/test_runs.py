@@ -75,6 +75,22 @@ def test_logs_print_each_attempts_tail(root, capsys):
     assert "no log kept yet" in capsys.readouterr().out
 
 
+def test_logs_say_an_attempts_restarts_in_place_above_its_tail(root, capsys):
+    file_root, _ = root
+    restarts = [{"restart": 0, "outcome": "failed", "cause": "node", "error": "no GPU 3"}]
+    run = write_run(
+        file_root,
+        "nightly",
+        "manual__2026-12-09T00:00:00+00:00",
+        status="succeeded",
+        attempts=[attempt(1, "succeeded", "completed: 100 steps", record={"restarts": restarts})],
+    )
+    assert run_verb(["logs", run]) == 0
+    out = capsys.readouterr().out
+    assert "== attempt 1: succeeded (train-0123abcd-a1, " in out
+    assert "; restarted in place 1× (node: no GPU 3)\ncompleted: 100 steps" in out
+
+
 def test_logs_follow_a_live_run_until_it_ends(root, capsys, monkeypatch):
     file_root, _ = root
     polls = []

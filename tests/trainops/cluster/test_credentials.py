@@ -80,6 +80,7 @@ def test_names_with_any_prefix_and_suffix_say_credential(name):
         "NCCL_IB_HCA",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING",
         "PYTHONUNBUFFERED",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
         "HF_HOME",
         "HF_HUB_ENABLE_HF_TRANSFER",
         "WANDB_PROJECT",

@@ -147,3 +147,18 @@ def test_avoid_nodes_must_be_node_names():
     assert JobSpec(name="x", args=["python"], avoid_nodes=["ip-10-0-1-2.ec2.internal"]).avoid_nodes
     with _pytest.raises(JobSpecError, match="avoid_nodes"):
         JobSpec(name="x", args=["python"], avoid_nodes=["bad name!"])
+
+
+@pytest.mark.parametrize("value", [-1, 11, True, "2", 1.0, None])
+def test_restarts_in_place_must_be_a_small_whole_number(value):
+    with pytest.raises(
+        JobSpecError, match=re.escape(f"restarts_in_place must be an integer from 0 to 10, got {value!r}")
+    ):
+        spec(restarts_in_place=value)
+
+
+def test_restarts_in_place_default_to_none_and_read_back_from_the_json_form():
+    assert spec().restarts_in_place == 0
+    assert JobSpec.from_dict(spec(restarts_in_place=3).to_dict()).restarts_in_place == 3
+    old = {k: v for k, v in spec().to_dict().items() if k != "restarts_in_place"}  # a job.json from before it
+    assert JobSpec.from_dict(old).restarts_in_place == 0

@@ -231,7 +231,15 @@ def one_preemption_cost() -> "RunCost":
         "preempted",
         30,
         160,
-        {"queued": 30, "startup": 60, "productive": 50, "replayed": 10, "checkpoint_stall": 4, "shutdown": 6},
+        {
+            "queued": 30,
+            "startup": 60,
+            "productive": 50,
+            "replayed": 10,
+            "restart": 0,
+            "checkpoint_stall": 4,
+            "shutdown": 6,
+        },
         [
             _span("queued", 0, 30),
             _span("startup", 30, 90),
@@ -248,7 +256,15 @@ def one_preemption_cost() -> "RunCost":
         "completed",
         190,
         314,
-        {"queued": 20, "startup": 40, "productive": 70, "replayed": 0, "checkpoint_stall": 4, "shutdown": 10},
+        {
+            "queued": 20,
+            "startup": 40,
+            "productive": 70,
+            "replayed": 0,
+            "restart": 0,
+            "checkpoint_stall": 4,
+            "shutdown": 10,
+        },
         [
             _span("queued", 170, 190),
             _span("startup", 190, 230),
@@ -273,6 +289,7 @@ def one_preemption_cost() -> "RunCost":
             "startup": 100,
             "productive": 120,
             "replayed": 10,
+            "restart": 0,
             "checkpoint_stall": 8,
             "shutdown": 16,
         },
@@ -289,3 +306,86 @@ def one_preemption_cost() -> "RunCost":
         "notes": [],
         "warnings": [],
     }
+
+
+def one_restart_job() -> tuple["JobRecord", list[dict[str, Any]]]:
+    """One attempt (1 node x 8 GPUs, completed) that torchrun restarted in place once, and its
+    metrics records (seconds after ``T0``; every step 1 s, a checkpoint every 20 steps that
+    blocks the loop 2 s, the metrics written every step but the last two before the crash):
+
+    incarnation 0                          incarnation 1 (resumed from step 20)
+      0  launched (queued 10 s)             72  started, its restore takes 4 s
+     10  pod started (startup 30 s)         80  first step (21) begins
+     40  first step begins                 100  step 40 ends, save blocks 2 s
+     60  step 20 ends, save blocks 2 s     112  step 50 ends (final save, export: 6 s)
+     65  step 23 ends (the last recorded)  118  pod ended
+     67  step 25 ends, a rank dies: 21..25 are lost
+     70  it ends (network)
+
+    It bills 108 s: startup 30, productive 50, checkpoint_stall 4, replayed 5 (21..23 as logged,
+    24..25 at the median step time), restart 13 (67 -> 80), shutdown 6. Its restart's recovery is
+    80 - 70 = 10 s.
+    """
+    restart = {
+        "restart": 0,
+        "outcome": "failed",
+        "cause": "network",
+        "error": "DistBackendError: NCCL timeout",
+        "last_step": 25,
+        "checkpoint_step": 20,
+        "steps_lost": 5,
+        "started_at": iso(15),
+        "ended_at": iso(70),
+        "first_step_time": T0 + 40,
+        "restore_s": None,
+    }
+    entry = attempt_entry(
+        1,
+        0,
+        120,
+        state={
+            "phase": "succeeded",
+            "reason": None,
+            "nodes": [{**_node(), "pod": "train-0a1b2c3d-a1-0", "exit_code": 0}],
+            "disruptions": [],
+            "start_time": T0 + 10,
+            "gang_start_time": T0 + 12,
+            "end_time": T0 + 118,
+        },
+        record={
+            "format": "trainops.attempt/v1",
+            "attempt": 1,
+            "outcome": "completed",
+            "last_step": 50,
+            "checkpoint_step": 50,
+            "steps_lost": 0,
+            "resumed_from_step": 20,
+            "world_size": GPUS,
+            "signal": None,
+            "hint": None,
+            "error": None,
+            "started_at": iso(72),
+            "ended_at": iso(118),
+            "first_step_time": T0 + 80,
+            "restore_s": 4.0,
+            "restarts": [restart],
+            "restore_files": {"local": 8, "storage": 0},
+        },
+        steps_lost=5,  # the entry counts its restart's lost steps (trainops.recovery.record)
+        decision={"action": "finish", "capacity": "spot", "reason": "completed"},
+        classification="succeeded",
+        reason="the trainer completed every step; restarted in place 1× (network: DistBackendError: NCCL timeout)",
+    )
+    job = {
+        "run_uri": RUN_URI,
+        "config_uri": f"{RUN_URI}/config.yaml",
+        "cluster": "kubernetes",
+        "capacity": "spot",
+        "preemptions": 0,
+        "infra_failures": 0,
+        "status": "succeeded",
+        "attempts": [entry],
+        "budget": {"from_attempt": 1, "preemptions": 0, "infra_failures": 0},
+    }
+    metrics = step_records(1, 1, 23, 40, {20: 2.0}) + step_records(1, 21, 50, 80, {40: 2.0})
+    return job, metrics  # type: ignore[return-value]

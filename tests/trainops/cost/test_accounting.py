@@ -19,6 +19,7 @@ from tests.trainops.cost.fixtures import (
     iso,
     one_preemption_cost,
     one_preemption_job,
+    one_restart_job,
     step_records,
 )
 from trainops.cost.accounting import PHASES, account, epoch, stored_cost
@@ -459,3 +460,119 @@ def test_a_pod_start_and_an_operator_end_months_apart_are_never_billed_together(
         cost["notes"]
     )
     assert cost["billed_gpu_hours"] == pytest.approx(124 * GPUS / 3600)  # attempt 2 alone
+
+
+def spans_of(attempt):
+    return [(s["phase"], round(s["start"] - T0, 6), round(s["end"] - T0, 6)) for s in attempt["spans"]]
+
+
+def test_an_in_place_restart_is_its_own_phase_and_its_lost_steps_are_replayed():
+    job, metrics = one_restart_job()
+    cost = account(job, metrics, FIXTURE_PRICES)
+    (only,) = cost["attempts"]
+    assert spans_of(only) == [
+        ("queued", 0, 10),
+        ("startup", 10, 40),  # up to the first incarnation's first step, not the newest's
+        ("productive", 40, 60),
+        ("checkpoint_stall", 60, 62),
+        ("replayed", 62, 67),  # 21..23 as recorded, then 24 and 25 at the median step time
+        ("restart", 67, 80),
+        ("productive", 80, 100),
+        ("checkpoint_stall", 100, 102),
+        ("productive", 102, 112),
+        ("shutdown", 112, 118),
+    ]
+    assert only["seconds"] == seconds(
+        queued=10, startup=30, productive=50, replayed=5, restart=13, checkpoint_stall=4, shutdown=6
+    )
+    assert only["billed_gpu_s"] == pytest.approx(108 * GPUS)
+    assert cost["recovery_s"] == [pytest.approx(10.0)]  # its end (70) to the next first step (80)
+    # a completed attempt loses its restart and what it replayed
+    assert cost["lost_gpu_hours"] == pytest.approx((5 + 13) * GPUS / 3600)
+    assert cost["goodput"] == pytest.approx(50 / 108)
+    assert cost["warnings"] == []  # the trainer started with its first incarnation, not at 72
+    assert cost["notes"] == [
+        "attempt 1: the last 2 lost step(s) before its restart in place 1, after step 23, have no "
+        "metrics record: billed as replayed at its median step time (1.00s)"
+    ]
+
+
+def test_a_restart_ten_minutes_in_keeps_the_trainers_clock_in_agreement():
+    job, metrics = one_restart_job()
+    late = 600.0  # the newest incarnation started long after the pods did
+    record = job["attempts"][0]["record"]
+    record["started_at"] = iso(72 + late)
+    assert record["restarts"][0]["started_at"] == iso(15)
+    cost = account(job, metrics, FIXTURE_PRICES)
+    assert cost["warnings"] == []
+    assert cost["attempts"][0]["seconds"]["productive"] == 50  # its steps stay where they ran
+
+
+def test_a_restart_whose_next_incarnation_never_stepped_lasts_to_the_attempts_end():
+    """torchrun had one restart in place; the restarted gang failed on storage while it resumed."""
+    job, metrics = one_restart_job()
+    entry = job["attempts"][0]
+    entry["state"].update(phase="failed", end_time=T0 + 78)
+    entry["record"].update(
+        outcome="failed",
+        cause="storage",
+        last_step=20,
+        checkpoint_step=20,
+        steps_lost=0,
+        ended_at=iso(76),
+        first_step_time=None,
+    )
+    entry["classification"] = "infra"
+    cost = account(job, [r for r in metrics if r["time"] <= T0 + 65], FIXTURE_PRICES)
+    (only,) = cost["attempts"]
+    assert spans_of(only)[-2:] == [("replayed", 62, 67), ("restart", 67, 78)]  # to the pod's end
+    assert only["seconds"] == seconds(
+        queued=10, startup=30, productive=20, replayed=5, restart=11, checkpoint_stall=2
+    )
+    assert cost["recovery_s"] == []  # no first step came after it
+
+
+def test_a_running_attempt_has_no_record_yet_so_a_restart_shows_only_once_it_ended():
+    """The trainer writes its record, restarts included, when the attempt ends: until then a
+    restart in place reads as the steps not logged yet."""
+    job, metrics = one_restart_job()
+    entry = job["attempts"][0]
+    for key in ("ended_at", "classification", "decision", "steps_lost"):
+        entry.pop(key)
+    entry["record"] = None
+    entry["state"] = {
+        "phase": "running",
+        "reason": None,
+        "nodes": [],
+        "disruptions": [],
+        "start_time": T0 + 10,
+    }
+    job["status"] = "running"
+    cost = account(job, [r for r in metrics if r["time"] <= T0 + 65], FIXTURE_PRICES, now=T0 + 75)
+    assert cost["attempts"][0]["seconds"] == seconds(queued=10, startup=30, productive=33, checkpoint_stall=2)
+
+
+def test_a_first_incarnation_that_failed_before_its_first_step_is_startup_then_restart():
+    """The gang failed in its setup (a peer's NCCL init), torchrun restarted it, and the
+    restarted gang trained every step: 10 startup 25 restart 40, then 50 steps and 2 saves."""
+    job, _ = one_restart_job()
+    entry = job["attempts"][0]
+    entry["state"]["end_time"] = T0 + 100
+    record = entry["record"]
+    record["restarts"][0].update(
+        last_step=0, checkpoint_step=None, steps_lost=0, ended_at=iso(25), first_step_time=None
+    )
+    record.update(started_at=iso(27), first_step_time=T0 + 40, resumed_from_step=None, restore_s=None)
+    entry["steps_lost"] = 0
+    cost = account(job, step_records(1, 1, 50, 40, {20: 2.0, 40: 2.0}), FIXTURE_PRICES)
+    (only,) = cost["attempts"]
+    assert spans_of(only)[:4] == [
+        ("queued", 0, 10),
+        ("startup", 10, 25),
+        ("restart", 25, 40),
+        ("productive", 40, 60),
+    ]
+    assert only["seconds"] == seconds(
+        queued=10, startup=15, restart=15, productive=50, checkpoint_stall=4, shutdown=6
+    )
+    assert cost["recovery_s"] == [pytest.approx(15.0)] and cost["notes"] == []

@@ -7,7 +7,7 @@ import copy
 
 import pytest
 
-from tests.trainops.cost.fixtures import FIXTURE_PRICES, GPUS, P4D_SPOT, one_preemption_job
+from tests.trainops.cost.fixtures import FIXTURE_PRICES, GPUS, P4D_SPOT, one_preemption_job, one_restart_job
 from trainops.cost.accounting import account
 from trainops.cost.causes import CAUSES, lost_by_cause
 
@@ -114,3 +114,33 @@ def test_a_damaged_stored_bill_counts_bad_values_as_zero():
         [{"attempt": 1, "record": "x"}],
     )
     assert lost["billed_gpu_s"] == 0 and all(c["gpu_s"] == 0 for c in lost["causes"])
+
+
+def test_an_in_place_restart_is_recovery_less_the_restarted_gangs_restore():
+    job, metrics = one_restart_job()
+    cost = account(job, metrics, FIXTURE_PRICES)
+    lost = lost_by_cause(cost, job["attempts"])
+    causes = by_cause(lost)
+    want_s = {
+        "startup": 30,  # the first incarnation resumed nothing
+        "restore": 4,  # the restarted gang's load (the record's own restore_s), inside the restart
+        "checkpoint_save": 4 + 6,  # the stalls, and the final save and export
+        "lost_progress": 5,  # the steps the restart replayed
+        "recovery": 13 - 4,  # the restart (67 -> 80) less its restore
+        "waiting_for_capacity": 0,
+    }
+    assert {c: causes[c]["seconds"] for c in want_s} == pytest.approx(want_s)
+    assert lost["productive_gpu_s"] + lost["unproductive_gpu_s"] == pytest.approx(lost["billed_gpu_s"])
+    assert lost["billed_gpu_s"] == pytest.approx(108 * GPUS) and lost["notes"] == []
+
+
+def test_restores_of_each_incarnation_go_where_they_happened():
+    job, metrics = one_restart_job()
+    record = job["attempts"][0]["record"]
+    record["restarts"][0]["restore_s"] = 3.0  # the attempt itself resumed, in its startup
+    record["restore_s"] = 20.0  # longer than the restart that holds it: clipped to it
+    lost = lost_by_cause(account(job, metrics, FIXTURE_PRICES), job["attempts"])
+    causes = by_cause(lost)
+    assert (causes["startup"]["seconds"], causes["restore"]["seconds"]) == pytest.approx((27, 3 + 13))
+    assert causes["recovery"]["seconds"] == pytest.approx(0)
+    assert lost["productive_gpu_s"] + lost["unproductive_gpu_s"] == pytest.approx(lost["billed_gpu_s"])

@@ -123,6 +123,11 @@ def test_an_attempts_job_carries_its_number_the_tasks_labels_and_the_operators_s
     assert settings().world_size == 16 and settings(gpus_per_node=0).world_size == 2
 
 
+def test_an_attempts_job_restarts_its_workers_in_place_as_the_operator_says():
+    assert attempt(1).spec.restarts_in_place == 0  # LaunchSettings' own default: none
+    assert attempt(1, restarts_in_place=2).spec.restarts_in_place == 2
+
+
 def test_job_options_are_merged_with_what_the_operator_sets():
     spec = attempt(
         job_options={

@@ -38,14 +38,24 @@ def test_a_7b_run_on_8_gpus_counts_the_dataset_the_checkpoint_once_per_node_and_
     assert found.dataset_bytes == 50 * GIB  # 25 Gi tokens of 2 bytes
     assert found.checkpoint_bytes == params * 12  # fp32 weights and AdamW's two moments
     # the node's ranks share one cache: with the nodes unknown, one whole checkpoint to resume
-    # from (not one per rank) and one being saved
-    assert found.resume_bytes == found.save_bytes == found.checkpoint_bytes
-    parts = found.dataset_bytes + found.resume_bytes + found.save_bytes + found.export_bytes
+    # from (not one per rank), one being saved, and the newest committed one on the local tier
+    assert found.resume_bytes == found.save_bytes == found.local_tier_bytes == found.checkpoint_bytes
+    parts = (
+        found.dataset_bytes
+        + found.resume_bytes
+        + found.save_bytes
+        + found.local_tier_bytes
+        + found.export_bytes
+    )
     assert found.cache_bytes == parts + int(parts * 0.25) + (1 if parts * 0.25 % 1 else 0)
     options = disk_options(found)
     assert options == {"cache_size": gib(found.cache_bytes), "ephemeral_storage": gib(found.request_bytes)}
-    assert options["cache_size"] == "283Gi"  # (50 Gi + 2 x 75.3 Gi + 25.1 Gi) x 1.25, was 847Gi
-    assert "this node's share of the 76Gi checkpoint on resume (76Gi)" in found.describe()
+    # (50 Gi + 3 x 75.3 Gi + 25.1 Gi) x 1.25; 283Gi before the local tier, 847Gi before one cache a node
+    assert options["cache_size"] == "377Gi"
+    assert (
+        "this node's share of the 76Gi checkpoint on resume (76Gi), while saving (76Gi) and kept on the "
+        "node-local tier (76Gi)"
+    ) in found.describe()
 
 
 def test_on_several_nodes_each_node_holds_its_share_of_the_checkpoint():
@@ -54,7 +64,7 @@ def test_on_several_nodes_each_node_holds_its_share_of_the_checkpoint():
     assert one is not None and two is not None
     checkpoint = one.checkpoint_bytes
     assert one.resume_bytes == one.save_bytes == checkpoint
-    assert two.save_bytes == checkpoint // 2  # its 8 ranks' files of 16
+    assert two.save_bytes == two.local_tier_bytes == checkpoint // 2  # its 8 ranks' files of 16
     # a resume on another mesh may read two more ranks' files at the edges of its shards
     assert two.resume_bytes == checkpoint // 2 + -(-2 * checkpoint // 16)
     assert two.cache_bytes < one.cache_bytes

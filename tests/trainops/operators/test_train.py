@@ -151,6 +151,50 @@ def test_execute_writes_config_launches_attempt_one_and_defers(file_root, cluste
     assert [a["attempt"] for a in job["attempts"]] == [1]
 
 
+def test_every_attempt_restarts_its_workers_in_place_twice_by_default_then_relaunches(
+    file_root, cluster, context
+):
+    op = operator(file_root)
+    with pytest.raises(TaskDeferred):
+        op.execute(context)
+    write_record(file_root, 1, "preempted", signal="SIGTERM")
+    through_relaunch(
+        op, context, finished(disruptions=[{"node": 1, "reason": "SpotInterruption", "message": "x"}])
+    )
+    assert [s.restarts_in_place for s, _ in cluster.launched] == [2, 2]  # the relaunched gang too
+    job = open_storage(file_root).get_json(layout_of(file_root).job)
+    assert [a["spec"]["restarts_in_place"] for a in job["attempts"]] == [2, 2]  # recorded as launched
+
+
+def test_an_attempt_that_restarted_in_place_finishes_with_its_restarts_in_job_json_and_the_result(
+    file_root, cluster, context
+):
+    op = operator(file_root)
+    with pytest.raises(TaskDeferred):
+        op.execute(context)
+    restarts = [
+        {"restart": 0, "outcome": "failed", "cause": "network", "error": "NCCL timeout", "steps_lost": 6}
+    ]
+    write_record(
+        file_root, 1, "completed", last_step=100, checkpoint_step=100, resumed_from_step=40,
+        restarts=restarts, restore_files={"local": 2, "storage": 0},
+    )  # fmt: skip
+    result = op.execute_complete(context, finished(state_phase="succeeded"))
+    assert (result["attempts"], result["steps_lost"]) == (1, 6)  # one attempt, its restart's replay lost
+    (entry,) = open_storage(file_root).get_json(layout_of(file_root).job)["attempts"]
+    assert entry["reason"] == (
+        "the trainer completed every step; restarted in place 1× (network: NCCL timeout); resumed from "
+        "the node-local tier: 2 of 2 files"
+    )
+
+
+def test_restarts_in_place_zero_relaunches_the_gang_on_every_failure(file_root, cluster, context):
+    with pytest.raises(TaskDeferred):
+        operator(file_root, restarts_in_place=0).execute(context)
+    ((spec, _),) = cluster.launched
+    assert spec.restarts_in_place == 0
+
+
 def ti_of(run_id="manual__2026-01-01T00:00:00+00:00", task_id="train", map_index=-1):
     return {"ti": SimpleNamespace(dag_id="retrain", run_id=run_id, task_id=task_id, map_index=map_index)}
 
@@ -479,6 +523,10 @@ def test_job_options_reach_the_job_spec(file_root, cluster, context):
         ({"args": ["sh", "-c", "x"]}, "must not set 'args': the operator builds the trainer command"),
         ({"scheduler": "slurm"}, "scheduler 'slurm'"),
         ({"kind": "mpijob"}, "kind 'mpijob' is not one of"),
+        (
+            {"restarts_in_place": 1},
+            "must not set 'restarts_in_place': use the training operator's 'restarts_in_place' parameter",
+        ),
     ],
 )
 def test_bad_job_options_fail_when_the_dag_is_parsed(options, message):
@@ -711,6 +759,13 @@ def nothing_launched_or_written(cluster, root):
         ({"max_infra_retries": -1}, "max_infra_retries must be an integer >= 0, got -1"),
         ({"max_infra_retries": 1.5}, "max_infra_retries must be an integer >= 0, got 1.5"),
         ({"fallback_after": 0}, "fallback_after must be an integer >= 1, got 0"),
+        (
+            {"restarts_in_place": 11},
+            r"restarts_in_place must be an integer from 0 to 10, got 11: .* pass a few, such as 2 "
+            r"\(the default\), or 0 to relaunch the gang on every failure",
+        ),
+        ({"restarts_in_place": -1}, "restarts_in_place must be an integer >= 0, got -1"),
+        ({"restarts_in_place": "2"}, "restarts_in_place must be an integer >= 0, got the text '2'"),
         (
             {"job_options": {"memory": "-4Gi"}},
             r"JobSpec memory '-4Gi' is not a positive Kubernetes quantity \(negative\)",

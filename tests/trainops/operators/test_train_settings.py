@@ -2,7 +2,7 @@
 
 import pytest
 
-from trainops.operators.train_settings import checked_sizing
+from trainops.operators.train_settings import checked_restarts, checked_sizing
 
 FIELDS = {"image": "trainops-trainer:latest", "namespace": "default", "termination_grace_seconds": 60}
 
@@ -37,3 +37,13 @@ def test_on_kubernetes_a_trial_job_is_rendered_with_the_job_options():
             "kubernetes", nodes=2, gpus_per_node=0, max_preemptions=3, capacity="spot",
             job_options={"env": {"AWS_SECRET_ACCESS_KEY": "literal"}}, **FIELDS,
         )  # fmt: skip
+
+
+def test_restarts_in_place_are_a_small_whole_number():
+    assert [checked_restarts(n) for n in (0, 2, 10)] == [0, 2, 10]
+    with pytest.raises(
+        ValueError, match=r"restarts_in_place must be an integer from 0 to 10, got 11: .*such as 2"
+    ):
+        checked_restarts(11)
+    with pytest.raises(ValueError, match="restarts_in_place must be an integer >= 0, got True"):
+        checked_restarts(True)

@@ -1,7 +1,7 @@
 """Classification over recorded job states and attempt records."""
 
 from trainer.contract import attempt_record, attempt_record_line
-from trainops.recovery.classify import INFRA, SUCCEEDED, attempt_record_of, classify_attempt
+from trainops.recovery.classify import INFRA, SUCCEEDED, attempt_record_of, classify_attempt, restart_note
 
 RUNNING_NODES = [{"index": 0, "exit_code": 0}, {"index": 1, "exit_code": 1}]
 SPOT = {"node": 1, "reason": "SpotInterruption", "message": "SIGTERM to node 1's torchrun at step 50"}
@@ -136,3 +136,78 @@ def test_a_preemption_by_the_clouds_notice_names_the_notice_its_lead_and_the_sav
         "reason": "the cloud's notice (aws spot/instance-action: terminate, 120 s ahead), saved 3.4 s after it; "
         "emergency checkpoint at step 50",
     }
+
+
+def restart(n, cause="network", error="DistBackendError: NCCL timeout in all_reduce", **kw):
+    """One earlier incarnation of the attempt, as the trainer lists it in ``restarts``."""
+    return {
+        "restart": n,
+        "outcome": "failed",
+        "cause": cause,
+        "error": error,
+        "last_step": 47,
+        "checkpoint_step": 40,
+        "steps_lost": 7,
+        "started_at": "2026-01-01T00:00:00+00:00",
+        "ended_at": "2026-01-01T00:05:00+00:00",
+        "first_step_time": 1767225610.0,
+        "restore_s": None,
+        **kw,
+    }
+
+
+def test_an_attempt_restarted_in_place_says_so_and_where_its_resume_came_from():
+    state = {"phase": "succeeded", "nodes": RUNNING_NODES, "disruptions": []}
+    rec = record(
+        "completed",
+        last_step=100,
+        checkpoint_step=100,
+        resumed_from_step=40,
+        restarts=[restart(0)],
+        restore_files={"local": 3, "storage": 0},
+    )
+    assert classify_attempt(state, rec) == {
+        "classification": SUCCEEDED,
+        "reason": "the trainer completed every step; restarted in place 1× (network: DistBackendError: NCCL "
+        "timeout in all_reduce); resumed from the node-local tier: 3 of 3 files",
+    }
+
+
+def test_restarts_that_ran_out_end_the_infrastructure_failures_reason():
+    rec = record(
+        "failed",
+        cause="network",
+        error="DistBackendError: NCCL timeout",
+        restarts=[
+            restart(0),
+            restart(1, cause="program", error="x" * 300 + "\nTraceback ..."),
+            restart(2, outcome="unknown"),
+        ],
+        restore_files={"local": 2, "storage": 1},
+    )
+    verdict = classify_attempt({"phase": "failed", "nodes": RUNNING_NODES, "disruptions": []}, rec)
+    assert verdict["classification"] == INFRA
+    assert verdict["reason"].startswith("the trainer failed on the network (DistBackendError: NCCL timeout)")
+    note = verdict["reason"].split("; ", 2)[2]
+    assert note.startswith(
+        "restarted in place 3× (network: DistBackendError: NCCL timeout in all_reduce, then program: xxx"
+    )
+    assert "x" * 118 not in note and "Traceback" not in note  # a long error: its first line, cut short
+    assert note.endswith(", then no record); resumed from the node-local tier: 2 of 3 files (1 from storage)")
+
+
+def test_the_resume_source_is_said_when_it_matters_only():
+    assert restart_note(None) is None and restart_note({}) is None  # an older record
+    # a relaunched gang reads everything from storage: nothing to say
+    assert restart_note(record("completed", restore_files={"local": 0, "storage": 4})) is None
+    # after a restart, a resume that found nothing on the node is worth knowing
+    assert restart_note(
+        record("completed", restarts=[restart(0)], restore_files={"local": 0, "storage": 4})
+    ) == (
+        "restarted in place 1× (network: DistBackendError: NCCL timeout in all_reduce); resumed from storage: "
+        "4 of 4 files (none on the node-local tier)"
+    )
+    # damaged or partial entries say what they can, never raise
+    assert restart_note(
+        {"restarts": [{"restart": 0, "cause": None, "error": ""}, "x"], "restore_files": "3"}
+    ) == ("restarted in place 1× (failed)")

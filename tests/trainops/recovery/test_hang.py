@@ -149,3 +149,34 @@ def test_the_report_reads_the_limit_back_from_the_verdict(heartbeat, setting):
     assert why is not None
     assert limit_in_verdict(f"job train-1: {why}") == (limit.total_s, limit.describe().split(": ", 1)[1])
     assert limit_in_verdict("exit code 1") is None
+
+
+def test_an_in_place_restart_is_a_short_silence_then_a_new_start_from_an_earlier_step():
+    """torchrun restarts a node's workers in the same pods: the last beat of the failed
+    incarnation stands while the gang re-forms, then the new one's loop starts from its
+    checkpoint step (lower than the step last beaten) with no step of its own yet."""
+    failed = paced(step=47, at=1000.0, steps=47)  # the old incarnation's last beat
+    for silence in (2.0, 5.0, 29.0):  # a few seconds of restart: within the derived 30 s
+        assert hang_verdict(heartbeat=failed, watched_since=0.0, now=1000.0 + silence, setting=None) is None
+    restarted = paced(step=40, at=1012.0, steps=0, p99=None, gap=None)  # resumed from the step-40 checkpoint
+    limit = hang_limit(restarted, None)
+    assert (limit.allowance_s, limit.allowance_for) == (STARTUP_ALLOWANCE_S, "the first steps")
+    # its setup and first steps (compile, warm-up) get the startup allowance, as an attempt's do
+    assert hang_verdict(heartbeat=restarted, watched_since=0.0, now=1012.0 + 600, setting=None) is None
+    why = hang_verdict(heartbeat=restarted, watched_since=0.0, now=1012.0 + limit.total_s + 1, setting=None)
+    assert why is not None and "its first step (after step 40) never finished" in why
+    # stepping again from step 41, past warm-up: the pace rules again, and the step number is its own
+    again = paced(step=45, at=1020.0, steps=HEARTBEAT_WARMUP_STEPS + 2)
+    assert hang_verdict(heartbeat=again, watched_since=0.0, now=1049.0, setting=None) is None
+    why = hang_verdict(heartbeat=again, watched_since=0.0, now=1051.0, setting=None)
+    assert why is not None and why.startswith("no new step for 31s: step 46 never finished")
+
+
+def test_a_restarted_incarnation_that_marks_itself_busy_gets_the_allowance_before_its_loop():
+    """A restart that outlasts the derived limit (a large model's setup and checkpoint load)
+    must say so in the heartbeat, as a save does: a ``busy`` mark holds the watch off."""
+    restarting = paced(step=47, at=1000.0, steps=0, busy="restart in place", busy_since=1004.0)
+    assert hang_verdict(heartbeat=restarting, watched_since=0.0, now=1004.0 + 600, setting=None) is None
+    unmarked = paced(step=47, at=1000.0, steps=47)
+    why = hang_verdict(heartbeat=unmarked, watched_since=0.0, now=1031.0, setting=None)
+    assert why is not None and why.startswith("no new step for 31s: step 48 never finished")

@@ -150,6 +150,27 @@ def test_steps_lost_come_from_the_record_or_without_one_from_what_storage_shows(
     assert [a["steps_lost"] for a in job["attempts"]] == [17, 0] and total_steps_lost(job) == 17
 
 
+def test_steps_an_attempts_in_place_restarts_replayed_count_as_lost():
+    restarts = [
+        {"restart": 0, "outcome": "failed", "steps_lost": 7},
+        {"restart": 1, "outcome": "unknown", "steps_lost": 3},
+    ]
+    rec = record("completed", last_step=100, checkpoint_step=100, restarts=restarts)
+    assert steps_lost(rec, None) == 10
+    damaged = record(
+        "completed", last_step=100, checkpoint_step=100, restarts=[{"restart": 0, "steps_lost": "7"}]
+    )
+    assert steps_lost(damaged, None) == 0
+    job, _ = fold_finished(
+        launched(fresh()), state=state("succeeded"), record=rec, progress=None, budgets=BUDGETS, at="t"
+    )
+    entry = job["attempts"][0]
+    assert entry["steps_lost"] == 10 and total_steps_lost(job) == 10
+    assert (
+        entry["reason"] == "the trainer completed every step; restarted in place 2× (failed, then no record)"
+    )
+
+
 def test_spot_then_on_demand_moves_the_next_attempts_capacity_after_n_preemptions():
     job = launched(fresh("spot-then-on-demand"))
     job, decision = fold_finished(

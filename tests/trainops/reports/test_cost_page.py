@@ -10,14 +10,17 @@ from html.parser import HTMLParser
 import pytest
 
 from tests.trainops.cost.fixtures import (
+    FIXTURE_PRICES,
     P4D_ON_DEMAND,
     P4D_SOURCE,
     P4D_SPOT,
     T0,
     one_preemption_cost,
     one_preemption_job,
+    one_restart_job,
 )
 from tests.trainops.reports.helpers import JOB_URI, live_job, page_tables, page_text, svgs, table_with
+from trainops.cost.accounting import account
 from trainops.cost.money import money
 from trainops.reports import cost_page
 from trainops.reports.cost_page import (
@@ -361,3 +364,19 @@ def test_the_lost_time_by_cause_adds_up_to_the_billed_gpu_time():
         f"{money(1072 * gpu_s)} = {money(SPOT_COST)}." in page_text(html)
     )
     assert "<script>" not in html
+
+
+def test_a_restart_in_place_gets_its_column_colour_and_legend_only_where_there_was_one():
+    job, metrics = one_restart_job()
+    job = {**job, "cost": account(job, metrics, FIXTURE_PRICES)}
+    html = cost_section(job, metrics)
+    times = table_with(html, "Attempt (time by phase)")
+    at = times[0].index("Restart in place")
+    assert times[0][at - 1] == "Replayed" and times[1][at] == "13.0 s" and times[2][at] == "13.0 s"
+    shapes = Timeline(svg_timeline(job["cost"]))
+    restart = [r for r in shapes.rects if r["data-phase"] == "restart"]
+    assert [float(r["data-seconds"]) for r in restart] == [13.0]
+    assert restart[0]["fill"] == PHASE_COLOURS["restart"] and "restart in place" in shapes.legend
+    plain, _ = _run_with_cost()
+    assert "Restart in place" not in table_with(cost_section(plain, metrics), "Attempt (time by phase)")[0]
+    assert "restart in place" not in Timeline(svg_timeline(plain["cost"])).legend

@@ -359,3 +359,24 @@ def test_a_hung_attempt_shows_the_hang_timeout_and_the_rule_that_gave_it():
         table_with(render_run_report(JOB_URI, json.dumps(run_job()).encode(), RUN_METRICS), "Status")
     )
     assert "Hang timeout" not in no_hang
+
+
+def test_an_attempt_restarted_in_place_shows_in_the_summary_and_its_row():
+    job = run_job()
+    finished = job["attempts"][1]
+    restarts = [{"restart": 0, "outcome": "failed", "cause": "network", "steps_lost": 2}]
+    finished["record"] = {"outcome": "completed", "last_step": 10, "restarts": restarts}
+    finished["steps_lost"] = 2  # the restart replayed them
+    finished["reason"] = (
+        "the trainer completed every step; restarted in place 1× (network); resumed from the node-local "
+        "tier: 4 of 4 files"
+    )  # as the operator folds it (trainops.recovery.classify.classify_attempt)
+    html = render_run_report(JOB_URI, json.dumps(job).encode(), RUN_METRICS)
+    summary = dict(table_with(html, "Status"))
+    assert (summary["Restarts in place"], summary["Steps lost to interruptions"]) == ("1", "3")
+    row = table_with(html, "Attempt", skip=1)[2]
+    assert row[5] == finished["reason"] and row[6] == "2"
+    # a run without any says nothing of them
+    assert "Restarts in place" not in dict(
+        table_with(render_run_report(JOB_URI, json.dumps(run_job()).encode(), RUN_METRICS), "Status")
+    )

@@ -585,3 +585,49 @@ def test_a_moving_heartbeat_is_not_hung_and_an_unreadable_one_is_no_verdict(monk
 
     assert asyncio.run(bounded()) is None  # 2 s, 4 x the hang timeout: never hung
     assert len(reads) > 5 and backend.deletes == 0
+
+
+def test_an_in_place_restart_going_back_to_its_checkpoint_step_is_watched_through_not_hung(
+    monkeypatch, tmp_path, caplog, capsys
+):
+    """torchrun restarts the workers in the same pods: the heartbeat stops for the restart,
+    then the new incarnation beats from its checkpoint step (below the last step beaten), with
+    no step of its own yet. The watch rides through it to the job's end."""
+    import json
+
+    monkeypatch.setattr(hang, "HANG_FLOOR_S", 5.0)  # the floor of 30 s, shortened for the test
+    beat = tmp_path / "heartbeat" / "1.json"
+    beat.parent.mkdir(parents=True)
+    pace = {"p99_step_s": 0.02, "max_gap_s": 0.03, "every_s": 0.05, "busy": None, "busy_since": None}
+    reads = []
+
+    def write(step, steps, **more):
+        fields = {"attempt": 1, "step": step, "time": time.time(), "steps": steps, "median_step_s": 0.02}
+        beat.write_text(json.dumps({**fields, **pace, "busy_ended": None, **more}))
+
+    def trains_restarts_and_trains_on(uri):
+        reads.append(uri)
+        n = len(reads)
+        if n <= 4:  # the first incarnation steps on, past warm-up
+            write(40 + n, 40 + n)
+        elif n == 10:  # 5 polls of silence (a quarter of a second: a few seconds, scaled), then the
+            # new loop starts at step 40
+            write(40, 0, p99_step_s=None, max_gap_s=None)
+        elif n > 12:  # and steps again
+            write(40 + n - 12, n - 12)
+        return job_trigger.JobTrigger._heartbeat(trigger, uri)
+
+    class EndsAfterTheRestart(Weather):
+        def status(self, handle):
+            return {**super().status(handle), "phase": "succeeded" if len(reads) >= 20 else "running"}
+
+    weather(monkeypatch, EndsAfterTheRestart())
+    trigger = JobTrigger(handle=HANDLE, poll_interval=0.05, heartbeat_uri=beat.as_uri(), aws_conn_id=None)
+    trigger._heartbeat = trains_restarts_and_trains_on
+    caplog.set_level("INFO")
+    event = first_event(trigger)
+    assert event["status"] == "finished" and event["state"]["phase"] == "succeeded"
+    logged = [line for line in (caplog.text + capsys.readouterr().out).splitlines() if "hang watch:" in line]
+    # the new incarnation's start brings the startup allowance back, its pace then the limit
+    assert any("startup allowance (the first steps)" in line for line in logged), logged
+    assert "10 x longest gap between steps 0.03s" in logged[-1], logged

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from trainer.contract import ENV_NODE_NAME, torchrun_argv
+from trainer.contract import ENV_NODE_NAME, TORCHRUN_ENV, torchrun_argv
 from trainops.cluster import credentials
 from trainops.cluster.kubernetes import names, objects, placement
 from trainops.cluster.kubernetes.objects import Json
@@ -83,7 +83,8 @@ def check_env(spec: JobSpec) -> None:
 
 
 def command(spec: JobSpec, job_name: str, rdzv_endpoint: str, is_host: bool | None) -> list[str]:
-    """The container's argument list: ``args``, wrapped in torchrun when distributed."""
+    """The container's argument list: ``args``, wrapped in torchrun when distributed (with
+    ``--max-restarts`` from ``restarts_in_place``)."""
     if not spec.distributed:
         return list(spec.args)
     return torchrun_argv(
@@ -94,6 +95,7 @@ def command(spec: JobSpec, job_name: str, rdzv_endpoint: str, is_host: bool | No
         rdzv_id=job_name,
         shutdown_timeout_s=spec.shutdown_timeout_s,
         is_host=is_host,
+        restarts_in_place=spec.restarts_in_place,
     )
 
 
@@ -101,8 +103,8 @@ def static_command(spec: JobSpec) -> list[str]:
     """The argument list for a runtime that hands torchrun its rendezvous through ``PET_*``
     variables (Kubeflow Trainer v2 sets ``PET_NNODES``, ``PET_NPROC_PER_NODE``,
     ``PET_NODE_RANK``, ``PET_MASTER_ADDR`` and ``PET_MASTER_PORT``): torchrun's static
-    rendezvous, so our c10d flags are left out; the shutdown timeout and ``--max-restarts=0``
-    stay. ``args`` unchanged when not distributed."""
+    rendezvous, so our c10d flags are left out; the shutdown timeout and ``--max-restarts``
+    (``restarts_in_place``) stay. ``args`` unchanged when not distributed."""
     argv = command(spec, "", "", is_host=None)
     if not spec.distributed:
         return argv
@@ -111,10 +113,18 @@ def static_command(spec: JobSpec) -> list[str]:
 
 
 def env_vars(spec: JobSpec) -> list[Json]:
-    """The container's ``env``: cache dir, unbuffered output, ``env``, ``nccl_env``, the Node's
-    name (the downward API: a spot notice names the node that is going away), then the
-    single-key Secret references (``valueFrom.secretKeyRef``)."""
-    plain = {"TRAINOPS_CACHE_DIR": CACHE_PATH, "PYTHONUNBUFFERED": "1", **spec.env, **spec.nccl_env}
+    """The container's ``env``: cache dir, unbuffered output, torchrun's own settings
+    (``TORCHRUN_ENV``, when distributed), ``env``, ``nccl_env``, the Node's name (the downward
+    API: a spot notice names the node that is going away), then the single-key Secret
+    references (``valueFrom.secretKeyRef``)."""
+    torchrun = TORCHRUN_ENV if spec.distributed else {}
+    plain = {
+        "TRAINOPS_CACHE_DIR": CACHE_PATH,
+        "PYTHONUNBUFFERED": "1",
+        **torchrun,
+        **spec.env,
+        **spec.nccl_env,
+    }
     out: list[Json] = [{"name": k, "value": v} for k, v in plain.items()]
     out.append({"name": ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
     for ref in spec.env_from_secrets:
@@ -230,7 +240,9 @@ def pod_spec(spec: JobSpec, container_spec: Json, *, subdomain: str | None = Non
     """The pod spec around one container: placement, grace, volumes, identity."""
     check_env(spec)
     out: Json = {
-        "restartPolicy": "Never",  # recovery is a whole-gang relaunch by the operator
+        # torchrun restarts failed workers inside the container (restarts_in_place); past that,
+        # recovery is a whole-gang relaunch by the operator, never a pod restart
+        "restartPolicy": "Never",
         "terminationGracePeriodSeconds": spec.termination_grace_seconds,
         "containers": [container_spec],
         "volumes": volumes(spec),

@@ -31,7 +31,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Literal, NotRequired
 
-from trainer.contract import MetricsReader, torchrun_argv
+from trainer.contract import TORCHRUN_ENV, MetricsReader, torchrun_argv
 from trainer.storage import open_storage
 from trainops.cluster.base import Chaos, JobState
 from trainops.cluster.local.gpus import host_gpus, node_devices
@@ -109,7 +109,8 @@ def drop_scratch(job_dir: Path) -> None:
 
 def node_argv(spec: JobSpec, node: int, port: int, job_id: str) -> list[str]:
     """What a pod of this node would run, with this host's interpreter as ``python``: the
-    same torchrun arguments, with the rendezvous on this host and node 0 as its host."""
+    same torchrun arguments (``--max-restarts`` too: a node's workers restart in place), with
+    the rendezvous on this host and node 0 as its host."""
     args = [sys.executable, *spec.args[1:]]
     if not spec.distributed:
         return args
@@ -121,6 +122,7 @@ def node_argv(spec: JobSpec, node: int, port: int, job_id: str) -> list[str]:
         rdzv_id=job_id,
         shutdown_timeout_s=spec.shutdown_timeout_s,
         is_host=(node == 0),
+        restarts_in_place=spec.restarts_in_place,
     )
 
 
@@ -160,7 +162,8 @@ class Supervisor:
         """Start every node: one torchrun process group each, logging to ``node-<i>.log``; with
         GPUs, each node sees only its own ``gpus_per_node`` devices."""
         port = _free_port()
-        base_env = {**os.environ, **self.spec.env, **self.spec.nccl_env}
+        torchrun = TORCHRUN_ENV if self.spec.distributed else {}
+        base_env = {**os.environ, **torchrun, **self.spec.env, **self.spec.nccl_env}
         token = read_token(self.dir)
         if token is not None:  # marks the job's processes: a reused group id is not signalled
             base_env[ENV_JOB_TOKEN] = token

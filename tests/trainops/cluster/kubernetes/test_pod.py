@@ -71,6 +71,8 @@ def test_s3_endpoint_nccl_and_secrets_by_reference():
         "name": "TRAINOPS_NODE_NAME",
         "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}},
     }
+    # torchrun's store unshared, so that a restart in place never reads its predecessor's keys
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"]["value"] == "1"
 
 
 @pytest.mark.parametrize(
@@ -170,6 +172,41 @@ def test_priority_volcano_and_identity():
     assert "schedulerName" not in pod and "serviceAccountName" not in pod
 
 
+def _argvs(manifest: dict) -> list[list[str]]:
+    """Every trainer container's argument list in one manifest, whatever its kind."""
+    body = manifest.get("spec", {})
+    if manifest["kind"] == "Job":
+        return [c["command"] for c in body["template"]["spec"]["containers"]]
+    if manifest["kind"] == "PyTorchJob":
+        return [
+            c["command"]
+            for r in body["pytorchReplicaSpecs"].values()
+            for c in r["template"]["spec"]["containers"]
+        ]
+    if manifest["kind"] == "TrainJob":
+        return [body["trainer"]["command"] + body["trainer"]["args"]]
+    return []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_lets_torchrun_restart_a_nodes_workers_as_often_as_the_spec_says(kind):
+    spec = JobSpec(
+        name="train-0123abcd-a1",
+        args=ARGS,
+        kind=kind,
+        nodes=2,
+        spot_flavour="gke",  # what every kind can place
+        termination_grace_seconds=30,
+        restarts_in_place=2,
+    )
+    argvs = [argv for m in render_manifests(spec) for argv in _argvs(m)]
+    assert argvs and all(
+        [a for a in argv if a.startswith("--max-restarts")] == ["--max-restarts=2"] for argv in argvs
+    )
+    for pod in pods(kind="indexed-job", restarts_in_place=2):
+        assert pod["restartPolicy"] == "Never"  # the restarts are torchrun's, inside the container
+
+
 def test_static_command_leaves_rendezvous_to_the_runtime_and_keeps_the_shutdown_timeout():
     from trainops.cluster.kubernetes.pod import static_command
 
@@ -188,6 +225,10 @@ def test_static_command_leaves_rendezvous_to_the_runtime_and_keeps_the_shutdown_
         "trainer",
         *ARGS[3:],
     ]
+    restarting = JobSpec(name="train-0123abcd-a1", args=ARGS, nodes=2, restarts_in_place=3)
+    assert "--max-restarts=3" in static_command(restarting) and "--max-restarts=0" not in static_command(
+        restarting
+    )
     # a trainer argument that looks like a torchrun flag is the trainer's, and is kept
     odd = JobSpec(name="train-0123abcd-a1", args=[*ARGS, "--rdzv-note=x"])
     assert static_command(odd)[-1] == "--rdzv-note=x"

@@ -32,6 +32,14 @@ def test_each_node_runs_torchrun_with_this_interpreter_and_node_0_hosts_the_rend
         assert f"--shutdown-timeout={spec.shutdown_timeout_s}" in argv
         assert argv[-5:] == TRAIN[1:]
     assert "--rdzv-conf=is_host=1" in host and "--rdzv-conf=is_host=0" in other
+    assert "--max-restarts=0" in host  # the JobSpec's default: every failure ends the gang
+
+
+def test_each_node_restarts_its_workers_in_place_as_often_as_the_spec_says():
+    spec = JobSpec(name="train-a1", args=TRAIN, nodes=2, restarts_in_place=2)
+    for node in (0, 1):
+        argv = node_argv(spec, node, port=29511, job_id="train-a1-x")
+        assert [a for a in argv if a.startswith("--max-restarts")] == ["--max-restarts=2"]
 
 
 def test_a_plain_process_is_its_args_with_this_interpreter():
