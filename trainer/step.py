@@ -76,10 +76,16 @@ def apply_gradients(
     scheduler: LRScheduler,
     scaler: ShardedGradScaler | None,
     grad_clip: float,
-) -> None:
-    """Clip, step (the fp16 scaler skips steps with inf/NaN gradients), advance the LR, zero."""
+) -> torch.Tensor | None:
+    """Clip, step (the fp16 scaler skips steps with inf/NaN gradients), advance the LR, zero.
+
+    Returns the gradients' total norm before clipping, a 0-d tensor on the device, the same on
+    every rank, not read yet (reading it waits for the device): a non-finite one means this
+    update poisoned the weights (``trainer.runtime.bad_loss``). None under the fp16 scaler, whose
+    inf/NaN gradients are its own business: it skips those steps.
+    """
     unscale(optimizer, scaler)
-    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     if scaler is not None:
         scaler.step(optimizer)
         scaler.update()
@@ -87,6 +93,10 @@ def apply_gradients(
         optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
+    if scaler is not None:
+        return None
+    full = getattr(norm, "full_tensor", None)  # FSDP: a DTensor, replicated (no communication)
+    return (full() if full is not None else norm).detach()
 
 
 def read_losses(

@@ -124,6 +124,8 @@ class StepResult:
     started: float  # monotonic seconds when the step began
     time: float  # wall-clock seconds when the host had issued the whole step
     extra: dict[str, float] = field(default_factory=dict)  # more figures for the step's metrics record
+    # the gradients' total norm (0-d, on the device, the same on every rank; None under fp16's scaler)
+    grad_norm: torch.Tensor | None = None
 
 
 def run_train(config: Config, earlier: Earlier | None = None) -> int:
@@ -489,10 +491,10 @@ def train_step(tr: Training, flag: StopFlag) -> StepResult:
     loss = forward_backward(
         tr.model, micro_batches(), tr.accum, tr.scaler, t.skip_grad_sync_in_accum, tr.batches.masked
     )
-    apply_gradients(tr.model, tr.optimizer, tr.scheduler, tr.scaler, t.grad_clip)
+    norm = apply_gradients(tr.model, tr.optimizer, tr.scheduler, tr.scaler, t.grad_clip)
     state.step, state.cursor = state.step + 1, state.cursor + tr.global_batch
     tr.attempt.last_step = state.step
-    return StepResult(state.step, loss, lr, votes[0], votes[1], started, time.time())
+    return StepResult(state.step, loss, lr, votes[0], votes[1], started, time.time(), grad_norm=norm)
 
 
 # --- the loop ------------------------------------------------------------------------------
@@ -600,7 +602,10 @@ def _read_losses(tr: Training, steps: list[StepResult]) -> list[float] | BadLoss
     first bad one (non-finite, or a spike: ``tr.loss_watch``), on every rank alike, after rank
     0 logged the steps before it."""
     losses = read_losses([r.loss for r in steps], parallel.sum_over_ranks, tr.env.world_size)
-    bad = tr.loss_watch.check([r.step for r in steps], losses)
+    norms = [r.grad_norm for r in steps if r.grad_norm is not None]
+    # the same on every rank already (clip_grad_norm_ reduced them): no collective, one read
+    grad_norms = torch.stack(norms).tolist() if norms and len(norms) == len(steps) else None
+    bad = tr.loss_watch.check([r.step for r in steps], losses, grad_norms)
     if bad is None:
         return losses
     good = [r.step for r in steps].index(bad.step)

@@ -19,8 +19,9 @@ with ``-m``).
   the epoch time into ``<folder>/killed_r<rank>`` and sends itself SIGKILL: one worker process
   dies, its node and agent live on (an in-place restart, ``trainer.runtime.restarts``).
 
-- ``TRAINOPS_TEST_NAN_AT_STEP=<step>``: that step's loss and gradients become NaN on every rank,
-  once per process (the weights its update leaves are NaN too), as a bad batch would make them.
+- ``TRAINOPS_TEST_NAN_AT_STEP=<step>[:grads]``: that step's loss and gradients become NaN on
+  every rank, once per process (the weights its update leaves are NaN too), as a bad batch would
+  make them; with ``:grads``, the gradients only: the loss read stays finite.
 
 All but the last wrap ``TrainBatches.micro_batch`` and ``RecordBatches.micro_batch`` (and, for
 the blackout, the storage the trainer opens); the last wraps ``train.train_step`` and
@@ -94,11 +95,13 @@ def install() -> None:
         instrument(batches, blackout)
     nan_at = os.environ.get("TRAINOPS_TEST_NAN_AT_STEP")
     if nan_at:
-        poison_step(int(nan_at))
+        step, _, what = nan_at.partition(":")
+        poison_step(int(step), grads_only=what == "grads")
 
 
-def poison_step(step: int) -> None:
-    """Step ``step``'s loss and gradients are NaN (once: a rollback never trains it again)."""
+def poison_step(step: int, grads_only: bool = False) -> None:
+    """Step ``step``'s loss and gradients are NaN (once: a rollback never trains it again);
+    ``grads_only``: its gradients alone."""
     armed = {"now": False, "done": False}
     train_step, forward_backward = train.train_step, train.forward_backward
 
@@ -113,7 +116,8 @@ def poison_step(step: int) -> None:
             for param in model.parameters():
                 if param.grad is not None:
                     param.grad.mul_(float("nan"))
-            loss = loss * float("nan")
+            if not grads_only:
+                loss = loss * float("nan")
         return loss
 
     train.train_step, train.forward_backward = poisoned_train_step, poisoned_forward_backward

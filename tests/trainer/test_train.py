@@ -239,13 +239,17 @@ def test_a_non_finite_loss_is_caught_at_the_next_read_naming_its_first_step(
         "train.warmup_steps=0",
         "train.grad_clip=1e30",
     )
-    # step 2's update blows the weights up: step 3's loss is the first NaN, read at step 4
-    nothing = "non-finite loss nan at step 3, before any checkpoint was committed: nothing to roll back to"
+    # step 2's gradients are NaN (its loss is not yet): its update blows the weights up. Read
+    # with the losses at step 4, the gradient norm names step 2, before step 3's NaN loss.
+    nothing = (
+        r"non-finite gradient norm nan \(loss [\d.]+\) at step 2, before any checkpoint was committed: "
+        "nothing to roll back to"
+    )
     with pytest.raises(NonFiniteLoss, match=f"^{nothing}") as caught:
         train_loop(training, StopFlag())
-    assert (caught.value.step, training.state.step, attempt.last_step) == (3, 4, 4)
+    assert (caught.value.step, training.state.step, attempt.last_step) == (2, 4, 4)
     training.metrics.flush(final=True)
-    assert sorted(metrics_of(tmp_path / "run")) == [1, 2]  # the steps before it are logged
+    assert sorted(metrics_of(tmp_path / "run")) == [1]  # the step before it is logged
 
 
 class StopAtStep(StopFlag):
@@ -265,10 +269,10 @@ class StopAtStep(StopFlag):
 
 @pytest.mark.slow
 def test_a_bad_loss_read_as_the_ranks_stop_is_not_saved_nor_rolled_back(world_of_one, tmp_path, dataset_uri):
-    """SIGTERM as step 4 begins, and the read of the stop finds step 3's loss NaN: there is no
-    time for a rollback in a notice window, and the weights are bad, so the attempt ends
-    preempted with nothing saved; its record points at the newest checkpoint (step 2) for the
-    relaunch, which replays from there."""
+    """SIGTERM as step 2 begins, and the read of the stop finds step 2's gradients NaN (step 1's
+    update left huge weights): there is no time for a rollback in a notice window, and the
+    weights are bad, so the attempt ends preempted with nothing saved; its record points at the
+    newest checkpoint (step 1) for the relaunch, which replays from there."""
     training, _ = start(
         tmp_path,
         dataset_uri,
@@ -276,19 +280,20 @@ def test_a_bad_loss_read_as_the_ranks_stop_is_not_saved_nor_rolled_back(world_of
         1,
         "train.max_steps=8",
         "train.log_every=100",
+        "checkpoint.every_steps=1",
         "train.lr=1e30",
         "train.warmup_steps=0",
         "train.grad_clip=1e30",
     )
-    assert train_loop(training, StopAtStep(4)) == "preempted"
+    assert train_loop(training, StopAtStep(2)) == "preempted"
     record = read_json(tmp_path / "run" / "attempts" / "1.json")
     assert (record["outcome"], record["last_step"], record["checkpoint_step"], record["steps_lost"]) == (
         "preempted",
-        4,
         2,
-        2,
+        1,
+        1,
     )
-    assert "rollbacks" not in record and committed_steps(tmp_path / "run") == [2]
+    assert "rollbacks" not in record and committed_steps(tmp_path / "run") == [1]
 
 
 @pytest.mark.slow
@@ -553,12 +558,14 @@ def test_a_non_finite_loss_no_rollback_cures_fails_with_a_hint_and_keeps_the_las
     record = read_json(run / "attempts" / "1.json")
     step = record["last_step"]
     assert record["outcome"] == "failed" and record["error"].startswith("NonFiniteLoss")
+    # step 1's update leaves huge weights: the gradients after it are NaN while the loss is not
     assert re.fullmatch(
-        rf"loss became (nan|inf|-inf) at step {step}: {re.escape(NON_FINITE_HINT)}", record["hint"]
+        rf"gradients became non-finite \(loss [\d.]+\) at step {step}: {re.escape(NON_FINITE_HINT)}",
+        record["hint"],
     )
     # The weights diverged at once, before the newest checkpoint was saved: the rollback to it
-    # met a NaN again at the very next step, so the attempt failed then, naming the rollback,
-    # rather than spending its budget on the same checkpoint.
+    # met NaN gradients again at the very next step, so the attempt failed then, naming the
+    # rollback, rather than spending its budget on the same checkpoint.
     committed = committed_steps(run)[-1]
     assert record["checkpoint_step"] == committed
     assert [
@@ -856,3 +863,35 @@ def test_an_injected_nan_rolls_back_to_the_last_checkpoint_skips_the_window_and_
     assert 14 not in logged and all(math.isfinite(logged[s]["loss"]) for s in range(16, MAX_STEPS + 1))
     weights = load_file(run / "export" / "model.safetensors")
     assert weights and all(torch.isfinite(t.float()).all() for t in weights.values())  # the NaN is gone
+
+
+@pytest.mark.slow
+def test_nan_gradients_under_a_finite_loss_at_a_checkpoint_step_are_never_saved(tmp_path, dataset_uri):
+    """Step 20's gradients are NaN, its loss is not, and step 20 is a checkpoint step: its update
+    leaves NaN weights. The gradient norm is read with the loss, before the save, so step 20 is
+    never saved: the gang rolls back to step 10, skips 11-20 and completes. (Read by the loss
+    alone, the save of step 20 would hold NaN weights, and the rollback to it would fail.)"""
+    config, _ = run_config(tmp_path, dataset_uri, "run")
+    run = tmp_path / "run"
+    proc = subprocess.run(
+        torchrun_argv(config, "train.log_every=5", module=INSTRUMENTED),
+        env=trainer_env(tmp_path / "cache", 1, nan_at_step="20:grads"),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = read_json(run / "attempts" / "1.json")
+    assert (record["outcome"], record["last_step"]) == ("completed", MAX_STEPS)
+    [rollback] = record["rollbacks"]
+    assert (rollback["at_step"], rollback["to_step"], rollback["skipped_from"], rollback["skipped_to"]) == (
+        20,
+        10,
+        11,
+        20,
+    )
+    assert rollback["why"].startswith("non-finite gradient norm nan (loss ")
+    assert "committed step 20 " not in proc.stdout  # the step-20 save never happened
+    assert "checkpoint: committed step 10 " in proc.stdout
+    weights = load_file(run / "export" / "model.safetensors")
+    assert weights and all(torch.isfinite(t.float()).all() for t in weights.values())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import errno
+import math
 import os
 import re
 from collections.abc import Iterator
@@ -159,7 +160,13 @@ def classify_failure(exc: BaseException) -> tuple[str, str | None]:
     names = {cls.__name__ for cls in type(exc).__mro__}
     text = f"{type(exc).__name__}: {exc}".lower()
     if isinstance(exc, NonFiniteLoss):
-        return "non_finite_loss", f"loss became {exc.loss} at step {exc.step}: {NON_FINITE_HINT}"
+        # a finite loss here had non-finite gradients (trainer.runtime.bad_loss)
+        what = (
+            f"loss became {exc.loss}"
+            if not math.isfinite(exc.loss)
+            else (f"gradients became non-finite (loss {exc.loss:.4g})")
+        )
+        return "non_finite_loss", f"{what} at step {exc.step}: {NON_FINITE_HINT}"
     if (
         isinstance(exc, MemoryError)
         or "OutOfMemoryError" in names

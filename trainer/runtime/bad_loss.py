@@ -4,8 +4,8 @@ A NaN or a loss spike is usually one bad batch window meeting the weights at a b
 (MegaScale; PaLM restarted ~100 steps before a spike and skipped the 200 to 500 batches around
 it). Replaying the same batches from the same weights would meet it again, so the trainer
 restores the newest committed checkpoint (step ``c``: every committed checkpoint is of steps
-whose losses were read finite, because the losses are read before each save) and skips the steps
-it trained since, ``c + 1`` to the current one, the window that led to the bad loss. The step
+whose losses and gradient norms were read finite, because they are read before each save) and
+skips the steps it trained since, ``c + 1`` to the current one, the window that led to the bad loss. The step
 counter, the schedule and the data cursor go on from the current step; the run ends at
 ``train.max_steps`` with that many fewer optimizer updates, and the record says which steps were
 skipped.
@@ -77,12 +77,22 @@ class LossWatch:
         self.spike_factor = spike_factor
         self.recent: deque[float] = deque(maxlen=WINDOW)
 
-    def check(self, steps: Sequence[int], losses: Sequence[float]) -> BadLoss | None:
+    def check(
+        self, steps: Sequence[int], losses: Sequence[float], grad_norms: Sequence[float] | None = None
+    ) -> BadLoss | None:
         """The first bad one of ``losses`` (of ``steps``), None when all are good; the good ones
-        before it join the history."""
-        for step, loss in zip(steps, losses, strict=True):
+        before it join the history.
+
+        :param grad_norms: each step's gradient norm (None: not known, fp16's scaler). A finite
+            loss with a non-finite norm is bad too: that step's update made the weights NaN, and
+            they must not be saved (the check comes before a save of the step).
+        """
+        norms = grad_norms if grad_norms is not None else [0.0] * len(steps)
+        for step, loss, norm in zip(steps, losses, norms, strict=True):
             if not math.isfinite(loss):
                 return BadLoss(step, loss, f"non-finite loss {loss}")
+            if not math.isfinite(norm):
+                return BadLoss(step, loss, f"non-finite gradient norm {norm} (loss {loss:.4g})")
             if self.spike_factor > 0 and len(self.recent) >= MIN_HISTORY:
                 median = statistics.median(self.recent)
                 if median > 0 and loss > self.spike_factor * median:

@@ -47,6 +47,10 @@ def test_attempt_number_from_env_or_next_free(tmp_path, monkeypatch):
 
 def test_failure_hints():
     assert failure_hint(NonFiniteLoss(12, float("nan"))) == f"loss became nan at step 12: {NON_FINITE_HINT}"
+    # a finite loss in a NonFiniteLoss: the step's gradient norm was not (trainer.runtime.bad_loss)
+    assert failure_hint(NonFiniteLoss(3, 5.549)) == (
+        f"gradients became non-finite (loss 5.549) at step 3: {NON_FINITE_HINT}"
+    )
     assert (
         NON_FINITE_HINT
         == "lower train.lr (e.g. halve it) or scale it linearly with the global batch (linear scaling rule)"

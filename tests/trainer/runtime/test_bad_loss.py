@@ -17,6 +17,16 @@ def test_the_first_non_finite_loss_is_bad_and_the_good_ones_before_it_are_kept()
     assert list(watch.recent) == [2.5, 2.4, 2.3]
 
 
+def test_a_finite_loss_with_a_non_finite_gradient_norm_is_bad_its_update_poisoned_the_weights():
+    watch = LossWatch()
+    assert watch.check([1, 2], [2.5, 2.4], [0.9, 1.1]) is None
+    assert watch.check([3, 4], [2.3, 2.2], [0.8, math.inf]) == BadLoss(
+        4, 2.2, "non-finite gradient norm inf (loss 2.2)"
+    )
+    assert list(watch.recent) == [2.5, 2.4, 2.3]
+    assert LossWatch().check([5], [2.1], None) is None  # fp16: the scaler's business, not known
+
+
 def test_a_spike_needs_the_factor_and_enough_history():
     watch = LossWatch(spike_factor=3.0)
     assert watch.check([1], [50.0]) is None  # the first losses are high: no history yet
