@@ -686,8 +686,9 @@ def _log_steps(
             flush=False,
             **result.extra,
         )
-    with tr.pulse.busy("metrics flush"):  # a flush riding out a storage blip is no hang
-        metrics.flush_if_due()  # the steps read together make one part
+    if metrics.due:  # the steps read together make one part
+        with tr.pulse.busy("metrics flush"):  # a flush riding out a storage blip is no hang
+            metrics.flush_if_due()
     if print_line:
         line = progress_line(
             last.step,

@@ -131,6 +131,12 @@ class MetricsLog:
         if flush:
             self.flush_if_due()
 
+    @property
+    def due(self) -> bool:
+        """Whether :meth:`flush_if_due` would write now (a multiple of ``flush_every`` was added
+        since the last flush)."""
+        return self._due
+
     def flush_if_due(self) -> int:
         """:meth:`flush` if a step added since the last flush was a multiple of ``flush_every``;
         returns how many records are still unwritten."""

@@ -240,10 +240,11 @@ def test_steps_added_together_make_one_part_however_many_flush_points_they_cross
     log = MetricsLog(storage, RunLayout(tmp_path.as_uri()).metrics, attempt=1, flush_every=10)
     for step in range(1, 26):
         log.add(step=step, loss=1.0, lr=1e-3, tokens_per_s=1.0, time=float(step), flush=False)
-    assert parts_of(storage, tmp_path.as_uri()) == []
+    assert parts_of(storage, tmp_path.as_uri()) == [] and log.due
     assert log.flush_if_due() == 0
-    assert len(parts_of(storage, tmp_path.as_uri())) == 1
+    assert len(parts_of(storage, tmp_path.as_uri())) == 1 and not log.due
     assert [s for s, _ in steps_in(storage, tmp_path.as_uri())] == list(range(1, 26))
     for step in range(26, 30):  # no flush point among them: nothing is due
         log.add(step=step, loss=1.0, lr=1e-3, tokens_per_s=1.0, time=float(step), flush=False)
+    assert not log.due  # so the loop marks no busy spell (and starts no timer) for it
     assert log.flush_if_due() == 4 and len(parts_of(storage, tmp_path.as_uri())) == 1
