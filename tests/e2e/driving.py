@@ -5,6 +5,7 @@ end-to-end recovery tests drive."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -22,6 +23,14 @@ def deferred(call) -> TaskDeferred:
     with pytest.raises(TaskDeferred) as caught:
         call()
     return caught.value
+
+
+def wait_until(condition, what: str, timeout: float = 240.0) -> None:
+    """Poll ``condition`` every 50 ms until it holds; fail naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
+        time.sleep(0.05)
 
 
 def run_trigger(trigger, timeout_s: float) -> dict:

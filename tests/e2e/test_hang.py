@@ -28,7 +28,7 @@ import psutil
 import pytest
 
 from tests.e2e import driving
-from tests.e2e.driving import deferred
+from tests.e2e.driving import deferred, wait_until
 from trainer.contract import MetricsReader, RunLayout
 from trainer.runtime.heartbeat import ENV_EVERY_S, EVERY_S
 from trainer.storage import open_storage
@@ -50,19 +50,6 @@ DERIVED_DETECTION_S = 60.0
 
 def run_trigger(trigger) -> dict:
     return driving.run_trigger(trigger, DEADLINE_S)
-
-
-@pytest.fixture
-def local_state(tmp_path, monkeypatch):
-    monkeypatch.setenv("TRAINOPS_LOCAL_STATE", str(tmp_path / "local"))
-    return tmp_path / "local"
-
-
-def wait_until(condition, what: str, timeout: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
-        time.sleep(0.05)
 
 
 def last_step(store, layout: RunLayout, attempt: int) -> int:

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from tests.e2e import driving
-from tests.e2e.driving import deferred
+from tests.e2e.driving import deferred, wait_until
 from trainer.contract import MetricsReader, RunLayout
 from trainer.storage import NotFound, open_storage
 
@@ -28,19 +28,6 @@ pytestmark = pytest.mark.slow
 MAX_STEPS = 40
 KILL_AFTER_STEP = 13  # past the step-10 commit
 DEADLINE_S = 240.0
-
-
-@pytest.fixture
-def local_state(tmp_path, monkeypatch):
-    monkeypatch.setenv("TRAINOPS_LOCAL_STATE", str(tmp_path / "local"))
-    return tmp_path / "local"
-
-
-def wait_until(condition, what: str, timeout: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
-        time.sleep(0.05)
 
 
 def last_step(store, layout: RunLayout) -> int:

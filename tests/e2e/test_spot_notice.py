@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from tests.e2e import driving
-from tests.e2e.driving import deferred
+from tests.e2e.driving import deferred, wait_until
 from tests.trainer.helpers import (
     TRAIN_KEYS,
     metrics_of,
@@ -48,13 +48,6 @@ RUN_ID = "manual__2026-12-06T00:00:00+00:00"
 DEADLINE_S = 240.0
 
 
-def wait_until(condition, what: str, timeout: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
-        time.sleep(0.05)
-
-
 def notice_env(server: MetadataServer) -> dict[str, str]:
     return {
         "TRAINOPS_SPOT_NOTICE": server.shape,
@@ -74,12 +67,6 @@ def check_record(record: dict, shape: str, deadline: float) -> None:
         assert notice["lead_s"] == 30.0
     else:  # the announced deadline has whole seconds
         assert LEAD_S - 2 <= notice["lead_s"] <= LEAD_S
-
-
-@pytest.fixture
-def local_state(tmp_path, monkeypatch):
-    monkeypatch.setenv("TRAINOPS_LOCAL_STATE", str(tmp_path / "local"))
-    return tmp_path / "local"
 
 
 def test_an_aws_notice_saves_and_stops_the_gang_before_the_sigterm_and_the_run_resumes(

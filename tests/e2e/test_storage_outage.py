@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.e2e import driving
-from tests.e2e.driving import deferred
+from tests.e2e.driving import deferred, wait_until
 from tests.trainer.helpers import TRAIN_KEYS, run_config, torchrun_argv, trainer_env, write_dataset
 from trainer.contract import RunLayout, attempt_record_in_log, run_prefix
 from trainer.storage import open_storage
@@ -68,12 +68,6 @@ def reference_weights(tmp_path_factory, dataset) -> bytes:
     return (tmp / "run" / "export" / "model.safetensors").read_bytes()
 
 
-@pytest.fixture
-def local_state(tmp_path, monkeypatch):
-    monkeypatch.setenv("TRAINOPS_LOCAL_STATE", str(tmp_path / "local"))
-    return tmp_path / "local"
-
-
 def context() -> dict:
     return {"ti": SimpleNamespace(dag_id="retrain", run_id=RUN_ID, task_id="train", map_index=-1)}
 
@@ -115,13 +109,6 @@ class Background(threading.Thread):
         assert not self.is_alive(), "the blackout controller is still running"
         if self.error is not None:
             raise self.error
-
-
-def wait_until(condition, what: str, timeout: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
-        time.sleep(0.05)
 
 
 def committed_step(direct, layout: RunLayout) -> int:

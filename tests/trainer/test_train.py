@@ -826,6 +826,23 @@ def test_a_run_resumes_from_flat_fsdp_into_hsdp_and_back(tmp_path, dataset_uri, 
     assert exported == (flat_run / "export" / "model.safetensors").read_bytes()
 
 
+def poisoned_run(
+    tmp_path: Path, dataset_uri: str, nan_at_step: str
+) -> tuple[Path, subprocess.CompletedProcess]:
+    """The 40-step run under torchrun, reading losses every 5 steps, with step ``nan_at_step``
+    poisoned (tests/trainer/instrumented.py); it must complete. Its run folder and process."""
+    config, _ = run_config(tmp_path, dataset_uri, "run")
+    proc = subprocess.run(
+        torchrun_argv(config, "train.log_every=5", module=INSTRUMENTED),
+        env=trainer_env(tmp_path / "cache", 1, nan_at_step=nan_at_step),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return tmp_path / "run", proc
+
+
 @pytest.mark.slow
 def test_an_injected_nan_rolls_back_to_the_last_checkpoint_skips_the_window_and_completes(
     tmp_path, dataset_uri
@@ -833,16 +850,7 @@ def test_an_injected_nan_rolls_back_to_the_last_checkpoint_skips_the_window_and_
     """Step 14's loss and gradients are NaN on both ranks (the weights after it too). Read at step
     15, it rolls the gang back to the step-10 checkpoint, skipping steps 11-15; the run completes
     its 40 steps from there with finite losses, and the record says what was skipped."""
-    config, _ = run_config(tmp_path, dataset_uri, "run")
-    run = tmp_path / "run"
-    proc = subprocess.run(
-        torchrun_argv(config, "train.log_every=5", module=INSTRUMENTED),
-        env=trainer_env(tmp_path / "cache", 1, nan_at_step="14"),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run, proc = poisoned_run(tmp_path, dataset_uri, "14")
     record = read_json(run / "attempts" / "1.json")
     assert (record["outcome"], record["last_step"]) == ("completed", MAX_STEPS)
     assert record["rollbacks"] == [
@@ -871,16 +879,7 @@ def test_nan_gradients_under_a_finite_loss_at_a_checkpoint_step_are_never_saved(
     leaves NaN weights. The gradient norm is read with the loss, before the save, so step 20 is
     never saved: the gang rolls back to step 10, skips 11-20 and completes. (Read by the loss
     alone, the save of step 20 would hold NaN weights, and the rollback to it would fail.)"""
-    config, _ = run_config(tmp_path, dataset_uri, "run")
-    run = tmp_path / "run"
-    proc = subprocess.run(
-        torchrun_argv(config, "train.log_every=5", module=INSTRUMENTED),
-        env=trainer_env(tmp_path / "cache", 1, nan_at_step="20:grads"),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run, proc = poisoned_run(tmp_path, dataset_uri, "20:grads")
     record = read_json(run / "attempts" / "1.json")
     assert (record["outcome"], record["last_step"]) == ("completed", MAX_STEPS)
     [rollback] = record["rollbacks"]
