@@ -400,9 +400,9 @@ class Checkpointer:
         files: list[dict[str, Any]] = []
         kept = local_tier.Kept(local_tier.folder(self.layout.run_uri, step, self.attempt))
         try:
-            if problem is None:  # the node keeps its files of this checkpoint (local_tier)
-                kept = local_tier.keep(sorted(staging.iterdir()), kept.folder)
-            for path in sorted(staging.iterdir()) if problem is None else []:
+            staged = sorted(staging.iterdir()) if problem is None else []
+            kept = local_tier.keep(staged, kept.folder)  # the node keeps its files of this checkpoint
+            for path in staged:
                 files.append(written_entry(path, written))
                 # Handed over: on file:// (same filesystem) renamed into place, not copied.
                 self.storage.upload_file(path, join(prefix, path.name), move=True)
@@ -624,7 +624,9 @@ class Checkpointer:
                     offer[name] = read_ranges(folder / name, ranges)
             except Exception as exc:
                 problem = self._fetch_problem(exc)
-            reason, offers = self._agree(step, problem, offer)
+            # with what each rank read and downloaded: where the load found its files
+            reason, agreed_offers = self._agree(step, problem, (offer, (str(cache_dir()), read, fetched)))
+            offers = [o for o, _ in agreed_offers]
             if reason is not None:
                 corrupt[step] = reason
                 shutil.rmtree(folder, ignore_errors=True)  # every rank is done with it (agreed)
@@ -642,15 +644,13 @@ class Checkpointer:
                 len(assignment.fetched_by(self.rank)),
                 sum(len(b) for ranges in relayed.values() for b in ranges.values()),
             )
-            self._count_restored(step, read, fetched)
+            self._count_restored(step, [t for _, t in agreed_offers])
             return step, marker, folder, sharded, relayed
 
-    def _count_restored(self, step: int, read: list[str], fetched: list[str]) -> None:
-        """Every rank: where the load of ``step`` found its files, all nodes together
-        (:attr:`restore_files`; a collective); rank 0 logs it."""
-        gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, (str(cache_dir()), read, fetched), group=self.group)
-        self.restore_files = local_tier.restore_files(gathered)
+    def _count_restored(self, step: int, touched: list[tuple[str, list[str], list[str]]]) -> None:
+        """Where the load of ``step`` found its files, all nodes together (:attr:`restore_files`),
+        from each rank's ``(node, files read, files downloaded)``; rank 0 logs it."""
+        self.restore_files = local_tier.restore_files(touched)
         if self.rank == 0:
             local, total = self.restore_files["local"], sum(self.restore_files.values())
             log.info(
