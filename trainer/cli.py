@@ -16,7 +16,7 @@ from trainer.config import ConfigError, all_keys, load_config
 from trainer.contract import RunLayout
 from trainer.presets import preset_table
 from trainer.runtime.restarts import read_earlier
-from trainer.storage import open_storage
+from trainer.storage import StorageError, open_storage
 
 EPILOG = (
     """\
@@ -73,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except StorageError as exc:  # one line, not a traceback: a restart in place meets it again
+        print(f"error: could not read the config {args.config}: {exc}", file=sys.stderr)
+        return 1
     logging.basicConfig(level=logging.INFO, format="[trainer] %(message)s", stream=sys.stdout)
     if args.command == "train":
         # An in-place restart after a stop, a completion or a program error ends here, before

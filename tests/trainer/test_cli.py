@@ -35,3 +35,21 @@ def test_cli_help_lists_commands_and_keys():
     assert proc.returncode == 0
     for word in ("train", "evaluate", "export", "checkpoint.every_steps"):
         assert word in proc.stdout
+
+
+def test_a_config_that_storage_cannot_serve_fails_in_one_line(monkeypatch, capsys):
+    # an outage as torchrun restarts the workers in place: one line each, so that the record rank
+    # 0 printed before stays in the log tail the operator reads
+    from trainer import cli
+    from trainer.storage import StorageUnavailable
+
+    def down(uri, overrides):
+        raise StorageUnavailable(f"storage: GET {uri} kept failing (503 SlowDown)")
+
+    monkeypatch.setattr(cli, "load_config", down)
+    assert cli.main(["train", "--config", "s3://b/run/config.yaml"]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "error: could not read the config s3://b/run/config.yaml: storage: GET s3://b/run/config.yaml kept "
+        "failing (503 SlowDown)"
+    ]

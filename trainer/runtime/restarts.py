@@ -30,7 +30,7 @@ from typing import Any
 
 from trainer.contract import ENV_ATTEMPT, ENV_MAX_RESTARTS, ENV_RESTART_COUNT, RunLayout
 from trainer.runtime.preemption import PREEMPTED_EXIT_CODE
-from trainer.storage import NotFound, Storage, StorageError
+from trainer.storage import NotFound, Storage, StorageError, StorageUnavailable
 
 log = logging.getLogger("trainer.restarts")
 
@@ -121,7 +121,9 @@ def read_earlier(storage: Storage, layout: RunLayout, environ: Mapping[str, str]
     finds (every launch has a new number), says it; and where there is none (the incarnation
     before was killed before any rank wrote one), its heartbeat says an incarnation trained. A
     record that cannot be read (storage down) counts as none: the trainer meets the outage
-    itself.
+    itself, except an outage (``StorageUnavailable``): then it exits at once, since it would
+    only meet the outage again, and each restart's failure would push the record that rank 0
+    printed in place of the unwritable one out of the log tail the operator reads.
     """
     number = environ.get(ENV_ATTEMPT)
     if not number or max_restarts(environ) == 0:
@@ -131,7 +133,13 @@ def read_earlier(storage: Storage, layout: RunLayout, environ: Mapping[str, str]
         record = storage.get_json(layout.attempt(int(number)))
     except NotFound:
         record = None
-    except (ValueError, StorageError) as exc:  # damaged, a bad number (attempt_number says so), down
+    except StorageUnavailable as exc:  # an outage: a restart in place would only meet it again
+        why = (
+            f"storage is unreachable ({exc}): a restart in place would meet the same outage; the "
+            "operator relaunches the gang after its back-off"
+        )
+        return Earlier([summary(None, n) for n in range(max(count, 1))], PROGRAM_EXIT_CODE, why)
+    except (ValueError, StorageError) as exc:  # damaged, a bad number (attempt_number says so)
         log.warning("could not read the attempt's record (%s); training on", exc)
         record = None
     if not isinstance(record, dict):

@@ -128,7 +128,9 @@ def test_a_worker_restarted_for_another_nodes_sake_still_knows_it_is_a_restart(t
     assert [e["restart"] for e in read_earlier(storage, layout, uncounted).restarts] == [0, 1]
 
 
-def test_read_earlier_trains_on_when_storage_is_down(tmp_path, caplog):
+def test_read_earlier_exits_at_once_while_storage_is_down(tmp_path):
+    # the restart would meet the same outage; its failure's lines would push the record rank 0
+    # printed (storage refused it) out of the log tail the operator reads
     class Down:
         def get_json(self, uri):
             raise StorageUnavailable(f"storage: read {uri} kept failing (503 SlowDown)")
@@ -138,5 +140,15 @@ def test_read_earlier_trains_on_when_storage_is_down(tmp_path, caplog):
     layout = RunLayout((tmp_path / "run").as_uri())
     environ = {"TRAINOPS_ATTEMPT": "1", "TORCHELASTIC_MAX_RESTARTS": "2", "TORCHELASTIC_RESTART_COUNT": "1"}
     earlier = read_earlier(Down(), layout, environ)
+    assert earlier is not None and earlier.exit_code == 1
+    assert earlier.why.startswith("storage is unreachable (storage: read ")
+
+
+def test_read_earlier_trains_on_over_a_damaged_record(tmp_path, caplog):
+    layout = RunLayout((tmp_path / "run").as_uri())
+    storage = open_storage(layout.run_uri)
+    storage.put(layout.attempt(1), b"{torn")
+    environ = {"TRAINOPS_ATTEMPT": "1", "TORCHELASTIC_MAX_RESTARTS": "2", "TORCHELASTIC_RESTART_COUNT": "1"}
+    earlier = read_earlier(storage, layout, environ)
     assert earlier is not None and earlier.exit_code is None
     assert "could not read the attempt's record" in caplog.text
