@@ -19,8 +19,8 @@ skipped. Otherwise: `source` (writes the demo data if the default location is em
 `evaluate` (candidate and production on the same split) -> `gate` -> `promote`
 (skipped, not failed, when the gate rejects the model).
 
-`nodes`, `gpus_per_node`, `capacity` and `max_preemptions` reach `train` as templated
-fields from `plan`'s XCom; the operator checks them once rendered, before launching.
+`nodes`, `gpus_per_node`, `capacity`, `max_preemptions` and `restarts_in_place` reach `train`
+as templated fields from `plan`'s XCom; the operator checks them once rendered, before launching.
 
 **Retries**: one for the short tasks (a storage hiccup). None for `train`: preemptions and
 infrastructure failures have their own budgets inside the task (`max_preemptions`, two

@@ -7,7 +7,8 @@ active run at a time.
 touching code:
 
 - Airflow Variable `trainops_retrain` (JSON object), any of `dataset_uri`, `model_preset`,
-  `hf_model`, `task`, `nodes`, `gpus_per_node`, `capacity`, `max_preemptions`, `lr`, `max_steps`,
+  `hf_model`, `task`, `nodes`, `gpus_per_node`, `capacity`, `max_preemptions`,
+  `restarts_in_place`, `lr`, `max_steps`,
   `warm_start`, with the same meanings, limits and defaults as the `retrain_manual` form. Unset keys keep their defaults,
   which run on the embedded default: the demo dataset under the storage root (generated on
   first use), the tiny model, one CPU "node", 60 steps, and `warm_start` `auto`: training starts

@@ -63,6 +63,7 @@ def test_retrain_manual_has_no_schedule_and_the_form(bag):
         "gpus_per_node",
         "capacity",
         "max_preemptions",
+        "restarts_in_place",
         "lr",
         "max_steps",
         "warm_start",

@@ -38,6 +38,7 @@ def test_every_default_is_valid_and_runs_on_the_embedded_default(server_params, 
         "gpus_per_node": 0,
         "capacity": "spot",
         "max_preemptions": 3,
+        "restarts_in_place": 2,
         "lr": 0.003,
         "max_steps": 60,
         "warm_start": "auto",
@@ -68,6 +69,8 @@ def test_every_default_is_valid_and_runs_on_the_embedded_default(server_params, 
         ("gpus_per_node", 17),
         ("capacity", "cheapest"),
         ("max_preemptions", -1),
+        ("restarts_in_place", 11),  # past a few, a relaunch elsewhere serves better
+        ("restarts_in_place", -1),
         ("lr", 0),
         ("lr", 2.0),
         ("max_steps", 0),
@@ -97,6 +100,7 @@ def test_a_dry_run_renders_the_job_and_launches_nothing(airflow_db, storage, tmp
             "nodes": 2,
             "gpus_per_node": 8,
             "capacity": "spot-then-on-demand",
+            "restarts_in_place": 0,
             "max_steps": 500,
         }
     )
@@ -118,6 +122,9 @@ def test_a_dry_run_renders_the_job_and_launches_nothing(airflow_db, storage, tmp
     assert job["spec"]["completions"] == 2
     container = job["spec"]["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    # The form's restarts in place reach torchrun: 0 relaunches the gang on every failure.
+    assert report["restarts_in_place"] == report["job_spec"]["restarts_in_place"] == 0
+    assert "--max-restarts=0" in container["command"] + container.get("args", [])
     out = capfd.readouterr()
     assert "DRY RUN on cluster 'local': nothing is staged or launched." in out.out + out.err
     assert "kind: Job" in out.out + out.err

@@ -78,7 +78,7 @@ def test_a_killed_worker_restarts_in_place_on_its_node_from_the_local_tier(file_
     assert agents(op, handle) == nodes  # the same nodes: nothing was deleted or relaunched
 
     result = op.execute_complete(ctx, driving.run_trigger(first.trigger, DEADLINE_S))
-    assert (result["attempts"], result["steps"]) == (1, MAX_STEPS)
+    assert (result["attempts"], result["steps"], result["restarts_in_place"]) == (1, MAX_STEPS, 1)
     record = store.get_json(layout.attempt(1))
     assert (record["outcome"], record["last_step"]) == ("completed", MAX_STEPS)
     [before] = record["restarts"]

@@ -92,6 +92,7 @@ from trainer.contract.records import (
     attempt_record,
     attempt_record_in_log,
     attempt_record_line,
+    earlier_incarnations,
     parse_attempt_record,
     skipped_steps,
 )
@@ -190,6 +191,7 @@ __all__ = [
     "dataset_labels",
     "dataset_prefix",
     "dataset_task",
+    "earlier_incarnations",
     "join",
     "last_record",
     "latest_of_attempt",

@@ -214,6 +214,15 @@ def parse_attempt_record(data: object) -> AttemptRecord:
 _NOTICE_TIMES = ("noticed_at", "saved_at", "saved_after_s")
 
 
+def earlier_incarnations(record: object) -> list[Mapping[str, Any]]:
+    """An attempt record's earlier incarnations (its ``restarts``, oldest first): torchrun
+    restarted the attempt's workers in place once for each. [] for an attempt that never
+    restarted, a record from before the field, or anything that is not a record; entries that
+    are not objects are left out (a damaged record says nothing of them)."""
+    restarts = record.get("restarts") if isinstance(record, Mapping) else None
+    return [e for e in restarts if isinstance(e, Mapping)] if isinstance(restarts, list) else []
+
+
 def skipped_steps(records: list[Mapping[str, Any]]) -> list[list[int]]:
     """``[[first, last], ...]``: the step windows that bad-loss rollbacks skipped, over attempt
     records in attempt order (entries that are not well-formed are left out: a damaged record

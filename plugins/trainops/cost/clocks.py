@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from trainer.contract import earlier_incarnations
 from trainops.cluster.base import FINAL_PHASES
 from trainops.recovery.record import AttemptEntry
 
@@ -152,7 +153,7 @@ def attempt_clocks(entry: AttemptEntry, step_times: list[float]) -> AttemptClock
     record: dict[str, Any] = dict(entry.get("record") or {})
     # An attempt restarted in place: its record's own times are its newest incarnation's; the
     # trainer started with its first (``restarts``, oldest first), and stamped each one's times.
-    earlier = [e for e in record.get("restarts") or [] if isinstance(e, dict)]
+    earlier = earlier_incarnations(record)
     started = next(
         (t for t in (epoch(e.get("started_at")) for e in [*earlier, record]) if t is not None), None
     )

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from trainer.contract import earlier_incarnations
 from trainops.cost.clocks import epoch
 
 
@@ -57,11 +58,8 @@ def _seconds(value: object) -> float:
 def earlier(record: Mapping[str, Any] | None) -> list[Incarnation]:
     """The incarnations before the newest, oldest first, on the trainer's clock; [] for an
     attempt that never restarted in place (or a record from before ``restarts``)."""
-    restarts = record.get("restarts") if isinstance(record, Mapping) else None
     out = []
-    for entry in restarts if isinstance(restarts, list) else []:
-        if not isinstance(entry, Mapping):
-            continue
+    for entry in earlier_incarnations(record):
         last = _int(entry.get("last_step"))
         out.append(
             Incarnation(

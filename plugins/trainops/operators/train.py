@@ -73,7 +73,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
         pod after one of them died or raised (its ``--max-restarts``), an integer from 0 to 10:
         the gang re-forms and resumes from the newest checkpoint, read from the node-local tier
         where the node holds it, without new pods. Once they are spent, torchrun exits and the
-        whole gang is relaunched, as every failure is with 0, which turns them off.
+        whole gang is relaunched, as every failure is with 0, which turns them off. (templated)
     :param fallback_after: with ``spot-then-on-demand``, preemptions before moving to on-demand
         (None, or an integer >= 1).
         The move also happens when spot pods stay unschedulable past ``unschedulable_timeout``.
@@ -127,6 +127,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
         "gpus_per_node",
         "capacity",
         "max_preemptions",
+        "restarts_in_place",
         "prices",
         "inject_preemption",
     )
@@ -187,7 +188,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
         self.nodes, self.gpus_per_node = nodes, gpus_per_node
         self.capacity, self.max_preemptions = capacity, max_preemptions
         self.max_infra_retries = params.as_int("max_infra_retries", max_infra_retries, minimum=0)
-        self.restarts_in_place = train_settings.checked_restarts(restarts_in_place)
+        self.restarts_in_place = restarts_in_place
         self.fallback_after = params.optional_int("fallback_after", fallback_after, minimum=1)
         self.termination_grace_seconds = params.as_int(
             "termination_grace_seconds", termination_grace_seconds, minimum=1
@@ -208,9 +209,8 @@ class FSDPTrainingOperator(ClusterJobOperator):
             load_prices(prices, None)  # read as a price table: ValueError naming a bad entry
         if not params.known_at_run_time(dataset):
             params.dataset_uri(dataset)
-        sizing_known = not any(
-            params.known_at_run_time(v) for v in (nodes, gpus_per_node, capacity, max_preemptions)
-        )
+        sizing = (nodes, gpus_per_node, capacity, max_preemptions, restarts_in_place)
+        sizing_known = not any(params.known_at_run_time(v) for v in sizing)
         if sizing_known:
             self._check_settings()
         if not params.known_at_run_time(self.trainer_config):  # the trainer's schema, with stand-ins
@@ -223,6 +223,7 @@ class FSDPTrainingOperator(ClusterJobOperator):
     def _check_settings(self) -> None:
         """Check (and, from rendered templates, convert) the sizing settings; on Kubernetes,
         render a trial JobSpec too. At DAG parse for plain values, else when the task runs."""
+        self.restarts_in_place = train_settings.checked_restarts(self.restarts_in_place)
         self.nodes, self.gpus_per_node, self.max_preemptions = train_settings.checked_sizing(
             self.cluster,
             nodes=self.nodes,

@@ -14,7 +14,7 @@ from trainops.operators.base import TaskLog
 from trainops.operators.cleanup import clip_tail
 from trainops.recovery.classify import AttemptRecord, attempt_record_of
 from trainops.recovery.driver import WaitEnded
-from trainops.recovery.record import JobRecord, Progress, total_steps_lost
+from trainops.recovery.record import JobRecord, Progress, total_restarts_in_place, total_steps_lost
 from trainops.triggers.events import JobEvent
 
 
@@ -99,6 +99,7 @@ def result(store: Storage, layout: RunLayout, job: JobRecord, record: AttemptRec
         "checkpoint_step": record["checkpoint_step"],
         "attempts": len(job["attempts"]),
         "preemptions": job["preemptions"],
+        "restarts_in_place": total_restarts_in_place(job),  # torchrun's, inside the attempts
         "steps_lost": total_steps_lost(job),
         # bad-loss rollbacks' skipped windows, [[first, last], ...] (trainer.runtime.bad_loss)
         "steps_skipped": skipped_steps([a.get("record") or {} for a in job["attempts"]]),

@@ -36,10 +36,11 @@ def checked_sizing(
 
 
 def checked_restarts(restarts_in_place: Any) -> int:
-    """``restarts_in_place`` (torchrun's restarts of a node's workers in place) as an integer
+    """``restarts_in_place`` (torchrun's restarts of a node's workers in place; a rendered
+    template's text too) as an integer
     from 0 to :data:`~trainops.cluster.spec.MAX_RESTARTS_IN_PLACE`; ParameterError naming the
     value and what to pass otherwise."""
-    count = as_int("restarts_in_place", restarts_in_place, minimum=0)
+    count = as_int("restarts_in_place", restarts_in_place, minimum=0, text=True)
     if count > MAX_RESTARTS_IN_PLACE:
         raise ParameterError(
             f"restarts_in_place must be an integer from 0 to {MAX_RESTARTS_IN_PLACE}, got {count}: a failure "

@@ -71,7 +71,12 @@ def dry_run_report(
     run_uri = run_prefix(root, dag_id, run_id, train.task_id)
     data_uri = join(root, "datasets", safe_segment(plan["dataset_name"]), "<version staged from dataset_uri>")
     # The task's own launch settings, with the plan's values where its templates will render.
-    settings = replace(train.launch_settings(), nodes=plan["nodes"], gpus_per_node=plan["gpus_per_node"])
+    settings = replace(
+        train.launch_settings(),
+        nodes=plan["nodes"],
+        gpus_per_node=plan["gpus_per_node"],
+        restarts_in_place=plan["restarts_in_place"],
+    )
     config = checked_run_config(
         plan["trainer_config"], run_uri=run_uri, data_uri=data_uri, world_size=settings.world_size
     )
@@ -94,6 +99,7 @@ def dry_run_report(
         "cluster": train.cluster,
         "dataset_uri": plan["dataset_uri"],
         "max_preemptions": plan["max_preemptions"],
+        "restarts_in_place": plan["restarts_in_place"],
         "capacity": plan["capacity"],
         "trainer_config": yaml.safe_load(dump_yaml(config)),
         "job_spec": masked(spec).to_dict(),

@@ -1,6 +1,6 @@
 """The retraining settings: one schema for the trigger form, the Variable and the run plan.
 
-Settings are the same twelve keys wherever they come from: the ``retrain_manual`` form (DAG
+Settings are the same thirteen keys wherever they come from: the ``retrain_manual`` form (DAG
 params), or the ``trainops_retrain`` Variable for the unattended DAGs. Every key has a default
 that runs on the embedded default (``file://`` storage, the local cluster, a tiny model).
 
@@ -17,7 +17,7 @@ from airflow.sdk import Param, Variable
 
 from trainer.contract import join
 from trainer.presets import PRESETS
-from trainops.cluster.spec import CAPACITIES
+from trainops.cluster.spec import CAPACITIES, MAX_RESTARTS_IN_PLACE
 from trainops.recipes.pipeline import gate_checks
 from trainops.settings import (
     SettingsError,  # raised here; imported from here as before
@@ -102,6 +102,15 @@ SETTINGS: dict[str, dict] = {
         "title": "Preemption budget",
         "description": "Relaunches after spot preemptions before the training task fails, "
         "0 to 100. Separate from Airflow's task retries.",
+    },
+    "restarts_in_place": {
+        "schema": {"type": "integer", "minimum": 0, "maximum": MAX_RESTARTS_IN_PLACE},
+        "default": 2,
+        "title": "Restarts in place",
+        "description": f"How often a node's crashed worker processes restart in the same pods, "
+        f"0 to {MAX_RESTARTS_IN_PLACE}, before the whole gang is relaunched: the gang resumes in "
+        "seconds from its newest checkpoint, read from the node's own disk where it holds it. 0 "
+        "relaunches the gang on every failure. A preempted or lost node always relaunches it.",
     },
     "lr": {
         "schema": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
@@ -257,13 +266,15 @@ def trainer_config(
 
 def training_kwargs(settings: dict) -> dict:
     """The training operator's run-time arguments (templated fields, fed from the plan task's
-    XCom): ``nodes``, ``gpus_per_node``, ``capacity``, ``max_preemptions``, ``trainer_config``;
+    XCom): ``nodes``, ``gpus_per_node``, ``capacity``, ``max_preemptions``,
+    ``restarts_in_place``, ``trainer_config``;
     and the gate's ``gate_checks`` for the run's task (:func:`.pipeline.gate_checks`)."""
     return {
         "nodes": settings["nodes"],
         "gpus_per_node": settings["gpus_per_node"],
         "capacity": settings["capacity"],
         "max_preemptions": settings["max_preemptions"],
+        "restarts_in_place": settings["restarts_in_place"],
         "trainer_config": trainer_config(
             settings["model_preset"],
             settings["lr"],

@@ -91,7 +91,8 @@ def train_evaluate_gate_promote(
 ) -> dict:
     """What every retraining DAG shares, created in the DAG being defined: train on
     ``stage``'s dataset with the run-time settings ``args`` (an XCom dict with ``nodes``,
-    ``gpus_per_node``, ``capacity``, ``max_preemptions``, ``trainer_config``, ``gate_checks``:
+    ``gpus_per_node``, ``capacity``, ``max_preemptions``, ``restarts_in_place``,
+    ``trainer_config``, ``gate_checks``:
     :func:`gate_checks` of the run's task), evaluate the candidate against production, gate it
     and promote it. ``place`` is
     :func:`deployment`'s answer. ``best_by``: evaluate, gate and promote the run's best
@@ -107,6 +108,7 @@ def train_evaluate_gate_promote(
         gpus_per_node=args["gpus_per_node"],
         capacity=args["capacity"],
         max_preemptions=args["max_preemptions"],
+        restarts_in_place=args["restarts_in_place"],
         trainer_config=args["trainer_config"],
         model_name=model,  # init.from production/auto: this model's production version
         retries=0,

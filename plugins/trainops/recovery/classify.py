@@ -13,7 +13,7 @@ line, which :func:`attempt_record_of` finds in the log tail.
 from collections.abc import Mapping
 from typing import Any, Final, Literal, TypedDict
 
-from trainer.contract import AttemptRecord, Cause, attempt_record_in_log
+from trainer.contract import AttemptRecord, Cause, attempt_record_in_log, earlier_incarnations
 
 # EVICTED lives with the cluster's records (the backends report it); imported here as before.
 from trainops.cluster.base import EVICTED, JobState
@@ -109,7 +109,7 @@ def restart_note(record: Mapping[str, Any] | None) -> str | None:
     fields, or a plain resume from storage after a relaunch)."""
     if not isinstance(record, Mapping):
         return None
-    restarts = [e for e in record.get("restarts") or [] if isinstance(e, Mapping)]
+    restarts = earlier_incarnations(record)
     parts = []
     if restarts:
         causes = ", then ".join(_restart_cause(e) for e in restarts)

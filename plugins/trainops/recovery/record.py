@@ -11,6 +11,7 @@ accounting read the same fields back.
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict, cast
 
+from trainer.contract import earlier_incarnations
 from trainops.cluster.base import JobHandle, JobState
 from trainops.recovery.classify import (
     HUNG,
@@ -335,9 +336,7 @@ def restarts_steps_lost(record: Mapping[str, Any] | None) -> int:
     """Steps the attempt's earlier incarnations lost to its in-place restarts (its record's
     ``restarts``: each restart resumed from the newest checkpoint and replayed the steps after
     it); 0 without any."""
-    restarts = record.get("restarts") if isinstance(record, Mapping) else None
-    entries = [e for e in restarts if isinstance(e, Mapping)] if isinstance(restarts, list) else []
-    lost = [e.get("steps_lost") for e in entries]
+    lost = [e.get("steps_lost") for e in earlier_incarnations(record)]
     return sum(n for n in lost if isinstance(n, int) and not isinstance(n, bool) and n > 0)
 
 
@@ -459,3 +458,11 @@ def mark_failed(job: JobRecord) -> JobRecord:
 def total_steps_lost(job: JobRecord) -> int:
     """Steps lost over every attempt of the run."""
     return sum(a.get("steps_lost") or 0 for a in job["attempts"])
+
+
+def total_restarts_in_place(job: Mapping[str, Any]) -> int:
+    """Restarts in place over every attempt of the run (torchrun's, one per earlier incarnation
+    in an attempt's record); a damaged entry counts nothing."""
+    attempts = job.get("attempts")
+    entries = [a for a in attempts if isinstance(a, Mapping)] if isinstance(attempts, list) else []
+    return sum(len(earlier_incarnations(a.get("record"))) for a in entries)

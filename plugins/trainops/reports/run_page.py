@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from trainer.contract import METRICS_DIR, MetricsRecord, metrics_records
 from trainops.recovery.hang import limit_in_verdict
+from trainops.recovery.record import total_restarts_in_place
 from trainops.reports.charts import CHART_COLOURS, MAX_CHART_POINTS, svg_line_chart
 from trainops.reports.cost_page import cost_section, is_live, run_cost
 from trainops.reports.html import (
@@ -87,8 +88,7 @@ def _outcome(value: object) -> str:
 def _run_summary(uri: str, job: dict, final: dict | None, metrics_uri: str | None) -> str:
     attempts = dicts(job.get("attempts"))
     lost = [a["steps_lost"] for a in attempts if _finite(a.get("steps_lost"))]
-    records = [a["record"] for a in attempts if isinstance(a.get("record"), dict)]
-    restarts = sum(len(dicts(r.get("restarts"))) for r in records)
+    restarts = total_restarts_in_place(job)
     rows = [
         ("Status", _outcome(job.get("status", "unknown"))),
         ("Attempts", scalar(len(attempts))),

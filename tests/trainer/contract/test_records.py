@@ -179,3 +179,15 @@ def test_the_first_step_and_signal_times_travel_in_the_record_and_are_checked():
     for key in ("first_step_time", "signal_time"):
         with pytest.raises(ValueError, match=f"'{key}' must be epoch seconds"):
             parse_attempt_record({**rec, key: "noon"})
+
+
+def test_an_attempts_earlier_incarnations_are_read_leniently():
+    from trainer.contract import attempt_record, earlier_incarnations
+
+    restarts = [{"restart": 0, "outcome": "failed"}, {"restart": 1, "outcome": "unknown"}]
+    rec = attempt_record(
+        attempt=1, outcome="completed", last_step=9, checkpoint_step=9, world_size=2, restarts=restarts
+    )
+    assert earlier_incarnations(rec) == restarts
+    assert earlier_incarnations({"restarts": [restarts[0], "torn", None]}) == [restarts[0]]
+    assert [earlier_incarnations(r) for r in (None, "text", {}, {"restarts": "x"})] == [[], [], [], []]

@@ -676,18 +676,26 @@ def test_sizing_settings_may_come_from_templates_and_are_checked_once_rendered(f
         gpus_per_node="{{ params.gpus }}",
         capacity="{{ params.capacity }}",
         max_preemptions="{{ params.max_preemptions }}",
+        restarts_in_place="{{ params.restarts_in_place }}",
     )  # accepted at parse: unknown yet
-    op.gpus_per_node, op.capacity, op.max_preemptions = "0", "on-demand", "5"  # as rendered
+    op.gpus_per_node, op.capacity, op.max_preemptions, op.restarts_in_place = "0", "on-demand", "5", "1"
     with pytest.raises(TaskDeferred):
         op.execute(context)
     spec, _ = cluster.launched[0]
     assert (spec.nodes, spec.gpus_per_node, spec.capacity, op.max_preemptions) == (2, 0, "on-demand", 5)
+    assert spec.restarts_in_place == 1  # torchrun's --max-restarts, from the rendered text
 
     bad = operator(file_root, max_preemptions="{{ params.max_preemptions }}")
     bad.max_preemptions = "lots"
     with pytest.raises(AirflowFailException, match="max_preemptions must be an integer >= 0, got 'lots'"):
         bad.execute(context)  # a rendered bad value fails at once: a retry renders it the same
-    assert len(cluster.launched) == 1  # nothing launched for the bad one
+    bad = operator(file_root, restarts_in_place="{{ params.restarts_in_place }}")
+    bad.restarts_in_place = "12"
+    with pytest.raises(
+        AirflowFailException, match="restarts_in_place must be an integer from 0 to 10, got 12"
+    ):
+        bad.execute(context)
+    assert len(cluster.launched) == 1  # nothing launched for the bad ones
 
 
 def test_plain_sizing_settings_fail_when_the_dag_is_parsed():
@@ -765,7 +773,7 @@ def nothing_launched_or_written(cluster, root):
             r"\(the default\), or 0 to relaunch the gang on every failure",
         ),
         ({"restarts_in_place": -1}, "restarts_in_place must be an integer >= 0, got -1"),
-        ({"restarts_in_place": "2"}, "restarts_in_place must be an integer >= 0, got the text '2'"),
+        ({"restarts_in_place": "often"}, "restarts_in_place must be an integer >= 0, got 'often'"),
         (
             {"job_options": {"memory": "-4Gi"}},
             r"JobSpec memory '-4Gi' is not a positive Kubernetes quantity \(negative\)",

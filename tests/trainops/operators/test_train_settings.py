@@ -40,7 +40,7 @@ def test_on_kubernetes_a_trial_job_is_rendered_with_the_job_options():
 
 
 def test_restarts_in_place_are_a_small_whole_number():
-    assert [checked_restarts(n) for n in (0, 2, 10)] == [0, 2, 10]
+    assert [checked_restarts(n) for n in (0, 2, 10, "3")] == [0, 2, 10, 3]  # "3": a rendered template
     with pytest.raises(
         ValueError, match=r"restarts_in_place must be an integer from 0 to 10, got 11: .*such as 2"
     ):

@@ -20,6 +20,7 @@ ARGS = {
     "gpus_per_node": 0,
     "capacity": "spot-then-on-demand",
     "max_preemptions": 5,
+    "restarts_in_place": 1,
     "trainer_config": {"train": {"max_steps": 10}},
     "gate_checks": GATE_CHECKS,
 }
@@ -75,6 +76,7 @@ def test_train_evaluate_gate_promote_wires_four_tasks_on_one_deployment():
         5,
         10.0,
     )
+    assert train.restarts_in_place == 1
     for task in (train, evaluate):
         assert (task.cluster, task.image, task.namespace, task.poll_interval) == ("local", "img:1", "ml", 2.0)
     assert evaluate.model_name == "m" and promote.model_name == "m"

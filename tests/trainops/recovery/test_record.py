@@ -21,6 +21,7 @@ from trainops.recovery.record import (
     record_launched,
     start_record,
     steps_lost,
+    total_restarts_in_place,
     total_steps_lost,
 )
 
@@ -166,6 +167,9 @@ def test_steps_an_attempts_in_place_restarts_replayed_count_as_lost():
     )
     entry = job["attempts"][0]
     assert entry["steps_lost"] == 10 and total_steps_lost(job) == 10
+    assert total_restarts_in_place(job) == 2  # the task's result and the run page say so
+    job["attempts"].append({"attempt": 2, "record": {"restarts": "damaged"}})
+    assert total_restarts_in_place(job) == 2  # a damaged record counts nothing
     assert (
         entry["reason"] == "the trainer completed every step; restarted in place 2× (failed, then no record)"
     )
