@@ -634,7 +634,7 @@ def _roll_back(tr: Training, bad: BadLoss) -> None:
         )
     except BudgetSpent as exc:
         raise NonFiniteLoss(bad.step, bad.loss, str(exc)) from None
-    step, cursor = state.step, state.cursor
+    step, cursor, loading = state.step, state.cursor, time.monotonic()
     restored = tr.checkpointer.load_latest()
     if restored is None:  # committed, yet nothing to load: the load would have raised
         raise NonFiniteLoss(
@@ -643,7 +643,8 @@ def _roll_back(tr: Training, bad: BadLoss) -> None:
     for _ in range(step - state.step):  # the schedule as it was at the current step
         tr.scheduler.step()
     state.step, state.cursor = step, cursor
-    rollback = Rollback(bad, restored, restored + 1, step)
+    took = round(time.monotonic() - loading, 3)
+    rollback = Rollback(bad, restored, restored + 1, step, took, tr.checkpointer.restore_files)
     tr.rollbacks.append(rollback)
     tr.attempt.rollbacks = [r.record() for r in tr.rollbacks]
     if tr.env.is_main:

@@ -853,16 +853,19 @@ def test_an_injected_nan_rolls_back_to_the_last_checkpoint_skips_the_window_and_
     run, proc = poisoned_run(tmp_path, dataset_uri, "14")
     record = read_json(run / "attempts" / "1.json")
     assert (record["outcome"], record["last_step"]) == ("completed", MAX_STEPS)
-    assert record["rollbacks"] == [
-        {
-            "at_step": 14,
-            "loss": "nan",
-            "why": "non-finite loss nan",
-            "to_step": 10,
-            "skipped_from": 11,
-            "skipped_to": 15,
-        }
-    ]
+    [rollback] = record["rollbacks"]
+    assert rollback.pop("restore_s") > 0  # the load, timed for the cost accounting's restore
+    assert rollback == {
+        "at_step": 14,
+        "loss": "nan",
+        "why": "non-finite loss nan",
+        "to_step": 10,
+        "skipped_from": 11,
+        "skipped_to": 15,
+        # the step-10 checkpoint read back from this node's own tier (both ranks' shards and
+        # per-rank state, and rank 0's .metadata), none from storage
+        "restore_files": {"local": 5, "storage": 0},
+    }
     assert (
         "bad loss: non-finite loss nan at step 14: rolled back to step 10, skipping steps 11-15 (rollback 1 of at most 3)"
         in proc.stdout + proc.stderr

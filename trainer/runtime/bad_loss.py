@@ -42,12 +42,16 @@ class BadLoss:
 @dataclass(frozen=True)
 class Rollback:
     """One rollback: ``bad`` seen, weights restored to ``to_step``'s checkpoint, steps
-    ``skipped_from`` to ``skipped_to`` (both included) skipped."""
+    ``skipped_from`` to ``skipped_to`` (both included) skipped; the load took ``restore_s``
+    seconds and read ``restore_files`` (``{"local": n, "storage": m}``: from the node-local tier
+    and from storage; None: not known)."""
 
     bad: BadLoss
     to_step: int
     skipped_from: int
     skipped_to: int
+    restore_s: float = 0.0
+    restore_files: dict[str, int] | None = None
 
     def record(self) -> dict[str, object]:
         """The attempt record's entry (``rollbacks``; JSON: a NaN is written as its text)."""
@@ -58,6 +62,8 @@ class Rollback:
             "to_step": self.to_step,
             "skipped_from": self.skipped_from,
             "skipped_to": self.skipped_to,
+            "restore_s": self.restore_s,  # the cost accounting's restore
+            **({"restore_files": self.restore_files} if self.restore_files is not None else {}),
         }
 
     def describe(self) -> str:
