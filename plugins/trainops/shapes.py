@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from trainer.contract import MANIFEST_FORMAT, SPLITS
-from trainops.cost.accounting import COST_FORMAT, PHASES, AttemptCost, RunCost, Span
+from trainops.cost.accounting import COST_FORMAT, OPTIONAL_PHASES, PHASES, AttemptCost, RunCost, Span
 from trainops.cost.prices import Priced
 from trainops.recovery.record import AttemptEntry, JobRecord, as_job_record
 from trainops.registry.errors import MalformedPointer
@@ -378,8 +378,8 @@ def _job(complete: bool) -> _Obj:
 
 def _cost(complete: bool) -> _Obj:
     """``job.json``'s ``cost`` (``trainops.cost.accounting.RunCost``)."""
-    # a bill from before in-place restarts has no "restart" phase: its readers count it 0
-    seconds = _Map(NUM, tuple(p for p in PHASES if p != "restart") if complete else ())
+    # a bill from before in-place restarts or rollbacks lacks their phases: its readers count them 0
+    seconds = _Map(NUM, tuple(p for p in PHASES if p not in OPTIONAL_PHASES) if complete else ())
     attempt = _obj(
         {
             "attempt": INT,

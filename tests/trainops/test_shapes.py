@@ -136,6 +136,10 @@ def test_a_command_that_accounts_needs_every_field_the_accounting_reads():
     del job["cost"]["seconds"]["shutdown"]
     assert _refused(check_job, job, complete=True).field == "cost.seconds.shutdown"
     job = _job()
+    for phase in ("restart", "rollback"):  # a bill from before restarts in place and rollbacks
+        job["cost"]["seconds"].pop(phase, None)
+    assert check_job(job, JOB_URI, complete=True)
+    job = _job()
     del job["status"]
     assert _refused(check_job, job, complete=True).field == "status"
     assert check_job(job, JOB_URI)  # a page shows the status as unknown

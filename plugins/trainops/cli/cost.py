@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from trainer.contract import MetricsReader, RunLayout
 from trainer.storage import NotFound, StorageError, open_storage
 from trainops.cli.devenv import storage_root_choice
-from trainops.cost.accounting import PHASES, account, stored_cost
+from trainops.cost.accounting import OPTIONAL_PHASES, PHASES, account, stored_cost
 from trainops.cost.causes import CAUSE_LABELS, lost_by_cause
 from trainops.cost.money import money
 from trainops.cost.prices import PARAMETER_SOURCE, load_prices
@@ -41,6 +41,7 @@ PHASE_LABELS = {
     "productive": "productive",
     "replayed": "replayed (steps lost)",
     "restart": "restart in place",
+    "rollback": "rolled back (bad loss)",
     "checkpoint_stall": "checkpoint stall",
     "shutdown": "shutdown",
 }
@@ -102,13 +103,13 @@ def render(cost: RunCost, run_uri: str, prices_from: str, lost: LostTime | None 
     header = ["phase (seconds)", *(f"attempt {a['attempt']}" for a in attempts), "total s", "GPU-hours"]
     rows = [header]
     for phase in PHASES:
-        if phase == "restart" and not cost["seconds"].get(phase):
-            continue  # no restart in place (a bill from before them has no such phase)
-        gpu_h = sum(a["seconds"][phase] * a["accelerators"] for a in attempts) / 3600
+        if phase in OPTIONAL_PHASES and not cost["seconds"].get(phase):
+            continue  # no restart in place or rollback (a bill from before them has no such phase)
+        gpu_h = sum(a["seconds"].get(phase, 0.0) * a["accelerators"] for a in attempts) / 3600
         rows.append(
             [
                 PHASE_LABELS[phase],
-                *(f"{a['seconds'][phase]:.1f}" for a in attempts),
+                *(f"{a['seconds'].get(phase, 0.0):.1f}" for a in attempts),
                 f"{cost['seconds'][phase]:.1f}",
                 "-" if phase == "queued" else f"{gpu_h:.4f}",
             ]

@@ -53,15 +53,27 @@ from trainops.cost.clocks import attempt_clocks, epoch, reconcile
 from trainops.cost.money import money
 from trainops.cost.prices import CAPACITY_KINDS, Priced, PriceTable, price_of
 from trainops.cost.restarts import Incarnation, incarnation_of
+from trainops.cost.rollbacks import RolledBack, rolled_back, rolled_back_before, thrown_away
 from trainops.recovery.record import AttemptEntry, JobRecord
 
 COST_FORMAT = "trainops.cost/v1"
-PHASES = ("queued", "startup", "productive", "replayed", "restart", "checkpoint_stall", "shutdown")
+PHASES = (
+    "queued",
+    "startup",
+    "productive",
+    "replayed",
+    "restart",
+    "rollback",
+    "checkpoint_stall",
+    "shutdown",
+)
 BILLED_PHASES = PHASES[1:]
-# The phases of an interrupted attempt (not completed) that the interruption cost, with replayed
-# and restart (lost whatever became of the attempt).
+# The phases of an interrupted attempt (not completed) that the interruption cost, with replayed,
+# restart and rollback (lost whatever became of the attempt).
 LOST_PHASES = ("startup", "shutdown")
-ALWAYS_LOST_PHASES = ("replayed", "restart")
+ALWAYS_LOST_PHASES = ("replayed", "restart", "rollback")
+# Phases a bill from before them lacks (its readers count them 0), shown only where they happened.
+OPTIONAL_PHASES = ("restart", "rollback")
 
 
 class Span(TypedDict):
@@ -267,9 +279,19 @@ class _Trained:
     limits: list[float]
     typical: float | None
     notes: list[str]
+    rollbacks: list[RolledBack]  # the newest incarnation's bad-loss rollbacks
 
     def incarnation(self, step: MetricsRecord) -> int:
         return incarnation_of(self.limits, epoch(step["time"]) or 0.0)
+
+    def after_rollback(self, timeline: _Timeline, begin: float, end: float) -> float:
+        """A bad-loss rollback came before the step that ended at ``end``: from ``begin`` to
+        that step's own time (the median step) is the rollback's (its thrown-away steps without
+        a record, the wait for a save in flight, the checkpoint load). Returns where the step's
+        own time begins."""
+        cut = min(max(begin, end - (self.typical or 0.0)), end)
+        timeline.add("rollback", begin, cut)
+        return cut
 
     def resume(self, k: int, first_end: float, begin: float) -> float:
         """Where incarnation ``k``'s productive time begins, its first step ending at
@@ -313,7 +335,8 @@ def _trained(
     until: float,
 ) -> tuple[float, int]:
     """The spans from the attempt's start through its last logged step: startup, then each
-    step productive (kept) or replayed (lost), its save's stall, and at each in-place restart
+    step productive (kept), replayed (lost) or rolled back (thrown away by a bad-loss rollback,
+    whose checkpoint load comes before the next step), its save's stall, and at each in-place restart
     the lost steps without a record and the restart (``walk``), which lasts ``until`` the
     attempt stopped when its newest incarnation never stepped. Returns where the walk ended
     and the newest incarnation's last logged step (``newest_from``, where it resumed, when it
@@ -336,7 +359,11 @@ def _trained(
             begin = walk.restart(timeline, begin, k, logged, walk.resume(j, t, begin))
             k = j
         kept = earlier[k].kept_up_to if k < len(earlier) else kept_up_to
-        timeline.add("productive" if step["step"] <= kept else "replayed", begin, t)
+        number, in_newest = int(step["step"]), k == len(earlier)
+        if in_newest and rolled_back_before(walk.rollbacks, logged, number):
+            begin = walk.after_rollback(timeline, begin, t)
+        phase = "productive" if number <= kept else "replayed"
+        timeline.add("rollback" if in_newest and thrown_away(walk.rollbacks, number) else phase, begin, t)
         begin = t + _blocked(step)
         timeline.add("checkpoint_stall", t, begin)
         logged = int(step["step"])
@@ -412,7 +439,8 @@ def account_attempt(
             else:
                 timeline.add("startup", start, stop)
         else:
-            walk = _Trained(n, steps, incarnations, firsts, limits, _median_step(steps, limits), notes)
+            typical = _median_step(steps, limits)
+            walk = _Trained(n, steps, incarnations, firsts, limits, typical, notes, rolled_back(record))
             newest = [int(r["step"]) for r in steps if walk.incarnation(r) == len(incarnations)]
             resumed = record.get("resumed_from_step")
             newest_from = resumed if isinstance(resumed, int) and incarnations else 0

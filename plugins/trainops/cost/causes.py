@@ -11,13 +11,15 @@ re-labels those phases; it measures nothing again. Per attempt, in wall seconds:
   times ``Checkpointer.load_latest``), no more than its startup, which holds it; and after each
   in-place restart the next incarnation's load (the ``restore_s`` of ``restarts`` after the
   first, and the record's own, the newest's), no more than the ``restart`` phase, which holds
-  them. An attempt that resumed with no ``restore_s`` (a record from before it) leaves its load
-  in startup, and ``notes`` says so;
+  them; and each bad-loss rollback's load (the ``restore_s`` of its record's ``rollbacks``), no
+  more than the ``rollback`` phase, which holds them. An attempt that resumed with no
+  ``restore_s`` (a record from before it) leaves its load in startup, and ``notes`` says so;
 - ``checkpoint_save``: its ``checkpoint_stall`` (the loop blocked by saves), plus the save part
   of its shutdown where it is known: a completed attempt's whole shutdown (its final checkpoint
   and export), an interrupted attempt's ``emergency_save_s`` (no more than its shutdown);
 - ``lost_progress``: its ``replayed`` phase, the steps after its last committed checkpoint,
-  trained again by the next attempt;
+  trained again by the next attempt; and the rest of its ``rollback`` phase, the steps a
+  bad-loss rollback threw away (and the wait for a save in flight before its load);
 - ``recovery``: the rest of an interrupted (preempted or failed) attempt's shutdown: the drain
   after the signal, the wait for a hung or failed gang to be ended; and the rest of its
   ``restart`` phase, its restarts in place (the failure's detection, the workers' restart, the
@@ -34,7 +36,7 @@ accelerators, the run's billed accelerator-seconds; priced at each attempt's own
 GPU-hour (``AttemptCost.price``), its cost. So the causes' ``gpu_s`` sum to the bill's lost
 GPU-seconds (billed less productive) and their ``cost`` to the bill's cost less the productive
 part. Nothing is counted twice: each billed second lies in one phase, and each phase goes to one
-cause, except startup, restart and shutdown, which are split at a recorded duration. The unbilled
+cause, except startup, restart, rollback and shutdown, which are split at a recorded duration. The unbilled
 accelerator-seconds (waiting and the relaunch gap) are outside the bill and outside that sum.
 
 Each interruption's recovery time (``RunCost.recovery_s``, from the signal to the next first
@@ -53,13 +55,14 @@ from typing import Any, TypedDict
 
 from trainops.cost.accounting import PHASES
 from trainops.cost.restarts import restores
+from trainops.cost.rollbacks import restore_seconds
 
 CAUSES = ("startup", "restore", "checkpoint_save", "lost_progress", "recovery", "waiting_for_capacity")
 CAUSE_LABELS = {
     "startup": "startup",
     "restore": "restore (checkpoint load)",
     "checkpoint_save": "checkpoint save",
-    "lost_progress": "lost progress (replayed steps)",
+    "lost_progress": "lost progress (replayed or rolled-back steps)",
     "recovery": "recovery",
     "waiting_for_capacity": "waiting for capacity (not billed)",
 }
@@ -142,6 +145,7 @@ def attempt_causes(
     at_startup, in_restarts = restores(record)
     restore = min(at_startup, phase["startup"])
     restarted = min(in_restarts, phase["restart"])  # each restart in place's own load
+    reloaded = min(restore_seconds(record), phase["rollback"])  # each bad-loss rollback's load
     if (
         not record.get("restarts")
         and record.get("resumed_from_step") is not None
@@ -157,9 +161,9 @@ def attempt_causes(
         save_in_shutdown = min(_num(record.get("emergency_save_s")), phase["shutdown"])
     return {
         "startup": phase["startup"] - restore,
-        "restore": restore + restarted,
+        "restore": restore + restarted + reloaded,
         "checkpoint_save": phase["checkpoint_stall"] + save_in_shutdown,
-        "lost_progress": phase["replayed"],
+        "lost_progress": phase["replayed"] + phase["rollback"] - reloaded,
         "recovery": phase["shutdown"] - save_in_shutdown + phase["restart"] - restarted,
         "waiting_for_capacity": phase["queued"],
     }

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from trainer.contract import MetricsRecord
-from trainops.cost.accounting import account
+from trainops.cost.accounting import OPTIONAL_PHASES, account
 from trainops.cost.causes import CAUSE_LABELS, lost_by_cause
 from trainops.cost.money import money
 from trainops.cost.prices import load_prices
@@ -51,6 +51,7 @@ PHASE_COLOURS = {
     "productive": "#009e73",
     "replayed": "#d55e00",
     "restart": "#0072b2",
+    "rollback": "#f0e442",
     "checkpoint_stall": "#56b4e9",
     "shutdown": "#cc79a7",
 }
@@ -60,6 +61,7 @@ PHASE_LABELS = {
     "productive": "productive",
     "replayed": "replayed",
     "restart": "restart in place",
+    "rollback": "rolled back (bad loss)",
     "checkpoint_stall": "checkpoint stall",
     "shutdown": "shutdown",
 }
@@ -224,17 +226,17 @@ def svg_timeline(cost: dict[str, Any]) -> str:
                 f'd="M{x:.2f} {y - 1:.1f}l-5 -7h10zM{x - 0.75:.2f} {y - 1:.1f}h1.5v{_BAR_H + 2}h-1.5z" '
                 f'fill="#000"><title>attempt {number} preempted</title></path>'
             )
-    restarted = any(phase == "restart" for _, spans in rows for phase, _, _ in spans)
-    out.append(_legend(bottom + 48, restarted))
+    happened = {phase for _, spans in rows for phase, _, _ in spans}
+    out.append(_legend(bottom + 48, happened))
     return "".join(out) + "</svg>"
 
 
-def _legend(y: float, restarted: bool = False) -> str:
-    """The phases' colours (a restart in place's only where there was one), then the
-    preemption mark, on one row below the axis."""
+def _legend(y: float, happened: set[str] | frozenset[str] = frozenset()) -> str:
+    """The phases' colours (a restart in place's and a rollback's only where one ``happened``),
+    then the preemption mark, on one row below the axis."""
     out, x = [], 8.0
     for phase, colour in PHASE_COLOURS.items():
-        if phase == "restart" and not restarted:
+        if phase in OPTIONAL_PHASES and phase not in happened:
             continue
         label = PHASE_LABELS[phase]
         out.append(
@@ -261,7 +263,16 @@ def _price_cells(attempt: dict[str, Any]) -> list[str]:
     return cells if price.get("known") is not False else [f'<span class="fail">{c}</span>' for c in cells]
 
 
-_PHASE_COLUMNS = ("productive", "replayed", "restart", "startup", "checkpoint_stall", "shutdown", "queued")
+_PHASE_COLUMNS = (
+    "productive",
+    "replayed",
+    "restart",
+    "rollback",
+    "startup",
+    "checkpoint_stall",
+    "shutdown",
+    "queued",
+)
 
 
 def _outcome(attempt: dict[str, Any]) -> str:
@@ -276,8 +287,8 @@ def cost_table(cost: dict[str, Any]) -> str:
     so that both fit a laptop's window."""
     attempts = dicts(cost.get("attempts"))
     totals = _dict(cost.get("seconds"))
-    restarted = (_num(totals.get("restart")) or 0) > 0  # its column only where a restart in place was
-    columns = tuple(p for p in _PHASE_COLUMNS if p != "restart" or restarted)
+    # a restart in place's and a rollback's columns only where there was one
+    columns = tuple(p for p in _PHASE_COLUMNS if p not in OPTIONAL_PHASES or (_num(totals.get(p)) or 0) > 0)
     time_header = [
         "Attempt (time by phase)",
         "Capacity",

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.trainops.cost.fixtures import FIXTURE_PRICES, one_preemption_job, one_restart_job
+from tests.trainops.cost.fixtures import FIXTURE_PRICES, one_preemption_job, one_restart_job, one_rollback_job
 from trainer.contract import RunLayout, metrics_part_name
 from trainer.storage import open_storage
 from trainops.cli.cost import run_cost
@@ -82,16 +82,33 @@ def test_a_run_restarted_in_place_shows_the_restart_and_its_recovery(tmp_path, c
     assert lines["recovery"][1:3] == ["9.0", "72.0"]  # the restart less its 4 s restore, x 8 GPUs
 
 
-def test_a_run_without_a_restart_in_place_has_no_such_row(run, capsys):
+def test_a_run_without_a_restart_in_place_or_a_rollback_has_no_such_row(run, capsys):
     layout, store = run
     job = store.get_json(layout.job)
     cost = account(job, [], FIXTURE_PRICES)
-    cost["seconds"].pop("restart")  # a bill stored before in-place restarts
-    for attempt in cost["attempts"]:
-        attempt["seconds"].pop("restart")
+    for phase in ("restart", "rollback"):  # a bill stored before in-place restarts and rollbacks
+        cost["seconds"].pop(phase)
+        for attempt in cost["attempts"]:
+            attempt["seconds"].pop(phase)
     store.put_json(layout.job, {**job, "cost": dict(cost)})
     assert main(["cost", layout.run_uri]) == 0
-    assert "restart in place" not in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "restart in place" not in out and "rolled back" not in out
+
+
+def test_a_run_that_rolled_back_shows_the_rollback_and_its_causes(tmp_path, capsys):
+    job, metrics = one_rollback_job()
+    layout = RunLayout((tmp_path / "runs" / "nightly" / "r3" / "train").as_uri())
+    store = open_storage(layout.run_uri)
+    store.put_json(layout.job, {**job, "run_uri": layout.run_uri})
+    body = "".join(json.dumps(r) + "\n" for r in metrics)
+    store.put(f"{layout.metrics_parts}/{metrics_part_name(1, 1)}", body.encode())
+    assert main(["cost", layout.run_uri]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split("  ")[0]: line.split() for line in out.splitlines()}
+    assert lines["rolled back (bad loss)"][-3:] == ["8.0", "8.0", "0.0178"]  # s, total, GPU-h (8 x 8)
+    assert lines["restore (checkpoint load)"][-4:-2] == ["3.0", "24.0"]  # its recorded load, x 8 GPUs
+    assert lines["lost progress (replayed or rolled-back steps)"][-4:-2] == ["5.0", "40.0"]
 
 
 def test_prices_from_a_file_are_laid_over_the_shipped_table(run, tmp_path, capsys):
@@ -180,7 +197,7 @@ def test_lost_time_by_cause_is_printed_and_adds_up_to_the_billed_time(run, capsy
     assert rows["startup"][-4:] == ["95.0", "760.0", "$0.30", "0.0"]
     assert rows["restore (checkpoint load)"][-4:] == ["5.0", "40.0", "$0.02", "0.0"]
     assert rows["checkpoint save"][-4:] == ["18.0", "144.0", "$0.06", "0.0"]
-    assert rows["lost progress (replayed steps)"][-4:] == ["10.0", "80.0", "$0.03", "0.0"]
+    assert rows["lost progress (replayed or rolled-back steps)"][-4:] == ["10.0", "80.0", "$0.03", "0.0"]
     # the preempted attempt's shutdown (6 s billed) and the 10 s before the relaunch (not billed)
     assert rows["recovery"][-4:] == ["16.0", "48.0", "$0.02", "80.0"]
     assert rows["waiting for capacity (not billed)"][-4:] == ["50.0", "0.0", "$0.00", "400.0"]

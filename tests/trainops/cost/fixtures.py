@@ -237,6 +237,7 @@ def one_preemption_cost() -> "RunCost":
             "productive": 50,
             "replayed": 10,
             "restart": 0,
+            "rollback": 0,
             "checkpoint_stall": 4,
             "shutdown": 6,
         },
@@ -262,6 +263,7 @@ def one_preemption_cost() -> "RunCost":
             "productive": 70,
             "replayed": 0,
             "restart": 0,
+            "rollback": 0,
             "checkpoint_stall": 4,
             "shutdown": 10,
         },
@@ -290,6 +292,7 @@ def one_preemption_cost() -> "RunCost":
             "productive": 120,
             "replayed": 10,
             "restart": 0,
+            "rollback": 0,
             "checkpoint_stall": 8,
             "shutdown": 16,
         },
@@ -388,4 +391,82 @@ def one_restart_job() -> tuple["JobRecord", list[dict[str, Any]]]:
         "budget": {"from_attempt": 1, "preemptions": 0, "infra_failures": 0},
     }
     metrics = step_records(1, 1, 23, 40, {20: 2.0}) + step_records(1, 21, 50, 80, {40: 2.0})
+    return job, metrics  # type: ignore[return-value]
+
+
+def one_rollback_job() -> tuple["JobRecord", list[dict[str, Any]]]:
+    """One attempt (1 node x 8 GPUs, completed) that rolled back once for a NaN loss, and its
+    metrics records (seconds after ``T0``; every step 1 s, a checkpoint every 10 steps that
+    blocks the loop 2 s):
+
+      0  launched (queued 10 s)          57  step 15 ends: the read finds 14's loss NaN
+     10  pod started (startup 30 s)      57  rollback: the step-10 checkpoint loads in 3 s
+     40  first step begins               61  step 16 ends (it began at 60)
+     50  step 10 ends, save blocks 2 s   65  step 20 ends, save blocks 2 s
+     53  step 11 ends ... 55 step 13     77  step 30 ends, save blocks 2 s
+         (14 and 15 have no record)      89  step 40 ends (final save, export: 6 s)
+                                         95  pod ended
+
+    It bills 85 s: startup 30, productive 35 (steps 1-10 and 16-40), checkpoint_stall 6,
+    rollback 8 (11-13 as logged, 55 -> 60 before step 16: steps 14-15 and the 3 s load),
+    shutdown 6. By cause, the rollback is 3 s of restore and 5 s of lost progress.
+    """
+    entry = attempt_entry(
+        1,
+        0,
+        96,
+        state={
+            "phase": "succeeded",
+            "reason": None,
+            "nodes": [{**_node(), "pod": "train-0a1b2c3d-a1-0", "exit_code": 0}],
+            "disruptions": [],
+            "start_time": T0 + 10,
+            "gang_start_time": T0 + 12,
+            "end_time": T0 + 95,
+        },
+        record={
+            "format": "trainops.attempt/v1",
+            "attempt": 1,
+            "outcome": "completed",
+            "last_step": 40,
+            "checkpoint_step": 40,
+            "steps_lost": 0,
+            "resumed_from_step": None,
+            "world_size": GPUS,
+            "signal": None,
+            "hint": None,
+            "error": None,
+            "started_at": iso(15),
+            "ended_at": iso(95),
+            "first_step_time": T0 + 40,
+            "rollbacks": [
+                {
+                    "at_step": 14,
+                    "loss": "nan",
+                    "why": "non-finite loss nan",
+                    "to_step": 10,
+                    "skipped_from": 11,
+                    "skipped_to": 15,
+                    "restore_s": 3.0,
+                    "restore_files": {"local": 8, "storage": 0},
+                }
+            ],
+        },
+        steps_lost=0,
+        decision={"action": "finish", "capacity": "spot", "reason": "completed"},
+        classification="succeeded",
+        reason="the trainer completed every step",
+    )
+    job = {
+        "run_uri": RUN_URI,
+        "config_uri": f"{RUN_URI}/config.yaml",
+        "cluster": "kubernetes",
+        "capacity": "spot",
+        "preemptions": 0,
+        "infra_failures": 0,
+        "status": "succeeded",
+        "attempts": [entry],
+        "budget": {"from_attempt": 1, "preemptions": 0, "infra_failures": 0},
+    }
+    metrics = step_records(1, 1, 13, 40, {10: 2.0}) + step_records(1, 16, 40, 60, {20: 2.0, 30: 2.0})
     return job, metrics  # type: ignore[return-value]

@@ -20,6 +20,7 @@ from tests.trainops.cost.fixtures import (
     one_preemption_cost,
     one_preemption_job,
     one_restart_job,
+    one_rollback_job,
     step_records,
 )
 from trainops.cost.accounting import PHASES, account, epoch, stored_cost
@@ -576,3 +577,37 @@ def test_a_first_incarnation_that_failed_before_its_first_step_is_startup_then_r
         queued=10, startup=15, restart=15, productive=50, checkpoint_stall=4, shutdown=6
     )
     assert cost["recovery_s"] == [pytest.approx(15.0)] and cost["notes"] == []
+
+
+def test_the_steps_a_bad_loss_rollback_threw_away_and_its_load_are_rolled_back_not_productive():
+    job, metrics = one_rollback_job()
+    cost = account(job, metrics, FIXTURE_PRICES)
+    (only,) = cost["attempts"]
+    assert spans_of(only) == [
+        ("queued", 0, 10),
+        ("startup", 10, 40),
+        ("productive", 40, 50),
+        ("checkpoint_stall", 50, 52),
+        # 11-13 as logged, then steps 14-15 (no record) and the load, up to step 16's own second
+        ("rollback", 52, 60),
+        ("productive", 60, 65),
+        ("checkpoint_stall", 65, 67),
+        ("productive", 67, 77),
+        ("checkpoint_stall", 77, 79),
+        ("productive", 79, 89),
+        ("shutdown", 89, 95),
+    ]
+    assert only["seconds"] == seconds(
+        queued=10, startup=30, productive=35, rollback=8, checkpoint_stall=6, shutdown=6
+    )
+    # productive is the 35 steps kept (1-10, 16-40); the rollback is lost though the run completed
+    assert cost["goodput"] == pytest.approx(35 / 85)
+    assert cost["lost_gpu_hours"] == pytest.approx(8 * GPUS / 3600)
+
+
+def test_a_rollback_of_a_record_from_another_version_is_read_with_care():
+    job, metrics = one_rollback_job()
+    record = job["attempts"][0]["record"]
+    record["rollbacks"] = ["damaged", {"skipped_from": 15, "skipped_to": 11}]  # nothing usable
+    (only,) = account(job, metrics, FIXTURE_PRICES)["attempts"]
+    assert only["seconds"]["rollback"] == 0 and only["seconds"]["productive"] == pytest.approx(43)

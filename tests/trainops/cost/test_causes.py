@@ -7,7 +7,14 @@ import copy
 
 import pytest
 
-from tests.trainops.cost.fixtures import FIXTURE_PRICES, GPUS, P4D_SPOT, one_preemption_job, one_restart_job
+from tests.trainops.cost.fixtures import (
+    FIXTURE_PRICES,
+    GPUS,
+    P4D_SPOT,
+    one_preemption_job,
+    one_restart_job,
+    one_rollback_job,
+)
 from trainops.cost.accounting import account
 from trainops.cost.causes import CAUSES, lost_by_cause
 
@@ -144,3 +151,17 @@ def test_restores_of_each_incarnation_go_where_they_happened():
     assert (causes["startup"]["seconds"], causes["restore"]["seconds"]) == pytest.approx((27, 3 + 13))
     assert causes["recovery"]["seconds"] == pytest.approx(0)
     assert lost["productive_gpu_s"] + lost["unproductive_gpu_s"] == pytest.approx(lost["billed_gpu_s"])
+
+
+def test_a_rollbacks_load_is_restore_and_the_steps_it_threw_away_are_lost_progress():
+    job, metrics = one_rollback_job()
+    cost = account(job, metrics, FIXTURE_PRICES)
+    lost = lost_by_cause(cost, job["attempts"])
+    causes = by_cause(lost)
+    assert causes["restore"]["seconds"] == pytest.approx(3)  # the rollback's recorded load
+    assert causes["lost_progress"]["seconds"] == pytest.approx(5)  # 11-15 and the wait
+    assert lost["productive_gpu_s"] + lost["unproductive_gpu_s"] == pytest.approx(lost["billed_gpu_s"])
+    # a load recorded longer than the phase is clipped to it: nothing counts twice
+    job["attempts"][0]["record"]["rollbacks"][0]["restore_s"] = 60.0
+    causes = by_cause(lost_by_cause(cost, job["attempts"]))
+    assert (causes["restore"]["seconds"], causes["lost_progress"]["seconds"]) == (pytest.approx(8), 0)

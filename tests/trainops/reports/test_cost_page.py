@@ -18,6 +18,7 @@ from tests.trainops.cost.fixtures import (
     one_preemption_cost,
     one_preemption_job,
     one_restart_job,
+    one_rollback_job,
 )
 from tests.trainops.reports.helpers import JOB_URI, live_job, page_tables, page_text, svgs, table_with
 from trainops.cost.accounting import account
@@ -353,7 +354,7 @@ def test_the_lost_time_by_cause_adds_up_to_the_billed_gpu_time():
         "Startup": ["95.0 s", "760", money(760 * gpu_s), "0"],
         "Restore (checkpoint load)": ["5.0 s", "40", money(40 * gpu_s), "0"],
         "Checkpoint save": ["18.0 s", "144", money(144 * gpu_s), "0"],  # stalls 8 s, final save 10 s
-        "Lost progress (replayed steps)": ["10.0 s", "80", money(80 * gpu_s), "0"],
+        "Lost progress (replayed or rolled-back steps)": ["10.0 s", "80", money(80 * gpu_s), "0"],
         # attempt 1's shutdown (billed) and the 10 s before attempt 2's launch (not billed)
         "Recovery": ["16.0 s", "48", money(48 * gpu_s), "80"],
         "Waiting for capacity (not billed)": ["50.0 s", "0", "$0.00", "400"],
@@ -380,3 +381,21 @@ def test_a_restart_in_place_gets_its_column_colour_and_legend_only_where_there_w
     plain, _ = _run_with_cost()
     assert "Restart in place" not in table_with(cost_section(plain, metrics), "Attempt (time by phase)")[0]
     assert "restart in place" not in Timeline(svg_timeline(plain["cost"])).legend
+
+
+def test_a_bad_loss_rollback_gets_its_column_colour_and_legend_only_where_there_was_one():
+    job, metrics = one_rollback_job()
+    job = {**job, "cost": account(job, metrics, FIXTURE_PRICES)}
+    times = table_with(cost_section(job, metrics), "Attempt (time by phase)")
+    at = times[0].index("Rolled back (bad loss)")
+    assert times[1][at] == "8.0 s" and "Restart in place" not in times[0]
+    shapes = Timeline(svg_timeline(job["cost"]))
+    rolled = [r for r in shapes.rects if r["data-phase"] == "rollback"]
+    assert [float(r["data-seconds"]) for r in rolled] == [8.0]
+    assert rolled[0]["fill"] == PHASE_COLOURS["rollback"] and "rolled back (bad loss)" in shapes.legend
+    assert "restart in place" not in shapes.legend
+    plain, _ = _run_with_cost()
+    assert (
+        "Rolled back (bad loss)" not in table_with(cost_section(plain, metrics), "Attempt (time by phase)")[0]
+    )
+    assert "rolled back (bad loss)" not in Timeline(svg_timeline(plain["cost"])).legend
