@@ -547,6 +547,7 @@ _CARD = _obj(
                     "steps": _Null(INT),
                     "attempts": _Null(INT),
                     "preemptions": _Null(INT),
+                    "restarts_in_place": _Null(INT),
                     "steps_lost": _Null(INT),
                     "steps_skipped": _Null(_List(_List(INT))),
                     "final_loss": _Null(NUM),

@@ -146,7 +146,9 @@ def render(facts: dict) -> str:
     if train:
         lines.append(
             f"training         {train['steps']} steps in {train['attempts']} attempt(s); "
-            f"preemptions survived {train['preemptions']}, steps lost {train['steps_lost']}"
+            f"preemptions survived {train['preemptions']}, "
+            + (f"restarts in place {train['restarts_in_place']}, " if train.get("restarts_in_place") else "")
+            + f"steps lost {train['steps_lost']}"
         )
         if train.get("final_loss") is not None:
             lines.append(f"final train loss {train['final_loss']:.4f}")

@@ -11,7 +11,8 @@ trainops version and the time. Keys (docs/promotion.md lists them with an exampl
 - ``eval_basis``: what the evaluation scored (:func:`trainops.registry.regate.eval_basis`);
 - ``metrics``: the candidate's and the production model's evaluation, per slice too;
 - ``gate``: the decision, its checks and their definitions, and any re-gates;
-- ``training``: steps, attempts, ``preemptions`` (also ``preemptions_survived``), steps lost,
+- ``training``: steps, attempts, ``preemptions`` (also ``preemptions_survived``),
+  ``restarts_in_place`` (torchrun's, inside the attempts; None for a run from before it), steps lost,
   ``steps_skipped`` (the step windows bad-loss rollbacks skipped, ``[[first, last], ...]``);
 - ``training_cost``: what training the version cost (:func:`training_cost`, from the run's
   ``job.json`` ``cost``), every figure an estimate; None for a run that recorded no cost;
@@ -193,6 +194,7 @@ def build_card(
                 "steps",
                 "attempts",
                 "preemptions",
+                "restarts_in_place",
                 "steps_lost",
                 "steps_skipped",
                 "final_loss",

@@ -154,6 +154,13 @@ def _pick_lines(pick: object) -> list[str]:
     return [f"- Promoted checkpoint: step {_text(pick.get('step'))}: {_text(pick.get('why'))}"]
 
 
+def _restarts(count: object) -> str:
+    """``restarts in place N; `` where torchrun restarted workers in place; nothing for none, or
+    for a card from before the count."""
+    real = isinstance(count, int) and not isinstance(count, bool) and count > 0
+    return f"restarts in place {_text(count)}; " if real else ""
+
+
 def _training(card: Mapping[str, Any]) -> list[str]:
     training = card.get("training") or {}
     cost = card.get("training_cost")
@@ -163,7 +170,8 @@ def _training(card: Mapping[str, Any]) -> list[str]:
         f"- Run: {_code(card.get('run_uri'))}, config {_code(card.get('config_uri'))} "
         f"(sha256 {_code(card.get('config_sha256'))})",
         f"- Steps: {_text(training.get('steps'))}; attempts {_text(training.get('attempts'))}; "
-        f"preemptions survived {_text(training.get('preemptions'))}; steps lost "
+        f"preemptions survived {_text(training.get('preemptions'))}; "
+        f"{_restarts(training.get('restarts_in_place'))}steps lost "
         f"{_text(training.get('steps_lost'))}; final training loss {_text(training.get('final_loss'))}",
         *_pick_lines(card.get("checkpoint_pick")),
         "",

@@ -236,11 +236,12 @@ def training_section(card: Mapping, linkable: Linkable) -> str:
         ("steps", "Steps"),
         ("attempts", "Attempts"),
         ("preemptions", "Preemptions survived"),
+        ("restarts_in_place", "Restarts in place"),
         ("steps_lost", "Steps lost"),
         ("final_loss", "Final training loss"),
     )
     rows = [(label, escape(figure(training.get(key)))) for key, label in labels]
-    rows.insert(4, ("Steps skipped (bad loss)", escape(skipped_text(training.get("steps_skipped")))))
+    rows.insert(5, ("Steps skipped (bad loss)", escape(skipped_text(training.get("steps_skipped")))))
     cost = card.get("training_cost")
     if isinstance(cost, Mapping):
         currency = escape(cost.get("currency") or "")

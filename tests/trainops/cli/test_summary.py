@@ -63,6 +63,14 @@ def facts(**overrides) -> dict:
     }
 
 
+def test_restarts_in_place_are_named_only_where_there_were_some():
+    restarted = {**TRAIN, "restarts_in_place": 1}
+    assert (
+        "training         40 steps in 2 attempt(s); preemptions survived 1, restarts in place 1, steps lost 3"
+        in render(facts(train=restarted)).splitlines()
+    )
+
+
 def test_a_promoted_run_is_summed_up_line_by_line():
     assert render(facts()).splitlines() == [
         "",

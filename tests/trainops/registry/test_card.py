@@ -50,6 +50,7 @@ def upstream(root: str, storage, *, config: bytes = CONFIG) -> dict:
             "steps": 40,
             "attempts": 2,
             "preemptions": 1,
+            "restarts_in_place": 2,
             "steps_lost": 3,
             "steps_skipped": [[11, 15]],
             "final_loss": 2.5,
@@ -115,12 +116,14 @@ def test_the_card_records_dataset_run_config_basis_metrics_gate_and_training(fil
             "steps",
             "attempts",
             "preemptions",
+            "restarts_in_place",
             "steps_lost",
             "steps_skipped",
             "final_loss",
             "job_uri",
         )
     }
+    assert card["training"]["restarts_in_place"] == 2  # torchrun's, inside the attempts
     assert card["training"]["steps_skipped"] == [[11, 15]]  # what bad-loss rollbacks skipped
     assert (card["preemptions_survived"], card["steps"]) == (1, 40)
 

@@ -89,6 +89,12 @@ def test_the_card_shows_data_metrics_gate_cost_lineage_and_how_to_load():
         assert f"- `{name}`" in text
 
 
+def test_restarts_in_place_are_counted_only_where_there_were_some():
+    assert "preemptions survived 1; steps lost 0;" in render(CARD)  # none, or a card from before the count
+    restarted = {**CARD, "training": {**CARD["training"], "restarts_in_place": 2}}
+    assert "preemptions survived 1; restarts in place 2; steps lost 0;" in render(restarted)
+
+
 def test_a_first_version_from_scratch_without_cost_says_so():
     card = {**CARD, "metrics": {"candidate": CARD["metrics"]["candidate"]}, "training_cost": None}
     del card["lineage"]

@@ -77,3 +77,10 @@ def test_the_training_section_says_which_steps_bad_loss_rollbacks_skipped():
     skipped["training"]["steps_skipped"] = []
     assert "Steps skipped (bad loss) none" in page_text(training_section(skipped, lambda u: True))
     assert "Steps skipped (bad loss) -" in page_text(training_section(CARD, lambda u: True))  # an older card
+
+
+def test_the_training_section_counts_the_restarts_in_place():
+    restarted = copy.deepcopy(CARD)
+    restarted["training"]["restarts_in_place"] = 2
+    assert "Restarts in place 2" in page_text(training_section(restarted, lambda u: True))
+    assert "Restarts in place -" in page_text(training_section(CARD, lambda u: True))  # an older card
