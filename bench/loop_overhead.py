@@ -57,7 +57,7 @@ def worker(config_path: str, pairs: int, block: int, out: str) -> None:
     storage = open_storage(config.run_uri)
     attempt = Attempt(storage, RunLayout(config.run_uri), 1, env_.world_size, started_at="bench")
     tr = train.setup(config, env_, attempt)
-    train._finish = lambda tr: None  # blocks end mid-run: no final checkpoint, export or record
+    train.finish = lambda tr: None  # blocks end mid-run: no final checkpoint, export or record
     flag = StopFlag()
 
     def ours(steps: int) -> None:

@@ -24,8 +24,9 @@ with ``-m``).
   make them; with ``:grads``, the gradients only: the loss read stays finite.
 
 All but the last wrap ``TrainBatches.micro_batch`` and ``RecordBatches.micro_batch`` (and, for
-the blackout, the storage the trainer opens); the last wraps ``train.train_step`` and
-``train.forward_backward``. The trainer runs unchanged otherwise.
+the blackout, the storage the trainer opens: ``open_storage`` of ``trainer.train``,
+``trainer.runtime.train_data`` and ``trainer.runtime.ending``); the last wraps
+``train.train_step`` and ``train.forward_backward``. The trainer runs unchanged otherwise.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from tests.trainer.helpers import ForwardingStorage
 from trainer import data, records, train
 from trainer.cli import main
 from trainer.contract import RunLayout
+from trainer.runtime import ending, train_data
 from trainer.storage import StorageUnavailable
 
 PAUSE_LIMIT_S = 120.0
@@ -90,7 +92,8 @@ def install() -> None:
             Blackout.run_uri = Blackout.run_uri or uri
             return Blackout(opened(uri, **options))
 
-        train.open_storage = open_storage
+        for module in (train, train_data, ending):  # each module of the loop that opens a storage
+            module.open_storage = open_storage
     for batches in (data.TrainBatches, records.RecordBatches):  # token windows, a record task's samples
         instrument(batches, blackout)
     nan_at = os.environ.get("TRAINOPS_TEST_NAN_AT_STEP")

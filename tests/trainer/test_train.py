@@ -33,8 +33,7 @@ from tests.trainer.helpers import (
 )
 from trainer.config import ConfigError, load_config
 from trainer.contract import RunLayout, attempt_record_in_log
-from trainer.data import DataError
-from trainer.runtime.attempts import NODE_HINT, NON_FINITE_HINT, STORAGE_HINT, Attempt, NonFiniteLoss, now_iso
+from trainer.runtime.attempts import NODE_HINT, NON_FINITE_HINT, STORAGE_HINT, Attempt, now_iso
 from trainer.runtime.preemption import StopFlag
 from trainer.storage import open_storage
 from trainer.train import setup, train_loop, train_step
@@ -172,16 +171,16 @@ def test_the_next_steps_first_micro_batch_is_read_while_the_step_computes_and_ne
 def test_losses_are_read_every_log_every_steps_before_a_checkpoint_and_at_the_end(
     world_of_one, tmp_path, dataset_uri, monkeypatch
 ):
-    from trainer import train
+    from trainer.runtime import rollback
 
     reads: list[list[int]] = []
-    read = train.read_losses
+    read = rollback.read_losses  # looked up there, by read_step_losses
 
     def counted(losses, *args):
         reads.append([training.state.step - len(losses) + 1 + i for i in range(len(losses))])
         return read(losses, *args)
 
-    monkeypatch.setattr(train, "read_losses", counted)
+    monkeypatch.setattr(rollback, "read_losses", counted)
     training, _ = start(
         tmp_path,
         dataset_uri,
@@ -221,35 +220,6 @@ def test_a_signal_during_a_step_stops_every_rank_after_the_next_with_its_checkpo
     assert (record["outcome"], record["last_step"], record["checkpoint_step"]) == ("preempted", 3, 3)
     assert committed_steps(run) == [3] and sorted(metrics_of(run)) == [1, 2, 3]
     assert events[-2:] == [(8, 1), "step"]  # step 3 was the last: nothing of step 4 was read
-
-
-@pytest.mark.slow
-def test_a_non_finite_loss_is_caught_at_the_next_read_naming_its_first_step(
-    world_of_one, tmp_path, dataset_uri
-):
-    training, attempt = start(
-        tmp_path,
-        dataset_uri,
-        world_of_one,
-        1,
-        "train.max_steps=6",
-        "train.log_every=4",
-        "checkpoint.every_steps=100",
-        "train.lr=1e30",
-        "train.warmup_steps=0",
-        "train.grad_clip=1e30",
-    )
-    # step 2's gradients are NaN (its loss is not yet): its update blows the weights up. Read
-    # with the losses at step 4, the gradient norm names step 2, before step 3's NaN loss.
-    nothing = (
-        r"non-finite gradient norm nan \(loss [\d.]+\) at step 2, before any checkpoint was committed: "
-        "nothing to roll back to"
-    )
-    with pytest.raises(NonFiniteLoss, match=f"^{nothing}") as caught:
-        train_loop(training, StopFlag())
-    assert (caught.value.step, training.state.step, attempt.last_step) == (2, 4, 4)
-    training.metrics.flush(final=True)
-    assert sorted(metrics_of(tmp_path / "run")) == [1]  # the step before it is logged
 
 
 class StopAtStep(StopFlag):
@@ -297,56 +267,6 @@ def test_a_bad_loss_read_as_the_ranks_stop_is_not_saved_nor_rolled_back(world_of
 
 
 @pytest.mark.slow
-def test_the_loop_completes_with_a_final_checkpoint_export_and_record_and_a_relaunch_only_re_exports(
-    world_of_one, tmp_path, dataset_uri
-):
-    run = tmp_path / "run"
-    training, _ = start(tmp_path, dataset_uri, world_of_one, 1)
-    assert train_loop(training, StopFlag()) == "completed"
-    record = read_json(run / "attempts" / "1.json")
-    assert (record["outcome"], record["last_step"], record["checkpoint_step"]) == ("completed", 3, 3)
-    assert committed_steps(run) == [2, 3]  # every_steps=2, then the final one
-    assert read_json(run / "export" / "export.json")["step"] == 3
-    assert sorted(metrics_of(run)) == [1, 2, 3]
-
-    relaunched, attempt = start(tmp_path, dataset_uri, world_of_one, 2)
-    assert (attempt.resumed_from_step, relaunched.state.step, relaunched.state.cursor) == (3, 3, 12)
-    assert train_loop(relaunched, StopFlag()) == "completed"
-    second = read_json(run / "attempts" / "2.json")
-    assert (second["outcome"], second["resumed_from_step"], second["last_step"]) == ("completed", 3, 3)
-    assert {r["attempt"] for r in metrics_of(run).values()} == {1}  # it trained no step
-    assert committed_steps(run) == [2, 3]
-
-
-def test_a_signalled_loop_stops_after_the_step_with_an_emergency_checkpoint(
-    world_of_one, tmp_path, dataset_uri
-):
-    run = tmp_path / "run"
-    training, _ = start(
-        tmp_path, dataset_uri, world_of_one, 1, "train.max_steps=10", "checkpoint.every_steps=5"
-    )
-    flag = StopFlag()
-    before = time.time()
-    flag.signal_name, flag.at = "SIGINT", time.monotonic() - 5.0  # as its handler sets them, 5 s ago
-    assert train_loop(training, flag) == "preempted"
-    record = read_json(run / "attempts" / "1.json")
-    assert (record["outcome"], record["signal"], record["last_step"], record["checkpoint_step"]) == (
-        "preempted",
-        "SIGINT",
-        1,
-        1,
-    )
-    assert committed_steps(run) == [1] and not (run / "export").exists()
-    # what the notice window must hold, from the signal to the commit (the operator compares it
-    # with the grace period)
-    assert 5.0 <= record["emergency_save_s"] < 65
-    # the cost accounting's split, in epoch seconds: the signal 5 s before the loop began, and
-    # the first step's start, before that step's own record
-    assert before - 5.5 < record["signal_time"] < before - 4.5
-    assert before <= record["first_step_time"] <= metrics_of(run)[1]["time"]
-
-
-@pytest.mark.slow
 def test_a_checkpoint_steps_record_says_how_long_its_save_held_the_loop_the_wait_included(
     world_of_one, tmp_path, dataset_uri
 ):
@@ -376,50 +296,6 @@ def test_setup_builds_the_preset_sharded_from_the_seed_and_refuses_a_replicate_t
     with pytest.raises(ConfigError, match=r"parallel.replicate=2 does not divide the world size 1"):
         start(tmp_path / "bad", dataset_uri, world_of_one, 1, "parallel.replicate=2")
     assert not (tmp_path / "bad" / "run").exists()  # before the fence, the data, the checkpointer
-
-
-def test_a_dataset_that_cannot_feed_the_config_is_refused_by_the_operators_own_rule(
-    world_of_one, tmp_path, dataset_uri
-):
-    """``trainer.config.check_data_fit``, the check the operator runs before launch, refuses in
-    the trainer too (for a job launched some other way), before a shard is downloaded."""
-    cache = Path(os.environ["TRAINOPS_CACHE_DIR"]) / "shards"
-    before = set(cache.iterdir()) if cache.exists() else set()
-    with pytest.raises(
-        ConfigError, match=r"model.vocab_size=256 is smaller than the vocabulary of the dataset's"
-    ):
-        start(tmp_path, dataset_uri, world_of_one, 1, "model.vocab_size=256")
-    with pytest.raises(
-        ConfigError, match=r"train.seq_len=1000000 needs windows of 1000001 tokens, but the train"
-    ):
-        start(tmp_path, dataset_uri, world_of_one, 1, "train.seq_len=1000000")
-    with pytest.raises(
-        ConfigError, match=r"fewer than one micro-step takes \(train.micro_batch_size=100000 x"
-    ):
-        start(
-            tmp_path,
-            dataset_uri,
-            world_of_one,
-            1,
-            "train.micro_batch_size=100000",
-            "train.global_batch_size=0",
-        )
-    assert (set(cache.iterdir()) if cache.exists() else set()) == before
-    assert not (tmp_path / "run" / "metrics").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
-
-
-def test_shards_that_hold_other_than_the_manifest_says_are_refused(world_of_one, tmp_path):
-    from tests.trainer.helpers import write_dataset
-
-    uri = write_dataset(tmp_path / "ds", train_records=300, eval_records=5, seed=3)
-    manifest = read_json(tmp_path / "ds" / "manifest.json")
-    stated = manifest["splits"]["train"]["tokens"]
-    manifest["splits"]["train"]["tokens"] = stated + 1000
-    (tmp_path / "ds" / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(
-        DataError, match=rf"holds {stated} tokens in its shards, but its manifest says {stated + 1000}"
-    ):
-        start(tmp_path, uri, world_of_one, 1)
 
 
 # --- under torchrun ------------------------------------------------------------------------------

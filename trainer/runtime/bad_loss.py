@@ -15,7 +15,7 @@ attempt as before) and ``loss_spike_factor`` (0: off; else a loss above that fac
 median of the last :data:`WINDOW` losses is a spike, once :data:`MIN_HISTORY` are known). Past
 the budget, the attempt fails naming every rolled-back step.
 
-The decisions here are pure; the trainer's loop does the restore (``trainer.train``).
+The decisions here are pure; the trainer's loop does the restore (``trainer.runtime.rollback``).
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ def test_a_rollback_goes_to_the_newest_checkpoint_and_skips_the_steps_since():
         "to_step": 50,
         "skipped_from": 51,
         "skipped_to": 60,
-        "restore_s": 0.0,  # set once the load is done (trainer.train._roll_back)
+        "restore_s": 0.0,  # set once the load is done (trainer.runtime.rollback.roll_back)
     }
     assert (
         rollback.describe() == "non-finite loss nan at step 57: rolled back to step 50, skipping steps 51-60"
