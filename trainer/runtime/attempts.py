@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import errno
 import math
@@ -12,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from trainer.contract import ENV_ATTEMPT, AttemptRecord, Cause, RunLayout, SpotNotice, attempt_record
-from trainer.storage import PreconditionFailed, Storage, StorageError, StorageUnavailable
+from trainer.storage import Storage, StorageError, StorageUnavailable
 from trainer.storage.retry import Abandoned
 
 _ATTEMPT_FILE = re.compile(r"/(\d+)\.json$")
@@ -270,13 +269,10 @@ class Attempt:
             restore_files=self.restore_files,
         )
 
-    def store(self, record: AttemptRecord, *, exclusive: bool = False) -> None:
-        """Write ``record`` to ``attempts/<n>.json``.
-
-        :param exclusive: several failing ranks may race to report; the first one wins.
-        """
-        with contextlib.suppress(PreconditionFailed):
-            self.storage.put_json(self.layout.attempt(self.number), record, if_none_match=exclusive)
+    def store(self, record: AttemptRecord) -> None:
+        """Write ``record`` to ``attempts/<n>.json`` (a failed one goes through
+        ``trainer.runtime.failed_record``, since several failing ranks race to report)."""
+        self.storage.put_json(self.layout.attempt(self.number), record)
 
     def write(
         self,
@@ -287,11 +283,10 @@ class Attempt:
         error: str | None = None,
         cause: Cause | None = None,
         metrics_unwritten: int = 0,
-        exclusive: bool = False,
     ) -> AttemptRecord:
         """Write ``attempts/<n>.json`` with ``outcome`` and what the attempt got to; the record."""
         record = self.record(
             outcome, signal=signal, hint=hint, error=error, cause=cause, metrics_unwritten=metrics_unwritten
         )
-        self.store(record, exclusive=exclusive)
+        self.store(record)
         return record

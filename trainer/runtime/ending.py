@@ -16,6 +16,7 @@ from trainer import parallel
 from trainer.contract import AttemptRecord, RunLayout, attempt_record_line
 from trainer.export.folder import join_export, write_export
 from trainer.runtime.attempts import Attempt, attempt_number, cause_of, classify_failure
+from trainer.runtime.failed_record import store_failure
 from trainer.runtime.notice import notice_record
 from trainer.runtime.preemption import NOTICE, StopFlag, stop_cause
 from trainer.runtime.training import Training
@@ -107,7 +108,8 @@ def finish(tr: Training) -> None:
 
 # --- the failure path ----------------------------------------------------------------------
 def record_failure(exc: Exception, is_main: bool, attempt: Attempt | None, training: Training | None) -> None:
-    """Let a save in flight commit, write the failed record (rank 0's, else the first rank's),
+    """Let a save in flight commit, write the failed record (rank 0's, with the root cause
+    where another rank's failure names it: ``trainer.runtime.failed_record``),
     and say on stderr where it failed and what to try. When storage refuses the record, rank 0's
     last line is the record itself, marked (``trainer.contract.attempt_record_line``).
 
@@ -138,7 +140,7 @@ def record_failure(exc: Exception, is_main: bool, attempt: Attempt | None, train
             metrics_unwritten=unwritten,
         )
         try:
-            attempt.store(record, exclusive=not is_main)
+            store_failure(attempt.storage, attempt.layout, record, is_main=is_main)
         except Exception as write_error:  # the storage may be what failed; still say what happened
             print(f"trainer: could not write the attempt record: {write_error}", file=sys.stderr)
             unstored = record
