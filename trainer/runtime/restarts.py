@@ -42,6 +42,7 @@ CARRIED = (
     "last_step",
     "checkpoint_step",
     "steps_lost",
+    "resumed_from_step",  # where it began: what the one before it kept, when that one left no record
     "started_at",
     "ended_at",
     "first_step_time",
@@ -139,7 +140,7 @@ def read_earlier(storage: Storage, layout: RunLayout, environ: Mapping[str, str]
             "operator relaunches the gang after its back-off"
         )
         return Earlier([summary(None, n) for n in range(max(count, 1))], PROGRAM_EXIT_CODE, why)
-    except (ValueError, StorageError) as exc:  # damaged, a bad number (attempt_number says so)
+    except (ValueError, OSError, StorageError) as exc:  # damaged, a bad number, a disk's error (file://)
         log.warning("could not read the attempt's record (%s); training on", exc)
         record = None
     if not isinstance(record, dict):
@@ -162,5 +163,5 @@ def max_restarts(environ: Mapping[str, str]) -> int:
 def _exists(storage: Storage, uri: str) -> bool:
     try:
         return storage.head(uri) is not None
-    except (ValueError, StorageError):
+    except (ValueError, OSError, StorageError):
         return False

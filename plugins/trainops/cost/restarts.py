@@ -57,16 +57,28 @@ def _seconds(value: object) -> float:
 
 def earlier(record: Mapping[str, Any] | None) -> list[Incarnation]:
     """The incarnations before the newest, oldest first, on the trainer's clock; [] for an
-    attempt that never restarted in place (or a record from before ``restarts``)."""
+    attempt that never restarted in place (or a record from before ``restarts``).
+
+    One that left no record (killed before any rank wrote one: ``unknown``) kept what the next
+    incarnation resumed from (its ``resumed_from_step``, the record's own for the newest), and
+    its steps after that were lost; from a trainer that did not say where incarnations resumed,
+    all its steps count as lost."""
+    entries = earlier_incarnations(record)
+    newest = record.get("resumed_from_step") if isinstance(record, Mapping) else None
+    resumed = [*(e.get("resumed_from_step") for e in entries[1:]), newest]
     out = []
-    for entry in earlier_incarnations(record):
-        last = _int(entry.get("last_step"))
+    for entry, next_resumed in zip(entries, resumed, strict=False):  # one more: none restarted
+        if "last_step" in entry:
+            last = _int(entry.get("last_step"))
+            kept = max(0, last - _int(entry.get("steps_lost")))
+        else:  # no record: it kept where the next one began, and its steps are not known
+            last = kept = _int(next_resumed)
         out.append(
             Incarnation(
                 first_step=epoch(entry.get("first_step_time")),
                 ended=epoch(entry.get("ended_at")),
                 last_step=last,
-                kept_up_to=max(0, last - _int(entry.get("steps_lost"))),
+                kept_up_to=kept,
                 restore_s=_seconds(entry.get("restore_s")),
             )
         )

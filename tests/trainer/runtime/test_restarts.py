@@ -2,6 +2,7 @@
 
 import pytest
 
+from tests.trainer.helpers import ForwardingStorage
 from trainer.contract import RunLayout, attempt_record
 from trainer.runtime.preemption import PREEMPTED_EXIT_CODE
 from trainer.runtime.restarts import decide, read_earlier, restart_count
@@ -42,6 +43,7 @@ def test_a_peer_gone_trains_again_and_carries_the_incarnation_before():
             "last_step": 23,
             "checkpoint_step": 20,
             "steps_lost": 3,
+            "resumed_from_step": None,  # it started fresh: the cost accounting reads an unknown one's by it
             "started_at": "2026-12-06T08:00:00+00:00",
             "ended_at": "2026-12-06T08:00:09+00:00",
             "first_step_time": 1796544000.5,
@@ -152,3 +154,25 @@ def test_read_earlier_trains_on_over_a_damaged_record(tmp_path, caplog):
     earlier = read_earlier(storage, layout, environ)
     assert earlier is not None and earlier.exit_code is None
     assert "could not read the attempt's record" in caplog.text
+
+
+def test_a_disks_error_reading_the_record_on_file_storage_is_no_traceback(tmp_path, caplog):
+    """FileStorage hands a disk's error (EIO, ESTALE on NFS, EACCES) up as the OSError it is."""
+    import errno
+
+    class Failing(ForwardingStorage):
+        def before(self, action, uri):
+            raise OSError(errno.EIO, "Input/output error", uri)
+
+    layout = RunLayout((tmp_path / "run").as_uri())
+    environ = {"TRAINOPS_ATTEMPT": "1", "TORCHELASTIC_MAX_RESTARTS": "2", "TORCHELASTIC_RESTART_COUNT": "1"}
+    earlier = read_earlier(Failing(open_storage(layout.run_uri)), layout, environ)
+    assert earlier is not None and earlier.exit_code is None  # trains on, and meets it itself
+    assert "could not read the attempt's record ([Errno 5] Input/output error" in caplog.text
+    # a first incarnation (count 0) whose heartbeat cannot be read either: no restart known
+    assert (
+        read_earlier(
+            Failing(open_storage(layout.run_uri)), layout, {**environ, "TORCHELASTIC_RESTART_COUNT": "0"}
+        )
+        is None
+    )

@@ -611,3 +611,27 @@ def test_a_rollback_of_a_record_from_another_version_is_read_with_care():
     record["rollbacks"] = ["damaged", {"skipped_from": 15, "skipped_to": 11}]  # nothing usable
     (only,) = account(job, metrics, FIXTURE_PRICES)["attempts"]
     assert only["seconds"]["rollback"] == 0 and only["seconds"]["productive"] == pytest.approx(43)
+
+
+def test_the_steps_an_incarnation_without_a_record_kept_are_productive():
+    """Incarnation 0 was SIGKILLed before any rank wrote a record (the OOM killer, the NCCL
+    watchdog): its entry is unknown, but incarnation 1 resumed from step 20, so 1-20 were kept."""
+    job, metrics = one_restart_job()
+    record = job["attempts"][0]["record"]
+    first = record["restarts"][0]
+    record["restarts"] = [
+        {
+            "restart": 0,
+            "outcome": "unknown",
+            "error": "no attempt record",
+            "first_step_time": first["first_step_time"],
+        }
+    ]
+    (only,) = account(job, metrics, FIXTURE_PRICES)["attempts"]
+    assert spans_of(only)[:4] == [
+        ("queued", 0, 10),
+        ("startup", 10, 40),
+        ("productive", 40, 60),
+        ("checkpoint_stall", 60, 62),
+    ]
+    assert only["seconds"]["productive"] == pytest.approx(50)  # 1-20, then 21-50 again

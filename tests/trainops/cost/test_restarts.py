@@ -45,6 +45,15 @@ def test_each_earlier_incarnation_with_its_times_and_the_steps_it_kept():
     assert damaged == [Incarnation(first_step=None, ended=None, last_step=0, kept_up_to=0, restore_s=0.0)]
 
 
+def test_an_incarnation_that_left_no_record_kept_what_the_next_one_resumed_from():
+    unknown = {"restart": 0, "outcome": "unknown", "error": "no attempt record"}
+    chain = [unknown, entry(ended=90, last=40, lost=5, resumed_from_step=20), {**unknown, "restart": 2}]
+    kept = [inc.kept_up_to for inc in earlier({"restarts": chain, "resumed_from_step": 35})]
+    assert kept == [20, 35, 35]  # 0 from 1's resume, 1 from its own record, 2 from the newest's resume
+    # from a trainer that did not say where incarnations resumed: nothing known kept
+    assert earlier({"restarts": [unknown]})[0].kept_up_to == 0
+
+
 def test_steps_belong_to_the_incarnation_whose_first_step_came_before_them():
     # the second incarnation never stepped: the first one's steps end where the third's begin
     incarnations = earlier({"restarts": [entry(first=40, ended=70), entry(ended=90)]})
