@@ -103,9 +103,12 @@ def static_command(spec: JobSpec) -> list[str]:
     """The argument list for a runtime that hands torchrun its rendezvous through ``PET_*``
     variables (Kubeflow Trainer v2 sets ``PET_NNODES``, ``PET_NPROC_PER_NODE``,
     ``PET_NODE_RANK``, ``PET_MASTER_ADDR`` and ``PET_MASTER_PORT``): torchrun's static
-    rendezvous, so our c10d flags are left out; the shutdown timeout and ``--max-restarts``
-    (``restarts_in_place``) stay. ``args`` unchanged when not distributed."""
-    argv = command(spec, "", "", is_host=None)
+    rendezvous, so our c10d flags are left out; the shutdown timeout stays. ``--max-restarts``
+    is 0 whatever ``restarts_in_place`` says: a static rendezvous cannot restart a node's
+    workers in place together with the others (its agents never see another node waiting, and
+    every round shares one store whose keys the restarted gang would race), so every failure
+    relaunches the whole gang. ``args`` unchanged when not distributed."""
+    argv = command(replace(spec, restarts_in_place=0), "", "", is_host=None)
     if not spec.distributed:
         return argv
     end = argv.index("-m", 3)  # torchrun's own flags end where ``-m trainer`` starts

@@ -29,8 +29,10 @@ the grace period.
 Rendezvous: the runtime's Torch plugin sets ``PET_NNODES``, ``PET_NPROC_PER_NODE``,
 ``PET_NODE_RANK`` (the completion index), ``PET_MASTER_ADDR`` (``<job>-node-0-0.<job>``) and
 ``PET_MASTER_PORT`` (29500), which torchrun reads as its flags; the command is our torchrun
-without the c10d flags (``pod.static_command``), keeping ``--shutdown-timeout`` and
-``--max-restarts`` (``restarts_in_place``). It is split into ``command`` (the interpreter) and
+without the c10d flags (``pod.static_command``), keeping ``--shutdown-timeout``, with
+``--max-restarts=0``: torchrun's static rendezvous cannot restart one node's workers in place
+with the others', so a TrainJob's failures relaunch the whole gang whatever
+``restarts_in_place`` says. It is split into ``command`` (the interpreter) and
 ``args`` (the rest), so a runtime's own ``args`` can never be appended to it.
 
 What a release's schema cannot say, and how each is handled:
