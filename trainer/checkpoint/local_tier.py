@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,15 +51,22 @@ class Kept:
 
 def keep(staged: Iterable[Path], into: Path) -> Kept:
     """Link each staged file into the tier folder ``into`` (replacing whatever an earlier,
-    uncommitted save of the same step left under its name); files that cannot be linked stay
-    out of the tier."""
+    uncommitted save of the same step left under its name). The tier only saves a download:
+    a file that cannot be linked (a full or read-only disk, a folder in its place) stays out of
+    it, and the save goes on to storage as it would without the tier."""
     kept = Kept(into)
-    into.mkdir(parents=True, exist_ok=True)
+    try:
+        into.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        log.warning(
+            "checkpoint: the node-local tier is unavailable (%s); this save goes to storage only", exc
+        )
+        return kept
     for path in staged:
         target = into / path.name
-        node_cache.sidecar(target).unlink(missing_ok=True)  # never a sidecar beside other bytes
-        target.unlink(missing_ok=True)
         try:
+            node_cache.sidecar(target).unlink(missing_ok=True)  # never a sidecar beside other bytes
+            target.unlink(missing_ok=True)
             os.link(path, target)
         except OSError as exc:
             log.debug("checkpoint: %s stays out of the node-local tier (%s)", path.name, exc)
@@ -104,6 +112,12 @@ def prune(run_uri: str, newest: int) -> list[int]:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(step)
     return sorted(removed)
+
+
+def node_key(cache: Path) -> str:
+    """Which node a rank is on, for counting a load's files once per node: its host and its
+    node cache (local nodes share the host, pods on a cluster share the cache's path)."""
+    return f"{socket.gethostname()}:{cache}"
 
 
 def restore_files(touched: list[tuple[str, list[str], list[str]]]) -> dict[str, int]:

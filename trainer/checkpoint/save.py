@@ -625,7 +625,9 @@ class Checkpointer:
             except Exception as exc:
                 problem = self._fetch_problem(exc)
             # with what each rank read and downloaded: where the load found its files
-            reason, agreed_offers = self._agree(step, problem, (offer, (str(cache_dir()), read, fetched)))
+            reason, agreed_offers = self._agree(
+                step, problem, (offer, (local_tier.node_key(cache_dir()), read, fetched))
+            )
             offers = [o for o, _ in agreed_offers]
             if reason is not None:
                 corrupt[step] = reason

@@ -1,6 +1,8 @@
 """The node-local tier: a save's files stay on the node, verified once committed."""
 
 import hashlib
+import socket
+from pathlib import Path
 
 from trainer.checkpoint import local_tier, node_cache
 from trainer.checkpoint.files import Written
@@ -60,3 +62,37 @@ def test_restored_files_count_once_per_node_local_unless_a_rank_of_the_node_down
         ("/node-1/cache", [".metadata", "__2_0.distcp", "extra_rank2.pt"], [".metadata", "__2_0.distcp"]),
     ]
     assert local_tier.restore_files(touched) == {"local": 6, "storage": 2}
+
+
+def test_a_node_is_told_by_its_host_and_its_cache_as_pods_share_the_cache_path(monkeypatch):
+    cache = Path("/var/cache/trainops")  # every pod's, on a cluster
+    monkeypatch.setattr(socket, "gethostname", lambda: "train-0123abcd-a1-0")
+    pod_0 = local_tier.node_key(cache)
+    monkeypatch.setattr(socket, "gethostname", lambda: "train-0123abcd-a1-1")
+    pod_1 = local_tier.node_key(cache)
+    assert pod_0 != pod_1 and pod_1 != local_tier.node_key(Path("/tmp/node-1"))  # local nodes: the cache
+    # so a file node 0 held and node 1 downloaded counts once from each tier, not once in all
+    touched = [
+        (pod_0, ["__0_0.distcp", ".metadata"], []),
+        (pod_1, ["__1_0.distcp", ".metadata"], [".metadata"]),
+    ]
+    assert local_tier.restore_files(touched) == {"local": 3, "storage": 1}
+
+
+def test_a_tier_that_cannot_be_written_leaves_the_save_to_storage_alone(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("TRAINOPS_CACHE_DIR", str(tmp_path / "cache"))
+    paths, _ = staged(tmp_path / "save", **{"__0_0.distcp": b"shard", "__1_0.distcp": b"other"})
+    folder = local_tier.folder("file:///r", 20, 2)
+    folder.mkdir(parents=True)
+    (folder / "__0_0.distcp").mkdir()  # a folder where a file goes: unlink fails (EISDIR)
+    kept = local_tier.keep(paths, folder)
+    assert kept.names == ["__1_0.distcp"] and all(p.exists() for p in paths)  # the save's own files stay
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    other = local_tier.folder("file:///r", 30, 2)
+    monkeypatch.setattr(Path, "mkdir", full)
+    kept = local_tier.keep(paths, other)
+    assert kept.names == [] and "the node-local tier is unavailable ([Errno 28] No space left" in caplog.text
+    local_tier.dropped(kept)  # nothing to drop
