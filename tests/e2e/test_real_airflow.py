@@ -57,6 +57,7 @@ PAYLOAD = {
     "gpus_per_node": 0,
     "capacity": "spot",
     "max_preemptions": 1,
+    "restarts_in_place": 1,
     "lr": 0.004,
     "max_steps": 20,
     "warm_start": "auto",
@@ -392,6 +393,7 @@ def test_retrain_manual_on_a_real_airflow(real_airflow):
     job = store.get_json(layout.job)
     assert [a["classification"] for a in job["attempts"]] == ["succeeded"]
     assert job["capacity"] == "spot" and job["attempts"][0]["nodes"] == 1
+    assert job["attempts"][0]["spec"]["restarts_in_place"] == 1  # the form's, rendered into the launch
     pointer = store.get_json(production_pointer(af.storage_root, "retrain-lm"))
     assert pointer["run_uri"] == layout.run_uri
     # ... promoted by the user who triggered it through the API

@@ -19,6 +19,10 @@ with ``-m``).
   the epoch time into ``<folder>/killed_r<rank>`` and sends itself SIGKILL: one worker process
   dies, its node and agent live on (an in-place restart, ``trainer.runtime.restarts``).
 
+- ``TRAINOPS_TEST_RAISE_AT=<cursor>:<rank>:<folder>``: as it reads that cursor's first
+  micro-batch, rank ``rank`` of every incarnation raises ``KeyError`` (a program error, as bad
+  data or a bug would), after adding a file ``<folder>/raised_r<rank>_<n>`` (one per raise).
+
 - ``TRAINOPS_TEST_NAN_AT_STEP=<step>[:grads]``: that step's loss and gradients become NaN on
   every rank, once per process (the weights its update leaves are NaN too), as a bad batch would
   make them; with ``:grads``, the gradients only: the loss read stays finite.
@@ -134,6 +138,8 @@ def instrument(batches: type, blackout: tuple[int, ...] | None) -> None:
     signalled_rank = target[2] if target is not None and len(target) > 2 else None
     pause_at = os.environ.get("TRAINOPS_TEST_PAUSE_AT")
     pause = (int(pause_at.split(":", 1)[0]), Path(pause_at.split(":", 1)[1])) if pause_at else None
+    raise_at = os.environ.get("TRAINOPS_TEST_RAISE_AT")
+    fault = raise_at.split(":", 2) if raise_at else None
     kill_at = os.environ.get("TRAINOPS_TEST_KILL_AT")
     kill = (
         kill_at.split(":", 2)
@@ -149,6 +155,10 @@ def instrument(batches: type, blackout: tuple[int, ...] | None) -> None:
         if kill is not None and (int(kill[0]), 0, int(kill[1])) == (cursor, micro_step, self.rank):
             (Path(kill[2]) / f"killed_r{self.rank}").write_text(repr(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
+        if fault is not None and (int(fault[0]), 0, int(fault[1])) == (cursor, micro_step, self.rank):
+            raised = len(list(Path(fault[2]).glob(f"raised_r{self.rank}_*")))
+            (Path(fault[2]) / f"raised_r{self.rank}_{raised}").write_text(repr(time.time()))
+            raise KeyError(f"label of sample at cursor {cursor}")
         if blackout is not None and blackout[0] == cursor and micro_step == 0:
             go_dark_after(blackout[1])
         if samples_dir:

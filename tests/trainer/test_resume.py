@@ -266,3 +266,29 @@ def test_a_killed_worker_restarts_in_place_from_the_node_local_tier_and_ends_bit
         r for r in samples_read(reference_run["samples"], 1) if r["cursor"] >= cursor_before(21)
     )
     assert set(again) == set(reference) and set(again.values()) <= {1, 2}
+
+
+def test_one_ranks_program_error_is_the_attempts_cause_and_no_restart_in_place_repeats_it(
+    tmp_path, dataset_uri
+):
+    """Rank 1 raises KeyError reading step 5's batch (bad data, a bug: every incarnation would); rank 0
+    then fails in the collective with its dead peer, a network error. The record keeps rank 1's
+    program error whichever rank wrote last, so the restarted workers exit at once instead of
+    training into it again, and the operator will not relaunch it as an infrastructure failure."""
+    config, _ = run_config(tmp_path, dataset_uri, "run")
+    raised = tmp_path / "raised"
+    raised.mkdir()
+    proc = subprocess.run(
+        torchrun_argv(config, module=INSTRUMENTED, max_restarts=2),
+        env=trainer_env(tmp_path / "cache", 1, raise_at=f"{cursor_before(5)}:1:{raised}"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode != 0
+    record = read_json(tmp_path / "run" / "attempts" / "1.json")
+    assert (record["outcome"], record["cause"]) == ("failed", "program"), record
+    assert record["error"] == "KeyError: 'label of sample at cursor " + str(cursor_before(5)) + "'"
+    assert record["last_step"] in (3, 4)  # step 5's batch is read ahead, during step 4
+    assert [p.name for p in raised.iterdir()] == ["raised_r1_0"]  # trained once, never again
+    assert "a restart would fail the same way" in proc.stderr

@@ -109,6 +109,13 @@ def decide(record: Mapping[str, Any] | None, restart: int) -> Earlier:
             PROGRAM_EXIT_CODE,
             f"the attempt failed in the program ({record.get('error')}): a restart would fail the same way",
         )
+    if outcome == "failed" and record is not None and record.get("cause") == "node":
+        return Earlier(
+            restarts,
+            PROGRAM_EXIT_CODE,
+            f"a node failed ({record.get('error')}): a restart in the same pods would meet it again; "
+            "the operator relaunches the gang, away from that node",
+        )
     return Earlier(restarts)
 
 

@@ -88,6 +88,7 @@ def test_a_preempted_record_stops_every_later_incarnation_not_only_the_next():
         ("preempted", None, PREEMPTED_EXIT_CODE, "preempted and saved"),
         ("completed", None, 0, "completed"),
         ("failed", "program", 1, "failed in the program"),
+        ("failed", "node", 1, "a restart in the same pods would meet it again"),  # its GPUs are gone
     ],
 )
 def test_a_stop_a_completion_or_a_program_error_is_not_restarted(outcome, cause, code, why):
