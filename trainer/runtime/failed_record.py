@@ -18,12 +18,12 @@ one) is left alone.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any, cast
 
+from trainer.checkpoint.fence import read_object
 from trainer.contract import AttemptRecord, RunLayout, earlier_incarnations
-from trainer.storage import NotFound, PreconditionFailed, Storage
+from trainer.storage import PreconditionFailed, Storage
 
 # Conditional writes that may lose a race with another failing rank before rank 0 writes anyway.
 TRIES = 3
@@ -59,19 +59,6 @@ def to_store(mine: AttemptRecord, there: object, *, is_main: bool) -> AttemptRec
     return None
 
 
-def _read(storage: Storage, uri: str) -> tuple[object, str | None]:
-    """The record at ``uri`` and its etag; (None, None) when there is none. A body that is not
-    JSON reads as no record (its etag still guards the write)."""
-    try:
-        data, etag = storage.get_with_etag(uri)
-    except NotFound:
-        return None, None
-    try:
-        return json.loads(data), etag
-    except ValueError:
-        return None, etag
-
-
 def store_failure(
     storage: Storage, layout: RunLayout, record: AttemptRecord, *, is_main: bool
 ) -> AttemptRecord:
@@ -81,7 +68,7 @@ def store_failure(
     A storage error propagates (the caller prints the record instead)."""
     uri = layout.attempt(record["attempt"])
     for _ in range(TRIES):
-        there, etag = _read(storage, uri)
+        there, etag = read_object(storage, uri)  # a body that is not JSON reads as none
         chosen = to_store(record, there, is_main=is_main)
         if chosen is None:
             return cast(AttemptRecord, there)

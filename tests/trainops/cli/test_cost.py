@@ -66,8 +66,8 @@ def test_a_run_that_ended_since_this_version_prints_its_stored_bill(run, capsys)
     assert f"estimated cost                            ${cost['cost']:.2f}" in out
 
 
-def test_a_run_restarted_in_place_shows_the_restart_and_its_recovery(tmp_path, capsys):
-    job, metrics = one_restart_job()
+def cost_of(tmp_path, capsys, job, metrics) -> tuple[str, dict[str, list[str]]]:
+    """``trainops cost`` of a stored run: what it printed, and its lines by their first column."""
     layout = RunLayout((tmp_path / "runs" / "nightly" / "r2" / "train").as_uri())
     store = open_storage(layout.run_uri)
     store.put_json(layout.job, {**job, "run_uri": layout.run_uri})
@@ -75,7 +75,11 @@ def test_a_run_restarted_in_place_shows_the_restart_and_its_recovery(tmp_path, c
     store.put(f"{layout.metrics_parts}/{metrics_part_name(1, 1)}", body.encode())
     assert main(["cost", layout.run_uri]) == 0
     out = capsys.readouterr().out
-    lines = {line.split("  ")[0]: line.split() for line in out.splitlines()}
+    return out, {line.split("  ")[0]: line.split() for line in out.splitlines()}
+
+
+def test_a_run_restarted_in_place_shows_the_restart_and_its_recovery(tmp_path, capsys):
+    out, lines = cost_of(tmp_path, capsys, *one_restart_job())
     assert lines["restart in place"][-3:] == ["13.0", "13.0", "0.0289"]  # s, total, GPU-h (13 x 8)
     assert lines["replayed (steps lost)"][-3:] == ["5.0", "5.0", "0.0111"]
     assert "recovery time (signal -> next first step) 10.0s" in out
@@ -97,15 +101,7 @@ def test_a_run_without_a_restart_in_place_or_a_rollback_has_no_such_row(run, cap
 
 
 def test_a_run_that_rolled_back_shows_the_rollback_and_its_causes(tmp_path, capsys):
-    job, metrics = one_rollback_job()
-    layout = RunLayout((tmp_path / "runs" / "nightly" / "r3" / "train").as_uri())
-    store = open_storage(layout.run_uri)
-    store.put_json(layout.job, {**job, "run_uri": layout.run_uri})
-    body = "".join(json.dumps(r) + "\n" for r in metrics)
-    store.put(f"{layout.metrics_parts}/{metrics_part_name(1, 1)}", body.encode())
-    assert main(["cost", layout.run_uri]) == 0
-    out = capsys.readouterr().out
-    lines = {line.split("  ")[0]: line.split() for line in out.splitlines()}
+    _, lines = cost_of(tmp_path, capsys, *one_rollback_job())
     assert lines["rolled back (bad loss)"][-3:] == ["8.0", "8.0", "0.0178"]  # s, total, GPU-h (8 x 8)
     assert lines["restore (checkpoint load)"][-4:-2] == ["3.0", "24.0"]  # its recorded load, x 8 GPUs
     assert lines["lost progress (replayed or rolled-back steps)"][-4:-2] == ["5.0", "40.0"]

@@ -311,6 +311,34 @@ def one_preemption_cost() -> "RunCost":
     }
 
 
+def _succeeded_state(end: float) -> dict[str, Any]:
+    """The cluster's view of one node that started at 10 s and succeeded at ``end``."""
+    return {
+        "phase": "succeeded",
+        "reason": None,
+        "nodes": [{**_node(), "pod": "train-0a1b2c3d-a1-0", "exit_code": 0}],
+        "disruptions": [],
+        "start_time": T0 + 10,
+        "gang_start_time": T0 + 12,
+        "end_time": T0 + end,
+    }
+
+
+def _succeeded_job(entry: dict[str, Any]) -> dict[str, Any]:
+    """The ``job.json`` of a run whose one attempt, ``entry``, succeeded."""
+    return {
+        "run_uri": RUN_URI,
+        "config_uri": f"{RUN_URI}/config.yaml",
+        "cluster": "kubernetes",
+        "capacity": "spot",
+        "preemptions": 0,
+        "infra_failures": 0,
+        "status": "succeeded",
+        "attempts": [entry],
+        "budget": {"from_attempt": 1, "preemptions": 0, "infra_failures": 0},
+    }
+
+
 def one_restart_job() -> tuple["JobRecord", list[dict[str, Any]]]:
     """One attempt (1 node x 8 GPUs, completed) that torchrun restarted in place once, and its
     metrics records (seconds after ``T0``; every step 1 s, a checkpoint every 20 steps that
@@ -346,15 +374,7 @@ def one_restart_job() -> tuple["JobRecord", list[dict[str, Any]]]:
         1,
         0,
         120,
-        state={
-            "phase": "succeeded",
-            "reason": None,
-            "nodes": [{**_node(), "pod": "train-0a1b2c3d-a1-0", "exit_code": 0}],
-            "disruptions": [],
-            "start_time": T0 + 10,
-            "gang_start_time": T0 + 12,
-            "end_time": T0 + 118,
-        },
+        state=_succeeded_state(118),
         record={
             "format": "trainops.attempt/v1",
             "attempt": 1,
@@ -379,17 +399,7 @@ def one_restart_job() -> tuple["JobRecord", list[dict[str, Any]]]:
         classification="succeeded",
         reason="the trainer completed every step; restarted in place 1× (network: DistBackendError: NCCL timeout)",
     )
-    job = {
-        "run_uri": RUN_URI,
-        "config_uri": f"{RUN_URI}/config.yaml",
-        "cluster": "kubernetes",
-        "capacity": "spot",
-        "preemptions": 0,
-        "infra_failures": 0,
-        "status": "succeeded",
-        "attempts": [entry],
-        "budget": {"from_attempt": 1, "preemptions": 0, "infra_failures": 0},
-    }
+    job = _succeeded_job(entry)
     metrics = step_records(1, 1, 23, 40, {20: 2.0}) + step_records(1, 21, 50, 80, {40: 2.0})
     return job, metrics  # type: ignore[return-value]
 
@@ -415,15 +425,7 @@ def one_rollback_job() -> tuple["JobRecord", list[dict[str, Any]]]:
         1,
         0,
         96,
-        state={
-            "phase": "succeeded",
-            "reason": None,
-            "nodes": [{**_node(), "pod": "train-0a1b2c3d-a1-0", "exit_code": 0}],
-            "disruptions": [],
-            "start_time": T0 + 10,
-            "gang_start_time": T0 + 12,
-            "end_time": T0 + 95,
-        },
+        state=_succeeded_state(95),
         record={
             "format": "trainops.attempt/v1",
             "attempt": 1,
@@ -457,16 +459,6 @@ def one_rollback_job() -> tuple["JobRecord", list[dict[str, Any]]]:
         classification="succeeded",
         reason="the trainer completed every step",
     )
-    job = {
-        "run_uri": RUN_URI,
-        "config_uri": f"{RUN_URI}/config.yaml",
-        "cluster": "kubernetes",
-        "capacity": "spot",
-        "preemptions": 0,
-        "infra_failures": 0,
-        "status": "succeeded",
-        "attempts": [entry],
-        "budget": {"from_attempt": 1, "preemptions": 0, "infra_failures": 0},
-    }
+    job = _succeeded_job(entry)
     metrics = step_records(1, 1, 13, 40, {10: 2.0}) + step_records(1, 16, 40, 60, {20: 2.0, 30: 2.0})
     return job, metrics  # type: ignore[return-value]
